@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The README's test command (and CI's): set up (first run only), lint, format check, tests.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$root/scripts/setup.sh"
+cd "$root"
+venv="${PODIUM_VENV:-$root/.venv}"
+"$venv/bin/ruff" check .
+"$venv/bin/ruff" format --check .
+exec "$venv/bin/python" -m pytest "$@"

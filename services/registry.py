@@ -1,0 +1,39 @@
+"""Name → implementation lookup through entry points.
+
+Everything a spec or request can name (environments, algorithms, generator strategies) is found
+here by *registered name*; nothing from user input is ever used as a module path. Listing names
+reads package metadata only, so the control plane can validate names without importing torch;
+only ``load`` imports the implementation.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+ENVS = "podium.envs"
+ALGORITHMS = "podium.algorithms"
+GENERATORS = "podium.generators"
+
+
+class UnknownNameError(LookupError):
+    """A name that is not registered; the message lists the known names."""
+
+    def __init__(self, kind: str, name: str, known: list[str]):
+        self.kind, self.name, self.known = kind, name, known
+        super().__init__(f"unknown {kind} {name!r}; known: {', '.join(known) or '(none)'}")
+
+
+def _entry_points(group: str) -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def names(group: str) -> list[str]:
+    return sorted(_entry_points(group))
+
+
+def load(group: str, name: str, kind: str | None = None) -> Any:
+    eps = _entry_points(group)
+    if name not in eps:
+        raise UnknownNameError(kind or group.rsplit(".", 1)[-1].rstrip("s"), name, sorted(eps))
+    return eps[name].load()

@@ -1,0 +1,39 @@
+"""Service configuration shared by every Podium service (pydantic-settings).
+
+Values come from constructor arguments, then ``PODIUM_*`` environment variables, then a
+``.env`` file; ``REDIS_URL`` is read without prefix because that is what every Redis host sets.
+Secrets (the API token) can also be read from a file, as Kubernetes mounts Secrets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class PodiumSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PODIUM_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(
+        default=Path("data"), description="Where embedded Redis, blobs and logs are kept."
+    )
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("PODIUM_REDIS_URL", "REDIS_URL", "redis_url"),
+        description="External Redis; when unset an embedded private Redis runs under data_dir.",
+    )
+    api_token: SecretStr | None = Field(
+        default=None, description="Bearer token for /api/v1; PODIUM_API_TOKEN."
+    )
+    api_token_file: Path | None = Field(
+        default=None, description="File holding the token (a mounted Kubernetes Secret)."
+    )
+
+    def token(self) -> str | None:
+        if self.api_token is not None:
+            return self.api_token.get_secret_value()
+        if self.api_token_file is not None:
+            return self.api_token_file.read_text().strip()
+        return None
