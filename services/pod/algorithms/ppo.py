@@ -1,0 +1,204 @@
+"""Proximal Policy Optimization (Schulman et al. 2017) with GAE, as the learner runs it.
+
+The update reads like the algorithm: compute values, bootstrap truncated episodes from their
+final observation, GAE(γ, λ), then a few epochs of clipped-surrogate minibatch steps with an
+entropy bonus and a value loss, gradients clipped by global norm.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import gymnasium as gym
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from services.pod.algorithms.normalization import RunningMeanStd
+from services.pod.algorithms.policies import Activation, Policy, build_actor, build_critic
+
+if TYPE_CHECKING:
+    from services.pod.worker import Rollout
+
+
+class PPOConfig(BaseModel):
+    """PPO hyperparameters. Names follow CleanRL; every field can be set from YAML or --set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_envs: int = Field(64, ge=1, description="Parallel sub-environments of the worker.")
+    num_steps: int = Field(32, ge=1, description="Rollout length per sub-environment.")
+    learning_rate: float = Field(3e-4, gt=0)
+    anneal_lr: bool = Field(True, description="Linearly anneal the LR to 0 over the budget.")
+    gamma: float = Field(0.99, gt=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    num_minibatches: int = Field(4, ge=1)
+    update_epochs: int = Field(4, ge=1)
+    clip_coef: float = Field(0.2, gt=0)
+    clip_vloss: bool = False
+    ent_coef: float = Field(0.0, ge=0)
+    vf_coef: float = Field(0.5, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    target_kl: float | None = Field(None, gt=0, description="Stop the epochs early above it.")
+    norm_adv: bool = True
+    norm_obs: bool = True
+    norm_reward: bool = Field(False, description="Scale rewards by the std of the return.")
+    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64], min_length=1)
+    activation: Activation = "tanh"
+    log_std_init: float = 0.0
+    action_bounds: Literal["clip", "squash"] = "clip"
+    sde_sample_freq: int = Field(
+        0, ge=0, description="gSDE exploration, noise redrawn every N steps; 0 = plain Gaussian."
+    )
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return max(1, self.batch_size // self.num_minibatches)
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    next_value: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates and λ-returns, all (T, N).
+
+    ``dones[t]`` marks that the episode ended after step t (terminated or truncated); the
+    caller has already added γ·V(final_obs) to the reward of truncated steps, so cutting the
+    trace at every ``done`` is right for both kinds of ending.
+    """
+    not_done = (~dones).to(values.dtype)
+    advantages = torch.empty_like(values)
+    last = torch.zeros_like(next_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        following = next_value if t == values.shape[0] - 1 else values[t + 1]
+        delta = rewards[t] + gamma * following * not_done[t] - values[t]
+        last = delta + gamma * lam * not_done[t] * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+class PPO(nn.Module):
+    """The PPO agent as the learner holds it: policy (actor + obs statistics) and critic."""
+
+    name = "ppo"
+
+    def __init__(
+        self, obs_space: gym.spaces.Box, action_space: gym.Space, config: PPOConfig
+    ) -> None:
+        super().__init__()
+        self.config = config
+        actor = build_actor(
+            obs_space,
+            action_space,
+            config.hidden_sizes,
+            config.activation,
+            config.log_std_init,
+            squash=config.action_bounds == "squash",
+            sde_period=config.sde_sample_freq,
+        )
+        self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=config.norm_obs)
+        self.critic = build_critic(obs_space, config.hidden_sizes, config.activation)
+        self.return_rms = RunningMeanStd(())
+        self.optimizer = torch.optim.Adam(self.parameters(), lr=config.learning_rate, eps=1e-5)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def update(self, rollout: Rollout, lr_fraction: float = 1.0) -> dict[str, float]:
+        """One PPO update on a rollout whose observations are already normalised."""
+        cfg = self.config
+        if cfg.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.learning_rate * lr_fraction
+        actor = self.policy.actor
+        steps, envs = rollout.rewards.shape
+
+        with torch.no_grad():
+            rewards = rollout.rewards
+            if cfg.norm_reward:
+                self.return_rms.merge(*rollout.return_stats)
+                rewards = rewards / torch.sqrt(self.return_rms.var + 1e-8).to(rewards.dtype)
+            values = self.value(rollout.obs.reshape(steps * envs, -1)).view(steps, envs)
+            next_value = self.value(rollout.next_obs)
+            # A truncated episode did not end in the MDP: bootstrap it from its final state.
+            truncated = rollout.truncated
+            if bool(truncated.any()):
+                idx = truncated.nonzero(as_tuple=True)
+                rewards = rewards.clone()
+                rewards[idx] += cfg.gamma * self.value(rollout.final_obs[idx])
+            dones = rollout.terminated | truncated
+            advantages, returns = gae(rewards, values, dones, next_value, cfg.gamma, cfg.gae_lambda)
+
+        b_obs = rollout.obs.reshape(steps * envs, -1)
+        b_actions = rollout.actions.reshape(steps * envs, *rollout.actions.shape[2:])
+        b_logp = rollout.logprobs.reshape(-1)
+        b_adv = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+
+        batch = steps * envs
+        mb_size = max(1, batch // cfg.num_minibatches)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        stats = {"pg_loss": 0.0, "v_loss": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clipfrac": 0.0}
+        n_mb = 0
+        for _epoch in range(cfg.update_epochs):
+            perm = torch.randperm(batch, device=b_obs.device)
+            approx_kl = torch.zeros((), device=b_obs.device)
+            for start in range(0, batch - mb_size + 1, mb_size):
+                mb = perm[start : start + mb_size]
+                logp, entropy = actor.log_prob_entropy(b_obs[mb], b_actions[mb])
+                log_ratio = logp - b_logp[mb]
+                ratio = log_ratio.exp()
+                adv = b_adv[mb]
+                if cfg.norm_adv:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                pg_loss = torch.max(
+                    -adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
+                ).mean()
+                new_value = self.value(b_obs[mb])
+                if cfg.clip_vloss:
+                    clipped = b_values[mb] + (new_value - b_values[mb]).clamp(
+                        -cfg.clip_coef, cfg.clip_coef
+                    )
+                    v_loss = (
+                        0.5
+                        * torch.max(
+                            (new_value - b_returns[mb]).square(), (clipped - b_returns[mb]).square()
+                        ).mean()
+                    )
+                else:
+                    v_loss = 0.5 * (new_value - b_returns[mb]).square().mean()
+                entropy_mean = entropy.mean()
+                loss = pg_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * v_loss
+
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - log_ratio).mean()
+                    stats["pg_loss"] += float(pg_loss)
+                    stats["v_loss"] += float(v_loss)
+                    stats["entropy"] += float(entropy_mean)
+                    stats["approx_kl"] += float(approx_kl)
+                    stats["clipfrac"] += float(((ratio - 1).abs() > cfg.clip_coef).float().mean())
+                n_mb += 1
+            if cfg.target_kl is not None and float(approx_kl) > cfg.target_kl:
+                break
+
+        # Observation statistics move only after the update, so every sample of this rollout
+        # was scored under the statistics it was collected with.
+        if cfg.norm_obs:
+            self.policy.obs_rms.merge(*rollout.obs_stats)
+        out = {k: v / max(n_mb, 1) for k, v in stats.items()}
+        out["lr"] = self.optimizer.param_groups[0]["lr"]
+        return out

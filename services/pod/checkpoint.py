@@ -1,0 +1,216 @@
+"""Training files: everything needed to continue training an agent, or to run it.
+
+A checkpoint is a directory:
+
+* ``actor.safetensors`` — the policy (actor weights + observation statistics): enough to act;
+* ``critic.safetensors`` — critic weights and return statistics;
+* ``optimizer.safetensors`` + ``optimizer.json`` — optimiser tensors, then its param groups;
+* ``hyperparameters.json`` — the training config; ``counters.json`` — env steps, updates;
+* ``manifest.json`` — format version, algorithm and the sha256 + size of every file above.
+
+Weights go through safetensors and everything else through JSON, so loading a checkpoint from
+the network never runs pickled code. Every file is checked against the manifest before it is
+parsed: a truncated or tampered file is an error, never a silently different agent. A
+directory is written next to its destination and renamed into place, so readers see either
+the old checkpoint or the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+if TYPE_CHECKING:
+    from services.pod.learner import Learner
+    from services.pod.train import TrainConfig
+
+FORMAT = "podium.training-files/1"
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, truncated, tampered with, or does not fit the agent."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, indent=2, sort_keys=True).encode()
+
+
+def _tensors(state: dict[str, torch.Tensor]) -> bytes:
+    # safetensors refuses views of shared storage; clone makes every tensor its own.
+    return st_save({k: v.detach().contiguous().clone().cpu() for k, v in state.items()})
+
+
+def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[bytes, bytes]:
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, per_param in state["state"].items():
+        for name, value in per_param.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}.{name}"] = value
+            else:
+                scalars.setdefault(str(index), {})[name] = value
+    meta = {"param_groups": state["param_groups"], "scalars": scalars}
+    return _tensors(tensors), _json_bytes(meta)
+
+
+def optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    for index, values in meta.get("scalars", {}).items():
+        state.setdefault(int(index), {}).update(values)
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def write_files(directory: Path, files: dict[str, bytes], meta: dict[str, Any]) -> dict[str, str]:
+    """Atomically write ``files`` plus a manifest into ``directory``; return name → sha256."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    digests = {name: sha256_bytes(data) for name, data in files.items()}
+    manifest = {
+        **meta,
+        "format": FORMAT,
+        "files": {n: {"sha256": digests[n], "bytes": len(d)} for n, d in files.items()},
+    }
+    tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for name, data in {**files, MANIFEST: _json_bytes(manifest)}.items():
+            with open(tmp / name, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        old = None
+        if directory.exists():
+            old = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex[:8]}"
+            directory.rename(old)
+        tmp.rename(directory)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return digests
+
+
+@dataclass
+class TrainingFiles:
+    """A verified checkpoint, parsed: tensors by file, JSON documents by file."""
+
+    manifest: dict[str, Any]
+    tensors: dict[str, dict[str, torch.Tensor]]
+    documents: dict[str, Any]
+
+
+def read_files(directory: Path) -> TrainingFiles:
+    """Read and verify a checkpoint directory. Raises ``CheckpointError`` on any defect."""
+    directory = Path(directory)
+    try:
+        manifest = json.loads((directory / MANIFEST).read_bytes())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{directory}: no {MANIFEST}; not a Podium checkpoint") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{directory / MANIFEST}: not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise CheckpointError(f"{directory}: unsupported checkpoint format {found!r}")
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    documents: dict[str, Any] = {}
+    for name, entry in manifest.get("files", {}).items():
+        if "/" in name or name.startswith("."):
+            raise CheckpointError(f"{directory}: bad file name {name!r} in manifest")
+        try:
+            data = (directory / name).read_bytes()
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{directory}: file {name} is missing") from exc
+        if len(data) != entry.get("bytes") or sha256_bytes(data) != entry.get("sha256"):
+            raise CheckpointError(
+                f"{directory / name}: size or sha256 does not match the manifest "
+                "(truncated or modified)"
+            )
+        try:
+            if name.endswith(".safetensors"):
+                tensors[name.removesuffix(".safetensors")] = st_load(data)
+            elif name.endswith(".json"):
+                documents[name.removesuffix(".json")] = json.loads(data)
+        except (SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{directory / name}: cannot be parsed ({exc})") from exc
+    return TrainingFiles(manifest=manifest, tensors=tensors, documents=documents)
+
+
+def save_training_files(directory: Path, learner: Learner, config: TrainConfig) -> dict[str, str]:
+    """Write the learner's full training state; returns file name → sha256."""
+    agent = learner.agent
+    critic_state = {f"critic.{k}": v for k, v in agent.critic.state_dict().items()}
+    critic_state |= {f"return_rms.{k}": v for k, v in agent.return_rms.state_dict().items()}
+    opt_tensors, opt_meta = optimizer_to_files(agent.optimizer)
+    files = {
+        "actor.safetensors": _tensors(agent.policy.state_dict()),
+        "critic.safetensors": _tensors(critic_state),
+        "optimizer.safetensors": opt_tensors,
+        "optimizer.json": opt_meta,
+        "hyperparameters.json": _json_bytes(config.model_dump(mode="json")),
+        "counters.json": _json_bytes(learner.counters()),
+    }
+    return write_files(directory, files, {"algorithm": agent.name})
+
+
+def _load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{what} does not fit this agent: {exc}") from exc
+
+
+def load_training_files(directory: Path, learner: Learner) -> TrainingFiles:
+    """Restore a learner from a verified checkpoint (weights, optimiser, counters)."""
+    files = read_files(directory)
+    needed = {"actor", "critic", "optimizer"}
+    if missing := needed - files.tensors.keys():
+        raise CheckpointError(f"{directory}: missing {sorted(missing)}")
+    agent = learner.agent
+    if (found := files.manifest.get("algorithm")) != agent.name:
+        raise CheckpointError(f"{directory}: checkpoint of {found!r}, agent is {agent.name!r}")
+    _load_into(agent.policy, files.tensors["actor"], "actor.safetensors")
+    critic = files.tensors["critic"]
+    _load_into(
+        agent.critic,
+        {k.removeprefix("critic."): v for k, v in critic.items() if k.startswith("critic.")},
+        "critic.safetensors",
+    )
+    _load_into(
+        agent.return_rms,
+        {
+            k.removeprefix("return_rms."): v
+            for k, v in critic.items()
+            if k.startswith("return_rms.")
+        },
+        "critic.safetensors",
+    )
+    try:
+        agent.optimizer.load_state_dict(
+            optimizer_from_files(files.tensors["optimizer"], files.documents["optimizer"])
+        )
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"optimizer state does not fit this agent: {exc}") from exc
+    if "counters" in files.documents:
+        learner.load_counters(files.documents["counters"])
+    return files

@@ -1,0 +1,134 @@
+"""The worker: steps the batched environment with the current policy and records a rollout.
+
+Everything stays on the env's device; the rollout is a handful of preallocated (T, N, ...)
+tensors, so handing it to a learner in another process is a shared-memory move, not a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from services.pod.algorithms.normalization import batch_stats
+from services.pod.algorithms.policies import Policy
+from services.pod.envs.base import VecEnv
+
+
+@dataclass
+class Rollout:
+    """T steps of N sub-environments. Observations are normalised as the policy saw them."""
+
+    obs: torch.Tensor  # (T, N, *obs_shape)
+    actions: torch.Tensor  # (T, N) discrete, (T, N, A) continuous (pre-bounds sample)
+    logprobs: torch.Tensor  # (T, N)
+    rewards: torch.Tensor  # (T, N), raw env rewards
+    terminated: torch.Tensor  # (T, N) bool
+    truncated: torch.Tensor  # (T, N) bool
+    final_obs: torch.Tensor  # (T, N, *obs_shape): last obs of an episode that ended at t
+    next_obs: torch.Tensor  # (N, *obs_shape): obs after the last step, for bootstrapping
+    obs_stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # raw-obs mean, var, count
+    return_stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # discounted-return stats
+    episode_returns: torch.Tensor  # returns of episodes that finished in this rollout
+    episode_lengths: torch.Tensor
+
+    @property
+    def env_steps(self) -> int:
+        return self.rewards.numel()
+
+    def share_memory_(self) -> Rollout:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            for t in value if isinstance(value, tuple) else (value,):
+                t.share_memory_()
+        return self
+
+
+class Worker:
+    """Collects ``num_steps`` steps from every sub-environment per call to ``collect``."""
+
+    def __init__(
+        self,
+        env: VecEnv,
+        policy: Policy,
+        num_steps: int,
+        gamma: float = 0.99,
+        seed: int | None = None,
+    ) -> None:
+        self.env = env
+        self.policy = policy
+        self.num_steps = num_steps
+        self.gamma = gamma
+        self.device = env.device
+        self.generator = torch.Generator(device=self.device)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        raw_obs, _ = env.reset(seed=seed)
+        self._raw_obs = raw_obs
+        # Per-env discounted return, for reward scaling: it spans rollouts, so it lives here.
+        self._discounted = torch.zeros(env.num_envs, device=self.device, dtype=torch.float64)
+
+    def load_policy(self, state: dict[str, torch.Tensor]) -> None:
+        """Take new weights from a learner in another process (no-op need when fused)."""
+        self.policy.load_state_dict(state)
+
+    @torch.no_grad()
+    def collect(self) -> Rollout:
+        env, policy, steps, n = self.env, self.policy, self.num_steps, self.env.num_envs
+        obs_shape = self._raw_obs.shape[1:]
+        obs = torch.empty((steps, n, *obs_shape), device=self.device)
+        raw = torch.empty((steps, n, *obs_shape), device=self.device)
+        final_obs = torch.empty_like(obs)
+        rewards = torch.empty((steps, n), device=self.device)
+        logprobs = torch.empty((steps, n), device=self.device)
+        terminated = torch.empty((steps, n), device=self.device, dtype=torch.bool)
+        truncated = torch.empty_like(terminated)
+        returns = torch.empty((steps, n), device=self.device, dtype=torch.float64)
+        ep_return = torch.empty((steps, n), device=self.device, dtype=torch.float32)
+        ep_length = torch.empty((steps, n), device=self.device, dtype=torch.int64)
+        actions: torch.Tensor | None = None
+
+        raw_obs = self._raw_obs
+        noise_period = getattr(policy.actor, "noise_period", 0)  # gSDE actors only
+        for t in range(steps):
+            if noise_period and t % noise_period == 0:
+                policy.actor.resample_noise(n, self.generator)
+            raw[t] = raw_obs
+            norm = policy.normalize(raw_obs)
+            obs[t] = norm
+            action, logprob = policy.actor.sample(norm, self.generator)
+            if actions is None:
+                actions = torch.empty(
+                    (steps, *action.shape), device=self.device, dtype=action.dtype
+                )
+            actions[t] = action
+            logprobs[t] = logprob
+            raw_obs, reward, term, trunc, info = env.step(policy.actor.to_env(action))
+            rewards[t] = reward
+            terminated[t] = term
+            truncated[t] = trunc
+            final_obs[t] = policy.normalize(info["final_obs"])
+            done = term | trunc
+            self._discounted.mul_(self.gamma).add_(reward)
+            returns[t] = self._discounted
+            self._discounted.masked_fill_(done, 0.0)
+            ep_return[t] = info["episode_return"]
+            ep_length[t] = info["episode_length"]
+        self._raw_obs = raw_obs
+        # One boolean gather per rollout (not per step): on CUDA it is the only host sync.
+        done_mask = terminated | truncated
+        assert actions is not None
+        return Rollout(
+            obs=obs,
+            actions=actions,
+            logprobs=logprobs,
+            rewards=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+            next_obs=policy.normalize(raw_obs),
+            obs_stats=batch_stats(raw, tuple(obs_shape)),
+            return_stats=batch_stats(returns),
+            episode_returns=ep_return[done_mask].float(),
+            episode_lengths=ep_length[done_mask],
+        )

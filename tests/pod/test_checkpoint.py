@@ -1,0 +1,150 @@
+"""Training files: bit-exact round trip, and every kind of damage is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from services.pod.checkpoint import (
+    CheckpointError,
+    load_training_files,
+    read_files,
+    save_training_files,
+)
+from services.pod.train import TrainConfig, build, preset
+
+
+def trained(env: str = "Pendulum-v1", seed: int = 0):
+    cfg = TrainConfig.model_validate(
+        {**preset(env), "seed": seed, "ppo": {"num_envs": 8, "num_steps": 16}}
+    )
+    worker, learner, _ = build(cfg)
+    for _ in range(3):
+        learner.update(worker.collect())
+    return cfg, worker, learner
+
+
+def all_tensors(learner) -> dict[str, torch.Tensor]:
+    agent = learner.agent
+    out = {f"agent.{k}": v for k, v in agent.state_dict().items()}
+    for index, state in agent.optimizer.state_dict()["state"].items():
+        for name, value in state.items():
+            out[f"opt.{index}.{name}"] = value
+    return out
+
+
+@pytest.mark.parametrize("env", ["Pendulum-v1", "CartPole-v1"])
+def test_round_trip_is_bit_exact(tmp_path, env):
+    cfg, _, learner = trained(env)
+    save_training_files(tmp_path / "ckpt", learner, cfg)
+
+    _, _, fresh = trained(env, seed=123)  # different weights before loading
+    load_training_files(tmp_path / "ckpt", fresh)
+
+    before, after = all_tensors(learner), all_tensors(fresh)
+    assert before.keys() == after.keys()
+    for key in before:
+        assert before[key].dtype == after[key].dtype, key
+        assert torch.equal(before[key], after[key]), key
+    assert fresh.counters() == learner.counters()
+    assert (
+        fresh.agent.optimizer.param_groups[0]["lr"] == learner.agent.optimizer.param_groups[0]["lr"]
+    )
+    files = read_files(tmp_path / "ckpt")
+    assert files.documents["hyperparameters"] == cfg.model_dump(mode="json")
+
+
+def test_continued_training_is_identical_after_reload(tmp_path):
+    cfg, worker, learner = trained()
+    save_training_files(tmp_path / "ckpt", learner, cfg)
+    rollout = worker.collect()
+    _, _, copy = trained(seed=99)
+    load_training_files(tmp_path / "ckpt", copy)
+    torch.manual_seed(7)
+    learner.update(rollout)
+    torch.manual_seed(7)
+    copy.update(rollout)
+    restored = copy.agent.state_dict()
+    for key, value in learner.agent.state_dict().items():
+        assert torch.equal(value, restored[key]), key
+
+
+def test_save_replaces_atomically_and_leaves_no_temp_dirs(tmp_path):
+    cfg, worker, learner = trained()
+    save_training_files(tmp_path / "ckpt", learner, cfg)
+    learner.update(worker.collect())
+    save_training_files(tmp_path / "ckpt", learner, cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert read_files(tmp_path / "ckpt").documents["counters"]["updates"] == 4
+
+
+@pytest.fixture
+def saved(tmp_path):
+    cfg, _, learner = trained()
+    save_training_files(tmp_path / "ckpt", learner, cfg)
+    return tmp_path / "ckpt", learner
+
+
+def test_truncated_file_is_rejected(saved):
+    path, learner = saved
+    data = (path / "actor.safetensors").read_bytes()
+    (path / "actor.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="actor.safetensors.*truncated or modified"):
+        load_training_files(path, learner)
+
+
+def test_tampered_weights_are_rejected(saved):
+    path, learner = saved
+    data = bytearray((path / "critic.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (path / "critic.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="critic.safetensors"):
+        load_training_files(path, learner)
+
+
+def test_missing_file_and_missing_manifest(saved):
+    path, learner = saved
+    (path / "optimizer.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="optimizer.safetensors is missing"):
+        load_training_files(path, learner)
+    (path / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="not a Podium checkpoint"):
+        read_files(path)
+
+
+def test_manifest_cannot_point_outside_the_directory(saved):
+    path, _ = saved
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["../escape.json"] = {"sha256": "0" * 64, "bytes": 1}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="bad file name"):
+        read_files(path)
+
+
+def test_checkpoint_of_another_architecture_is_rejected(saved, tmp_path):
+    path, _ = saved
+    cfg = TrainConfig.model_validate(
+        {**preset("Pendulum-v1"), "ppo": {"num_envs": 8, "hidden_sizes": [32]}}
+    )
+    _, other, _ = build(cfg)
+    with pytest.raises(CheckpointError, match="does not fit"):
+        load_training_files(path, other)
+
+
+def test_pickle_is_never_loaded(saved):
+    """A .pt/pickle file smuggled into the manifest is not parsed at all."""
+    path, learner = saved
+    payload = b"cos\nsystem\n(S'touch /tmp/podium-pwned'\ntR."
+    (path / "evil.pt").write_bytes(payload)
+    manifest = json.loads((path / "manifest.json").read_text())
+    import hashlib
+
+    manifest["files"]["evil.pt"] = {
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "bytes": len(payload),
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    files = load_training_files(path, learner)
+    assert "evil" not in files.tensors and "evil" not in files.documents

@@ -1,0 +1,88 @@
+"""`podium train` as a user runs it: a real subprocess, real files, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from services.pod.checkpoint import read_files
+
+PODIUM = [sys.executable, "-m", "services.cli"]
+
+
+def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*PODIUM, *args], capture_output=True, text=True, timeout=300, cwd=cwd, check=False
+    )
+
+
+def test_train_writes_checkpoints_curve_and_metrics(tmp_path):
+    out = tmp_path / "run"
+    proc = run(
+        "train", "CartPole-v1", "--out", str(out), "--quiet",
+        "--set", "total_env_steps=8192", "--set", "eval_every_steps=4096",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    png = (out / "learning_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5_000
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["env_steps"] == 8192
+    assert sum("eval_return" in r for r in records) == 2
+    for which in ("latest", "best"):
+        files = read_files(out / "checkpoints" / which)
+        assert files.documents["counters"]["env_steps"] in (4096, 8192)
+        assert files.documents["hyperparameters"]["env"] == "CartPole-v1"
+    assert json.loads((out / "config.json").read_text())["total_env_steps"] == 8192
+
+
+def test_config_file_and_set_layering(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("total_env_steps: 4096\nppo:\n  num_envs: 16\n  learning_rate: 0.01\n")
+    out = tmp_path / "run"
+    proc = run(
+        "train", "Pendulum-v1", "--config", str(config), "--set", "ppo.learning_rate=2e-3",
+        "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["total_env_steps"] == 4096
+    assert saved["ppo"]["num_envs"] == 16
+    assert saved["ppo"]["learning_rate"] == 2e-3
+    assert saved["ppo"]["sde_sample_freq"] > 0  # the rest of the Pendulum preset stays
+
+
+def test_unknown_env_lists_known_names_without_traceback(tmp_path):
+    proc = run("train", "NoSuchEnv-v0", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2
+    assert "unknown env 'NoSuchEnv-v0'" in proc.stderr
+    assert "CartPole-v1" in proc.stderr and "Pendulum-v1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_invalid_fields_are_named(tmp_path):
+    proc = run(
+        "train", "CartPole-v1", "--set", "ppo.lr=3", "--set", "ppo.gamma=1.5",
+        "--out", str(tmp_path / "x"),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "ppo.lr: Extra inputs are not permitted" in proc.stderr
+    assert "ppo.gamma" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_config_file_and_bad_set_syntax(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ppo: [unclosed\n")
+    proc = run("train", "CartPole-v1", "--config", str(bad), "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "not valid YAML" in proc.stderr
+    proc = run("train", "CartPole-v1", "--set", "novalue", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "key=value" in proc.stderr
+    proc = run("train", "CartPole-v1", "--config", str(tmp_path / "missing.yaml"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_unknown_env_kwarg_is_refused(tmp_path):
+    proc = run("train", "CartPole-v1", "--set", "env_kwargs.gravity=3", "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert "'gravity'" in proc.stderr and "Traceback" not in proc.stderr
