@@ -4,29 +4,38 @@ A ``VecEnv`` holds ``num_envs`` sub-environments as torch tensors on one device;
 takes or returns has the batch dimension first. Its contract:
 
 * ``reset(seed=None) -> (obs, info)`` resets every sub-environment. ``seed`` reseeds the env's
-  own ``torch.Generator``: the same seed gives the same trajectories for the same actions.
+  own random generator: the same seed gives the same trajectories for the same actions.
 * ``step(actions) -> (obs, reward, terminated, truncated, info)``:
-  - ``obs``: float (num_envs, *obs_shape); ``reward``: float (num_envs,);
+  - ``obs``: float32 (num_envs, *obs_shape); ``reward``: float (num_envs,);
     ``terminated`` / ``truncated``: bool (num_envs,), kept apart because bootstrapping needs it
     (a truncated episode is bootstrapped from its final observation, a terminated one is not).
+    An episode that terminates on its last allowed step counts as terminated, not truncated.
   - Sub-environments that finished are reset *in the same step* (autoreset): ``obs`` already
     holds their first observation of the next episode and ``info["final_obs"]`` the last
-    observation of the finished one (equal to ``obs`` where nothing finished).
+    observation of the finished one (equal to ``obs`` where nothing finished; when no
+    sub-environment finished it may be the very same tensor, so treat both as read-only).
   - ``info["episode_return"]`` / ``info["episode_length"]``: return and length of the episode
     that just finished, valid where ``terminated | truncated`` (zero elsewhere). Dense tensors,
     no Python lists, so nothing forces a device sync.
+  - Every returned tensor is new: the env never writes into a tensor it handed out, so a
+    rollout buffer may keep references.
 * ``single_observation_space`` / ``single_action_space`` are gymnasium spaces of one
   sub-environment; ``observation_space`` / ``action_space`` the batched ones.
-* Actions: ``Discrete`` → int64 (num_envs,); ``Box`` → float (num_envs, *action_shape).
-  A wrong shape, a wrong dtype or non-finite values raise ``ValueError``.
+* Actions: ``Discrete`` → integer (num_envs,); ``Box`` → float (num_envs, *action_shape).
+  ``validate_actions`` raises ``ValueError`` on a wrong shape, a wrong dtype, out-of-range
+  discrete actions or non-finite values. Actions are detached: the env never builds an
+  autograd graph through the policy's output.
 
 ``TorchVecEnv`` implements the protocol for torch-native dynamics: a subclass writes the physics
-(``_reset_envs``, ``_physics_step``, ``_observe``) and inherits validation, time limits, episode
-bookkeeping and autoreset.
+and inherits validation, time limits, episode bookkeeping and autoreset. Observations are
+float32 whatever the simulation dtype (as gymnasium's observation spaces); rewards are in the
+simulation dtype (``float64`` mode exists so equality tests against gymnasium can be tight).
 """
 
 from __future__ import annotations
 
+import math
+import operator
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -37,6 +46,17 @@ from gymnasium.vector.utils import batch_space
 
 Info = dict[str, Any]
 StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Info]
+
+
+def check_num_envs(num_envs: object) -> int:
+    """``num_envs`` as an int >= 1 (numpy integers accepted), else ``ValueError``."""
+    try:
+        n = operator.index(num_envs)  # type: ignore[arg-type]
+    except TypeError:
+        n = 0
+    if isinstance(num_envs, bool) or n < 1:
+        raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
+    return n
 
 
 class VecEnv(ABC):
@@ -72,13 +92,16 @@ class VecEnv(ABC):
         """Release resources (subprocesses, simulators); a no-op for pure-torch envs."""
 
     def validate_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        """Check shape/dtype/finiteness; return actions on this env's device.
+        """Check shape/dtype/range/finiteness; return detached actions on this env's device.
 
         Raising here, rather than letting NaN propagate into the state, is what keeps a bad
-        action from silently corrupting every later step of that sub-environment.
+        action from silently corrupting every later step of that sub-environment. The checks
+        read one or two scalars, which is free on CPU and one host sync on CUDA (switch them
+        off with ``check_actions=False`` once a training loop is known to be sound).
         """
         if not isinstance(actions, torch.Tensor):
             raise ValueError(f"actions must be a torch.Tensor, got {type(actions).__name__}")
+        actions = actions.detach()
         space = self.single_action_space
         if isinstance(space, gym.spaces.Discrete):
             if actions.shape != (self.num_envs,):
@@ -86,11 +109,18 @@ class VecEnv(ABC):
                     f"expected discrete actions of shape ({self.num_envs},), got "
                     f"{tuple(actions.shape)}"
                 )
-            if actions.dtype.is_floating_point or actions.dtype == torch.bool:
+            if (
+                actions.dtype.is_floating_point
+                or actions.dtype.is_complex
+                or (actions.dtype == torch.bool)
+            ):
                 raise ValueError(f"discrete actions must be integers, got {actions.dtype}")
             actions = actions.to(self.device)
-            if bool(((actions < 0) | (actions >= space.n)).any()):
-                raise ValueError(f"discrete actions must lie in [0, {space.n - 1}]")
+            low, high = torch.aminmax(actions)
+            if int(low) < space.start or int(high) >= space.start + space.n:
+                raise ValueError(
+                    f"discrete actions must lie in [{space.start}, {space.start + space.n - 1}]"
+                )
             return actions
         expected = (self.num_envs, *space.shape)
         if tuple(actions.shape) != expected:
@@ -98,7 +128,9 @@ class VecEnv(ABC):
         if not actions.dtype.is_floating_point:
             raise ValueError(f"continuous actions must be floating point, got {actions.dtype}")
         actions = actions.to(self.device)
-        if not bool(torch.isfinite(actions).all()):
+        # One reduction in the common case; the sum of finite values can still overflow to
+        # inf, so only a non-finite sum triggers the exact (slower) element-wise check.
+        if not math.isfinite(float(actions.sum())) and not bool(torch.isfinite(actions).all()):
             raise ValueError("actions contain NaN or inf")
         return actions
 
@@ -106,13 +138,26 @@ class VecEnv(ABC):
 class TorchVecEnv(VecEnv):
     """Base of the torch-native envs: validation, time limit, bookkeeping, autoreset.
 
-    Subclasses keep their state in tensors of shape (num_envs, ...) on ``self.device`` and
-    implement three methods:
+    A subclass keeps its state in ``self.state``, a ``(num_envs, state_dim)`` tensor of
+    ``self.dtype`` on ``self.device`` that is only ever updated in place (so ``self.columns``,
+    its per-variable column views, stay valid; rebinding ``state`` is refused), and implements:
 
-    * ``_reset_envs(mask)``: sample new initial states for sub-environments where ``mask``.
-    * ``_physics_step(actions) -> (reward, terminated)``: advance every sub-environment.
-    * ``_observe() -> obs``: current observation of every sub-environment.
+    * ``_initial_state(n) -> (n, state_dim)``: fresh initial states for ``n`` sub-environments.
+    * ``_physics_step(actions) -> (reward, terminated)``: advance every sub-environment,
+      updating ``self.state`` in place; both results must be new tensors.
+    * ``_observe(state) -> obs``: a new float32 (len(state), *obs_shape) tensor.
+
+    Speed matters here: the step runs for thousands of sub-environments per call and, on CPU,
+    its cost is mostly per-op overhead, so the step avoids redundant ops. On CPU, where reading
+    a flag costs nothing, finished sub-environments are reset by index and only when there are
+    any; on other devices the reset is masked over all sub-environments, which needs no host
+    sync. The state is row-major (one row per sub-environment) because turning column-major
+    state into row-major observations costs a strided copy that is slower than the physics.
+    On a shared or small CPU, ``torch.set_num_threads(1)`` is usually fastest: a few thousand
+    elements per op are too few to split across threads.
     """
+
+    state_dim: int
 
     def __init__(
         self,
@@ -123,69 +168,117 @@ class TorchVecEnv(VecEnv):
         seed: int | None = None,
         check_actions: bool = True,
     ):
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        self.num_envs = int(num_envs)
+        num_envs = check_num_envs(num_envs)
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self.num_envs = num_envs
         self.device = torch.device(device)
         self.dtype = dtype
-        if max_episode_steps is not None:
-            self.max_episode_steps = int(max_episode_steps)
-        # On CUDA the finiteness check costs a host sync per step; it can be turned off there.
+        # On CUDA the action checks cost a host sync per step; they can be turned off there.
         self.check_actions = check_actions
+        self._host_reads_free = self.device.type == "cpu"
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(
             seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         )
+        self._state = torch.zeros(num_envs, self.state_dim, device=self.device, dtype=dtype)
+        # Views made once: slicing the state into columns on every step costs an op per column.
+        self.columns = self._state.unbind(1)
         self._episode_return = torch.zeros(num_envs, device=self.device, dtype=dtype)
         self._episode_length = torch.zeros(num_envs, device=self.device, dtype=torch.int64)
-        self._all = torch.ones(num_envs, device=self.device, dtype=torch.bool)
+        self._one = torch.ones((), device=self.device, dtype=torch.int64)
+        self.max_episode_steps = max_episode_steps
+
+    @property
+    def max_episode_steps(self) -> int | None:  # type: ignore[override]
+        """Time limit in steps (None: no limit); episodes reaching it are truncated."""
+        return self._max_episode_steps
+
+    @max_episode_steps.setter
+    def max_episode_steps(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or operator.index(value) < 1):
+            raise ValueError(f"max_episode_steps must be an integer >= 1 or None, got {value!r}")
+        self._max_episode_steps = None if value is None else operator.index(value)
+        if value is not None:
+            # Compared against every step: a 0-dim tensor avoids wrapping the int each time.
+            self._max_steps = torch.tensor(self._max_episode_steps, device=self.device)
+
+    @property
+    def state(self) -> torch.Tensor:
+        """The simulation state, (num_envs, state_dim); write into it, never rebind it."""
+        return self._state
 
     # -- to implement ----------------------------------------------------------------------
     @abstractmethod
-    def _reset_envs(self, mask: torch.Tensor) -> None: ...
+    def _initial_state(self, n: int) -> torch.Tensor: ...
 
     @abstractmethod
     def _physics_step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @abstractmethod
-    def _observe(self) -> torch.Tensor: ...
+    def _observe(self, state: torch.Tensor) -> torch.Tensor: ...
 
     # -- helpers for subclasses ------------------------------------------------------------
-    def _uniform(self, shape: tuple[int, ...], low: float, high: float) -> torch.Tensor:
-        u = torch.rand(shape, generator=self.generator, device=self.device, dtype=self.dtype)
-        return low + (high - low) * u
+    def _uniform_state(self, n: int, low: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+        """``low + span * U[0, 1)`` per state variable (``low``/``span``: (state_dim,)).
+
+        The same formula as numpy's ``uniform(low, high)``, so the ranges match gymnasium's.
+        """
+        u = torch.rand(
+            (n, self.state_dim), generator=self.generator, device=self.device, dtype=self.dtype
+        )
+        return torch.addcmul(low, span, u)
+
+    def _row(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, device=self.device, dtype=self.dtype)
+
+    def _const(self, value: float) -> torch.Tensor:
+        """A 0-dim tensor for a constant used in the hot path.
+
+        ``tensor * 0.5`` wraps the Python float into a new tensor on every call, which costs
+        as much as the multiplication itself for a few thousand elements.
+        """
+        return torch.tensor(value, device=self.device, dtype=self.dtype)
 
     # -- protocol --------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
         if seed is not None:
             self.generator.manual_seed(int(seed))
-        self._reset_envs(self._all)
+        self.state.copy_(self._initial_state(self.num_envs))
         self._episode_return.zero_()
         self._episode_length.zero_()
-        return self._observe(), {}
+        return self._observe(self.state), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
         if self.check_actions:
             actions = self.validate_actions(actions)
+        else:
+            actions = actions.detach().to(self.device)
         reward, terminated = self._physics_step(actions)
         self._episode_return += reward
-        self._episode_length += 1
-        if self.max_episode_steps is not None:
-            truncated = (self._episode_length >= self.max_episode_steps) & ~terminated
+        self._episode_length += self._one
+        if self._max_episode_steps is not None:
+            done = terminated | (self._episode_length >= self._max_steps)
+            truncated = done ^ terminated  # only where not terminated
         else:
             truncated = torch.zeros_like(terminated)
-        done = terminated | truncated
-        final_obs = self._observe()
-        zero = torch.zeros((), device=self.device)
+            done = terminated
         info: Info = {
-            "final_obs": final_obs,
-            "episode_return": torch.where(done, self._episode_return, zero.to(self.dtype)),
-            "episode_length": torch.where(done, self._episode_length, zero.long()),
+            "episode_return": self._episode_return * done,
+            "episode_length": self._episode_length * done,
         }
-        # Reset finished sub-environments without a host sync: resetting under a mask keeps
-        # shapes static, so this runs the same on CPU and inside a CUDA graph.
-        self._reset_envs(done)
-        self._episode_return.masked_fill_(done, 0)
-        self._episode_length.masked_fill_(done, 0)
-        obs = self._observe()
-        return obs, reward, terminated, truncated, info
+        info["final_obs"] = final_obs = self._observe(self.state)
+        if self._host_reads_free:
+            envs = done.nonzero().squeeze(1)
+            if not envs.numel():
+                return final_obs, reward, terminated, truncated, info
+            self.state[envs] = self._initial_state(envs.numel())
+            self._episode_return.index_fill_(0, envs, 0)
+            self._episode_length.index_fill_(0, envs, 0)
+        else:
+            # Masked reset: static shapes, no host sync; costs a fresh sample for every env.
+            fresh = self._initial_state(self.num_envs)
+            torch.where(done.unsqueeze(1), fresh, self.state, out=self.state)
+            self._episode_return.masked_fill_(done, 0)
+            self._episode_length.masked_fill_(done, 0)
+        return self._observe(self.state), reward, terminated, truncated, info

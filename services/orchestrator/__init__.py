@@ -1,0 +1,1 @@
+"""Orchestrator: experiments API, capacity-aware reconciler, local and Kubernetes backends."""

@@ -1,0 +1,175 @@
+"""The experiments API under /api/v1 (bearer-token auth)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.orchestrator import store as st
+from services.orchestrator.models import EventOut, ExperimentOut, State
+from services.orchestrator.reconciler import Reconciler
+from services.orchestrator.settings import OrchestratorSettings
+from services.orchestrator.store import Experiment, IdempotencyConflictError, Store
+from services.spec import ExperimentSpec, parse_quantity
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def require_token(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    expected: str | None = request.app.state.token
+    if expected is None:
+        return  # no token configured (local single-user mode; logged at start-up)
+    given = creds.credentials if creds is not None else ""
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise HTTPException(
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            detail="missing or invalid bearer token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+
+
+def _store(request: Request) -> Store:
+    return request.app.state.store
+
+
+def _reconciler(request: Request) -> Reconciler:
+    return request.app.state.reconciler
+
+
+def _settings(request: Request) -> OrchestratorSettings:
+    return request.app.state.settings
+
+
+def _get(store: Store, exp_id: str) -> Experiment:
+    exp = store.get(exp_id)
+    if exp is None or exp.intent == st.DELETE:
+        raise HTTPException(status_code=404, detail=f"experiment {exp_id!r} not found")
+    return exp
+
+
+def check_bounds(spec: ExperimentSpec, settings: OrchestratorSettings) -> None:
+    """Resource requests bounded by the server's settings: 422 naming the field."""
+    errors = []
+
+    def bad(loc: tuple[str, ...], value: object, limit: object) -> None:
+        errors.append(
+            {
+                "type": "less_than_equal",
+                "loc": ("body", *loc),
+                "msg": f"Input should be less than or equal to {limit} (server limit)",
+                "input": value,
+                "ctx": {"le": limit},
+            }
+        )
+
+    r = spec.resources
+    if r.gpus > settings.max_pod_gpus:
+        bad(("resources", "gpus"), r.gpus, settings.max_pod_gpus)
+    if r.cpu > settings.max_pod_cpu:
+        bad(("resources", "cpu"), r.cpu, settings.max_pod_cpu)
+    if parse_quantity(r.memory) > parse_quantity(settings.max_pod_memory):
+        bad(("resources", "memory"), r.memory, settings.max_pod_memory)
+    if spec.population.max_pods > settings.max_pods_per_experiment:
+        bad(("population", "max_pods"), spec.population.max_pods, settings.max_pods_per_experiment)
+    if errors:
+        raise RequestValidationError(errors)
+
+
+@router.post("/experiments", status_code=201, response_model=ExperimentOut)
+def create_experiment(
+    spec: ExperimentSpec,
+    request: Request,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> ExperimentOut:
+    check_bounds(spec, _settings(request))
+    store = _store(request)
+    body_hash = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+    try:
+        exp_id, created = store.create(secrets.token_hex(6), spec, idempotency_key, body_hash)
+    except IdempotencyConflictError as e:
+        raise HTTPException(
+            status_code=409,
+            detail=f"Idempotency-Key was used for a different request (experiment {e.args[0]})",
+        ) from e
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    _reconciler(request).wake()
+    response.headers["Location"] = f"/api/v1/experiments/{exp_id}"
+    return ExperimentOut.of(_get(store, exp_id))
+
+
+@router.get("/experiments", response_model=list[ExperimentOut])
+def list_experiments(request: Request, state: State | None = None) -> list[ExperimentOut]:
+    return [
+        ExperimentOut.of(e)
+        for e in _store(request).list()
+        if e.intent != st.DELETE and (state is None or e.state == state)
+    ]
+
+
+@router.get("/experiments/{exp_id}", response_model=ExperimentOut)
+def get_experiment(exp_id: str, request: Request) -> ExperimentOut:
+    return ExperimentOut.of(_get(_store(request), exp_id))
+
+
+def _set_intent(request: Request, exp_id: str, intent: str) -> ExperimentOut:
+    store = _store(request)
+    exp = _get(store, exp_id)
+    if exp.terminal and not (intent == st.CANCEL and exp.state == st.CANCELLED):
+        raise HTTPException(status_code=409, detail=f"experiment has already ended ({exp.state})")
+    store.set_intent(exp_id, intent)
+    _reconciler(request).wake()
+    return ExperimentOut.of(_get(store, exp_id))
+
+
+@router.post("/experiments/{exp_id}/cancel", status_code=202, response_model=ExperimentOut)
+def cancel_experiment(exp_id: str, request: Request) -> ExperimentOut:
+    return _set_intent(request, exp_id, st.CANCEL)
+
+
+@router.post("/experiments/{exp_id}/pause", status_code=202, response_model=ExperimentOut)
+def pause_experiment(exp_id: str, request: Request) -> ExperimentOut:
+    return _set_intent(request, exp_id, st.PAUSE)
+
+
+@router.post("/experiments/{exp_id}/resume", status_code=202, response_model=ExperimentOut)
+def resume_experiment(exp_id: str, request: Request) -> ExperimentOut:
+    exp = _get(_store(request), exp_id)
+    if exp.intent == st.CANCEL:
+        raise HTTPException(status_code=409, detail="experiment was cancelled")
+    return _set_intent(request, exp_id, st.RUN)
+
+
+@router.delete("/experiments/{exp_id}", status_code=204)
+def delete_experiment(exp_id: str, request: Request) -> Response:
+    """Stops its pods (gracefully) and forgets it; it is gone from the API at once."""
+    store = _store(request)
+    _get(store, exp_id)
+    store.set_intent(exp_id, st.DELETE)
+    _reconciler(request).wake()
+    return Response(status_code=204)
+
+
+@router.get("/experiments/{exp_id}/events", response_model=list[EventOut])
+def experiment_events(
+    exp_id: str,
+    request: Request,
+    after: Annotated[str | None, Query(pattern=r"^\d+-\d+$")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[dict]:
+    store = _store(request)
+    _get(store, exp_id)
+    return store.events(exp_id, after=after, limit=limit)

@@ -1,0 +1,91 @@
+"""The backend interface the reconciler drives: create, list by label, terminate, capacity.
+
+A backend holds no experiment state of its own: everything it reports comes from what is
+running (processes, Kubernetes pods), found by label, so an orchestrator that restarts adopts
+the pods it finds instead of starting duplicates.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal
+
+from services.orchestrator.scheduler import Res
+
+# Labels every training pod carries (Kubernetes labels; the local backend keeps the same keys).
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "podium-orchestrator"
+EXPERIMENT_LABEL = "podium.dev/experiment"
+POD_LABEL = "podium.dev/pod"
+
+Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """Everything a backend needs to start one training pod."""
+
+    experiment_id: str
+    pod_id: str
+    spec_json: str  # the experiment spec, handed to the pod as PODIUM_SPEC
+    resources: Res
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the pod
+    grace_s: float = 30.0
+
+
+@dataclass
+class PodInfo:
+    experiment_id: str
+    pod_id: str
+    phase: Phase
+    created_at: float
+    resources: Res
+    terminating: bool = False  # asked to stop (SIGTERM sent / deletionTimestamp set)
+    exit_code: int | None = None
+    reason: str | None = None
+
+    @property
+    def live(self) -> bool:
+        """Still holding resources."""
+        return self.phase in ("Pending", "Running")
+
+
+class Backend(ABC):
+    """One interface for local processes and Kubernetes pods."""
+
+    def __init__(self) -> None:
+        # Set whenever the backend sees a pod change, so the reconciler reacts at once.
+        self.changed = threading.Event()
+
+    @abstractmethod
+    def capacity(self) -> Res:
+        """What Podium may use in total: free capacity plus what Podium's pods hold now."""
+
+    @abstractmethod
+    def list_pods(self) -> list[PodInfo]:
+        """Every Podium training pod this backend can see, live or finished."""
+
+    @abstractmethod
+    def create_pod(self, req: PodRequest) -> None: ...
+
+    @abstractmethod
+    def terminate_pod(self, experiment_id: str, pod_id: str, grace_s: float) -> None:
+        """Graceful stop: SIGTERM (the pod reports, then exits), SIGKILL after ``grace_s``."""
+
+    @abstractmethod
+    def remove_pod(self, experiment_id: str, pod_id: str) -> None:
+        """Forget a finished pod (its record / object); logs are kept where the backend can."""
+
+    def pod_log_tail(self, experiment_id: str, pod_id: str, lines: int = 20) -> str:
+        return ""
+
+    def prepare_experiment(self, experiment_id: str, spec_json: str) -> None:  # noqa: B027
+        """Optional per-experiment set-up before its first pod (Kubernetes: the owner object)."""
+
+    def delete_experiment(self, experiment_id: str) -> None:  # noqa: B027
+        """Optional per-experiment clean-up when an experiment is deleted."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release watches/threads; running pods are left alone (a restart adopts them)."""

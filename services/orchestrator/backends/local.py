@@ -1,0 +1,338 @@
+"""Local backend: each training pod is a process group on this machine.
+
+Each pod has a record ``<data_dir>/experiments/<id>/pods/<pod>.json`` (pid, process start time,
+labels, resources; written atomically) and a log ``<pod>.log`` next to it. The records are the
+"labels" a restarted orchestrator lists to adopt running pods; the process start time guards
+against a recycled pid. Pods run in their own session (``start_new_session``), so a signal to
+the group reaches everything a pod started and an orchestrator crash leaves them running.
+
+Exits are noticed at once: a thread waits on every pod (``Popen.wait`` for our children,
+``psutil.wait`` polling for adopted ones) and wakes the reconciler. An adopted pod's exit
+status cannot be read (it is not our child), so it is reported as unknown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from services.logs import get_logger
+from services.orchestrator.backends.base import (
+    EXPERIMENT_LABEL,
+    MANAGED_BY,
+    MANAGER,
+    POD_LABEL,
+    Backend,
+    PodInfo,
+    PodRequest,
+)
+from services.orchestrator.scheduler import Res
+from services.orchestrator.settings import OrchestratorSettings
+
+log = get_logger(__name__)
+
+
+def default_pod_command() -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "services.pod",
+        "--experiment",
+        "{experiment_id}",
+        "--pod-id",
+        "{pod_id}",
+    ]
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class LocalBackend(Backend):
+    def __init__(self, settings: OrchestratorSettings):
+        super().__init__()
+        self.settings = settings
+        self.root = Path(settings.data_dir) / "experiments"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.command = settings.pod_command or default_pod_command()
+        cpu, gpus, mem = settings.local_capacity()
+        self._capacity = Res(cpu, gpus, mem)
+        self._lock = threading.RLock()
+        self._children: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
+        self._watched: set[tuple[str, str]] = set()
+        self._reserved: dict[tuple[str, str], list[int]] = {}  # GPUs of pods being started
+        self._closed = False
+
+    # -- records ---------------------------------------------------------------------------
+    def _dir(self, experiment_id: str) -> Path:
+        return self.root / experiment_id / "pods"
+
+    def _record_path(self, experiment_id: str, pod_id: str) -> Path:
+        return self._dir(experiment_id) / f"{pod_id}.json"
+
+    def log_path(self, experiment_id: str, pod_id: str) -> Path:
+        return self._dir(experiment_id) / f"{pod_id}.log"
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if rec.get("labels", {}).get(MANAGED_BY) != MANAGER:
+            return None
+        return rec
+
+    def _update(self, experiment_id: str, pod_id: str, **fields: Any) -> None:
+        with self._lock:
+            path = self._record_path(experiment_id, pod_id)
+            rec = self._read(path)
+            if rec is None:
+                return
+            rec.update(fields)
+            _write_json(path, rec)
+
+    # -- interface -------------------------------------------------------------------------
+    def capacity(self) -> Res:
+        return self._capacity
+
+    def create_pod(self, req: PodRequest) -> None:
+        d = self._dir(req.experiment_id)
+        d.mkdir(parents=True, exist_ok=True)
+        spec_path = d.parent / "spec.json"
+        if not spec_path.exists():
+            _write_json(spec_path, json.loads(req.spec_json))
+        subst = {
+            "experiment_id": req.experiment_id,
+            "pod_id": req.pod_id,
+            "spec_path": str(spec_path),
+        }
+        argv = [part.format(**subst) for part in self.command]
+        key = (req.experiment_id, req.pod_id)
+        with self._lock:
+            gpu_ids = self._free_gpus(req.resources.gpus)
+            self._reserved[key] = gpu_ids  # held until the record (which lists them) is written
+        env = {
+            **os.environ,
+            **req.env,
+            "PODIUM_EXPERIMENT_ID": req.experiment_id,
+            "PODIUM_POD_ID": req.pod_id,
+            "PODIUM_SPEC": req.spec_json,
+            "PODIUM_POD_DIR": str(d),
+            "PODIUM_CPU": f"{req.resources.cpu:g}",
+            "PODIUM_GPUS": str(req.resources.gpus),
+            # Each pod sees only its own GPUs (none for a CPU pod).
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
+        }
+        try:
+            with open(self.log_path(req.experiment_id, req.pod_id), "ab") as logf:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+        except BaseException:
+            with self._lock:
+                self._reserved.pop(key, None)
+            raise
+        try:
+            started = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            started = time.time()
+        rec = {
+            "labels": {
+                MANAGED_BY: MANAGER,
+                EXPERIMENT_LABEL: req.experiment_id,
+                POD_LABEL: req.pod_id,
+            },
+            "pid": proc.pid,
+            "process_start": started,
+            "created_at": time.time(),
+            "resources": {
+                "cpu": req.resources.cpu,
+                "gpus": req.resources.gpus,
+                "memory": req.resources.memory,
+            },
+            "gpu_ids": gpu_ids,
+            "terminating": False,
+            "kill_at": None,
+            "exit_code": None,
+            "reason": None,
+        }
+        with self._lock:
+            _write_json(self._record_path(req.experiment_id, req.pod_id), rec)
+            self._reserved.pop(key, None)
+            self._children[(req.experiment_id, req.pod_id)] = proc
+            self._watched.add((req.experiment_id, req.pod_id))
+        threading.Thread(
+            target=self._reap_child,
+            args=(req.experiment_id, req.pod_id, proc),
+            name=f"reap-{req.pod_id}",
+            daemon=True,
+        ).start()
+        log.info("pod started", experiment=req.experiment_id, pod=req.pod_id, pid=proc.pid)
+
+    def _free_gpus(self, n: int) -> list[int]:
+        """The first ``n`` GPU indices no live pod holds (call with the lock held)."""
+        if n == 0:
+            return []
+        held = {i for ids in self._reserved.values() for i in ids}
+        for path in self.root.glob("*/pods/*.json"):
+            rec = self._read(path)
+            if rec and rec.get("ended") is None and rec.get("exit_code") is None:
+                held.update(rec.get("gpu_ids") or [])
+        free = [i for i in range(self._capacity.gpus) if i not in held]
+        if len(free) < n:
+            raise RuntimeError(f"needs {n} GPUs; free: {free}")
+        return free[:n]
+
+    def _reap_child(self, exp: str, pod: str, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        with self._lock:
+            self._children.pop((exp, pod), None)
+            self._watched.discard((exp, pod))
+            if self._closed:
+                return  # a newer orchestrator owns the records now
+            self._update(exp, pod, exit_code=code, reason=_exit_reason(code), ended=time.time())
+        self.changed.set()
+
+    def _watch_adopted(self, exp: str, pod: str, p: psutil.Process) -> None:
+        with contextlib.suppress(psutil.Error, ChildProcessError):
+            while not self._closed:
+                try:
+                    p.wait(timeout=1.0)
+                    break
+                except psutil.TimeoutExpired:
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        break
+        with self._lock:
+            self._watched.discard((exp, pod))
+        if not self._closed:
+            self.changed.set()
+
+    def _alive(self, rec: dict[str, Any]) -> psutil.Process | None:
+        try:
+            p = psutil.Process(rec["pid"])
+            if abs(p.create_time() - rec["process_start"]) > 1.0:
+                return None  # the pid was recycled by an unrelated process
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return p
+        except (psutil.Error, KeyError, TypeError):
+            return None
+
+    def list_pods(self) -> list[PodInfo]:
+        out: list[PodInfo] = []
+        now = time.time()
+        for path in sorted(self.root.glob("*/pods/*.json")):
+            rec = self._read(path)
+            if rec is None:
+                continue
+            exp = rec["labels"][EXPERIMENT_LABEL]
+            pod = rec["labels"][POD_LABEL]
+            key = (exp, pod)
+            if rec.get("exit_code") is None and rec.get("ended") is None:
+                with self._lock:
+                    child = key in self._children
+                if not child:
+                    p = self._alive(rec)
+                    if p is None:
+                        # Adopted and gone: the status is unknowable for a non-child.
+                        reason = "exited (adopted after an orchestrator restart; status unknown)"
+                        rec.update(ended=now, reason=reason)
+                        self._update(exp, pod, ended=now, reason=reason)
+                    else:
+                        with self._lock:
+                            watch = key not in self._watched
+                            self._watched.add(key)
+                        if watch:
+                            threading.Thread(
+                                target=self._watch_adopted, args=(exp, pod, p), daemon=True
+                            ).start()
+                if rec.get("ended") is None and rec.get("kill_at") and now >= rec["kill_at"]:
+                    self._signal(rec, signal.SIGKILL)
+            res = rec["resources"]
+            code = rec.get("exit_code")
+            if rec.get("ended") is None and code is None:
+                phase = "Running"
+            elif code == 0:
+                phase = "Succeeded"
+            else:
+                phase = "Failed"
+            out.append(
+                PodInfo(
+                    experiment_id=exp,
+                    pod_id=pod,
+                    phase=phase,
+                    created_at=rec["created_at"],
+                    resources=Res(res["cpu"], res["gpus"], res["memory"]),
+                    terminating=bool(rec.get("terminating")),
+                    exit_code=code,
+                    reason=rec.get("reason"),
+                )
+            )
+        return out
+
+    def _signal(self, rec: dict[str, Any], sig: signal.Signals) -> None:
+        if self._alive(rec) is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(rec["pid"], sig)  # the pod's session leader: its pgid is its pid
+
+    def terminate_pod(self, experiment_id: str, pod_id: str, grace_s: float) -> None:
+        path = self._record_path(experiment_id, pod_id)
+        with self._lock:
+            rec = self._read(path)
+            if rec is None or rec.get("ended") is not None or rec.get("exit_code") is not None:
+                return
+            if not rec.get("terminating"):
+                rec.update(terminating=True, kill_at=time.time() + grace_s)
+                _write_json(path, rec)
+        self._signal(rec, signal.SIGTERM)
+        timer = threading.Timer(grace_s, self._enforce_grace, args=(experiment_id, pod_id))
+        timer.daemon = True
+        timer.start()
+
+    def _enforce_grace(self, experiment_id: str, pod_id: str) -> None:
+        rec = self._read(self._record_path(experiment_id, pod_id))
+        if rec is not None and rec.get("ended") is None and rec.get("exit_code") is None:
+            self._signal(rec, signal.SIGKILL)
+
+    def remove_pod(self, experiment_id: str, pod_id: str) -> None:
+        with self._lock:
+            self._record_path(experiment_id, pod_id).unlink(missing_ok=True)
+
+    def pod_log_tail(self, experiment_id: str, pod_id: str, lines: int = 20) -> str:
+        try:
+            with open(self.log_path(experiment_id, pod_id), errors="replace") as f:
+                return "".join(deque(f, maxlen=lines)).strip()
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True

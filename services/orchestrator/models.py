@@ -1,0 +1,96 @@
+"""Response models of the experiments API."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from services.orchestrator.store import Experiment
+from services.spec import ExperimentSpec
+
+State = Literal[
+    "pending", "running", "paused", "succeeded", "failed", "cancelled", "budget_exhausted"
+]
+
+
+class PodOut(BaseModel):
+    pod_id: str
+    phase: str
+    created_at: float
+    reason: str | None = None
+
+
+class ProgressOut(BaseModel):
+    env_steps: int | None = None
+    total_env_steps: int | None = None
+    elapsed_s: float | None = None
+    wall_time_s: float | None = None
+    pods_launched: int = 0
+    pods_budget: int | None = None
+    best_score: float | None = None
+    target_reward: float | None = None
+
+
+class ExperimentOut(BaseModel):
+    id: str
+    name: str
+    state: State
+    reason: str | None = None
+    priority: int
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    desired_pods: int = 0
+    pods: list[PodOut] = []
+    best_score: float | None = None
+    best: dict[str, Any] | None = None
+    progress: ProgressOut
+    last_failure: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    spec: ExperimentSpec
+
+    @classmethod
+    def of(cls, exp: Experiment) -> ExperimentOut:
+        s = exp.status
+        best = s.get("best")
+        best_score = best.get("score") if isinstance(best, dict) else None
+        started = s.get("started_at")
+        end = s.get("finished_at") or time.time()
+        spec = exp.spec
+        return cls(
+            id=exp.id,
+            name=spec.name,
+            state=exp.state,  # type: ignore[arg-type]
+            reason=s.get("reason"),
+            priority=spec.priority,
+            created_at=exp.created_at,
+            started_at=started,
+            finished_at=s.get("finished_at"),
+            desired_pods=s.get("desired_pods", 0),
+            pods=[PodOut(**p) for p in s.get("pods", [])],
+            best_score=best_score,
+            best=best,
+            progress=ProgressOut(
+                env_steps=s.get("env_steps"),
+                total_env_steps=spec.budget.total_env_steps,
+                elapsed_s=(end - started) if started else None,
+                wall_time_s=spec.budget.wall_time_s,
+                pods_launched=s.get("pods_launched", 0),
+                pods_budget=spec.budget.pods_launched,
+                best_score=best_score,
+                target_reward=spec.target_reward,
+            ),
+            last_failure=s.get("last_failure"),
+            result=s.get("result"),
+            spec=spec,
+        )
+
+
+class EventOut(BaseModel):
+    id: str
+    type: str
+    message: str
+    pod_id: str | None = None
+    ts: float

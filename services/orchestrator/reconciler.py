@@ -1,0 +1,483 @@
+"""The level-triggered reconcile loop: desired (experiments in Redis) vs observed (pods).
+
+Every pass reads the whole desired state and the whole observed state and acts on the
+difference, so it is idempotent and restart-safe: a new orchestrator lists the pods it finds by
+label and adopts them (never starts duplicates), and terminates pods no experiment wants
+(never leaves orphans). A pass:
+
+1. Hands in finished pods once each (``Store.mark_handled``): a failure raises the experiment's
+   consecutive-failure count and schedules the replacement after an exponential backoff; too
+   many consecutive failures fail the experiment with the last reason and log lines.
+2. Reads progress from the leaderboard and ends experiments at their target reward, budget,
+   cancel or pause (every pod gets SIGTERM, reports, then exits).
+3. Allocates capacity with ``scheduler.allocate`` (strict priority, min pods or nothing, fair
+   share) and creates or gracefully terminates pods toward each target.
+
+The loop wakes on a timer and whenever the backend reports a pod change, so a dead pod is
+replaced within milliseconds rather than a full interval.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from services.logs import get_logger
+from services.orchestrator import metrics
+from services.orchestrator import store as st
+from services.orchestrator.backends.base import Backend, PodInfo, PodRequest
+from services.orchestrator.leaderboard_client import Progress, ProgressSource
+from services.orchestrator.scheduler import Demand, Res, allocate, backoff_delay, launchable
+from services.orchestrator.settings import OrchestratorSettings
+from services.orchestrator.store import Experiment, Store
+from services.spec import ExperimentSpec
+
+log = get_logger(__name__)
+
+
+def pod_resources(spec: ExperimentSpec) -> Res:
+    return Res(spec.resources.cpu, spec.resources.gpus, spec.resources.memory_bytes)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        settings: OrchestratorSettings,
+        store: Store,
+        backend: Backend,
+        progress: ProgressSource,
+    ):
+        self.settings = settings
+        self.store = store
+        self.backend = backend
+        self.progress = progress
+        self._progress: dict[str, tuple[float, Progress]] = {}
+        self._created: dict[str, list[PodInfo]] = {}  # pods created this pass, per experiment
+        self._pool = ThreadPoolExecutor(settings.create_concurrency, thread_name_prefix="create")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+        self.last_error: str | None = None
+
+    # -- loop --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self.backend.changed.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=True)
+
+    def wake(self) -> None:
+        self.backend.changed.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.backend.changed.clear()
+            try:
+                with metrics.RECONCILE_SECONDS.time():
+                    self.reconcile_once()
+                self.last_error = None
+            except Exception as e:  # keep looping: the next pass starts from observed state
+                metrics.RECONCILE_ERRORS.inc()
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.exception("reconcile pass failed")
+            self.backend.changed.wait(self.settings.reconcile_interval_s)
+
+    # -- one pass ----------------------------------------------------------------------------
+    def reconcile_once(self) -> None:
+        now = time.time()
+        exps = {e.id: e for e in self.store.list()}
+        pods = self.backend.list_pods()
+        by_exp: dict[str, list[PodInfo]] = defaultdict(list)
+        for p in pods:
+            by_exp[p.experiment_id].append(p)
+
+        for exp_id, ps in by_exp.items():
+            if exp_id not in exps:  # orphans: nobody wants them any more
+                for p in ps:
+                    if p.live:
+                        self._terminate(p, None)
+                    else:
+                        self.backend.remove_pod(exp_id, p.pod_id)
+
+        statuses: dict[str, dict[str, Any]] = {}
+        demands: list[Demand] = []
+        for exp in exps.values():
+            ps = by_exp.get(exp.id, [])
+            status = dict(exp.status)
+            self._hand_in_finished(exp, ps, status, now)
+            live = [p for p in ps if p.live]
+            if exp.intent == st.DELETE:
+                self._stop_all(exp, live)
+                if not live:
+                    self._delete(exp)
+                continue
+            self._check_end(exp, status, now, live)
+            if status["state"] in st.TERMINAL or status["state"] == st.PAUSED:
+                self._stop_all(exp, live)
+                self._finalize(exp, status, live)
+                self._save(exp, status, ps)
+                continue
+            statuses[exp.id] = status
+            spec = exp.spec
+            demands.append(
+                Demand(
+                    experiment_id=exp.id,
+                    priority=spec.priority,
+                    created_at=exp.created_at,
+                    min_pods=spec.population.min_pods,
+                    max_pods=spec.population.max_pods,
+                    per_pod=pod_resources(spec),
+                )
+            )
+
+        capacity = self.backend.capacity()
+        alloc = allocate(demands, capacity)
+        used = Res()
+        for p in pods:
+            if p.live:
+                used = used + p.resources
+        free = capacity - used
+
+        for d in sorted(demands, key=lambda d: (-d.priority, d.created_at)):
+            exp, status = exps[d.experiment_id], statuses[d.experiment_id]
+            live = [p for p in by_exp.get(exp.id, []) if p.live]
+            free = self._scale(exp, status, live, alloc.pods[exp.id], d.per_pod, free, now)
+            active = [p for p in live if not p.terminating]
+            if status.get("launch_reason"):
+                reason = status.pop("launch_reason")
+            else:
+                reason = alloc.pending_reason.get(exp.id)
+            if active or any(p.live for p in self._created.get(exp.id, [])):
+                status["state"], status["reason"] = st.RUNNING, reason
+                status.setdefault("started_at", now)
+            else:
+                status["state"] = st.PENDING
+                status["reason"] = reason or "starting pods"
+            self._save(exp, status, by_exp.get(exp.id, []) + self._created.pop(exp.id, []))
+
+        self._update_gauges(exps, pods)
+        self.passes += 1
+
+    # -- pieces ------------------------------------------------------------------------------
+    def _hand_in_finished(
+        self, exp: Experiment, ps: list[PodInfo], status: dict[str, Any], now: float
+    ) -> None:
+        # A pod started after the last failure that has stayed up long enough proves the
+        # experiment is not crash-looping (older pods prove nothing about the replacements).
+        healthy_after = self.settings.pod_healthy_after_s
+        # (1 s of slack: Kubernetes creation timestamps have whole-second resolution.)
+        since = status.get("last_failure_at", 0.0) - 1.0
+        if status.get("consecutive_failures") and any(
+            p.live and p.created_at > since and now - p.created_at >= healthy_after for p in ps
+        ):
+            status["consecutive_failures"] = 0
+        for p in ps:
+            if p.live:
+                continue
+            if self.store.mark_handled(exp.id, p.pod_id):
+                ended = status.get("state") in st.TERMINAL  # possibly earlier in this pass
+                if p.terminating:
+                    self.store.event(exp.id, "pod_stopped", f"pod stopped ({p.reason})", p.pod_id)
+                elif p.phase == "Failed" and ended:
+                    self.store.event(exp.id, "pod_failed", f"pod failed: {p.reason}", p.pod_id)
+                elif p.phase == "Failed":
+                    self._pod_failed(exp, p, status, now)
+                else:
+                    if not ended:
+                        status["consecutive_failures"] = 0
+                    self.store.event(exp.id, "pod_completed", "pod finished", p.pod_id)
+            self.backend.remove_pod(exp.id, p.pod_id)
+
+    def _pod_failed(self, exp: Experiment, p: PodInfo, status: dict[str, Any], now: float) -> None:
+        metrics.PODS_FAILED.inc()
+        # A pod that ran long enough before failing starts a new count: it was not crash-looping.
+        young = now - p.created_at < self.settings.pod_healthy_after_s
+        n = status.get("consecutive_failures", 0) + 1 if young else 1
+        status["consecutive_failures"] = n
+        tail = self.backend.pod_log_tail(exp.id, p.pod_id, lines=5)
+        last = p.reason or "failed"
+        status["last_failure"] = {"pod_id": p.pod_id, "reason": last, "log_tail": tail}
+        delay = backoff_delay(n, self.settings.backoff_initial_s, self.settings.backoff_max_s)
+        status["next_launch_at"] = now + delay
+        status["last_failure_at"] = now
+        status["to_replace"] = [*status.get("to_replace", []), p.pod_id]
+        self.store.event(
+            exp.id,
+            "pod_failed",
+            f"pod failed: {last}; replacing in {delay:.2f}s ({n} consecutive failures)",
+            p.pod_id,
+        )
+        log.warning("pod failed", experiment=exp.id, pod=p.pod_id, reason=last, failures=n)
+        if n >= self.settings.crash_loop_limit:
+            line = tail.splitlines()[-1] if tail else ""
+            self._end(
+                exp,
+                status,
+                st.FAILED,
+                f"pods keep crashing: {n} consecutive failures; last: {last}"
+                + (f": {line}" if line else ""),
+                now,
+            )
+
+    def _poll_progress(self, exp: Experiment, force: bool = False) -> Progress:
+        cached = self._progress.get(exp.id)
+        now = time.monotonic()
+        if cached and not force and now - cached[0] < self.settings.progress_poll_s:
+            return cached[1]
+        try:
+            prog = self.progress.progress(exp.id)
+        except Exception as e:  # leaderboard down: keep the last known progress
+            log.warning("leaderboard progress unavailable", experiment=exp.id, error=str(e))
+            return cached[1] if cached else Progress()
+        self._progress[exp.id] = (now, prog)
+        return prog
+
+    def _record_progress(self, exp: Experiment, status: dict[str, Any], prog: Progress) -> None:
+        if prog.best is not None:
+            status["best"] = prog.best
+        if prog.env_steps is not None:
+            status["env_steps"] = prog.env_steps
+
+    def _check_end(
+        self, exp: Experiment, status: dict[str, Any], now: float, live: list[PodInfo]
+    ) -> None:
+        state = status.get("state", st.PENDING)
+        if state in st.TERMINAL:
+            return
+        if exp.intent == st.CANCEL:
+            self._end(exp, status, st.CANCELLED, "cancelled by request", now)
+            return
+        if exp.intent == st.PAUSE:
+            if state != st.PAUSED:
+                status.update(state=st.PAUSED, reason="paused by request")
+                self.store.event(exp.id, "paused", "experiment paused; stopping its pods")
+            return
+        if state == st.PAUSED:  # intent is run again
+            status.update(state=st.PENDING, reason="resumed")
+            self.store.event(exp.id, "resumed", "experiment resumed")
+        spec = exp.spec
+        if status.get("registered"):
+            prog = self._poll_progress(exp)
+            self._record_progress(exp, status, prog)
+            score = prog.best_score
+            target = spec.target_reward
+            if target is not None and score is not None:
+                reached = score >= target if spec.evaluation.higher_is_better else score <= target
+                if reached:
+                    self.store.event(
+                        exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
+                    )
+                    self._end(exp, status, st.SUCCEEDED, f"target reward {target:g} reached", now)
+                    return
+        budget = spec.budget
+        steps = status.get("env_steps")
+        if budget.total_env_steps is not None and (steps or 0) >= budget.total_env_steps:
+            self._end(
+                exp,
+                status,
+                st.BUDGET_EXHAUSTED,
+                f"env-step budget spent: {steps} >= {budget.total_env_steps}",
+                now,
+            )
+            return
+        started = status.get("started_at")
+        if budget.wall_time_s is not None and now - (started or now) >= budget.wall_time_s:
+            self._end(
+                exp,
+                status,
+                st.BUDGET_EXHAUSTED,
+                f"wall-time budget spent: {budget.wall_time_s:g}s",
+                now,
+            )
+            return
+        launched = status.get("pods_launched", 0)
+        if budget.pods_launched is not None and launched >= budget.pods_launched and not live:
+            self._end(
+                exp,
+                status,
+                st.BUDGET_EXHAUSTED,
+                f"pod budget spent: {launched} pods launched and all have ended",
+                now,
+            )
+
+    def _end(
+        self, exp: Experiment, status: dict[str, Any], state: str, reason: str, now: float
+    ) -> None:
+        status.update(state=state, reason=reason, finished_at=now, finalized=False)
+        self.store.event(exp.id, state, reason)
+        log.info("experiment ended", experiment=exp.id, state=state, reason=reason)
+
+    def _finalize(self, exp: Experiment, status: dict[str, Any], live: list[PodInfo]) -> None:
+        """After the end, keep reading progress until the pods' final reports are in."""
+        if status["state"] not in st.TERMINAL or status.get("finalized"):
+            return
+        if status.get("registered"):
+            self._record_progress(exp, status, self._poll_progress(exp, force=not live))
+        if not live:
+            status["finalized"] = True
+            status["result"] = {
+                "state": status["state"],
+                "reason": status.get("reason"),
+                "best": status.get("best"),
+                "env_steps": status.get("env_steps"),
+                "pods_launched": status.get("pods_launched", 0),
+                "finished_at": status.get("finished_at"),
+            }
+            self._progress.pop(exp.id, None)
+
+    def _stop_all(self, exp: Experiment, live: list[PodInfo]) -> None:
+        for p in live:
+            if not p.terminating:
+                self._terminate(p, exp.id)
+
+    def _terminate(self, p: PodInfo, exp_id: str | None) -> None:
+        self.backend.terminate_pod(p.experiment_id, p.pod_id, self.settings.termination_grace_s)
+        p.terminating = True
+        metrics.PODS_TERMINATED.inc()
+        if exp_id is None:
+            log.info("orphan pod stopped", experiment=p.experiment_id, pod=p.pod_id)
+
+    def _scale(
+        self,
+        exp: Experiment,
+        status: dict[str, Any],
+        live: list[PodInfo],
+        target: int,
+        per_pod: Res,
+        free: Res,
+        now: float,
+    ) -> Res:
+        active = sorted((p for p in live if not p.terminating), key=lambda p: p.created_at)
+        if target != status.get("desired_pods"):
+            self.store.event(
+                exp.id,
+                "scaled",
+                f"desired pods {status.get('desired_pods', 0)} -> {target} (capacity and priority)",
+            )
+            status["desired_pods"] = target
+        if len(active) > target:
+            # Newest first: they have trained least. SIGTERM lets each report before exiting.
+            for p in active[target:][::-1]:
+                self._terminate(p, exp.id)
+                self.store.event(exp.id, "pod_scaled_in", "pod stopped to free capacity", p.pod_id)
+            return free
+        if len(active) == target:
+            return free
+        if now < status.get("next_launch_at", 0):
+            wait = status["next_launch_at"] - now
+            status["launch_reason"] = f"backing off {wait:.1f}s after a pod failure"
+            return free
+        n = launchable(target, len(active), per_pod, free)
+        budget = exp.spec.budget.pods_launched
+        if budget is not None:
+            n = min(n, max(0, budget - status.get("pods_launched", 0)))
+            if n == 0 and status.get("pods_launched", 0) >= budget:
+                status["launch_reason"] = f"pod budget reached ({budget} launched)"
+                return free
+        if n and not self._register(exp, status):
+            return free
+        spec_json = exp.spec.model_dump_json()
+        env = self._pod_env()
+        reqs = [
+            PodRequest(
+                experiment_id=exp.id,
+                pod_id=secrets.token_hex(4),
+                spec_json=spec_json,
+                resources=per_pod,
+                env=env,
+                grace_s=self.settings.termination_grace_s,
+            )
+            for _ in range(n)
+        ]
+        # Creates are independent API calls (or fork/execs): issue them concurrently, since
+        # against a real API server each one is a round trip.
+        futures = [self._pool.submit(self.backend.create_pod, req) for req in reqs]
+        created = 0
+        for req, fut in zip(reqs, futures, strict=True):
+            try:
+                fut.result()
+            except Exception as e:
+                log.warning("pod create failed", experiment=exp.id, pod=req.pod_id, error=str(e))
+                status["launch_reason"] = f"creating pods failed: {type(e).__name__}: {e}"
+                continue
+            created += 1
+            metrics.PODS_CREATED.inc()
+            status["pods_launched"] = status.get("pods_launched", 0) + 1
+            self._created.setdefault(exp.id, []).append(
+                PodInfo(exp.id, req.pod_id, "Pending", time.time(), per_pod)
+            )
+            replacing = status.get("to_replace") or []
+            if replacing:
+                old = replacing.pop(0)
+                status["to_replace"] = replacing
+                self.store.event(exp.id, "pod_replaced", f"replaces failed pod {old}", req.pod_id)
+            else:
+                self.store.event(exp.id, "pod_started", "pod started", req.pod_id)
+            free = free - per_pod
+        n = created
+        if len(active) + n < target and not status.get("launch_reason"):
+            status["launch_reason"] = (
+                f"{len(active) + n}/{target} pods; waiting for resources to be released"
+            )
+        return free
+
+    def _register(self, exp: Experiment, status: dict[str, Any]) -> bool:
+        if status.get("registered"):
+            return True
+        try:
+            self.progress.register(exp.id, exp.spec)
+        except Exception as e:
+            status["launch_reason"] = f"leaderboard unavailable: {e}"
+            return False
+        status["registered"] = True
+        return True
+
+    def _pod_env(self) -> dict[str, str]:
+        env = {}
+        if self.settings.leaderboard_url:
+            env["PODIUM_LEADERBOARD_URL"] = self.settings.leaderboard_url
+        token = self.settings.leaderboard_token_value()
+        if token:
+            env["PODIUM_API_TOKEN"] = token
+        return env
+
+    def _save(self, exp: Experiment, status: dict[str, Any], ps: list[PodInfo]) -> None:
+        status["pods"] = [
+            {
+                "pod_id": p.pod_id,
+                "phase": "Terminating" if p.live and p.terminating else p.phase,
+                "created_at": p.created_at,
+                "reason": p.reason,
+            }
+            for p in ps
+            if p.live
+        ]
+        if status != exp.status:
+            self.store.set_status(exp.id, status)
+
+    def _delete(self, exp: Experiment) -> None:
+        try:
+            self.progress.delete(exp.id)
+        except Exception as e:
+            log.warning("leaderboard delete failed", experiment=exp.id, error=str(e))
+        self.backend.delete_experiment(exp.id)
+        self.store.delete(exp.id)
+        self._progress.pop(exp.id, None)
+        log.info("experiment deleted", experiment=exp.id)
+
+    def _update_gauges(self, exps: dict[str, Experiment], pods: list[PodInfo]) -> None:
+        counts = dict.fromkeys(st.STATES, 0)
+        for e in exps.values():
+            counts[e.state] = counts.get(e.state, 0) + 1
+        for state, n in counts.items():
+            metrics.EXPERIMENTS.labels(state=state).set(n)
+        metrics.PODS_LIVE.set(sum(1 for p in pods if p.live))

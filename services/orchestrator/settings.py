@@ -1,0 +1,112 @@
+"""Orchestrator configuration (``PODIUM_*`` environment variables, see services/settings.py).
+
+Lists and mappings (pod command, node selector, tolerations) are read from the environment as
+JSON, e.g. ``PODIUM_K8S_NODE_SELECTOR='{"gpu": "a100"}'``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+
+from services.settings import PodiumSettings
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def _gpu_count() -> int:
+    # NVIDIA device nodes; the control plane never imports torch/CUDA to count GPUs.
+    return sum(1 for p in Path("/dev").glob("nvidia[0-9]*"))
+
+
+class OrchestratorSettings(PodiumSettings):
+    backend: Literal["local", "kubernetes"] = Field(
+        default="local", description="Where training pods run."
+    )
+    # Capacity of the local backend; unset means "this machine".
+    capacity_cpu: float | None = Field(default=None, gt=0)
+    capacity_gpus: int | None = Field(default=None, ge=0)
+    capacity_memory: str | None = Field(default=None, description="Kubernetes quantity, 16Gi.")
+    # Upper bounds on what one spec may request per pod (checked by the API).
+    max_pod_cpu: float = Field(default=64.0, gt=0)
+    max_pod_gpus: int = Field(default=8, ge=0)
+    max_pod_memory: str = "512Gi"
+    max_pods_per_experiment: int = Field(default=256, ge=1)
+
+    reconcile_interval_s: float = Field(default=2.0, gt=0)
+    backoff_initial_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, ge=0)
+    crash_loop_limit: int = Field(
+        default=5, ge=1, description="Consecutive pod failures after which an experiment fails."
+    )
+    pod_healthy_after_s: float = Field(
+        default=60.0, ge=0, description="A pod running this long resets the failure count."
+    )
+    termination_grace_s: float = Field(
+        default=30.0, ge=0, description="SIGTERM → SIGKILL grace for scale-in and stops."
+    )
+    create_concurrency: int = Field(
+        default=16, ge=1, le=128, description="Pod creations issued in parallel."
+    )
+    progress_poll_s: float = Field(
+        default=2.0, ge=0, description="How often the leaderboard is asked for scores/steps."
+    )
+
+    leaderboard_url: str | None = Field(default=None, description="http://leaderboard:8000")
+    leaderboard_token: SecretStr | None = None
+
+    # Local backend: argv template; {experiment_id}, {pod_id} and {spec_path} are substituted.
+    pod_command: list[str] | None = None
+    # Kubernetes backend.
+    pod_image: str = "ghcr.io/podium-rl/podium:latest"
+    k8s_namespace: str | None = Field(
+        default=None, description="Default: the service account's namespace, else 'default'."
+    )
+    k8s_node_selector: dict[str, str] = Field(default_factory=dict)
+    k8s_tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    k8s_priority_class: str | None = None
+    k8s_pod_service_account: str | None = Field(
+        default=None, description="Service account of training pods (no API token is mounted)."
+    )
+    k8s_token_secret: str | None = Field(
+        default=None,
+        description="Secret (key 'token') holding the leaderboard token pods use; without it the "
+        "token is passed as a plain env value.",
+    )
+    k8s_capacity_refresh_s: float = Field(
+        default=5.0, ge=0, description="How long a capacity reading (nodes, pods, quotas) lasts."
+    )
+    k8s_shared_memory: str = Field(default="2Gi", description="Size of the shared emptyDir.")
+    k8s_gpu_claim_template: str | None = Field(
+        default=None,
+        description="DRA ResourceClaimTemplate shared by all three containers instead of "
+        "nvidia.com/gpu limits on the learner.",
+    )
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    def leaderboard_token_value(self) -> str | None:
+        if self.leaderboard_token is not None:
+            return self.leaderboard_token.get_secret_value()
+        return self.token()
+
+    def local_capacity(self) -> tuple[float, int, int]:
+        from services.spec import parse_quantity
+
+        cpu = self.capacity_cpu if self.capacity_cpu is not None else float(os.cpu_count() or 1)
+        gpus = self.capacity_gpus if self.capacity_gpus is not None else _gpu_count()
+        mem = (
+            parse_quantity(self.capacity_memory)
+            if self.capacity_memory is not None
+            else _memory_bytes()
+        )
+        return cpu, gpus, int(mem)

@@ -1,0 +1,74 @@
+"""MountainCarContinuous-v0, torch-native: gymnasium's equations, reward and limits, batched.
+
+Same as ``gymnasium.envs.classic_control.Continuous_MountainCarEnv`` with its defaults: force
+clipped to ±1, power 0.0015, velocity clipped to ±0.07, position clipped to [-1.2, 0.6] (velocity
+zeroed when the car hits the left wall moving left), termination at position >= 0.45 with
+velocity >= goal_velocity, reward 100 on reaching the goal minus ``0.1 a**2`` (of the *unclipped*
+action, as gymnasium), initial position uniform in [-0.6, -0.4] at rest, truncation at 999 steps.
+
+gymnasium stores this env's state as float32 after each step, so a float64 run of this env
+agrees with it to float32 precision, not better.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from services.pod.envs.base import TorchVecEnv
+
+
+class MountainCarContinuousEnv(TorchVecEnv):
+    spec_id = "MountainCarContinuous-v0"
+    state_dim = 2  # position, velocity
+
+    min_action = -1.0
+    max_action = 1.0
+    min_position = -1.2
+    max_position = 0.6
+    max_speed = 0.07
+    goal_position = 0.45
+    power = 0.0015
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_episode_steps: int | None = 999,
+        seed: int | None = None,
+        check_actions: bool = True,
+        goal_velocity: float = 0.0,
+    ):
+        super().__init__(num_envs, device, dtype, max_episode_steps, seed, check_actions)
+        self.goal_velocity = float(goal_velocity)
+        self.single_observation_space = gym.spaces.Box(
+            np.array([self.min_position, -self.max_speed], dtype=np.float32),
+            np.array([self.max_position, self.max_speed], dtype=np.float32),
+            dtype=np.float32,
+        )
+        self.single_action_space = gym.spaces.Box(
+            self.min_action, self.max_action, shape=(1,), dtype=np.float32
+        )
+        self._low = self._row([-0.6, 0.0])
+        self._span = self._row([0.2, 0.0])
+
+    def _initial_state(self, n: int) -> torch.Tensor:
+        return self._uniform_state(n, self._low, self._span)
+
+    def _physics_step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        position, velocity = self.columns
+        action = actions[:, 0].to(self.dtype)
+        force = action.clamp(self.min_action, self.max_action)
+        velocity += force * self.power - 0.0025 * torch.cos(3 * position)
+        velocity.clamp_(-self.max_speed, self.max_speed)
+        position += velocity
+        position.clamp_(self.min_position, self.max_position)
+        velocity.masked_fill_((position == self.min_position) & (velocity < 0), 0.0)
+        terminated = (position >= self.goal_position) & (velocity >= self.goal_velocity)
+        reward = terminated * 100.0 - action.square() * 0.1
+        return reward.to(self.dtype), terminated
+
+    def _observe(self, state: torch.Tensor) -> torch.Tensor:
+        return state.to(torch.float32, copy=True)

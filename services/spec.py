@@ -1,0 +1,230 @@
+"""The experiment spec: what a user submits to the orchestrator (REST body or YAML file).
+
+Every name in it (env, algorithms, generator strategy) is checked against the registry without
+importing anything; unknown names fail validation with the list of known names. Resource
+requests are bounded by server settings in the API layer, not here, because the bounds are a
+property of the cluster, not of the spec.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from services import registry
+from services.search_space import SearchSpace
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_GYM_ID = re.compile(r"^[A-Za-z0-9_\-./]+$")
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)$")
+_SUFFIX = {
+    "": 1,
+    "m": Decimal("0.001"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+}
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """A Kubernetes resource quantity ("2Gi", "500m", "1.5") as a number."""
+    if isinstance(value, int | float):
+        return Decimal(str(value))
+    m = _QUANTITY.match(str(value).strip())
+    if not m or m.group(2) not in _SUFFIX:
+        raise ValueError(f"not a resource quantity: {value!r} (examples: 2Gi, 512Mi, 500m)")
+    try:
+        return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
+    except InvalidOperation as e:  # pragma: no cover - regex already restricts the digits
+        raise ValueError(f"not a resource quantity: {value!r}") from e
+
+
+def _known_envs() -> list[str]:
+    return registry.names(registry.ENVS)
+
+
+def _gym_ids() -> list[str]:
+    # gymnasium imports no torch; its registry lists the ids a pod can make without plugins.
+    import gymnasium
+
+    return sorted(gymnasium.envs.registry)
+
+
+def check_env_name(name: str) -> str:
+    """Registered Podium env, a registered gymnasium id, or ``gym:<gymnasium id>``.
+
+    Gymnasium's ``module:Env-v0`` syntax imports a module named by the caller, so any other
+    ':' is refused.
+    """
+    known = _known_envs()
+    if name in known:
+        return name
+    gym_id = name.removeprefix("gym:")
+    if _GYM_ID.match(gym_id) and gym_id in _gym_ids():
+        return name
+    hint = " (module:id syntax is not allowed)" if ":" in gym_id else ""
+    raise ValueError(
+        f"unknown env {name!r}{hint}; known: {', '.join(known)}, or any gymnasium id as "
+        f"'gym:<id>' (e.g. gym:{_gym_ids()[0] if _gym_ids() else 'CartPole-v1'})"
+    )
+
+
+def _check_names(kind: str, group: str, given: list[str]) -> None:
+    known = registry.names(group)
+    unknown = [n for n in given if n not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown {kind} {', '.join(map(repr, unknown))}; known: {', '.join(known) or '(none)'}"
+        )
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvSpec(_Model):
+    name: str = Field(description="Registered env name (podium.envs) or gym:<gymnasium id>.")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return check_env_name(v)
+
+
+class GeneratorSpec(_Model):
+    strategy: str = Field(default="pbt", description="Registered generator (podium.generators).")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("strategy")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        _check_names("generator strategy", registry.GENERATORS, [v])
+        return v
+
+
+class Population(_Model):
+    min_pods: int = Field(default=1, ge=1)
+    max_pods: int = Field(default=4, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> Population:
+        if self.min_pods > self.max_pods:
+            raise ValueError("min_pods must be <= max_pods")
+        return self
+
+
+class Resources(_Model):
+    gpus: int = Field(default=0, ge=0)
+    cpu: float = Field(default=1.0, gt=0, description="CPU cores per pod.")
+    memory: str = Field(default="2Gi", description="Memory per pod (Kubernetes quantity).")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _quantity(cls, v: Any) -> str:
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)
+        if not isinstance(v, str):
+            raise ValueError("memory must be a quantity string such as 2Gi")
+        if parse_quantity(v) <= 0:
+            raise ValueError("memory must be > 0")
+        return v
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(parse_quantity(self.memory))
+
+
+class Round(_Model):
+    """How long a pod trains between reports to the leaderboard: env steps or seconds."""
+
+    env_steps: int | None = Field(default=None, gt=0)
+    seconds: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one(self) -> Round:
+        if (self.env_steps is None) == (self.seconds is None):
+            raise ValueError("set exactly one of env_steps or seconds")
+        return self
+
+
+class Budget(_Model):
+    total_env_steps: int | None = Field(default=None, gt=0)
+    wall_time_s: float | None = Field(default=None, gt=0)
+    pods_launched: int | None = Field(default=None, gt=0)
+
+
+class Evaluation(_Model):
+    episodes: int = Field(default=10, ge=1)
+    every_rounds: int = Field(default=1, ge=1)
+    higher_is_better: bool = True
+
+
+class ExperimentSpec(_Model):
+    name: str = Field(description="DNS-1123 label: lower-case letters, digits, '-'.")
+    env: EnvSpec
+    algorithms: dict[str, float] = Field(
+        min_length=1, description="Algorithm name → sampling weight (> 0)."
+    )
+    search_space: SearchSpace = Field(default_factory=dict)
+    generator: GeneratorSpec = Field(default_factory=GeneratorSpec)
+    population: Population = Field(default_factory=Population)
+    resources: Resources = Field(default_factory=Resources)
+    round: Round = Field(default_factory=lambda: Round(env_steps=100_000))
+    target_reward: float | None = None
+    top_k: int = Field(default=8, ge=1, le=1024, description="Leaderboard size.")
+    budget: Budget = Field(default_factory=Budget)
+    evaluation: Evaluation = Field(default_factory=Evaluation)
+    priority: int = Field(default=0, ge=-1000, le=1000, description="Higher preempts lower.")
+
+    @field_validator("name")
+    @classmethod
+    def _dns(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be a DNS-1123 label (a-z, 0-9, '-', at most 63 characters)")
+        return v
+
+    @field_validator("algorithms")
+    @classmethod
+    def _algorithms(cls, v: dict[str, float]) -> dict[str, float]:
+        _check_names("algorithm", registry.ALGORITHMS, list(v))
+        bad = [k for k, w in v.items() if not w > 0]
+        if bad:
+            raise ValueError(f"weights must be > 0: {', '.join(bad)}")
+        return v
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be loaded; the message names the file and the fields."""
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping at the top level")
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as e:
+        lines = [
+            f"  {'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+            for err in e.errors()
+        ]
+        raise SpecError(f"{path}: invalid experiment spec:\n" + "\n".join(lines)) from e

@@ -1,0 +1,149 @@
+"""Fixtures: a real Redis (embedded), a real leaderboard slice over HTTP, the orchestrator app
+with the local backend launching real stand-in pod processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from fastapi.testclient import TestClient
+
+from services import redis_client
+from services.orchestrator.app import create_app
+from services.orchestrator.settings import OrchestratorSettings
+from services.settings import PodiumSettings
+from tests.orchestrator.servers import ServerThread, leaderboard_app
+
+TOKEN = "orchestrator-test-token"
+LB_TOKEN = "leaderboard-test-token"
+STANDIN = str(Path(__file__).with_name("standin_pod.py"))
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    settings = PodiumSettings(data_dir=tmp_path_factory.mktemp("redis"), redis_url=None)
+    url = redis_client.server_url(settings)
+    yield url
+    redis_client.stop(settings, force=True)
+
+
+@pytest.fixture
+def leaderboard() -> Iterator[ServerThread]:
+    with ServerThread(leaderboard_app(LB_TOKEN)) as srv:
+        yield srv
+
+
+def wait_for(fn: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"condition not met in {timeout}s; last value: {last!r}")
+
+
+def spec(name: str = "exp", **over: Any) -> dict[str, Any]:
+    """A valid spec for the stand-in pod; ``standin`` configures the stand-in's behaviour."""
+    standin = over.pop("standin", {})
+    out: dict[str, Any] = {
+        "name": name,
+        "env": {"name": "CartPole-v1", "kwargs": {"standin": standin}},
+        "algorithms": {"ppo": 1.0},
+        "generator": {"strategy": "pbt"},
+        "population": {"min_pods": 1, "max_pods": 2},
+        "resources": {"cpu": 1, "gpus": 0, "memory": "1Gi"},
+        "round": {"env_steps": 1000},
+    }
+    out.update(over)
+    return out
+
+
+def live_pods(data_dir: Path, exp_id: str | None = None) -> dict[str, int]:
+    """pod id → pid of every stand-in process still running (observed, not asked)."""
+    out = {}
+    pattern = f"{exp_id or '*'}/pods/*.json"
+    for rec_path in (data_dir / "experiments").glob(pattern):
+        with contextlib.suppress(OSError, ValueError):
+            rec = json.loads(rec_path.read_text())
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(rec["pid"])
+                if p.status() != psutil.STATUS_ZOMBIE and STANDIN in " ".join(p.cmdline()):
+                    out[rec_path.stem] = rec["pid"]
+    return out
+
+
+def started(data_dir: Path, exp_id: str, pods: dict[str, int]) -> bool:
+    """Every pod has installed its SIGTERM handler (it logs a line once it has)."""
+    logs = data_dir / "experiments" / exp_id / "pods"
+    for pod_id in pods:
+        with contextlib.suppress(OSError):
+            if "started" in (logs / f"{pod_id}.log").read_text():
+                continue
+        return False
+    return True
+
+
+def kill_all(data_dir: Path) -> None:
+    for pid in live_pods(data_dir).values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def make_settings(
+    tmp_path: Path, redis_url: str, leaderboard: ServerThread
+) -> Iterator[Callable[..., OrchestratorSettings]]:
+    def make(**over: Any) -> OrchestratorSettings:
+        values: dict[str, Any] = {
+            "data_dir": tmp_path,
+            "redis_url": redis_url,
+            "api_token": TOKEN,
+            "backend": "local",
+            "capacity_cpu": 4,
+            "capacity_gpus": 0,
+            "capacity_memory": "64Gi",
+            "reconcile_interval_s": 0.1,
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 0.4,
+            "crash_loop_limit": 4,
+            "pod_healthy_after_s": 30,
+            "termination_grace_s": 3,
+            "progress_poll_s": 0.05,
+            "leaderboard_url": leaderboard.url,
+            "leaderboard_token": LB_TOKEN,
+            "pod_command": [sys.executable, STANDIN, "{experiment_id}", "{pod_id}"],
+        }
+        values.update(over)
+        return OrchestratorSettings(**values)
+
+    yield make
+    kill_all(tmp_path)
+
+
+@pytest.fixture
+def flush_redis(redis_url: str) -> None:
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    r.close()
+
+
+@pytest.fixture
+def client(
+    make_settings: Callable[..., OrchestratorSettings], flush_redis: None
+) -> Iterator[TestClient]:
+    with TestClient(create_app(make_settings())) as c:
+        c.headers["Authorization"] = f"Bearer {TOKEN}"
+        yield c

@@ -1,0 +1,83 @@
+"""A stand-in training pod: a real process that behaves like a pod toward the orchestrator.
+
+Configured through the experiment spec it receives (``PODIUM_SPEC``), under env.kwargs.standin:
+
+- ``report_interval_s``: how often it reports to the leaderboard (``PODIUM_LEADERBOARD_URL``);
+- ``score_step``: each report's score is ``score_step * report_number``;
+- ``env_steps_per_report``: env steps each report carries;
+- ``crash_after_s``: exit with code 3 after this long (a crashing pod).
+
+On SIGTERM it makes a final report, writes ``<pod>.final`` into ``PODIUM_POD_DIR`` (when set)
+and exits 0, as a real pod does when scaled in or stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+exp_id = os.environ["PODIUM_EXPERIMENT_ID"]
+pod_id = os.environ["PODIUM_POD_ID"]
+spec = json.loads(os.environ["PODIUM_SPEC"])
+cfg = spec["env"]["kwargs"].get("standin", {})
+url = os.environ.get("PODIUM_LEADERBOARD_URL")
+token = os.environ.get("PODIUM_API_TOKEN")
+pod_dir = os.environ.get("PODIUM_POD_DIR")
+reports = 0
+
+
+def report() -> None:
+    global reports
+    if not url:
+        return
+    reports += 1
+    score = cfg.get("score_step", 0.0) * reports
+    body = {  # a metadata-only SubmissionResult, as the leaderboard's updater takes it
+        "submission_id": f"{pod_id}-{reports}",
+        "pod_id": pod_id,
+        "algorithm": next(iter(spec["algorithms"])),
+        "score": score,
+        "eval": {"mean": score, "episodes": 1},
+        "env_steps": cfg.get("env_steps_per_report", 0),
+    }
+    req = urllib.request.Request(
+        f"{url}/api/v1/experiments/{exp_id}/submissions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        method="POST",
+    )
+    try:
+        urllib.request.urlopen(req, timeout=5).read()
+    except OSError as e:
+        print(f"report failed: {e}", flush=True)
+
+
+def on_term(signum, frame):
+    report()
+    if pod_dir:
+        Path(pod_dir, f"{pod_id}.final").write_text("reported\n")
+    print("SIGTERM: final report made, exiting", flush=True)
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term)
+gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+print(f"pod {pod_id} of {exp_id} started argv={sys.argv[1:]} gpus={gpus!r}", flush=True)
+start = time.monotonic()
+interval = cfg.get("report_interval_s", 0.0)
+next_report = start + interval if interval else float("inf")
+crash_after = cfg.get("crash_after_s")
+while True:
+    now = time.monotonic()
+    if crash_after is not None and now - start >= crash_after:
+        print("simulated crash: CUDA error: out of memory", flush=True)
+        sys.exit(3)
+    if now >= next_report:
+        report()
+        next_report = now + interval
+    time.sleep(0.02)

@@ -1,0 +1,270 @@
+"""The Kubernetes backend through the official client against an in-test API server, and every
+manifest it generates validated against the Kubernetes schemas."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from fastapi.testclient import TestClient
+from kubernetes import client as k8s
+
+from services.orchestrator.app import create_app
+from services.orchestrator.backends.base import PodRequest
+from services.orchestrator.backends.kubernetes import (
+    KubernetesBackend,
+    owner_manifest,
+    pod_manifest,
+)
+from services.orchestrator.scheduler import Res
+from services.orchestrator.settings import OrchestratorSettings
+from tests.orchestrator.conftest import TOKEN, spec, wait_for
+from tests.orchestrator.k8s_server import K8S_VERSION, FakeCluster
+from tests.orchestrator.k8s_server import TOKEN as K8S_TOKEN
+from tests.orchestrator.servers import ServerThread
+
+NS = "podium"
+GI = 2**30
+
+
+def api_client(url: str) -> k8s.ApiClient:
+    cfg = k8s.Configuration()
+    cfg.host = url
+    cfg.api_key = {"authorization": K8S_TOKEN}
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+    return k8s.ApiClient(cfg)
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[FakeCluster, ServerThread]]:
+    fc = FakeCluster()
+    fc.add_node("node-a", cpu="4", memory="16Gi")
+    with ServerThread(fc.app()) as srv:
+        yield fc, srv
+        fc.shutdown()
+    assert fc.rejected == [], fc.rejected
+
+
+@pytest.fixture
+def k8s_settings(make_settings: Callable[..., OrchestratorSettings]) -> OrchestratorSettings:
+    return make_settings(
+        backend="kubernetes",
+        k8s_namespace=NS,
+        k8s_capacity_refresh_s=0,
+        pod_image="ghcr.io/podium-rl/podium:0.1.0",
+    )
+
+
+@pytest.fixture
+def backend(
+    cluster: tuple[FakeCluster, ServerThread], k8s_settings: OrchestratorSettings
+) -> Iterator[KubernetesBackend]:
+    be = KubernetesBackend(k8s_settings, api_client=api_client(cluster[1].url))
+    yield be
+    be.close()
+
+
+def request(exp: str = "e1", pod: str = "p1", gpus: int = 0) -> PodRequest:
+    return PodRequest(
+        experiment_id=exp,
+        pod_id=pod,
+        spec_json=json.dumps({"name": "x"}),
+        resources=Res(2.0, gpus, 4 * GI),
+        env={"PODIUM_LEADERBOARD_URL": "http://lb:8000", "PODIUM_API_TOKEN": "s3cret"},
+        grace_s=30,
+    )
+
+
+def validate(manifest: dict[str, Any]) -> None:
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+# -- manifests -------------------------------------------------------------------------------
+def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> None:
+    m = pod_manifest(k8s_settings, NS, request(gpus=2), owner_uid="uid-1")
+    validate(m)
+    meta, spec_ = m["metadata"], m["spec"]
+    assert meta["name"] == "podium-e1-p1"
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "podium-orchestrator"
+    assert meta["labels"]["app.kubernetes.io/part-of"] == "podium"
+    assert meta["labels"]["podium.dev/experiment"] == "e1"
+    assert meta["labels"]["podium.dev/pod"] == "p1"
+    assert meta["ownerReferences"][0] == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "podium-exp-e1",
+        "uid": "uid-1",
+        "blockOwnerDeletion": False,
+    }
+    assert [c["name"] for c in spec_["containers"]] == ["worker", "learner", "evaluator"]
+    assert spec_["volumes"] == [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
+    ]
+    for c in spec_["containers"]:
+        assert c["image"] == "ghcr.io/podium-rl/podium:0.1.0"
+        assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["PODIUM_ROLE"] == c["name"] and env["PODIUM_EXPERIMENT_ID"] == "e1"
+    gpu = {c["name"]: c["resources"]["limits"].get("nvidia.com/gpu") for c in spec_["containers"]}
+    assert gpu == {"worker": None, "learner": "2", "evaluator": None}
+    cpu = sum(int(c["resources"]["requests"]["cpu"][:-1]) for c in spec_["containers"])
+    assert cpu == 2000  # the pod's 2 CPUs split among its containers
+    assert spec_["restartPolicy"] == "Never"
+    assert "nodeSelector" not in spec_ and "priorityClassName" not in spec_
+
+
+def test_scheduling_settings_dra_and_token_secret(
+    make_settings: Callable[..., OrchestratorSettings],
+) -> None:
+    s = make_settings(
+        backend="kubernetes",
+        k8s_node_selector={"nvidia.com/gpu.product": "A100"},
+        k8s_tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        k8s_priority_class="podium-training",
+        k8s_gpu_claim_template="single-gpu",
+        k8s_token_secret="podium-leaderboard-token",
+    )
+    m = pod_manifest(s, NS, request(gpus=1), owner_uid="u")
+    validate(m)
+    spec_ = m["spec"]
+    assert spec_["nodeSelector"] == {"nvidia.com/gpu.product": "A100"}
+    assert spec_["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert spec_["priorityClassName"] == "podium-training"
+    assert spec_["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
+    for c in spec_["containers"]:  # one GPU claim shared by the three containers
+        assert c["resources"]["claims"] == [{"name": "gpu"}]
+        assert "nvidia.com/gpu" not in c["resources"]["limits"]
+        token = next(e for e in c["env"] if e["name"] == "PODIUM_API_TOKEN")
+        assert token == {
+            "name": "PODIUM_API_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "podium-leaderboard-token", "key": "token"}},
+        }
+    validate(owner_manifest(NS, "e1", "{}"))
+
+
+def test_schema_validation_catches_a_broken_manifest(k8s_settings: OrchestratorSettings) -> None:
+    m = pod_manifest(k8s_settings, NS, request(), owner_uid="u")
+    m["spec"]["containers"][0]["resources"]["requests"]["cpu"] = {"cores": 2}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(m)
+
+
+# -- the backend against the API server ------------------------------------------------------
+def test_create_list_watch_terminate(
+    backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
+) -> None:
+    fc, _ = cluster
+    backend.create_pod(request("e1", "p1"))
+    backend.create_pod(request("e1", "p2"))
+    assert {p.pod_id for p in backend.list_pods()} == {"p1", "p2"}  # seen before the watch
+    assert fc.pod_names(NS) == ["podium-e1-p1", "podium-e1-p2"]
+    wait_for(lambda: all(p.phase == "Running" for p in backend.list_pods()))
+
+    backend.changed.clear()
+    backend.terminate_pod("e1", "p1", grace_s=10)
+    wait_for(lambda: {p.pod_id for p in backend.list_pods()} == {"p2"})  # DELETED via the watch
+    assert backend.changed.is_set()
+
+    fc.fail_container(NS, "podium-e1-p2", "learner", 137, "OOMKilled", log="a\nb\nCUDA OOM")
+    pod = wait_for(lambda: (ps := backend.list_pods()) and ps[0].phase == "Failed" and ps[0])
+    assert pod.reason == "container learner: exit code 137 (OOMKilled)"
+    assert pod.exit_code == 137 and not pod.live
+    assert backend.pod_log_tail("e1", "p2", lines=2) == "b\nCUDA OOM"
+    backend.remove_pod("e1", "p2")
+    assert backend.list_pods() == [] and fc.pod_names(NS) == []
+    assert [m["kind"] for m in fc.manifests] == ["ConfigMap", "Pod", "Pod"]  # one owner
+
+
+def test_capacity_nodes_taints_selector_foreign_pods_and_quota(
+    backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
+) -> None:
+    fc, _ = cluster
+    assert backend.capacity() == Res(4.0, 0, 16 * GI)
+    fc.add_node("node-b", cpu="8", memory="32Gi", gpus=2)
+    fc.add_node("tainted", cpu="64", memory="64Gi", taints=[{"key": "x", "effect": "NoSchedule"}])
+    fc.add_foreign_pod("other", "db", cpu="1500m", memory="1Gi", node="node-b")
+    assert backend.capacity() == Res(10.5, 2, 47 * GI)
+    # Podium's own pods do not reduce what Podium may use: the reconciler counts them.
+    backend.create_pod(request("e1", "p1"))
+    assert backend.capacity() == Res(10.5, 2, 47 * GI)
+    # A quota caps it: hard - used + what Podium's own pods hold.
+    fc.set_quota(NS, "compute", {"requests.cpu": "3", "requests.memory": "100Gi"})
+    assert backend.capacity() == Res(3.0, 2, 47 * GI)
+    backend.settings.k8s_node_selector = {"pool": "gpu"}
+    assert backend.capacity() == Res(0.0, 0, 0)
+
+
+# -- the whole orchestrator on Kubernetes ----------------------------------------------------
+def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
+    cluster: tuple[FakeCluster, ServerThread],
+    k8s_settings: OrchestratorSettings,
+    flush_redis: None,
+) -> None:
+    fc, srv = cluster
+    be = KubernetesBackend(k8s_settings, api_client=api_client(srv.url))
+    with TestClient(create_app(k8s_settings, backend=be)) as c:
+        c.headers["Authorization"] = f"Bearer {TOKEN}"
+        body = spec(population={"min_pods": 2, "max_pods": 6})
+        exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
+        wait_for(lambda: len(fc.pod_names(NS)) == 4)  # one 4-CPU node, 1 CPU per pod
+        assert c.get(f"/api/v1/experiments/{exp_id}").json()["desired_pods"] == 4
+
+        fc.add_node("node-b", cpu="4", memory="16Gi")  # capacity grows: scale out to max
+        wait_for(lambda: len(fc.pod_names(NS)) == 6)
+        first = fc.pod_names(NS)
+
+        victim = first[0]
+        fc.fail_container(NS, victim, "worker", 1, "Error", log="Traceback: boom")
+        wait_for(lambda: len(n := fc.pod_names(NS)) == 6 and victim not in n)
+        events = c.get(f"/api/v1/experiments/{exp_id}/events").json()
+        failed = [e for e in events if e["type"] == "pod_failed"]
+        assert len(failed) == 1 and "container worker: exit code 1 (Error)" in failed[0]["message"]
+        exp = c.get(f"/api/v1/experiments/{exp_id}").json()
+        assert exp["last_failure"]["log_tail"] == "Traceback: boom"
+        before = fc.pod_names(NS)
+    be.close()
+
+    # A new orchestrator (new backend, new reconciler) adopts the pods it finds by label.
+    be2 = KubernetesBackend(k8s_settings, api_client=api_client(srv.url))
+    with TestClient(create_app(k8s_settings, backend=be2)) as c:
+        c.headers["Authorization"] = f"Bearer {TOKEN}"
+        first_pass = c.app.state.reconciler.passes
+        wait_for(lambda: c.app.state.reconciler.passes >= first_pass + 10)
+        assert fc.pod_names(NS) == before
+        assert sum(m["kind"] == "Pod" for m in fc.manifests) == 7  # 6 + 1 replacement
+        assert c.delete(f"/api/v1/experiments/{exp_id}").status_code == 204
+        wait_for(lambda: fc.pod_names(NS, live_only=False) == [])
+        wait_for(lambda: not fc.configmaps)
+    be2.close()
+    for m in fc.manifests:
+        validate(m)
+
+
+def test_deleting_the_owner_collects_the_pods(
+    backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
+) -> None:
+    fc, _ = cluster
+    for i in range(3):
+        backend.create_pod(request("e9", f"p{i}"))
+    backend.create_pod(request("e8", "q"))
+    backend.delete_experiment("e9")
+    assert fc.pod_names(NS) == ["podium-e8-q"]
+    wait_for(lambda: [p.pod_id for p in backend.list_pods()] == ["q"])
+
+
+def test_informer_relists_after_410_gone(
+    backend: KubernetesBackend,
+    cluster: tuple[FakeCluster, ServerThread],
+    k8s_settings: OrchestratorSettings,
+) -> None:
+    fc, _ = cluster
+    backend.create_pod(request("e1", "p1"))
+    wait_for(lambda: fc.events and backend.list_pods())
+    assert backend.relists == 1
+    # While the watch is down, a pod appears and the history it would resume from is gone.
+    fc.compact_and_create(NS, pod_manifest(k8s_settings, NS, request("e1", "p2"), "uid"))
+    wait_for(lambda: {p.pod_id for p in backend.list_pods()} == {"p1", "p2"}, timeout=5)
+    assert backend.relists == 2

@@ -1,0 +1,195 @@
+"""Env lookup by name, plugins through entry points, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.pod.envs import UnknownEnvError, list_envs, make_env
+from services.pod.envs.cartpole import CartPoleEnv
+from services.pod.envs.gymnasium_adapter import GymnasiumVecEnv
+from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
+from services.pod.envs.pendulum import PendulumEnv
+from services.registry import UnknownNameError
+
+BUILT_INS = ["Acrobot-v1", "CartPole-v1", "MountainCarContinuous-v0", "Pendulum-v1"]
+
+
+def test_built_ins_are_listed_and_preferred_over_gymnasium() -> None:
+    assert set(BUILT_INS) <= set(list_envs())
+    env = make_env("CartPole-v1", 4, seed=0)
+    assert isinstance(env, CartPoleEnv) and env.num_envs == 4
+
+
+def test_gymnasium_ids_go_through_the_adapter() -> None:
+    prefixed = make_env("gym:CartPole-v1", 2, seed=0)
+    bare = make_env("MountainCar-v0", 2, seed=0)  # registered in gymnasium, not a built-in
+    try:
+        assert isinstance(prefixed, GymnasiumVecEnv) and prefixed.spec_id == "gym:CartPole-v1"
+        assert isinstance(bare, GymnasiumVecEnv)
+    finally:
+        prefixed.close()
+        bare.close()
+
+
+def test_env_kwargs_reach_the_env() -> None:
+    env = make_env("Pendulum-v1", 2, seed=0, g=9.81, dtype=torch.float64, max_episode_steps=7)
+    assert isinstance(env, PendulumEnv)
+    assert env.g == 9.81 and env.dtype == torch.float64 and env.max_episode_steps == 7
+    gym_env = make_env("gym:Pendulum-v1", 2, seed=0, g=9.81, max_episode_steps=7)
+    try:
+        assert gym_env.env.get_attr("g") == (9.81, 9.81)
+        assert gym_env.max_episode_steps == 7
+    finally:
+        gym_env.close()
+
+
+def test_unknown_name_lists_known_names_and_mentions_gymnasium() -> None:
+    with pytest.raises(UnknownNameError) as err:
+        make_env("CartPole-v9", 2)
+    message = str(err.value)
+    assert "CartPole-v9" in message
+    for name in BUILT_INS:
+        assert name in message
+    assert "gym:<id>" in message
+
+
+def test_module_syntax_is_refused_without_importing(tmp_path: Path, monkeypatch) -> None:
+    marker = tmp_path / "imported"
+    (tmp_path / "podium_evil_module.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "import gymnasium\n"
+        "gymnasium.register('Evil-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("gym:podium_evil_module:Evil-v0", "podium_evil_module:Evil-v0"):
+        with pytest.raises(UnknownEnvError, match="module:id syntax is not allowed"):
+            make_env(name, 1)
+    assert not marker.exists() and "podium_evil_module" not in sys.modules
+    with pytest.raises(ValueError, match="module:id"):
+        GymnasiumVecEnv("podium_evil_module:Evil-v0", 1)
+    assert not marker.exists()
+
+
+def test_unknown_kwargs_are_named() -> None:
+    with pytest.raises(TypeError, match="'gravity'"):
+        make_env("CartPole-v1", 2, gravity=3.0)
+    with pytest.raises(TypeError, match="Pendulum-v1.*bogus"):
+        make_env("gym:Pendulum-v1", 2, bogus=1)
+    with pytest.raises(TypeError, match="wrappers"):
+        make_env("gym:Pendulum-v1", 2, wrappers=[])
+
+
+@pytest.mark.parametrize("num_envs", [0, -3, 2.5, True])
+def test_bad_num_envs(num_envs: object) -> None:
+    with pytest.raises(ValueError, match="num_envs"):
+        make_env("CartPole-v1", num_envs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_envs"):
+        make_env("gym:CartPole-v1", num_envs)  # type: ignore[arg-type]
+
+
+def test_unsupported_gymnasium_space_is_a_clear_error() -> None:
+    # Blackjack observes a Tuple of Discrete spaces.
+    with pytest.raises(ValueError, match="only Box and Discrete"):
+        make_env("gym:Blackjack-v1", 2)
+
+
+def test_plugin_entry_point_is_found_by_name(tmp_path: Path, monkeypatch) -> None:
+    """A package registering an Isaac task factory in `podium.envs` is usable by name."""
+    (tmp_path / "podium_plugin_demo.py").write_text(
+        textwrap.dedent(
+            """
+            from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
+            from services.pod.envs.vectask_example import CartpoleVecTask
+
+            def cartpole(num_envs, device="cpu", seed=None, max_episode_length=500):
+                task = CartpoleVecTask(num_envs, device=str(device),
+                                       max_episode_length=max_episode_length)
+                return IsaacGymVecEnv(task, seed=seed)
+            """
+        )
+    )
+    dist = tmp_path / "podium_plugin_demo-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-plugin-demo\n")
+    (dist / "entry_points.txt").write_text(
+        "[podium.envs]\nVecTaskCartpole-v0 = podium_plugin_demo:cartpole\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "VecTaskCartpole-v0" in list_envs()
+    env = make_env("VecTaskCartpole-v0", 3, seed=0, max_episode_length=9)
+    assert isinstance(env, IsaacGymVecEnv) and env.max_episode_steps == 9
+    obs, _ = env.reset()
+    assert obs.shape == (3, 4)
+    with pytest.raises(TypeError, match="'reset_dist'"):
+        make_env("VecTaskCartpole-v0", 3, reset_dist=1.0)
+
+
+BAD_ACTIONS = {
+    "CartPole-v1": [
+        (torch.zeros(3, dtype=torch.int64), "shape"),
+        (torch.zeros(4, 1, dtype=torch.int64), "shape"),
+        (torch.zeros(4), "integers"),
+        (torch.tensor([0, 1, 2, 0]), r"\[0, 1\]"),
+        (torch.tensor([0, -1, 0, 0]), r"\[0, 1\]"),
+        ([0, 1, 0, 1], "torch.Tensor"),
+    ],
+    "Pendulum-v1": [
+        (torch.zeros(4), "shape"),
+        (torch.zeros(4, 2), "shape"),
+        (torch.zeros(4, 1, dtype=torch.int64), "floating point"),
+        (torch.tensor([[0.0], [float("nan")], [0.0], [0.0]]), "NaN"),
+        (torch.tensor([[0.0], [float("inf")], [0.0], [0.0]]), "NaN or inf"),
+    ],
+}
+
+
+@pytest.mark.parametrize("prefix", ["", "gym:"])
+@pytest.mark.parametrize("name", list(BAD_ACTIONS))
+def test_bad_actions_are_rejected_and_leave_the_state_intact(prefix: str, name: str) -> None:
+    env = make_env(prefix + name, 4, seed=0)
+    try:
+        obs, _ = env.reset()
+        for actions, message in BAD_ACTIONS[name]:
+            with pytest.raises(ValueError, match=message):
+                env.step(actions)
+        if isinstance(env, PendulumEnv | CartPoleEnv):
+            assert torch.equal(env._observe(env.state), obs)
+    finally:
+        env.close()
+
+
+def test_huge_finite_actions_are_not_mistaken_for_inf() -> None:
+    env = make_env("Pendulum-v1", 4, seed=0)
+    env.reset()
+    obs, *_ = env.step(torch.full((4, 1), 3e38))  # the sum overflows, the values do not
+    assert torch.isfinite(obs).all()
+
+
+def test_isaac_adapter_rejects_non_vectask_objects() -> None:
+    with pytest.raises(TypeError, match="VecTask interface.*reset_buf"):
+        IsaacGymVecEnv(object())
+
+
+def test_gymnasium_async_mode_matches_sync() -> None:
+    """Subprocess vectorization gives the same trajectories as in-process for one seed."""
+    actions = torch.randint(0, 2, (30, 3), generator=torch.Generator().manual_seed(0))
+    results = []
+    for mode in ("sync", "async"):
+        env = make_env("gym:CartPole-v1", 3, seed=5, vectorization_mode=mode)
+        try:
+            trajectory = [env.reset()[0]]
+            for a in actions:
+                obs, reward, terminated, truncated, info = env.step(a)
+                trajectory += [obs, reward, terminated, truncated, info["final_obs"]]
+            results.append(trajectory)
+        finally:
+            env.close()
+    for x, y in zip(*results, strict=True):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="vectorization_mode"):
+        make_env("gym:CartPole-v1", 2, vectorization_mode="threads")
