@@ -27,6 +27,6 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   # torch first, pinned: pyproject keeps a range, and with 2.13.0 present pip adds nothing more
   # (no multi-GB CUDA wheels pulled in by a bare requirement).
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[dev,bench]"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[dev]"
   touch "$stamp"
 fi
