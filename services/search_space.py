@@ -34,6 +34,21 @@ class Uniform(_Dist):
     def clamp(self, value: float) -> float:
         return min(max(float(value), self.low), self.high)
 
+    def perturb(self, value: Any, rng: random.Random, factors: tuple[float, ...]) -> float:
+        """PBT explore: multiply by one of ``factors`` (e.g. 0.8 / 1.2), clamped to bounds."""
+        return self.clamp(float(value) * rng.choice(factors))
+
+    # CEM fits its Gaussian in this coordinate (log space for log-uniform), where sampling is
+    # uniform, so a unit step means the same everywhere in the range.
+    def to_unit(self, value: Any) -> float:
+        return float(value)
+
+    def from_unit(self, x: float) -> float:
+        return self.clamp(x)
+
+    def unit_range(self) -> float:
+        return self.high - self.low
+
 
 class LogUniform(Uniform):
     type: Literal["log_uniform"] = "log_uniform"  # type: ignore[assignment]
@@ -46,6 +61,15 @@ class LogUniform(Uniform):
 
     def sample(self, rng: random.Random) -> float:
         return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+
+    def to_unit(self, value: Any) -> float:
+        return math.log(max(float(value), self.low))
+
+    def from_unit(self, x: float) -> float:
+        return self.clamp(math.exp(x))
+
+    def unit_range(self) -> float:
+        return math.log(self.high) - math.log(self.low)
 
 
 class IntUniform(_Dist):
@@ -65,6 +89,23 @@ class IntUniform(_Dist):
     def clamp(self, value: float) -> int:
         return int(min(max(round(value), self.low), self.high))
 
+    def perturb(self, value: Any, rng: random.Random, factors: tuple[float, ...]) -> int:
+        """Multiply and round; when rounding would undo the move, step by one instead."""
+        factor = rng.choice(factors)
+        moved = self.clamp(float(value) * factor)
+        if moved == int(value):
+            moved = self.clamp(int(value) + (1 if factor > 1 else -1))
+        return moved
+
+    def to_unit(self, value: Any) -> float:
+        return float(value)
+
+    def from_unit(self, x: float) -> int:
+        return self.clamp(x)
+
+    def unit_range(self) -> float:
+        return float(self.high - self.low)
+
 
 class Choice(_Dist):
     type: Literal["choice"] = "choice"
@@ -73,10 +114,37 @@ class Choice(_Dist):
     def sample(self, rng: random.Random) -> Any:
         return rng.choice(self.values)
 
+    def clamp(self, value: Any) -> Any:
+        return value if value in self.values else self.values[0]
+
+    def perturb(self, value: Any, rng: random.Random, factors: tuple[float, ...] = ()) -> Any:
+        """Move to a neighbouring value in the listed order (values are often ordered sizes)."""
+        if len(self.values) == 1:
+            return self.values[0]
+        i = self.values.index(value) if value in self.values else 0
+        if i == 0:
+            return self.values[1]
+        if i == len(self.values) - 1:
+            return self.values[-2]
+        return self.values[i + rng.choice((-1, 1))]
+
 
 Distribution = Annotated[Uniform | LogUniform | IntUniform | Choice, Field(discriminator="type")]
 SearchSpace = dict[str, Distribution]
 
 
+NUMERIC = (Uniform, LogUniform, IntUniform)
+
+
 def sample_space(space: SearchSpace, rng: random.Random) -> dict[str, Any]:
     return {name: dist.sample(rng) for name, dist in space.items()}
+
+
+def contains(dist: Uniform | LogUniform | IntUniform | Choice, value: Any) -> bool:
+    """Whether ``value`` lies in the distribution's support (bounds inclusive)."""
+    if isinstance(dist, Choice):
+        return value in dist.values
+    try:
+        return dist.low <= float(value) <= dist.high
+    except (TypeError, ValueError):
+        return False

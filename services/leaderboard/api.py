@@ -1,0 +1,490 @@
+"""REST routes under /api/v1 (bearer-token auth), plus /livez, /readyz, /metrics at the root."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+
+from services.checkpoint_store import BlobNotFoundError, BlobStore
+from services.leaderboard.collector import BlobCollector
+from services.leaderboard.generator import GeneratorService, download_path, load_strategy
+from services.leaderboard.metrics import LeaderboardMetrics
+from services.leaderboard.models import (
+    ID_PATTERN,
+    Candidate,
+    CandidateFile,
+    Experiment,
+    ExperimentConfig,
+    ExperimentSummary,
+    GenerateRequest,
+    HyperparameterStats,
+    Leaderboard,
+    LeaderboardStats,
+    Lineage,
+    LineageNode,
+    Manifest,
+    SubmissionResponse,
+)
+from services.leaderboard.settings import LeaderboardSettings
+from services.leaderboard.store import LeaderboardStore, UnknownExperimentError
+from services.leaderboard.updater import Updater, read_submission
+from services.logs import get_logger
+from services.registry import UnknownNameError
+from services.search_space import NUMERIC
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Services:
+    """Everything a request needs, built by the app's lifespan."""
+
+    settings: LeaderboardSettings
+    store: LeaderboardStore
+    blobs: BlobStore
+    updater: Updater
+    generator: GeneratorService
+    collector: BlobCollector
+    metrics: LeaderboardMetrics
+    # (experiment, limit) -> (board version, rendered JSON); see ``leaderboard``.
+    board_cache: dict[tuple[str, int], tuple[str, bytes]] = field(default_factory=dict)
+
+
+BOARD_CACHE_SIZE = 256
+
+
+# Dependencies are async: FastAPI runs a plain ``def`` dependency in a worker thread, which
+# costs more than everything else a small request does.
+async def services(request: Request) -> Services:
+    return request.app.state.services
+
+
+Svc = Annotated[Services, Depends(services)]
+ExperimentId = Annotated[str, Path(pattern=ID_PATTERN)]
+CandidateId = Annotated[str, Path(pattern=ID_PATTERN)]
+
+_bearer = HTTPBearer(auto_error=False, description="The API token (PODIUM_API_TOKEN).")
+
+
+async def require_token(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    expected: str | None = request.app.state.token
+    if expected is None:  # no token configured: a local, single-user install
+        return
+    given = credentials.credentials if credentials else ""
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise HTTPException(
+            status_code=401,
+            detail="missing or wrong bearer token",
+            headers={"WWW-Authenticate": 'Bearer realm="podium"'},
+        )
+
+
+api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+root = APIRouter()
+
+
+def _field_error(loc: tuple[Any, ...], msg: str) -> RequestValidationError:
+    return RequestValidationError([{"type": "value_error", "loc": loc, "msg": msg, "input": None}])
+
+
+# -- experiments ---------------------------------------------------------------------------------
+
+
+@api.put(
+    "/experiments/{experiment_id}",
+    response_model=Experiment,
+    summary="Create or update an experiment's leaderboard",
+    description="Sets K, the generator strategy (a name registered in `podium.generators`) and "
+    "its options, the algorithm ensemble and the search space. Shrinking K evicts the worst. "
+    "Flipping `higher_is_better` on a non-empty board is refused (409).",
+)
+async def put_experiment(
+    experiment_id: ExperimentId, config: ExperimentConfig, svc: Svc, response: Response
+) -> Experiment:
+    try:
+        load_strategy(config.generator.strategy, config.generator.options)
+    except UnknownNameError as e:
+        raise _field_error(("body", "generator", "strategy"), str(e)) from e
+    except ValidationError as e:
+        raise RequestValidationError(
+            [
+                {**err, "loc": ("body", "generator", "options", *err["loc"])}
+                for err in e.errors(include_url=False, include_context=False)
+            ]
+        ) from e
+    exp = Experiment(
+        **config.model_dump(exclude={"top_k"}),
+        experiment_id=experiment_id,
+        top_k=config.top_k or svc.settings.default_top_k,
+    )
+    try:
+        old = Experiment.model_validate(await svc.store.get_config(experiment_id))
+    except UnknownExperimentError:
+        old = None
+    if (
+        old is not None
+        and old.higher_is_better != exp.higher_is_better
+        and await svc.store.board_size(experiment_id)
+    ):
+        raise HTTPException(409, "higher_is_better cannot change while the board has candidates")
+    created, evicted = await svc.store.put_config(
+        experiment_id, exp.model_dump_json(), exp.top_k, exp.higher_is_better, list(exp.algorithms)
+    )
+    if evicted:
+        svc.metrics.evictions.labels(experiment_id).inc(len(evicted))
+    response.status_code = 201 if created else 200
+    return exp
+
+
+@api.get("/experiments", summary="Experiment ids")
+async def list_experiments(svc: Svc) -> list[str]:
+    return await svc.store.experiments()
+
+
+@api.get(
+    "/experiments/{experiment_id}",
+    response_model=ExperimentSummary,
+    summary="An experiment's config, board size and totals (env steps drive budgets)",
+)
+async def get_experiment(experiment_id: ExperimentId, svc: Svc) -> ExperimentSummary:
+    return ExperimentSummary.model_validate(await svc.store.summary(experiment_id))
+
+
+@api.delete(
+    "/experiments/{experiment_id}",
+    status_code=204,
+    summary="Drop an experiment's leaderboard",
+    description="Removes the board, candidates, lineage and idempotency records; blobs nothing "
+    "else references are collected (files leased to pods stay until the leases end).",
+)
+async def delete_experiment(experiment_id: ExperimentId, svc: Svc) -> Response:
+    if not await svc.store.drop(experiment_id):
+        raise UnknownExperimentError(experiment_id)
+    svc.metrics.forget(experiment_id)
+    await svc.collector.collect()
+    return Response(status_code=204)
+
+
+# -- updater -------------------------------------------------------------------------------------
+
+
+@api.post(
+    "/experiments/{experiment_id}/submissions",
+    response_model=SubmissionResponse,
+    summary="Report a trained agent (the updater)",
+    description="`multipart/form-data`: a JSON part `result` (see SubmissionResult) and one file "
+    "part per entry of `result.files`, named as there, whose sha256 must match (400 otherwise, "
+    "nothing stored). A metadata-only result may also be sent as an `application/json` body. "
+    "Inserted if it beats the K-th best (evicting it); a retry with the same `submission_id` "
+    "gets the first answer (`duplicate: true`). Bodies over the configured size get 413.",
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["result"],
+                        "properties": {"result": {"$ref": "#/components/schemas/SubmissionResult"}},
+                        "additionalProperties": {"type": "string", "format": "binary"},
+                    }
+                },
+                "application/json": {"schema": {"$ref": "#/components/schemas/SubmissionResult"}},
+            },
+            "required": True,
+        }
+    },
+)
+async def submit(experiment_id: ExperimentId, request: Request, svc: Svc) -> Response:
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        # Before reading files: do not stage gigabytes for an experiment that does not exist.
+        await svc.store.get_config(experiment_id)
+    result, staged = await read_submission(request, svc.blobs, svc.settings.max_upload_bytes)
+    answer = await svc.updater.submit(experiment_id, result, staged)
+    # The hot path: serialize the model directly instead of FastAPI validating it again.
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+# -- read side -----------------------------------------------------------------------------------
+
+
+def _candidate(
+    experiment_id: str, cid: str, h: dict[str, str], rank: int | None, blobs: BlobStore
+) -> Candidate:
+    files = json.loads(h.get("files", "{}"))
+    uris = json.loads(h.get("file_uris", "{}"))
+    return Candidate(
+        candidate_id=cid,
+        experiment_id=experiment_id,
+        status=h.get("status", "active"),
+        rank=rank,
+        algorithm=h["algorithm"],
+        hyperparameters=json.loads(h["hyperparameters"]),
+        parent_id=h.get("parent_id") or None,
+        generation=int(h["generation"]),
+        pod_id=h["pod_id"],
+        submission_id=h["submission_id"],
+        env_steps=int(h["env_steps"]),
+        score=float(h["score"]),
+        eval={
+            "mean": float(h["eval_mean"]),
+            "std": float(h["eval_std"]),
+            "episodes": int(h["eval_episodes"]),
+        },
+        files={
+            name: CandidateFile(
+                sha256=sha,
+                uri=uris.get(name) or blobs.uri(sha),
+                download_path=download_path(experiment_id, cid, name),
+            )
+            for name, sha in files.items()
+        },
+        created_at=float(h["created_at"]),
+        evicted_at=float(h["evicted_at"]) if h.get("evicted_at") else None,
+    )
+
+
+def _numeric(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def board_stats(exp: Experiment, candidates: list[Candidate]) -> LeaderboardStats:
+    """Score summary and the mean / variance / covariance of the numeric hyperparameters over
+    the board (what CEM fits, in the hyperparameters' own units)."""
+    scores = np.array([c.score for c in candidates], dtype=float)
+    names = [n for n, d in exp.search_space.items() if isinstance(d, NUMERIC)]
+    if not names and candidates:
+        names = sorted(
+            n
+            for n in candidates[0].hyperparameters
+            if all(_numeric(c.hyperparameters.get(n)) for c in candidates)
+        )
+    rows = [
+        [float(c.hyperparameters[n]) for n in names]
+        for c in candidates
+        if all(_numeric(c.hyperparameters.get(n)) for n in names)
+    ]
+    x = np.asarray(rows, dtype=float).reshape(len(rows), len(names))
+    cov = (
+        np.cov(x, rowvar=False, ddof=0).reshape(len(names), len(names))
+        if len(rows) > 1
+        else np.zeros((len(names), len(names)))
+    )
+    mean = x.mean(axis=0) if len(rows) else np.full(len(names), np.nan)
+    algorithms: dict[str, int] = {}
+    for c in candidates:
+        algorithms[c.algorithm] = algorithms.get(c.algorithm, 0) + 1
+    return LeaderboardStats(
+        size=len(candidates),
+        top_k=exp.top_k,
+        score_mean=float(scores.mean()) if len(scores) else None,
+        score_std=float(scores.std()) if len(scores) else None,
+        score_min=float(scores.min()) if len(scores) else None,
+        score_max=float(scores.max()) if len(scores) else None,
+        hyperparameters=HyperparameterStats(
+            names=names,
+            mean={n: float(m) for n, m in zip(names, mean, strict=True) if len(rows)},
+            variance={n: float(cov[i, i]) for i, n in enumerate(names) if len(rows)},
+            covariance=cov.tolist() if len(rows) else [],
+        ),
+        algorithms=algorithms,
+    )
+
+
+@api.get(
+    "/experiments/{experiment_id}/leaderboard",
+    response_model=Leaderboard,
+    summary="The top K, best first, with board statistics",
+)
+async def leaderboard(
+    experiment_id: ExperimentId,
+    svc: Svc,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="Default: K.")] = 0,
+) -> Response:
+    # Boards are read far more often than they change: a rendered board is reused while Redis
+    # says (in the same single round trip that would fetch it) that its version is current.
+    key = (experiment_id, limit)
+    cached = svc.board_cache.get(key)
+    version, raw, rows = await svc.store.top_if_changed(
+        experiment_id, limit, cached[0] if cached else ""
+    )
+    if raw is None and cached is not None:
+        return Response(cached[1], media_type="application/json")
+    assert raw is not None and rows is not None
+    exp = Experiment.model_validate(raw)
+    candidates = [
+        _candidate(experiment_id, cid, h, i, svc.blobs) for i, (cid, h) in enumerate(rows, 1)
+    ]
+    board = Leaderboard(
+        experiment_id=experiment_id, candidates=candidates, stats=board_stats(exp, candidates)
+    )
+    # Serialized once here; FastAPI would validate the model again for response_model.
+    body = board.model_dump_json().encode()
+    if len(svc.board_cache) >= BOARD_CACHE_SIZE:
+        svc.board_cache.pop(next(iter(svc.board_cache)))
+    svc.board_cache[key] = (version, body)
+    return Response(body, media_type="application/json")
+
+
+@api.get("/experiments/{experiment_id}/best", response_model=Candidate, summary="The best agent")
+async def best(experiment_id: ExperimentId, svc: Svc) -> Candidate:
+    _, rows = await svc.store.top(experiment_id, 1)
+    if not rows:
+        raise HTTPException(404, "the leaderboard is empty")
+    cid, h = rows[0]
+    return _candidate(experiment_id, cid, h, 1, svc.blobs)
+
+
+async def _get_candidate(svc: Services, experiment_id: str, candidate_id: str) -> Candidate:
+    await svc.store.get_config(experiment_id)
+    h = await svc.store.candidate(experiment_id, candidate_id)
+    if h is None:
+        raise HTTPException(404, f"no candidate {candidate_id!r} in {experiment_id!r}")
+    rank = int(h["rank"]) if h.get("rank") else None
+    return _candidate(experiment_id, candidate_id, h, rank, svc.blobs)
+
+
+@api.get(
+    "/experiments/{experiment_id}/candidates/{candidate_id}",
+    response_model=Candidate,
+    summary="One candidate (also evicted ones, with status `evicted`)",
+)
+async def candidate(experiment_id: ExperimentId, candidate_id: CandidateId, svc: Svc) -> Candidate:
+    return await _get_candidate(svc, experiment_id, candidate_id)
+
+
+@api.get(
+    "/experiments/{experiment_id}/candidates/{candidate_id}/files/{name}",
+    summary="Download one training file",
+    description="Streams the blob; headers `X-Checkpoint-SHA256` and `ETag` carry its sha256 "
+    "so the client can verify it. Files of an evicted candidate stay downloadable while a lease "
+    "holds them or until the collector removes them (then 410).",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+async def download(
+    experiment_id: ExperimentId,
+    candidate_id: CandidateId,
+    name: Annotated[str, Path(pattern=ID_PATTERN)],
+    svc: Svc,
+) -> StreamingResponse:
+    cand = await _get_candidate(svc, experiment_id, candidate_id)
+    if name not in cand.files:
+        raise HTTPException(404, f"candidate {candidate_id!r} has no file {name!r}")
+    sha = cand.files[name].sha256
+    try:
+        size = await run_in_threadpool(svc.blobs.size, sha)
+        chunks = await run_in_threadpool(svc.blobs.read, sha)
+    except BlobNotFoundError as e:
+        raise HTTPException(410, f"file {name!r} was collected") from e
+    return StreamingResponse(
+        iterate_in_threadpool(chunks),
+        media_type="application/octet-stream",
+        headers={
+            "X-Checkpoint-SHA256": sha,
+            "ETag": f'"{sha}"',
+            "Content-Length": str(size),
+            "Content-Disposition": f'attachment; filename="{name}"',
+        },
+    )
+
+
+@api.get(
+    "/experiments/{experiment_id}/lineage",
+    response_model=Lineage,
+    summary="Every candidate ever inserted, as a tree of parent -> children",
+)
+async def lineage(experiment_id: ExperimentId, svc: Svc) -> Lineage:
+    await svc.store.get_config(experiment_id)
+    events = await svc.store.lineage_events(experiment_id)
+    evicted = {e["candidate_id"] for e in events if e.get("event") == "evict"}
+    nodes: dict[str, LineageNode] = {}
+    for e in events:
+        if e.get("event") != "insert":
+            continue
+        cid = e["candidate_id"]
+        nodes[cid] = LineageNode(
+            candidate_id=cid,
+            parent_id=e.get("parent_id") or None,
+            algorithm=e.get("algorithm", ""),
+            generation=int(e.get("generation", 0)),
+            score=float(e["score"]),
+            status="evicted" if cid in evicted else "active",
+            created_at=float(e.get("time", 0)),
+        )
+    roots = []
+    for node in nodes.values():
+        parent = nodes.get(node.parent_id) if node.parent_id else None
+        (parent.children if parent else roots).append(node)
+    return Lineage(experiment_id=experiment_id, roots=roots, events=len(events))
+
+
+# -- generator -----------------------------------------------------------------------------------
+
+
+@api.post(
+    "/experiments/{experiment_id}/generate",
+    response_model=Manifest,
+    summary="Where a new pod starts (the generator)",
+    description="Runs the experiment's strategy. When the manifest names a parent, its files "
+    "are leased to the pod (`lease_id`) so they are not collected while it downloads them; "
+    "release with DELETE .../leases/{lease_id}, or let the lease expire.",
+)
+async def generate(experiment_id: ExperimentId, req: GenerateRequest, svc: Svc) -> Manifest:
+    return await svc.generator.generate(experiment_id, req)
+
+
+@api.delete("/experiments/{experiment_id}/leases/{lease_id}", status_code=204)
+async def release_lease(
+    experiment_id: ExperimentId,
+    lease_id: Annotated[str, Path(pattern=ID_PATTERN)],
+    svc: Svc,
+) -> Response:
+    if not await svc.store.release(experiment_id, lease_id):
+        raise HTTPException(404, f"no lease {lease_id!r} (released or expired)")
+    return Response(status_code=204)
+
+
+# -- probes and metrics --------------------------------------------------------------------------
+
+
+@root.get("/livez", include_in_schema=False)
+async def livez() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@root.get("/readyz", include_in_schema=False)
+async def readyz(request: Request) -> JSONResponse:
+    svc: Services | None = getattr(request.app.state, "services", None)
+    try:
+        if svc is None:
+            raise ConnectionError("starting")
+        await svc.store.r.ping()
+    except Exception as e:  # any failure to reach Redis means not ready
+        return JSONResponse({"status": "unavailable", "error": repr(e)}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@root.get("/metrics", include_in_schema=False)
+async def metrics(svc: Svc) -> PlainTextResponse:
+    try:
+        for exp in await svc.store.experiments():
+            _, rows = await svc.store.top(exp)
+            svc.metrics.set_board(exp, [float(h["score"]) for _, h in rows])
+    except Exception as e:  # a scrape still returns the counters when Redis is down
+        log.debug("board gauges not refreshed", error=repr(e))
+    return PlainTextResponse(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,162 @@
+"""The leaderboard's FastAPI app: ``create_app(settings)``; the lifespan opens Redis (embedded or
+``REDIS_URL``) and the checkpoint store and runs the blob collector."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import redis.asyncio
+import redis.exceptions
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from services import redis_client
+from services.leaderboard.api import Services, api, root
+from services.leaderboard.collector import BlobCollector
+from services.leaderboard.generator import GeneratorService
+from services.leaderboard.metrics import LatencyMiddleware, LeaderboardMetrics
+from services.leaderboard.models import SubmissionResult
+from services.leaderboard.settings import LeaderboardSettings
+from services.leaderboard.store import (
+    LeaderboardStore,
+    StoreBusyError,
+    UnknownAlgorithmError,
+    UnknownExperimentError,
+)
+from services.leaderboard.updater import (
+    BadSubmissionError,
+    PayloadTooLargeError,
+    Updater,
+)
+from services.logs import get_logger
+
+log = get_logger(__name__)
+
+
+def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
+    settings = settings or LeaderboardSettings()
+    metrics = LeaderboardMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        url = await asyncio.to_thread(redis_client.server_url, settings)
+        # A bounded pool: hundreds of concurrent requests share a few connections (waiting for
+        # one rather than opening a connection each, which overflows the listen backlog).
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=settings.redis_max_connections, timeout=10
+        )
+        client = redis.asyncio.Redis(connection_pool=pool)
+        store = LeaderboardStore(client)
+        blobs = await asyncio.to_thread(settings.blob_store)
+        collector = BlobCollector(store, blobs, settings.gc_grace_s)
+        app.state.services = Services(
+            settings=settings,
+            store=store,
+            blobs=blobs,
+            updater=Updater(store, blobs, metrics),
+            generator=GeneratorService(store, blobs, metrics, settings.lease_ttl_s),
+            collector=collector,
+            metrics=metrics,
+        )
+        task = asyncio.create_task(collector.run_forever(settings.gc_interval_s))
+        log.info("leaderboard ready", storage=settings.storage, data_dir=str(settings.data_dir))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.aclose()
+            await pool.disconnect()  # a pool passed in is not closed with its client
+            await asyncio.to_thread(redis_client.stop, settings)
+            log.info("leaderboard stopped")
+
+    app = FastAPI(
+        title="Podium leaderboard",
+        version="1",
+        description="The tournament's ranking of candidate agents: the updater keeps the top K, "
+        "the generator tells new pods where to start.",
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/api/v1/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    _document_multipart_models(app)
+    app.state.token = settings.token()
+    if app.state.token is None:
+        log.warning("no API token configured: /api/v1 is open (set PODIUM_API_TOKEN)")
+    app.include_router(api)
+    app.include_router(root)
+    app.add_middleware(LatencyMiddleware, metrics=metrics)
+    _add_error_handlers(app)
+    return app
+
+
+def _document_multipart_models(app: FastAPI) -> None:
+    """Add the models the submissions endpoint parses by hand (from its multipart ``result``
+    part) to the OpenAPI components, so the ``$ref`` in its request body resolves."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = build()
+            schema = SubmissionResult.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = spec.setdefault("components", {}).setdefault("schemas", {})
+            components.update(schema.pop("$defs", {}))
+            components["SubmissionResult"] = schema
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _error(status: int, detail: str) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # Only where and what: echoing the input back could be huge, and a NaN in it is not
+        # even JSON.
+        detail = [
+            {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")}
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
+    async def redis_down(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("redis unavailable", error=repr(exc))
+        return JSONResponse(
+            {"detail": "leaderboard store (Redis) unavailable; nothing was changed, retry"},
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )
+
+    @app.exception_handler(UnknownExperimentError)
+    async def unknown_experiment(_: Request, exc: UnknownExperimentError) -> JSONResponse:
+        return _error(404, f"unknown experiment {exc.args[0]!r}")
+
+    @app.exception_handler(PayloadTooLargeError)
+    async def too_large(_: Request, exc: PayloadTooLargeError) -> JSONResponse:
+        return _error(413, str(exc))
+
+    @app.exception_handler(BadSubmissionError)
+    async def bad_submission(_: Request, exc: BadSubmissionError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(StoreBusyError)
+    async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(UnknownAlgorithmError)
+    async def unknown_algorithm(_: Request, exc: UnknownAlgorithmError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": [{"type": "value_error", "loc": list(exc.loc), "msg": str(exc)}]},
+            status_code=422,
+        )

@@ -1,0 +1,354 @@
+"""The generator: where a new pod starts (algorithm, hyperparameters, weights).
+
+Strategies are found by registered name in the ``podium.generators`` entry-point group, so a
+plugin adds one without touching Podium and no request can make the service import code. The
+built-ins:
+
+- ``random``: fresh weights, hyperparameters sampled from the search space;
+- ``pbt``: population-based training. *Exploit* by truncation selection (the parent is drawn
+  uniformly from the top ``quantile`` of the board; its weights are copied), then *explore*: each
+  searched hyperparameter is resampled with ``resample_probability``, otherwise multiplied by
+  one of ``perturb_factors`` and clamped to its bounds (a categorical one moves to a neighbour);
+- ``cem``: cross-entropy method. A Gaussian (mean, covariance) is fitted to the numeric
+  hyperparameters of the top K (in log space for log-uniform ones), new ones are drawn from it;
+  categorical ones from the elite's smoothed frequencies.
+
+An experiment may list several algorithms with weights (an ensemble): each new pod gets one,
+drawn by weight, and a strategy only ever sees, and copies from, candidates of that algorithm.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from services import registry
+from services.checkpoint_store import BlobStore
+from services.leaderboard.metrics import LeaderboardMetrics
+from services.leaderboard.models import (
+    Experiment,
+    GenerateRequest,
+    Manifest,
+    ManifestCheckpoint,
+    ManifestFile,
+)
+from services.leaderboard.store import LeaderboardStore, StoreBusyError, UnknownAlgorithmError
+from services.search_space import NUMERIC, Choice, SearchSpace, contains, sample_space
+
+
+@dataclass(frozen=True)
+class CandidateView:
+    """What a strategy may know about a candidate on the board."""
+
+    candidate_id: str
+    algorithm: str
+    hyperparameters: dict[str, Any]
+    generation: int
+    score: float
+    files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+
+
+@dataclass
+class Context:
+    experiment_id: str
+    algorithm: str
+    search_space: SearchSpace
+    # Candidates of ``algorithm`` on the board, best first.
+    candidates: list[CandidateView]
+    top_k: int
+    rng: random.Random
+
+
+@dataclass
+class Proposal:
+    decision: str  # fresh | exploit | explore | cem
+    hyperparameters: dict[str, Any]
+    parent: CandidateView | None = None
+    # Extra lineage fields (e.g. which hyperparameters explore changed), JSON-encoded strings.
+    details: dict[str, str] = field(default_factory=dict)
+
+
+class Strategy(abc.ABC):
+    """A generator strategy; subclasses declare their options as a pydantic model."""
+
+    name: ClassVar[str]
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        self.options = self.Options.model_validate(options or {})
+
+    @abc.abstractmethod
+    def propose(self, ctx: Context) -> Proposal: ...
+
+
+class RandomGenerator(Strategy):
+    name = "random"
+
+    def propose(self, ctx: Context) -> Proposal:
+        return Proposal("fresh", sample_space(ctx.search_space, ctx.rng))
+
+
+class PBTGenerator(Strategy):
+    name = "pbt"
+
+    class Options(Strategy.Options):
+        quantile: float = Field(default=0.25, gt=0, le=1, description="Top share to exploit.")
+        perturb_factors: tuple[float, ...] = Field(default=(0.8, 1.2), min_length=1)
+        resample_probability: float = Field(default=0.25, ge=0, le=1)
+        explore: bool = Field(default=True, description="False: copy hyperparameters as is.")
+        min_candidates: int = Field(
+            default=1, ge=1, description="Below this many on the board, start fresh."
+        )
+
+    def parents(self, candidates: list[CandidateView]) -> list[CandidateView]:
+        """Truncation selection: the top ``quantile`` (at least one)."""
+        n = max(1, math.ceil(self.options.quantile * len(candidates)))
+        return candidates[:n]
+
+    def explore(
+        self, hyperparameters: dict[str, Any], space: SearchSpace, rng: random.Random
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        out = dict(hyperparameters)
+        how: dict[str, str] = {}
+        for name, dist in space.items():
+            if name not in out or not contains(dist, out[name]):
+                out[name], how[name] = dist.sample(rng), "sampled"
+            elif rng.random() < self.options.resample_probability:
+                out[name], how[name] = dist.sample(rng), "resampled"
+            else:
+                out[name] = dist.perturb(out[name], rng, self.options.perturb_factors)
+                how[name] = "perturbed"
+        return out, how
+
+    def propose(self, ctx: Context) -> Proposal:
+        if len(ctx.candidates) < self.options.min_candidates:
+            return Proposal("fresh", sample_space(ctx.search_space, ctx.rng))
+        parent = ctx.rng.choice(self.parents(ctx.candidates))
+        if not self.options.explore:
+            return Proposal("exploit", dict(parent.hyperparameters), parent)
+        hyper, how = self.explore(parent.hyperparameters, ctx.search_space, ctx.rng)
+        return Proposal("explore", hyper, parent, {"explore": json.dumps(how, sort_keys=True)})
+
+
+@dataclass
+class GaussianFit:
+    """The elite's mean and covariance in each numeric hyperparameter's sampling coordinate."""
+
+    names: list[str]
+    mean: np.ndarray
+    covariance: np.ndarray
+
+
+def fit_gaussian(
+    space: SearchSpace, elite: list[dict[str, Any]], min_std_fraction: float = 0.0
+) -> GaussianFit:
+    names = [n for n, d in space.items() if isinstance(d, NUMERIC)]
+    rows = [[space[n].to_unit(h[n]) for n in names] for h in elite if all(n in h for n in names)]
+    x = np.asarray(rows, dtype=float).reshape(len(rows), len(names))
+    mean = x.mean(axis=0) if len(rows) else np.zeros(len(names))
+    cov = np.cov(x, rowvar=False, ddof=0).reshape(len(names), len(names)) if len(rows) > 1 else None
+    if cov is None:
+        cov = np.zeros((len(names), len(names)))
+    # A floor on the spread keeps CEM exploring instead of collapsing onto one point.
+    floor = np.array([(min_std_fraction * space[n].unit_range()) ** 2 for n in names])
+    cov = cov + np.diag(floor)
+    return GaussianFit(names, mean, cov)
+
+
+class CEMGenerator(Strategy):
+    name = "cem"
+
+    class Options(Strategy.Options):
+        elite: int | None = Field(
+            default=None, ge=2, description="How many of the top to fit; default all (top K)."
+        )
+        min_elite: int = Field(default=2, ge=2, description="Below this, sample the space.")
+        min_std_fraction: float = Field(
+            default=0.02, ge=0, description="Std floor, as a fraction of each range."
+        )
+        categorical_smoothing: float = Field(default=1.0, ge=0)
+        init: Literal["fresh", "best"] = Field(
+            default="fresh", description="Fresh weights, or the best candidate's."
+        )
+
+    def propose(self, ctx: Context) -> Proposal:
+        elite = ctx.candidates[: self.options.elite or len(ctx.candidates)]
+        if len(elite) < self.options.min_elite:
+            return Proposal("fresh", sample_space(ctx.search_space, ctx.rng))
+        hyper = sample_space(ctx.search_space, ctx.rng)  # names the Gaussian does not cover
+        fit = fit_gaussian(
+            ctx.search_space, [c.hyperparameters for c in elite], self.options.min_std_fraction
+        )
+        if fit.names:
+            np_rng = np.random.default_rng(ctx.rng.getrandbits(64))
+            draw = np_rng.multivariate_normal(fit.mean, fit.covariance, method="eigh")
+            for name, x in zip(fit.names, draw, strict=True):
+                hyper[name] = ctx.search_space[name].from_unit(float(x))
+        for name, dist in ctx.search_space.items():
+            if isinstance(dist, Choice):
+                weights = [
+                    self.options.categorical_smoothing
+                    + sum(1 for c in elite if c.hyperparameters.get(name) == v)
+                    for v in dist.values
+                ]
+                if sum(weights) > 0:
+                    hyper[name] = ctx.rng.choices(dist.values, weights=weights)[0]
+        parent = elite[0] if self.options.init == "best" else None
+        return Proposal("cem", hyper, parent, {"fit_size": str(len(elite))})
+
+
+def load_strategy(name: str, options: dict[str, Any]) -> Strategy:
+    """The strategy registered as ``name``; raises UnknownNameError or ValidationError."""
+    cls = registry.load(registry.GENERATORS, name, kind="generator strategy")
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise TypeError(f"generator {name!r} is not a Strategy")
+    return cls(options)
+
+
+def choose_algorithm(weights: dict[str, float], rng: random.Random) -> str:
+    names = sorted(n for n, w in weights.items() if w > 0)
+    return rng.choices(names, weights=[weights[n] for n in names])[0]
+
+
+def candidate_view(candidate_id: str, h: dict[str, str]) -> CandidateView:
+    return CandidateView(
+        candidate_id=candidate_id,
+        algorithm=h["algorithm"],
+        hyperparameters=json.loads(h["hyperparameters"]),
+        generation=int(h["generation"]),
+        score=float(h["score"]),
+        files=json.loads(h.get("files", "{}")),
+    )
+
+
+def download_path(experiment_id: str, candidate_id: str, name: str) -> str:
+    return f"/api/v1/experiments/{experiment_id}/candidates/{candidate_id}/files/{name}"
+
+
+class GeneratorService:
+    """Answers ``POST /experiments/{id}/generate``: pick an algorithm, run the experiment's
+    strategy on that algorithm's candidates, lease the parent's files, log the decision."""
+
+    def __init__(
+        self,
+        store: LeaderboardStore,
+        blobs: BlobStore,
+        metrics: LeaderboardMetrics,
+        lease_ttl_s: float,
+    ):
+        self.store, self.blobs, self.metrics, self.lease_ttl_s = store, blobs, metrics, lease_ttl_s
+        self._strategies: dict[str, Strategy] = {}
+        self.rng = random.Random()
+
+    def strategy(self, exp: Experiment) -> Strategy:
+        key = json.dumps([exp.generator.strategy, exp.generator.options], sort_keys=True)
+        if key not in self._strategies:
+            self._strategies[key] = load_strategy(exp.generator.strategy, exp.generator.options)
+        return self._strategies[key]
+
+    async def generate(self, experiment_id: str, req: GenerateRequest) -> Manifest:
+        # A parent evicted between the read and the lease is retried with a fresh read.
+        for _ in range(5):
+            raw_config, rows = await self.store.top(experiment_id)
+            exp = Experiment.model_validate(raw_config)
+            if req.algorithm is not None:
+                if exp.algorithms.get(req.algorithm, 0) <= 0:
+                    raise UnknownAlgorithmError(
+                        f"algorithm {req.algorithm!r} is not in this experiment's ensemble "
+                        f"({', '.join(sorted(exp.algorithms))})"
+                    )
+                algorithm = req.algorithm
+            else:
+                algorithm = choose_algorithm(exp.algorithms, self.rng)
+            strategy = self.strategy(exp)
+            views = [candidate_view(cid, h) for cid, h in rows]
+            ctx = Context(
+                experiment_id=experiment_id,
+                algorithm=algorithm,
+                search_space=exp.search_space,
+                candidates=[v for v in views if v.algorithm == algorithm],
+                top_k=exp.top_k,
+                rng=self.rng,
+            )
+            proposal = strategy.propose(ctx)
+            manifest = await self._record(experiment_id, req, strategy, algorithm, proposal)
+            if manifest is not None:
+                self.metrics.record_decision(experiment_id, strategy.name, proposal.decision)
+                return manifest
+        raise StoreBusyError("the parents chosen kept being evicted meanwhile; retry")
+
+    async def _record(
+        self,
+        experiment_id: str,
+        req: GenerateRequest,
+        strategy: Strategy,
+        algorithm: str,
+        p: Proposal,
+    ) -> Manifest | None:
+        common = {
+            "pod_id": req.pod_id,
+            "strategy": strategy.name,
+            "algorithm": algorithm,
+            "hyperparameters": json.dumps(p.hyperparameters, sort_keys=True),
+            **p.details,
+        }
+        if p.parent is None:
+            await self.store.log_event(experiment_id, {"event": p.decision, **common})
+            return Manifest(
+                experiment_id=experiment_id,
+                pod_id=req.pod_id,
+                algorithm=algorithm,
+                hyperparameters=p.hyperparameters,
+                parent_id=None,
+                generation=0,
+                checkpoint="fresh",
+                decision=p.decision,
+                strategy=strategy.name,
+            )
+        parent = p.parent
+        events = [[("event", "exploit"), ("parent_id", parent.candidate_id), *common.items()]]
+        if p.decision != "exploit":
+            events.append(
+                [("event", p.decision), ("parent_id", parent.candidate_id), *common.items()]
+            )
+        leased = await self.store.lease(
+            experiment_id,
+            parent.candidate_id,
+            list(parent.files.values()),
+            req.pod_id,
+            self.lease_ttl_s,
+            events,
+        )
+        if leased is None:
+            return None
+        lease_id, expires = leased
+        files = {
+            name: ManifestFile(
+                uri=self.blobs.uri(sha),
+                sha256=sha,
+                download_path=download_path(experiment_id, parent.candidate_id, name),
+            )
+            for name, sha in parent.files.items()
+        }
+        return Manifest(
+            experiment_id=experiment_id,
+            pod_id=req.pod_id,
+            algorithm=algorithm,
+            hyperparameters=p.hyperparameters,
+            parent_id=parent.candidate_id,
+            generation=parent.generation + 1,
+            checkpoint=ManifestCheckpoint(candidate_id=parent.candidate_id, files=files),
+            decision=p.decision,
+            strategy=strategy.name,
+            lease_id=lease_id,
+            lease_expires_at=expires,
+        )

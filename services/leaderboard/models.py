@@ -1,0 +1,217 @@
+"""Request and response models of the leaderboard API (inputs forbid unknown fields)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from services.search_space import SearchSpace
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+FILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GeneratorConfig(_Input):
+    strategy: str = Field(
+        default="pbt", description="Registered name in the `podium.generators` entry-point group."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Strategy options, validated by the strategy."
+    )
+
+
+class ExperimentConfig(_Input):
+    """A leaderboard's configuration, set by the orchestrator when an experiment is created."""
+
+    top_k: int | None = Field(default=None, ge=1, le=10_000, description="Candidates kept.")
+    generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
+    algorithms: dict[str, float] = Field(
+        default_factory=lambda: {"ppo": 1.0},
+        min_length=1,
+        description="Algorithm ensemble: name -> weight; each new pod gets one algorithm.",
+    )
+    search_space: SearchSpace = Field(default_factory=dict)
+    higher_is_better: bool = True
+
+    @field_validator("algorithms")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, w in v.items():
+            if not (w >= 0 and w < float("inf")):
+                raise ValueError(f"weight of {name!r} must be finite and >= 0")
+        if sum(v.values()) <= 0:
+            raise ValueError("at least one algorithm needs a positive weight")
+        return v
+
+
+class Experiment(ExperimentConfig):
+    model_config = ConfigDict(extra="ignore")
+    experiment_id: str
+    top_k: int  # type: ignore[assignment]
+
+
+class ExperimentSummary(Experiment):
+    size: int = Field(description="Candidates on the board now.")
+    submissions: int = Field(description="Submissions decided (kept or not; retries once).")
+    env_steps: int = Field(description="Env steps over every decided submission (budgets).")
+
+
+class EvalStats(_Input):
+    mean: float = Field(allow_inf_nan=False)
+    std: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    episodes: int = Field(default=0, ge=0)
+
+
+class SubmissionResult(_Input):
+    """A trained agent's result, as the pod's evaluator reports it."""
+
+    submission_id: str = Field(
+        pattern=ID_PATTERN, description="Chosen by the pod; a retry with it gets the first answer."
+    )
+    pod_id: str = Field(max_length=253)
+    algorithm: str = Field(pattern=ID_PATTERN)
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    parent_id: str | None = Field(default=None, pattern=ID_PATTERN)
+    generation: int = Field(default=0, ge=0)
+    env_steps: int = Field(default=0, ge=0)
+    score: float = Field(allow_inf_nan=False, description="The evaluator's mean return.")
+    eval: EvalStats
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Training file name -> sha256 (lowercase hex) of its bytes; one multipart "
+        "file part per name.",
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for name, digest in v.items():
+            if not re.match(FILE_NAME_PATTERN, name):
+                raise ValueError(f"bad file name {name!r}")
+            if not re.match(SHA256_PATTERN, digest):
+                raise ValueError(f"files[{name!r}] is not a lowercase hex sha256")
+        return v
+
+
+class SubmissionResponse(BaseModel):
+    accepted: bool
+    candidate_id: str | None = None
+    rank: int | None = Field(default=None, description="1 = best, when accepted.")
+    evicted: list[str] = Field(default_factory=list)
+    reason: str | None = None
+    duplicate: bool = Field(default=False, description="True when answering a retried id.")
+
+
+class CandidateFile(BaseModel):
+    sha256: str
+    uri: str
+    download_path: str
+
+
+class Candidate(BaseModel):
+    candidate_id: str
+    experiment_id: str
+    status: Literal["active", "evicted"]
+    rank: int | None = None
+    algorithm: str
+    hyperparameters: dict[str, Any]
+    parent_id: str | None
+    generation: int
+    pod_id: str
+    submission_id: str
+    env_steps: int
+    score: float
+    eval: dict[str, float]
+    files: dict[str, CandidateFile]
+    created_at: float
+    evicted_at: float | None = None
+
+
+class HyperparameterStats(BaseModel):
+    names: list[str] = Field(description="Numeric hyperparameters, order of the covariance.")
+    mean: dict[str, float]
+    variance: dict[str, float]
+    covariance: list[list[float]]
+
+
+class LeaderboardStats(BaseModel):
+    size: int
+    top_k: int
+    score_mean: float | None
+    score_std: float | None
+    score_min: float | None
+    score_max: float | None
+    hyperparameters: HyperparameterStats
+    algorithms: dict[str, int]
+
+
+class Leaderboard(BaseModel):
+    experiment_id: str
+    candidates: list[Candidate]
+    stats: LeaderboardStats
+
+
+class GenerateRequest(_Input):
+    pod_id: str = Field(max_length=253)
+    algorithm: str | None = Field(default=None, description="Pin the algorithm (ensemble).")
+
+
+class ManifestFile(BaseModel):
+    uri: str
+    sha256: str
+    download_path: str
+
+
+class ManifestCheckpoint(BaseModel):
+    candidate_id: str
+    files: dict[str, ManifestFile]
+
+
+class Manifest(BaseModel):
+    """Where a new pod starts: its algorithm, hyperparameters and weights."""
+
+    experiment_id: str
+    pod_id: str
+    algorithm: str
+    hyperparameters: dict[str, Any]
+    parent_id: str | None
+    generation: int
+    checkpoint: Literal["fresh"] | ManifestCheckpoint
+    decision: str = Field(description="fresh | exploit | explore | cem (strategy-specific).")
+    strategy: str
+    lease_id: str | None = Field(
+        default=None,
+        description="Protects the parent's files from collection until released or expired.",
+    )
+    lease_expires_at: float | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        if (self.checkpoint == "fresh") != (self.parent_id is None):
+            raise ValueError("a parent comes with its checkpoint and vice versa")
+        return self
+
+
+class LineageNode(BaseModel):
+    candidate_id: str
+    parent_id: str | None
+    algorithm: str
+    generation: int
+    score: float
+    status: Literal["active", "evicted"]
+    created_at: float
+    children: list[LineageNode] = Field(default_factory=list)
+
+
+class Lineage(BaseModel):
+    experiment_id: str
+    roots: list[LineageNode]
+    events: int = Field(description="Entries in the lineage stream.")

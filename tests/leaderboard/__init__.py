@@ -1,0 +1,1 @@
+"""Leaderboard service tests (real embedded Redis, real HTTP)."""

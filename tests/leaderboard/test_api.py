@@ -1,0 +1,308 @@
+"""The leaderboard REST API end to end on a real embedded Redis: updater, read side, generator,
+auth, probes and metrics."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.leaderboard.conftest import AUTH, experiment, multipart, result
+
+API = "/api/v1/experiments"
+
+
+def board_scores(client: TestClient, exp: str, **params: int) -> list[float]:
+    r = client.get(f"{API}/{exp}/leaderboard", params=params)
+    return [c["score"] for c in r.json()["candidates"]]
+
+
+def test_auth_required_with_www_authenticate(client: TestClient) -> None:
+    r = client.get(f"{API}", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"].startswith("Bearer")
+    r = client.get(f"{API}", headers={"Authorization": ""})
+    assert r.status_code == 401
+    assert client.get(f"{API}").status_code == 200  # the fixture's client sends the token
+    # Probes and metrics are outside /api/v1 and open.
+    assert client.get("/livez", headers={"Authorization": ""}).status_code == 200
+    assert client.get("/readyz", headers={"Authorization": ""}).json() == {"status": "ok"}
+    spec = client.get("/api/v1/openapi.json").json()
+    for path in (
+        "/api/v1/experiments/{experiment_id}",
+        "/api/v1/experiments/{experiment_id}/submissions",
+        "/api/v1/experiments/{experiment_id}/leaderboard",
+        "/api/v1/experiments/{experiment_id}/candidates/{candidate_id}",
+        "/api/v1/experiments/{experiment_id}/candidates/{candidate_id}/files/{name}",
+        "/api/v1/experiments/{experiment_id}/best",
+        "/api/v1/experiments/{experiment_id}/lineage",
+        "/api/v1/experiments/{experiment_id}/generate",
+        "/api/v1/experiments/{experiment_id}/leases/{lease_id}",
+    ):
+        assert path in spec["paths"], path
+    # Every schema reference resolves (the multipart result part is documented by hand).
+    refs: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            refs.update(v for k, v in node.items() if k == "$ref")
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(spec)
+    schemas = spec["components"]["schemas"]
+    assert "#/components/schemas/SubmissionResult" in refs
+    assert all(r.removeprefix("#/components/schemas/") in schemas for r in refs)
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_experiment_crud(client: TestClient) -> None:
+    r = client.put(f"{API}/e1", json=experiment(top_k=3))
+    assert r.status_code == 201
+    assert r.json()["top_k"] == 3 and r.json()["experiment_id"] == "e1"
+    r = client.put(f"{API}/e1", json=experiment(top_k=5))
+    assert r.status_code == 200
+    assert client.get(f"{API}/e1").json()["top_k"] == 5
+    assert client.get(f"{API}").json() == ["e1"]
+    client.post(f"{API}/e1/submissions", json=result("s0", 1.0))
+    r = client.put(f"{API}/e1", json=experiment(top_k=5, higher_is_better=False))
+    assert r.status_code == 409 and "higher_is_better" in r.json()["detail"]
+    assert client.get(f"{API}/e1").json()["higher_is_better"] is True
+    assert client.delete(f"{API}/e1").status_code == 204
+    assert client.get(f"{API}/e1").status_code == 404
+    assert client.get(f"{API}").json() == []
+
+
+def test_updater_keeps_true_top_k_and_is_idempotent(client: TestClient) -> None:
+    client.put(f"{API}/e", json=experiment(top_k=3))
+    scores = [5.0, 1.0, 7.0, 3.0, 9.0, 2.0, 8.0]
+    answers = [
+        client.post(f"{API}/e/submissions", json=result(f"s{i}", s)).json()
+        for i, s in enumerate(scores)
+    ]
+    assert [a["accepted"] for a in answers] == [True, True, True, True, True, False, True]
+    assert answers[4]["rank"] == 1 and len(answers[4]["evicted"]) == 1
+    assert "threshold" in answers[5]["reason"]
+    board = client.get(f"{API}/e/leaderboard").json()
+    assert [c["score"] for c in board["candidates"]] == [9.0, 8.0, 7.0]
+    assert [c["rank"] for c in board["candidates"]] == [1, 2, 3]
+    stats = board["stats"]
+    assert stats["size"] == 3 and stats["score_max"] == 9.0 and stats["score_min"] == 7.0
+    assert abs(stats["score_mean"] - 8.0) < 1e-9
+
+    # A retry of an earlier submission gets the first answer, even though the board moved on.
+    retry = client.post(f"{API}/e/submissions", json=result("s1", 100.0)).json()
+    assert retry["duplicate"] is True
+    assert {k: retry[k] for k in ("accepted", "candidate_id", "rank")} == {
+        k: answers[1][k] for k in ("accepted", "candidate_id", "rank")
+    }
+    assert [c["score"] for c in client.get(f"{API}/e/leaderboard").json()["candidates"]] == [
+        9.0,
+        8.0,
+        7.0,
+    ]
+    best = client.get(f"{API}/e/best").json()
+    assert best["score"] == 9.0 and best["rank"] == 1 and best["status"] == "active"
+
+    # A new best shows at once (rendered boards are reused only while unchanged), and
+    # shrinking K through the config evicts the worst.
+    client.post(f"{API}/e/submissions", json=result("s-new", 10.0))
+    assert board_scores(client, "e") == [10.0, 9.0, 8.0]
+    client.put(f"{API}/e", json=experiment(top_k=2))
+    assert board_scores(client, "e") == [10.0, 9.0]
+    assert board_scores(client, "e", limit=1) == [10.0]
+    # Totals over decided submissions (the retry counted once) drive the orchestrator's budgets.
+    summary = client.get(f"{API}/e").json()
+    assert (summary["size"], summary["submissions"], summary["env_steps"]) == (2, 8, 8000)
+
+    evicted_id = answers[1]["candidate_id"]
+    detail = client.get(f"{API}/e/candidates/{evicted_id}").json()
+    assert detail["status"] == "evicted" and detail["rank"] is None
+    assert detail["evicted_at"] is not None
+
+    # Lower-is-better experiments rank the other way round.
+    client.put(f"{API}/loss", json=experiment(top_k=2, higher_is_better=False))
+    for i, s in enumerate([3.0, 1.0, 2.0, 0.5]):
+        client.post(f"{API}/loss/submissions", json=result(f"l{i}", s))
+    assert [c["score"] for c in client.get(f"{API}/loss/leaderboard").json()["candidates"]] == [
+        0.5,
+        1.0,
+    ]
+    assert client.get(f"{API}/loss/best").json()["score"] == 0.5
+
+
+def test_files_upload_download_and_lineage(client: TestClient) -> None:
+    client.put(f"{API}/e", json=experiment(top_k=4))
+    # The replay buffer spans many read chunks and write batches.
+    replay = bytes(range(256)) * (5 * 4096 + 7)
+    files = {
+        "actor": b"actor-weights",
+        "critic": b"critic-weights",
+        "hparams": b'{"lr":1}',
+        "replay_buffer": replay,
+    }
+    r = client.post(f"{API}/e/submissions", files=multipart(result("s0", 1.0, files), files))
+    assert r.status_code == 200, r.text
+    root_id = r.json()["candidate_id"]
+    cand = client.get(f"{API}/e/candidates/{root_id}").json()
+    assert set(cand["files"]) == set(files)
+    for name, data in files.items():
+        f = cand["files"][name]
+        assert f["sha256"] == hashlib.sha256(data).hexdigest()
+        got = client.get(f["download_path"])
+        assert got.status_code == 200
+        assert got.content == data
+        assert got.headers["x-checkpoint-sha256"] == f["sha256"]
+
+    manifest = client.post(f"{API}/e/generate", json={"pod_id": "pod-1"}).json()
+    assert manifest["parent_id"] == root_id and manifest["generation"] == 1
+    assert manifest["decision"] == "explore" and manifest["lease_id"]
+    assert set(manifest["checkpoint"]["files"]) == set(files)
+    child = result(
+        "s1", 2.0, parent_id=root_id, generation=1, hyperparameters=manifest["hyperparameters"]
+    )
+    child_id = client.post(f"{API}/e/submissions", json=child).json()["candidate_id"]
+    grandchild = result("s2", 3.0, parent_id=child_id, generation=2)
+    gc_id = client.post(f"{API}/e/submissions", json=grandchild).json()["candidate_id"]
+    other = client.post(f"{API}/e/submissions", json=result("s3", 0.5)).json()["candidate_id"]
+
+    tree = client.get(f"{API}/e/lineage").json()
+    roots = {n["candidate_id"]: n for n in tree["roots"]}
+    assert set(roots) == {root_id, other}
+    assert [c["candidate_id"] for c in roots[root_id]["children"]] == [child_id]
+    assert [c["candidate_id"] for c in roots[root_id]["children"][0]["children"]] == [gc_id]
+    # 4 inserts + the generator's exploit and explore decisions.
+    assert tree["events"] == 6
+    client.put(f"{API}/other", json=experiment())
+    assert client.delete(f"{API}/other/leases/{manifest['lease_id']}").status_code == 404
+    assert client.delete(f"{API}/e/leases/{manifest['lease_id']}").status_code == 204
+    assert client.delete(f"{API}/e/leases/{manifest['lease_id']}").status_code == 404
+
+
+def test_generator_ensemble_and_strategies_over_http(client: TestClient) -> None:
+    client.put(
+        f"{API}/mix",
+        json=experiment(top_k=8, algorithms={"ppo": 1.0, "sac": 3.0}),
+    )
+    # Empty board: pbt starts fresh, sampled inside the space.
+    m = client.post(f"{API}/mix/generate", json={"pod_id": "p"}).json()
+    assert m["checkpoint"] == "fresh" and m["decision"] == "fresh" and m["parent_id"] is None
+    assert 1e-5 <= m["hyperparameters"]["lr"] <= 1e-2
+    ids = {}
+    for i, (algo, score) in enumerate([("ppo", 10.0), ("sac", 1.0), ("sac", 2.0)]):
+        ids[i] = client.post(
+            f"{API}/mix/submissions", json=result(f"s{i}", score, algorithm=algo)
+        ).json()["candidate_id"]
+    algos = []
+    for i in range(200):
+        m = client.post(f"{API}/mix/generate", json={"pod_id": f"p{i}"}).json()
+        algos.append(m["algorithm"])
+        # Exploit copies only within the pod's algorithm, even though ppo has the best score.
+        parent = client.get(f"{API}/mix/candidates/{m['parent_id']}").json()
+        assert parent["algorithm"] == m["algorithm"]
+    share_sac = algos.count("sac") / len(algos)
+    assert 0.62 < share_sac < 0.88  # weight 3:1 -> 0.75
+    m = client.post(f"{API}/mix/generate", json={"pod_id": "x", "algorithm": "ppo"}).json()
+    assert m["algorithm"] == "ppo" and m["parent_id"] == ids[0]
+    r = client.post(f"{API}/mix/generate", json={"pod_id": "x", "algorithm": "dqn"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "algorithm"]
+
+    client.put(f"{API}/rnd", json=experiment(strategy="random"))
+    m = client.post(f"{API}/rnd/generate", json={"pod_id": "p"}).json()
+    assert m["decision"] == "fresh" and m["strategy"] == "random"
+    client.put(f"{API}/cem", json=experiment(strategy="cem"))
+    for i in range(3):
+        client.post(f"{API}/cem/submissions", json=result(f"c{i}", float(i)))
+    m = client.post(f"{API}/cem/generate", json={"pod_id": "p"}).json()
+    assert m["decision"] == "cem" and m["checkpoint"] == "fresh"
+
+
+def test_board_stats_are_mean_variance_covariance(client: TestClient) -> None:
+    client.put(f"{API}/s", json=experiment(top_k=5))
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(8):
+        h = {
+            "lr": float(10 ** rng.uniform(-5, -2)),
+            "gamma": float(rng.uniform(0.9, 0.999)),
+            "batch_size": 64,
+            "epochs": int(rng.integers(1, 11)),
+        }
+        rows.append((float(i), h))
+        client.post(f"{API}/s/submissions", json=result(f"s{i}", float(i), hyperparameters=h))
+    stats = client.get(f"{API}/s/leaderboard").json()["stats"]["hyperparameters"]
+    top = [h for _, h in sorted(rows, key=lambda t: -t[0])[:5]]
+    x = np.array([[h[n] for n in stats["names"]] for h in top])
+    assert stats["names"] == ["lr", "gamma", "epochs"]
+    np.testing.assert_allclose(
+        [stats["mean"][n] for n in stats["names"]], x.mean(axis=0), rtol=1e-9
+    )
+    np.testing.assert_allclose(stats["covariance"], np.cov(x, rowvar=False, ddof=0), rtol=1e-9)
+    np.testing.assert_allclose(
+        [stats["variance"][n] for n in stats["names"]], x.var(axis=0), rtol=1e-9
+    )
+
+
+def test_metrics_exposed_with_bounded_labels(client: TestClient) -> None:
+    client.put(f"{API}/m", json=experiment(top_k=2))
+    for i, s in enumerate([1.0, 2.0, 3.0, 0.5]):
+        client.post(f"{API}/m/submissions", json=result(f"s{i}", s))
+    client.post(f"{API}/m/generate", json={"pod_id": "p"})
+    client.get(f"{API}/m/leaderboard")
+    # Read back with prometheus-client's exposition-format parser (what a scraper reads).
+    text = client.get("/metrics", headers={"Authorization": ""}).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("podium_leaderboard_top_score", experiment="m") == 3.0
+    assert value("podium_leaderboard_size", experiment="m") == 2.0
+    assert value("podium_leaderboard_rank_score", experiment="m", rank="2") == 2.0
+    sub = "podium_leaderboard_submissions_total"
+    assert value(sub, experiment="m", outcome="inserted") == 3
+    assert value(sub, experiment="m", outcome="rejected") == 1
+    assert value("podium_leaderboard_evictions_total", experiment="m") == 1
+    decisions = "podium_leaderboard_generator_decisions_total"
+    assert value(decisions, experiment="m", strategy="pbt", decision="explore") == 1
+    route = "/api/v1/experiments/{experiment_id}/leaderboard"
+    latency = "podium_leaderboard_request_duration_seconds_count"
+    assert value(latency, method="GET", route=route, status="200") == 1
+    # Bounded labels: only these label names, no raw paths, no candidate or submission ids.
+    label_names = {k for _, labels in samples for k, _ in labels}
+    assert label_names <= {
+        "experiment",
+        "outcome",
+        "strategy",
+        "decision",
+        "rank",
+        "method",
+        "route",
+        "status",
+        "le",
+    }
+    routes = {v for _, labels in samples for k, v in labels if k == "route"}
+    assert all(
+        "{" in r or r in ("/metrics", "/livez", "/readyz", "/api/v1/experiments") for r in routes
+    ), routes
+
+
+def test_token_from_file(tmp_path) -> None:
+    from services.leaderboard.app import create_app
+    from services.leaderboard.settings import LeaderboardSettings
+
+    secret = tmp_path / "token"
+    secret.write_text("from-secret\n")
+    app = create_app(LeaderboardSettings(data_dir=tmp_path / "d", api_token_file=secret))
+    with TestClient(app) as c:
+        assert c.get(f"{API}", headers={"Authorization": "Bearer from-secret"}).status_code == 200
+        assert c.get(f"{API}", headers=AUTH).status_code == 401
