@@ -7,6 +7,8 @@ what lets the three roles run fused in one process or as three containers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from services.pod.algorithms.ppo import PPO
@@ -14,11 +16,15 @@ from services.pod.worker import Rollout
 
 
 class Learner:
-    def __init__(self, agent: PPO, total_env_steps: int) -> None:
+    def __init__(self, agent: PPO, total_env_steps: int, world: int = 1) -> None:
         self.agent = agent
         self.total_env_steps = max(1, int(total_env_steps))
-        self.env_steps = 0
+        self.env_steps = 0  # of all fused replicas together
         self.updates = 0
+        #: Number of fused learner replicas, and the hook that averages them after each epoch
+        #: (services/pod/fusion.py); one learner alone needs neither.
+        self.world = world
+        self.after_epoch: Callable[[], None] | None = None
 
     @property
     def policy(self):
@@ -27,8 +33,8 @@ class Learner:
     def update(self, rollout: Rollout) -> dict[str, float]:
         # Anneal by budget consumed, so a resumed run continues the same schedule.
         lr_fraction = max(0.0, 1.0 - self.env_steps / self.total_env_steps)
-        stats = self.agent.update(rollout, lr_fraction=lr_fraction)
-        self.env_steps += rollout.env_steps
+        stats = self.agent.update(rollout, lr_fraction=lr_fraction, after_epoch=self.after_epoch)
+        self.env_steps += rollout.env_steps * self.world
         self.updates += 1
         return stats
 

@@ -20,6 +20,7 @@ from services.pod.algorithms.ppo import PPO, PPOConfig
 from services.pod.checkpoint import save_training_files
 from services.pod.envs.registry import make_env
 from services.pod.evaluator import EvalResult, Evaluator
+from services.pod.fusion import ParameterAverager, agree, run_group
 from services.pod.learner import Learner
 from services.pod.worker import Worker
 
@@ -50,6 +51,12 @@ class TrainConfig(BaseModel):
     seed: int = 0
     torch_threads: int | None = Field(
         1, ge=1, description="Intra-op threads; small networks run fastest on one thread."
+    )
+    learners: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Learner replicas, each with its own envs, averaged after every epoch.",
     )
 
 
@@ -148,10 +155,56 @@ def train(
     """Train until the budget is spent or the evaluation reaches ``target_return``.
 
     ``roles`` lets a caller build (and so validate) the worker, learner and evaluator first.
+    With ``config.learners > 1`` the replicas run in a process group and this returns rank 0's
+    result (rank 0 runs here, so ``on_progress`` still reports).
     """
+    if config.learners > 1:
+        return run_group(
+            _replica,
+            config.learners,
+            args=(config, out_dir, None),
+            rank0_args=(config, out_dir, on_progress),
+        )
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     worker, learner, evaluator = roles or build(config)
+    return _loop(config, worker, learner, evaluator, out_dir, on_progress)
+
+
+def _replica(
+    rank: int, world: int, config: TrainConfig, out_dir: Path | None, on_progress: Callback | None
+) -> TrainResult:
+    """One fused learner: its own envs and seed, the group's weights after every epoch."""
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    worker, learner, evaluator = build(
+        config.model_copy(update={"seed": config.seed + 1000 * rank})
+    )
+    learner.world = world
+    averager = ParameterAverager(learner.agent, learner.agent.optimizer)
+    averager.broadcast(0)  # one starting point for all replicas
+    learner.after_epoch = averager
+    lead = rank == 0  # evaluates, checkpoints, reports, and decides when to stop
+    return _loop(
+        config,
+        worker,
+        learner,
+        evaluator if lead else None,
+        out_dir if lead else None,
+        on_progress if lead else None,
+        fused=True,
+    )
+
+
+def _loop(
+    config: TrainConfig,
+    worker: Worker,
+    learner: Learner,
+    evaluator: Evaluator | None,
+    out_dir: Path | None,
+    on_progress: Callback | None,
+    fused: bool = False,
+) -> TrainResult:
     result = TrainResult(config=config)
     next_eval = config.eval_every_steps
     clock = 0.0
@@ -169,7 +222,7 @@ def train(
         if rollout.episode_returns.numel():
             record["train_return"] = float(rollout.episode_returns.mean())
         last = learner.env_steps >= config.total_env_steps
-        if learner.env_steps >= next_eval or last:
+        if evaluator is not None and (learner.env_steps >= next_eval or last):
             next_eval += config.eval_every_steps
             evaluation = evaluator.evaluate(learner.policy)
             record["eval_return"] = evaluation.mean
@@ -187,8 +240,11 @@ def train(
         result.history.append(record)
         if on_progress is not None:
             on_progress(record)
-        if result.solved_at_env_steps is not None:
+        stop = result.solved_at_env_steps is not None
+        if fused:
+            stop = agree(stop)  # replicas must leave the loop together
+        if stop:
             break
-    result.best = evaluator.best
+    result.best = evaluator.best if evaluator is not None else None
     result.train_seconds = clock
     return result

@@ -7,6 +7,7 @@ entropy bonus and a value loss, gradients clipped by global norm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 import gymnasium as gym
@@ -116,8 +117,16 @@ class PPO(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
 
-    def update(self, rollout: Rollout, lr_fraction: float = 1.0) -> dict[str, float]:
-        """One PPO update on a rollout whose observations are already normalised."""
+    def update(
+        self,
+        rollout: Rollout,
+        lr_fraction: float = 1.0,
+        after_epoch: Callable[[], None] | None = None,
+    ) -> dict[str, float]:
+        """One PPO update on a rollout whose observations are already normalised.
+
+        ``after_epoch`` runs at the end of every epoch: fused learners average there.
+        """
         cfg = self.config
         if cfg.anneal_lr:
             for group in self.optimizer.param_groups:
@@ -203,6 +212,8 @@ class PPO(nn.Module):
                             sums += torch.stack(
                                 (pg_loss, v_loss, entropy_mean, approx_kl, clipfrac)
                             )
+            if after_epoch is not None:
+                after_epoch()
             if not last_epoch and cfg.target_kl is not None and float(approx_kl) > cfg.target_kl:
                 # Stopped early: report the statistics of the minibatch that crossed the line.
                 sums = n_mb * torch.stack((pg_loss, v_loss, entropy_mean, approx_kl, clipfrac))
