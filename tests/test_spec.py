@@ -17,9 +17,9 @@ def test_example_loads() -> None:
     spec = load_spec(EXAMPLE)
     assert spec.name == "cartpole-ppo" and spec.env.name == "CartPole-v1"
     assert spec.algorithms == {"ppo": 1.0}
-    assert spec.search_space["lr"].type == "log_uniform"
+    assert spec.search_space["learning_rate"].type == "log_uniform"
     assert spec.resources.memory_bytes == 2 * 2**30
-    assert spec.population.max_pods == 4 and spec.round.env_steps == 20000
+    assert spec.population.max_pods == 4 and spec.round.env_steps == 4096
 
 
 def test_json_round_trip() -> None:
