@@ -3,6 +3,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
+# helm, kubectl, hadolint, checkov, Prometheus: the deploy checks run real tools (idempotent).
+"$root/scripts/install-deploy-tools.sh"
 cd "$root"
 venv="${PODIUM_VENV:-$root/.venv}"
 "$venv/bin/ruff" check .

@@ -32,8 +32,17 @@ class PodiumSettings(BaseSettings):
     )
 
     def token(self) -> str | None:
+        """The API token, or None when none is configured (an open, local-only API).
+
+        A token that is set but empty (an unset variable rendered into a Secret, an empty
+        file) is a configuration error, not "no auth": it raises instead of opening the API.
+        """
         if self.api_token is not None:
-            return self.api_token.get_secret_value()
-        if self.api_token_file is not None:
-            return self.api_token_file.read_text().strip()
-        return None
+            token, source = self.api_token.get_secret_value().strip(), "PODIUM_API_TOKEN"
+        elif self.api_token_file is not None:
+            token, source = self.api_token_file.read_text().strip(), str(self.api_token_file)
+        else:
+            return None
+        if not token:
+            raise ValueError(f"the API token from {source} is empty; set a token or unset it")
+        return token

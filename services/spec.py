@@ -8,6 +8,7 @@ property of the cluster, not of the spec.
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -114,6 +115,24 @@ class GeneratorSpec(_Model):
         _check_names("generator strategy", registry.GENERATORS, [v])
         return v
 
+    @model_validator(mode="after")
+    def _options(self) -> GeneratorSpec:
+        # Checked here, by the strategy's own options model, so a bad option is a 422 at
+        # submission rather than an experiment the leaderboard refuses later. Strategies are
+        # registered classes (podium.generators) and import nothing heavy.
+        from pydantic import ValidationError
+
+        from services.leaderboard.generator import load_strategy
+
+        try:
+            load_strategy(self.strategy, self.options)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '(options)'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(f"bad options for {self.strategy!r}: {problems}") from None
+        return self
+
 
 class Population(_Model):
     min_pods: int = Field(default=1, ge=1)
@@ -183,7 +202,7 @@ class ExperimentSpec(_Model):
     population: Population = Field(default_factory=Population)
     resources: Resources = Field(default_factory=Resources)
     round: Round = Field(default_factory=lambda: Round(env_steps=100_000))
-    target_reward: float | None = None
+    target_reward: float | None = Field(default=None, allow_inf_nan=False)
     top_k: int = Field(default=8, ge=1, le=1024, description="Leaderboard size.")
     budget: Budget = Field(default_factory=Budget)
     evaluation: Evaluation = Field(default_factory=Evaluation)
@@ -200,9 +219,9 @@ class ExperimentSpec(_Model):
     @classmethod
     def _algorithms(cls, v: dict[str, float]) -> dict[str, float]:
         _check_names("algorithm", registry.ALGORITHMS, list(v))
-        bad = [k for k, w in v.items() if not w > 0]
+        bad = [k for k, w in v.items() if not (w > 0 and math.isfinite(w))]
         if bad:
-            raise ValueError(f"weights must be > 0: {', '.join(bad)}")
+            raise ValueError(f"weights must be finite and > 0: {', '.join(bad)}")
         return v
 
 

@@ -6,6 +6,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from services.spec import ExperimentSpec, SpecError, load_spec, parse_quantity
@@ -36,14 +37,14 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_errors_name_the_file_and_every_field(tmp_path: Path) -> None:
     p = _write(
         tmp_path,
-        "name: ok\nenv: {name: Nope-v9}\nalgorithms: {sac: 1}\npopulation: {min_pods: 0}\n",
+        "name: ok\nenv: {name: Nope-v9}\nalgorithms: {a3c: 1}\npopulation: {min_pods: 0}\n",
     )
     with pytest.raises(SpecError) as e:
         load_spec(p)
     msg = str(e.value)
     assert str(p) in msg
     assert "env.name: Value error, unknown env 'Nope-v9'" in msg and "CartPole-v1" in msg
-    assert "algorithms: Value error, unknown algorithm 'sac'; known: ppo" in msg
+    assert "algorithms: Value error, unknown algorithm 'a3c'; known: " in msg and "ppo" in msg
     assert "population.min_pods:" in msg
 
 
@@ -97,3 +98,24 @@ def test_quantities() -> None:
     assert parse_quantity(3) == 3
     with pytest.raises(ValueError, match="not a resource quantity"):
         parse_quantity("2 GB")
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        (
+            {"generator": {"strategy": "pbt", "options": {"quantile": 7, "bogus": 1}}},
+            "generator",
+            "bogus: Extra inputs are not permitted",
+        ),
+        ({"algorithms": {"ppo": float("inf")}}, "algorithms", "finite and > 0"),
+        ({"target_reward": float("nan")}, "target_reward", "finite number"),
+    ],
+)
+def test_values_the_leaderboard_would_refuse_are_refused_here(change, field, message):
+    base = yaml.safe_load(EXAMPLE.read_text())
+    with pytest.raises(ValidationError) as info:
+        ExperimentSpec.model_validate({**base, **change})
+    errors = info.value.errors()
+    assert errors[0]["loc"][0] == field
+    assert message in str(info.value)

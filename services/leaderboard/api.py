@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import math
 from dataclasses import dataclass, field
@@ -12,12 +11,12 @@ import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from services.checkpoint_store import BlobNotFoundError, BlobStore
+from services.http import require_token
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService, download_path, load_strategy
 from services.leaderboard.metrics import LeaderboardMetrics
@@ -74,25 +73,6 @@ async def services(request: Request) -> Services:
 Svc = Annotated[Services, Depends(services)]
 ExperimentId = Annotated[str, Path(pattern=ID_PATTERN)]
 CandidateId = Annotated[str, Path(pattern=ID_PATTERN)]
-
-_bearer = HTTPBearer(auto_error=False, description="The API token (PODIUM_API_TOKEN).")
-
-
-async def require_token(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    expected: str | None = request.app.state.token
-    if expected is None:  # no token configured: a local, single-user install
-        return
-    given = credentials.credentials if credentials else ""
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(
-            status_code=401,
-            detail="missing or wrong bearer token",
-            headers={"WWW-Authenticate": 'Bearer realm="podium"'},
-        )
-
 
 api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
 root = APIRouter()

@@ -78,8 +78,9 @@ class SubmissionResult(_Input):
     algorithm: str = Field(pattern=ID_PATTERN)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     parent_id: str | None = Field(default=None, pattern=ID_PATTERN)
-    generation: int = Field(default=0, ge=0)
-    env_steps: int = Field(default=0, ge=0)
+    # Bounded so no single submission can overflow the experiment's running totals.
+    generation: int = Field(default=0, ge=0, le=10**9)
+    env_steps: int = Field(default=0, ge=0, le=10**15)
     score: float = Field(allow_inf_nan=False, description="The evaluator's mean return.")
     eval: EvalStats
     files: dict[str, str] = Field(

@@ -3,39 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from services.http import require_token
 from services.orchestrator import store as st
 from services.orchestrator.models import EventOut, ExperimentOut, State
 from services.orchestrator.reconciler import Reconciler
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Experiment, IdempotencyConflictError, Store
 from services.spec import ExperimentSpec, parse_quantity
-
-_bearer = HTTPBearer(auto_error=False)
-
-
-def require_token(
-    request: Request,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    expected: str | None = request.app.state.token
-    if expected is None:
-        return  # no token configured (local single-user mode; logged at start-up)
-    given = creds.credentials if creds is not None else ""
-    if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(
-            status_code=status.HTTP_401_UNAUTHORIZED,
-            detail="missing or invalid bearer token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
 

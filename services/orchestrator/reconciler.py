@@ -26,6 +26,8 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
+
 from services.logs import get_logger
 from services.orchestrator import metrics
 from services.orchestrator import store as st
@@ -435,6 +437,20 @@ class Reconciler:
             return True
         try:
             self.progress.register(exp.id, exp.spec)
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code >= 500:
+                status["launch_reason"] = f"leaderboard unavailable: {e}"
+                return False
+            # A 4xx is the leaderboard refusing this experiment: retrying cannot help.
+            self._end(
+                exp,
+                status,
+                st.FAILED,
+                f"the leaderboard refused the experiment ({e.response.status_code}): "
+                f"{e.response.text[:500]}",
+                time.time(),
+            )
+            return False
         except Exception as e:
             status["launch_reason"] = f"leaderboard unavailable: {e}"
             return False

@@ -21,7 +21,7 @@ def test_auth_is_required_on_the_api_but_not_on_probes(client: TestClient) -> No
     for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}):
         r = client.get("/api/v1/experiments", headers=headers)
         assert r.status_code == 401
-        assert r.headers["WWW-Authenticate"] == "Bearer"
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
     assert client.get("/livez", headers={"Authorization": ""}).status_code == 200
     assert client.get("/readyz", headers={"Authorization": ""}).json() == {"status": "ok"}
     assert client.get("/api/v1/openapi.json").json()["info"]["title"] == "Podium orchestrator"
@@ -125,7 +125,7 @@ def test_invalid_spec_is_422_naming_the_field(
         ({"env": {"name": "Nope-v0"}}, ("body", "env", "name"), "CartPole-v1"),
         ({"env": {"name": "os:system"}}, ("body", "env", "name"), "module:id syntax"),
         ({"env": {"name": "gym:evil.module:Env-v0"}}, ("body", "env", "name"), "not allowed"),
-        ({"algorithms": {"ppo": 1, "a2c": 1}}, ("body", "algorithms"), "'a2c'; known: ppo"),
+        ({"algorithms": {"ppo": 1, "a2c": 1}}, ("body", "algorithms"), "'a2c'; known: "),
         ({"generator": {"strategy": "mystery"}}, ("body", "generator", "strategy"), "pbt"),
     ],
 )

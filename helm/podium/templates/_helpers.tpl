@@ -1,0 +1,133 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "podium.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full release name: <release> or <release>-<chart> unless the release already says it. */}}
+{{- define "podium.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "podium.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The standard app.kubernetes.io labels. */}}
+{{- define "podium.labels" -}}
+helm.sh/chart: {{ include "podium.chart" . }}
+{{ include "podium.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: podium
+{{- end }}
+
+{{- define "podium.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "podium.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of one component: include "podium.componentLabels" (list . "orchestrator"). */}}
+{{- define "podium.componentLabels" -}}
+{{ include "podium.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "podium.componentSelector" -}}
+{{ include "podium.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "podium.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "podium.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Service account of training pods: no API access, no token mounted. */}}
+{{- define "podium.podServiceAccountName" -}}
+{{- printf "%s-pod" (include "podium.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "podium.tokenSecretName" -}}
+{{- default (printf "%s-api-token" (include "podium.fullname" .)) .Values.apiToken.existingSecret }}
+{{- end }}
+
+{{/* repository@digest when a digest is given, else repository:tag (tag defaults to appVersion). */}}
+{{- define "podium.image" -}}
+{{- $img := index . 0 }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $img.repository $img.digest }}
+{{- else }}
+{{- printf "%s:%s" $img.repository (default (index . 1).Chart.AppVersion $img.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "podium.controlPlaneImage" -}}
+{{- include "podium.image" (list .Values.image.controlPlane .) }}
+{{- end }}
+
+{{- define "podium.podImage" -}}
+{{- include "podium.image" (list .Values.image.pod .) }}
+{{- end }}
+
+{{- define "podium.redisUrl" -}}
+{{- if .Values.redis.enabled }}
+{{- printf "redis://%s-redis:6379/0" (include "podium.fullname" .) }}
+{{- else }}
+{{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl }}
+{{- end }}
+{{- end }}
+
+{{- define "podium.leaderboardUrl" -}}
+{{- printf "http://%s-leaderboard:%v" (include "podium.fullname" .) .Values.leaderboard.service.port }}
+{{- end }}
+
+{{- define "podium.checkpointClaim" -}}
+{{- default (printf "%s-checkpoints" (include "podium.fullname" .)) .Values.storage.persistence.existingClaim }}
+{{- end }}
+
+{{- define "podium.gpuClaimTemplateName" -}}
+{{- if .Values.pod.gpuClaimTemplate.create }}
+{{- default (printf "%s-gpu" (include "podium.fullname" .)) .Values.pod.gpuClaimTemplate.name }}
+{{- else }}
+{{- .Values.pod.gpuClaimTemplate.name }}
+{{- end }}
+{{- end }}
+
+{{/* Container security context of the chart's workloads. */}}
+{{- define "podium.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+{{- end }}
+
+{{/* Probes of an HTTP service: /livez (process up) and /readyz (Redis reachable). */}}
+{{- define "podium.httpProbes" -}}
+startupProbe:
+  httpGet: {path: /livez, port: http}
+  periodSeconds: 2
+  failureThreshold: 60
+livenessProbe:
+  httpGet: {path: /livez, port: http}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /readyz, port: http}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 3
+{{- end }}
