@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import redis.asyncio
 import redis.exceptions
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from services import redis_client
+from services.http import add_common_error_handlers
 from services.leaderboard.api import Services, api, root
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService
@@ -118,25 +118,7 @@ def _error(status: int, detail: str) -> JSONResponse:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        # Only where and what: echoing the input back could be huge, and a NaN in it is not
-        # even JSON.
-        detail = [
-            {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")}
-            for e in exc.errors()
-        ]
-        return JSONResponse({"detail": detail}, status_code=422)
-
-    @app.exception_handler(redis.exceptions.ConnectionError)
-    @app.exception_handler(redis.exceptions.TimeoutError)
-    async def redis_down(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("redis unavailable", error=repr(exc))
-        return JSONResponse(
-            {"detail": "leaderboard store (Redis) unavailable; nothing was changed, retry"},
-            status_code=503,
-            headers={"Retry-After": "1"},
-        )
+    add_common_error_handlers(app, "leaderboard store (Redis)")
 
     @app.exception_handler(UnknownExperimentError)
     async def unknown_experiment(_: Request, exc: UnknownExperimentError) -> JSONResponse:

@@ -148,11 +148,21 @@ class GaussianFit:
     covariance: np.ndarray
 
 
+def _unit_row(space: SearchSpace, names: list[str], h: dict[str, Any]) -> list[float] | None:
+    """``h`` in sampling coordinates, or None if it lacks a name or holds a non-finite or
+    non-numeric value: one odd submission must not stop (or steer) the fit."""
+    try:
+        row = [float(space[n].to_unit(h[n])) for n in names]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return row if all(math.isfinite(x) for x in row) else None
+
+
 def fit_gaussian(
     space: SearchSpace, elite: list[dict[str, Any]], min_std_fraction: float = 0.0
 ) -> GaussianFit:
     names = [n for n, d in space.items() if isinstance(d, NUMERIC)]
-    rows = [[space[n].to_unit(h[n]) for n in names] for h in elite if all(n in h for n in names)]
+    rows = [row for h in elite if (row := _unit_row(space, names, h)) is not None]
     x = np.asarray(rows, dtype=float).reshape(len(rows), len(names))
     mean = x.mean(axis=0) if len(rows) else np.zeros(len(names))
     cov = np.cov(x, rowvar=False, ddof=0).reshape(len(names), len(names)) if len(rows) > 1 else None
@@ -188,7 +198,10 @@ class CEMGenerator(Strategy):
         fit = fit_gaussian(
             ctx.search_space, [c.hyperparameters for c in elite], self.options.min_std_fraction
         )
-        if fit.names:
+        usable = sum(
+            _unit_row(ctx.search_space, fit.names, c.hyperparameters) is not None for c in elite
+        )
+        if fit.names and usable >= self.options.min_elite:
             np_rng = np.random.default_rng(ctx.rng.getrandbits(64))
             draw = np_rng.multivariate_normal(fit.mean, fit.covariance, method="eigh")
             for name, x in zip(fit.names, draw, strict=True):

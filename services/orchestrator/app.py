@@ -10,6 +10,7 @@ import redis
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.http import add_common_error_handlers
 from services.logs import get_logger
 from services.orchestrator.api import router
 from services.orchestrator.backends import Backend, make_backend
@@ -72,6 +73,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.include_router(router)
+    add_common_error_handlers(app, "orchestrator store (Redis)")
 
     @app.get("/livez", include_in_schema=False)
     def livez() -> dict[str, str]:

@@ -169,6 +169,28 @@ def test_cem_fits_the_elites_gaussian() -> None:
     assert np.corrcoef(out, rowvar=False)[0, 1] > 0.3
 
 
+def test_cem_ignores_unusable_elite_rows() -> None:
+    """A candidate whose hyperparameters are missing or not numbers neither breaks the fit nor
+    steers it; with too few usable rows CEM samples the space instead of collapsing."""
+    rng = random.Random(8)
+    space = {k: SPACE[k] for k in ("lr", "gamma")}
+    good = [{"lr": 1e-4 * (1 + 0.01 * i), "gamma": 0.98} for i in range(6)]
+    odd = [{"lr": "fast", "gamma": 0.95}, {"gamma": 0.91}, {"lr": float("nan"), "gamma": 0.9}]
+    views = [CandidateView(f"c{i}", "ppo", h, 0, 0.0) for i, h in enumerate(odd + good)]
+    cem = CEMGenerator({"min_std_fraction": 0.01})
+    lrs = [
+        cem.propose(Context("e", "ppo", space, views, 9, rng)).hyperparameters["lr"]
+        for _ in range(200)
+    ]
+    assert abs(np.median(np.log10(lrs)) + 4) < 0.3  # fitted to the six usable rows
+    only_odd = [CandidateView(f"o{i}", "ppo", h, 0, 0.0) for i, h in enumerate(odd)]
+    lrs = [
+        cem.propose(Context("e", "ppo", space, only_odd, 3, rng)).hyperparameters["lr"]
+        for _ in range(200)
+    ]
+    assert len(set(lrs)) > 100 and min(lrs) < 1e-3 < max(lrs)  # the prior, not one bound
+
+
 def test_cem_categorical_follows_the_elite() -> None:
     rng = random.Random(7)
     elite = [

@@ -35,6 +35,25 @@ def test_readyz_is_503_when_redis_is_unreachable(client: TestClient) -> None:
     assert r.status_code == 503 and r.json()["status"] == "unavailable"
 
 
+def test_api_is_503_when_redis_is_down(client: TestClient) -> None:
+    import redis
+
+    from services.orchestrator.store import Store
+
+    real = client.app.state.store
+    client.app.state.store = Store(
+        redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry_on_timeout=False)
+    )
+    try:
+        r = client.post("/api/v1/experiments", json=spec("down"))
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert "nothing was changed" in r.json()["detail"]
+        assert client.get("/api/v1/experiments").status_code == 503
+    finally:
+        client.app.state.store = real
+    assert client.get("/api/v1/experiments").status_code == 200
+
+
 def test_metrics_count_created_pods(client: TestClient) -> None:
     from tests.orchestrator.conftest import wait_for
 
