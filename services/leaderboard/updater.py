@@ -92,7 +92,11 @@ async def read_submission(
         raise PayloadTooLargeError(max_bytes)
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
-        body = b"".join([c async for c in _limited(request, max_bytes)])
+        # Metadata only: held in memory, so bounded like a multipart field, not like an upload.
+        limit = min(max_bytes, _MultipartForm.MAX_FIELD_BYTES)
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise PayloadTooLargeError(limit)
+        body = b"".join([c async for c in _limited(request, limit)])
         result = parse_result(body)
         if result.files:
             raise _validation_error(("files",), "declared files need a multipart upload")

@@ -128,6 +128,17 @@ def test_upload_over_limit_is_413_and_nothing_stored(tmp_path: Path) -> None:
         assert r.status_code == 200 and r.json()["accepted"]
 
 
+def test_metadata_only_json_is_bounded_like_a_field_not_like_an_upload(client: TestClient) -> None:
+    """A JSON result is held in memory: it gets the 1 MiB field limit, not the upload limit."""
+    client.put(f"{API}/e", json=experiment())
+    body = json.dumps({**result("s1", 1.0), "hyperparameters": {"x": "y" * (2 << 20)}})
+    r = client.post(
+        f"{API}/e/submissions", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 413
+    assert board(client) == []
+
+
 def test_hash_mismatch_is_400_and_nothing_stored(client: TestClient, lb_settings) -> None:
     client.put(f"{API}/e", json=experiment())
     declared = {"actor": b"what I said", "critic": b"critic"}
