@@ -10,6 +10,7 @@ import redis
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services import redis_client
 from services.http import add_common_error_handlers
 from services.logs import get_logger
 from services.orchestrator.api import router
@@ -63,6 +64,8 @@ def create_app(
             reconciler.stop()
             be.close()
             r.close()
+            # The embedded Redis (no REDIS_URL) stops with its last user, data saved.
+            await asyncio.to_thread(redis_client.stop, settings)
 
     app = FastAPI(
         title="Podium orchestrator",
