@@ -402,6 +402,8 @@ async def lineage(experiment_id: ExperimentId, svc: Svc) -> Lineage:
             parent_id=e.get("parent_id") or None,
             algorithm=e.get("algorithm", ""),
             generation=int(e.get("generation", 0)),
+            pod_id=e.get("pod_id", ""),
+            env_steps=int(e.get("env_steps", 0)),
             score=float(e["score"]),
             status="evicted" if cid in evicted else "active",
             created_at=float(e.get("time", 0)),

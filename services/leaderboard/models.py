@@ -206,6 +206,8 @@ class LineageNode(BaseModel):
     parent_id: str | None
     algorithm: str
     generation: int
+    pod_id: str = ""
+    env_steps: int = Field(default=0, description="The pod's env steps when it submitted.")
     score: float
     status: Literal["active", "evicted"]
     created_at: float

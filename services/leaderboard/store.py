@@ -145,7 +145,7 @@ for _, sha in ipairs(shas) do
 end
 redis.call('XADD', KEYS[4], '*', 'event', 'insert', 'candidate_id', cid, 'parent_id', ARGV[8],
   'generation', ARGV[9], 'algorithm', ARGV[10], 'score', ARGV[3], 'submission_id', ARGV[1],
-  'pod_id', ARGV[11], 'time', now)
+  'pod_id', ARGV[11], 'env_steps', ARGV[12], 'time', now)
 local evicted = evict_to(KEYS[2], KEYS[5], KEYS[6], KEYS[4], ARGV[4], k, sign, now, cid)
 redis.call('HSET', KEYS[1], 'version', redis.call('INCR', 'podium:lb:version'))
 local rank = redis.call('ZREVRANK', KEYS[2], cid) + 1

@@ -163,11 +163,15 @@ def test_files_upload_download_and_lineage(client: TestClient) -> None:
     assert manifest["parent_id"] == root_id and manifest["generation"] == 1
     assert manifest["decision"] == "explore" and manifest["lease_id"]
     assert set(manifest["checkpoint"]["files"]) == set(files)
+    for name, f in manifest["checkpoint"]["files"].items():  # the parent's weights, no copy
+        assert f["sha256"] == cand["files"][name]["sha256"]
+        assert f["uri"] == cand["files"][name]["uri"]
     child = result(
         "s1", 2.0, parent_id=root_id, generation=1, hyperparameters=manifest["hyperparameters"]
     )
     child_id = client.post(f"{API}/e/submissions", json=child).json()["candidate_id"]
     grandchild = result("s2", 3.0, parent_id=child_id, generation=2)
+    grandchild["pod_id"], grandchild["env_steps"] = "pod-7", 12345
     gc_id = client.post(f"{API}/e/submissions", json=grandchild).json()["candidate_id"]
     other = client.post(f"{API}/e/submissions", json=result("s3", 0.5)).json()["candidate_id"]
 
@@ -176,6 +180,8 @@ def test_files_upload_download_and_lineage(client: TestClient) -> None:
     assert set(roots) == {root_id, other}
     assert [c["candidate_id"] for c in roots[root_id]["children"]] == [child_id]
     assert [c["candidate_id"] for c in roots[root_id]["children"][0]["children"]] == [gc_id]
+    gc_node = roots[root_id]["children"][0]["children"][0]
+    assert (gc_node["pod_id"], gc_node["env_steps"], gc_node["generation"]) == ("pod-7", 12345, 2)
     # 4 inserts + the generator's exploit and explore decisions.
     assert tree["events"] == 6
     client.put(f"{API}/other", json=experiment())
