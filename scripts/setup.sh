@@ -24,6 +24,9 @@ fi
 stamp="$venv/.podium-installed"
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   echo "[setup] installing Podium and its dependencies into $venv" >&2
+  # A stale *.egg-info in the source tree shadows the installed entry points (envs,
+  # algorithms, generators) for anything run from the repo root: drop it, the install rewrites it.
+  rm -rf "$root"/*.egg-info
   # torch first, pinned: pyproject keeps a range, and with 2.13.0 present pip adds nothing more
   # (no multi-GB CUDA wheels pulled in by a bare requirement).
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"

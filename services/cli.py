@@ -898,11 +898,13 @@ def logs(
     ] = None,
     tail: Annotated[int, typer.Option(help="Lines per pod.")] = 50,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new lines.")
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines (local files).")
     ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
     data_dir: DataDirOpt = Path("data"),
 ) -> None:
-    """Pod logs of the embedded platform (files under DATA_DIR/experiments/ID/pods)."""
+    """Pod logs: the embedded platform's files under DATA_DIR, else the orchestrator's API."""
     from collections import deque
 
     pods_dir = data_dir / "experiments" / experiment / "pods"
@@ -910,13 +912,20 @@ def logs(
         sorted(pods_dir.glob("*.log"), key=lambda p: p.stat().st_mtime) if pods_dir.is_dir() else []
     )
     if not files:
-        raise fail(
-            f"no pod logs for experiment {experiment} under {pods_dir}. Pod logs are files of "
-            "the embedded platform: pass its --data-dir (`podium run` uses OUT/data). The "
-            "orchestrator API has no pod-logs endpoint; on Kubernetes use `kubectl logs -l "
-            f"podium.dev/experiment={experiment} --all-containers`",
-            1,
-        )
+        if follow:
+            raise fail(f"--follow reads local pod logs and there are none under {pods_dir}")
+        with api_errors(), _client(url, token, None, data_dir) as client:
+            if pod is not None:
+                pods = [pod]
+            else:
+                pods = [p["pod_id"] for p in client.experiment(experiment)["pods"]]
+            if not pods:
+                raise fail(f"experiment {experiment} has no pods now", 1)
+            for pod_id in pods:
+                if len(pods) > 1:
+                    typer.secho(f"==> pod {pod_id} <==", bold=True)
+                typer.echo(client.pod_logs(experiment, pod_id, tail), nl=False)
+        return
     if pod is not None:
         files = [f for f in files if f.stem == pod]
         if not files:

@@ -245,6 +245,12 @@ class PodiumClient:
     def cancel(self, exp_id: str) -> dict[str, Any]:
         return self.orchestrator.json("POST", f"/experiments/{exp_id}/cancel")
 
+    def pod_logs(self, exp_id: str, pod_id: str, tail: int = 50) -> str:
+        resp = self.orchestrator.request(
+            "GET", f"/experiments/{exp_id}/pods/{pod_id}/logs", "pod logs", params={"tail": tail}
+        )
+        return resp.text
+
     def events(self, exp_id: str, limit: int = 1000) -> list[dict[str, Any]]:
         return self.orchestrator.json(
             "GET", f"/experiments/{exp_id}/events", params={"limit": limit}

@@ -296,10 +296,13 @@ def test_logs_of_the_embedded_platform(cli: Any, tmp_path: Path, platform: Platf
         assert f"pod {pod} of {exp_id} started" in logs.stdout
         one = podium("logs", exp_id, pod, "--tail", "1", "--data-dir", str(platform.data_dir))
         assert one.stdout.count("\n") == 1 and "started" in one.stdout
+        # Without the files (as against a cluster): through the orchestrator's API.
+        remote = cli("logs", exp_id, pod, "--tail", "3", leaderboard=False)
+        assert remote.returncode == 0, remote.stderr
+        assert f"pod {pod} of {exp_id} started" in remote.stdout
         c.post(f"/experiments/{exp_id}/cancel")
-    missing = podium("logs", "nope", "--data-dir", str(platform.data_dir))
-    assert missing.returncode == 1
-    assert "no pod-logs endpoint" in missing.stderr and "kubectl logs" in missing.stderr
+    missing = cli("logs", "nope", leaderboard=False)
+    assert missing.returncode != 0 and "not found" in missing.stderr
 
 
 # -- bad input -----------------------------------------------------------------------------------

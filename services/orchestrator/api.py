@@ -6,8 +6,9 @@ import hashlib
 import secrets
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
 
 from services.http import require_token
 from services.orchestrator import store as st
@@ -153,3 +154,22 @@ def experiment_events(
     store = _store(request)
     _get(store, exp_id)
     return store.events(exp_id, after=after, limit=limit)
+
+
+@router.get(
+    "/experiments/{exp_id}/pods/{pod_id}/logs",
+    response_class=PlainTextResponse,
+    summary="The last lines of a pod's log",
+    description="Local backend: the pod's log file; Kubernetes: `pods/log` of its containers.",
+)
+def pod_logs(
+    exp_id: str,
+    pod_id: Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)],
+    request: Request,
+    tail: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> str:
+    _get(_store(request), exp_id)
+    text = request.app.state.backend.pod_log_tail(exp_id, pod_id, tail)
+    if not text:
+        raise HTTPException(status_code=404, detail=f"no logs for pod {pod_id!r} of {exp_id!r}")
+    return text + "\n"

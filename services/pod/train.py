@@ -97,6 +97,24 @@ PRESETS: dict[str, dict[str, Any]] = {
             "log_std_init": -1.0,
         },
     },
+    # FinRL-style trading on the synthetic market (services/pod/envs/stock_trading.py).
+    "StockTrading-v0": {
+        "total_env_steps": 300_000,
+        "eval_every_steps": 32_768,
+        "env_kwargs": {"market_seed": 0, "num_stocks": 5, "episode_length": 252},
+        "ppo": {
+            "num_envs": 32,
+            "num_steps": 64,
+            "learning_rate": 3e-4,
+            "gamma": 0.99,
+            "gae_lambda": 0.95,
+            "num_minibatches": 8,
+            "update_epochs": 5,
+            "norm_obs": True,
+            "norm_reward": True,
+            "log_std_init": -0.5,
+        },
+    },
 }
 
 

@@ -54,6 +54,25 @@ def test_api_is_503_when_redis_is_down(client: TestClient) -> None:
     assert client.get("/api/v1/experiments").status_code == 200
 
 
+def test_pod_logs_endpoint(client: TestClient) -> None:
+    from tests.orchestrator.conftest import wait_for
+
+    exp_id = client.post("/api/v1/experiments", json=spec("logs")).json()["id"]
+    pods = wait_for(lambda: client.get(f"/api/v1/experiments/{exp_id}").json()["pods"])
+    pod_id = pods[0]["pod_id"]
+
+    def text() -> str | None:
+        r = client.get(f"/api/v1/experiments/{exp_id}/pods/{pod_id}/logs", params={"tail": 5})
+        return r.text if r.status_code == 200 else None
+
+    assert f"pod {pod_id} of {exp_id} started" in wait_for(text)
+    assert client.get(f"/api/v1/experiments/{exp_id}/pods/nosuchpod/logs").status_code == 404
+    assert client.get(f"/api/v1/experiments/{exp_id}/pods/..%2Fx/logs").status_code in (404, 422)
+    r = client.get(f"/api/v1/experiments/{exp_id}/pods/{pod_id}/logs", params={"tail": 0})
+    assert r.status_code == 422
+    assert client.get(f"/api/v1/experiments/nope/pods/{pod_id}/logs").status_code == 404
+
+
 def test_metrics_count_created_pods(client: TestClient) -> None:
     from tests.orchestrator.conftest import wait_for
 

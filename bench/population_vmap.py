@@ -1,0 +1,98 @@
+"""Population update step: P PPO agents vmapped (torch.func) vs a Python loop over P agents.
+
+One "update step" is a full PPO update of every agent on its own rollout (per agent: 16 envs x
+16 steps = 256 samples, 4 epochs x 4 minibatches of 64 = 16 gradient steps; tanh MLPs). The
+vmapped population (services/pod/population.py) and P separate ``PPO`` agents
+(services/pod/algorithms/ppo.py, fused Adam) update on the same CartPole rollouts, alternating
+in the same process. Per seed the median of ``--repeats`` timings; printed: medians over seeds
+of those times, their ratio, and the median over seeds of the per-seed ratios.
+
+    python bench/population_vmap.py                       # P = 1 8 32 64, 64x64 and 256x256
+    python bench/population_vmap.py --sizes 8 --hidden 64 --seeds 1   # quick look
+    python bench/population_vmap.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from services.pod.algorithms.ppo import PPO, PPOConfig
+from services.pod.population import build_population
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure(p: int, hidden: int, seed: int, device: str, repeats: int) -> tuple[float, float]:
+    cfg = PPOConfig(
+        num_envs=16,
+        num_steps=16,
+        num_minibatches=4,
+        update_epochs=4,
+        hidden_sizes=[hidden, hidden],
+        anneal_lr=False,
+    )
+    hps = [{"learning_rate": 3e-4 * (1 + i % 4), "ent_coef": 0.01 * (i % 3)} for i in range(p)]
+    pop = build_population("CartPole-v1", cfg, hps, seed=seed, eval_episodes=1, device=device)
+    loop = []
+    for i, hp in enumerate(hps):
+        torch.manual_seed(seed + i)
+        space = pop.env.single_observation_space, pop.env.single_action_space
+        agent = PPO(*space, cfg.model_copy(update=hp))
+        loop.append(agent.to(device))
+    rollout = pop.collect()
+    parts = [rollout.agent(i) for i in range(p)]
+    # Warm-up (allocator, vmap's first trace), then alternate the two so drift hits both.
+    pop.update(rollout)
+    for agent, part in zip(loop, parts, strict=True):
+        agent.update(part)
+    t_vmap, t_loop = [], []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        pop.update(rollout)
+        sync(device)
+        t_vmap.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for agent, part in zip(loop, parts, strict=True):
+            agent.update(part)
+        sync(device)
+        t_loop.append(time.perf_counter() - start)
+    return statistics.median(t_vmap), statistics.median(t_loop)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, device {args.device}, threads {args.threads}")
+    print("| MLP | P | vmap (ms) | loop (ms) | loop / vmap | median ratio | per-seed ratios |")
+    print("|---|---|---|---|---|---|---|")
+    for hidden in args.hidden:
+        for p in args.sizes:
+            runs = [measure(p, hidden, s, args.device, args.repeats) for s in range(args.seeds)]
+            v = statistics.median(r[0] for r in runs)
+            lo = statistics.median(r[1] for r in runs)
+            ratios = [r[1] / r[0] for r in runs]
+            listed = " / ".join(f"{r:.1f}" for r in ratios)
+            print(
+                f"| {hidden}x{hidden} | {p} | {v * 1e3:.1f} | {lo * 1e3:.1f} | {lo / v:.1f}x | "
+                f"**{statistics.median(ratios):.1f}x** | {listed} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

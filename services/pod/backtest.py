@@ -1,0 +1,92 @@
+"""Backtest metrics of a trading agent, and the buy-and-hold baseline it is compared with.
+
+Metrics follow pyfolio/empyrical (which FinRL reports), from an account-value series
+``V_0 .. V_n`` of one value per trading day, with daily returns ``r_t = V_t / V_{t-1} - 1``:
+
+* cumulative return ``V_n / V_0 - 1``;
+* annual return (CAGR) ``(V_n / V_0) ** (252 / n) - 1``;
+* annual volatility ``std(r, ddof=1) * sqrt(252)``;
+* Sharpe ratio ``mean(r) / std(r, ddof=1) * sqrt(252)`` (risk-free rate 0, as FinRL);
+* max drawdown ``min_t (V_t / max_{u<=t} V_u - 1)``, a fraction <= 0;
+* Calmar ratio ``annual return / |max drawdown|`` (NaN without a drawdown).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from services.pod.envs.market import TRADING_DAYS_PER_YEAR
+from services.pod.envs.stock_trading import StockTradingEnv
+
+
+@dataclass(frozen=True)
+class BacktestMetrics:
+    cumulative_return: float
+    annual_return: float
+    annual_volatility: float
+    sharpe: float
+    max_drawdown: float
+    calmar: float
+    days: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def metrics(
+    account_values: np.ndarray | list[float], periods_per_year: int = TRADING_DAYS_PER_YEAR
+) -> BacktestMetrics:
+    """The metrics of the module docstring for one account-value series (>= 2 values)."""
+    values = np.asarray(account_values, dtype=np.float64)
+    if values.ndim != 1 or len(values) < 2:
+        raise ValueError("account_values must be a 1-D series of at least 2 values")
+    if not np.all(np.isfinite(values)) or np.any(values <= 0):
+        raise ValueError("account_values must be finite and > 0")
+    returns = values[1:] / values[:-1] - 1.0
+    n = len(returns)
+    growth = values[-1] / values[0]
+    annual_return = growth ** (periods_per_year / n) - 1.0
+    std = float(returns.std(ddof=1)) if n > 1 else 0.0
+    sharpe = float(returns.mean()) / std * math.sqrt(periods_per_year) if std > 0 else math.nan
+    drawdown = float((values / np.maximum.accumulate(values) - 1.0).min())
+    calmar = annual_return / -drawdown if drawdown < 0 else math.nan
+    return BacktestMetrics(
+        cumulative_return=float(growth - 1.0),
+        annual_return=float(annual_return),
+        annual_volatility=std * math.sqrt(periods_per_year),
+        sharpe=sharpe,
+        max_drawdown=drawdown,
+        calmar=float(calmar),
+        days=n,
+    )
+
+
+def buy_and_hold(
+    close: np.ndarray, initial_amount: float = 1_000_000.0, transaction_cost: float = 0.001
+) -> np.ndarray:
+    """Account values of the baseline: equal cash per stock, whole shares bought at the first
+    close (paying the transaction cost), then held. ``close``: (T, S); returns (T,)."""
+    close = np.asarray(close, dtype=np.float64)
+    per_stock = initial_amount / close.shape[1]
+    shares = np.floor(per_stock / (close[0] * (1.0 + transaction_cost)))
+    cash = initial_amount - float((shares * close[0]).sum()) * (1.0 + transaction_cost)
+    return cash + close @ shares
+
+
+@torch.no_grad()
+def run_backtest(env: StockTradingEnv, act: Callable[[torch.Tensor], torch.Tensor]) -> np.ndarray:
+    """Account values of sub-environment 0 over one episode of ``env`` (a backtest-mode env
+    gives the whole held-out period), acting with ``act(obs) -> actions``."""
+    obs, _ = env.reset()
+    start_value = float(env.account_value()[0])
+    values = [start_value]
+    assert env.max_episode_steps is not None
+    for _ in range(env.max_episode_steps):
+        obs, _, _, _, _ = env.step(act(obs))
+        values.append(float(env.last_account_value[0]))
+    return np.asarray(values)

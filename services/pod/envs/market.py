@@ -1,0 +1,304 @@
+"""Market data for the stock-trading env: a synthetic market and a loader for users' OHLCV files.
+
+Nothing is downloaded. ``synthetic_market(seed)`` is a deterministic market of several
+correlated stocks: daily log-returns are a common market factor plus an idiosyncratic part,
+each stock's drift is a slow, persistent AR(1) process (trends that last weeks to months) on
+top of a market-wide bull/bear regime, so momentum indicators carry some signal and there is
+something for an agent to learn. ``load_csv(path)`` reads the user's own data.
+
+CSV format (one row per trading day and ticker; header required; extra columns ignored):
+
+======== ===================================================================
+column   meaning
+======== ===================================================================
+date     trading day, ISO ``YYYY-MM-DD``
+tic      ticker symbol (any non-empty string)
+open     opening price, > 0
+high     highest price of the day, >= max(open, close, low)
+low      lowest price of the day, > 0
+close    closing price, > 0 (the price trades are made at)
+volume   traded volume, >= 0
+======== ===================================================================
+
+Every date must list every ticker (a balanced panel, as FinRL requires); a bad row is reported
+with its line number and what is wrong with it.
+
+Technical indicators (per stock, causal: day t uses days <= t only, so splitting after the
+computation leaks nothing from the backtest period into training), a documented subset of
+FinRL's defaults: ``macd`` (EMA12 - EMA26 of the close), ``rsi_30`` (Wilder's RSI over 30
+days, 0..100), ``cci_30`` (commodity channel index over 30 days), ``dx_30`` (directional
+movement index over 30 days, 0..100). The first days, before a window is full, use the days
+available.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+INDICATORS = ("macd", "rsi_30", "cci_30", "dx_30")
+CSV_COLUMNS = ("date", "tic", "open", "high", "low", "close", "volume")
+TRADING_DAYS_PER_YEAR = 252
+
+
+class MarketDataError(ValueError):
+    """Market data that cannot be used: missing columns, bad rows, unbalanced panel."""
+
+
+@dataclass(frozen=True)
+class MarketData:
+    """A panel of T trading days x S stocks; every array is (T, S) except as noted."""
+
+    dates: np.ndarray  # (T,) datetime64[D], strictly increasing
+    tickers: tuple[str, ...]
+    open: np.ndarray
+    high: np.ndarray
+    low: np.ndarray
+    close: np.ndarray
+    volume: np.ndarray
+    indicators: np.ndarray  # (T, S, len(INDICATORS))
+
+    @property
+    def num_days(self) -> int:
+        return len(self.dates)
+
+    @property
+    def num_stocks(self) -> int:
+        return len(self.tickers)
+
+    def slice(self, start: int, stop: int) -> MarketData:
+        """Days ``start:stop`` (indicators keep the values computed on the full history)."""
+        if not 0 <= start < stop <= self.num_days:
+            raise ValueError(f"bad day range [{start}, {stop}) for {self.num_days} days")
+        s = slice(start, stop)
+        return MarketData(
+            dates=self.dates[s],
+            tickers=self.tickers,
+            open=self.open[s],
+            high=self.high[s],
+            low=self.low[s],
+            close=self.close[s],
+            volume=self.volume[s],
+            indicators=self.indicators[s],
+        )
+
+    def split(self, date: str | np.datetime64) -> tuple[MarketData, MarketData]:
+        """(train, backtest): days before ``date`` and days from ``date`` on."""
+        cut = int(np.searchsorted(self.dates, np.datetime64(date, "D")))
+        if cut < 2 or cut > self.num_days - 2:
+            raise ValueError(
+                f"split date {date} leaves fewer than 2 days on one side "
+                f"(data spans {self.dates[0]} .. {self.dates[-1]})"
+            )
+        return self.slice(0, cut), self.slice(cut, self.num_days)
+
+    def default_split_date(self, train_fraction: float = 0.8) -> np.datetime64:
+        return self.dates[int(self.num_days * train_fraction)]
+
+
+# -- indicators --------------------------------------------------------------------------------
+def _ema(x: np.ndarray, span: int | None = None, alpha: float | None = None) -> np.ndarray:
+    """Exponential moving average along axis 0, started at the first value (adjust=False)."""
+    a = alpha if alpha is not None else 2.0 / (span + 1)  # type: ignore[operator]
+    out = np.empty_like(x)
+    out[0] = x[0]
+    for t in range(1, len(x)):
+        out[t] = a * x[t] + (1 - a) * out[t - 1]
+    return out
+
+
+def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """Mean over the last ``window`` days (fewer at the start), along axis 0."""
+    c = np.cumsum(x, axis=0)
+    out = c.copy()
+    out[window:] = c[window:] - c[:-window]
+    counts = np.minimum(np.arange(1, len(x) + 1), window).reshape(-1, *([1] * (x.ndim - 1)))
+    return out / counts
+
+
+def compute_indicators(
+    high: np.ndarray, low: np.ndarray, close: np.ndarray, window: int = 30
+) -> np.ndarray:
+    """MACD, RSI, CCI and DX (see the module docstring) as (T, S, 4)."""
+    macd = _ema(close, span=12) - _ema(close, span=26)
+
+    change = np.diff(close, axis=0, prepend=close[:1])
+    gain = _ema(np.maximum(change, 0.0), alpha=1.0 / window)
+    loss = _ema(np.maximum(-change, 0.0), alpha=1.0 / window)
+    rsi = np.where(gain + loss > 0, 100.0 * gain / np.maximum(gain + loss, 1e-12), 50.0)
+
+    typical = (high + low + close) / 3.0
+    sma = rolling_mean(typical, window)
+    # Mean absolute deviation from the current window's mean.
+    mad = np.empty_like(typical)
+    for t in range(min(window - 1, len(typical))):  # the first, shorter windows
+        mad[t] = np.abs(typical[: t + 1] - sma[t]).mean(axis=0)
+    if len(typical) >= window:
+        windows = np.lib.stride_tricks.sliding_window_view(typical, window, axis=0)
+        mad[window - 1 :] = np.abs(windows - sma[window - 1 :, ..., None]).mean(axis=-1)
+    cci = np.where(mad > 0, (typical - sma) / (0.015 * np.maximum(mad, 1e-12)), 0.0)
+
+    prev_close = np.concatenate([close[:1], close[:-1]])
+    prev_high = np.concatenate([high[:1], high[:-1]])
+    prev_low = np.concatenate([low[:1], low[:-1]])
+    up, down = high - prev_high, prev_low - low
+    plus_dm = np.where((up > down) & (up > 0), up, 0.0)
+    minus_dm = np.where((down > up) & (down > 0), down, 0.0)
+    true_range = np.maximum.reduce(
+        [high - low, np.abs(high - prev_close), np.abs(low - prev_close)]
+    )
+    atr = _ema(true_range, alpha=1.0 / window)
+    plus_di = 100.0 * _ema(plus_dm, alpha=1.0 / window) / np.maximum(atr, 1e-12)
+    minus_di = 100.0 * _ema(minus_dm, alpha=1.0 / window) / np.maximum(atr, 1e-12)
+    di_sum = plus_di + minus_di
+    dx = np.where(di_sum > 0, 100.0 * np.abs(plus_di - minus_di) / np.maximum(di_sum, 1e-12), 0.0)
+    return np.stack([macd, rsi, cci, dx], axis=-1)
+
+
+# -- synthetic market --------------------------------------------------------------------------
+def synthetic_market(
+    seed: int = 0,
+    num_stocks: int = 5,
+    num_days: int = 2520,
+    start: str = "2010-01-04",
+) -> MarketData:
+    """A deterministic market: same arguments, same data, on every machine.
+
+    Log-returns: ``r[t, s] = regime_drift[t] + drift[t, s] + beta_s * m[t] + e[t, s]`` with a
+    common factor ``m`` (daily vol 1%), idiosyncratic noise ``e`` (daily vol 1%), a bull/bear
+    regime switching on average every ~120 days (±0.05%/day) and a per-stock drift that is a
+    slow AR(1) (φ = 0.995, stationary std 0.15%/day): trends persist for months, so they are
+    visible to MACD/RSI while each day is still mostly noise.
+    """
+    if num_stocks < 1 or num_days < 60:
+        raise ValueError("synthetic_market needs num_stocks >= 1 and num_days >= 60")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED]))
+    phi, drift_std = 0.995, 0.0015
+    drift = np.empty((num_days, num_stocks))
+    drift[0] = rng.normal(0.0, drift_std, num_stocks)
+    shocks = rng.normal(0.0, drift_std * math.sqrt(1 - phi**2), (num_days, num_stocks))
+    for t in range(1, num_days):
+        drift[t] = phi * drift[t - 1] + shocks[t]
+    regime = np.empty(num_days)
+    state = 1.0
+    switches = rng.random(num_days) < 1.0 / 120
+    for t in range(num_days):
+        state = -state if switches[t] else state
+        regime[t] = state * 0.0005
+    beta = rng.uniform(0.6, 1.4, num_stocks)
+    market = rng.normal(0.0, 0.01, num_days)
+    idio = rng.normal(0.0, 0.01, (num_days, num_stocks))
+    log_ret = regime[:, None] + drift + beta * market[:, None] + idio
+    log_ret[0] = 0.0
+    start_price = rng.uniform(20.0, 200.0, num_stocks)
+    close = start_price * np.exp(np.cumsum(log_ret, axis=0))
+    gap = rng.normal(0.0, 0.003, (num_days, num_stocks))
+    open_ = np.concatenate([start_price[None], close[:-1]]) * np.exp(gap)
+    wick = np.abs(rng.normal(0.0, 0.006, (2, num_days, num_stocks)))
+    high = np.maximum(open_, close) * np.exp(wick[0])
+    low = np.minimum(open_, close) * np.exp(-wick[1])
+    volume = np.round(1e6 * np.exp(rng.normal(0.0, 0.3, (num_days, num_stocks)))) * (
+        1.0 + 20.0 * np.abs(log_ret)
+    )
+    dates = np.busday_offset(np.datetime64(start, "D"), np.arange(num_days), roll="forward")
+    return MarketData(
+        dates=dates,
+        tickers=tuple(f"SYN{i}" for i in range(num_stocks)),
+        open=open_,
+        high=high,
+        low=low,
+        close=close,
+        volume=np.round(volume),
+        indicators=compute_indicators(high, low, close),
+    )
+
+
+# -- CSV loader --------------------------------------------------------------------------------
+def load_csv(path: str | Path) -> MarketData:
+    """Read OHLCV rows (columns in the module docstring) into a ``MarketData``.
+
+    Raises ``MarketDataError`` naming missing columns, or the line and the problem of a bad row.
+    """
+    path = Path(path)
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise MarketDataError(f"cannot read market data file {path}: {exc.strerror}") from exc
+    with handle:
+        reader = csv.DictReader(handle)
+        header = [h.strip() for h in reader.fieldnames or []]
+        missing = [c for c in CSV_COLUMNS if c not in header]
+        if missing:
+            raise MarketDataError(
+                f"{path}: missing column(s) {', '.join(missing)}; expected "
+                f"{', '.join(CSV_COLUMNS)} (found {', '.join(header) or 'no header'})"
+            )
+        reader.fieldnames = header
+        rows: dict[tuple[np.datetime64, str], tuple[float, ...]] = {}
+        for line, row in enumerate(reader, start=2):
+            rows_key, values = _parse_row(path, line, row)
+            if rows_key in rows:
+                raise MarketDataError(
+                    f"{path}:{line}: duplicate row for date {rows_key[0]} tic {rows_key[1]}"
+                )
+            rows[rows_key] = values
+    if not rows:
+        raise MarketDataError(f"{path}: no data rows")
+    dates = np.array(sorted({d for d, _ in rows}), dtype="datetime64[D]")
+    tickers = tuple(sorted({t for _, t in rows}))
+    for d in dates:
+        absent = [t for t in tickers if (d, t) not in rows]
+        if absent:
+            raise MarketDataError(
+                f"{path}: date {d} has no row for tic {', '.join(absent)} (every date must "
+                "list every ticker)"
+            )
+    if len(dates) < 2:
+        raise MarketDataError(f"{path}: need at least 2 trading days, found {len(dates)}")
+    table = np.array([[rows[(d, t)] for t in tickers] for d in dates])  # (T, S, 5)
+    open_, high, low, close, volume = np.moveaxis(table, -1, 0)
+    return MarketData(
+        dates=dates,
+        tickers=tickers,
+        open=open_,
+        high=high,
+        low=low,
+        close=close,
+        volume=volume,
+        indicators=compute_indicators(high, low, close),
+    )
+
+
+def _parse_row(
+    path: Path, line: int, row: dict[str, str | None]
+) -> tuple[tuple[np.datetime64, str], tuple[float, ...]]:
+    where = f"{path}:{line}"
+    empty = [c for c in CSV_COLUMNS if not (row.get(c) or "").strip()]
+    if empty:
+        raise MarketDataError(f"{where}: empty value in column(s) {', '.join(empty)}")
+    try:
+        date = np.datetime64((row["date"] or "").strip(), "D")
+    except ValueError as exc:
+        raise MarketDataError(f"{where}: date {row['date']!r} is not YYYY-MM-DD") from exc
+    values = []
+    for column in ("open", "high", "low", "close", "volume"):
+        text = (row[column] or "").strip()
+        try:
+            value = float(text)
+        except ValueError as exc:
+            raise MarketDataError(f"{where}: {column} {text!r} is not a number") from exc
+        if not math.isfinite(value):
+            raise MarketDataError(f"{where}: {column} is not finite ({text})")
+        values.append(value)
+    open_, high, low, close, volume = values
+    if min(open_, low, close) <= 0:
+        raise MarketDataError(f"{where}: prices must be > 0 (open, low and close)")
+    if volume < 0:
+        raise MarketDataError(f"{where}: volume must be >= 0, got {volume}")
+    if high < max(open_, close, low) or low > min(open_, close):
+        raise MarketDataError(f"{where}: high/low do not bracket open and close")
+    return (date, (row["tic"] or "").strip()), tuple(values)

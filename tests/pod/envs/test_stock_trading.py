@@ -1,0 +1,234 @@
+"""StockTrading-v0: the env protocol, the trading arithmetic, the market data and its loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from services.pod.envs import make_env
+from services.pod.envs.market import (
+    CSV_COLUMNS,
+    MarketDataError,
+    compute_indicators,
+    load_csv,
+    synthetic_market,
+)
+from services.pod.envs.stock_trading import StockTradingEnv
+from tests.pod.envs import test_env_protocol as protocol
+
+MAKER = protocol.Maker(lambda s: make_env("StockTrading-v0", protocol.N, seed=s, episode_length=30))
+
+
+# -- protocol ------------------------------------------------------------------------------
+def test_protocol_shapes_autoreset_and_bookkeeping() -> None:
+    protocol.test_shapes_dtypes_autoreset_and_bookkeeping(MAKER)
+
+
+def test_protocol_seeding() -> None:
+    protocol.test_same_seed_same_trajectory_other_seed_differs(MAKER)
+    protocol.test_constructor_seed_is_used_by_the_first_reset(MAKER)
+
+
+def test_masked_reset_path_and_spaces() -> None:
+    env = make_env("StockTrading-v0", 4, seed=0, episode_length=5, num_stocks=3)
+    env._host_reads_free = False  # the accelerator path, exercised on CPU
+    assert env.single_observation_space.shape == (1 + 2 * 3 + 3 * 4,)
+    assert env.single_action_space.shape == (3,)
+    env.reset()
+    for t in range(1, 11):
+        _, _, terminated, truncated, _ = env.step(torch.rand(4, 3) * 2 - 1)
+        assert not terminated.any()
+        assert bool(truncated.all()) == (t % 5 == 0)
+    with pytest.raises(ValueError, match="mode"):
+        StockTradingEnv(mode="live")
+    with pytest.raises(TypeError, match="hmaxx"):
+        make_env("StockTrading-v0", 1, hmaxx=3)
+
+
+# -- accounting ----------------------------------------------------------------------------
+def _direct_step(balance, holdings, price, next_price, action, hmax, cost, scaling):
+    """One trading day written out with Python floats, stock by stock."""
+    value_before = balance + sum(h * p for h, p in zip(holdings, price, strict=True))
+    holdings = list(holdings)
+    shares = [float(int(a * hmax)) for a in action]  # truncated toward zero
+    for i, s in enumerate(shares):
+        if s < 0:
+            sold = min(-s, holdings[i])
+            balance += sold * price[i] * (1 - cost)
+            holdings[i] -= sold
+    buys = [max(s, 0.0) for s in shares]
+    total = sum(b * p * (1 + cost) for b, p in zip(buys, price, strict=True))
+    if total > balance:
+        buys = [float(np.floor(b * balance / total)) for b in buys]
+    for i, b in enumerate(buys):
+        balance -= b * price[i] * (1 + cost)
+        holdings[i] += b
+    value_after = balance + sum(h * p for h, p in zip(holdings, next_price, strict=True))
+    return balance, holdings, (value_after - value_before) * scaling
+
+
+def test_trading_arithmetic_matches_a_direct_computation() -> None:
+    env = StockTradingEnv(
+        num_envs=4,
+        num_stocks=3,
+        seed=0,
+        initial_amount=50_000.0,
+        hmax=200,
+        transaction_cost=0.002,
+        reward_scaling=1e-3,
+        episode_length=40,
+    )
+    env.reset()
+    close = env.data.close
+    g = torch.Generator().manual_seed(0)
+    cash_limited = 0
+    for _ in range(25):
+        actions = torch.rand((4, 3), generator=g, dtype=torch.float64) * 2.4 - 1.2  # some > 1
+        before = env.state.clone()
+        _, reward, _, truncated, _ = env.step(actions)
+        assert not truncated.any()
+        for n in range(4):
+            day = int(before[n, 1])
+            balance, holdings, expected = _direct_step(
+                float(before[n, 0]),
+                before[n, 2:].tolist(),
+                close[day].tolist(),
+                close[day + 1].tolist(),
+                actions[n].clamp(-1, 1).tolist(),
+                200,
+                0.002,
+                1e-3,
+            )
+            buys = [max(int(a * 200), 0) for a in actions[n].clamp(-1, 1).tolist()]
+            cash_limited += sum(b * p for b, p in zip(buys, close[day], strict=True)) > balance
+            assert int(env.state[n, 1]) == day + 1
+            assert float(env.state[n, 0]) == pytest.approx(balance, abs=1e-6)
+            assert env.state[n, 2:].tolist() == holdings
+            assert float(reward[n]) == pytest.approx(expected, abs=1e-9)
+            assert float(env.state[n, 0]) >= 0 and min(holdings) >= 0
+    assert cash_limited > 0, "the cash limit must have been exercised"
+
+
+def test_sell_more_than_held_and_hold() -> None:
+    env = StockTradingEnv(num_envs=2, num_stocks=2, random_start=False, transaction_cost=0.01)
+    env.reset()
+    env.state[:, 2:] = torch.tensor([[3.0, 0.0], [0.0, 0.0]], dtype=torch.float64)
+    p0, p1 = env.data.close[0], env.data.close[1]
+    _, reward, *_ = env.step(torch.tensor([[-1.0, -1.0], [0.0, 0.0004]]))
+    # Env 0 sold only its 3 shares of stock 0 (nothing of stock 1), paying 1%.
+    assert env.state[0, 2:].tolist() == [0.0, 0.0]
+    assert float(env.state[0, 0]) == pytest.approx(1e6 + 3 * p0[0] * 0.99)
+    assert float(reward[0]) == pytest.approx(-3 * p0[0] * 0.01 * 1e-4)
+    # Env 1 held (|a| * hmax < 1 share): nothing traded, account unchanged.
+    assert env.state[1, 2:].tolist() == [0.0, 0.0] and float(env.state[1, 0]) == 1e6
+    assert float(reward[1]) == 0.0
+    assert p1[0] != p0[0]
+
+
+def test_backtest_mode_is_one_pass_and_rewards_sum_to_the_pnl() -> None:
+    train = StockTradingEnv(num_envs=1, mode="train")
+    env = StockTradingEnv(num_envs=2, mode="backtest", seed=0)
+    assert env.data.dates[0] > train.data.dates[-1]
+    assert env.max_episode_steps == env.data.num_days - 1
+    env.reset()
+    assert env.day.tolist() == [0.0, 0.0]
+    total = torch.zeros(2, dtype=torch.float64)
+    for t in range(env.max_episode_steps):
+        action = torch.full((2, env.num_stocks), 0.5)
+        action[1] = -0.2 if t % 7 else 1.0
+        _, reward, _, truncated, info = env.step(action)
+        total += reward
+        assert bool(truncated.all()) == (t == env.max_episode_steps - 1)
+    pnl = (env.last_account_value - env.initial_amount) * env.reward_scaling
+    torch.testing.assert_close(total, pnl)
+    torch.testing.assert_close(info["episode_return"], pnl)
+
+
+# -- market data -----------------------------------------------------------------------------
+def test_synthetic_market_is_deterministic_and_split_by_date() -> None:
+    a, b, c = synthetic_market(5), synthetic_market(5), synthetic_market(6)
+    for name in ("open", "high", "low", "close", "volume", "indicators"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert not np.array_equal(a.close, c.close)
+    assert (a.high >= np.maximum(a.open, a.close)).all() and (a.low <= a.close).all()
+    assert np.isfinite(a.indicators).all()
+    train, test = a.split(a.default_split_date())
+    assert train.num_days + test.num_days == a.num_days
+    assert train.dates[-1] < test.dates[0] == a.default_split_date()
+    np.testing.assert_array_equal(test.close, a.close[train.num_days :])
+    # Indicators are causal: computed on the train period alone they are the same values.
+    np.testing.assert_allclose(
+        compute_indicators(train.high, train.low, train.close), train.indicators, atol=1e-9
+    )
+
+
+def _write_csv(path: Path, rows: list[list[object]], header=CSV_COLUMNS) -> Path:
+    lines = [",".join(header)] + [",".join(str(v) for v in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _rows(days: int = 40) -> list[list[object]]:
+    market = synthetic_market(1, num_stocks=2, num_days=60)
+    rows = []
+    for t in range(days):
+        for s, tic in enumerate(("BBB", "AAA")):
+            rows.append(
+                [
+                    str(market.dates[t]),
+                    tic,
+                    market.open[t, s],
+                    market.high[t, s],
+                    market.low[t, s],
+                    market.close[t, s],
+                    market.volume[t, s],
+                ]
+            )
+    return rows
+
+
+def test_load_csv_reads_user_data_and_trains_on_it(tmp_path: Path) -> None:
+    rows = _rows()
+    path = _write_csv(tmp_path / "ohlcv.csv", rows[::-1])  # order does not matter
+    data = load_csv(path)
+    assert data.tickers == ("AAA", "BBB") and data.num_days == 40
+    assert data.close[0, 1] == pytest.approx(rows[0][5])  # BBB, day 0
+    assert data.indicators.shape == (40, 2, 4)
+    env = make_env("StockTrading-v0", 2, seed=0, csv_path=str(path), split_date=str(data.dates[30]))
+    assert env.data.num_days == 30 and env.max_episode_steps == 29
+    env.reset()
+    env.step(torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.__setitem__(3, [*r[3][:5], "abc", r[3][6]]), r":5: close 'abc' is not a"),
+        (lambda r: r.__setitem__(0, [*r[0][:2], -1.0, *r[0][3:]]), r":2: prices must be > 0"),
+        (lambda r: r.__setitem__(1, [r[1][0], r[1][1], 5, 1, 9, 5, 1]), r":3: high/low"),
+        (lambda r: r.__setitem__(2, ["2020-13-40", *r[2][1:]]), r":4: date '2020-13-40'"),
+        (lambda r: r.__setitem__(2, [r[2][0], "", *r[2][2:]]), r":4: empty value in column"),
+        (lambda r: r.append(list(r[0])), r"duplicate row for date"),
+        (lambda r: r.pop(5), r"has no row for tic AAA"),
+        (lambda r: r.__setitem__(4, [*r[4][:6], -3]), r":6: volume must be >= 0"),
+    ],
+)
+def test_load_csv_names_the_bad_row(tmp_path: Path, edit, message: str) -> None:
+    rows = _rows()
+    edit(rows)
+    with pytest.raises(MarketDataError, match=message):
+        load_csv(_write_csv(tmp_path / "bad.csv", rows))
+
+
+def test_load_csv_names_missing_columns_and_files(tmp_path: Path) -> None:
+    header = ("date", "tic", "open", "high", "close")
+    path = _write_csv(tmp_path / "cols.csv", [["2020-01-02", "A", 1, 2, 1]], header=header)
+    with pytest.raises(MarketDataError, match="missing column\\(s\\) low, volume"):
+        load_csv(path)
+    with pytest.raises(MarketDataError, match="no data rows"):
+        load_csv(_write_csv(tmp_path / "empty.csv", []))
+    with pytest.raises(MarketDataError, match="cannot read"):
+        load_csv(tmp_path / "absent.csv")

@@ -1,0 +1,166 @@
+"""Vectorised populations: P vmapped agents equal P sequential PPO agents, and they learn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.pod.algorithms.ppo import PPO, PPOConfig
+from services.pod.checkpoint import load_training_files, save_training_files
+from services.pod.envs import make_env
+from services.pod.learner import Learner
+from services.pod.population import PopulationPPO, build_population
+from services.pod.train import TrainConfig
+
+HPS = [
+    {"learning_rate": 1e-3, "ent_coef": 0.01, "clip_coef": 0.2, "gamma": 0.99},
+    {"learning_rate": 3e-3, "ent_coef": 0.0, "clip_coef": 0.1, "gamma": 0.9, "vf_coef": 1.0},
+    {"learning_rate": 5e-4, "gae_lambda": 0.8},
+]
+
+
+def _sequential_agents(pop: PopulationPPO, config: PPOConfig, seed: int) -> list[PPO]:
+    """The agents a sequential run would build: PPO with agent i's values, seeded seed + i."""
+    agents = []
+    for i, hp in enumerate(HPS):
+        torch.manual_seed(seed + i)
+        space = pop.env.single_observation_space, pop.env.single_action_space
+        agents.append(PPO(*space, config.model_copy(update=hp)))
+    return agents
+
+
+@pytest.mark.parametrize(
+    ("env", "extra"),
+    [
+        ("CartPole-v1", {}),
+        ("Pendulum-v1", {"norm_reward": True, "clip_vloss": True, "action_bounds": "squash"}),
+    ],
+)
+def test_population_equals_sequential_ppo_agents(env: str, extra: dict) -> None:
+    """Same seeds, same rollouts: the vmapped update gives PPO.update's weights, statistics
+    and optimiser state, agent by agent, with each agent's own hyperparameters."""
+    total = 2_000
+    config = PPOConfig(
+        num_envs=4, num_steps=16, num_minibatches=1, update_epochs=3, hidden_sizes=[16, 16], **extra
+    )
+    pop = build_population(env, config, HPS, seed=7, total_env_steps=total, eval_episodes=2)
+    agents = _sequential_agents(pop, config, seed=7)
+    for _ in range(4):
+        rollout = pop.collect()
+        lr_fraction = 1.0 - pop.env_steps / total
+        stats = pop.update(rollout)
+        for i, agent in enumerate(agents):
+            expected = agent.update(rollout.agent(i), lr_fraction=lr_fraction)
+            assert stats[i]["lr"] == pytest.approx(expected["lr"])
+            assert stats[i]["v_loss"] == pytest.approx(expected["v_loss"], rel=1e-4, abs=1e-6)
+    for i, agent in enumerate(agents):
+        mine = pop.agent(i)
+        theirs = agent.state_dict()
+        for key, value in mine.state_dict().items():
+            torch.testing.assert_close(value, theirs[key], rtol=1e-5, atol=1e-6, msg=key)
+        for p_mine, p_theirs in zip(mine.parameters(), agent.parameters(), strict=True):
+            s_mine, s_theirs = mine.optimizer.state[p_mine], agent.optimizer.state[p_theirs]
+            torch.testing.assert_close(s_mine["exp_avg"], s_theirs["exp_avg"], atol=1e-6, rtol=1e-5)
+            assert float(s_mine["step"]) == float(s_theirs["step"])
+    # The agents did diverge from each other (different hyperparameters), not just from init.
+    first, second = pop.agent(0).state_dict(), pop.agent(1).state_dict()
+    assert not torch.allclose(first["critic.0.weight"], second["critic.0.weight"])
+
+    # Each agent acts on its own slice of the batched env with its own weights.
+    raw = torch.randn(len(HPS), 5, *pop.env.single_observation_space.shape)
+    batched = pop._deterministic(raw)
+    for i in range(len(HPS)):
+        torch.testing.assert_close(batched[i], pop.agent(i).policy.act_deterministic(raw[i]))
+
+
+def test_minibatch_update_keeps_agents_independent() -> None:
+    """With shuffled minibatches, what one agent sees never moves another agent's weights."""
+    config = PPOConfig(num_envs=4, num_steps=8, num_minibatches=4, update_epochs=2)
+    results = []
+    for perturb in (False, True):
+        pop = build_population("CartPole-v1", config, HPS, seed=1, eval_episodes=1)
+        rollout = pop.collect()
+        if perturb:
+            rollout.rewards[1] += 5.0
+            rollout.obs[2] *= -1
+        pop.update(rollout)
+        results.append(pop.flat.clone())
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=0, atol=0)
+    assert not torch.equal(results[0][1], results[1][1])
+    assert not torch.equal(results[0][2], results[1][2])
+
+
+def test_candidates_round_trip_through_training_files(tmp_path: Path) -> None:
+    config = PPOConfig(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1)
+    pop = build_population("CartPole-v1", config, HPS, seed=2, total_env_steps=10_000)
+    pop.update(pop.collect())
+    results = pop.evaluate()
+    assert len(results) == len(HPS) and all(r.episodes for r in results)
+    i = 1
+    train_config = TrainConfig(env="CartPole-v1", ppo=pop.config(i), seed=2 + i)
+    save_training_files(tmp_path / "candidate", pop.learner(i), train_config)
+    env = make_env("CartPole-v1", 1)
+    fresh = Learner(PPO(env.single_observation_space, env.single_action_space, pop.config(i)), 1)
+    load_training_files(tmp_path / "candidate", fresh)
+    for key, value in pop.agent(i).state_dict().items():
+        torch.testing.assert_close(fresh.agent.state_dict()[key], value, msg=key)
+    assert fresh.env_steps == pop.env_steps == 32
+    assert pop.hyperparameters[i]["learning_rate"] == pytest.approx(3e-3)
+
+    # The restored agent goes into slot 0 of another population (PBT's exploit), with a new
+    # learning rate (explore); the other slots are untouched.
+    other = build_population("CartPole-v1", config, HPS, seed=9, eval_episodes=1)
+    before = other.flat.clone()
+    other.set_agent(0, fresh.agent, {"learning_rate": 7e-4})
+    for key, value in fresh.agent.state_dict().items():
+        torch.testing.assert_close(other.agent(0).state_dict()[key], value, msg=key)
+    assert other.hyperparameters[0]["learning_rate"] == pytest.approx(7e-4)
+    assert float(other.lr[0]) == pytest.approx(7e-4)
+    assert torch.equal(other.flat[1:], before[1:])
+
+
+def test_bad_population_arguments_are_refused() -> None:
+    config = PPOConfig(num_envs=2)
+    env = make_env("CartPole-v1", 4)
+    with pytest.raises(ValueError, match="per-agent hyperparameters can be"):
+        PopulationPPO(env, config, [{"num_envs": 3}, {}], [0, 1])
+    with pytest.raises(ValueError, match="P \\* num_envs = 6"):
+        PopulationPPO(env, config, [{}, {}, {}], [0, 1, 2])
+    with pytest.raises(ValueError, match="one seed per agent"):
+        PopulationPPO(env, config, [{}, {}], [0])
+    with pytest.raises(ValueError, match="gSDE"):
+        PopulationPPO(env, config.model_copy(update={"sde_sample_freq": 4}), [{}, {}], [0, 1])
+    with pytest.raises(ValueError, match="learning_rate"):
+        PopulationPPO(env, config, [{"learning_rate": -1.0}, {}], [0, 1])
+
+
+@pytest.mark.slow
+def test_population_learns_cartpole() -> None:
+    """Four agents with different learning rates and entropy bonuses, trained together within
+    a budget of 40k env steps each, give four candidates: the one with the CartPole preset's
+    settings solves it and every one is far better than a random policy (~22)."""
+    torch.set_num_threads(1)
+    config = PPOConfig(
+        num_envs=16,
+        num_steps=16,
+        gamma=0.98,
+        gae_lambda=0.8,
+        num_minibatches=1,
+        update_epochs=8,
+        hidden_sizes=[32, 32],
+        norm_obs=False,
+    )
+    hps = [
+        {"learning_rate": lr, "ent_coef": ent}
+        for lr, ent in ((8e-3, 0.0), (5e-3, 0.0), (8e-3, 0.01), (3e-3, 0.0))
+    ]
+    budget = 40_000
+    pop = build_population("CartPole-v1", config, hps, seed=0, total_env_steps=budget)
+    while pop.env_steps < budget:
+        pop.update(pop.collect())
+    scores = [r.mean for r in pop.evaluate()]
+    assert len(scores) == 4
+    assert scores[0] >= 475, scores
+    assert min(scores) >= 100, scores
