@@ -189,6 +189,34 @@ class FakeCluster:
             self.logs[(ns, name, container)] = log
             self._put_pod(ns, pod, "MODIFIED")
 
+    def wait_container(self, ns: str, name: str, container: str, reason: str, msg: str) -> None:
+        """A container cannot start (kubelet's waiting state, e.g. ImagePullBackOff)."""
+        with self.cond:
+            pod = copy.deepcopy(self.pods[(ns, name)])
+            pod["status"]["phase"] = "Pending"
+            for cs in pod["status"]["containerStatuses"]:
+                if cs["name"] == container:
+                    cs["state"] = {"waiting": {"reason": reason, "message": msg}}
+                    cs["ready"] = False
+            self._put_pod(ns, pod, "MODIFIED")
+
+    def unschedulable(self, ns: str, name: str, msg: str) -> None:
+        """The scheduler found no node for the pod."""
+        with self.cond:
+            pod = copy.deepcopy(self.pods[(ns, name)])
+            pod["status"] = {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": msg,
+                    }
+                ],
+            }
+            self._put_pod(ns, pod, "MODIFIED")
+
     def compact_and_create(self, ns: str, pod: dict[str, Any]) -> None:
         """Drop open watches, create a pod, then compact history past it: a watcher that
         reconnects from its last resourceVersion gets 410 Gone and must relist to see it."""

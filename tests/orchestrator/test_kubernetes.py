@@ -178,6 +178,27 @@ def test_create_list_watch_terminate(
     assert [m["kind"] for m in fc.manifests] == ["ConfigMap", "Pod", "Pod"]  # one owner
 
 
+def test_pods_that_can_never_start_are_failed_and_unschedulable_ones_say_why(
+    backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
+) -> None:
+    fc, _ = cluster
+    backend.create_pod(request("e2", "p1"))
+    backend.create_pod(request("e2", "p2"))
+    wait_for(lambda: len(backend.list_pods()) == 2)
+    fc.wait_container(NS, "podium-e2-p1", "worker", "ImagePullBackOff", "no such image")
+    pod = wait_for(lambda: next((p for p in backend.list_pods() if p.phase == "Failed"), None))
+    assert pod.pod_id == "p1" and not pod.live
+    assert pod.reason == "container worker: ImagePullBackOff: no such image"
+    fc.unschedulable(NS, "podium-e2-p2", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu")
+    pod = wait_for(
+        lambda: next((p for p in backend.list_pods() if p.pod_id == "p2" and p.reason), None)
+    )
+    assert pod.phase == "Pending" and pod.live
+    assert pod.reason == (
+        "not scheduled: Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu"
+    )
+
+
 def test_capacity_nodes_taints_selector_foreign_pods_and_quota(
     backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
 ) -> None:

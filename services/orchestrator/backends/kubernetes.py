@@ -48,6 +48,12 @@ from services.orchestrator.settings import OrchestratorSettings
 
 log = get_logger(__name__)
 
+#: Container waiting reasons that do not fix themselves: a bad image name or an image that
+#: cannot be pulled (after the kubelet's own retries), a missing Secret/ConfigMap, a bad spec.
+NEVER_STARTS = frozenset(
+    {"ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
+)
+
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
 RESOURCES_ANNOTATION = "podium.dev/resources"
 ROLES = ("worker", "learner", "evaluator")
@@ -358,6 +364,20 @@ class KubernetesBackend(Backend):
                 why = term.get("reason") or "Error"
                 reason = f"container {cs['name']}: exit code {exit_code} ({why})"
                 break
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in NEVER_STARTS:
+                # The kubelet keeps retrying these forever; for the reconciler the pod has
+                # failed (so it is replaced with backoff, and a crash loop ends the experiment
+                # with this reason instead of the experiment showing "running" for ever).
+                phase = "Failed"
+                reason = (
+                    f"container {cs['name']}: {waiting['reason']}: {waiting.get('message', '')}"
+                )
+                break
+        if phase == "Pending" and reason is None:
+            for cond in status.get("conditions") or []:
+                if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                    reason = f"not scheduled: {cond.get('reason')}: {cond.get('message', '')}"
         if phase == "Unknown":
             phase, reason = "Failed", reason or "node lost (phase Unknown)"
         if phase == "Failed" and reason is None:
