@@ -63,9 +63,24 @@ class IdempotencyConflictError(Exception):
 class Store:
     def __init__(self, r: redis.Redis):
         self.r = r
+        self._create = r.register_script(self._CREATE_LUA)
 
     def _k(self, *parts: str) -> str:
         return PREFIX + ":".join(parts)
+
+    # KEYS: exp experiments idem; ARGV: id body_hash ttl (0: no key) spec created_at intent status.
+    # Returns the key's earlier value (a replay) or nil (created).
+    _CREATE_LUA = """
+if tonumber(ARGV[3]) > 0 then
+  local prior = redis.call('GET', KEYS[3])
+  if prior then return prior end
+  redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[3])
+end
+redis.call('HSET', KEYS[1], 'spec', ARGV[4], 'created_at', ARGV[5], 'intent', ARGV[6],
+  'status', ARGV[7])
+redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
+return false
+"""
 
     # -- experiments -------------------------------------------------------------------------
     def create(
@@ -75,29 +90,28 @@ class Store:
         idempotency_key: str | None = None,
         body_hash: str = "",
     ) -> tuple[str, bool]:
-        """Store a new experiment; returns (id, created). A repeated key returns the first id."""
-        if idempotency_key:
-            key = self._k("idem", idempotency_key)
-            if not self.r.set(key, f"{exp_id} {body_hash}", nx=True, ex=IDEMPOTENCY_TTL_S):
-                old_id, _, old_hash = (self.r.get(key) or b"").decode().partition(" ")
-                if old_hash != body_hash:
-                    raise IdempotencyConflictError(old_id)
-                return old_id, False
-        now = time.time()
+        """Store a new experiment; returns (id, created). A repeated key returns the first id.
+
+        One Redis transaction either way (a Lua script with a key), so a concurrent retry or a
+        crash can never see the key without its experiment, nor the experiment twice.
+        """
+        now = repr(time.time())
         status = {"state": PENDING, "reason": "waiting for the reconciler", "pods_launched": 0}
-        pipe = self.r.pipeline()
-        pipe.hset(
-            self._k("exp", exp_id),
-            mapping={
-                "spec": spec.model_dump_json(),
-                "created_at": repr(now),
-                "intent": RUN,
-                "status": json.dumps(status),
-            },
+        fields = [spec.model_dump_json(), now, RUN, json.dumps(status)]
+        keys = [self._k("exp", exp_id), self._k("experiments")]
+        if not idempotency_key:
+            self._create(keys=[*keys, self._k("idem", "-")], args=[exp_id, "", 0, *fields])
+            return exp_id, True
+        prior = self._create(
+            keys=[*keys, self._k("idem", idempotency_key)],
+            args=[exp_id, body_hash, IDEMPOTENCY_TTL_S, *fields],
         )
-        pipe.zadd(self._k("experiments"), {exp_id: now})
-        pipe.execute()
-        return exp_id, True
+        if prior is None:
+            return exp_id, True
+        old_id, _, old_hash = prior.decode().partition(" ")
+        if old_hash != body_hash:
+            raise IdempotencyConflictError(old_id)
+        return old_id, False
 
     def get(self, exp_id: str) -> Experiment | None:
         h = self.r.hgetall(self._k("exp", exp_id))

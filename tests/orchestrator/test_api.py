@@ -100,6 +100,23 @@ def test_create_get_list_and_filter(client: TestClient) -> None:
     assert client.get("/api/v1/experiments", params={"state": "failed"}).json() == []
 
 
+def test_concurrent_retries_with_one_key_create_one_experiment(client: TestClient) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = len(client.get("/api/v1/experiments").json())
+    h = {"Idempotency-Key": "race-1"}
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda _: client.post("/api/v1/experiments", json=spec("race"), headers=h),
+                range(16),
+            )
+        )
+    assert {r.status_code for r in answers} == {201}
+    assert len({r.json()["id"] for r in answers}) == 1  # every retry sees the one experiment
+    assert len(client.get("/api/v1/experiments").json()) == before + 1
+
+
 def test_idempotency_key_returns_the_first_experiment(client: TestClient) -> None:
     h = {"Idempotency-Key": "ci-run-42"}
     a = client.post("/api/v1/experiments", json=spec("ci"), headers=h)
