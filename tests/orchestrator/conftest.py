@@ -1,4 +1,4 @@
-"""Fixtures: a real Redis (embedded), a real leaderboard slice over HTTP, the orchestrator app
+"""Fixtures: a real Redis (embedded), the real leaderboard over HTTP, the orchestrator app
 with the local backend launching real stand-in pod processes."""
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services import redis_client
+from services.leaderboard.app import create_app as create_leaderboard_app
+from services.leaderboard.settings import LeaderboardSettings
 from services.orchestrator.app import create_app
 from services.orchestrator.settings import OrchestratorSettings
 from services.settings import PodiumSettings
-from tests.orchestrator.servers import ServerThread, leaderboard_app
+from tests.orchestrator.servers import ServerThread
 
 TOKEN = "orchestrator-test-token"
 LB_TOKEN = "leaderboard-test-token"
@@ -37,8 +39,12 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def leaderboard() -> Iterator[ServerThread]:
-    with ServerThread(leaderboard_app(LB_TOKEN)) as srv:
+def leaderboard(tmp_path: Path, redis_url: str) -> Iterator[ServerThread]:
+    """The real leaderboard service over HTTP, on the session's Redis."""
+    settings = LeaderboardSettings(
+        data_dir=tmp_path / "leaderboard", redis_url=redis_url, api_token=LB_TOKEN
+    )
+    with ServerThread(create_leaderboard_app(settings)) as srv:
         yield srv
 
 

@@ -210,11 +210,19 @@ def test_delete_stops_pods_and_forgets_the_experiment(client: TestClient, leader
     d = _data_dir(client)
     exp_id = _create(client, spec())
     wait_for(lambda: live_pods(d, exp_id))
-    assert exp_id in leaderboard.app.state.configs
+    import httpx
+
+    from tests.orchestrator.conftest import LB_TOKEN
+
+    def on_board() -> int:
+        url = f"{leaderboard.url}/api/v1/experiments/{exp_id}"
+        return httpx.get(url, headers={"Authorization": f"Bearer {LB_TOKEN}"}).status_code
+
+    assert on_board() == 200
     assert client.delete(f"/api/v1/experiments/{exp_id}").status_code == 204
     assert client.get(f"/api/v1/experiments/{exp_id}").status_code == 404
     wait_for(lambda: not live_pods(d, exp_id))
-    wait_for(lambda: exp_id not in leaderboard.app.state.configs)
+    wait_for(lambda: on_board() == 404)
     assert client.get("/api/v1/experiments").json() == []
 
 
