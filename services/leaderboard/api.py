@@ -464,9 +464,11 @@ async def readyz(request: Request) -> JSONResponse:
 @root.get("/metrics", include_in_schema=False)
 async def metrics(svc: Svc) -> PlainTextResponse:
     try:
+        ranks = svc.settings.metrics_top_ranks
         for exp in await svc.store.experiments():
-            _, rows = await svc.store.top(exp)
-            svc.metrics.set_board(exp, [float(h["score"]) for _, h in rows])
+            _, rows = await svc.store.top(exp, limit=ranks)
+            size = await svc.store.board_size(exp)
+            svc.metrics.set_board(exp, size, [float(h["score"]) for _, h in rows])
     except Exception as e:  # a scrape still returns the counters when Redis is down
         log.debug("board gauges not refreshed", error=repr(e))
     return PlainTextResponse(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

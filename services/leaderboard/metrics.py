@@ -29,7 +29,7 @@ class LeaderboardMetrics:
         )
         self.rank_score = Gauge(
             "podium_leaderboard_rank_score",
-            "Score at each rank (rank <= K).",
+            "Score at each of the best ranks (rank <= metrics_top_ranks).",
             ["experiment", "rank"],
             registry=r,
         )
@@ -68,9 +68,9 @@ class LeaderboardMetrics:
     def record_decision(self, experiment: str, strategy: str, decision: str) -> None:
         self.decisions.labels(experiment, strategy, decision).inc()
 
-    def set_board(self, experiment: str, scores: list[float]) -> None:
-        """Board gauges from a best-first list of scores (read at scrape time)."""
-        self.size.labels(experiment).set(len(scores))
+    def set_board(self, experiment: str, size: int, scores: list[float]) -> None:
+        """Board gauges: its size and the best-first scores of its top ranks (at scrape time)."""
+        self.size.labels(experiment).set(size)
         if scores:
             self.top_score.labels(experiment).set(scores[0])
         elif (experiment,) in self._children(self.top_score):

@@ -15,6 +15,9 @@ class LeaderboardSettings(PodiumSettings):
     host: str = Field(default="127.0.0.1", description="PODIUM_HOST: address uvicorn binds.")
     port: int = Field(default=8001, description="PODIUM_PORT.")
     default_top_k: int = Field(default=16, ge=1, le=10_000, description="K when a PUT omits it.")
+    metrics_top_ranks: int = Field(
+        default=10, ge=1, le=100, description="Ranks exported as gauges (bounds /metrics series)."
+    )
     max_upload_bytes: int = Field(
         default=2 << 30, ge=1, description="Largest submission body (all training files), 413."
     )

@@ -302,6 +302,21 @@ def test_metrics_exposed_with_bounded_labels(client: TestClient) -> None:
     ), routes
 
 
+def test_rank_gauges_stop_at_metrics_top_ranks(client: TestClient) -> None:
+    client.put(f"{API}/big", json=experiment(top_k=40))
+    for i in range(25):
+        client.post(f"{API}/big/submissions", json=result(f"b{i}", float(i)))
+    text = client.get("/metrics").text
+    ranks = {
+        int(s.labels["rank"])
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "podium_leaderboard_rank_score" and s.labels["experiment"] == "big"
+    }
+    assert ranks == set(range(1, 11))  # the default metrics_top_ranks, not K
+    assert 'podium_leaderboard_size{experiment="big"} 25.0' in text
+
+
 def test_token_from_file(tmp_path) -> None:
     from services.leaderboard.app import create_app
     from services.leaderboard.settings import LeaderboardSettings
