@@ -1,0 +1,222 @@
+"""Learning quality of a tournament: P pods under PBT vs P independent pods vs 1 pod.
+
+    python bench/tournament_quality.py [--env Pendulum-v1] [--pods 4] [--reps 5] [--cap-s 120]
+
+The same machine for every arm: P pods with ``PODIUM_CPU = cores / P`` each, or one pod alone
+on it (``--single-cpu`` torch threads, default 1: a second intra-op thread makes PPO on these
+small networks much slower, so one thread is the single pod's best use of the machine).
+Hyperparameters come from a wide search space (below), so which ones a pod gets matters:
+
+- ``pbt``: P pods, PBT generator (exploit the top quarter, explore by perturbing);
+- ``random``: P independent pods, random generator (each keeps its own draw; best of P);
+- ``single``: 1 pod, random generator.
+
+Each run is real: the leaderboard app (uvicorn thread, embedded Redis) and real pod processes
+(``python -m services.pod``). Time to target = from launching the pods to the first moment the
+leaderboard's best score reaches the target (polled every 0.25 s; pod start-up included); runs
+stop there or at ``--cap-s``. Final score = the best score on the board after the pods' final
+reports. Arms are interleaved per repetition. Prints a markdown table of medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from services.leaderboard.app import create_app
+from services.leaderboard.settings import LeaderboardSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-token"
+TARGET = {"Pendulum-v1": -200.0, "MountainCarContinuous-v0": 90.0, "CartPole-v1": 475.0}
+# Wide ranges: most draws learn slowly or not at all under the budget.
+SEARCH_SPACE = {
+    "learning_rate": {"type": "log_uniform", "low": 5e-5, "high": 1e-2},
+    "gamma": {"type": "uniform", "low": 0.8, "high": 0.99},
+    "gae_lambda": {"type": "uniform", "low": 0.8, "high": 0.99},
+    "clip_coef": {"type": "uniform", "low": 0.05, "high": 0.4},
+    "ent_coef": {"type": "uniform", "low": 0.0, "high": 0.02},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Leaderboard:
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        settings = LeaderboardSettings(data_dir=data_dir, api_token=TOKEN, redis_url=None)
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        self.http = httpx.Client(
+            base_url=f"{self.url}/api/v1", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+
+    def close(self) -> None:
+        self.http.close()
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def run(
+    lb: Leaderboard, arm: str, rep: int, args: argparse.Namespace, work: Path
+) -> dict[str, Any]:
+    pods = 1 if arm == "single" else args.pods
+    strategy = "pbt" if arm == "pbt" else "random"
+    exp = f"{arm}-{rep}"
+    spec = {
+        "name": exp,
+        "env": {"name": args.env},
+        "algorithms": {"ppo": 1.0},
+        "search_space": SEARCH_SPACE,
+        "generator": {"strategy": strategy},
+        "round": {"env_steps": args.round_steps},
+        "evaluation": {"episodes": 10},
+        "top_k": 16,
+    }
+    config = {k: spec[k] for k in ("search_space", "generator", "algorithms", "top_k")}
+    lb.http.put(f"/experiments/{exp}", json=config).raise_for_status()
+    cores = args.cores or os.cpu_count() or 1
+    procs = []
+    start = time.monotonic()
+    for i in range(pods):
+        env = {
+            **os.environ,
+            "PODIUM_EXPERIMENT_ID": exp,
+            "PODIUM_POD_ID": f"{exp}-{i}",
+            "PODIUM_SPEC": json.dumps(spec),
+            "PODIUM_POD_DIR": str(work),
+            "PODIUM_CPU": f"{args.single_cpu if arm == 'single' else cores / pods:g}",
+            "PODIUM_LEADERBOARD_URL": lb.url,
+            "PODIUM_API_TOKEN": TOKEN,
+            "PODIUM_LOG_JSON": "1",
+        }
+        log = (work / f"{exp}-{i}.log").open("wb")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "services.pod"],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    reached = None
+    target = TARGET[args.env]
+    while time.monotonic() - start < args.cap_s:
+        r = lb.http.get(f"/experiments/{exp}/best")
+        if r.status_code == 200 and r.json()["score"] >= target:
+            reached = time.monotonic() - start
+            break
+        time.sleep(0.25)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
+    best = lb.http.get(f"/experiments/{exp}/best")
+    final = best.json()["score"] if best.status_code == 200 else None
+    summary = lb.http.get(f"/experiments/{exp}").json()
+    return {
+        "arm": arm,
+        "rep": rep,
+        "time_to_target_s": reached,
+        "final": final,
+        "env_steps": summary["env_steps"],
+        "exit_codes": [p.returncode for p in procs],
+    }
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--env", default="Pendulum-v1", choices=sorted(TARGET))
+    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--cap-s", type=float, default=120.0)
+    parser.add_argument("--round-steps", type=int, default=8192)
+    parser.add_argument("--cores", type=float, default=None, help="total CPU; default: all")
+    parser.add_argument(
+        "--single-cpu",
+        type=float,
+        default=1.0,
+        help="PODIUM_CPU of the single pod (torch threads); small nets run fastest on one",
+    )
+    parser.add_argument("--arms", nargs="+", default=["pbt", "random", "single"])
+    args = parser.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
+        f"{platform.python_version()}; {args.env}, {args.pods} pods, cap {args.cap_s:g}s",
+        flush=True,
+    )
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="podium-bench-") as tmp:
+        lb = Leaderboard(Path(tmp) / "lb")
+        try:
+            for rep in range(args.reps):
+                arms = args.arms[rep % len(args.arms) :] + args.arms[: rep % len(args.arms)]
+                for arm in arms:
+                    work = Path(tmp) / f"{arm}-{rep}"
+                    work.mkdir()
+                    out = run(lb, arm, rep, args, work)
+                    results.append(out)
+                    print(json.dumps(out), flush=True)
+        finally:
+            lb.close()
+    target = TARGET[args.env]
+    print(
+        f"\n| arm | pods | time to {target:g}: median s | solved within cap | per run s | "
+        "final best: median | per run |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    medians = {}
+    for arm in args.arms:
+        runs = [r for r in results if r["arm"] == arm]
+        times = [r["time_to_target_s"] for r in runs]
+        # An unsolved run counts as the cap: the median is then a lower bound.
+        capped = [t if t is not None else args.cap_s for t in times]
+        medians[arm] = median(capped)
+        finals = [r["final"] for r in runs if r["final"] is not None]
+        per_run = ", ".join(f"{t:.1f}" if t is not None else f">{args.cap_s:g}" for t in times)
+        print(
+            f"| {arm} | {1 if arm == 'single' else args.pods} | {medians[arm]:.1f} | "
+            f"{sum(t is not None for t in times)}/{len(runs)} | {per_run} | "
+            f"{median(finals):.1f} | {', '.join(f'{f:.1f}' for f in finals)} |"
+        )
+    if "pbt" in medians:
+        for arm in args.arms:
+            if arm != "pbt":
+                print(f"pbt / {arm} time to target: {medians['pbt'] / medians[arm]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The pod's Prometheus metrics: env steps/s, updates/s, latest and best eval return, rounds.
+
+Served on ``PODIUM_METRICS_PORT`` when it is set (``0`` = any free port; the bound port is
+written to ``<PODIUM_POD_DIR>/<pod id>.metrics_port``, since the directory is shared by the
+experiment's pods); without it nothing is served. Each pod has its own registry, so tests and
+benches can run several pods in one process without clashing names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from services.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class PodMetrics:
+    def __init__(self, experiment_id: str, pod_id: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"experiment": experiment_id, "pod": pod_id}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, list(labels), registry=self.registry).labels(**labels)
+
+        self.env_steps = counter("podium_pod_env_steps", "Env steps trained.")
+        self.updates = counter("podium_pod_updates", "Learner updates.")
+        self.rounds = counter("podium_pod_rounds", "Rounds finished.")
+        self.submissions = counter("podium_pod_submissions", "Results reported to the updater.")
+        self.env_steps_per_s = gauge(
+            "podium_pod_env_steps_per_second", "Env steps per second over the last round."
+        )
+        self.updates_per_s = gauge(
+            "podium_pod_updates_per_second", "Updates per second over the last round."
+        )
+        self.eval_return = gauge("podium_pod_eval_return", "Latest evaluation mean return.")
+        self.best_eval_return = gauge(
+            "podium_pod_best_eval_return", "Best evaluation mean return of this pod."
+        )
+        self._best: float | None = None
+        self.server = None
+
+    def round_done(self, env_steps: int, updates: int, seconds: float) -> None:
+        self.rounds.inc()
+        self.env_steps.inc(env_steps)
+        self.updates.inc(updates)
+        if seconds > 0:
+            self.env_steps_per_s.set(env_steps / seconds)
+            self.updates_per_s.set(updates / seconds)
+
+    def evaluated(self, mean: float) -> None:
+        self.eval_return.set(mean)
+        if self._best is None or mean > self._best:
+            self._best = mean
+            self.best_eval_return.set(mean)
+
+    def serve(self, port: int, pod_dir: Path | None, pod_id: str) -> int:
+        """Serve /metrics on ``port`` (0 = ephemeral); returns the bound port."""
+        self.server, _ = start_http_server(port, registry=self.registry)
+        bound = int(self.server.server_port)
+        if pod_dir is not None:
+            path = Path(pod_dir) / f"{pod_id}.metrics_port"
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(f"{bound}\n")
+            os.replace(tmp, path)
+        log.info("metrics served", port=bound)
+        return bound
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None

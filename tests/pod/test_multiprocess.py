@@ -1,0 +1,111 @@
+"""Three-process mode (worker and evaluator processes, learner here) trains the same agent as
+the fused mode for the same seed, reloads weights on a rebuild, and reports a role's failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.pod.multiprocess import ProcessRoles, RoleError
+from services.pod.runtime import FusedRoles
+from services.pod.train import TrainConfig, build, preset
+
+
+def config(**over) -> TrainConfig:
+    base = preset("CartPole-v1")
+    base.update(seed=3, eval_episodes=4, **over)
+    return TrainConfig.model_validate(base)
+
+
+def run(roles, cfg: TrainConfig, updates: int) -> tuple[dict[str, torch.Tensor], list[float]]:
+    learner = roles.build(cfg)
+    scores = []
+    for i in range(updates):
+        roles.step()
+        if i % 4 == 3:
+            scores.append(roles.evaluate().mean)
+    return {k: v.clone() for k, v in learner.agent.state_dict().items()}, scores
+
+
+@pytest.fixture(scope="module")
+def processes():
+    roles = ProcessRoles(threads=1)
+    yield roles
+    roles.close()
+
+
+def test_processes_train_the_same_agent_as_fused(processes: ProcessRoles) -> None:
+    torch.set_num_threads(1)
+    cfg = config()
+    fused_state, fused_scores = run(FusedRoles(), cfg, 12)
+    proc_state, proc_scores = run(processes, cfg, 12)
+    assert processes.learner.env_steps == 12 * cfg.ppo.batch_size
+    for name, value in fused_state.items():
+        torch.testing.assert_close(proc_state[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert proc_scores == pytest.approx(fused_scores, rel=1e-3)
+    # Training moved the weights, so equality above is not two untouched initialisations.
+    _, fresh, _ = build(cfg)
+    assert not torch.equal(
+        fresh.agent.state_dict()["critic.0.weight"], proc_state["critic.0.weight"]
+    )
+
+
+def test_rebuild_reuses_the_processes_and_takes_new_weights(processes: ProcessRoles) -> None:
+    pids = {name: role.process.pid for name, role in processes.roles.items()}
+    learner = processes.build(config(ppo={**preset("CartPole-v1")["ppo"], "num_envs": 8}))
+    with torch.no_grad():
+        for p in learner.agent.policy.actor.parameters():
+            p.zero_()  # a policy that always pushes left: episodes end after ~9 steps
+    first = processes.evaluate()
+    assert first.mean < 15
+    processes.step()
+    assert learner.env_steps == 8 * 16  # the worker rebuilt its env with the new num_envs
+    assert {name: role.process.pid for name, role in processes.roles.items()} == pids
+
+
+PLUGIN = """
+from services.pod.envs.cartpole import CartPoleEnv
+
+
+class ExplodingCartPole(CartPoleEnv):
+    def step(self, action):
+        raise RuntimeError("simulator exploded")
+"""
+
+
+def test_a_failing_role_is_reported_with_its_error(tmp_path: Path, monkeypatch) -> None:
+    # A plugin env registered through the real entry-point mechanism; spawned processes get
+    # this sys.path too.
+    (tmp_path / "podium_exploding_env.py").write_text(PLUGIN)
+    dist = tmp_path / "podium_exploding_env-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-exploding-env\n")
+    (dist / "entry_points.txt").write_text(
+        "[podium.envs]\nExploding-v0 = podium_exploding_env:ExplodingCartPole\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    roles = ProcessRoles(threads=1)
+    try:
+        roles.build(config(env="Exploding-v0"))
+        with pytest.raises(RoleError, match="worker process failed: RuntimeError: simulator"):
+            roles.step()
+    finally:
+        roles.close()
+    assert all(not r.process.is_alive() for r in roles.roles.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_processes_on_cuda_share_rollouts_and_weights_through_cuda_ipc() -> None:
+    cfg = config(device="cuda")
+    fused_state, fused_scores = run(FusedRoles(), cfg, 8)
+    roles = ProcessRoles(threads=1)
+    try:
+        proc_state, proc_scores = run(roles, cfg, 8)
+    finally:
+        roles.close()
+    for name, value in fused_state.items():
+        torch.testing.assert_close(proc_state[name], value, rtol=1e-3, atol=1e-4, msg=name)
+    assert proc_scores == pytest.approx(fused_scores, rel=1e-2)

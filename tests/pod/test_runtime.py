@@ -1,0 +1,390 @@
+"""The pod runtime against the real leaderboard (uvicorn on loopback, embedded Redis).
+
+Covers the round loop (train, evaluate, submit training files that load back into an agent),
+restart from a better parent with new hyperparameters, a leaderboard restart in the middle of
+a run (the pod retries; every submission lands exactly once), the pod process's SIGTERM
+contract, its /metrics, and bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import safetensors.torch
+import torch
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.leaderboard.app import create_app
+from services.leaderboard.settings import LeaderboardSettings
+from services.pod.checkpoint import load_training_files, read_files, write_files
+from services.pod.leaderboard_client import LeaderboardClient
+from services.pod.runtime import (
+    FusedRoles,
+    HyperparameterError,
+    PodRuntime,
+    check_hyperparameter_names,
+    pod_config,
+)
+from services.pod.train import TrainConfig, build, preset
+from services.spec import ExperimentSpec
+from tests.leaderboard.conftest import free_port
+
+TOKEN = "pod-test-token"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Leaderboard:
+    """The leaderboard app served by uvicorn in a thread; ``restart`` keeps port and data."""
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server: uvicorn.Server | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> Leaderboard:
+        settings = LeaderboardSettings(
+            data_dir=self.data_dir, api_token=TOKEN, gc_interval_s=3600, redis_url=None
+        )
+        config = uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "no leaderboard"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        assert self.server is not None and self.thread is not None
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=f"{self.url}/api/v1",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        )
+
+
+@pytest.fixture
+def leaderboard(tmp_path: Path) -> Iterator[Leaderboard]:
+    lb = Leaderboard(tmp_path / "lb").start()
+    yield lb
+    lb.stop()
+
+
+def make_spec(**over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "pod-test",
+        "env": {"name": "CartPole-v1"},
+        "algorithms": {"ppo": 1.0},
+        "search_space": {"learning_rate": {"type": "log_uniform", "low": 3e-3, "high": 1e-2}},
+        "generator": {"strategy": "pbt"},
+        "round": {"env_steps": 1024},
+        "evaluation": {"episodes": 4},
+        "top_k": 4,
+    }
+    spec.update(over)
+    return spec
+
+
+def register(lb: Leaderboard, exp: str, spec: dict[str, Any]) -> None:
+    with lb.api() as api:
+        config = {
+            "top_k": spec["top_k"],
+            "generator": spec["generator"],
+            "algorithms": spec["algorithms"],
+            "search_space": spec["search_space"],
+        }
+        assert api.put(f"/experiments/{exp}", json=config).status_code in (200, 201)
+
+
+def runtime(lb: Leaderboard, exp: str, spec: dict[str, Any], pod: str, tmp: Path) -> PodRuntime:
+    client = LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)
+    return PodRuntime(
+        exp,
+        pod,
+        ExperimentSpec.model_validate(spec),
+        client,
+        FusedRoles(),
+        work_dir=tmp / pod,
+        grace_s=10,
+    )
+
+
+def stop_after(rt: PodRuntime, condition, timeout: float = 120.0) -> threading.Thread:
+    """Run ``rt`` in a thread and stop it once ``condition(rt)`` holds."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rt.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not condition(rt):
+        assert not errors, errors
+        assert thread.is_alive(), "the runtime returned before it was stopped"
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+    rt.stop()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not errors, errors
+    return thread
+
+
+def test_hyperparameters_map_onto_the_preset() -> None:
+    spec = ExperimentSpec.model_validate(make_spec(env={"name": "Pendulum-v1"}))
+    config = pod_config(spec, {"learning_rate": 5e-4, "num_envs": 32}, seed=7)
+    ref = TrainConfig.model_validate(preset("Pendulum-v1"))
+    assert config.ppo.learning_rate == 5e-4 and config.ppo.num_envs == 32
+    assert config.ppo.sde_sample_freq == ref.ppo.sde_sample_freq == 4  # the preset underneath
+    assert config.ppo.anneal_lr is False and config.eval_episodes == 4 and config.seed == 7
+    with pytest.raises(HyperparameterError, match="'lr'.*learning_rate"):
+        pod_config(spec, {"lr": 1e-3}, seed=0)
+    with pytest.raises(HyperparameterError, match=r"ppo\.num_envs"):
+        pod_config(spec, {"num_envs": 0}, seed=0)
+    with pytest.raises(HyperparameterError, match="'batch_size'"):
+        check_hyperparameter_names(["gamma", "batch_size"])
+
+
+def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: Path) -> None:
+    spec = make_spec()
+    register(leaderboard, "e1", spec)
+    rt = runtime(leaderboard, "e1", spec, "pod-a", tmp_path)
+    stop_after(rt, lambda r: len(r.submissions) >= 3)
+    rt.close()
+    # Every report reached the updater once; the final one comes after the stop.
+    with leaderboard.api() as api:
+        summary = api.get("/experiments/e1").json()
+        board = api.get("/experiments/e1/leaderboard").json()["candidates"]
+    assert summary["submissions"] == len(rt.submissions) >= 4
+    assert summary["env_steps"] == sum(s["env_steps"] for s in rt.submissions) >= 3 * 1024
+    assert board and all(c["pod_id"] == "pod-a" for c in board)
+    best = board[0]
+    assert best["hyperparameters"] == rt.agent.hyperparameters
+    assert set(best["hyperparameters"]) == {"learning_rate"}
+    # The files of the best candidate are a complete, verified checkpoint.
+    with leaderboard.api() as api:
+        files = {
+            name: api.get(f["download_path"].removeprefix("/api/v1")).content
+            for name, f in best["files"].items()
+        }
+    original = json.loads(files.pop("manifest.json"))
+    write_files(tmp_path / "dl", files, {"algorithm": original["algorithm"]})
+    assert read_files(tmp_path / "dl").manifest["files"] == original["files"]
+    _, learner, evaluator = build(rt.config)
+    load_training_files(tmp_path / "dl", learner)
+    assert evaluator.evaluate(learner.policy).mean == pytest.approx(best["score"])
+
+
+def test_restart_from_a_better_parent(leaderboard: Leaderboard, tmp_path: Path) -> None:
+    spec = make_spec()
+    register(leaderboard, "e2", spec)
+    # A strong parent on the board: trained to the target first.
+    first = runtime(leaderboard, "e2", spec, "pod-parent", tmp_path)
+    stop_after(first, lambda r: (r.agent.score or 0) >= 200, timeout=240)
+    first.close()
+    with leaderboard.api() as api:
+        parent = api.get("/experiments/e2/best").json()
+        actor = api.get(parent["files"]["actor.safetensors"]["download_path"][len("/api/v1") :])
+    parent_state = safetensors.torch.load(actor.content)
+
+    child = runtime(leaderboard, "e2", spec, "pod-child", tmp_path)
+    manifest = child.client.generate("pod-child")
+    assert manifest["parent_id"] == parent["candidate_id"]  # pbt exploits the board
+    child.start(manifest)
+    learner = child.roles.learner
+    # Weights and observation statistics are the parent's; the LR is the proposed one.
+    for name, value in learner.policy.state_dict().items():
+        assert torch.equal(value, parent_state[name]), name
+    lr = manifest["hyperparameters"]["learning_rate"]
+    assert [g["lr"] for g in learner.agent.optimizer.param_groups] == [lr]
+    assert child.agent.parent_id == parent["candidate_id"]
+    assert child.agent.generation == parent["generation"] + 1
+    child.close()
+    with leaderboard.api() as api:
+        lease = api.delete(f"/experiments/e2/leases/{manifest['lease_id']}")
+    assert lease.status_code == 404  # the pod released it once the files were loaded
+
+
+def test_leaderboard_restart_loses_no_submission(tmp_path: Path) -> None:
+    lb = Leaderboard(tmp_path / "lb").start()
+    spec = make_spec(round={"env_steps": 512})
+    register(lb, "e3", spec)
+    rt = runtime(lb, "e3", spec, "pod-r", tmp_path)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rt.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while len(rt.submissions) < 2:
+        assert not errors and time.monotonic() < deadline, errors
+        time.sleep(0.05)
+    lb.stop()  # the leaderboard (and its embedded Redis) goes away mid-run
+    while rt.client.retries == 0:
+        assert not errors and time.monotonic() < deadline, errors
+        time.sleep(0.05)
+    before = len(rt.submissions)
+    lb = Leaderboard(tmp_path / "lb", port=lb.port).start()
+    while len(rt.submissions) < before + 2:
+        assert not errors and time.monotonic() < deadline, errors
+        time.sleep(0.05)
+    rt.stop()
+    thread.join(timeout=60)
+    assert not errors, errors
+    rt.close()
+    try:
+        with lb.api() as api:
+            summary = api.get("/experiments/e3").json()
+            lineage = api.get("/experiments/e3/lineage").json()
+    finally:
+        lb.stop()
+    assert summary["submissions"] == len(rt.submissions)
+    assert summary["env_steps"] == sum(s["env_steps"] for s in rt.submissions)
+    assert len({s["submission_id"] for s in rt.submissions}) == len(rt.submissions)
+    accepted = {s["candidate_id"] for s in rt.submissions if s["accepted"]}
+
+    def ids(nodes: list[dict]) -> set[str]:
+        return {n["candidate_id"] for n in nodes} | {c for n in nodes for c in ids(n["children"])}
+
+    assert accepted == ids(lineage["roots"])
+
+
+def pod_env(lb: Leaderboard, exp: str, pod: str, spec: dict, pod_dir: Path) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "PODIUM_EXPERIMENT_ID": exp,
+        "PODIUM_POD_ID": pod,
+        "PODIUM_SPEC": json.dumps(spec),
+        "PODIUM_POD_DIR": str(pod_dir),
+        "PODIUM_CPU": "1",
+        "PODIUM_GPUS": "0",
+        "PODIUM_LEADERBOARD_URL": lb.url,
+        "PODIUM_API_TOKEN": TOKEN,
+        "PODIUM_METRICS_PORT": "0",
+        "PODIUM_LOG_JSON": "1",
+    }
+    return env
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url, timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    spec = make_spec()
+    register(leaderboard, "e4", spec)
+    pod_dir = tmp_path / "pods"
+    pod_dir.mkdir()
+    log = (tmp_path / "pod.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.pod", "--experiment", "e4", "--pod-id", "p0"],
+        cwd=ROOT,
+        env=pod_env(leaderboard, "e4", "p0", spec, pod_dir),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        port_file = pod_dir / "p0.metrics_port"
+        deadline = time.monotonic() + 90
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        url = f"http://127.0.0.1:{int(port_file.read_text())}/metrics"
+        while metric(url, "podium_pod_submissions_total") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        assert metric(url, "podium_pod_env_steps_total") >= 2048
+        assert metric(url, "podium_pod_rounds_total") >= 2
+        assert metric(url, "podium_pod_env_steps_per_second") > 0
+        assert metric(url, "podium_pod_best_eval_return") >= metric(url, "podium_pod_eval_return")
+        with leaderboard.api() as api:
+            before = api.get("/experiments/e4").json()["submissions"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    lines = [json.loads(line) for line in (tmp_path / "pod.log").read_text().splitlines()]
+    reports = [line for line in lines if line["event"] == "reported"]
+    # The final report, unless the stop came right after a report of the same agent.
+    assert reports[-1]["final"] is True or lines[-2]["event"].startswith("nothing trained")
+    with leaderboard.api() as api:
+        after = api.get("/experiments/e4").json()["submissions"]
+    assert after == len(reports) and after > before
+    assert lines[-1]["event"] == "pod stopped"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"PODIUM_SPEC": "{not json"}, "PODIUM_SPEC is not valid JSON"),
+        ({"PODIUM_SPEC": json.dumps({"name": "x"})}, "env: Field required"),
+        (
+            {
+                "PODIUM_SPEC": json.dumps(
+                    make_spec(search_space={"lr": {"type": "choice", "values": [1]}})
+                )
+            },
+            "unknown hyperparameter(s) 'lr'",
+        ),
+        ({"PODIUM_LEADERBOARD_URL": None}, "PODIUM_LEADERBOARD_URL"),
+        ({"PODIUM_CPU": "lots"}, "PODIUM_CPU"),
+    ],
+)
+def test_bad_input_is_a_clear_error(
+    tmp_path: Path, change: dict[str, str | None], message: str
+) -> None:
+    env = pod_env(Leaderboard(tmp_path), "e", "p", make_spec(), tmp_path)
+    for key, value in change.items():
+        if value is None:
+            env.pop(key)
+        else:
+            env[key] = value
+    done = subprocess.run(
+        [sys.executable, "-m", "services.pod"], cwd=ROOT, env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 2
+    last = json.loads(done.stderr.decode().strip().splitlines()[-1])
+    assert last["event"] == "bad input" and message in last["error"]
+    assert "Traceback" not in done.stderr.decode()
