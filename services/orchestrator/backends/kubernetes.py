@@ -118,6 +118,8 @@ def pod_manifest(
         {"name": "PODIUM_POD_ID", "value": req.pod_id},
         {"name": "PODIUM_SPEC", "value": req.spec_json},
         {"name": "PODIUM_GPUS", "value": str(r.gpus)},
+        # The pod budgets its final report (retries included) inside the grace period.
+        {"name": "PODIUM_TERMINATION_GRACE_S", "value": f"{req.grace_s:g}"},
     ]
     for k, v in sorted(req.env.items()):
         if k != "PODIUM_API_TOKEN" or settings.k8s_token_secret is None:
