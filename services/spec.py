@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from services import registry
 from services.search_space import SearchSpace
@@ -215,6 +223,22 @@ class ExperimentSpec(_Model):
             raise ValueError("must be a DNS-1123 label (a-z, 0-9, '-', at most 63 characters)")
         return v
 
+    @field_validator("search_space")
+    @classmethod
+    def _hyperparameter_names(cls, v: SearchSpace, info: ValidationInfo) -> SearchSpace:
+        # A name the pods would refuse is refused here (422 at submission), instead of an
+        # experiment whose pods all exit on start. Checked for algorithms whose hyperparameter
+        # model is importable without torch.
+        for algorithm in info.data.get("algorithms") or {}:
+            fields = hyperparameter_fields(algorithm)
+            unknown = sorted(set(v) - fields) if fields is not None else []
+            if unknown:
+                raise ValueError(
+                    f"{', '.join(map(repr, unknown))} not hyperparameters of "
+                    f"{algorithm!r}; they are: {', '.join(sorted(fields or ()))}"
+                )
+        return v
+
     @field_validator("algorithms")
     @classmethod
     def _algorithms(cls, v: dict[str, float]) -> dict[str, float]:
@@ -223,6 +247,15 @@ class ExperimentSpec(_Model):
         if bad:
             raise ValueError(f"weights must be finite and > 0: {', '.join(bad)}")
         return v
+
+
+def hyperparameter_fields(algorithm: str) -> set[str] | None:
+    """The hyperparameter names ``algorithm`` takes, or None when not known without torch."""
+    if algorithm == "ppo":
+        from services.pod.algorithms.ppo_config import PPOConfig  # pydantic only, no torch
+
+        return set(PPOConfig.model_fields)
+    return None
 
 
 class SpecError(ValueError):

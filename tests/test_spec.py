@@ -110,6 +110,11 @@ def test_quantities() -> None:
         ),
         ({"algorithms": {"ppo": float("inf")}}, "algorithms", "finite and > 0"),
         ({"target_reward": float("nan")}, "target_reward", "finite number"),
+        (
+            {"search_space": {"lr": {"type": "uniform", "low": 0.1, "high": 0.2}}},
+            "search_space",  # the pods would refuse it: PPO's field is learning_rate
+            "'lr' not hyperparameters of 'ppo'; they are: ",
+        ),
     ],
 )
 def test_values_the_leaderboard_would_refuse_are_refused_here(change, field, message):

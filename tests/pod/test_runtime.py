@@ -366,7 +366,7 @@ def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(
                     make_spec(search_space={"lr": {"type": "choice", "values": [1]}})
                 )
             },
-            "unknown hyperparameter(s) 'lr'",
+            "'lr' not hyperparameters of 'ppo'",  # the spec's own check, before the pod's
         ),
         ({"PODIUM_LEADERBOARD_URL": None}, "PODIUM_LEADERBOARD_URL"),
         ({"PODIUM_CPU": "lots"}, "PODIUM_CPU"),

@@ -8,7 +8,6 @@ more than the math, and the pod spends most of its time in exactly these calls.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -16,8 +15,8 @@ import torch
 from torch import nn
 
 from services.pod.algorithms.normalization import RunningMeanStd
+from services.pod.algorithms.ppo_config import Activation
 
-Activation = Literal["tanh", "relu", "elu"]
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
