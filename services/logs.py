@@ -11,6 +11,20 @@ import structlog
 _configured = False
 
 
+class _Stderr:
+    """``sys.stderr`` as it is at each write, not as it was at configure time.
+
+    Test runners, ``typer.testing`` and daemonising code swap ``sys.stderr``; a logger holding
+    the old object would write into a closed stream.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str | None = None, json: bool | None = None) -> None:
     """Configure structlog once per process.
 
@@ -22,7 +36,7 @@ def configure(level: str | None = None, json: bool | None = None) -> None:
     if json is None:
         env = os.environ.get("PODIUM_LOG_JSON")
         json = env == "1" if env is not None else not sys.stderr.isatty()
-    logging.basicConfig(format="%(message)s", stream=sys.stderr, level=level, force=True)
+    logging.basicConfig(format="%(message)s", stream=_Stderr(), level=level, force=True)
     renderer = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
@@ -36,7 +50,7 @@ def configure(level: str | None = None, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=False,
     )
     _configured = True

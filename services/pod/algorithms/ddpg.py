@@ -1,0 +1,173 @@
+"""Deep Deterministic Policy Gradient (Lillicrap et al. 2016), and the pieces TD3 and SAC share.
+
+DDPG learns a deterministic actor μ(s) and a critic Q(s, a) from replayed transitions:
+
+    y = r + γ (1 − terminated) Q'(s', μ'(s'))          (target networks, primed)
+    critic:  min (Q(s, a) − y)²
+    actor:   max Q(s, μ(s))
+    targets: θ' ← (1 − τ) θ' + τ θ                     (soft updates)
+
+Actions are kept in [-1, 1] (a tanh head) inside the agent and in the replay buffer; only the
+env sees them rescaled to its bounds. Exploration adds Gaussian noise to μ(s).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from services.pod.algorithms.policies import Activation, Policy, mlp
+from services.pod.algorithms.replay_buffer import Batch
+
+
+@torch.no_grad()
+def polyak_(target: list[torch.Tensor], online: list[torch.Tensor], tau: float) -> None:
+    """θ' ← θ' + τ (θ − θ'), all tensors in one fused op."""
+    torch._foreach_lerp_(target, online, tau)
+
+
+def box_space(action_space: gym.Space, algorithm: str) -> gym.spaces.Box:
+    if not isinstance(action_space, gym.spaces.Box):
+        raise ValueError(f"{algorithm} needs a continuous (Box) action space, got {action_space}")
+    if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+        raise ValueError(f"{algorithm} needs finite action bounds, got {action_space}")
+    return action_space
+
+
+class BoundedActor(nn.Module):
+    """Maps actions in [-1, 1] (the agent's own scale) to the env's bounds."""
+
+    def __init__(self, space: gym.spaces.Box) -> None:
+        super().__init__()
+        low = torch.as_tensor(space.low, dtype=torch.float32)
+        high = torch.as_tensor(space.high, dtype=torch.float32)
+        self.register_buffer("scale", (high - low) / 2)
+        self.register_buffer("center", (high + low) / 2)
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.center, self.scale, action)
+
+
+class DeterministicActor(BoundedActor):
+    """μ(s) = tanh(MLP(s)), in [-1, 1]."""
+
+    def __init__(
+        self, obs_dim: int, space: gym.spaces.Box, hidden: list[int], activation: Activation
+    ) -> None:
+        super().__init__(space)
+        self.net = mlp(obs_dim, hidden, int(np.prod(space.shape)), activation, out_gain=0.01)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs))
+
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.to_env(self(obs))
+
+
+class QCritic(nn.Module):
+    """``n`` independent state-action critics Q_i(s, a); returns (n, B)."""
+
+    def __init__(
+        self, obs_dim: int, act_dim: int, hidden: list[int], activation: Activation, n: int = 1
+    ) -> None:
+        super().__init__()
+        self.qs = nn.ModuleList(mlp(obs_dim + act_dim, hidden, 1, activation) for _ in range(n))
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        x = torch.cat((obs, action), dim=-1)
+        return torch.stack([q(x).squeeze(-1) for q in self.qs])
+
+
+def frozen_copy(module: nn.Module) -> nn.Module:
+    """A target network: same weights, no gradients."""
+    target = copy.deepcopy(module)
+    target.requires_grad_(False)
+    return target
+
+
+class DDPGConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float = Field(1e-3, gt=0)
+    gamma: float = Field(0.98, gt=0, le=1)
+    tau: float = Field(0.005, gt=0, le=1, description="Soft target update rate.")
+    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
+    activation: Activation = "relu"
+    exploration_noise: float = Field(0.1, ge=0, description="Std of the Gaussian action noise.")
+
+
+class DDPG(nn.Module):
+    """The DDPG agent: actor, critic, their targets and one optimiser."""
+
+    name = "ddpg"
+    config_class = DDPGConfig
+    discrete = False
+
+    def __init__(
+        self, obs_space: gym.spaces.Box, action_space: gym.Space, config: DDPGConfig
+    ) -> None:
+        super().__init__()
+        space = box_space(action_space, self.name)
+        self.config = config
+        obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(space.shape))
+        self.action_shape = (act_dim,)
+        actor = DeterministicActor(obs_dim, space, config.hidden_sizes, config.activation)
+        self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=False)
+        self.critic = QCritic(obs_dim, act_dim, config.hidden_sizes, config.activation, n=1)
+        self.actor_target = frozen_copy(actor)
+        self.critic_target = frozen_copy(self.critic)
+        self.optimizer = torch.optim.Adam(self.trainable(), lr=config.learning_rate, fused=True)
+        self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self._online = [*actor.parameters(), *self.critic.parameters()]
+        self._actor_params = list(actor.parameters())
+        self._critic_params = list(self.critic.parameters())
+
+    @property
+    def actor(self) -> DeterministicActor:
+        return self.policy.actor
+
+    def trainable(self) -> list[nn.Parameter]:
+        return [*self.actor.parameters(), *self.critic.parameters()]
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"optimizer": self.optimizer}
+
+    # -- acting --------------------------------------------------------------------------
+    def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        device = self.actor.scale.device
+        u = torch.rand((n, *self.action_shape), generator=generator, device=device)
+        return u.mul_(2).sub_(1)
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
+        action = self.actor(obs)
+        noise = torch.randn(action.shape, generator=generator, device=action.device)
+        return action.add_(noise, alpha=self.config.exploration_noise).clamp_(-1, 1)
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        return self.actor.to_env(action)
+
+    # -- learning ------------------------------------------------------------------------
+    @torch.no_grad()
+    def td_target(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        """y = r + γ (1 − terminated) Q'(s', μ'(s')): a truncated transition is bootstrapped."""
+        q_next = self.critic_target(batch.next_obs, self.actor_target(batch.next_obs))[0]
+        return batch.reward + self.config.gamma * (1 - batch.terminated) * q_next
+
+    def update(self, batch: Batch, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        y = self.td_target(batch, generator)
+        critic_loss = (self.critic(batch.obs, batch.action)[0] - y).square().mean()
+        actor_loss = -self.critic(batch.obs, self.actor(batch.obs))[0].mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        # Each loss only moves its own network: the actor's gradient flows through Q but
+        # must not train it.
+        critic_loss.backward(inputs=self._critic_params)
+        actor_loss.backward(inputs=self._actor_params)
+        self.optimizer.step()
+        polyak_(self._targets, self._online, self.config.tau)
+        return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach()}

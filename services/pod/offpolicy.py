@@ -1,0 +1,361 @@
+"""Train one off-policy agent (SAC, TD3, DDPG, DQN family) in one process, fused.
+
+The same worker → learner → evaluator split as PPO's loop (services/pod/train.py), in the
+shape off-policy methods need. Read it top to bottom, one vector step at a time:
+
+* worker: step every sub-environment with the exploring policy (uniform random actions until
+  ``learning_starts``) and append the N transitions to the replay buffer, which lives on the
+  env's device;
+* learner: ``updates_per_step`` gradient updates per env step (the update-to-data ratio), each
+  on a fresh minibatch sampled from the buffer;
+* evaluator: every ``eval_every_steps`` env steps, deterministic episodes on its own env; the
+  clock stops meanwhile, and training stops once ``target_return`` is reached.
+
+Many cheap torch-native sub-environments and few large-batch updates is what makes this fast
+in wall time: on a CPU a SAC update of 64x64 networks costs ~2.5 ms (mostly per-op overhead
+and small matmuls) while a vector step of 32 sub-environments costs tens of microseconds, so
+wall time tracks the number of gradient steps, and fresh data is nearly free.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services import registry
+from services.pod.algorithms.ddpg import DDPGConfig
+from services.pod.algorithms.dqn import DQNConfig
+from services.pod.algorithms.replay_buffer import ReplayBuffer
+from services.pod.algorithms.sac import SACConfig
+from services.pod.algorithms.td3 import TD3Config
+from services.pod.checkpoint import (
+    CheckpointError,
+    _json_bytes,
+    _tensors,
+    optimizer_from_files,
+    optimizer_to_files,
+    read_files,
+    write_files,
+)
+from services.pod.envs.base import VecEnv
+from services.pod.envs.registry import make_env
+from services.pod.evaluator import EvalResult, Evaluator
+
+#: The off-policy algorithms, by registered name (entry points ``podium.algorithms``).
+OFF_POLICY_ALGORITHMS = ("sac", "td3", "ddpg", "dqn")
+
+SOLVED_AT: dict[str, float] = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
+
+
+class OffPolicyConfig(BaseModel):
+    """One off-policy training run; the field named by ``algorithm`` holds its hyperparameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = "Pendulum-v1"
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    algorithm: str = "sac"
+    sac: SACConfig = Field(default_factory=SACConfig)
+    td3: TD3Config = Field(default_factory=TD3Config)
+    ddpg: DDPGConfig = Field(default_factory=DDPGConfig)
+    dqn: DQNConfig = Field(default_factory=DQNConfig)
+    num_envs: int = Field(32, ge=1, description="Parallel sub-environments of the worker.")
+    total_env_steps: int = Field(100_000, ge=1, description="Training budget in env steps.")
+    learning_starts: int = Field(1_000, ge=0, description="Env steps of random actions first.")
+    buffer_size: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
+    batch_size: int = Field(256, ge=1)
+    updates_per_step: float = Field(
+        0.25, gt=0, description="Gradient updates per env step (update-to-data ratio)."
+    )
+    eval_every_steps: int = Field(2_048, ge=1)
+    eval_episodes: int = Field(10, ge=1)
+    target_return: float | None = Field(None, description="Stop once the evaluation reaches it.")
+    seed: int = 0
+    device: str = "cpu"
+    torch_threads: int | None = Field(
+        1, ge=1, description="Intra-op threads; small networks run fastest on one thread."
+    )
+
+    @model_validator(mode="after")
+    def _known_algorithm(self) -> OffPolicyConfig:
+        if self.algorithm not in OFF_POLICY_ALGORITHMS:
+            raise ValueError(
+                f"algorithm: {self.algorithm!r} is not an off-policy algorithm "
+                f"(one of {', '.join(OFF_POLICY_ALGORITHMS)})"
+            )
+        return self
+
+    @property
+    def agent_config(self) -> BaseModel:
+        return getattr(self, self.algorithm)
+
+
+#: Tuned starting points per (algorithm, env); a config file or --set overrides any field.
+#: Many envs, large batches, a low update-to-data ratio (0.25) and a high learning rate: few
+#: gradient steps, each on plenty of fresh data, is what costs the least wall time here. In
+#: sweeps over seeds 1-4 the Pendulum presets solved in 6-9k env steps (~1.3-2k updates), the
+#: CartPole one (D3QN) in 17-29k env steps (~2-3.5k updates) over seeds 0-4.
+PRESETS: dict[tuple[str, str], dict[str, Any]] = {
+    ("sac", "Pendulum-v1"): {
+        "num_envs": 32,
+        "total_env_steps": 40_000,
+        "learning_starts": 1_024,
+        "batch_size": 512,
+        "updates_per_step": 0.25,
+        "eval_every_steps": 1_024,
+        "sac": {"learning_rate": 2e-3, "gamma": 0.98, "hidden_sizes": [64, 64], "tau": 0.02},
+    },
+    ("td3", "Pendulum-v1"): {
+        "num_envs": 32,
+        "total_env_steps": 40_000,
+        "learning_starts": 1_024,
+        "batch_size": 512,
+        "updates_per_step": 0.25,
+        "eval_every_steps": 1_024,
+        "td3": {"learning_rate": 2e-3, "gamma": 0.98, "hidden_sizes": [64, 64], "tau": 0.02},
+    },
+    ("ddpg", "Pendulum-v1"): {
+        "num_envs": 32,
+        "total_env_steps": 40_000,
+        "learning_starts": 1_024,
+        "batch_size": 512,
+        "updates_per_step": 0.25,
+        "eval_every_steps": 1_024,
+        "ddpg": {"learning_rate": 2e-3, "gamma": 0.98, "hidden_sizes": [64, 64], "tau": 0.02},
+    },
+    ("dqn", "CartPole-v1"): {
+        "num_envs": 16,
+        "total_env_steps": 60_000,
+        "learning_starts": 1_024,
+        "batch_size": 256,
+        "updates_per_step": 0.125,
+        "eval_every_steps": 1_024,
+        "dqn": {
+            "double": True,
+            "dueling": True,
+            "learning_rate": 2.3e-3,
+            "hidden_sizes": [64, 64],
+            "exploration_steps": 2_000,
+            "epsilon_end": 0.01,
+        },
+    },
+}
+
+
+def preset(algorithm: str, env: str) -> dict[str, Any]:
+    """The preset for (``algorithm``, ``env``) with the env's solve threshold as target."""
+    base: dict[str, Any] = {"algorithm": algorithm, "env": env, "target_return": SOLVED_AT.get(env)}
+    overrides = PRESETS.get((algorithm, env), {})
+    return {**base, **{k: (dict(v) if isinstance(v, dict) else v) for k, v in overrides.items()}}
+
+
+@dataclass
+class OffPolicyRoles:
+    """What one run holds: worker env, agent (the learner's state), replay buffer, evaluator."""
+
+    env: VecEnv
+    agent: torch.nn.Module
+    buffer: ReplayBuffer
+    evaluator: Evaluator
+    generator: torch.Generator  # exploration noise and minibatch sampling
+    env_steps: int = 0
+    updates: int = 0
+    update_debt: float = 0.0  # fractional updates owed to the update-to-data ratio
+
+    def counters(self) -> dict[str, Any]:
+        return {
+            "env_steps": self.env_steps,
+            "updates": self.updates,
+            "update_debt": self.update_debt,
+            "agent_updates": int(getattr(self.agent, "updates", 0)),
+        }
+
+
+@dataclass
+class OffPolicyResult:
+    config: OffPolicyConfig
+    history: list[dict[str, float]] = field(default_factory=list)
+    best: EvalResult | None = None
+    solved_at_env_steps: int | None = None
+    train_seconds: float = 0.0  # wall time excluding evaluation
+
+
+def build(config: OffPolicyConfig) -> OffPolicyRoles:
+    """Construct env, agent, replay buffer and evaluator for ``config``."""
+    # Looked up by registered name: a config can name an algorithm, never a module.
+    algorithm = registry.load(registry.ALGORITHMS, config.algorithm, kind="algorithm")
+    torch.manual_seed(config.seed)
+    env = make_env(
+        config.env, config.num_envs, device=config.device, seed=config.seed, **config.env_kwargs
+    )
+    eval_env = make_env(
+        config.env,
+        config.eval_episodes,
+        device=config.device,
+        seed=config.seed + 10_000,
+        **config.env_kwargs,
+    )
+    obs_space, action_space = env.single_observation_space, env.single_action_space
+    agent = algorithm(obs_space, action_space, config.agent_config).to(config.device)
+    buffer = ReplayBuffer(
+        config.buffer_size,
+        tuple(obs_space.shape),
+        agent.action_shape,
+        torch.int64 if agent.discrete else torch.float32,
+        device=env.device,
+    )
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(config.seed)
+    evaluator = Evaluator(eval_env, seed=config.seed + 10_000)
+    return OffPolicyRoles(env, agent, buffer, evaluator, generator)
+
+
+Callback = Callable[[dict[str, float]], None]
+
+
+def train_offpolicy(
+    config: OffPolicyConfig,
+    out_dir: Path | None = None,
+    on_progress: Callback | None = None,
+    roles: OffPolicyRoles | None = None,
+) -> OffPolicyResult:
+    """Train until the budget is spent or the evaluation reaches ``target_return``.
+
+    ``roles`` lets a caller build them first (and so validate, or resume with
+    ``load_offpolicy_files``); the run then continues from ``roles.env_steps``.
+    """
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    r = roles or build(config)
+    env, agent, buffer, gen = r.env, r.agent, r.buffer, r.generator
+    n = env.num_envs
+    result = OffPolicyResult(config=config)
+    obs, _ = env.reset(seed=config.seed + r.env_steps)
+    next_eval = (r.env_steps // config.eval_every_steps + 1) * config.eval_every_steps
+    stats: dict[str, torch.Tensor] = {}
+    # Episode returns are summed on the device and read only when a record is made.
+    return_sum = torch.zeros((), device=env.device, dtype=torch.float64)
+    episodes = torch.zeros((), device=env.device, dtype=torch.int64)
+    clock = 0.0
+    while r.env_steps < config.total_env_steps:
+        start = time.perf_counter()
+        # Worker: act, step, remember.
+        if r.env_steps < config.learning_starts:
+            action = agent.random_action(n, gen)
+        else:
+            action = agent.explore(obs, gen, r.env_steps)
+        next_obs, reward, terminated, truncated, info = env.step(agent.to_env(action))
+        # next_obs of an ended episode is its final observation, not the reset one.
+        buffer.add(obs, action, reward, info["final_obs"], terminated)
+        obs = next_obs
+        r.env_steps += n
+        done = terminated | truncated
+        return_sum += info["episode_return"].sum()  # zero where no episode ended
+        episodes += done.sum()
+
+        # Learner: updates owed to the update-to-data ratio.
+        if r.env_steps >= config.learning_starts:
+            r.update_debt += n * config.updates_per_step
+            owed = int(r.update_debt)
+            r.update_debt -= owed
+            for _ in range(owed):
+                stats = agent.update(buffer.sample(config.batch_size, gen), gen)
+            r.updates += owed
+        clock += time.perf_counter() - start
+
+        # Evaluator.
+        last = r.env_steps >= config.total_env_steps
+        if r.env_steps < next_eval and not last:
+            continue
+        next_eval += config.eval_every_steps
+        evaluation = r.evaluator.evaluate(agent.policy)
+        record: dict[str, float] = {
+            "env_steps": r.env_steps,
+            "updates": r.updates,
+            "train_seconds": clock,
+            **{k: float(v) for k, v in stats.items()},
+            "eval_return": evaluation.mean,
+            "eval_std": evaluation.std,
+        }
+        if int(episodes):
+            record["train_return"] = float(return_sum) / int(episodes)
+            return_sum.zero_()
+            episodes.zero_()
+        if out_dir is not None:
+            save_offpolicy_files(out_dir / "checkpoints" / "latest", r, config)
+            if r.evaluator.best is evaluation:
+                save_offpolicy_files(out_dir / "checkpoints" / "best", r, config)
+        if config.target_return is not None and evaluation.mean >= config.target_return:
+            result.solved_at_env_steps = r.env_steps
+        result.history.append(record)
+        if on_progress is not None:
+            on_progress(record)
+        if result.solved_at_env_steps is not None:
+            break
+    result.best = r.evaluator.best
+    result.train_seconds = clock
+    return result
+
+
+# -- training files --------------------------------------------------------------------------
+def save_offpolicy_files(
+    directory: Path, roles: OffPolicyRoles, config: OffPolicyConfig
+) -> dict[str, str]:
+    """Write the full training state, replay buffer included; returns file name → sha256.
+
+    ``actor.safetensors`` is the policy alone (enough to act), ``critic.safetensors`` every
+    other network (critics, targets, temperature).
+    """
+    agent = roles.agent
+    state = agent.state_dict()
+    files = {
+        "actor.safetensors": _tensors(agent.policy.state_dict()),
+        "critic.safetensors": _tensors(
+            {k: v for k, v in state.items() if not k.startswith("policy.")}
+        ),
+        "replay_buffer.safetensors": _tensors(roles.buffer.state_dict()),
+        "rng.safetensors": _tensors({"generator": roles.generator.get_state()}),
+        "hyperparameters.json": _json_bytes(config.model_dump(mode="json")),
+        "counters.json": _json_bytes(roles.counters()),
+    }
+    for name, optimizer in agent.optimizers().items():
+        tensors, meta = optimizer_to_files(optimizer)
+        files[f"{name}.safetensors"] = tensors
+        files[f"{name}.json"] = meta
+    return write_files(directory, files, {"algorithm": agent.name})
+
+
+def load_offpolicy_files(directory: Path, roles: OffPolicyRoles) -> None:
+    """Restore ``roles`` from verified training files. Raises ``CheckpointError``."""
+    files = read_files(directory)
+    agent = roles.agent
+    if (found := files.manifest.get("algorithm")) != agent.name:
+        raise CheckpointError(f"{directory}: checkpoint of {found!r}, agent is {agent.name!r}")
+    optimizers = agent.optimizers()
+    needed = {"actor", "critic", "replay_buffer", "rng", *optimizers}
+    if missing := needed - files.tensors.keys():
+        raise CheckpointError(f"{directory}: missing {sorted(missing)}")
+    state = {f"policy.{k}": v for k, v in files.tensors["actor"].items()}
+    state |= files.tensors["critic"]
+    try:
+        agent.load_state_dict(state, strict=True)
+        roles.buffer.load_state_dict(files.tensors["replay_buffer"])
+        roles.generator.set_state(files.tensors["rng"]["generator"])
+        for name, optimizer in optimizers.items():
+            optimizer.load_state_dict(
+                optimizer_from_files(files.tensors[name], files.documents[name])
+            )
+        counters = files.documents["counters"]
+        roles.env_steps = int(counters["env_steps"])
+        roles.updates = int(counters["updates"])
+        roles.update_debt = float(counters["update_debt"])
+        if hasattr(agent, "updates"):
+            agent.updates = int(counters["agent_updates"])
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{directory}: does not fit this agent: {exc}") from exc

@@ -1,0 +1,214 @@
+"""Off-policy agents: the replay buffer, TD targets, training files, config errors, learning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from services.pod.algorithms.ddpg import DDPG, DDPGConfig
+from services.pod.algorithms.dqn import DQN, DQNConfig
+from services.pod.algorithms.replay_buffer import Batch, ReplayBuffer
+from services.pod.checkpoint import CheckpointError
+from services.pod.envs.registry import make_env
+from services.pod.offpolicy import (
+    SOLVED_AT,
+    OffPolicyConfig,
+    build,
+    load_offpolicy_files,
+    preset,
+    save_offpolicy_files,
+    train_offpolicy,
+)
+
+
+def rows(first: int, n: int) -> tuple[torch.Tensor, ...]:
+    """n transitions whose every field encodes its row number (first, first + 1, ...)."""
+    ids = torch.arange(first, first + n, dtype=torch.float32)
+    obs = ids.unsqueeze(1).repeat(1, 3)
+    return obs, ids.unsqueeze(1) * 10, ids * 100, obs + 0.5, (ids % 2 == 0)
+
+
+# -- replay buffer --------------------------------------------------------------------------
+def test_ring_overwrites_the_oldest_rows_in_order():
+    buf = ReplayBuffer(5, (3,), (1,))
+    buf.add(*rows(0, 2))
+    assert (len(buf), buf.pos) == (2, 2)
+    buf.add(*rows(2, 2))
+    buf.add(*rows(4, 2))  # wraps: row 5 goes to slot 0
+    assert (len(buf), buf.pos) == (5, 1)
+    assert buf.obs[:, 0].tolist() == [5, 1, 2, 3, 4]
+    buf.add(*rows(6, 7))  # more than the capacity: only the newest 5 survive
+    assert buf.obs[:, 0].tolist() == [10, 11, 12, 8, 9]  # as if added one by one
+    assert (len(buf), buf.pos) == (5, 3)
+    ids = buf.obs[:, 0]
+    torch.testing.assert_close(buf.action[:, 0], ids * 10)
+    torch.testing.assert_close(buf.reward, ids * 100)
+    torch.testing.assert_close(buf.next_obs[:, 0], ids + 0.5)
+    assert buf.terminated.tolist() == [float(i % 2 == 0) for i in ids.tolist()]
+
+
+def test_sample_draws_only_filled_slots_and_keeps_rows_together():
+    buf = ReplayBuffer(1000, (3,), (1,))
+    buf.add(*rows(1, 7))
+    batch = buf.sample(4096, torch.Generator().manual_seed(0))
+    ids = batch.obs[:, 0]
+    assert set(ids.tolist()) == set(range(1, 8))  # every filled row, and only those
+    torch.testing.assert_close(batch.action[:, 0], ids * 10)
+    torch.testing.assert_close(batch.reward, ids * 100)
+    torch.testing.assert_close(batch.next_obs[:, 1], ids + 0.5)
+    with pytest.raises(ValueError, match="empty"):
+        ReplayBuffer(4, (3,), (1,)).sample(2)
+
+
+def test_truncated_episode_ends_keep_their_final_obs_and_are_not_terminal():
+    """Collect from a real env with a short time limit: truncation must not cut bootstrapping."""
+    env = make_env("CartPole-v1", 8, seed=0, max_episode_steps=9)
+    buf = ReplayBuffer(1000, (4,), (), torch.int64)
+    obs, _ = env.reset(seed=0)
+    truncations = 0
+    for _ in range(40):
+        action = torch.randint(0, 2, (8,))
+        action[:4] = 1  # always pushing right: the pole falls (terminates) within ~9 steps
+        next_obs, reward, term, trunc, info = env.step(action)
+        buf.add(obs, action, reward, info["final_obs"], term)
+        row = slice(buf.pos - 8, buf.pos)
+        assert torch.equal(buf.terminated[row].bool(), term)  # truncation is not termination
+        assert torch.equal(buf.next_obs[row], info["final_obs"])
+        ended = term | trunc
+        if ended.any():  # the stored next obs is the finished episode's, not the reset one
+            assert not torch.equal(buf.next_obs[row][ended], next_obs[ended])
+        truncations += int(trunc.sum())
+        obs = next_obs
+    assert truncations > 0 and buf.terminated.sum() > 0
+
+
+def test_td_targets_bootstrap_truncated_but_not_terminated_transitions():
+    env = make_env("CartPole-v1", 1)
+    dqn = DQN(env.single_observation_space, env.single_action_space, DQNConfig(gamma=0.9))
+    obs = torch.randn(4, 4)
+    batch = Batch(
+        obs,
+        torch.zeros(4, dtype=torch.int64),
+        torch.tensor([1.0, 2.0, 3.0, 4.0]),
+        obs + 1,
+        torch.tensor([0.0, 1.0, 0.0, 1.0]),  # rows 0, 2: truncated (or not ended)
+    )
+    y = dqn.td_target(batch)
+    v_next = dqn.q_target(batch.next_obs).amax(-1).detach()
+    torch.testing.assert_close(y, batch.reward + 0.9 * v_next * (1 - batch.terminated))
+    assert y[1] == 2.0 and y[3] == 4.0 and y[0] != 1.0
+
+    penv = make_env("Pendulum-v1", 1)
+    ddpg = DDPG(penv.single_observation_space, penv.single_action_space, DDPGConfig(gamma=0.9))
+    pobs = torch.randn(2, 3)
+    batch = Batch(pobs, torch.zeros(2, 1), torch.tensor([1.0, 2.0]), pobs, torch.tensor([0.0, 1]))
+    y = ddpg.td_target(batch, torch.Generator())
+    q_next = ddpg.critic_target(pobs, ddpg.actor_target(pobs))[0].detach()
+    torch.testing.assert_close(y, torch.stack([1.0 + 0.9 * q_next[0], torch.tensor(2.0)]))
+
+
+# -- training files -------------------------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["sac", "td3", "ddpg", "dqn"])
+def test_training_files_round_trip_bit_exact(tmp_path, algorithm):
+    env = "CartPole-v1" if algorithm == "dqn" else "Pendulum-v1"
+    cfg = OffPolicyConfig.model_validate(
+        {
+            **preset(algorithm, env),
+            "num_envs": 4,
+            "total_env_steps": 160,
+            "learning_starts": 64,
+            "batch_size": 16,
+            "buffer_size": 100,  # wraps within the run
+            "updates_per_step": 0.3,
+            "eval_every_steps": 10_000,
+            "eval_episodes": 2,
+            "target_return": None,
+        }
+    )
+    trained = build(cfg)
+    train_offpolicy(cfg, roles=trained)
+    save_offpolicy_files(tmp_path / "ckpt", trained, cfg)
+
+    restored = build(cfg.model_copy(update={"seed": 99}))  # different weights, empty buffer
+    load_offpolicy_files(tmp_path / "ckpt", restored)
+    for a, b in zip(
+        trained.agent.state_dict().items(), restored.agent.state_dict().items(), strict=True
+    ):
+        assert a[0] == b[0] and torch.equal(a[1], b[1]), a[0]
+    for name in ("obs", "action", "reward", "next_obs", "terminated"):
+        assert torch.equal(getattr(trained.buffer, name), getattr(restored.buffer, name)), name
+    assert (restored.buffer.pos, len(restored.buffer)) == (trained.buffer.pos, 100)
+    assert restored.counters() == trained.counters()
+    assert torch.equal(restored.generator.get_state(), trained.generator.get_state())
+    # The same next update from both: optimiser state and sampling resume exactly.
+    for roles in (trained, restored):
+        roles.agent.update(roles.buffer.sample(16, roles.generator), roles.generator)
+    for (name, a), (_, b) in zip(
+        trained.agent.state_dict().items(), restored.agent.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_training_files_of_another_algorithm_are_refused(tmp_path):
+    base = {**preset("td3", "Pendulum-v1"), "num_envs": 2, "eval_episodes": 1}
+    cfg = OffPolicyConfig.model_validate(base)
+    save_offpolicy_files(tmp_path / "td3", build(cfg), cfg)
+    sac = build(OffPolicyConfig.model_validate({**base, "algorithm": "sac"}))
+    with pytest.raises(CheckpointError, match="checkpoint of 'td3'"):
+        load_offpolicy_files(tmp_path / "td3", sac)
+
+
+# -- configuration --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("update", "field"),
+    [
+        ({"algorithm": "ppo"}, "algorithm"),
+        ({"sac": {"learning_rate": -1}}, "sac.learning_rate"),
+        ({"dqn": {"dueling": "sometimes"}}, "dqn.dueling"),
+        ({"td3": {"lr": 1e-3}}, "td3.lr"),
+        ({"updates_per_step": 0}, "updates_per_step"),
+        ({"batch_sz": 64}, "batch_sz"),
+    ],
+)
+def test_bad_config_is_a_validation_error_naming_the_field(update, field):
+    with pytest.raises(ValidationError) as info:
+        OffPolicyConfig.model_validate({**preset("sac", "Pendulum-v1"), **update})
+    located = [".".join(map(str, e["loc"])) for e in info.value.errors()]
+    assert field in located or any(field in e["msg"] for e in info.value.errors()), located
+
+
+def test_action_space_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match="sac needs a continuous"):
+        build(OffPolicyConfig.model_validate({**preset("sac", "CartPole-v1"), "num_envs": 2}))
+    with pytest.raises(ValueError, match="dqn needs a Discrete"):
+        build(OffPolicyConfig.model_validate({**preset("dqn", "Pendulum-v1"), "num_envs": 2}))
+
+
+# -- learning -------------------------------------------------------------------------------
+def assert_solves(algorithm: str, env: str, budget: int, seed: int, **overrides):
+    cfg = OffPolicyConfig.model_validate(
+        {**preset(algorithm, env), "total_env_steps": budget, "seed": seed, **overrides}
+    )
+    result = train_offpolicy(cfg)
+    assert result.best is not None
+    assert result.best.mean >= SOLVED_AT[env], (
+        f"{algorithm} on {env}: best eval {result.best.mean:.1f} < {SOLVED_AT[env]} "
+        f"within {budget} env steps"
+    )
+    assert result.solved_at_env_steps is not None and result.solved_at_env_steps <= budget
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["sac", "td3", "ddpg"])
+def test_continuous_agents_solve_pendulum_within_env_step_budget(algorithm):
+    assert_solves(algorithm, "Pendulum-v1", 30_000, seed=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("double", "dueling"), [(False, False), (True, False), (False, True), (True, True)]
+)
+def test_dqn_family_solves_cartpole_within_env_step_budget(double, dueling):
+    dqn = {**preset("dqn", "CartPole-v1")["dqn"], "double": double, "dueling": dueling}
+    assert_solves("dqn", "CartPole-v1", 80_000, seed=1, dqn=dqn)
