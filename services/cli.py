@@ -74,9 +74,23 @@ def train(
     from services.registry import UnknownNameError
 
     try:
-        from services.pod.train import TrainConfig, preset
+        # PPO trains on-policy (services/pod/train.py); sac, td3, ddpg and dqn through the
+        # off-policy loop (services/pod/offpolicy.py). Both read the same layered config.
+        algorithm = layered({"algorithm": "ppo"}, config, set_ or []).get("algorithm")
+        if algorithm in ("sac", "td3", "ddpg", "dqn"):
+            from services.pod import offpolicy
 
-        cfg = TrainConfig.model_validate(layered(preset(env), config, set_ or []))
+            cfg = offpolicy.OffPolicyConfig.model_validate(
+                layered(offpolicy.preset(algorithm, env), config, set_ or [])
+            )
+            build, run_training = offpolicy.build, offpolicy.train_offpolicy
+        else:
+            from services.pod import train as onpolicy
+
+            cfg = onpolicy.TrainConfig.model_validate(
+                layered(onpolicy.preset(env), config, set_ or [])
+            )
+            build, run_training = onpolicy.build, onpolicy.train
     except ConfigError as exc:
         raise fail(str(exc)) from None
     except ValidationError as exc:
@@ -88,8 +102,6 @@ def train(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from services.plots import learning_curve
-    from services.pod.train import build
-    from services.pod.train import train as run_training
 
     try:
         roles = build(cfg)

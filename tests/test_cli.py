@@ -86,3 +86,19 @@ def test_unknown_env_kwarg_is_refused(tmp_path):
     proc = run("train", "CartPole-v1", "--set", "env_kwargs.gravity=3", "--out", str(tmp_path))
     assert proc.returncode == 2
     assert "'gravity'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_train_an_off_policy_agent(tmp_path):
+    out = tmp_path / "sac"
+    proc = run(
+        "train", "Pendulum-v1", "--set", "algorithm=sac", "--set", "total_env_steps=2048",
+        "--set", "eval_every_steps=1024", "--set", "learning_starts=256",
+        "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    files = read_files(out / "checkpoints" / "latest")
+    assert files.manifest["algorithm"] == "sac"
+    assert "replay_buffer" in files.tensors
+    assert (out / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
+    bad = run("train", "Pendulum-v1", "--set", "algorithm=sac", "--set", "sac.lr=1")
+    assert bad.returncode == 2 and "sac.lr" in bad.stderr and "Traceback" not in bad.stderr
