@@ -38,11 +38,9 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def describe_validation(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(root)"
-        lines.append(f"  {where}: {err['msg']}")
-    return "invalid configuration:\n" + "\n".join(lines)
+    from services.spec import describe_errors
+
+    return "invalid configuration:\n" + "\n".join(describe_errors(exc))
 
 
 @app.callback()
@@ -242,17 +240,12 @@ def _shield_signals() -> None:
 def _read_spec(path: Path) -> dict[str, Any]:
     """The spec file as a mapping (validated by the orchestrator, which may know more plugins
     than this machine)."""
-    import yaml
+    from services.spec import SpecError, read_spec_mapping
 
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise fail(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise fail(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise fail(f"{path}: expected an experiment spec (a mapping) at the top level")
-    return data
+        return read_spec_mapping(path)
+    except SpecError as exc:
+        raise fail(str(exc)) from None
 
 
 STATE_STYLE = {

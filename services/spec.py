@@ -262,7 +262,16 @@ class SpecError(ValueError):
     """A spec file that cannot be loaded; the message names the file and the fields."""
 
 
-def load_spec(path: str | Path) -> ExperimentSpec:
+def describe_errors(exc: ValidationError) -> list[str]:
+    """One ``  field.path: message`` line per validation error (CLI and spec files alike)."""
+    return [
+        f"  {'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+        for err in exc.errors()
+    ]
+
+
+def read_spec_mapping(path: str | Path) -> dict[str, Any]:
+    """A spec file's YAML as a mapping, not yet validated; SpecError names the file."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -271,12 +280,14 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping at the top level")
+        raise SpecError(f"{path}: expected an experiment spec (a mapping) at the top level")
+    return data
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    data = read_spec_mapping(path)
     try:
         return ExperimentSpec.model_validate(data)
     except ValidationError as e:
-        lines = [
-            f"  {'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-            for err in e.errors()
-        ]
+        lines = describe_errors(e)
         raise SpecError(f"{path}: invalid experiment spec:\n" + "\n".join(lines)) from e
