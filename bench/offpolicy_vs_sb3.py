@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import time
 
 import numpy as np
 import torch
+from sb3_timing import machine, timed_learn
 
 EVAL_EPISODES = 10
 EVAL_EVERY = {"Pendulum-v1": 1_024, "CartPole-v1": 2_048}
@@ -60,21 +59,9 @@ ZOO = {
 }
 
 
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
-
-
 def run_sb3(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:
     import stable_baselines3 as sb3
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.noise import NormalActionNoise
 
     params = dict(ZOO[(algorithm, env_id)])
@@ -88,33 +75,9 @@ def run_sb3(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:
         )
     threshold, every = THRESHOLD[env_id], EVAL_EVERY[env_id]
 
-    class StopWhenSolved(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.eval_seconds = 0.0
-            self.next_eval = every
-            self.solved_at: int | None = None
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps < self.next_eval:
-                return True
-            self.next_eval += every
-            start = time.perf_counter()
-            mean, _ = evaluate_policy(
-                self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True
-            )
-            self.eval_seconds += time.perf_counter() - start
-            if mean >= threshold:
-                self.solved_at = self.num_timesteps
-                return False
-            return True
-
     model_class = {"sac": sb3.SAC, "td3": sb3.TD3, "dqn": sb3.DQN}[algorithm]
     model = model_class("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **params)
-    callback = StopWhenSolved()
-    start = time.perf_counter()
-    model.learn(budget, callback=callback)
-    return time.perf_counter() - start - callback.eval_seconds, callback.solved_at
+    return timed_learn(model, eval_env, budget, threshold, every, EVAL_EPISODES)
 
 
 def run_podium(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:

@@ -12,13 +12,11 @@ Needs the bench extra: pip install -e ".[bench]".
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-import time
 
 import numpy as np
 import torch
+from sb3_timing import machine, timed_learn
 
 EVAL_EVERY = 4096
 EVAL_EPISODES = 10
@@ -53,21 +51,9 @@ ZOO = {
 }
 
 
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
-
-
 def run_sb3(env_id: str, seed: int) -> tuple[float, int | None]:
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
 
     def schedule(value):
         if isinstance(value, str) and value.startswith("lin_"):
@@ -82,32 +68,8 @@ def run_sb3(env_id: str, seed: int) -> tuple[float, int | None]:
     eval_env = make_vec_env(env_id, n_envs=1, seed=seed + 10_000)
     threshold = THRESHOLD[env_id]
 
-    class StopWhenSolved(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.eval_seconds = 0.0
-            self.next_eval = EVAL_EVERY
-            self.solved_at: int | None = None
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps < self.next_eval:
-                return True
-            self.next_eval += EVAL_EVERY
-            start = time.perf_counter()
-            mean, _ = evaluate_policy(
-                self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True
-            )
-            self.eval_seconds += time.perf_counter() - start
-            if mean >= threshold:
-                self.solved_at = self.num_timesteps
-                return False
-            return True
-
     model = PPO("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **params)
-    callback = StopWhenSolved()
-    start = time.perf_counter()
-    model.learn(SB3_BUDGET[env_id], callback=callback)
-    return time.perf_counter() - start - callback.eval_seconds, callback.solved_at
+    return timed_learn(model, eval_env, SB3_BUDGET[env_id], threshold, EVAL_EVERY, EVAL_EPISODES)
 
 
 def run_podium(env_id: str, seed: int) -> tuple[float, int | None]:
