@@ -107,6 +107,7 @@ class DDPG(nn.Module):
     name = "ddpg"
     config_class = DDPGConfig
     discrete = False
+    n_critics = 1  # TD3 is this agent with two (and its own target and update)
 
     def __init__(
         self, obs_space: gym.spaces.Box, action_space: gym.Space, config: DDPGConfig
@@ -118,7 +119,9 @@ class DDPG(nn.Module):
         self.action_shape = (act_dim,)
         actor = DeterministicActor(obs_dim, space, config.hidden_sizes, config.activation)
         self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=False)
-        self.critic = QCritic(obs_dim, act_dim, config.hidden_sizes, config.activation, n=1)
+        self.critic = QCritic(
+            obs_dim, act_dim, config.hidden_sizes, config.activation, n=self.n_critics
+        )
         self.actor_target = frozen_copy(actor)
         self.critic_target = frozen_copy(self.critic)
         self.optimizer = torch.optim.Adam(self.trainable(), lr=config.learning_rate, fused=True)

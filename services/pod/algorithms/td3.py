@@ -10,82 +10,30 @@ every ``policy_delay`` updates:                                 (delayed policy 
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
-from torch import nn
+from pydantic import Field
 
-from services.pod.algorithms.ddpg import (
-    DeterministicActor,
-    QCritic,
-    box_space,
-    frozen_copy,
-    polyak_,
-)
-from services.pod.algorithms.policies import Activation, Policy
+from services.pod.algorithms.ddpg import DDPG, DDPGConfig, polyak_
 from services.pod.algorithms.replay_buffer import Batch
 
 
-class TD3Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    learning_rate: float = Field(1e-3, gt=0)
-    gamma: float = Field(0.98, gt=0, le=1)
-    tau: float = Field(0.005, gt=0, le=1, description="Soft target update rate.")
-    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
-    activation: Activation = "relu"
-    exploration_noise: float = Field(0.1, ge=0, description="Std of the Gaussian action noise.")
+class TD3Config(DDPGConfig):
     policy_noise: float = Field(0.2, ge=0, description="Std of the target policy smoothing.")
     noise_clip: float = Field(0.5, ge=0)
     policy_delay: int = Field(2, ge=1, description="Critic updates per actor update.")
 
 
-class TD3(nn.Module):
+class TD3(DDPG):
+    """DDPG with twin critics, target policy smoothing and delayed actor updates."""
+
     name = "td3"
     config_class = TD3Config
-    discrete = False
+    n_critics = 2
+    config: TD3Config
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config: TD3Config):
-        super().__init__()
-        space = box_space(action_space, self.name)
-        self.config = config
-        obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(space.shape))
-        self.action_shape = (act_dim,)
-        actor = DeterministicActor(obs_dim, space, config.hidden_sizes, config.activation)
-        self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=False)
-        self.critic = QCritic(obs_dim, act_dim, config.hidden_sizes, config.activation, n=2)
-        self.actor_target = frozen_copy(actor)
-        self.critic_target = frozen_copy(self.critic)
-        self._actor_params = list(actor.parameters())
-        self._critic_params = list(self.critic.parameters())
-        self.optimizer = torch.optim.Adam(
-            [*self._actor_params, *self._critic_params], lr=config.learning_rate, fused=True
-        )
-        self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
-        self._online = [*self._actor_params, *self._critic_params]
+        super().__init__(obs_space, action_space, config)
         self.updates = 0
-
-    @property
-    def actor(self) -> DeterministicActor:
-        return self.policy.actor
-
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"optimizer": self.optimizer}
-
-    # -- acting --------------------------------------------------------------------------
-    def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        device = self.actor.scale.device
-        u = torch.rand((n, *self.action_shape), generator=generator, device=device)
-        return u.mul_(2).sub_(1)
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
-        action = self.actor(obs)
-        noise = torch.randn(action.shape, generator=generator, device=action.device)
-        return action.add_(noise, alpha=self.config.exploration_noise).clamp_(-1, 1)
-
-    def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return self.actor.to_env(action)
 
     # -- learning ------------------------------------------------------------------------
     @torch.no_grad()
