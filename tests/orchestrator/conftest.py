@@ -101,7 +101,16 @@ def started(data_dir: Path, exp_id: str, pods: dict[str, int]) -> bool:
 
 
 def kill_all(data_dir: Path) -> None:
-    for pid in live_pods(data_dir).values():
+    """Every stand-in pod of this data dir, including one spawned but not yet recorded when
+    the orchestrator stopped (found by the PODIUM_POD_DIR its environment carries)."""
+    pids = set(live_pods(data_dir).values())
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if STANDIN in " ".join(p.info["cmdline"] or ()) and p.environ().get(
+                "PODIUM_POD_DIR", ""
+            ).startswith(str(data_dir)):
+                pids.add(p.pid)
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
 
