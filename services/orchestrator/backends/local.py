@@ -260,7 +260,11 @@ class LocalBackend(Backend):
             if rec.get("exit_code") is None and rec.get("ended") is None:
                 with self._lock:
                     child = key in self._children
-                if not child:
+                    if not child:
+                        # Read again under the lock the reaper holds while it forgets a child
+                        # and records its exit: a child that just exited is not "adopted".
+                        rec = self._read(path) or rec
+                if not child and rec.get("exit_code") is None and rec.get("ended") is None:
                     p = self._alive(rec)
                     if p is None:
                         # Adopted and gone: the status is unknowable for a non-child.
