@@ -47,11 +47,11 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _json_bytes(obj: Any) -> bytes:
+def json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, indent=2, sort_keys=True).encode()
 
 
-def _tensors(state: dict[str, torch.Tensor]) -> bytes:
+def tensor_bytes(state: dict[str, torch.Tensor]) -> bytes:
     # safetensors refuses views of shared storage; clone makes every tensor its own.
     return st_save({k: v.detach().contiguous().clone().cpu() for k, v in state.items()})
 
@@ -67,7 +67,7 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[bytes, bytes]:
             else:
                 scalars.setdefault(str(index), {})[name] = value
     meta = {"param_groups": state["param_groups"], "scalars": scalars}
-    return _tensors(tensors), _json_bytes(meta)
+    return tensor_bytes(tensors), json_bytes(meta)
 
 
 def optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict:
@@ -93,7 +93,7 @@ def write_files(directory: Path, files: dict[str, bytes], meta: dict[str, Any]) 
     tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        for name, data in {**files, MANIFEST: _json_bytes(manifest)}.items():
+        for name, data in {**files, MANIFEST: json_bytes(manifest)}.items():
             with open(tmp / name, "wb") as fh:
                 fh.write(data)
                 fh.flush()
@@ -163,12 +163,12 @@ def save_training_files(directory: Path, learner: Learner, config: TrainConfig) 
     critic_state |= {f"return_rms.{k}": v for k, v in agent.return_rms.state_dict().items()}
     opt_tensors, opt_meta = optimizer_to_files(agent.optimizer)
     files = {
-        "actor.safetensors": _tensors(agent.policy.state_dict()),
-        "critic.safetensors": _tensors(critic_state),
+        "actor.safetensors": tensor_bytes(agent.policy.state_dict()),
+        "critic.safetensors": tensor_bytes(critic_state),
         "optimizer.safetensors": opt_tensors,
         "optimizer.json": opt_meta,
-        "hyperparameters.json": _json_bytes(config.model_dump(mode="json")),
-        "counters.json": _json_bytes(learner.counters()),
+        "hyperparameters.json": json_bytes(config.model_dump(mode="json")),
+        "counters.json": json_bytes(learner.counters()),
     }
     return write_files(directory, files, {"algorithm": agent.name})
 

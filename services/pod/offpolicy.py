@@ -36,11 +36,11 @@ from services.pod.algorithms.sac import SACConfig
 from services.pod.algorithms.td3 import TD3Config
 from services.pod.checkpoint import (
     CheckpointError,
-    _json_bytes,
-    _tensors,
+    json_bytes,
     optimizer_from_files,
     optimizer_to_files,
     read_files,
+    tensor_bytes,
     write_files,
 )
 from services.pod.envs.base import VecEnv
@@ -315,14 +315,14 @@ def save_offpolicy_files(
     agent = roles.agent
     state = agent.state_dict()
     files = {
-        "actor.safetensors": _tensors(agent.policy.state_dict()),
-        "critic.safetensors": _tensors(
+        "actor.safetensors": tensor_bytes(agent.policy.state_dict()),
+        "critic.safetensors": tensor_bytes(
             {k: v for k, v in state.items() if not k.startswith("policy.")}
         ),
-        "replay_buffer.safetensors": _tensors(roles.buffer.state_dict()),
-        "rng.safetensors": _tensors({"generator": roles.generator.get_state()}),
-        "hyperparameters.json": _json_bytes(config.model_dump(mode="json")),
-        "counters.json": _json_bytes(roles.counters()),
+        "replay_buffer.safetensors": tensor_bytes(roles.buffer.state_dict()),
+        "rng.safetensors": tensor_bytes({"generator": roles.generator.get_state()}),
+        "hyperparameters.json": json_bytes(config.model_dump(mode="json")),
+        "counters.json": json_bytes(roles.counters()),
     }
     for name, optimizer in agent.optimizers().items():
         tensors, meta = optimizer_to_files(optimizer)

@@ -90,6 +90,14 @@ def frozen_copy(module: nn.Module) -> nn.Module:
     return target
 
 
+def uniform_action(
+    n: int, shape: tuple[int, ...], generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """Uniform actions in [-1, 1] (the actors' normalised action range), before learning."""
+    u = torch.rand((n, *shape), generator=generator, device=device)
+    return u.mul_(2).sub_(1)
+
+
 class DDPGConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -142,9 +150,7 @@ class DDPG(nn.Module):
 
     # -- acting --------------------------------------------------------------------------
     def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        device = self.actor.scale.device
-        u = torch.rand((n, *self.action_shape), generator=generator, device=device)
-        return u.mul_(2).sub_(1)
+        return uniform_action(n, self.action_shape, generator, self.actor.scale.device)
 
     @torch.no_grad()
     def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):

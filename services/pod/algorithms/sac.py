@@ -24,7 +24,14 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from services.pod.algorithms.ddpg import BoundedActor, QCritic, box_space, frozen_copy, polyak_
+from services.pod.algorithms.ddpg import (
+    BoundedActor,
+    QCritic,
+    box_space,
+    frozen_copy,
+    polyak_,
+    uniform_action,
+)
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
 
@@ -112,9 +119,7 @@ class SAC(nn.Module):
 
     # -- acting --------------------------------------------------------------------------
     def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        device = self.actor.scale.device
-        u = torch.rand((n, *self.action_shape), generator=generator, device=device)
-        return u.mul_(2).sub_(1)
+        return uniform_action(n, self.action_shape, generator, self.actor.scale.device)
 
     @torch.no_grad()
     def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
