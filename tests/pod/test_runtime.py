@@ -354,7 +354,9 @@ def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(
     assert reports[-1]["final"] is True or lines[-2]["event"].startswith("nothing trained")
     with leaderboard.api() as api:
         after = api.get("/experiments/e4").json()["submissions"]
-    assert after == len(reports) and after > before
+    assert after == len(reports)
+    if reports[-1]["final"]:  # a final report was made, so it is counted after the stop
+        assert after > before
     assert lines[-1]["event"] == "pod stopped"
 
 
