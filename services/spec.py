@@ -145,6 +145,13 @@ class GeneratorSpec(_Model):
 class Population(_Model):
     min_pods: int = Field(default=1, ge=1)
     max_pods: int = Field(default=4, ge=1)
+    agents_per_pod: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Agents one pod trains together (vmap population, same architecture); "
+        "each is its own candidate on the leaderboard.",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> Population:
@@ -196,6 +203,13 @@ class Budget(_Model):
 class Evaluation(_Model):
     episodes: int = Field(default=10, ge=1)
     every_rounds: int = Field(default=1, ge=1)
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**31,
+        description="Seed of the evaluation episodes' start states, the same for every pod so "
+        "that scores are comparable (default: derived from the experiment's name).",
+    )
     higher_is_better: bool = True
 
 

@@ -108,6 +108,16 @@ class PBTGenerator(Strategy):
         min_candidates: int = Field(
             default=1, ge=1, description="Below this many on the board, start fresh."
         )
+        # Read by the pods (services/pod/runtime.py), which decide when to ask for a parent.
+        ready_reports: int = Field(
+            default=2, ge=1, description="Reports an agent makes before it may be replaced."
+        )
+        ready_env_steps: int = Field(
+            default=32_768,
+            ge=0,
+            description="Env steps an agent trains before it may be replaced: judged earlier, "
+            "scores are mostly evaluation noise.",
+        )
 
     def parents(self, candidates: list[CandidateView]) -> list[CandidateView]:
         """Truncation selection: the top ``quantile`` (at least one)."""

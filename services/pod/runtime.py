@@ -89,6 +89,7 @@ def pod_config(
                 "eval_episodes": spec.evaluation.episodes,
                 "device": device,
                 "seed": seed,
+                "eval_seed": eval_seed(spec),
                 "torch_threads": threads,
             }
         )
@@ -97,6 +98,14 @@ def pod_config(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
         raise HyperparameterError(f"invalid hyperparameters: {fields}") from exc
+
+
+def eval_seed(spec: ExperimentSpec) -> int:
+    """Every pod of an experiment evaluates on the same start states, so that scores compare
+    agents rather than luck of the draw (Pendulum's start angle alone moves a return by ~100)."""
+    if spec.evaluation.seed is not None:
+        return spec.evaluation.seed
+    return zlib.crc32(f"eval:{spec.name}".encode()) % (2**31)
 
 
 class Roles(Protocol):
@@ -154,17 +163,18 @@ class Agent:
     score: float | None = None  # its last evaluation
     rank: int | None = None
     reports: int = 0  # since it was built
-    updates_at_start: int = 0  # the learner's update count when it was built
+    env_steps_at_start: int = 0  # the learner's env steps when it was built
 
 
 class PodRuntime:
-    #: PBT's "ready": an agent is judged (and may be replaced by a better parent) only after
-    #: this many reports and this many updates since it was built. Judged earlier, scores are
-    #: evaluation noise: with 2,048-step rounds (one Pendulum update) and no such rule,
-    #: bench/tournament_quality.py saw whole populations copy each other in circles around
-    #: -1,000 while independent pods solved the task.
+    #: PBT's "ready" (the generator's ``ready_reports`` / ``ready_env_steps`` options): an
+    #: agent is judged, and may be replaced by a better parent, only after this many reports
+    #: and env steps since it was built. Judged earlier, scores are evaluation noise: with
+    #: 2,048-step rounds (one Pendulum update) and no such rule, bench/tournament_quality.py
+    #: saw whole populations copy each other in circles around -1,000 while independent pods
+    #: solved the task.
     ready_after_reports = 2
-    ready_after_updates = 16
+    ready_after_env_steps = 32_768
 
     def __init__(
         self,
@@ -185,6 +195,9 @@ class PodRuntime:
         self.metrics = metrics or PodMetrics(experiment_id, pod_id)
         self.device, self.threads, self.grace_s = device, threads, grace_s
         self.seed = zlib.crc32(pod_id.encode()) % (2**31)
+        options = spec.generator.options
+        self.ready_after_reports = int(options.get("ready_reports", self.ready_after_reports))
+        self.ready_after_env_steps = int(options.get("ready_env_steps", self.ready_after_env_steps))
         self.agent = Agent()
         self.config: TrainConfig | None = None
         self.stopping = False
@@ -244,7 +257,7 @@ class PodRuntime:
             hyperparameters=hyperparameters,
             parent_id=parent_id,
             generation=generation,
-            updates_at_start=learner.updates,
+            env_steps_at_start=learner.env_steps,
         )
         log.info(
             "agent built",
@@ -345,11 +358,11 @@ class PodRuntime:
         """Ask the generator; restart from its parent when that one scored better."""
         learner = self.roles.learner
         assert learner is not None
-        trained = learner.updates - self.agent.updates_at_start
+        trained = learner.env_steps - self.agent.env_steps_at_start
         if (
             self.agent.rank == 1
             or self.agent.reports < self.ready_after_reports
-            or trained < self.ready_after_updates
+            or trained < self.ready_after_env_steps
         ):
             return  # the best there is, or not trained long enough to be judged
         manifest = self.client.generate(self.pod_id, algorithm=self.agent.algorithm)

@@ -49,6 +49,9 @@ class TrainConfig(BaseModel):
     target_return: float | None = Field(None, description="Stop once the evaluation reaches it.")
     device: str = "cpu"
     seed: int = 0
+    eval_seed: int | None = Field(
+        None, description="Seed of the evaluation start states (default: seed + 10,000)."
+    )
     torch_threads: int | None = Field(
         1, ge=1, description="Intra-op threads; small networks run fastest on one thread."
     )
@@ -147,6 +150,7 @@ def build(config: TrainConfig) -> tuple[Worker, Learner, Evaluator]:
         raise ValueError(f"algorithm {config.algorithm!r} is not trainable by `podium train` yet")
     torch.manual_seed(config.seed)
     cfg = config.ppo
+    eval_seed = config.seed + 10_000 if config.eval_seed is None else config.eval_seed
     env = make_env(
         config.env, cfg.num_envs, device=config.device, seed=config.seed, **config.env_kwargs
     )
@@ -154,13 +158,13 @@ def build(config: TrainConfig) -> tuple[Worker, Learner, Evaluator]:
         config.env,
         config.eval_episodes,
         device=config.device,
-        seed=config.seed + 10_000,
+        seed=eval_seed,
         **config.env_kwargs,
     )
     agent = PPO(env.single_observation_space, env.single_action_space, cfg).to(config.device)
     worker = Worker(env, agent.policy, cfg.num_steps, gamma=cfg.gamma, seed=config.seed)
     learner = Learner(agent, config.total_env_steps)
-    evaluator = Evaluator(eval_env, seed=config.seed + 10_000)
+    evaluator = Evaluator(eval_env, seed=eval_seed)
     return worker, learner, evaluator
 
 
