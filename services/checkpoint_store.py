@@ -10,6 +10,9 @@ Writes are atomic. Callers stream a file into a ``staging`` temp file while hash
 (``stage``), compare the digest with the one they expected, then ``commit`` it: the filesystem
 backend fsyncs and renames the temp file into place (a reader sees the whole blob or none), S3
 uploads it as one object (an S3 PUT is atomic). A rejected temp file is deleted, never renamed.
+A process killed mid-upload leaves its temp file behind: every store sweeps staging files older
+than ``staging_max_age_s`` when it is created (the service's start-up), and ``sweep_staging``
+does it on demand.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +35,11 @@ log = get_logger(__name__)
 
 CHUNK = 1 << 20
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+STAGING_PREFIX = ".upload-"
+# A live upload touches its temp file with every write and is committed seconds after its last
+# byte, so a temp file untouched this long belongs to a process that died; the margin also
+# covers replicas that share the staging directory.
+STAGING_MAX_AGE_S = 3600.0
 
 
 class BlobTooLargeError(ValueError):
@@ -65,7 +74,7 @@ class StagingWriter:
     and returns the StagedBlob, ``abort`` deletes it. Blocking file I/O: call from a thread."""
 
     def __init__(self, staging_dir: Path, max_bytes: int | None = None):
-        fd, name = tempfile.mkstemp(dir=staging_dir, prefix=".upload-")
+        fd, name = tempfile.mkstemp(dir=staging_dir, prefix=STAGING_PREFIX)
         self.path = Path(name)
         self._out = os.fdopen(fd, "wb")
         self._digest = hashlib.sha256()
@@ -93,9 +102,28 @@ class StagingWriter:
 class BlobStore(abc.ABC):
     """Interface every backend implements; blobs are addressed by their sha256 hex digest."""
 
-    def __init__(self, staging_dir: Path):
+    def __init__(self, staging_dir: Path, staging_max_age_s: float | None = STAGING_MAX_AGE_S):
         self.staging_dir = Path(staging_dir)
         self.staging_dir.mkdir(parents=True, exist_ok=True)
+        if staging_max_age_s is not None:
+            self.sweep_staging(staging_max_age_s)
+
+    def sweep_staging(self, older_than_s: float = STAGING_MAX_AGE_S) -> int:
+        """Delete upload temp files not modified for ``older_than_s`` seconds (left by a crashed
+        upload); returns how many. Only this store's own temp files are touched."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        with os.scandir(self.staging_dir) as entries:
+            for entry in entries:
+                if not entry.name.startswith(STAGING_PREFIX):
+                    continue
+                with contextlib.suppress(FileNotFoundError):  # committed or swept meanwhile
+                    if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < cutoff:
+                        os.unlink(entry.path)
+                        removed += 1
+        if removed:
+            log.info("stale upload files swept", count=removed, staging_dir=str(self.staging_dir))
+        return removed
 
     def writer(self, max_bytes: int | None = None) -> StagingWriter:
         """A temp file in the staging directory that hashes what is written to it."""
@@ -156,9 +184,9 @@ class FilesystemBlobStore(BlobStore):
     """Blobs under ``root/ab/cd/<sha256>``; temp files in ``root/.staging`` (same filesystem,
     so the final rename is atomic)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, staging_max_age_s: float | None = STAGING_MAX_AGE_S):
         self.root = Path(root).resolve()
-        super().__init__(self.root / ".staging")
+        super().__init__(self.root / ".staging", staging_max_age_s)
 
     def _path(self, sha256: str) -> Path:
         check_digest(sha256)
@@ -228,10 +256,11 @@ class S3BlobStore(BlobStore):
         region: str | None = None,
         create_bucket: bool = False,
         client: object | None = None,
+        staging_max_age_s: float | None = STAGING_MAX_AGE_S,
     ):
         import boto3  # imported here: the filesystem backend needs none of boto3's start-up
 
-        super().__init__(staging_dir)
+        super().__init__(staging_dir, staging_max_age_s)
         self.bucket, self.prefix = bucket, prefix
         self.client = client or boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
         if create_bucket:

@@ -639,7 +639,15 @@ def run(
     if not collected:
         raise typer.Exit(130)
     exp = collected["experiment"]
-    _write_plots(watch.samples, collected, out, spec.name, spec.target_reward, console)
+    _write_plots(
+        watch.samples,
+        collected,
+        out,
+        spec.name,
+        spec.target_reward,
+        console,
+        spec.evaluation.higher_is_better,
+    )
     board = collected.get("board")
     if board and board.get("candidates"):
         console.print(board_table(board, top, title=f"final leaderboard of {spec.name}"))
@@ -662,21 +670,31 @@ def _collect(
     from services.client import ApiError
 
     out.mkdir(parents=True, exist_ok=True)
-    got: dict[str, Any] = {"experiment": exp, "board": None, "lineage": None, "candidates": []}
+    got: dict[str, Any] = {
+        "experiment": exp,
+        "board": None,
+        "lineage": None,
+        "submissions": None,
+        "candidates": [],
+    }
     (out / "experiment.json").write_text(json.dumps(exp, indent=2))
     try:
         got["board"] = client.board(exp_id)
+        got["submissions"] = client.submissions(exp_id)
         got["lineage"] = client.lineage(exp_id)
-        ids = [n["candidate_id"] for n in _walk(got["lineage"]["roots"])]
-        # The newest few hundred are enough for a readable per-pod plot.
-        got["candidates"] = [client.candidate(exp_id, cid) for cid in ids[-500:]]
+        nodes = sorted(got["lineage"]["nodes"], key=lambda n: n.get("created_at", 0.0))
+        # The newest few hundred, with their hyperparameters, for candidates.json.
+        got["candidates"] = [client.candidate(exp_id, n["candidate_id"]) for n in nodes[-500:]]
     except ApiError as exc:
         console.print(f"[yellow]leaderboard not read[/]: {exc.message}")
-    for name in ("board", "lineage", "candidates"):
+    for name, file in (
+        ("board", "leaderboard"),
+        ("lineage", "lineage"),
+        ("submissions", "submissions"),
+        ("candidates", "candidates"),
+    ):
         if got[name] is not None:
-            (out / f"{'leaderboard' if name == 'board' else name}.json").write_text(
-                json.dumps(got[name], indent=2)
-            )
+            (out / f"{file}.json").write_text(json.dumps(got[name], indent=2))
     if got["board"] and got["board"].get("candidates"):
         try:
             cand = client.export(exp_id, out / "best")
@@ -689,15 +707,6 @@ def _collect(
     return got
 
 
-def _walk(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out, stack = [], list(reversed(nodes))
-    while stack:
-        node = stack.pop()
-        out.append(node)
-        stack.extend(reversed(node.get("children") or []))
-    return sorted(out, key=lambda n: n.get("created_at", 0.0))
-
-
 def _write_plots(
     samples: list[dict[str, Any]],
     got: dict[str, Any],
@@ -705,19 +714,27 @@ def _write_plots(
     name: str,
     target: float | None,
     console: Console,
+    higher_is_better: bool = True,
 ) -> None:
+    """best_score.png and candidates.png from the leaderboard's log of every report (the CLI's
+    polls only when it could not be read: they miss what happens between two polls),
+    lineage.png from the lineage."""
     from services import plots
 
     with (out / "progress.jsonl").open("w") as f:
         for s in samples:
             f.write(json.dumps(s) + "\n")
-    written = [plots.tournament_progress(samples, out / "best_score.png", name, target)]
-    start = got["experiment"].get("created_at")
-    written.append(
-        plots.candidate_curves(got["candidates"], out / "candidates.png", name, target, start)
-    )
+    exp = got["experiment"]
+    start = exp.get("created_at")
+    submissions = got.get("submissions")
+    if submissions is not None and start is not None:
+        series = plots.best_so_far(submissions, start, higher_is_better, exp.get("finished_at"))
+    else:
+        series = plots.best_from_polls(samples)
+    written = [plots.tournament_progress(series, out / "best_score.png", name, target)]
+    written.append(plots.pod_curves(submissions or [], out / "candidates.png", name, target, start))
     if got.get("lineage") is not None:
-        written.append(plots.lineage_tree(got["lineage"]["roots"], out / "lineage.png", name))
+        written.append(plots.lineage_tree(got["lineage"]["nodes"], out / "lineage.png", name))
     console.print("plots: " + "  ".join(str(p) for p in written))
 
 

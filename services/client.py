@@ -24,6 +24,14 @@ from typing import Any
 import httpx
 
 from services.platform import DEFAULT_LEADERBOARD_PORT, DEFAULT_ORCHESTRATOR_PORT, read_session
+from services.training_files import (
+    FILE_NAME_RE,
+    MANIFEST,
+    CheckpointError,
+    replace_dir,
+    temp_dir_beside,
+    verify_directory,
+)
 
 # Exit codes of the CLI (documented in docs/tournaments.md).
 EXIT_OK = 0
@@ -268,15 +276,29 @@ class PodiumClient:
         return self.leaderboard.json("GET", f"/experiments/{exp_id}/candidates/{candidate_id}")
 
     def lineage(self, exp_id: str) -> dict[str, Any]:
+        """Every candidate ever inserted: ``nodes``, a flat list linked by ``parent_id``."""
         return self.leaderboard.json("GET", f"/experiments/{exp_id}/lineage")
+
+    def submissions(self, exp_id: str, page: int = 10_000) -> list[dict[str, Any]]:
+        """Every decided report (kept or not), oldest first, read page by page."""
+        out: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": page}
+        while True:
+            got = self.leaderboard.json("GET", f"/experiments/{exp_id}/submissions", params=params)
+            out.extend(got["submissions"])
+            if not got.get("next_after"):
+                return out
+            params["after"] = got["next_after"]
 
     def export(self, exp_id: str, out: Path, candidate_id: str | None = None) -> dict[str, Any]:
         """Download a candidate's training files (default: the best) into ``out``.
 
         Each file is hashed while it streams and checked against the sha256 the leaderboard
-        lists; a ``manifest.json`` among them (Podium training files) is checked too. The files
-        land in a temp directory beside ``out`` that is renamed into place only when every
-        check passed, so ``out`` is never a half-written agent. Returns the candidate.
+        lists; a ``manifest.json`` among them (Podium training files) is checked too, by the
+        pod's own check (services/training_files.py): every listed file present, same size and
+        sha256, no name outside the directory. The files land in a temp directory beside
+        ``out`` that is renamed into place only when every check passed, so ``out`` is never a
+        half-written agent. Returns the candidate.
         """
         cand = self.candidate(exp_id, candidate_id) if candidate_id else self.best(exp_id)
         files: dict[str, dict[str, Any]] = cand.get("files") or {}
@@ -287,21 +309,19 @@ class PodiumClient:
                 EXIT_NOT_REACHED,
             )
         out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        tmp = temp_dir_beside(out)
         try:
             for name, meta in files.items():
+                if not FILE_NAME_RE.match(name):  # never write outside the directory
+                    raise ApiError(f"the leaderboard lists a bad file name {name!r}")
                 self._download(meta["download_path"], tmp / name, meta["sha256"])
-            _check_manifest(tmp)
+            if (tmp / MANIFEST).exists():  # Podium training files: the pod's own check
+                try:
+                    verify_directory(tmp)
+                except CheckpointError as exc:
+                    raise ApiError(f"{exc}; nothing was exported") from None
             (tmp / "candidate.json").write_text(json.dumps(cand, indent=2))
-            old = None
-            if out.exists():
-                old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-                out.rename(old)
-            tmp.rename(out)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            replace_dir(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -332,27 +352,6 @@ class PodiumClient:
                     f"{dest.name}: sha256 {got} does not match the leaderboard's {expected}; "
                     "nothing was exported"
                 )
-
-
-def _check_manifest(directory: Path) -> None:
-    """When the files carry a Podium manifest, every file it lists is present and matches."""
-    path = directory / "manifest.json"
-    if not path.exists():
-        return
-    try:
-        manifest = json.loads(path.read_bytes())
-        listed = manifest.get("files", {})
-    except (ValueError, AttributeError):
-        raise ApiError("manifest.json of the exported files is not valid JSON") from None
-    for name, entry in listed.items():
-        target = directory / name
-        if "/" in name or name.startswith(".") or not target.is_file():
-            raise ApiError(f"the manifest lists {name!r}, which the candidate does not have")
-        data = target.read_bytes()
-        if hashlib.sha256(data).hexdigest() != entry.get("sha256") or len(data) != entry.get(
-            "bytes", len(data)
-        ):
-            raise ApiError(f"{name}: does not match its manifest entry; nothing was exported")
 
 
 def reached(exp: dict[str, Any], min_reward: float | None) -> tuple[bool, str]:

@@ -1,5 +1,7 @@
-"""Plots users look at: one agent's learning curve, and a tournament's progress, candidates and
-lineage. matplotlib (headless), no torch; inputs are plain dicts as the APIs return them."""
+"""Plots users look at: one agent's learning curve, and a tournament's progress, pods and
+lineage. matplotlib (headless), no torch; inputs are plain dicts as the APIs return them (the
+leaderboard's submission log and flat lineage). The series behind each plot come from small
+functions (``best_so_far``, ``pod_series``, ``_layout``) that tests check by value."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: pods and CI have no display
 import matplotlib.pyplot as plt
+from matplotlib.collections import LineCollection
 
 
 def learning_curve(
@@ -61,28 +64,74 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _better(higher_is_better: bool) -> Any:
+    return (lambda a, b: a > b) if higher_is_better else (lambda a, b: a < b)
+
+
+def best_so_far(
+    submissions: Sequence[Mapping[str, Any]],
+    start: float,
+    higher_is_better: bool = True,
+    end: float | None = None,
+) -> dict[str, list[float]]:
+    """The best score reported so far after each report, in the order they were decided.
+
+    ``submissions``: the leaderboard's submission log (``decided_at`` epoch seconds, ``score``,
+    ``env_steps`` trained since the pod's previous report), kept or not. Returns parallel lists
+    ``t`` (seconds since ``start``), ``env_steps`` (the running sum over every pod) and ``best``;
+    with ``end`` (the experiment's end), a last point carries the final best to it.
+    """
+    better = _better(higher_is_better)
+    out: dict[str, list[float]] = {"t": [], "env_steps": [], "best": []}
+    steps, best = 0, None
+    for s in sorted(submissions, key=lambda s: s["decided_at"]):
+        steps += int(s.get("env_steps") or 0)
+        if best is None or better(s["score"], best):
+            best = s["score"]
+        out["t"].append(s["decided_at"] - start)
+        out["env_steps"].append(steps)
+        out["best"].append(best)
+    if end is not None and out["t"] and end - start > out["t"][-1]:
+        out["t"].append(end - start)
+        out["env_steps"].append(steps)
+        out["best"].append(out["best"][-1])
+    return out
+
+
+def best_from_polls(samples: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+    """The same series from the CLI's progress polls (``t``, ``env_steps``, ``best``): only
+    when the leaderboard's log could not be read; polls miss everything between two of them."""
+    kept = [s for s in samples if s.get("best") is not None]
+    return {
+        "t": [s["t"] for s in kept],
+        "env_steps": [s.get("env_steps") or 0 for s in kept],
+        "best": [s["best"] for s in kept],
+    }
+
+
 def tournament_progress(
-    samples: Sequence[Mapping[str, Any]],
+    series: Mapping[str, Sequence[float]],
     path: Path,
     title: str = "",
     target: float | None = None,
 ) -> Path:
-    """The best score on the leaderboard against wall time and against env steps.
-
-    ``samples``: ``{"t": seconds since submission, "env_steps": int | None, "best": float |
-    None}`` as the CLI polls them; samples without a best score yet are skipped.
-    """
+    """Best score so far against wall time and against env steps (all pods), as
+    ``best_so_far`` computes them; a dot where the best improved."""
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4), dpi=110, sharey=True)
-    with_best = [s for s in samples if s.get("best") is not None]
-    xs = [s["t"] for s in with_best]
-    ys = [s["best"] for s in with_best]
-    ax_t.step(xs, ys, where="post", color="tab:blue", lw=2)
-    by_steps = [(s["env_steps"], s["best"]) for s in with_best if s.get("env_steps") is not None]
-    if by_steps:
-        ax_s.step(*zip(*by_steps, strict=True), where="post", color="tab:blue", lw=2)
-    for ax, label in ((ax_t, "wall time (s)"), (ax_s, "env steps (all pods)")):
+    best = list(series.get("best", []))
+    improved = [i for i, b in enumerate(best) if i == 0 or b != best[i - 1]]
+    for ax, xs, label in (
+        (ax_t, list(series.get("t", [])), "wall time since submission (s)"),
+        (ax_s, list(series.get("env_steps", [])), "env steps (all pods)"),
+    ):
+        if best:
+            ax.step(xs, best, where="post", color="tab:blue", lw=2, label="best so far")
+            ax.plot(
+                [xs[i] for i in improved], [best[i] for i in improved], "o", color="tab:blue", ms=4
+            )
         if target is not None:
             ax.axhline(target, color="tab:green", ls="--", lw=1, label=f"target {target:g}")
+        if best or target is not None:
             ax.legend(loc="lower right", fontsize=8)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
@@ -91,90 +140,150 @@ def tournament_progress(
     return _save(fig, path)
 
 
-def candidate_curves(
-    candidates: Sequence[Mapping[str, Any]],
+def pod_series(
+    submissions: Sequence[Mapping[str, Any]], start: float
+) -> dict[str, dict[str, list[Any]]]:
+    """Each pod's own reports in time order: ``t`` (seconds since ``start``), ``score``,
+    ``accepted``, ``env_steps`` (the pod's running sum)."""
+    pods: dict[str, dict[str, list[Any]]] = {}
+    for s in sorted(submissions, key=lambda s: s["decided_at"]):
+        pod = pods.setdefault(
+            str(s["pod_id"]), {"t": [], "score": [], "accepted": [], "env_steps": []}
+        )
+        pod["t"].append(s["decided_at"] - start)
+        pod["score"].append(s["score"])
+        pod["accepted"].append(bool(s.get("accepted")))
+        pod["env_steps"].append(
+            (pod["env_steps"][-1] if pod["env_steps"] else 0) + int(s.get("env_steps") or 0)
+        )
+    return pods
+
+
+def pod_curves(
+    submissions: Sequence[Mapping[str, Any]],
     path: Path,
     title: str = "",
     target: float | None = None,
     start: float | None = None,
 ) -> Path:
-    """Each pod's curve: the scores of the agents it put on the leaderboard, over wall time.
+    """Each pod's curve: the score of every report it made, over wall time; filled markers were
+    kept on the leaderboard, hollow ones were not.
 
-    ``candidates``: leaderboard candidates (``pod_id``, ``score``, ``created_at``); ``start``
-    (epoch seconds) is time zero, the first candidate's time by default.
+    ``submissions``: the leaderboard's submission log; ``start`` (epoch seconds) is time zero,
+    the first report's time by default.
     """
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    if candidates:
-        t0 = start if start is not None else min(c["created_at"] for c in candidates)
-        pods: dict[str, list[tuple[float, float]]] = {}
-        for c in sorted(candidates, key=lambda c: c["created_at"]):
-            pods.setdefault(str(c["pod_id"]), []).append((c["created_at"] - t0, c["score"]))
+    if submissions:
+        t0 = start if start is not None else min(s["decided_at"] for s in submissions)
+        pods = pod_series(submissions, t0)
         cmap = plt.get_cmap("tab20")
-        for i, (pod, points) in enumerate(pods.items()):
+        legend = len(pods) <= 12
+        for i, (pod, series) in enumerate(pods.items()):
+            colour = cmap(i % 20)
             ax.plot(
-                *zip(*points, strict=True),
-                "o-",
-                ms=3,
+                series["t"],
+                series["score"],
+                "-",
                 lw=1.2,
-                color=cmap(i % 20),
-                label=pod if len(pods) <= 12 else None,
+                color=colour,
+                label=pod if legend else None,
             )
-        if len(pods) <= 12:
-            ax.legend(title="pod", fontsize=7, loc="lower right", ncols=2)
+            for kept in (True, False):
+                pts = [
+                    (t, y)
+                    for t, y, a in zip(
+                        series["t"], series["score"], series["accepted"], strict=True
+                    )
+                    if a == kept
+                ]
+                if pts:
+                    ax.scatter(
+                        *zip(*pts, strict=True),
+                        s=12,
+                        zorder=2,
+                        edgecolors=colour,
+                        facecolors=colour if kept else "none",
+                        linewidths=1,
+                    )
+        if legend:
+            ax.legend(title="pod (hollow: not kept)", fontsize=7, loc="lower right", ncols=2)
     if target is not None:
         ax.axhline(target, color="tab:green", ls="--", lw=1)
-    ax.set_xlabel("wall time (s)")
-    ax.set_ylabel("score (accepted submissions)")
+    ax.set_xlabel("wall time since submission (s)")
+    ax.set_ylabel("score (every report)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
-def _layout(roots: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], float]]:
-    """(node, y) for every node: leaves take consecutive rows, a parent sits at the middle of
-    its children (a tidy tree read left to right by generation)."""
-    out: list[tuple[Mapping[str, Any], float]] = []
-    row = 0.0
-
-    def visit(node: Mapping[str, Any]) -> float:
-        nonlocal row
-        children = sorted(node.get("children") or [], key=lambda c: c.get("created_at", 0.0))
-        if children:
-            ys = [visit(c) for c in children]
-            y = (min(ys) + max(ys)) / 2
+def _layout(
+    nodes: Sequence[Mapping[str, Any]],
+) -> tuple[list[tuple[Mapping[str, Any], float]], list[tuple[str, str]]]:
+    """(node, y) for every node, and the (parent id, child id) edges, from the flat lineage:
+    leaves take consecutive rows, a parent sits at the middle of its children (a tidy tree read
+    left to right by generation). Iterative, so a chain thousands of generations deep is fine.
+    A node whose parent is not in the list is a root."""
+    by_id = {n["candidate_id"]: n for n in nodes}
+    children: dict[str, list[Mapping[str, Any]]] = {}
+    roots = []
+    for n in nodes:
+        parent = n.get("parent_id")
+        if parent and parent in by_id and parent != n["candidate_id"]:
+            children.setdefault(parent, []).append(n)
         else:
-            y = row
-            row += 1
-        out.append((node, y))
-        return y
+            roots.append(n)
 
-    # Iterative depth would be safer for absurdly deep trees; lineages are a few hundred deep
-    # at most (one level per generation).
-    for root in sorted(roots, key=lambda r: r.get("created_at", 0.0)):
-        visit(root)
-    return out
+    def when(n: Mapping[str, Any]) -> float:
+        return n.get("created_at", 0.0)
+
+    out: list[tuple[Mapping[str, Any], float]] = []
+    edges: list[tuple[str, str]] = []
+    ys: dict[str, float] = {}
+    seen: set[str] = set()
+    row = 0.0
+    for root in sorted(roots, key=when):
+        stack: list[tuple[Mapping[str, Any], bool]] = [(root, False)]
+        while stack:
+            node, done = stack.pop()
+            cid = node["candidate_id"]
+            kids = sorted(children.get(cid, []), key=when)
+            if not done:
+                if cid in seen:
+                    continue
+                seen.add(cid)
+                stack.append((node, True))
+                stack.extend((k, False) for k in reversed(kids))
+                continue
+            placed = [ys[k["candidate_id"]] for k in kids if k["candidate_id"] in ys]
+            if placed:
+                y = (min(placed) + max(placed)) / 2
+            else:
+                y = row
+                row += 1
+            ys[cid] = y
+            out.append((node, y))
+            edges.extend((cid, k["candidate_id"]) for k in kids)
+    return out, edges
 
 
 def lineage_tree(
-    roots: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]],
     path: Path,
     title: str = "",
 ) -> Path:
     """The lineage: every candidate ever inserted, parent -> child edges, by generation.
 
-    ``roots``: the leaderboard's lineage ``roots`` (nodes with ``candidate_id``,
-    ``generation``, ``score``, ``status``, ``children``). Colour is the score; hollow markers
+    ``nodes``: the leaderboard's flat lineage ``nodes`` (``candidate_id``, ``parent_id``,
+    ``generation``, ``score``, ``status``, ``created_at``). Colour is the score; hollow markers
     are candidates since evicted from the board.
     """
-    placed = _layout(roots)
+    placed, edges = _layout(nodes)
     where = {n["candidate_id"]: (n.get("generation", 0), y) for n, y in placed}
     height = min(max(4.0, 0.18 * (1 + max((y for _, y in placed), default=0))), 30.0)
     fig, ax = plt.subplots(figsize=(9, height), dpi=110)
-    for node, y in placed:
-        x = node.get("generation", 0)
-        for child in node.get("children") or []:
-            cx, cy = where[child["candidate_id"]]
-            ax.plot([x, cx], [y, cy], color="0.6", lw=0.8, zorder=1)
+    if edges:
+        segments = [[where[p], where[c]] for p, c in edges]
+        ax.add_collection(LineCollection(segments, colors="0.6", lw=0.8, zorder=1))
     if placed:
         scores = [n["score"] for n, _ in placed]
         lo, hi = min(scores), max(scores)

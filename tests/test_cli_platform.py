@@ -431,6 +431,20 @@ def test_run_to_the_target_writes_results(tmp_path: Path) -> None:
     # Every candidate ever inserted (evicted ones too), from both pods.
     assert len(candidates) > len(board["candidates"])
     assert len({c["pod_id"] for c in candidates}) == 2
+    lineage = json.loads((out / "lineage.json").read_text())
+    assert {n["candidate_id"] for n in lineage["nodes"]} == {c["candidate_id"] for c in candidates}
+    # best_score.png's series: every report from the leaderboard's log, not the CLI's polls,
+    # so the climb from 10 (each pod's first report) to the target is on it.
+    from services import plots
+
+    reports = json.loads((out / "submissions.json").read_text())
+    assert {r["pod_id"] for r in reports} == {c["pod_id"] for c in candidates}
+    exp = json.loads((out / "experiment.json").read_text())
+    series = plots.best_so_far(reports, exp["created_at"])
+    assert series["best"][0] == 10.0 and series["best"][-1] >= 50
+    assert series["best"] == sorted(series["best"]) and len(set(series["best"])) >= 5
+    assert series["env_steps"][-1] == 500 * len(reports)
+    assert 0 < series["t"][0] <= series["t"][-1]
     assert json.loads((out / "experiment.json").read_text())["state"] == "succeeded"
     assert not (out / "data" / "platform.json").exists()
     no_traceback(proc)

@@ -98,8 +98,12 @@ def test_resolve_explicit_then_running_platform_then_defaults(tmp_path: Path) ->
     explicit = resolve(url="http://h:1", token="t", data_dir=tmp_path)
     assert (explicit.url, explicit.token, explicit.leaderboard_url) == ("http://h:1", "t", None)
     # A session file left by a platform that was killed is ignored.
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     (tmp_path / "platform.json").write_text(json.dumps({**session, "pid": int(dead.stdout)}))
     assert resolve(data_dir=tmp_path).url == "http://127.0.0.1:8000"
 
@@ -172,27 +176,66 @@ def test_export_best_and_a_chosen_candidate(board: tuple[PodiumClient, Any], tmp
 def test_export_refuses_files_that_contradict_their_manifest(
     board: tuple[PodiumClient, Any], tmp_path: Path
 ) -> None:
+    """The leaderboard's sha256 matches what it stored, but the manifest (what the pod wrote)
+    says otherwise: the pod's own check refuses it, and nothing lands in OUT."""
     client, http = board
     weights = {"actor.safetensors": b"weights"}
     wrong = manifest(weights, **{"actor.safetensors": {"sha256": "0" * 64, "bytes": 7}})
     submit(http, "s1", 1.0, {**weights, "manifest.json": wrong})
-    with pytest.raises(ApiError, match="does not match its manifest entry"):
+    with pytest.raises(
+        ApiError,
+        match="actor.safetensors: size or sha256 does not match the manifest.*nothing was exported",
+    ):
+        client.export("e1", tmp_path / "out")
+    truncated = manifest(
+        weights,
+        **{"actor.safetensors": {"sha256": hashlib.sha256(b"weights").hexdigest(), "bytes": 8}},
+    )
+    submit(http, "s2", 2.0, {**weights, "manifest.json": truncated})
+    with pytest.raises(ApiError, match="does not match the manifest"):
         client.export("e1", tmp_path / "out")
     missing = manifest(weights, **{"critic.safetensors": {"sha256": "1" * 64, "bytes": 1}})
-    submit(http, "s2", 2.0, {**weights, "manifest.json": missing})
-    with pytest.raises(ApiError, match="lists 'critic.safetensors'"):
+    submit(http, "s3", 3.0, {**weights, "manifest.json": missing})
+    with pytest.raises(ApiError, match="file critic.safetensors is missing"):
+        client.export("e1", tmp_path / "out")
+    escape = manifest(weights, **{"../outside.json": {"sha256": "1" * 64, "bytes": 1}})
+    submit(http, "s4", 4.0, {**weights, "manifest.json": escape})
+    with pytest.raises(ApiError, match="bad file name '../outside.json'"):
+        client.export("e1", tmp_path / "out")
+    foreign = json.dumps({"format": "other/9", "files": {}}).encode()
+    submit(http, "s5", 5.0, {**weights, "manifest.json": foreign})
+    with pytest.raises(ApiError, match="unsupported checkpoint format 'other/9'"):
         client.export("e1", tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lb"]
+
+
+def test_export_and_the_manifest_check_do_not_import_torch() -> None:
+    """`podium export` runs on machines without torch: the check it shares with the pod is
+    torch-free, and so is everything the CLI's export path imports."""
+    code = (
+        "import sys, services.client, services.training_files, services.cli; "
+        "assert 'torch' not in sys.modules, 'torch imported'; "
+        "import services.pod.checkpoint as c, services.training_files as t; "
+        "assert c.read_manifest is t.read_manifest and c.CheckpointError is t.CheckpointError; "
+        "assert c.write_files is t.write_files and c.MANIFEST == t.MANIFEST"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_export_of_a_score_only_candidate_and_unknown_ids(board: tuple[PodiumClient, Any]):
     client, http = board
     r = http.post(
         "/experiments/e1/submissions",
-        json={"submission_id": "m", "pod_id": "p", "algorithm": "ppo", "score": 1.0,
-              "eval": {"mean": 1.0}},
-    )  # fmt: skip
+        json={
+            "submission_id": "m",
+            "pod_id": "p",
+            "algorithm": "ppo",
+            "score": 1.0,
+            "eval": {"mean": 1.0},
+        },
+    )
     assert r.status_code == 200, r.text
     with pytest.raises(ApiError, match="has no training files to export"):
         client.export("e1", Path("unused"))
@@ -201,3 +244,26 @@ def test_export_of_a_score_only_candidate_and_unknown_ids(board: tuple[PodiumCli
     assert e.value.status == 404
     with pytest.raises(ApiError, match="unknown experiment 'e2'"):
         client.best("e2")
+
+
+def test_submission_log_and_flat_lineage_are_read_whole(board: tuple[PodiumClient, Any]) -> None:
+    client, http = board
+    for i, score in enumerate([1.0, 3.0, 2.0, 5.0, 4.0, 0.5]):
+        r = http.post(
+            "/experiments/e1/submissions",
+            json={
+                "submission_id": f"r{i}",
+                "pod_id": f"p{i % 2}",
+                "algorithm": "ppo",
+                "score": score,
+                "env_steps": 10 * i,
+                "eval": {"mean": score},
+            },
+        )
+        assert r.status_code == 200, r.text
+    log = client.submissions("e1", page=4)  # two pages
+    assert [s["submission_id"] for s in log] == [f"r{i}" for i in range(6)]
+    assert [s["env_steps"] for s in log] == [10 * i for i in range(6)]
+    assert [s["accepted"] for s in log] == [True, True, True, True, True, False]
+    nodes = client.lineage("e1")["nodes"]
+    assert [n["candidate_id"] for n in nodes] == [s["candidate_id"] for s in log[:5]]

@@ -34,6 +34,8 @@ from services.leaderboard.models import (
     Lineage,
     LineageNode,
     Manifest,
+    SubmissionLog,
+    SubmissionRecord,
     SubmissionResponse,
 )
 from services.leaderboard.settings import LeaderboardSettings
@@ -386,33 +388,98 @@ async def download(
 @api.get(
     "/experiments/{experiment_id}/lineage",
     response_model=Lineage,
-    summary="Every candidate ever inserted, as a tree of parent -> children",
+    summary="Every candidate ever inserted, as a flat list linked by parent_id",
+    description="Oldest first. Each node names its parent (`parent_id`); a node whose parent "
+    "is null or not in the list is a root. Clients rebuild the tree, so a PBT chain of any "
+    "depth serializes.",
 )
-async def lineage(experiment_id: ExperimentId, svc: Svc) -> Lineage:
+async def lineage(experiment_id: ExperimentId, svc: Svc) -> Response:
     await svc.store.get_config(experiment_id)
     events = await svc.store.lineage_events(experiment_id)
-    evicted = {e["candidate_id"] for e in events if e.get("event") == "evict"}
-    nodes: dict[str, LineageNode] = {}
-    for e in events:
-        if e.get("event") != "insert":
-            continue
-        cid = e["candidate_id"]
-        nodes[cid] = LineageNode(
-            candidate_id=cid,
+    evicted_at = {
+        e["candidate_id"]: float(e.get("time", 0)) for e in events if e.get("event") == "evict"
+    }
+    nodes = [
+        LineageNode(
+            candidate_id=e["candidate_id"],
             parent_id=e.get("parent_id") or None,
             algorithm=e.get("algorithm", ""),
             generation=int(e.get("generation", 0)),
             pod_id=e.get("pod_id", ""),
+            submission_id=e.get("submission_id", ""),
             env_steps=int(e.get("env_steps", 0)),
             score=float(e["score"]),
-            status="evicted" if cid in evicted else "active",
+            status="evicted" if e["candidate_id"] in evicted_at else "active",
             created_at=float(e.get("time", 0)),
+            evicted_at=evicted_at.get(e["candidate_id"]),
         )
-    roots = []
-    for node in nodes.values():
-        parent = nodes.get(node.parent_id) if node.parent_id else None
-        (parent.children if parent else roots).append(node)
-    return Lineage(experiment_id=experiment_id, roots=roots, events=len(events))
+        for e in events
+        if e.get("event") == "insert"
+    ]
+    body = Lineage(experiment_id=experiment_id, nodes=nodes, events=len(events))
+    # Serialized once here; FastAPI would validate thousands of nodes again for response_model.
+    return Response(body.model_dump_json(), media_type="application/json")
+
+
+StreamCursor = Annotated[
+    str | None,
+    Query(
+        pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
+        description="`next_after` of the previous page; omit for the first.",
+    ),
+]
+
+
+@api.get(
+    "/experiments/{experiment_id}/submissions",
+    response_model=SubmissionLog,
+    summary="Every decided report, kept or not, oldest first (paged)",
+    description="What each pod reported and when the leaderboard decided it: score, env steps "
+    "since the pod's previous report, accepted or not. The history behind best-score-over-time "
+    "plots; retries appear once. Page with `after` = the previous page's `next_after`.",
+)
+async def submission_log(
+    experiment_id: ExperimentId,
+    svc: Svc,
+    after: StreamCursor = None,
+    limit: Annotated[int, Query(ge=1, le=100_000, description="Reports per page.")] = 10_000,
+) -> Response:
+    await svc.store.get_config(experiment_id)
+    records: list[SubmissionRecord] = []
+    cursor, more = after, True
+    while more and len(records) < limit:
+        # Entries, not reports, are counted by Redis (evictions and generator decisions share
+        # the stream), so read in chunks until the page is full or the stream ends.
+        count = min(max(limit - len(records), 1_000), 10_000)
+        page = await svc.store.lineage_page(experiment_id, cursor, count)
+        more = len(page) == count
+        for entry_id, e in page:
+            if len(records) == limit:
+                more = True
+                break
+            cursor = entry_id
+            kind = e.get("event")
+            if kind not in ("insert", "reject"):
+                continue
+            generation = e.get("generation")
+            records.append(
+                SubmissionRecord(
+                    submission_id=e.get("submission_id", ""),
+                    pod_id=e.get("pod_id", ""),
+                    algorithm=e.get("algorithm", ""),
+                    score=float(e["score"]),
+                    env_steps=int(e.get("env_steps") or 0),
+                    accepted=kind == "insert",
+                    candidate_id=e.get("candidate_id") if kind == "insert" else None,
+                    parent_id=e.get("parent_id") or None,
+                    generation=int(generation) if generation else None,
+                    decided_at=float(e.get("time", 0)),
+                )
+            )
+    body = SubmissionLog(
+        experiment_id=experiment_id, submissions=records, next_after=cursor if more else None
+    )
+    return Response(body.model_dump_json(), media_type="application/json")
 
 
 # -- generator -----------------------------------------------------------------------------------

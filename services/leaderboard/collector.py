@@ -18,7 +18,7 @@ import time
 
 from starlette.concurrency import run_in_threadpool
 
-from services.checkpoint_store import BlobStore
+from services.checkpoint_store import STAGING_MAX_AGE_S, BlobStore
 from services.leaderboard.store import LeaderboardStore
 from services.logs import get_logger
 
@@ -51,6 +51,8 @@ class BlobCollector:
             lambda: [sha for sha, mtime in self.blobs.list() if mtime < cutoff]
         )
         await self.store.mark_orphans(old)
+        # Uploads that crashed half-way leave staging files no blob name refers to.
+        await run_in_threadpool(self.blobs.sweep_staging, max(self.grace_s, STAGING_MAX_AGE_S))
         return await self.collect()
 
     async def run_forever(self, interval_s: float, sweep_every: int = 10) -> None:

@@ -202,19 +202,54 @@ class Manifest(BaseModel):
 
 
 class LineageNode(BaseModel):
+    """One candidate ever inserted. The lineage is a flat list of these; ``parent_id`` links a
+    node to its parent (clients rebuild the tree), so a chain of any depth serializes."""
+
     candidate_id: str
-    parent_id: str | None
+    parent_id: str | None = Field(
+        description="The candidate it was trained from; None (or one no longer in the list) "
+        "for a root."
+    )
     algorithm: str
     generation: int
     pod_id: str = ""
-    env_steps: int = Field(default=0, description="The pod's env steps when it submitted.")
+    submission_id: str = ""
+    env_steps: int = Field(
+        default=0, description="Env steps the pod trained since its previous report."
+    )
     score: float
     status: Literal["active", "evicted"]
-    created_at: float
-    children: list[LineageNode] = Field(default_factory=list)
+    created_at: float = Field(description="When it was inserted (epoch seconds).")
+    evicted_at: float | None = None
 
 
 class Lineage(BaseModel):
     experiment_id: str
-    roots: list[LineageNode]
+    nodes: list[LineageNode] = Field(description="Every candidate ever inserted, oldest first.")
     events: int = Field(description="Entries in the lineage stream.")
+
+
+class SubmissionRecord(BaseModel):
+    """One decided report, kept on the board or not (retries are not repeated)."""
+
+    submission_id: str
+    pod_id: str
+    algorithm: str
+    score: float
+    env_steps: int = Field(
+        description="Env steps the pod trained since its previous report; their running sum "
+        "over the log is the experiment's env steps (0 for rejects recorded before this field)."
+    )
+    accepted: bool
+    candidate_id: str | None = Field(default=None, description="When accepted.")
+    parent_id: str | None = None
+    generation: int | None = None
+    decided_at: float = Field(description="When the leaderboard decided (epoch seconds).")
+
+
+class SubmissionLog(BaseModel):
+    experiment_id: str
+    submissions: list[SubmissionRecord] = Field(description="In the order they were decided.")
+    next_after: str | None = Field(
+        description="Pass as ``after`` for the next page; None when this page is the last."
+    )

@@ -12,7 +12,8 @@ Keys, per experiment ``E`` (``podium:lb:E:`` prefix):
   (status ``evicted``) so lineage and history stay readable. ``all`` lists every id.
 - ``subs``: hash submission id -> the first answer (idempotent retries).
 - ``lineage``: append-only stream (XADD) of every insert, reject, eviction and generator
-  decision (fresh / exploit / explore / cem).
+  decision (fresh / exploit / explore / cem); inserts and rejects carry the submission's pod,
+  score, env steps and time, so it is also the log of every decided report.
 
 Blobs (``podium:blob:`` prefix, shared by experiments because blobs are content-addressed):
 ``refs`` (sha -> number of active candidates using it), ``gc`` (sorted set of unreferenced shas
@@ -126,7 +127,8 @@ if redis.call('ZCARD', KEYS[2]) >= k then
       'score ' .. ARGV[3] .. ' does not beat the top-' .. k .. ' threshold ' .. threshold) .. '}'
     redis.call('HSET', KEYS[3], ARGV[1], ans)
     redis.call('XADD', KEYS[4], '*', 'event', 'reject', 'submission_id', ARGV[1],
-      'score', ARGV[3], 'pod_id', ARGV[11], 'algorithm', ARGV[10], 'time', now)
+      'score', ARGV[3], 'pod_id', ARGV[11], 'algorithm', ARGV[10], 'env_steps', ARGV[12],
+      'parent_id', ARGV[8], 'generation', ARGV[9], 'time', now)
     return {1, ans}
   end
 end
@@ -485,6 +487,15 @@ class LeaderboardStore:
     async def lineage_events(self, experiment_id: str) -> list[dict[str, str]]:
         entries = await self.r.xrange(Keys(experiment_id).lineage)
         return [{_s(a): _s(b) for a, b in fields.items()} for _, fields in entries]
+
+    async def lineage_page(
+        self, experiment_id: str, after: str | None, count: int
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Up to ``count`` lineage entries (stream id, fields) after the entry ``after``."""
+        entries = await self.r.xrange(
+            Keys(experiment_id).lineage, min=f"({after}" if after else "-", count=count
+        )
+        return [(_s(i), {_s(a): _s(b) for a, b in fields.items()}) for i, fields in entries]
 
     async def all_candidates(self, experiment_id: str) -> dict[str, dict[str, str]]:
         k = Keys(experiment_id)

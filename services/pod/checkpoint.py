@@ -12,16 +12,14 @@ Weights go through safetensors and everything else through JSON, so loading a ch
 the network never runs pickled code. Every file is checked against the manifest before it is
 parsed: a truncated or tampered file is an error, never a silently different agent. A
 directory is written next to its destination and renamed into place, so readers see either
-the old checkpoint or the new one.
+the old checkpoint or the new one. The manifest, its checks and the write need no torch and
+live in services/training_files.py (the CLI's export uses them too); this module adds the
+tensors.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,24 +29,38 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+# The torch-free part (manifest, checks, atomic write) is shared with the CLI's export; its
+# names stay importable from here for the pod's modules.
+from services.training_files import (
+    FORMAT,
+    MANIFEST,
+    CheckpointError,
+    json_bytes,
+    read_manifest,
+    sha256_bytes,
+    verified_files,
+    write_files,
+)
+
 if TYPE_CHECKING:
     from services.pod.learner import Learner
     from services.pod.train import TrainConfig
 
-FORMAT = "podium.training-files/1"
-MANIFEST = "manifest.json"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, truncated, tampered with, or does not fit the agent."""
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, indent=2, sort_keys=True).encode()
+__all__ = [
+    "FORMAT",
+    "MANIFEST",
+    "CheckpointError",
+    "TrainingFiles",
+    "json_bytes",
+    "load_training_files",
+    "optimizer_from_files",
+    "optimizer_to_files",
+    "read_files",
+    "save_training_files",
+    "sha256_bytes",
+    "tensor_bytes",
+    "write_files",
+]
 
 
 def tensor_bytes(state: dict[str, torch.Tensor]) -> bytes:
@@ -80,37 +92,6 @@ def optimizer_from_files(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def write_files(directory: Path, files: dict[str, bytes], meta: dict[str, Any]) -> dict[str, str]:
-    """Atomically write ``files`` plus a manifest into ``directory``; return name → sha256."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    digests = {name: sha256_bytes(data) for name, data in files.items()}
-    manifest = {
-        **meta,
-        "format": FORMAT,
-        "files": {n: {"sha256": digests[n], "bytes": len(d)} for n, d in files.items()},
-    }
-    tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        for name, data in {**files, MANIFEST: json_bytes(manifest)}.items():
-            with open(tmp / name, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-        old = None
-        if directory.exists():
-            old = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex[:8]}"
-            directory.rename(old)
-        tmp.rename(directory)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return digests
-
-
 @dataclass
 class TrainingFiles:
     """A verified checkpoint, parsed: tensors by file, JSON documents by file."""
@@ -123,29 +104,10 @@ class TrainingFiles:
 def read_files(directory: Path) -> TrainingFiles:
     """Read and verify a checkpoint directory. Raises ``CheckpointError`` on any defect."""
     directory = Path(directory)
-    try:
-        manifest = json.loads((directory / MANIFEST).read_bytes())
-    except FileNotFoundError as exc:
-        raise CheckpointError(f"{directory}: no {MANIFEST}; not a Podium checkpoint") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{directory / MANIFEST}: not valid JSON ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise CheckpointError(f"{directory}: unsupported checkpoint format {found!r}")
+    manifest = read_manifest(directory)
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     documents: dict[str, Any] = {}
-    for name, entry in manifest.get("files", {}).items():
-        if "/" in name or name.startswith("."):
-            raise CheckpointError(f"{directory}: bad file name {name!r} in manifest")
-        try:
-            data = (directory / name).read_bytes()
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"{directory}: file {name} is missing") from exc
-        if len(data) != entry.get("bytes") or sha256_bytes(data) != entry.get("sha256"):
-            raise CheckpointError(
-                f"{directory / name}: size or sha256 does not match the manifest "
-                "(truncated or modified)"
-            )
+    for name, data in verified_files(directory, manifest):
         try:
             if name.endswith(".safetensors"):
                 tensors[name.removesuffix(".safetensors")] = st_load(data)

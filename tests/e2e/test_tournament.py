@@ -126,7 +126,7 @@ def test_tournament_reaches_the_target_and_stops_every_pod(
     assert stopped == ["pod stopped (exit code 0)"] * 4
     assert_nothing_lost(leaderboard, exp_id, data)
     lineage = leaderboard.http.get(f"/experiments/{exp_id}/lineage").json()
-    assert lineage["roots"]
+    assert lineage["nodes"]
 
 
 def test_a_killed_pod_is_replaced_and_no_entry_is_lost(

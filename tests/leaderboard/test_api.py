@@ -4,6 +4,7 @@ auth, probes and metrics."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 
 import numpy as np
 from fastapi.testclient import TestClient
@@ -56,6 +57,14 @@ def test_auth_required_with_www_authenticate(client: TestClient) -> None:
 
     walk(spec)
     schemas = spec["components"]["schemas"]
+    # The lineage is a flat list (no recursive schema); the submission log is documented.
+    assert "children" not in schemas["LineageNode"]["properties"]
+    assert {"parent_id", "created_at", "env_steps"} <= set(schemas["LineageNode"]["properties"])
+    log_op = spec["paths"]["/api/v1/experiments/{experiment_id}/submissions"]["get"]
+    assert log_op["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/SubmissionLog"
+    }
+    assert {p["name"] for p in log_op["parameters"]} >= {"after", "limit"}
     assert "#/components/schemas/SubmissionResult" in refs
     assert all(r.removeprefix("#/components/schemas/") in schemas for r in refs)
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
@@ -175,15 +184,18 @@ def test_files_upload_download_and_lineage(client: TestClient) -> None:
     gc_id = client.post(f"{API}/e/submissions", json=grandchild).json()["candidate_id"]
     other = client.post(f"{API}/e/submissions", json=result("s3", 0.5)).json()["candidate_id"]
 
-    tree = client.get(f"{API}/e/lineage").json()
-    roots = {n["candidate_id"]: n for n in tree["roots"]}
-    assert set(roots) == {root_id, other}
-    assert [c["candidate_id"] for c in roots[root_id]["children"]] == [child_id]
-    assert [c["candidate_id"] for c in roots[root_id]["children"][0]["children"]] == [gc_id]
-    gc_node = roots[root_id]["children"][0]["children"][0]
+    lineage = client.get(f"{API}/e/lineage").json()
+    nodes = {n["candidate_id"]: n for n in lineage["nodes"]}
+    assert list(nodes) == [root_id, child_id, gc_id, other]  # flat, oldest first
+    assert "children" not in nodes[root_id]
+    assert [n for n in nodes if nodes[n]["parent_id"] is None] == [root_id, other]
+    assert (nodes[child_id]["parent_id"], nodes[gc_id]["parent_id"]) == (root_id, child_id)
+    gc_node = nodes[gc_id]
     assert (gc_node["pod_id"], gc_node["env_steps"], gc_node["generation"]) == ("pod-7", 12345, 2)
+    assert gc_node["submission_id"] == "s2" and gc_node["status"] == "active"
+    assert gc_node["evicted_at"] is None and gc_node["created_at"] > 0
     # 4 inserts + the generator's exploit and explore decisions.
-    assert tree["events"] == 6
+    assert lineage["events"] == 6
     client.put(f"{API}/other", json=experiment())
     assert client.delete(f"{API}/other/leases/{manifest['lease_id']}").status_code == 404
     assert client.delete(f"{API}/e/leases/{manifest['lease_id']}").status_code == 204
@@ -327,3 +339,81 @@ def test_token_from_file(tmp_path) -> None:
     with TestClient(app) as c:
         assert c.get(f"{API}", headers={"Authorization": "Bearer from-secret"}).status_code == 200
         assert c.get(f"{API}", headers=AUTH).status_code == 401
+
+
+def test_lineage_of_a_chain_deeper_than_nested_json_allows(client: TestClient) -> None:
+    """A PBT chain of 320 generations (each agent descends from the previous one): the flat
+    lineage serializes it, and the tree rebuilt from parent_id has that depth."""
+    client.put(f"{API}/deep", json=experiment(top_k=2))
+    parent = None
+    ids = []
+    for g in range(320):
+        r = client.post(
+            f"{API}/deep/submissions",
+            json=result(f"d{g}", float(g), parent_id=parent, generation=g),
+        )
+        assert r.status_code == 200 and r.json()["accepted"], r.text
+        parent = r.json()["candidate_id"]
+        ids.append(parent)
+    r = client.get(f"{API}/deep/lineage")
+    assert r.status_code == 200, r.text[:300]
+    nodes = r.json()["nodes"]
+    assert [n["candidate_id"] for n in nodes] == ids
+    parent_of = {n["candidate_id"]: n["parent_id"] for n in nodes}
+    depth, cid = 0, ids[-1]
+    while cid is not None:
+        depth, cid = depth + 1, parent_of[cid]
+    assert depth == 320
+    assert [n["status"] for n in nodes[-3:]] == ["evicted", "active", "active"]
+    assert nodes[0]["evicted_at"] >= nodes[0]["created_at"]
+
+
+def test_submission_log_pages_through_every_decided_report(client: TestClient) -> None:
+    client.put(f"{API}/log", json=experiment(top_k=2))
+    scores = [3.0, 1.0, 5.0, 2.0, 4.0, 0.5, 6.0]
+    for i, s in enumerate(scores):
+        client.post(
+            f"{API}/log/submissions",
+            json=result(
+                f"r{i}",
+                s,
+                pod_id=f"pod-{i % 3}",
+                env_steps=100 * (i + 1),
+                parent_id="c-parent" if i == 3 else None,
+                generation=i,
+            ),
+        )
+        client.post(f"{API}/log/generate", json={"pod_id": "g"})  # interleaved decisions
+    client.post(f"{API}/log/submissions", json=result("r1", 99.0))  # a retry: not logged again
+    whole = client.get(f"{API}/log/submissions").json()
+    assert whole["next_after"] is None
+    subs = whole["submissions"]
+    assert [s["submission_id"] for s in subs] == [f"r{i}" for i in range(7)]
+    assert [s["score"] for s in subs] == scores
+    assert [s["accepted"] for s in subs] == [True, True, True, False, True, False, True]
+    assert [s["env_steps"] for s in subs] == [100 * (i + 1) for i in range(7)]
+    assert sum(s["env_steps"] for s in subs) == client.get(f"{API}/log").json()["env_steps"]
+    assert [s["pod_id"] for s in subs] == [f"pod-{i % 3}" for i in range(7)]
+    rejected = subs[3]
+    assert rejected["candidate_id"] is None and rejected["parent_id"] == "c-parent"
+    assert rejected["generation"] == 3
+    board = {c["candidate_id"] for c in client.get(f"{API}/log/lineage").json()["nodes"]}
+    assert {s["candidate_id"] for s in subs if s["accepted"]} == board
+    assert all(a["decided_at"] <= b["decided_at"] for a, b in itertools.pairwise(subs))
+
+    pages, after = [], None
+    while True:
+        params: dict[str, object] = {"limit": 3}
+        if after:
+            params["after"] = after
+        page = client.get(f"{API}/log/submissions", params=params).json()
+        pages.append([s["submission_id"] for s in page["submissions"]])
+        after = page["next_after"]
+        if after is None:
+            break
+    assert pages[:3] == [["r0", "r1", "r2"], ["r3", "r4", "r5"], ["r6"]]
+    assert all(p == [] for p in pages[3:]) and len(pages) <= 4
+
+    assert client.get(f"{API}/log/submissions", params={"after": "x"}).status_code == 422
+    assert client.get(f"{API}/log/submissions", params={"limit": 0}).status_code == 422
+    assert client.get(f"{API}/nope/submissions").status_code == 404

@@ -58,7 +58,8 @@ class Service:
         board = self.http.get("/experiments/e/leaderboard").json()["candidates"]
         lineage = self.http.get("/experiments/e/lineage").json()
         exp = self.http.get("/experiments/e").json()
-        return board, lineage, [exp]
+        log = self.http.get("/experiments/e/submissions").json()
+        return board, lineage, [exp, log]
 
     def stop(self) -> None:
         self.http.close()
@@ -108,6 +109,7 @@ def test_restart_keeps_leaderboard_and_lineage(data: Path) -> None:
     populate(svc)
     before = svc.state()
     assert [c["score"] for c in before[0]] == [5.0, 4.0, 3.0]
+    assert [s["score"] for s in before[2][1]["submissions"]] == [1.0, 4.0, 2.0, 5.0, 3.0]
     pid = svc.redis_pid()
     svc.stop()
     assert gone(pid)  # the embedded Redis stopped with the service
