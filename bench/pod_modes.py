@@ -1,16 +1,25 @@
 """The pod's roles fused in one process vs as three processes (worker, learner, evaluator).
 
     python bench/pod_modes.py [--seeds 3] [--updates 150] [--envs CartPole-v1 Pendulum-v1]
+                              [--modes fused processes containers]
 
-Per env and seed, both modes run side by side in this process (fused first, then processes,
-alternating by seed) on the env's preset with one torch thread per process:
+Per env and seed, the modes run one after the other in this process (the order rotates by
+seed) on the env's preset with one torch thread per process:
 
-- start-up: building the roles (the processes mode spawns two interpreters that import torch);
+- fused: ``FusedRoles``, all three roles in this process;
+- processes: ``ProcessRoles``, worker and evaluator as spawned child processes;
+- containers: ``RemoteRoles`` here with ``python -m services.pod --role worker`` and
+  ``--role evaluator`` as two separate programs, as the Kubernetes Pod's containers run them
+  (processes and containers share one link: a Unix socket and shared-memory files);
+
+measuring
+
+- start-up: building the roles (the other modes start two interpreters that import torch);
 - throughput: env steps/s of ``--updates`` rollout+update steps after 5 warm-up steps;
 - time to target (CartPole only): wall time to the first evaluation >= 475, evaluating every
   4,096 env steps (evaluation included, as in a pod's round).
 
-Prints a markdown table of medians and the processes/fused ratios.
+Prints a markdown table of medians and the ratios to fused.
 """
 
 from __future__ import annotations
@@ -18,18 +27,26 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from services.pod.multiprocess import ProcessRoles
+from services.pod.multiprocess import ProcessRoles, RemoteRoles
 from services.pod.runtime import FusedRoles
 from services.pod.train import TrainConfig, preset
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET = {"CartPole-v1": 475.0}
 EVAL_EVERY = 4096
 MAX_STEPS = 100_000
+MODES = ("fused", "processes", "containers")
 
 
 def config(env: str, seed: int) -> TrainConfig:
@@ -38,11 +55,47 @@ def config(env: str, seed: int) -> TrainConfig:
     return TrainConfig.model_validate(base)
 
 
-def measure(mode: str, env: str, seed: int, updates: int, processes: ProcessRoles | None):
+class ContainerRoles(RemoteRoles):
+    """The learner here; worker and evaluator as two ``python -m services.pod --role`` programs
+    that share only a directory with it, as the three containers of a Kubernetes Pod do."""
+
+    def __init__(self) -> None:
+        super().__init__(Path(tempfile.mkdtemp(prefix="podium-bench-", dir="/dev/shm")))
+        env = {**os.environ, "PODIUM_TORCH_THREADS": "1"}
+        where = ["--roles-dir", str(self.directory)]
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "services.pod", "--role", role, *where],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for role in ("worker", "evaluator")
+        ]
+
+    def alive(self, role: str) -> bool:
+        return self.procs[0 if role == "worker" else 1].poll() is None
+
+    def close(self) -> None:
+        super().close()
+        for proc in self.procs:
+            proc.wait(timeout=30)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def make_roles(mode: str):
+    if mode == "processes":
+        return ProcessRoles(threads=1)
+    if mode == "containers":
+        return ContainerRoles()
+    return FusedRoles()
+
+
+def measure(mode: str, env: str, seed: int, updates: int):
     cfg = config(env, seed)
     start = time.perf_counter()
-    roles = ProcessRoles(threads=1) if mode == "processes" and processes is None else processes
-    roles = roles or FusedRoles()
+    roles = make_roles(mode)
     learner = roles.build(cfg)
     startup = time.perf_counter() - start
     for _ in range(5):
@@ -72,6 +125,9 @@ def main() -> None:
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Pendulum-v1"])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--updates", type=int, default=150)
+    parser.add_argument(
+        "--modes", nargs="+", default=["fused", "processes", "containers"], choices=MODES
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(
@@ -81,13 +137,14 @@ def main() -> None:
     rows = []
     for env in args.envs:
         results: dict[str, dict[str, list[float]]] = {
-            m: {"startup": [], "sps": [], "solve": []} for m in ("fused", "processes")
+            m: {"startup": [], "sps": [], "solve": []} for m in args.modes
         }
         for seed in range(args.seeds):
-            order = ["fused", "processes"] if seed % 2 == 0 else ["processes", "fused"]
+            k = seed % len(args.modes)
+            order = args.modes[k:] + args.modes[:k]
             for mode in order:
                 # A fresh set of processes each time, so start-up is measured every seed.
-                startup, sps, solve, roles = measure(mode, env, seed, args.updates, None)
+                startup, sps, solve, roles = measure(mode, env, seed, args.updates)
                 roles.close()
                 results[mode]["startup"].append(startup)
                 results[mode]["sps"].append(sps)
@@ -107,21 +164,23 @@ def main() -> None:
     print("\n| env | mode | start-up s | env steps/s | time to 475 s | solved |")
     print("|---|---|---|---|---|---|")
     for env, med, solved in rows:
-        for mode in ("fused", "processes"):
+        for mode in args.modes:
             m = med[mode]
             solve = f"{m['solve']:.2f}" if m["solve"] is not None else "-"
             n = f"{solved[mode]}/{args.seeds}" if env in TARGET else "-"
             print(f"| {env} | {mode} | {m['startup']:.2f} | {m['sps']:,.0f} | {solve} | {n} |")
-        ratio = med["processes"]["sps"] / med["fused"]["sps"]
-        print(
-            f"| {env} | processes/fused | | {ratio:.2f}x | "
-            + (
-                f"{med['processes']['solve'] / med['fused']['solve']:.2f}x"
-                if med["fused"]["solve"] and med["processes"]["solve"]
+        if "fused" not in med:
+            continue
+        for mode in args.modes:
+            if mode == "fused":
+                continue
+            ratio = med[mode]["sps"] / med["fused"]["sps"]
+            solve_ratio = (
+                f"{med[mode]['solve'] / med['fused']['solve']:.2f}x"
+                if med["fused"]["solve"] and med[mode]["solve"]
                 else ""
             )
-            + " | |"
-        )
+            print(f"| {env} | {mode}/fused | | {ratio:.2f}x | {solve_ratio} | |")
 
 
 if __name__ == "__main__":

@@ -458,7 +458,7 @@ class Reconciler:
         return True
 
     def _pod_env(self) -> dict[str, str]:
-        env = {}
+        env = {"PODIUM_POD_MODE": self.settings.pod_mode}
         if self.settings.leaderboard_url:
             env["PODIUM_LEADERBOARD_URL"] = self.settings.leaderboard_url
         token = self.settings.leaderboard_token_value()

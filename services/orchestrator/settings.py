@@ -62,6 +62,12 @@ class OrchestratorSettings(PodiumSettings):
 
     leaderboard_url: str | None = Field(default=None, description="http://leaderboard:8000")
     leaderboard_token: SecretStr | None = None
+    pod_mode: Literal["fused", "processes"] = Field(
+        default="fused",
+        description="How a pod runs its worker, learner and evaluator: fused in one process "
+        "(measured faster, docs/benchmarks.md), or as processes (on Kubernetes: three "
+        "containers).",
+    )
 
     # Local backend: argv template; {experiment_id}, {pod_id} and {spec_path} are substituted.
     pod_command: list[str] | None = None

@@ -1,22 +1,34 @@
 """``python -m services.pod``: one training pod, as the orchestrator starts it.
 
     python -m services.pod --experiment ID --pod-id ID [--role all] [--mode fused|processes]
+    python -m services.pod --role learner --experiment ID --pod-id ID [--roles-dir DIR]
+    python -m services.pod --role worker|evaluator [--roles-dir DIR]
 
 Everything else comes from the environment the orchestrator sets: ``PODIUM_SPEC`` (the
 experiment spec as JSON), ``PODIUM_LEADERBOARD_URL``, ``PODIUM_API_TOKEN``, ``PODIUM_POD_DIR``,
 ``PODIUM_CPU`` (the pod's CPU share), ``PODIUM_TORCH_THREADS`` (default 1), ``PODIUM_GPUS``
 (> 0: train on ``cuda``), and optionally ``PODIUM_METRICS_PORT`` (serve /metrics; 0 = any
-free port), ``PODIUM_POD_MODE`` (``fused`` or ``processes``), ``PODIUM_TERMINATION_GRACE_S``.
+free port), ``PODIUM_POD_MODE`` (``fused`` or ``processes``), ``PODIUM_TERMINATION_GRACE_S``,
+``PODIUM_ROLES_DIR`` and ``PODIUM_ROLES_TIMEOUT_S``.
 
 Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made), 2 for bad input (the message
 names what is wrong), 1 when training fails (the error is the last log line).
 
-``--role``: ``all`` (default) runs worker, learner and evaluator in this pod process (fused or
-as child processes, ``--mode``). On Kubernetes the pod's three containers are started with
-``--role worker|learner|evaluator``: the learner container runs the pod with its worker and
-evaluator as child processes sharing its memory; the worker and evaluator containers do not
-train yet (they wait for the pod to stop) — see docs/benchmarks.md for why the roles share one
-container for now.
+``--role``:
+
+- ``all`` (default): worker, learner and evaluator in this pod process, fused or with the
+  worker and evaluator as child processes (``--mode``).
+- ``learner``, ``worker``, ``evaluator``: one role per process, as the three containers of a
+  Kubernetes Pod run them (``PODIUM_POD_MODE=processes``). They meet in ``--roles-dir`` (default
+  ``$PODIUM_ROLES_DIR`` or /dev/shm/podium-roles), a directory all three see: the learner
+  listens on a Unix socket there and runs the pod's round loop; the worker and the evaluator
+  connect, build their env and policy from the config the learner sends, and act on its
+  requests, with weights and rollouts in shared-memory files beside the socket
+  (services/pod/multiprocess.py, services/pod/transport.py). A worker or evaluator needs only
+  the roles directory; it exits 0 when the learner says stop or goes away, and keeps serving
+  after a SIGTERM until then (the learner still needs the evaluator for its final report). The
+  learner fails the pod (exit 1) when a role fails, exits or stops answering for
+  ``PODIUM_ROLES_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,12 +49,35 @@ from services.logs import configure, get_logger
 from services.spec import ExperimentSpec
 
 log = get_logger("services.pod")
+S = TypeVar("S", bound=BaseSettings)
 
 
-class PodSettings(BaseSettings):
-    """The pod's environment contract (set by the orchestrator's backends)."""
+class RoleSettings(BaseSettings):
+    """What every role process reads (a worker or evaluator needs nothing else)."""
 
     model_config = SettingsConfigDict(env_prefix="PODIUM_", extra="ignore")
+
+    roles_dir: Path = Field(
+        default=Path("/dev/shm/podium-roles"),
+        description="Where separate role processes meet: the learner's socket and the shared "
+        "tensors. On Kubernetes, in the memory-backed emptyDir all three containers mount.",
+    )
+    roles_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long the learner waits for a role to connect or to answer (a rollout, "
+        "an evaluation), and a role for the learner to come up.",
+    )
+    torch_threads: int = Field(
+        default=1,
+        ge=1,
+        description="Intra-op threads. Small networks run fastest on one (measured: a Pendulum "
+        "pod on 2 threads of a shared 2-core machine was ~50x slower); raise it for large nets.",
+    )
+
+
+class PodSettings(RoleSettings):
+    """The pod's environment contract (set by the orchestrator's backends)."""
 
     experiment_id: str | None = None
     pod_id: str | None = None
@@ -55,12 +90,6 @@ class PodSettings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     pod_mode: Literal["fused", "processes"] = "fused"
     termination_grace_s: float = Field(default=30.0, gt=0)
-    torch_threads: int = Field(
-        default=1,
-        ge=1,
-        description="Intra-op threads. Small networks run fastest on one (measured: a Pendulum "
-        "pod on 2 threads of a shared 2-core machine was ~50x slower); raise it for large nets.",
-    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -71,8 +100,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mode",
         choices=["fused", "processes"],
-        help="roles in one process, or worker and evaluator as child processes "
+        help="--role all: roles in one process, or worker and evaluator as child processes "
         "(default: $PODIUM_POD_MODE or fused)",
+    )
+    parser.add_argument(
+        "--roles-dir",
+        type=Path,
+        help="where the learner, worker and evaluator of --role learner|worker|evaluator meet "
+        "(default: $PODIUM_ROLES_DIR or /dev/shm/podium-roles)",
     )
     return parser.parse_args(argv)
 
@@ -81,14 +116,20 @@ class BadInputError(ValueError):
     pass
 
 
-def _settings(args: argparse.Namespace) -> tuple[PodSettings, ExperimentSpec, str, str]:
+def _read_settings(cls: type[S]) -> S:
     try:
-        settings = PodSettings()
+        return cls()
     except ValidationError as exc:
         missing = ", ".join(
             "PODIUM_" + str(e["loc"][0]).upper() + f" ({e['msg']})" for e in exc.errors()
         )
         raise BadInputError(f"bad pod environment: {missing}") from exc
+
+
+def _settings(args: argparse.Namespace) -> tuple[PodSettings, ExperimentSpec, str, str]:
+    settings = _read_settings(PodSettings)
+    if args.role != "all" and args.mode is not None:
+        raise BadInputError("--mode applies to --role all; separate roles are separate processes")
     experiment = args.experiment or settings.experiment_id
     pod_id = args.pod_id or settings.pod_id
     if not experiment or not pod_id:
@@ -109,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    if args.role in ("worker", "evaluator"):
+        return _serve_role(args)
     try:
         settings, spec, experiment, pod_id = _settings(args)
     except BadInputError as exc:
@@ -123,20 +166,33 @@ def main(argv: list[str] | None = None) -> int:
         log.error("bad input", error=f"search_space: {exc}")
         return 2
     log.info("pod starting", experiment=experiment, pod=pod_id, role=args.role)
-    if args.role in ("worker", "evaluator"):
-        return _wait_for_stop(args.role)
 
     import torch
 
     from services.pod.leaderboard_client import LeaderboardClient
     from services.pod.metrics import PodMetrics
-    from services.pod.multiprocess import ProcessRoles
-    from services.pod.runtime import FusedRoles, PodRuntime
+    from services.pod.multiprocess import ProcessRoles, RemoteRoles
+    from services.pod.runtime import FusedRoles, PodRuntime, Roles
+    from services.pod.transport import TransportError
 
     threads = settings.torch_threads
     torch.set_num_threads(threads)
     device = "cuda" if settings.gpus > 0 and torch.cuda.is_available() else "cpu"
-    mode = args.mode or ("processes" if args.role == "learner" else settings.pod_mode)
+    roles_dir = args.roles_dir or settings.roles_dir
+    roles: Roles
+    if args.role == "learner":
+        mode = "containers"  # the worker and the evaluator are other processes: wait for them
+        try:
+            roles = RemoteRoles(roles_dir, settings.roles_timeout_s)
+        except (OSError, TransportError) as exc:
+            log.error("bad input", error=f"cannot listen in the roles dir {roles_dir}: {exc}")
+            return 2
+    else:
+        mode = args.mode or settings.pod_mode
+        if mode == "processes":
+            roles = ProcessRoles(threads, settings.roles_timeout_s)
+        else:
+            roles = FusedRoles()
     metrics = PodMetrics(experiment, pod_id)
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, settings.pod_dir, pod_id)
@@ -148,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         pod_id,
         spec,
         client,
-        ProcessRoles(threads) if mode == "processes" else FusedRoles(),
+        roles,
         work_dir=work_dir,
         metrics=metrics,
         device=device,
@@ -158,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_signal(signum: int, _frame: object) -> None:
         runtime.stop()
+        if isinstance(roles, RemoteRoles):
+            roles.cancel()  # no use waiting any longer for roles that have not connected
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -178,17 +236,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _wait_for_stop(role: str) -> int:
-    log.warning(
-        "this role runs as a child process of the learner container; waiting for the stop",
-        role=role,
-    )
+def _serve_role(args: argparse.Namespace) -> int:
+    """A worker or evaluator process: serve the learner in the roles dir until it stops."""
+    try:
+        settings = _read_settings(RoleSettings)
+    except BadInputError as exc:
+        log.error("bad input", error=str(exc))
+        return 2
+    roles_dir = args.roles_dir or settings.roles_dir
+    # A SIGTERM before the learner came ends the wait; after, the learner decides (it asks
+    # the evaluator for a final evaluation before it stops everything).
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        pass
-    return 0
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+        log.info("stop requested; serving the learner until it stops", role=args.role)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    import torch
+
+    from services.pod.multiprocess import RoleError, serve_role
+
+    torch.set_num_threads(settings.torch_threads)
+    log.info("role starting", role=args.role, roles_dir=str(roles_dir))
+    try:
+        return serve_role(args.role, roles_dir, settings.roles_timeout_s, give_up=stop.is_set)
+    except RoleError as exc:
+        log.error("role failed", role=args.role, error=str(exc))
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,185 +1,535 @@
-"""The pod's three roles as three processes: worker and evaluator processes around the learner.
+"""The pod's roles apart: worker and evaluator in their own processes, the learner here.
 
 The learner stays in the pod's main process (it is the single writer of the agent's state and
-what the round loop checkpoints); the worker and the evaluator run in processes started with
-torch.multiprocessing ("spawn": safe with the threads of the HTTP client and metrics server).
-Tensors never travel by copy through a pipe:
+what the round loop checkpoints). The worker and the evaluator run ``serve_role``, either as
+child processes of the pod (``ProcessRoles``, ``--mode processes``) or as the worker and
+evaluator containers of a Kubernetes Pod (``RemoteRoles``, ``--role learner`` beside
+``--role worker`` and ``--role evaluator``). Both use one link (services/pod/transport.py): a
+Unix socket in a shared directory for JSON control messages, shared-memory files for tensors:
 
-- a rollout is moved into shared memory by the worker (``Rollout.share_memory_``; on a GPU the
-  tensors go through CUDA IPC) and the queue carries only handles;
-- the policy weights live in a shared-memory state dict per role, allocated once per build;
-  the learner copies its weights into it and tells the role to load them.
+- the policy weights live in a shared file per role, allocated once per build; ``publish``
+  copies the learner's policy into it and the role loads it before it next acts;
+- a rollout is written by the worker into its shared file (allocated on the first rollout of a
+  build) and the learner updates from the mapped tensors in place.
 
-Worker and learner alternate (collect with the newest weights, then update), exactly as the
-fused loop does, so for the same seed both modes produce the same agent up to floating-point
-noise; the evaluator plays deterministic episodes on its own env. Both modes have the same
-interface (``build``, ``step``, ``evaluate``, ``publish``, ``close``), see
-services/pod/runtime.py for the fused one.
+Each role builds its env and policy from the TrainConfig the learner sends (JSON); the agent's
+initial weights come out the same in every process, and the learner's weights before every
+rollout or evaluation. Worker and learner alternate (collect with the newest weights, then
+update), exactly as the fused loop does, so for the same seed every mode trains the same agent
+up to floating-point noise. A role exits when the learner says stop or goes away; the learner
+fails with a ``RoleError`` naming the role when one fails, exits or stops answering.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import queue
+import shutil
 import signal
+import tempfile
+import threading
+import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from hmac import compare_digest
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
 from services.logs import get_logger
-from services.pod.evaluator import EvalResult
+from services.pod.evaluator import EvalResult, Evaluator
 from services.pod.learner import Learner
 from services.pod.train import TrainConfig, build
+from services.pod.transport import (
+    POLL_S,
+    PROTOCOL,
+    SOCKET,
+    TOKEN,
+    Channel,
+    ClosedError,
+    SharedTensors,
+    TransportError,
+    connect,
+    layout_of,
+    listen,
+)
+from services.pod.worker import Rollout, Worker
 
 log = get_logger(__name__)
 
-POLL_S = 0.5
+ROLES = ("worker", "evaluator")
+#: Where the roles meet unless told otherwise: the pod's shared, memory-backed /dev/shm.
+DEFAULT_ROLES_DIR = Path("/dev/shm/podium-roles")
+#: Rollout fields whose length varies from rollout to rollout (episodes that ended in it);
+#: their shared tensors hold the most there can be, one per env step.
+VARIABLE = ("episode_returns", "episode_lengths")
 
 
 class RoleError(RuntimeError):
-    """A role process failed (its error and traceback are in the message) or died."""
+    """A role failed (its error and traceback are in the message), exited or went silent."""
 
 
-def _role_main(
-    role: str, inbox: Any, outbox: Any, threads: int, parent_pid: int
-) -> None:  # pragma: no cover - runs in a spawned process (covered by the multiprocess tests)
-    """A worker or evaluator process: build on "build", act on "collect" / "evaluate"."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pod's main process decides when to stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    torch.set_num_threads(max(1, threads))
-    weights: dict[str, torch.Tensor] = {}
-    worker = evaluator = policy = None
-    keep: Any = None  # the last rollout stays alive until the learner has read it (CUDA IPC)
-    while True:
-        try:
-            message = inbox.get(timeout=POLL_S)
-        except queue.Empty:
-            if os.getppid() != parent_pid:  # the pod's main process is gone: so are we
-                return
-            continue
-        kind = message[0]
-        try:
-            if kind == "stop":
-                return
-            if kind == "build":
-                _, config_json, weights = message
-                # The agent built here is only a policy to act with; its weights come from
-                # the learner before every rollout or evaluation.
-                worker, local, evaluator = build(TrainConfig.model_validate_json(config_json))
-                policy = local.policy
-                outbox.put(("built",))
-            elif kind == "collect":
-                policy.load_state_dict(weights)
-                keep = worker.collect().share_memory_()
-                if keep.rewards.is_cuda:  # finished before the learner's stream reads it
-                    torch.cuda.synchronize()
-                outbox.put(("rollout", keep))
-            elif kind == "evaluate":
-                policy.load_state_dict(weights)
-                outbox.put(("result", evaluator.evaluate(policy)))
-        except Exception as exc:  # reported to the main process, which fails the pod with it
-            outbox.put(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-            return
+# -- rollouts as named tensors -----------------------------------------------------------------
+def _flatten(rollout: Rollout) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in fields(rollout):
+        value = getattr(rollout, f.name)
+        if isinstance(value, tuple):
+            out.update({f"{f.name}.{i}": t for i, t in enumerate(value)})
+        else:
+            out[f.name] = value
+    return out
 
 
+def _unflatten(tensors: dict[str, torch.Tensor], episodes: int, device: str) -> Rollout:
+    values: dict[str, Any] = {}
+    for f in fields(Rollout):
+        if f.name in tensors:
+            t = tensors[f.name]
+            values[f.name] = (t[:episodes] if f.name in VARIABLE else t).to(device)
+        else:
+            parts = [k for k in tensors if k.startswith(f.name + ".")]
+            parts.sort(key=lambda k: int(k.rsplit(".", 1)[1]))
+            values[f.name] = tuple(tensors[k].to(device) for k in parts)
+    return Rollout(**values)
+
+
+# -- the role side -----------------------------------------------------------------------------
 class _Role:
-    def __init__(self, ctx: Any, name: str, threads: int) -> None:
-        self.name = name
-        self.inbox = ctx.Queue()
-        self.outbox = ctx.Queue()
-        self.process = ctx.Process(
-            target=_role_main,
-            args=(name, self.inbox, self.outbox, threads, os.getpid()),
-            name=f"podium-{name}",
-            daemon=True,
-        )
-        self.weights: dict[str, torch.Tensor] = {}
+    """What a worker or evaluator process holds between messages."""
 
-    def receive(self, expected: str) -> Any:
+    def __init__(self, name: str, directory: Path) -> None:
+        self.name, self.directory = name, directory
+        self.worker: Worker | None = None
+        self.evaluator: Evaluator | None = None
+        self.policy: Any = None
+        self.weights: SharedTensors | None = None
+        self.loaded = -1  # the weights version the policy holds
+        self.rollout: SharedTensors | None = None
+        self.files = 0
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        op = message["op"]
+        if op == "build":
+            return self.build(message)
+        if op == "collect":
+            return self.collect(message)
+        if op == "evaluate":
+            return self.evaluate(message)
+        raise TransportError(f"unknown message {op!r}")
+
+    def build(self, message: dict[str, Any]) -> dict[str, Any]:
+        config = TrainConfig.model_validate(message["config"])
+        torch.set_num_threads(config.torch_threads or 1)
+        self.close()  # a restart from a parent replaces the env
+        # The agent built here is only a policy to act with; its weights come from the
+        # learner before every rollout or evaluation.
+        worker, learner, evaluator = build(config)
+        drop = evaluator if self.name == "worker" else worker
+        if hasattr(drop.env, "close"):
+            drop.env.close()
+        self.worker = worker if self.name == "worker" else None
+        self.evaluator = evaluator if self.name == "evaluator" else None
+        self.policy = learner.policy
+        weights = message["weights"]
+        self.weights = SharedTensors(self._path(weights["file"]), weights["layout"])
+        self.loaded = -1
+        log.info("role built", role=self.name, env=config.env, device=config.device)
+        return {"op": "built"}
+
+    def _path(self, name: Any) -> Path:
+        if not isinstance(name, str) or not name or Path(name).name != name:
+            raise TransportError(f"bad shared file name {name!r}")
+        return self.directory / name
+
+    def _load(self, message: dict[str, Any]) -> None:
+        version = int(message["weights_version"])
+        if version != self.loaded:
+            assert self.weights is not None
+            self.policy.load_state_dict(self.weights.tensors)
+            self.loaded = version
+
+    def collect(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.worker is None:
+            raise TransportError(f"the {self.name} cannot collect (not built as a worker)")
+        self._load(message)
+        tensors = _flatten(self.worker.collect())
+        episodes = int(tensors[VARIABLE[0]].numel())
+        capacity = tensors["rewards"].numel()
+        shapes = {
+            k: torch.empty(capacity, dtype=v.dtype, device="meta") if k in VARIABLE else v
+            for k, v in tensors.items()
+        }
+        reply: dict[str, Any] = {"op": "rollout", "episodes": episodes}
+        if self.rollout is None or not self.rollout.fits(shapes):
+            if self.rollout is not None:
+                self.rollout.unlink()  # gone already once the learner mapped it
+            self.files += 1
+            path = self.directory / f"{os.getpid()}-rollout-{self.files}.shm"
+            self.rollout = SharedTensors(path, layout_of(shapes), create=True)
+            reply["layout"] = self.rollout.layout
+        with torch.no_grad():
+            for name, value in tensors.items():
+                target = self.rollout.tensors[name]
+                (target[:episodes] if name in VARIABLE else target).copy_(value)
+        reply["file"] = self.rollout.path.name
+        return reply
+
+    def evaluate(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.evaluator is None:
+            raise TransportError(f"the {self.name} cannot evaluate (not built as an evaluator)")
+        self._load(message)
+        result = self.evaluator.evaluate(self.policy)
+        return {
+            "op": "result",
+            "mean": result.mean,
+            "std": result.std,
+            "episodes": result.episodes,
+            "env_steps": result.env_steps,
+        }
+
+    def close(self) -> None:
+        for role in (self.worker, self.evaluator):
+            if role is not None and hasattr(role.env, "close"):
+                role.env.close()
+        self.worker = self.evaluator = None
+        if self.rollout is not None:
+            self.rollout.unlink()
+            self.rollout = None
+
+
+def _reach_learner(
+    role: str, directory: Path, timeout_s: float, give_up: Callable[[], bool]
+) -> Channel | None:
+    """Connect and introduce ourselves; None if asked to give up before the learner came."""
+    deadline = time.monotonic() + timeout_s
+    why = f"no learner listening at {directory / SOCKET}"
+    while not give_up():
+        if time.monotonic() > deadline:
+            raise RoleError(f"{why} after {timeout_s:g}s")
+        link = connect(directory)
+        if link is None:
+            time.sleep(POLL_S)
+            continue
+        channel, token = link
+        try:
+            channel.send(
+                {
+                    "op": "hello",
+                    "role": role,
+                    "token": token,
+                    "protocol": PROTOCOL,
+                    "pid": os.getpid(),
+                }
+            )
+            answer = channel.receive(timeout=30)
+        except (ClosedError, TimeoutError) as exc:  # a learner shutting down, or a stale socket
+            channel.close()
+            why = f"the learner at {directory / SOCKET} did not answer ({exc})"
+            time.sleep(POLL_S)
+            continue
+        if answer["op"] == "welcome":
+            return channel
+        channel.close()
+        why = f"the learner refused the {role}: {answer.get('error')}"
+        if not answer.get("retry"):
+            raise RoleError(why)
+        time.sleep(POLL_S)  # the token was rewritten by a new learner: read it again
+    return None
+
+
+def serve_role(
+    role: str,
+    directory: Path,
+    timeout_s: float = 300.0,
+    give_up: Callable[[], bool] = lambda: False,
+) -> int:
+    """Run the worker or evaluator ``role`` for the learner listening in ``directory``.
+
+    Returns 0 when the learner says stop or goes away (its own exit code tells how the pod
+    ended), or when ``give_up()`` turns true before the learner came; 1 when this role failed
+    (the learner got the error first). Once connected only the learner decides when to stop:
+    it still needs the evaluator for its final report after a SIGTERM.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+    channel = _reach_learner(role, directory, timeout_s, give_up)
+    if channel is None:
+        log.info("asked to stop before the learner came", role=role)
+        return 0
+    log.info("connected to the learner", role=role, directory=str(directory))
+    state = _Role(role, directory)
+    try:
         while True:
             try:
-                message = self.outbox.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self.process.is_alive():
-                    raise RoleError(
-                        f"{self.name} process exited (code {self.process.exitcode})"
-                    ) from None
-                continue
-            if message[0] == "error":
-                raise RoleError(f"{self.name} process failed: {message[1]}\n{message[2]}")
-            if message[0] != expected:
-                raise RoleError(f"{self.name} process answered {message[0]!r}, not {expected!r}")
-            return message[1] if len(message) > 1 else None
+                message = channel.receive()
+            except ClosedError:
+                log.info("the learner went away; role exiting", role=role)
+                return 0
+            if message["op"] == "stop":
+                log.info("role stopped", role=role)
+                return 0
+            try:
+                reply = state.handle(message)
+            except Exception as exc:  # the learner fails the pod with it
+                error = f"{type(exc).__name__}: {exc}"
+                log.error("role failed", role=role, error=error, exc_info=True)
+                with contextlib.suppress(ClosedError):
+                    channel.send(
+                        {"op": "error", "error": error, "traceback": traceback.format_exc()}
+                    )
+                return 1
+            try:
+                channel.send(reply)
+            except ClosedError:
+                log.info("the learner went away; role exiting", role=role)
+                return 0
+    finally:
+        state.close()
+        channel.close()
 
 
-class ProcessRoles:
-    """Worker and evaluator processes, learner here. Start-up costs a torch import per process
-    (measured in bench/pod_modes.py), paid once per pod: a restart from a parent rebuilds the
-    roles inside the same processes."""
+# -- the learner side --------------------------------------------------------------------------
+@dataclass
+class _Peer:
+    name: str
+    channel: Channel
+    pid: int
+    weights: SharedTensors | None = None
+    version: int = 0
+    rollout: SharedTensors | None = None
 
-    def __init__(self, threads: int = 1) -> None:
-        ctx = mp.get_context("spawn")
-        self.roles = {name: _Role(ctx, name, threads) for name in ("worker", "evaluator")}
-        # Children ignore SIGTERM from their first instruction (the disposition is inherited
-        # through exec): the orchestrator signals the whole process group, and only the main
-        # process may decide to stop, after its final report.
-        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        try:
-            for role in self.roles.values():
-                role.process.start()
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+
+class RemoteRoles:
+    """The learner here; the worker and the evaluator are whoever connects to ``directory``
+    (their own containers, or the children ``ProcessRoles`` starts). ``timeout_s`` bounds the
+    wait for a role to connect and for any answer."""
+
+    def __init__(self, directory: Path = DEFAULT_ROLES_DIR, timeout_s: float = 300.0) -> None:
+        self.directory, self.timeout_s = Path(directory), timeout_s
+        self.server, self.token = listen(self.directory)
+        self.peers: dict[str, _Peer] = {}
         self.learner: Learner | None = None
+        self._builds = 0
+        self._device = "cpu"
+        self._cancel = threading.Event()
+        log.info("waiting for the roles", directory=str(self.directory))
 
+    # -- hooks for ProcessRoles --------------------------------------------------------------
+    def alive(self, role: str) -> bool:
+        """Whether ``role`` can still answer (a container's exit shows as end of stream)."""
+        return True
+
+    def cancel(self) -> None:
+        """Stop waiting for roles to connect (safe from a signal handler)."""
+        self._cancel.set()
+
+    # -- connection ----------------------------------------------------------------------------
+    def _connect_roles(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        self.server.settimeout(POLL_S)
+        while missing := [r for r in ROLES if r not in self.peers]:
+            if self._cancel.is_set():
+                raise RoleError(f"stopped while waiting for the {' and '.join(missing)} to connect")
+            for role in missing:
+                if not self.alive(role):
+                    raise RoleError(f"the {role} exited before it connected")
+            if time.monotonic() > deadline:
+                raise RoleError(
+                    f"the {' and '.join(missing)} did not connect to "
+                    f"{self.directory / SOCKET} within {self.timeout_s:g}s"
+                )
+            try:
+                sock, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            self._greet(Channel(sock))
+
+    def _greet(self, channel: Channel) -> None:
+        try:
+            hello = channel.receive(timeout=10)
+        except (TransportError, TimeoutError) as exc:
+            log.warning("a connection did not introduce itself", error=str(exc))
+            channel.close()
+            return
+        role, error, retry = hello.get("role"), None, False
+        if hello.get("op") != "hello" or hello.get("protocol") != PROTOCOL:
+            error = f"expected a hello of protocol {PROTOCOL}, got {hello}"
+        elif not compare_digest(str(hello.get("token", "")), self.token):
+            error, retry = "wrong token (from an earlier learner?)", True
+        elif role not in ROLES:
+            error = f"unknown role {role!r}"
+        elif role in self.peers:
+            error = f"a {role} is already connected"
+        if error is not None:
+            log.warning("role refused", role=role, error=error)
+            with contextlib.suppress(ClosedError):
+                channel.send({"op": "refused", "error": error, "retry": retry})
+            channel.close()
+            return
+        channel.send({"op": "welcome"})
+        pid = hello.get("pid")
+        self.peers[role] = _Peer(role, channel, pid if isinstance(pid, int) else 0)
+        log.info("role connected", role=role, pid=pid)
+
+    def _receive(self, peer: _Peer, expected: str) -> dict[str, Any]:
+        try:
+            message = peer.channel.receive(self.timeout_s, alive=lambda: self.alive(peer.name))
+        except ClosedError as exc:
+            raise RoleError(
+                f"the {peer.name} went away ({exc}): its process or container exited"
+            ) from None
+        except TimeoutError:
+            raise RoleError(f"the {peer.name} did not answer within {self.timeout_s:g}s") from None
+        if message["op"] == "error":
+            raise RoleError(
+                f"the {peer.name} failed: {message.get('error')}\n{message.get('traceback', '')}"
+            )
+        if message["op"] != expected:
+            raise RoleError(f"the {peer.name} answered {message['op']!r}, not {expected!r}")
+        return message
+
+    def _send(self, peer: _Peer, message: dict[str, Any]) -> None:
+        try:
+            peer.channel.send(message)
+        except ClosedError as exc:
+            raise RoleError(
+                f"the {peer.name} went away ({exc}): its process or container exited"
+            ) from None
+
+    # -- the Roles interface -----------------------------------------------------------------
     def build(self, config: TrainConfig) -> Learner:
+        self._connect_roles()
         # Built the same way as in the roles' processes, so every process starts from the
         # same initial weights; this process keeps only the learner.
         worker, self.learner, evaluator = build(config)
+        self._device = config.device
         for env in (worker.env, evaluator.env):
             if hasattr(env, "close"):
                 env.close()
         state = self.learner.policy_state()
-        for role in self.roles.values():
-            # One shared copy per role: the evaluator may read while the worker's is rewritten.
-            role.weights = {k: v.clone().share_memory_() for k, v in state.items()}
-            role.inbox.put(("build", config.model_dump_json(), role.weights))
-        for role in self.roles.values():
-            role.receive("built")
+        self._builds += 1
+        for peer in self.peers.values():
+            # One copy per role: publishing to the worker leaves what the evaluator sees alone.
+            path = self.directory / f"{os.getpid()}-weights-{peer.name}-{self._builds}.shm"
+            peer.weights = SharedTensors.create(path, state)
+            peer.version += 1
+            message = {"file": path.name, "layout": peer.weights.layout}
+            self._send(
+                peer, {"op": "build", "config": config.model_dump(mode="json"), "weights": message}
+            )
+        for peer in self.peers.values():  # both build at once
+            self._receive(peer, "built")
+            # Both sides have it mapped now, and a mapping outlives the file's name: nothing
+            # is left behind in the shared directory if a process is killed.
+            peer.weights.unlink()
         return self.learner
 
     def publish(self, role: str = "worker") -> None:
         """Copy the learner's current policy into ``role``'s shared weights."""
         assert self.learner is not None
-        with torch.no_grad():
-            for name, value in self.learner.agent.policy.state_dict().items():
-                self.roles[role].weights[name].copy_(value)
-        if self.learner.agent.return_rms.mean.is_cuda:  # written before another process reads
-            torch.cuda.synchronize()
+        peer = self.peers[role]
+        assert peer.weights is not None
+        peer.weights.write(self.learner.agent.policy.state_dict())
+        peer.version += 1
 
     def step(self) -> tuple[dict[str, float], torch.Tensor]:
         """One rollout (collected with the newest weights) and one update."""
         assert self.learner is not None
-        worker = self.roles["worker"]
+        peer = self.peers["worker"]
         self.publish("worker")
-        worker.inbox.put(("collect",))
-        rollout = worker.receive("rollout")
+        self._send(peer, {"op": "collect", "weights_version": peer.version})
+        reply = self._receive(peer, "rollout")
+        if "layout" in reply:  # a new file (first rollout of a build): map it
+            peer.rollout = SharedTensors(self.directory / Path(reply["file"]).name, reply["layout"])
+            peer.rollout.unlink()  # mapped on both sides (see build)
+        assert peer.rollout is not None and peer.rollout.path.name == reply["file"]
+        rollout = _unflatten(peer.rollout.tensors, int(reply["episodes"]), self._device)
         stats = self.learner.update(rollout)
         return stats, rollout.episode_returns.clone()
 
     def evaluate(self) -> EvalResult:
         self.publish("evaluator")
-        evaluator = self.roles["evaluator"]
-        evaluator.inbox.put(("evaluate",))
-        return evaluator.receive("result")
+        peer = self.peers["evaluator"]
+        self._send(peer, {"op": "evaluate", "weights_version": peer.version})
+        reply = self._receive(peer, "result")
+        return EvalResult(
+            mean=float(reply["mean"]),
+            std=float(reply["std"]),
+            episodes=[float(x) for x in reply["episodes"]],
+            env_steps=int(reply["env_steps"]),
+        )
 
     def close(self) -> None:
-        for role in self.roles.values():
-            if role.process.is_alive():
-                role.inbox.put(("stop",))
-        for role in self.roles.values():
-            role.process.join(timeout=5)
-            if role.process.is_alive():
-                role.process.kill()
-                role.process.join(timeout=5)
+        for peer in self.peers.values():
+            with contextlib.suppress(ClosedError):
+                peer.channel.send({"op": "stop"})
+            peer.channel.close()
+            for shared in (peer.weights, peer.rollout):
+                if shared is not None:  # a build that failed before both sides mapped it
+                    shared.unlink()
+        self.peers = {}
+        self.server.close()
+        for name in (SOCKET, TOKEN):
+            (self.directory / name).unlink(missing_ok=True)
+
+
+# -- worker and evaluator as child processes ---------------------------------------------------
+def _child_main(
+    role: str, directory: str, threads: int, timeout_s: float, parent: int
+) -> None:  # pragma: no cover - runs in a spawned process (covered by the multiprocess tests)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pod's main process decides when to stop
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    torch.set_num_threads(max(1, threads))
+    code = serve_role(role, Path(directory), timeout_s, give_up=lambda: os.getppid() != parent)
+    raise SystemExit(code)
+
+
+def _shared_tmp() -> str | None:
+    """/dev/shm where there is one (memory-backed on Linux), else the default temp dir."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+class ProcessRoles(RemoteRoles):
+    """Worker and evaluator as child processes, learner here. Start-up costs a torch import per
+    process (measured in bench/pod_modes.py), paid once per pod: a restart from a parent
+    rebuilds the roles inside the same processes."""
+
+    def __init__(self, threads: int = 1, timeout_s: float = 300.0) -> None:
+        directory = Path(tempfile.mkdtemp(prefix="podium-roles-", dir=_shared_tmp()))
+        super().__init__(directory, timeout_s)
+        ctx = mp.get_context("spawn")  # safe with the threads of the HTTP client and metrics
+        self.processes = {
+            role: ctx.Process(
+                target=_child_main,
+                args=(role, str(directory), threads, timeout_s, os.getpid()),
+                name=f"podium-{role}",
+                daemon=True,
+            )
+            for role in ROLES
+        }
+        # Children ignore SIGTERM from their first instruction (the disposition is inherited
+        # through exec): the orchestrator signals the whole process group, and only the main
+        # process may decide to stop, after its final report.
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            for process in self.processes.values():
+                process.start()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def alive(self, role: str) -> bool:
+        return self.processes[role].is_alive()
+
+    def close(self) -> None:
+        super().close()
+        for process in self.processes.values():
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -67,13 +67,16 @@ def backend(
     be.close()
 
 
-def request(exp: str = "e1", pod: str = "p1", gpus: int = 0) -> PodRequest:
+def request(exp: str = "e1", pod: str = "p1", gpus: int = 0, mode: str | None = None) -> PodRequest:
+    env = {"PODIUM_LEADERBOARD_URL": "http://lb:8000", "PODIUM_API_TOKEN": "s3cret"}
+    if mode is not None:
+        env["PODIUM_POD_MODE"] = mode
     return PodRequest(
         experiment_id=exp,
         pod_id=pod,
         spec_json=json.dumps({"name": "x"}),
         resources=Res(2.0, gpus, 4 * GI),
-        env={"PODIUM_LEADERBOARD_URL": "http://lb:8000", "PODIUM_API_TOKEN": "s3cret"},
+        env=env,
         grace_s=30,
     )
 
@@ -99,21 +102,61 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
         "uid": "uid-1",
         "blockOwnerDeletion": False,
     }
-    assert [c["name"] for c in spec_["containers"]] == ["worker", "learner", "evaluator"]
+    # Fused (the default): one container runs all three roles with all of the pod's resources.
     assert spec_["volumes"] == [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
     ]
-    for c in spec_["containers"]:
-        assert c["image"] == "ghcr.io/podium-rl/podium:0.1.0"
-        assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-        env = {e["name"]: e.get("value") for e in c["env"]}
-        assert env["PODIUM_ROLE"] == c["name"] and env["PODIUM_EXPERIMENT_ID"] == "e1"
-    gpu = {c["name"]: c["resources"]["limits"].get("nvidia.com/gpu") for c in spec_["containers"]}
-    assert gpu == {"worker": None, "learner": "2", "evaluator": None}
-    cpu = sum(int(c["resources"]["requests"]["cpu"][:-1]) for c in spec_["containers"])
-    assert cpu == 2000  # the pod's 2 CPUs split among its containers
+    [c] = spec_["containers"]
+    assert c["name"] == "pod" and c["image"] == "ghcr.io/podium-rl/podium:0.1.0"
+    assert c["args"] == ["--role", "all", "--experiment", "e1", "--pod-id", "p1"]
+    assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["PODIUM_ROLE"] == "all" and env["PODIUM_EXPERIMENT_ID"] == "e1"
+    assert env["PODIUM_API_TOKEN"] == "s3cret" and "PODIUM_ROLES_DIR" not in env
+    assert c["resources"] == {
+        "requests": {"cpu": "2000m", "memory": "4096Mi", "nvidia.com/gpu": "2"},
+        "limits": {"memory": "4096Mi", "nvidia.com/gpu": "2"},
+    }
     assert spec_["restartPolicy"] == "Never"
     assert "nodeSelector" not in spec_ and "priorityClassName" not in spec_
+
+
+def test_processes_mode_runs_each_role_in_its_own_container(
+    k8s_settings: OrchestratorSettings,
+) -> None:
+    m = pod_manifest(k8s_settings, NS, request(mode="processes"), owner_uid="u")
+    validate(m)
+    containers = {c["name"]: c for c in m["spec"]["containers"]}
+    assert list(containers) == ["worker", "learner", "evaluator"]
+    for role, c in containers.items():
+        assert c["args"] == ["--role", role, "--experiment", "e1", "--pod-id", "p1"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        # They meet on the shared memory-backed /dev/shm: socket and tensors.
+        assert env["PODIUM_ROLES_DIR"].startswith("/dev/shm/")
+        assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        assert env["PODIUM_ROLE"] == role
+        # Only the learner talks to the leaderboard.
+        assert ("PODIUM_API_TOKEN" in env) == (role == "learner")
+    # The pod's resources, split among its containers: requests add up to the pod's.
+    cpu = sum(int(c["resources"]["requests"]["cpu"][:-1]) for c in containers.values())
+    mem = sum(int(c["resources"]["limits"]["memory"][:-2]) for c in containers.values())
+    assert (cpu, mem) == (2000, 4096)
+    assert containers["worker"]["resources"]["requests"]["cpu"] == "1000m"
+    # With GPUs the worker and the evaluator need the device too: only a shared DRA claim can
+    # give it to them, so without one the pod is refused with the reason.
+    with pytest.raises(ValueError, match="processes with GPUs needs PODIUM_K8S_GPU_CLAIM"):
+        pod_manifest(k8s_settings, NS, request(gpus=1, mode="processes"), owner_uid="u")
+    k8s_settings.k8s_gpu_claim_template = "single-gpu"
+    m = pod_manifest(k8s_settings, NS, request(gpus=1, mode="processes"), owner_uid="u")
+    validate(m)
+    assert m["spec"]["resourceClaims"] == [
+        {"name": "gpu", "resourceClaimTemplateName": "single-gpu"}
+    ]
+    for c in m["spec"]["containers"]:
+        assert c["resources"]["claims"] == [{"name": "gpu"}]
+        assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    with pytest.raises(ValueError, match="PODIUM_POD_MODE must be one of fused, processes"):
+        pod_manifest(k8s_settings, NS, request(mode="threads"), owner_uid="u")
 
 
 def test_scheduling_settings_dra_and_token_secret(
@@ -134,14 +177,14 @@ def test_scheduling_settings_dra_and_token_secret(
     assert spec_["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert spec_["priorityClassName"] == "podium-training"
     assert spec_["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "single-gpu"}]
-    for c in spec_["containers"]:  # one GPU claim shared by the three containers
-        assert c["resources"]["claims"] == [{"name": "gpu"}]
-        assert "nvidia.com/gpu" not in c["resources"]["limits"]
-        token = next(e for e in c["env"] if e["name"] == "PODIUM_API_TOKEN")
-        assert token == {
-            "name": "PODIUM_API_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": "podium-leaderboard-token", "key": "token"}},
-        }
+    [c] = spec_["containers"]  # the fused container holds the claim
+    assert c["resources"]["claims"] == [{"name": "gpu"}]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    token = next(e for e in c["env"] if e["name"] == "PODIUM_API_TOKEN")
+    assert token == {
+        "name": "PODIUM_API_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "podium-leaderboard-token", "key": "token"}},
+    }
     validate(owner_manifest(NS, "e1", "{}"))
 
 
@@ -168,9 +211,9 @@ def test_create_list_watch_terminate(
     wait_for(lambda: {p.pod_id for p in backend.list_pods()} == {"p2"})  # DELETED via the watch
     assert backend.changed.is_set()
 
-    fc.fail_container(NS, "podium-e1-p2", "learner", 137, "OOMKilled", log="a\nb\nCUDA OOM")
+    fc.fail_container(NS, "podium-e1-p2", "pod", 137, "OOMKilled", log="a\nb\nCUDA OOM")
     pod = wait_for(lambda: (ps := backend.list_pods()) and ps[0].phase == "Failed" and ps[0])
-    assert pod.reason == "container learner: exit code 137 (OOMKilled)"
+    assert pod.reason == "container pod: exit code 137 (OOMKilled)"
     assert pod.exit_code == 137 and not pod.live
     assert backend.pod_log_tail("e1", "p2", lines=2) == "b\nCUDA OOM"
     backend.remove_pod("e1", "p2")
@@ -182,7 +225,7 @@ def test_pods_that_can_never_start_are_failed_and_unschedulable_ones_say_why(
     backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
 ) -> None:
     fc, _ = cluster
-    backend.create_pod(request("e2", "p1"))
+    backend.create_pod(request("e2", "p1", mode="processes"))
     backend.create_pod(request("e2", "p2"))
     wait_for(lambda: len(backend.list_pods()) == 2)
     fc.wait_container(NS, "podium-e2-p1", "worker", "ImagePullBackOff", "no such image")
@@ -238,11 +281,11 @@ def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
         first = fc.pod_names(NS)
 
         victim = first[0]
-        fc.fail_container(NS, victim, "worker", 1, "Error", log="Traceback: boom")
+        fc.fail_container(NS, victim, "pod", 1, "Error", log="Traceback: boom")
         wait_for(lambda: len(n := fc.pod_names(NS)) == 6 and victim not in n)
         events = c.get(f"/api/v1/experiments/{exp_id}/events").json()
         failed = [e for e in events if e["type"] == "pod_failed"]
-        assert len(failed) == 1 and "container worker: exit code 1 (Error)" in failed[0]["message"]
+        assert len(failed) == 1 and "container pod: exit code 1 (Error)" in failed[0]["message"]
         exp = c.get(f"/api/v1/experiments/{exp_id}").json()
         assert exp["last_failure"]["log_tail"] == "Traceback: boom"
         before = fc.pod_names(NS)
@@ -262,6 +305,33 @@ def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
     be2.close()
     for m in fc.manifests:
         validate(m)
+
+
+def test_the_orchestrators_pod_mode_reaches_the_pods(
+    cluster: tuple[FakeCluster, ServerThread],
+    k8s_settings: OrchestratorSettings,
+    flush_redis: None,
+) -> None:
+    """PODIUM_POD_MODE=processes on the orchestrator: every pod it creates has one container
+    per role, each told the mode (the chart's pod.mode sets it)."""
+    fc, srv = cluster
+    settings = k8s_settings.model_copy(update={"pod_mode": "processes"})
+    be = KubernetesBackend(settings, api_client=api_client(srv.url))
+    with TestClient(create_app(settings, backend=be)) as c:
+        c.headers["Authorization"] = f"Bearer {TOKEN}"
+        body = spec(population={"min_pods": 1, "max_pods": 1})
+        exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
+        wait_for(lambda: len(fc.pod_names(NS)) == 1)
+        pod = next(m for m in fc.manifests if m["kind"] == "Pod")
+        containers = pod["spec"]["containers"]
+        assert sorted(x["name"] for x in containers) == ["evaluator", "learner", "worker"]
+        for x in containers:
+            env = {e["name"]: e.get("value") for e in x["env"]}
+            assert env["PODIUM_POD_MODE"] == "processes"
+        validate(pod)
+        assert c.delete(f"/api/v1/experiments/{exp_id}").status_code == 204
+        wait_for(lambda: fc.pod_names(NS, live_only=False) == [])
+    be.close()
 
 
 def test_deleting_the_owner_collects_the_pods(

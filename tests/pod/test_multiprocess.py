@@ -1,5 +1,6 @@
-"""Three-process mode (worker and evaluator processes, learner here) trains the same agent as
-the fused mode for the same seed, reloads weights on a rebuild, and reports a role's failure."""
+"""Three-process mode (worker and evaluator processes, learner here, linked by a Unix socket and
+shared-memory files) trains the same agent as the fused mode for the same seed, reloads weights
+on a rebuild, and reports a role's failure or death."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_processes_train_the_same_agent_as_fused(processes: ProcessRoles) -> Non
 
 
 def test_rebuild_reuses_the_processes_and_takes_new_weights(processes: ProcessRoles) -> None:
-    pids = {name: role.process.pid for name, role in processes.roles.items()}
+    pids = {name: p.pid for name, p in processes.processes.items()}
     learner = processes.build(config(ppo={**preset("CartPole-v1")["ppo"], "num_envs": 8}))
     with torch.no_grad():
         for p in learner.agent.policy.actor.parameters():
@@ -62,7 +63,7 @@ def test_rebuild_reuses_the_processes_and_takes_new_weights(processes: ProcessRo
     assert first.mean < 15
     processes.step()
     assert learner.env_steps == 8 * 16  # the worker rebuilt its env with the new num_envs
-    assert {name: role.process.pid for name, role in processes.roles.items()} == pids
+    assert {name: p.pid for name, p in processes.processes.items()} == pids
 
 
 PLUGIN = """
@@ -89,16 +90,17 @@ def test_a_failing_role_is_reported_with_its_error(tmp_path: Path, monkeypatch) 
     roles = ProcessRoles(threads=1)
     try:
         roles.build(config(env="Exploding-v0"))
-        with pytest.raises(RoleError, match="worker process failed: RuntimeError: simulator"):
+        with pytest.raises(RoleError, match="the worker failed: RuntimeError: simulator"):
             roles.step()
     finally:
         roles.close()
-    assert all(not r.process.is_alive() for r in roles.roles.values())
+    assert all(not p.is_alive() for p in roles.processes.values())
+    assert not roles.directory.exists()  # socket and shared files are gone
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_processes_on_cuda_share_rollouts_and_weights_through_cuda_ipc() -> None:
+def test_processes_on_cuda_train_the_same_agent_as_fused() -> None:
     cfg = config(device="cuda")
     fused_state, fused_scores = run(FusedRoles(), cfg, 8)
     roles = ProcessRoles(threads=1)

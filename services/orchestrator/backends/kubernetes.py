@@ -1,10 +1,17 @@
-"""Kubernetes backend: a training pod is a Pod with worker, learner and evaluator containers.
+"""Kubernetes backend: a training pod is a Pod running the pod image.
 
-- The three containers run the pod image, share a memory-backed emptyDir at /dev/shm (rollouts
-  move between them through shared memory) and the GPU: ``nvidia.com/gpu`` limits on the learner
-  with the NVIDIA device plugin, or, with ``k8s_gpu_claim_template`` set, one DRA
-  ResourceClaim that all three containers reference (the device plugin cannot hand one GPU to
-  several containers).
+- The pod's mode (``PODIUM_POD_MODE`` in the pod's environment) picks its containers:
+  ``fused`` (the default, and the faster, see docs/benchmarks.md) is one container ``pod``
+  running ``--role all`` with all of the pod's resources; ``processes`` is three containers,
+  ``worker``, ``learner`` and ``evaluator``, each running its role (``--role ROLE``), which
+  meet in ``PODIUM_ROLES_DIR`` on the shared /dev/shm: a Unix socket for control, rollouts and
+  weights in shared-memory files (services/pod/transport.py).
+- /dev/shm is a memory-backed emptyDir (``k8s_shared_memory``; a container's own is 64 MiB).
+- The GPU: ``nvidia.com/gpu`` limits on the fused container with the NVIDIA device plugin, or,
+  with ``k8s_gpu_claim_template`` set, one DRA ResourceClaim that every container references.
+  Three containers with GPUs need the claim: the worker and the evaluator build their envs and
+  policy on the learner's device, and the device plugin cannot hand one GPU to several
+  containers.
 - Each experiment owns a ConfigMap holding its spec; every pod has an ownerReference to it, so
   deleting the experiment (its ConfigMap) lets the garbage collector take its pods.
 - Pods are found by label (``app.kubernetes.io/managed-by=podium-orchestrator``) through an
@@ -56,9 +63,14 @@ NEVER_STARTS = frozenset(
 
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
 RESOURCES_ANNOTATION = "podium.dev/resources"
+POD_MODES = ("fused", "processes")
 ROLES = ("worker", "learner", "evaluator")
-# Share of the pod's CPU and memory each container requests (the learner holds the GPU).
+#: Share of the pod's CPU and memory each container requests in the processes mode: the
+#: worker steps the envs, the learner and the evaluator wait for it half of the time.
 ROLE_SHARE = {"worker": 0.5, "learner": 0.25, "evaluator": 0.25}
+FUSED_CONTAINER = "pod"  # runs --role all
+#: Where the three containers of the processes mode meet (inside the shared /dev/shm).
+ROLES_DIR = "/dev/shm/podium-roles"
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -131,27 +143,45 @@ def pod_manifest(
                 "valueFrom": {"secretKeyRef": {"name": settings.k8s_token_secret, "key": "token"}},
             }
         )
+    mode = req.env.get("PODIUM_POD_MODE", "fused")
+    if mode not in POD_MODES:
+        raise ValueError(f"PODIUM_POD_MODE must be one of {', '.join(POD_MODES)}, not {mode!r}")
+    claim = bool(r.gpus and settings.k8s_gpu_claim_template)
+    if mode == "processes" and r.gpus and not claim:
+        raise ValueError(
+            "PODIUM_POD_MODE=processes with GPUs needs PODIUM_K8S_GPU_CLAIM_TEMPLATE (a DRA "
+            "claim shared by the worker, learner and evaluator containers): the device plugin "
+            "gives a GPU to one container only. Use the fused mode otherwise."
+        )
+    if mode == "fused":
+        roles = {FUSED_CONTAINER: ("all", 1.0)}
+    else:
+        env.append({"name": "PODIUM_ROLES_DIR", "value": ROLES_DIR})
+        roles = {role: (role, ROLE_SHARE[role]) for role in ROLES}
     containers = []
-    for role in ROLES:
-        share = ROLE_SHARE[role]
+    for name, (role, share) in roles.items():
         mem = _mem(r.memory * share)
         resources: dict[str, Any] = {
             "requests": {"cpu": _cpu(r.cpu * share), "memory": mem},
             "limits": {"memory": mem},
         }
-        if r.gpus and settings.k8s_gpu_claim_template:
+        if claim:
             resources["claims"] = [{"name": "gpu"}]
-        elif r.gpus and role == "learner":
+        elif r.gpus:  # the fused container (checked above)
             resources["limits"]["nvidia.com/gpu"] = str(r.gpus)
             resources["requests"]["nvidia.com/gpu"] = str(r.gpus)
+        role_env = env
+        if role in ("worker", "evaluator"):
+            # They talk to the learner only, never to the leaderboard: no token for them.
+            role_env = [e for e in env if e["name"] != "PODIUM_API_TOKEN"]
         containers.append(
             {
-                "name": role,
+                "name": name,
                 "image": settings.pod_image,
                 "imagePullPolicy": "IfNotPresent",
                 "command": ["python", "-m", "services.pod"],
                 "args": ["--role", role, "--experiment", req.experiment_id, "--pod-id", req.pod_id],
-                "env": [*env, {"name": "PODIUM_ROLE", "value": role}],
+                "env": [*role_env, {"name": "PODIUM_ROLE", "value": role}],
                 "resources": resources,
                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
                 "securityContext": {
@@ -182,7 +212,7 @@ def pod_manifest(
     if settings.k8s_pod_service_account:
         spec["serviceAccountName"] = settings.k8s_pod_service_account
     spec["automountServiceAccountToken"] = False
-    if r.gpus and settings.k8s_gpu_claim_template:
+    if claim:
         spec["resourceClaims"] = [
             {"name": "gpu", "resourceClaimTemplateName": settings.k8s_gpu_claim_template}
         ]
@@ -461,19 +491,16 @@ class KubernetesBackend(Backend):
         name = pod_name(experiment_id, pod_id)
         with self._lock:
             pod = self._pods.get(name)
-        failed = ROLES
+        failed: tuple[str, ...] = ("learner", FUSED_CONTAINER)  # the round loop's log
         if pod is not None:
             statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            failed = (
-                tuple(
-                    cs["name"]
-                    for cs in statuses
-                    if ((cs.get("state") or {}).get("terminated") or {}).get("exitCode", 0) != 0
-                )
-                or ROLES
-            )
-        out = []
-        for container in failed[:1]:
+            containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+            failed = tuple(
+                cs["name"]
+                for cs in statuses
+                if ((cs.get("state") or {}).get("terminated") or {}).get("exitCode", 0) != 0
+            ) or tuple(c for c in failed if c in containers)
+        for container in failed:  # the first that has a log
             try:
                 resp = self.core.read_namespaced_pod_log(
                     name,
@@ -482,10 +509,10 @@ class KubernetesBackend(Backend):
                     tail_lines=lines,
                     _preload_content=False,
                 )
-                out.append(resp.data.decode(errors="replace").strip())
             except ApiException:
                 continue
-        return "\n".join(out)
+            return resp.data.decode(errors="replace").strip()
+        return ""
 
     def delete_experiment(self, experiment_id: str) -> None:
         with contextlib.suppress(ApiException):
