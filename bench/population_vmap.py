@@ -1,8 +1,9 @@
-"""Population update step: P PPO agents vmapped (torch.func) vs a Python loop over P agents.
+"""Population update step: P PPO agents batched in one population vs a Python loop over them.
 
 One "update step" is a full PPO update of every agent on its own rollout (per agent: 16 envs x
 16 steps = 256 samples, 4 epochs x 4 minibatches of 64 = 16 gradient steps; tanh MLPs). The
-vmapped population (services/pod/population.py) and P separate ``PPO`` agents
+population (services/pod/population.py: modules stacked with torch.func, networks as batched
+matmuls over the agent axis, one flat Adam) and P separate ``PPO`` agents
 (services/pod/algorithms/ppo.py, fused Adam) update on the same CartPole rollouts, alternating
 in the same process. Per seed the median of ``--repeats`` timings; printed: medians over seeds
 of those times, their ratio, and the median over seeds of the per-seed ratios.
@@ -48,23 +49,23 @@ def measure(p: int, hidden: int, seed: int, device: str, repeats: int) -> tuple[
         loop.append(agent.to(device))
     rollout = pop.collect()
     parts = [rollout.agent(i) for i in range(p)]
-    # Warm-up (allocator, vmap's first trace), then alternate the two so drift hits both.
+    # Warm-up (allocator, first calls), then alternate the two so drift hits both.
     pop.update(rollout)
     for agent, part in zip(loop, parts, strict=True):
         agent.update(part)
-    t_vmap, t_loop = [], []
+    t_pop, t_loop = [], []
     for _ in range(repeats):
         sync(device)
         start = time.perf_counter()
         pop.update(rollout)
         sync(device)
-        t_vmap.append(time.perf_counter() - start)
+        t_pop.append(time.perf_counter() - start)
         start = time.perf_counter()
         for agent, part in zip(loop, parts, strict=True):
             agent.update(part)
         sync(device)
         t_loop.append(time.perf_counter() - start)
-    return statistics.median(t_vmap), statistics.median(t_loop)
+    return statistics.median(t_pop), statistics.median(t_loop)
 
 
 def main() -> None:
@@ -78,8 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, device {args.device}, threads {args.threads}")
-    print("| MLP | P | vmap (ms) | loop (ms) | loop / vmap | median ratio | per-seed ratios |")
-    print("|---|---|---|---|---|---|---|")
+    print("| MLP | P | population (ms) | loop (ms) | loop / pop. | median ratio | per seed |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for hidden in args.hidden:
         for p in args.sizes:
             runs = [measure(p, hidden, s, args.device, args.repeats) for s in range(args.seeds)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -124,3 +126,83 @@ def test_values_the_leaderboard_would_refuse_are_refused_here(change, field, mes
     errors = info.value.errors()
     assert errors[0]["loc"][0] == field
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLE.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_a_valid_spec(path: Path) -> None:
+    spec = load_spec(path)
+    assert spec.name == yaml.safe_load(path.read_text())["name"]
+    assert spec.algorithms and spec.search_space
+
+
+def test_sac_example_is_an_offpolicy_tournament() -> None:
+    spec = load_spec(EXAMPLE.parent / "pendulum-sac.yaml")
+    assert spec.algorithms == {"sac": 1.0} and spec.env.name == "Pendulum-v1"
+    assert {"tau", "batch_size", "learning_rate"} <= set(spec.search_space)
+
+
+def _space(*names: str) -> dict:
+    return {n: {"type": "choice", "values": [1]} for n in names}
+
+
+@pytest.mark.parametrize(
+    ("algorithms", "names", "message"),
+    [
+        ({"ppo": 1, "sac": 1}, ("tau", "gae_lambda", "learning_rate"), None),  # each has one
+        ({"sac": 1}, ("tau", "batch_size", "updates_per_step", "init_alpha"), None),
+        ({"dqn": 1}, ("double", "dueling", "epsilon_end", "buffer_size"), None),
+        ({"td3": 1, "ddpg": 1}, ("policy_delay", "exploration_noise"), None),
+        ({"sac": 1}, ("gae_lambda",), "'gae_lambda' not hyperparameters of 'sac'; they are: "),
+        ({"ppo": 1}, ("tau",), "'tau' not hyperparameters of 'ppo'; they are: "),
+        ({"ppo": 1, "sac": 1}, ("lr", "tau"), "'lr' not hyperparameters of 'ppo' or 'sac'; "),
+        ({"dqn": 1, "td3": 1}, ("init_alpha",), "'init_alpha' not hyperparameters of 'dqn' or"),
+    ],
+)
+def test_search_space_names_are_those_of_the_listed_algorithms(
+    algorithms: dict, names: tuple[str, ...], message: str | None
+) -> None:
+    """A name is valid when at least one listed algorithm takes it; none: refused, named."""
+    data = {"name": "x", "env": {"name": "Pendulum-v1"}, "algorithms": algorithms}
+    data["search_space"] = _space(*names)
+    if message is None:
+        assert set(ExperimentSpec.model_validate(data).search_space) == set(names)
+        return
+    with pytest.raises(ValidationError) as info:
+        ExperimentSpec.model_validate(data)
+    assert info.value.errors()[0]["loc"][0] == "search_space"
+    assert message in str(info.value)
+
+
+def test_search_space_names_are_checked_without_torch() -> None:
+    code = (
+        "import sys; from services.spec import ExperimentSpec; "
+        "ExperimentSpec.model_validate({'name': 'x', 'env': {'name': 'Pendulum-v1'}, "
+        "'algorithms': {'ppo': 1, 'sac': 1, 'dqn': 1}, "
+        "'search_space': {'tau': {'type': 'choice', 'values': [0.01]}}}); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"algorithms": {"ppo": 0.5, "sac": 0.5}}, "population pods train PPO only, not sac"),
+        (
+            {"search_space": {"num_envs": {"type": "choice", "values": [8, 16]}}},
+            "search_space 'num_envs' cannot vary within a population",
+        ),
+    ],
+)
+def test_population_pods_refuse_what_their_agents_cannot_vary(change, message) -> None:
+    base = {
+        "name": "pop",
+        "env": {"name": "CartPole-v1"},
+        "algorithms": {"ppo": 1.0},
+        "population": {"agents_per_pod": 8},
+        "search_space": {"learning_rate": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}},
+    }
+    assert ExperimentSpec.model_validate(base).population.agents_per_pod == 8
+    with pytest.raises(ValidationError, match=message):
+        ExperimentSpec.model_validate({**base, **change})

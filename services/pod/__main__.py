@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.pod.leaderboard_client import LeaderboardClient
     from services.pod.metrics import PodMetrics
     from services.pod.multiprocess import ProcessRoles, RemoteRoles
+    from services.pod.population_runtime import PopulationRuntime
     from services.pod.runtime import FusedRoles, PodRuntime, Roles
     from services.pod.transport import TransportError
 
@@ -180,7 +181,19 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if settings.gpus > 0 and torch.cuda.is_available() else "cpu"
     roles_dir = args.roles_dir or settings.roles_dir
     roles: Roles
-    if args.role == "learner":
+    population = spec.population.agents_per_pod > 1
+    if population:
+        # P agents stacked in one process: no worker/evaluator processes to run them.
+        mode = "population"
+        roles = FusedRoles()
+        if args.role == "learner":
+            try:  # tell the worker and evaluator containers not to wait for us
+                RemoteRoles(roles_dir, settings.roles_timeout_s).close()
+            except (OSError, TransportError) as exc:
+                log.warning("could not retire the roles dir", dir=str(roles_dir), error=str(exc))
+        elif args.mode == "processes":
+            log.warning("a population pod trains its agents in one process; --mode ignored")
+    elif args.role == "learner":
         mode = "containers"  # the worker and the evaluator are other processes: wait for them
         try:
             roles = RemoteRoles(roles_dir, settings.roles_timeout_s)
@@ -199,18 +212,18 @@ def main(argv: list[str] | None = None) -> int:
     token = settings.api_token.get_secret_value() if settings.api_token else None
     client = LeaderboardClient(settings.leaderboard_url, experiment, token)
     work_dir = settings.pod_dir / pod_id if settings.pod_dir else None
-    runtime = PodRuntime(
-        experiment,
-        pod_id,
-        spec,
-        client,
-        roles,
-        work_dir=work_dir,
-        metrics=metrics,
-        device=device,
-        threads=threads,
-        grace_s=settings.termination_grace_s,
-    )
+    common = {
+        "work_dir": work_dir,
+        "metrics": metrics,
+        "device": device,
+        "threads": threads,
+        "grace_s": settings.termination_grace_s,
+    }
+    runtime: PodRuntime | PopulationRuntime
+    if population:
+        runtime = PopulationRuntime(experiment, pod_id, spec, client, **common)
+    else:
+        runtime = PodRuntime(experiment, pod_id, spec, client, roles, **common)
 
     def on_signal(signum: int, _frame: object) -> None:
         runtime.stop()
@@ -222,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("pod started", mode=mode, device=device, threads=threads)
     try:
         runtime.run()
+    except HyperparameterError as exc:  # e.g. DQN asked of a continuous-action env
+        log.error("bad input", error=str(exc))
+        return 2
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         if runtime.stopping:

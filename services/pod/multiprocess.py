@@ -55,6 +55,8 @@ from services.pod.transport import (
     connect,
     layout_of,
     listen,
+    retire,
+    retired,
 )
 from services.pod.worker import Rollout, Worker
 
@@ -208,6 +210,8 @@ def _reach_learner(
     deadline = time.monotonic() + timeout_s
     why = f"no learner listening at {directory / SOCKET}"
     while not give_up():
+        if retired(directory):
+            return None
         if time.monotonic() > deadline:
             raise RoleError(f"{why} after {timeout_s:g}s")
         link = connect(directory)
@@ -258,7 +262,7 @@ def serve_role(
         raise ValueError(f"role must be one of {ROLES}, not {role!r}")
     channel = _reach_learner(role, directory, timeout_s, give_up)
     if channel is None:
-        log.info("asked to stop before the learner came", role=role)
+        log.info("not needed: stopped, or the learner retired before it came", role=role)
         return 0
     log.info("connected to the learner", role=role, directory=str(directory))
     state = _Role(role, directory)
@@ -475,6 +479,7 @@ class RemoteRoles:
         self.server.close()
         for name in (SOCKET, TOKEN):
             (self.directory / name).unlink(missing_ok=True)
+        retire(self.directory)  # roles still waiting to connect need not wait any longer
 
 
 # -- worker and evaluator as child processes ---------------------------------------------------

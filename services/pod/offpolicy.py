@@ -26,14 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from services import registry
-from services.pod.algorithms.ddpg import DDPGConfig
-from services.pod.algorithms.dqn import DQNConfig
+from services.pod.algorithms.offpolicy_config import (
+    OFF_POLICY_ALGORITHMS,
+    DDPGConfig,
+    DQNConfig,
+    ReplayLoopConfig,
+    SACConfig,
+    TD3Config,
+)
 from services.pod.algorithms.replay_buffer import ReplayBuffer
-from services.pod.algorithms.sac import SACConfig
-from services.pod.algorithms.td3 import TD3Config
 from services.pod.checkpoint import (
     CheckpointError,
     json_bytes,
@@ -46,41 +50,22 @@ from services.pod.checkpoint import (
 from services.pod.envs.base import VecEnv
 from services.pod.envs.registry import make_env
 from services.pod.evaluator import EvalResult, Evaluator
-
-#: The off-policy algorithms, by registered name (entry points ``podium.algorithms``).
-OFF_POLICY_ALGORITHMS = ("sac", "td3", "ddpg", "dqn")
-
-SOLVED_AT: dict[str, float] = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
+from services.pod.train import SOLVED_AT, RunConfig
 
 
-class OffPolicyConfig(BaseModel):
-    """One off-policy training run; the field named by ``algorithm`` holds its hyperparameters."""
-
-    model_config = ConfigDict(extra="forbid")
+class OffPolicyConfig(RunConfig, ReplayLoopConfig):
+    """One off-policy training run: the run's fields, the loop's hyperparameters
+    (``ReplayLoopConfig``: envs, replay, batch, update-to-data ratio), and the field named by
+    ``algorithm`` holds the agent's."""
 
     env: str = "Pendulum-v1"
-    env_kwargs: dict[str, Any] = Field(default_factory=dict)
     algorithm: str = "sac"
+    total_env_steps: int = Field(100_000, ge=1, description="Training budget in env steps.")
+    eval_every_steps: int = Field(2_048, ge=1)
     sac: SACConfig = Field(default_factory=SACConfig)
     td3: TD3Config = Field(default_factory=TD3Config)
     ddpg: DDPGConfig = Field(default_factory=DDPGConfig)
     dqn: DQNConfig = Field(default_factory=DQNConfig)
-    num_envs: int = Field(32, ge=1, description="Parallel sub-environments of the worker.")
-    total_env_steps: int = Field(100_000, ge=1, description="Training budget in env steps.")
-    learning_starts: int = Field(1_000, ge=0, description="Env steps of random actions first.")
-    buffer_size: int = Field(100_000, ge=1, description="Replay capacity in transitions.")
-    batch_size: int = Field(256, ge=1)
-    updates_per_step: float = Field(
-        0.25, gt=0, description="Gradient updates per env step (update-to-data ratio)."
-    )
-    eval_every_steps: int = Field(2_048, ge=1)
-    eval_episodes: int = Field(10, ge=1)
-    target_return: float | None = Field(None, description="Stop once the evaluation reaches it.")
-    seed: int = 0
-    device: str = "cpu"
-    torch_threads: int | None = Field(
-        1, ge=1, description="Intra-op threads; small networks run fastest on one thread."
-    )
 
     @model_validator(mode="after")
     def _known_algorithm(self) -> OffPolicyConfig:
@@ -157,8 +142,12 @@ def preset(algorithm: str, env: str) -> dict[str, Any]:
 
 @dataclass
 class OffPolicyRoles:
-    """What one run holds: worker env, agent (the learner's state), replay buffer, evaluator."""
+    """One off-policy agent and what trains it, fused in this process: the worker's env, the
+    agent (the learner's state), the replay buffer and the evaluator. ``step`` is one vector
+    step of worker → replay → learner; ``train_offpolicy`` and the pod's rounds
+    (services/pod/runtime.py) both drive it."""
 
+    config: OffPolicyConfig
     env: VecEnv
     agent: torch.nn.Module
     buffer: ReplayBuffer
@@ -167,6 +156,18 @@ class OffPolicyRoles:
     env_steps: int = 0
     updates: int = 0
     update_debt: float = 0.0  # fractional updates owed to the update-to-data ratio
+    obs: torch.Tensor | None = None  # the worker's current observations; None: reset first
+    # Returns of finished episodes, summed on the device and read only when a record is made.
+    return_sum: torch.Tensor = field(init=False)
+    episodes: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.return_sum = torch.zeros((), device=self.env.device, dtype=torch.float64)
+        self.episodes = torch.zeros((), device=self.env.device, dtype=torch.int64)
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.agent.policy
 
     def counters(self) -> dict[str, Any]:
         return {
@@ -175,6 +176,60 @@ class OffPolicyRoles:
             "update_debt": self.update_debt,
             "agent_updates": int(getattr(self.agent, "updates", 0)),
         }
+
+    def reset(self) -> None:
+        """Start fresh episodes (seeded by the env steps so far, so a resumed run differs)."""
+        self.obs, _ = self.env.reset(seed=self.config.seed + self.env_steps)
+        self.return_sum.zero_()
+        self.episodes.zero_()
+
+    def step(self) -> dict[str, torch.Tensor]:
+        """One vector step of every sub-environment, then the updates it owes; returns the
+        last update's statistics (empty when none ran)."""
+        if self.obs is None:
+            self.reset()
+        cfg, agent, gen, n = self.config, self.agent, self.generator, self.env.num_envs
+        # Worker: act, step, remember.
+        if self.env_steps < cfg.learning_starts:
+            action = agent.random_action(n, gen)
+        else:
+            action = agent.explore(self.obs, gen, self.env_steps)
+        next_obs, reward, terminated, truncated, info = self.env.step(agent.to_env(action))
+        # next_obs of an ended episode is its final observation, not the reset one.
+        self.buffer.add(self.obs, action, reward, info["final_obs"], terminated)
+        self.obs = next_obs
+        self.env_steps += n
+        self.return_sum += info["episode_return"].sum()  # zero where no episode ended
+        self.episodes += (terminated | truncated).sum()
+
+        # Learner: updates owed to the update-to-data ratio.
+        stats: dict[str, torch.Tensor] = {}
+        if self.env_steps >= cfg.learning_starts:
+            self.update_debt += n * cfg.updates_per_step
+            owed = int(self.update_debt)
+            self.update_debt -= owed
+            for _ in range(owed):
+                stats = agent.update(self.buffer.sample(cfg.batch_size, gen), gen)
+            self.updates += owed
+        return stats
+
+    def evaluate(self) -> EvalResult:
+        return self.evaluator.evaluate(self.agent.policy)
+
+    def train_return(self) -> float | None:
+        """Mean return of the episodes finished since the last call (None if none did)."""
+        episodes = int(self.episodes)
+        if not episodes:
+            return None
+        mean = float(self.return_sum) / episodes
+        self.return_sum.zero_()
+        self.episodes.zero_()
+        return mean
+
+    def close(self) -> None:
+        for env in (self.env, self.evaluator.env):
+            if hasattr(env, "close"):
+                env.close()
 
 
 @dataclass
@@ -198,7 +253,7 @@ def build(config: OffPolicyConfig) -> OffPolicyRoles:
         config.env,
         config.eval_episodes,
         device=config.device,
-        seed=config.seed + 10_000,
+        seed=config.evaluation_seed,
         **config.env_kwargs,
     )
     obs_space, action_space = env.single_observation_space, env.single_action_space
@@ -212,8 +267,15 @@ def build(config: OffPolicyConfig) -> OffPolicyRoles:
     )
     generator = torch.Generator(device=env.device)
     generator.manual_seed(config.seed)
-    evaluator = Evaluator(eval_env, seed=config.seed + 10_000)
-    return OffPolicyRoles(env, agent, buffer, evaluator, generator)
+    evaluator = Evaluator(eval_env, seed=config.evaluation_seed)
+    return OffPolicyRoles(
+        config=config,
+        env=env,
+        agent=agent,
+        buffer=buffer,
+        evaluator=evaluator,
+        generator=generator,
+    )
 
 
 Callback = Callable[[dict[str, float]], None]
@@ -227,46 +289,20 @@ def train_offpolicy(
 ) -> OffPolicyResult:
     """Train until the budget is spent or the evaluation reaches ``target_return``.
 
-    ``roles`` lets a caller build them first (and so validate, or resume with
-    ``load_offpolicy_files``); the run then continues from ``roles.env_steps``.
+    ``roles`` (built from ``config``) lets a caller build them first (and so validate, or
+    resume with ``load_offpolicy_files``); the run then continues from ``roles.env_steps``.
     """
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     r = roles or build(config)
-    env, agent, buffer, gen = r.env, r.agent, r.buffer, r.generator
-    n = env.num_envs
     result = OffPolicyResult(config=config)
-    obs, _ = env.reset(seed=config.seed + r.env_steps)
+    r.reset()
     next_eval = (r.env_steps // config.eval_every_steps + 1) * config.eval_every_steps
     stats: dict[str, torch.Tensor] = {}
-    # Episode returns are summed on the device and read only when a record is made.
-    return_sum = torch.zeros((), device=env.device, dtype=torch.float64)
-    episodes = torch.zeros((), device=env.device, dtype=torch.int64)
     clock = 0.0
     while r.env_steps < config.total_env_steps:
         start = time.perf_counter()
-        # Worker: act, step, remember.
-        if r.env_steps < config.learning_starts:
-            action = agent.random_action(n, gen)
-        else:
-            action = agent.explore(obs, gen, r.env_steps)
-        next_obs, reward, terminated, truncated, info = env.step(agent.to_env(action))
-        # next_obs of an ended episode is its final observation, not the reset one.
-        buffer.add(obs, action, reward, info["final_obs"], terminated)
-        obs = next_obs
-        r.env_steps += n
-        done = terminated | truncated
-        return_sum += info["episode_return"].sum()  # zero where no episode ended
-        episodes += done.sum()
-
-        # Learner: updates owed to the update-to-data ratio.
-        if r.env_steps >= config.learning_starts:
-            r.update_debt += n * config.updates_per_step
-            owed = int(r.update_debt)
-            r.update_debt -= owed
-            for _ in range(owed):
-                stats = agent.update(buffer.sample(config.batch_size, gen), gen)
-            r.updates += owed
+        stats = r.step() or stats  # worker and learner
         clock += time.perf_counter() - start
 
         # Evaluator.
@@ -274,7 +310,7 @@ def train_offpolicy(
         if r.env_steps < next_eval and not last:
             continue
         next_eval += config.eval_every_steps
-        evaluation = r.evaluator.evaluate(agent.policy)
+        evaluation = r.evaluate()
         record: dict[str, float] = {
             "env_steps": r.env_steps,
             "updates": r.updates,
@@ -283,10 +319,8 @@ def train_offpolicy(
             "eval_return": evaluation.mean,
             "eval_std": evaluation.std,
         }
-        if int(episodes):
-            record["train_return"] = float(return_sum) / int(episodes)
-            return_sum.zero_()
-            episodes.zero_()
+        if (train_return := r.train_return()) is not None:
+            record["train_return"] = train_return
         if out_dir is not None:
             save_offpolicy_files(out_dir / "checkpoints" / "latest", r, config)
             if r.evaluator.best is evaluation:

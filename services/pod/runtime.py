@@ -1,16 +1,22 @@
 """The training pod's round loop.
 
-A pod asks the generator where to start (hyperparameters, maybe a parent's training files),
-builds its agent, then trains round after round: a round is ``spec.round`` env steps (or
-seconds) of worker → learner; every ``evaluation.every_rounds`` rounds the evaluator scores the
-agent and the result goes to the updater with the training files. After each report the pod
-asks the generator again; when it proposes a parent that scored better than this pod's agent
-(PBT's exploit), the pod restarts from that parent with the proposed hyperparameters (explore),
-otherwise it keeps training its own agent. On SIGTERM it finishes the update in flight,
-evaluates, makes a final report and returns.
+A pod asks the generator where to start (algorithm, hyperparameters, maybe a parent's training
+files), builds its agent, then trains round after round: a round is ``spec.round`` env steps
+(or seconds) of worker → learner; every ``evaluation.every_rounds`` rounds the evaluator scores
+the agent and the result goes to the updater with the training files. After each report the pod
+asks the generator again; when it proposes a parent (of the same algorithm) that scored better
+than this pod's agent (PBT's exploit), the pod restarts from that parent with the proposed
+hyperparameters (explore), otherwise it keeps training its own agent. On SIGTERM it finishes
+the update in flight, evaluates, makes a final report and returns.
 
-Hyperparameters are PPOConfig field names; every pod starts from the env's preset
-(services/pod/train.py) with the generator's hyperparameters on top.
+The loop is the same for every algorithm; what differs sits behind ``Family``: PPO (on-policy,
+services/pod/train.py, fused or as processes) and SAC, TD3, DDPG and the DQN family (off-policy,
+services/pod/offpolicy.py, fused, the replay buffer in the training files). Hyperparameters are
+the algorithm's own names (services/pod/algorithms/hyperparameters.py); every pod starts from
+the preset for its algorithm and env with the generator's hyperparameters on top. In an
+algorithm mix, a search-space name only some of the algorithms take is applied by those
+algorithms' pods and ignored by the others (it still travels with the candidate, so the
+generator's strategies see every name of the search space).
 """
 
 from __future__ import annotations
@@ -21,15 +27,18 @@ import tempfile
 import time
 import uuid
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from pydantic import ValidationError
 
 from services.logs import get_logger
-from services.pod.algorithms.ppo import PPOConfig
+from services.pod import offpolicy
+from services.pod.algorithms.hyperparameters import HYPERPARAMETER_MODELS, hyperparameter_names
+from services.pod.algorithms.offpolicy_config import AGENT_CONFIGS, OFF_POLICY_ALGORITHMS
 from services.pod.checkpoint import (
     MANIFEST,
     CheckpointError,
@@ -42,86 +51,65 @@ from services.pod.evaluator import EvalResult, Evaluator
 from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.learner import Learner
 from services.pod.metrics import PodMetrics
-from services.pod.train import TrainConfig, build, preset
+from services.pod.offpolicy import OffPolicyConfig, OffPolicyRoles
+from services.pod.train import RunConfig, TrainConfig, build, preset
 from services.pod.worker import Worker
 from services.spec import ExperimentSpec
 
 log = get_logger(__name__)
 
-# Pods train open-ended rounds and the generator tunes the learning rate (PBT), so the LR is
+# Pods train open-ended rounds and the generator tunes the learning rate (PBT), so PPO's LR is
 # not annealed toward a budget unless the hyperparameters ask for it.
 POD_DEFAULTS: dict[str, Any] = {"anneal_lr": False}
 
 
 class HyperparameterError(ValueError):
-    """Hyperparameters that are not PPOConfig fields or not valid values for them."""
+    """Hyperparameters or an algorithm a pod cannot train: a name the algorithm does not have,
+    an invalid value, an algorithm no pod trains or that the env's action space does not fit."""
 
 
-def check_hyperparameter_names(names: list[str] | set[str]) -> None:
-    unknown = sorted(set(names) - set(PPOConfig.model_fields))
+def check_hyperparameter_names(
+    names: Iterable[str], algorithms: Iterable[str] | None = None
+) -> None:
+    """Refuse names that none of ``algorithms`` takes (default: any algorithm a pod trains).
+
+    An experiment's search space is shared by its algorithms, so a name is valid when at least
+    one of them has it; each pod applies only its own algorithm's names.
+    """
+    fields = {a: hyperparameter_names(a) for a in algorithms or HYPERPARAMETER_MODELS}
+    known = {a: f for a, f in fields.items() if f is not None}
+    if not known:
+        return  # no algorithm a pod trains: ``start`` refuses the algorithm itself
+    unknown = sorted(set(names) - set().union(*known.values()))
     if unknown:
+        listing = "; ".join(f"{a}: {', '.join(sorted(f))}" for a, f in sorted(known.items()))
         raise HyperparameterError(
             f"unknown hyperparameter(s) {', '.join(map(repr, unknown))}; hyperparameters are "
-            f"PPOConfig fields: {', '.join(sorted(PPOConfig.model_fields))}"
+            f"the fields of the algorithms' configs ({listing})"
         )
 
 
-def pod_config(
-    spec: ExperimentSpec,
-    hyperparameters: dict[str, Any],
-    seed: int,
-    device: str = "cpu",
-    threads: int = 1,
-) -> TrainConfig:
-    """The env's preset, the pod defaults, then the generator's hyperparameters on top."""
-    check_hyperparameter_names(list(hyperparameters))
-    base = preset(spec.env.name)
-    ppo = {**POD_DEFAULTS, **base.pop("ppo"), **hyperparameters}
-    base.pop("target_return", None)  # the orchestrator ends the experiment, not the pod
-    if spec.budget.total_env_steps:
-        base["total_env_steps"] = spec.budget.total_env_steps
-    try:
-        return TrainConfig.model_validate(
-            {
-                **base,
-                "env_kwargs": {**base.get("env_kwargs", {}), **spec.env.kwargs},
-                "ppo": ppo,
-                "eval_episodes": spec.evaluation.episodes,
-                "device": device,
-                "seed": seed,
-                "eval_seed": eval_seed(spec),
-                "torch_threads": threads,
-            }
-        )
-    except ValidationError as exc:
-        fields = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise HyperparameterError(f"invalid hyperparameters: {fields}") from exc
+class Trainee(Protocol):
+    """What the round loop reads of a built agent (PPO's Learner, an OffPolicyRoles)."""
 
-
-def eval_seed(spec: ExperimentSpec) -> int:
-    """Every pod of an experiment evaluates on the same start states, so that scores compare
-    agents rather than luck of the draw (Pendulum's start angle alone moves a return by ~100)."""
-    if spec.evaluation.seed is not None:
-        return spec.evaluation.seed
-    return zlib.crc32(f"eval:{spec.name}".encode()) % (2**31)
+    env_steps: int
+    updates: int
 
 
 class Roles(Protocol):
     """Worker, learner and evaluator, fused or as processes (services/pod/multiprocess.py)."""
 
-    learner: Learner | None
+    learner: Any  # a Trainee once built
 
-    def build(self, config: TrainConfig) -> Learner: ...
+    def build(self, config: Any) -> Any: ...
     def publish(self, role: str = "worker") -> None: ...
-    def step(self) -> tuple[dict[str, float], torch.Tensor]: ...
+    def step(self) -> object: ...
     def evaluate(self) -> EvalResult: ...
     def close(self) -> None: ...
 
 
 class FusedRoles:
-    """All three roles in this process, sharing one policy object (Anakin-style)."""
+    """PPO's three roles in this process, sharing one policy object (Anakin-style)."""
 
     def __init__(self) -> None:
         self.learner: Learner | None = None
@@ -149,6 +137,180 @@ class FusedRoles:
         for env in (getattr(self.worker, "env", None), getattr(self.evaluator, "env", None)):
             if env is not None and hasattr(env, "close"):
                 env.close()
+
+
+class FusedOffPolicyRoles:
+    """An off-policy agent's roles in this process. One OffPolicyRoles holds the worker's env,
+    the learner's state, the replay buffer and the evaluator; a step is one vector step."""
+
+    def __init__(self) -> None:
+        self.learner: OffPolicyRoles | None = None
+
+    def build(self, config: OffPolicyConfig) -> OffPolicyRoles:
+        self.close()
+        self.learner = offpolicy.build(config)
+        return self.learner
+
+    def publish(self, role: str = "worker") -> None:
+        """Nothing to copy: one agent acts, learns and is evaluated."""
+
+    def step(self) -> dict[str, torch.Tensor]:
+        assert self.learner is not None
+        return self.learner.step()
+
+    def evaluate(self) -> EvalResult:
+        assert self.learner is not None
+        return self.learner.evaluate()
+
+    def close(self) -> None:
+        if self.learner is not None:
+            self.learner.close()
+
+
+def set_learning_rate(optimizers: Iterable[torch.optim.Optimizer], lr: float) -> None:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+
+class Family(Protocol):
+    """What differs between the algorithms a pod trains: their config, their roles, their
+    training files. The round loop sees nothing else of an algorithm."""
+
+    config_class: ClassVar[type[RunConfig]]
+
+    def preset(self, algorithm: str, env: str, hyperparameters: dict[str, Any]) -> dict: ...
+    def roles(self, given: Roles, algorithm: str) -> Roles: ...
+    def save(self, directory: Path, learner: Any, config: Any) -> None: ...
+    def load(self, directory: Path, learner: Any, config: Any) -> None: ...
+
+
+class OnPolicy:
+    """PPO (services/pod/train.py): the roles the pod was given, fused or as processes."""
+
+    config_class = TrainConfig
+
+    def preset(self, algorithm: str, env: str, hyperparameters: dict[str, Any]) -> dict:
+        base = preset(env)
+        base["ppo"] = {**POD_DEFAULTS, **base["ppo"], **hyperparameters}
+        return base
+
+    def roles(self, given: Roles, algorithm: str) -> Roles:
+        return given
+
+    def save(self, directory: Path, learner: Learner, config: TrainConfig) -> None:
+        save_training_files(directory, learner, config)
+
+    def load(self, directory: Path, learner: Learner, config: TrainConfig) -> None:
+        load_training_files(directory, learner)
+        # The optimiser state came with the parent's learning rate; use the proposed one.
+        set_learning_rate([learner.agent.optimizer], config.ppo.learning_rate)
+
+
+class OffPolicy:
+    """SAC, TD3, DDPG and the DQN family (services/pod/offpolicy.py), always fused: their
+    worker steps one vector step at a time into a replay buffer the learner samples, which
+    the process split (services/pod/multiprocess.py, built around PPO's rollouts) lacks."""
+
+    config_class = OffPolicyConfig
+
+    def preset(self, algorithm: str, env: str, hyperparameters: dict[str, Any]) -> dict:
+        base = offpolicy.preset(algorithm, env)
+        # The agent's own names go under its config; the rest are the loop's (batch, replay).
+        own = AGENT_CONFIGS[algorithm].model_fields
+        base[algorithm] = {
+            **base.get(algorithm, {}),
+            **{k: v for k, v in hyperparameters.items() if k in own},
+        }
+        base.update({k: v for k, v in hyperparameters.items() if k not in own})
+        return base
+
+    def roles(self, given: Roles, algorithm: str) -> Roles:
+        if isinstance(given, FusedOffPolicyRoles):
+            return given
+        if not isinstance(given, FusedRoles):
+            log.warning(
+                "off-policy agents train fused: worker, learner and evaluator in this process",
+                algorithm=algorithm,
+                asked=type(given).__name__,
+            )
+        given.close()
+        return FusedOffPolicyRoles()
+
+    def save(self, directory: Path, learner: OffPolicyRoles, config: OffPolicyConfig) -> None:
+        offpolicy.save_offpolicy_files(directory, learner, config)
+
+    def load(self, directory: Path, learner: OffPolicyRoles, config: OffPolicyConfig) -> None:
+        offpolicy.load_offpolicy_files(directory, learner)  # weights, optimiser, replay buffer
+        # A child explores with its own random stream, not its parent's next draws.
+        learner.generator.manual_seed(config.seed)
+        set_learning_rate(learner.agent.optimizers().values(), config.agent_config.learning_rate)
+
+
+def family_of(algorithm: str) -> Family:
+    """The family that trains ``algorithm``; the class itself is looked up by registered name
+    when the roles are built (services/registry.py)."""
+    if algorithm == "ppo":
+        return OnPolicy()
+    if algorithm in OFF_POLICY_ALGORITHMS:
+        return OffPolicy()
+    raise HyperparameterError(
+        f"algorithm {algorithm!r} is not trainable by a pod; pods train: "
+        f"{', '.join(('ppo', *OFF_POLICY_ALGORITHMS))}"
+    )
+
+
+def pod_config(
+    spec: ExperimentSpec,
+    hyperparameters: dict[str, Any],
+    seed: int,
+    device: str = "cpu",
+    threads: int = 1,
+    algorithm: str | None = None,
+) -> RunConfig:
+    """The preset for the algorithm and env, the pod's run fields, then the generator's
+    hyperparameters on top: those the algorithm has (a name only another algorithm of the
+    spec has is ignored; a name none has is an error). ``algorithm`` defaults to the spec's
+    one algorithm."""
+    if algorithm is None:
+        if len(spec.algorithms) != 1:
+            raise HyperparameterError(
+                f"the spec lists several algorithms ({', '.join(spec.algorithms)}): name one"
+            )
+        [algorithm] = spec.algorithms
+    family = family_of(algorithm)
+    check_hyperparameter_names(hyperparameters, {*spec.algorithms, algorithm})
+    names = hyperparameter_names(algorithm) or frozenset()
+    own = {k: v for k, v in hyperparameters.items() if k in names}
+    base = family.preset(algorithm, spec.env.name, own)
+    base.pop("target_return", None)  # the orchestrator ends the experiment, not the pod
+    if spec.budget.total_env_steps:
+        base["total_env_steps"] = spec.budget.total_env_steps
+    try:
+        return family.config_class.model_validate(
+            {
+                **base,
+                "env_kwargs": {**base.get("env_kwargs", {}), **spec.env.kwargs},
+                "eval_episodes": spec.evaluation.episodes,
+                "device": device,
+                "seed": seed,
+                "eval_seed": eval_seed(spec),
+                "torch_threads": threads,
+            }
+        )
+    except ValidationError as exc:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise HyperparameterError(f"invalid hyperparameters: {fields}") from exc
+
+
+def eval_seed(spec: ExperimentSpec) -> int:
+    """Every pod of an experiment evaluates on the same start states, so that scores compare
+    agents rather than luck of the draw (Pendulum's start angle alone moves a return by ~100)."""
+    if spec.evaluation.seed is not None:
+        return spec.evaluation.seed
+    return zlib.crc32(f"eval:{spec.name}".encode()) % (2**31)
 
 
 @dataclass
@@ -199,7 +361,8 @@ class PodRuntime:
         self.ready_after_reports = int(options.get("ready_reports", self.ready_after_reports))
         self.ready_after_env_steps = int(options.get("ready_env_steps", self.ready_after_env_steps))
         self.agent = Agent()
-        self.config: TrainConfig | None = None
+        self.family: Family = OnPolicy()
+        self.config: RunConfig | None = None
         self.stopping = False
         self.rounds = 0
         self.unreported_steps = 0
@@ -230,30 +393,35 @@ class PodRuntime:
         """Build the agent the manifest describes: fresh, or the parent's files + new
         hyperparameters. The parent's lease is released once its files are loaded."""
         hyperparameters = dict(manifest["hyperparameters"])
+        algorithm = manifest["algorithm"]
         self.seed += 1  # a restart explores with its own random stream
-        config = pod_config(self.spec, hyperparameters, self.seed, self.device, self.threads)
-        if manifest["algorithm"] != config.algorithm:
-            raise HyperparameterError(f"algorithm {manifest['algorithm']!r} is not trainable")
-        learner = self.roles.build(config)
+        family = family_of(algorithm)
+        config = pod_config(
+            self.spec, hyperparameters, self.seed, self.device, self.threads, algorithm
+        )
+        if config.torch_threads:  # as train() does: small nets on many threads crawl
+            torch.set_num_threads(config.torch_threads)
+        self.roles = family.roles(self.roles, algorithm)
+        learner = self.build_agent(config)
         parent_id, generation = None, 0
         checkpoint = manifest["checkpoint"]
         try:
             if checkpoint != "fresh":
                 try:
-                    self.load_parent(learner, config, checkpoint)
+                    self.load_parent(family, learner, config, checkpoint)
                     parent_id, generation = manifest["parent_id"], manifest["generation"]
                 except CheckpointError as exc:
-                    # Hyperparameters that change the network's shape cannot take the
-                    # parent's weights: train the proposed hyperparameters from scratch.
+                    # Hyperparameters that change the network's shape (or a smaller replay
+                    # buffer) cannot take the parent's files: train them from scratch.
                     log.warning("parent does not fit; starting fresh", error=str(exc))
-                    learner = self.roles.build(config)
+                    learner = self.build_agent(config)
         finally:
             if manifest.get("lease_id"):
                 self.client.release(manifest["lease_id"])
         self.roles.publish("worker")
-        self.config = config
+        self.family, self.config = family, config
         self.agent = Agent(
-            algorithm=manifest["algorithm"],
+            algorithm=algorithm,
             hyperparameters=hyperparameters,
             parent_id=parent_id,
             generation=generation,
@@ -261,13 +429,26 @@ class PodRuntime:
         )
         log.info(
             "agent built",
+            algorithm=algorithm,
             decision=manifest["decision"],
             parent=parent_id,
             generation=generation,
             hyperparameters=hyperparameters,
+            # Search-space names of another algorithm of the mix: carried, not applied.
+            ignored=sorted(set(hyperparameters) - (hyperparameter_names(algorithm) or set())),
         )
 
-    def load_parent(self, learner: Learner, config: TrainConfig, checkpoint: dict) -> None:
+    def build_agent(self, config: RunConfig) -> Trainee:
+        try:
+            return self.roles.build(config)
+        except ValueError as exc:  # e.g. DQN on a continuous env, SAC on a discrete one
+            raise HyperparameterError(
+                f"cannot train {config.algorithm} on {config.env}: {exc}"
+            ) from exc
+
+    def load_parent(
+        self, family: Family, learner: Trainee, config: RunConfig, checkpoint: dict
+    ) -> None:
         files = self.client.download(checkpoint)
         if MANIFEST not in files:
             raise CheckpointError(f"candidate {checkpoint['candidate_id']} has no {MANIFEST}")
@@ -280,10 +461,7 @@ class PodRuntime:
         write_files(directory, files, meta)
         if read_files(directory).manifest["files"] != original.get("files"):
             raise CheckpointError("the parent's files do not match its manifest")
-        load_training_files(directory, learner)
-        # The optimiser state came with the parent's learning rate; use the proposed one.
-        for group in learner.agent.optimizer.param_groups:
-            group["lr"] = config.ppo.learning_rate
+        family.load(directory, learner, config)
 
     def train_round(self) -> None:
         assert self.config is not None
@@ -312,7 +490,7 @@ class PodRuntime:
             raise RuntimeError(f"the evaluation returned a non-finite mean ({evaluation.mean})")
         self.metrics.evaluated(evaluation.mean)
         directory = self.work_dir / "latest"
-        save_training_files(directory, self.roles.learner, self.config)
+        self.family.save(directory, self.roles.learner, self.config)
         files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
         agent = self.agent
         result = {

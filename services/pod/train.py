@@ -34,15 +34,16 @@ SOLVED_AT: dict[str, float] = {
 }
 
 
-class TrainConfig(BaseModel):
-    """One training run. ``ppo`` holds the algorithm's hyperparameters."""
+class RunConfig(BaseModel):
+    """What every training run has, whatever its algorithm: env, budget, evaluation, seeds,
+    device. ``TrainConfig`` (PPO) and ``OffPolicyConfig`` (services/pod/offpolicy.py) add the
+    algorithm's hyperparameters."""
 
     model_config = ConfigDict(extra="forbid")
 
     env: str = "CartPole-v1"
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     algorithm: str = "ppo"
-    ppo: PPOConfig = Field(default_factory=PPOConfig)
     total_env_steps: int = Field(500_000, ge=1, description="Training budget in env steps.")
     eval_every_steps: int = Field(20_000, ge=1)
     eval_episodes: int = Field(10, ge=1)
@@ -55,6 +56,16 @@ class TrainConfig(BaseModel):
     torch_threads: int | None = Field(
         1, ge=1, description="Intra-op threads; small networks run fastest on one thread."
     )
+
+    @property
+    def evaluation_seed(self) -> int:
+        return self.seed + 10_000 if self.eval_seed is None else self.eval_seed
+
+
+class TrainConfig(RunConfig):
+    """One PPO training run. ``ppo`` holds the algorithm's hyperparameters."""
+
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
     learners: int = Field(
         1,
         ge=1,
@@ -150,7 +161,7 @@ def build(config: TrainConfig) -> tuple[Worker, Learner, Evaluator]:
         raise ValueError(f"algorithm {config.algorithm!r} is not trainable by `podium train` yet")
     torch.manual_seed(config.seed)
     cfg = config.ppo
-    eval_seed = config.seed + 10_000 if config.eval_seed is None else config.eval_seed
+    eval_seed = config.evaluation_seed
     env = make_env(
         config.env, cfg.num_envs, device=config.device, seed=config.seed, **config.env_kwargs
     )

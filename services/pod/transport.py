@@ -20,6 +20,7 @@ torch.multiprocessing's pickling.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -36,6 +37,9 @@ import torch
 PROTOCOL = 1
 SOCKET = "learner.sock"
 TOKEN = "token"
+#: Written by a learner that needs no (more) roles, e.g. an off-policy agent that trains fused:
+#: the worker and evaluator containers waiting for it exit 0 instead of timing out.
+RETIRED = "retired"
 MAX_MESSAGE = 16 * 2**20  # a config or an evaluation result is a few KiB
 POLL_S = 0.2
 ALIGN = 64  # every tensor starts on a cache line (and so on its dtype's alignment)
@@ -140,6 +144,7 @@ def listen(directory: Path) -> tuple[socket.socket, str]:
     if len(os.fsencode(path)) >= 100:  # sun_path holds 108 bytes on Linux, 104 on macOS
         raise TransportError(f"socket path {path} is too long for a Unix socket; use a shorter dir")
     path.unlink(missing_ok=True)  # a previous learner's
+    (directory / RETIRED).unlink(missing_ok=True)
     token = secrets.token_urlsafe(32)
     tmp = directory / f".{TOKEN}.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -150,6 +155,16 @@ def listen(directory: Path) -> tuple[socket.socket, str]:
     server.bind(str(path))
     server.listen(8)
     return server, token
+
+
+def retire(directory: Path) -> None:
+    """Tell roles still waiting in ``directory`` that no learner will need them."""
+    with contextlib.suppress(FileNotFoundError):
+        (directory / RETIRED).write_text("the learner needs no roles\n")
+
+
+def retired(directory: Path) -> bool:
+    return (directory / RETIRED).exists()
 
 
 def connect(directory: Path) -> tuple[Channel, str] | None:

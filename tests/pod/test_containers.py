@@ -125,7 +125,8 @@ def test_three_role_processes_train_report_and_stop_together(
     assert summary["submissions"] == len(reports) >= 2
     assert summary["env_steps"] >= 2 * 1024
     assert board and all(c["pod_id"] == "p0" for c in board)
-    assert sorted(p.name for p in roles_dir.iterdir()) == []  # socket, token, shared files
+    # Socket, token and shared files are gone; only the mark telling late roles not to wait.
+    assert sorted(p.name for p in roles_dir.iterdir()) == ["retired"]
 
 
 def test_a_killed_worker_fails_the_learner_with_a_clear_error(
@@ -271,3 +272,19 @@ def test_bad_role_input_is_a_clear_error(
     assert done.returncode == 2, done.stderr.decode()
     last = json.loads(done.stderr.decode().strip().splitlines()[-1])
     assert last["event"] == "bad input" and message in last["error"]
+
+
+def test_roles_waiting_for_a_learner_that_needs_none_exit_cleanly(roles_dir: Path) -> None:
+    """An off-policy pod on Kubernetes trains fused: its learner retires the roles, and the
+    worker and evaluator containers exit 0 at once instead of failing the pod on a timeout."""
+    remote = RemoteRoles(roles_dir, timeout_s=5)
+    remote.close()  # never built: nothing connected
+    started = time.monotonic()
+    assert serve_role("worker", roles_dir, timeout_s=60) == 0
+    assert time.monotonic() - started < 30  # not the 60 s timeout
+    # A new learner in the same directory clears the mark: roles wait for it again.
+    again = RemoteRoles(roles_dir, timeout_s=5)
+    try:
+        assert not (roles_dir / "retired").exists()
+    finally:
+        again.close()

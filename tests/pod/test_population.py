@@ -1,4 +1,4 @@
-"""Vectorised populations: P vmapped agents equal P sequential PPO agents, and they learn."""
+"""Vectorised populations: P batched agents equal P sequential PPO agents, and they learn."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from services.pod.algorithms.ppo import PPO, PPOConfig
 from services.pod.checkpoint import load_training_files, save_training_files
 from services.pod.envs import make_env
+from services.pod.evaluator import Evaluator
 from services.pod.learner import Learner
 from services.pod.population import PopulationPPO, build_population
 from services.pod.train import TrainConfig
@@ -36,10 +37,12 @@ def _sequential_agents(pop: PopulationPPO, config: PPOConfig, seed: int) -> list
     [
         ("CartPole-v1", {}),
         ("Pendulum-v1", {"norm_reward": True, "clip_vloss": True, "action_bounds": "squash"}),
+        ("Acrobot-v1", {"activation": "relu", "norm_obs": False}),
+        ("MountainCarContinuous-v0", {"activation": "elu", "log_std_init": -0.5}),
     ],
 )
 def test_population_equals_sequential_ppo_agents(env: str, extra: dict) -> None:
-    """Same seeds, same rollouts: the vmapped update gives PPO.update's weights, statistics
+    """Same seeds, same rollouts: the population update gives PPO.update's weights, statistics
     and optimiser state, agent by agent, with each agent's own hyperparameters."""
     total = 2_000
     config = PPOConfig(
@@ -119,6 +122,30 @@ def test_candidates_round_trip_through_training_files(tmp_path: Path) -> None:
     assert other.hyperparameters[0]["learning_rate"] == pytest.approx(7e-4)
     assert float(other.lr[0]) == pytest.approx(7e-4)
     assert torch.equal(other.flat[1:], before[1:])
+    # Adam's step count came along (1 epoch x 2 minibatches), so the bias correction goes on
+    # from the parent's; the other slots are still at 0.
+    assert other.adam_steps.tolist() == [2.0, 0.0, 0.0]
+    other.update(other.collect())
+    assert other.adam_steps.tolist() == [4.0, 2.0, 2.0]
+    assert float(other.agent(0).optimizer.state_dict()["state"][0]["step"]) == 4.0
+
+
+def test_every_agent_is_evaluated_like_a_single_pod() -> None:
+    """The same weights in every slot score the same, on the start states that a single
+    pod's ``Evaluator`` (same episodes, same seed) uses, so a member's score is the one a pod
+    training it alone would report."""
+    config = PPOConfig(num_envs=4, num_steps=16, num_minibatches=1, update_epochs=2)
+    pop = build_population("CartPole-v1", config, HPS, seed=3, eval_episodes=6)
+    for _ in range(3):
+        pop.update(pop.collect())
+    agent = pop.agent(1)
+    for i in (0, 2):
+        pop.set_agent(i, agent)
+    results = pop.evaluate(seed=1234)
+    assert results[0].episodes == results[1].episodes == results[2].episodes
+    single = Evaluator(make_env("CartPole-v1", 6, seed=99), seed=1234).evaluate(agent.policy)
+    assert results[1].mean == pytest.approx(single.mean, rel=0.02)
+    assert len(set(single.episodes)) > 1  # different start states within an evaluation
 
 
 def test_bad_population_arguments_are_refused() -> None:

@@ -170,7 +170,8 @@ def test_hyperparameters_map_onto_the_preset() -> None:
     with pytest.raises(HyperparameterError, match=r"ppo\.num_envs"):
         pod_config(spec, {"num_envs": 0}, seed=0)
     with pytest.raises(HyperparameterError, match="'batch_size'"):
-        check_hyperparameter_names(["gamma", "batch_size"])
+        check_hyperparameter_names(["gamma", "batch_size"], ["ppo"])
+    check_hyperparameter_names(["gamma", "batch_size"])  # an off-policy loop's name
 
 
 def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: Path) -> None:
@@ -275,11 +276,7 @@ def test_leaderboard_restart_loses_no_submission(tmp_path: Path) -> None:
     assert summary["env_steps"] == sum(s["env_steps"] for s in rt.submissions)
     assert len({s["submission_id"] for s in rt.submissions}) == len(rt.submissions)
     accepted = {s["candidate_id"] for s in rt.submissions if s["accepted"]}
-
-    def ids(nodes: list[dict]) -> set[str]:
-        return {n["candidate_id"] for n in nodes} | {c for n in nodes for c in ids(n["children"])}
-
-    assert accepted == ids(lineage["roots"])
+    assert accepted == {n["candidate_id"] for n in lineage["nodes"]}  # a flat, linked list
 
 
 def pod_env(lb: Leaderboard, exp: str, pod: str, spec: dict, pod_dir: Path) -> dict[str, str]:
@@ -393,3 +390,56 @@ def test_bad_input_is_a_clear_error(
     last = json.loads(done.stderr.decode().strip().splitlines()[-1])
     assert last["event"] == "bad input" and message in last["error"]
     assert "Traceback" not in done.stderr.decode()
+
+
+def test_an_algorithm_the_env_cannot_take_is_bad_input(
+    tmp_path: Path, leaderboard: Leaderboard
+) -> None:
+    """The generator hands out DQN for a continuous-action env: exit 2 naming both, no
+    traceback (the orchestrator's events show the message)."""
+    spec = make_spec(env={"name": "Pendulum-v1"}, algorithms={"dqn": 1.0}, search_space={})
+    register(leaderboard, "bad-algo", spec)
+    env = pod_env(leaderboard, "bad-algo", "p0", spec, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.pod"], cwd=ROOT, env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    last = json.loads(done.stderr.decode().strip().splitlines()[-1])
+    assert last["event"] == "bad input" and "cannot train dqn on Pendulum-v1" in last["error"]
+
+
+def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """``population.agents_per_pod: 3``: ``python -m services.pod`` trains three agents in one
+    process and each reaches the board as its own candidate (pod id ``<pod>.m<i>``)."""
+    spec = make_spec(population={"min_pods": 1, "max_pods": 1, "agents_per_pod": 3})
+    register(leaderboard, "pop", spec)
+    log = (tmp_path / "pod.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.pod", "--experiment", "pop", "--pod-id", "p0"],
+        cwd=ROOT,
+        env=pod_env(leaderboard, "pop", "p0", spec, tmp_path),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        with leaderboard.api() as api:
+            while api.get("/experiments/pop").json()["submissions"] < 6:
+                assert proc.poll() is None, (tmp_path / "pod.log").read_text()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+            nodes = api.get("/experiments/pop/lineage").json()["nodes"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert {n["pod_id"] for n in nodes} == {"p0.m0", "p0.m1", "p0.m2"}
+    started = [
+        json.loads(line)
+        for line in (tmp_path / "pod.log").read_text().splitlines()
+        if line.startswith("{") and '"pod started"' in line
+    ]
+    assert started and started[0]["mode"] == "population"

@@ -18,9 +18,9 @@ import copy
 import gymnasium as gym
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from services.pod.algorithms.offpolicy_config import DDPGConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
 
@@ -96,17 +96,6 @@ def uniform_action(
     """Uniform actions in [-1, 1] (the actors' normalised action range), before learning."""
     u = torch.rand((n, *shape), generator=generator, device=device)
     return u.mul_(2).sub_(1)
-
-
-class DDPGConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    learning_rate: float = Field(1e-3, gt=0)
-    gamma: float = Field(0.98, gt=0, le=1)
-    tau: float = Field(0.005, gt=0, le=1, description="Soft target update rate.")
-    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
-    activation: Activation = "relu"
-    exploration_noise: float = Field(0.1, ge=0, description="Std of the Gaussian action noise.")
 
 
 class DDPG(nn.Module):

@@ -16,29 +16,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from services.pod.algorithms.ddpg import frozen_copy, polyak_
+from services.pod.algorithms.offpolicy_config import DQNConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
-
-
-class DQNConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    double: bool = Field(False, description="Double DQN: the online net picks a' for the target.")
-    dueling: bool = Field(False, description="Dueling heads: Q = V + A − mean(A).")
-    learning_rate: float = Field(1e-3, gt=0)
-    gamma: float = Field(0.99, gt=0, le=1)
-    tau: float = Field(0.05, gt=0, le=1, description="Soft target update rate (1 = hard copy).")
-    target_update_every: int = Field(1, ge=1, description="Gradient steps between target updates.")
-    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
-    activation: Activation = "relu"
-    epsilon_start: float = Field(1.0, ge=0, le=1)
-    epsilon_end: float = Field(0.05, ge=0, le=1)
-    exploration_steps: int = Field(10_000, ge=1, description="Env steps over which ε decays.")
-    max_grad_norm: float | None = Field(10.0, gt=0)
 
 
 class QNetwork(nn.Module):

@@ -51,3 +51,16 @@ class PPOConfig(BaseModel):
     @property
     def minibatch_size(self) -> int:
         return max(1, self.batch_size // self.num_minibatches)
+
+
+#: The PPOConfig fields that may differ between the agents of one vmap population (a pod with
+#: ``population.agents_per_pod > 1``): they enter the update as per-agent tensors. Everything
+#: else shapes the networks or the rollout, which the agents share.
+POPULATION_HYPERPARAMETERS = (
+    "learning_rate",
+    "ent_coef",
+    "clip_coef",
+    "vf_coef",
+    "gamma",
+    "gae_lambda",
+)

@@ -21,7 +21,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from services.pod.algorithms.ddpg import (
@@ -32,24 +31,12 @@ from services.pod.algorithms.ddpg import (
     polyak_,
     uniform_action,
 )
+from services.pod.algorithms.offpolicy_config import SACConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _LOG_2 = math.log(2.0)
-
-
-class SACConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    learning_rate: float = Field(1e-3, gt=0)
-    gamma: float = Field(0.99, gt=0, le=1)
-    tau: float = Field(0.005, gt=0, le=1, description="Soft target update rate.")
-    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
-    activation: Activation = "relu"
-    init_alpha: float = Field(1.0, gt=0, description="Initial entropy temperature.")
-    autotune_alpha: bool = Field(True, description="Learn α towards the target entropy.")
-    target_entropy: float | None = Field(None, description="Default: −dim(action).")
 
 
 class SquashedGaussianActor(BoundedActor):

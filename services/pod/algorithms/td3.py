@@ -11,16 +11,10 @@ from __future__ import annotations
 
 import gymnasium as gym
 import torch
-from pydantic import Field
 
-from services.pod.algorithms.ddpg import DDPG, DDPGConfig, polyak_
+from services.pod.algorithms.ddpg import DDPG, polyak_
+from services.pod.algorithms.offpolicy_config import TD3Config
 from services.pod.algorithms.replay_buffer import Batch
-
-
-class TD3Config(DDPGConfig):
-    policy_noise: float = Field(0.2, ge=0, description="Std of the target policy smoothing.")
-    noise_clip: float = Field(0.5, ge=0)
-    policy_delay: int = Field(2, ge=1, description="Critic updates per actor update.")
 
 
 class TD3(DDPG):

@@ -1,0 +1,447 @@
+"""The population pod: ``population.agents_per_pod`` PPO agents trained together in one process.
+
+A pod of an experiment with ``population.agents_per_pod: P`` (P > 1) runs this loop instead of
+``PodRuntime``'s: the same round loop, for P agents at once. The agents ("members") share one
+network shape, rollout shape and number of epochs, and are trained in lock-step by
+``services.pod.population.PopulationPPO`` (stacked weights, batched matmuls; per-agent
+hyperparameters as tensors; each member its own slice of one batched env). On a CPU a
+population update is several times faster than updating P agents one after another
+(docs/benchmarks.md, "Vectorized populations"), and a pod with P members costs one
+interpreter, one torch import and one set of envs instead of P.
+
+To the leaderboard, each member is a pod of its own, named ``<pod id>.m<i>``:
+
+* Start: each member asks the generator for its starting point (fresh hyperparameters, or a
+  parent's training files with explored hyperparameters) and goes into its slot.
+* Round: ``spec.round`` env steps (or seconds) per member, all members at once.
+* Report (every ``evaluation.every_rounds`` rounds): one batched evaluation scores every member
+  on the experiment's evaluation start states (``eval_seed``; on torch-native envs the same
+  start states a single pod's evaluator uses), then each member is submitted as its own
+  candidate: its own submission id, hyperparameters, lineage (parent_id, generation) and
+  training files in the format a single PPO pod writes, so that any pod, ``podium export`` or
+  ``load_training_files`` loads it.
+* PBT: after each report, each member that is ready (``ready_reports`` / ``ready_env_steps``,
+  as ``PodRuntime``) asks the generator; when it proposes a parent that scored better, the
+  parent's training files and the explored hyperparameters replace that member's slot
+  (``PopulationPPO.set_agent``), Adam state included. The other members train on.
+* SIGTERM (``stop()``): the update in flight finishes, then one evaluation and a final report
+  of every member trained since its last report.
+
+Restrictions (refused at start with ``HyperparameterError``, naming what is allowed): the
+experiment's algorithm must be ``ppo`` alone, and the search space may vary only the
+hyperparameters that can differ within a population (``population.HYPERPARAMETERS``:
+learning_rate, ent_coef, clip_coef, vf_coef, gamma, gae_lambda); anything else (network
+sizes, num_envs, epochs…) would change the shape the members share. gSDE and ``target_kl`` are
+turned off where the env's preset uses them (Pendulum's preset uses gSDE); the members' files
+say so, so they load as plain Gaussian-policy PPO agents.
+
+Pod metrics count the pod's work: rounds, env steps and updates summed over the members, and
+the best member's score of each evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+import uuid
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.logs import get_logger
+from services.pod.algorithms.ppo import PPO
+from services.pod.checkpoint import MANIFEST, CheckpointError, read_files, write_files
+from services.pod.evaluator import EvalResult
+from services.pod.leaderboard_client import LeaderboardClient
+from services.pod.learner import Learner
+from services.pod.metrics import PodMetrics
+from services.pod.population import HYPERPARAMETERS, PopulationPPO, build_population
+from services.pod.runtime import (
+    Agent,
+    HyperparameterError,
+    OnPolicy,
+    PodRuntime,
+    eval_seed,
+    pod_config,
+)
+from services.pod.train import TrainConfig
+from services.spec import ExperimentSpec
+
+log = get_logger(__name__)
+
+#: PPOConfig settings a population cannot train with, and what it trains with instead.
+UNSUPPORTED_PPO = {"sde_sample_freq": 0, "target_kl": None}
+
+
+def check_population_spec(spec: ExperimentSpec) -> None:
+    """Refuse what a population pod cannot train: an algorithm other than PPO, or search-space
+    names that are not per-agent hyperparameters of ``PopulationPPO``."""
+    size = spec.population.agents_per_pod
+    if set(spec.algorithms) != {"ppo"}:
+        raise HyperparameterError(
+            f"population pods (population.agents_per_pod = {size}) train PPO only; "
+            f"algorithms: {', '.join(sorted(spec.algorithms))}"
+        )
+    check_population_hyperparameters(spec.search_space, size)
+
+
+def check_population_hyperparameters(names: Iterable[str], size: int) -> None:
+    """Refuse names that cannot differ between the agents of one population."""
+    shared = sorted(set(names) - set(HYPERPARAMETERS))
+    if shared:
+        raise HyperparameterError(
+            f"{', '.join(map(repr, shared))} cannot vary within a population: the "
+            f"{size} agents of a pod (population.agents_per_pod) share one network and "
+            f"rollout shape; search_space may vary {', '.join(HYPERPARAMETERS)}"
+        )
+
+
+def member_config(
+    spec: ExperimentSpec,
+    hyperparameters: dict[str, Any],
+    seed: int,
+    device: str = "cpu",
+    threads: int = 1,
+) -> TrainConfig:
+    """A member's run config: a PPO pod's (``pod_config``) without what populations lack."""
+    config = pod_config(spec, hyperparameters, seed, device, threads, "ppo")
+    assert isinstance(config, TrainConfig)
+    changes = {k: v for k, v in UNSUPPORTED_PPO.items() if getattr(config.ppo, k) != v}
+    if not changes:
+        return config
+    return config.model_copy(update={"ppo": config.ppo.model_copy(update=changes)})
+
+
+def fetch_parent(client: LeaderboardClient, directory: Path, checkpoint: dict[str, Any]) -> Path:
+    """Download a parent's training files into ``directory``, verified against its manifest
+    (as ``PodRuntime.load_parent`` does before loading)."""
+    files = client.download(checkpoint)
+    if MANIFEST not in files:
+        raise CheckpointError(f"candidate {checkpoint['candidate_id']} has no {MANIFEST}")
+    try:
+        original = json.loads(files.pop(MANIFEST))
+    except ValueError as exc:
+        raise CheckpointError(f"the parent's {MANIFEST} is not JSON: {exc}") from exc
+    meta = {k: v for k, v in original.items() if k not in ("files", "format")}
+    write_files(directory, files, meta)
+    if read_files(directory).manifest["files"] != original.get("files"):
+        raise CheckpointError("the parent's files do not match its manifest")
+    return directory
+
+
+@dataclass
+class Member(Agent):
+    """One agent of the population: who it is on the leaderboard (``Agent``; its
+    ``env_steps_at_start`` counts the population's env steps per agent) and its slot."""
+
+    pod_id: str = ""
+    config: TrainConfig | None = None  # its hyperparameters and seed: what its files say
+    unreported_steps: int = 0
+    # Its learner's env steps and updates minus the population's: a parent's counters go on
+    # in the member's training files, as they do in a single pod restarted from it.
+    steps_offset: int = 0
+    updates_offset: int = 0
+
+
+class PopulationRuntime:
+    """A pod training ``spec.population.agents_per_pod`` agents; ``PodRuntime``'s interface
+    (``run``, ``stop``, ``close``, ``rounds``, ``submissions``)."""
+
+    def __init__(
+        self,
+        experiment_id: str,
+        pod_id: str,
+        spec: ExperimentSpec,
+        client: LeaderboardClient,
+        work_dir: Path | None = None,
+        metrics: PodMetrics | None = None,
+        device: str = "cpu",
+        threads: int = 1,
+        grace_s: float = 30.0,
+    ) -> None:
+        check_population_spec(spec)
+        self.experiment_id, self.pod_id, self.spec = experiment_id, pod_id, spec
+        self.client = client
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"podium-{pod_id}-"))
+        self.metrics = metrics or PodMetrics(experiment_id, pod_id)
+        self.device, self.threads, self.grace_s = device, threads, grace_s
+        self.size = spec.population.agents_per_pod
+        self.seed = zlib.crc32(pod_id.encode()) % (2**31)
+        options = spec.generator.options
+        self.ready_after_reports = int(options.get("ready_reports", PodRuntime.ready_after_reports))
+        self.ready_after_env_steps = int(
+            options.get("ready_env_steps", PodRuntime.ready_after_env_steps)
+        )
+        self.members = [Member(pod_id=f"{pod_id}.m{i}") for i in range(self.size)]
+        self.family = OnPolicy()  # PPO's training files, as a PPO pod saves and loads them
+        self.population: PopulationPPO | None = None
+        self.stopping = False
+        self.rounds = 0
+        self.submissions: list[dict[str, Any]] = []  # answers of every member's reports
+
+    # -- signals ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from a signal handler): report, then return."""
+        self.stopping = True
+        # Leave time for the final evaluation inside the orchestrator's grace period.
+        self.client.deadline = time.monotonic() + 0.7 * self.grace_s
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> None:
+        self.start()
+        while not self.stopping:
+            self.train_round()
+            if self.rounds % self.spec.evaluation.every_rounds == 0:
+                self.report()
+                if not self.stopping:
+                    self.maybe_exploit()
+        due = [i for i, m in enumerate(self.members) if m.unreported_steps or not self.submissions]
+        if due:
+            self.report(final=True, due=due)
+        else:  # the last reports already hold these agents: copies would crowd the board
+            log.info("nothing trained since the last report; no final report needed")
+
+    def _next_seed(self) -> int:
+        self.seed += 1  # every agent built explores with its own random stream
+        return self.seed
+
+    def start(self) -> None:
+        """Ask the generator once per member, build the population with the members'
+        hyperparameters, then load the parents of the members that have one."""
+        torch.set_num_threads(self.threads)
+        manifests: list[dict[str, Any]] = []
+        try:
+            for member in self.members:
+                manifests.append(self.client.generate(member.pod_id, algorithm="ppo"))
+            first = self.seed + 1
+            configs = [self._member_config(manifest, self._next_seed()) for manifest in manifests]
+            # The members' shared settings: the PPO pod's, with no hyperparameters on top.
+            base = member_config(self.spec, {}, first, self.device, self.threads)
+            self.population = build_population(
+                base.env,
+                base.ppo,
+                [{k: getattr(c.ppo, k) for k in HYPERPARAMETERS} for c in configs],
+                seed=first,  # member i is seeded first + i, as its config says
+                total_env_steps=base.total_env_steps,
+                eval_episodes=self.spec.evaluation.episodes,
+                device=self.device,
+                env_kwargs=base.env_kwargs,
+            )
+            for i, (manifest, config) in enumerate(zip(manifests, configs, strict=True)):
+                self._place(i, manifest, config, fresh_built=True)
+        finally:
+            for manifest in manifests:
+                if manifest.get("lease_id"):
+                    self.client.release(manifest["lease_id"])
+
+    def _member_config(self, manifest: dict[str, Any], seed: int) -> TrainConfig:
+        if manifest["algorithm"] != "ppo":
+            raise HyperparameterError(f"algorithm {manifest['algorithm']!r} is not PPO")
+        hyperparameters = dict(manifest["hyperparameters"])
+        check_population_hyperparameters(hyperparameters, self.size)
+        return member_config(self.spec, hyperparameters, seed, self.device, self.threads)
+
+    def _place(
+        self, i: int, manifest: dict[str, Any], config: TrainConfig, fresh_built: bool = False
+    ) -> None:
+        """Put the manifest's agent into slot i: the parent's training files with the proposed
+        hyperparameters, or fresh weights (``fresh_built``: the slot already holds them)."""
+        pop = self.population
+        assert pop is not None
+        hyperparameters = dict(manifest["hyperparameters"])
+        parent_id, generation = None, 0
+        learner: Learner | None = None
+        if manifest["checkpoint"] != "fresh":
+            learner = self._learner(config)
+            try:
+                directory = fetch_parent(
+                    self.client, self.work_dir / f"m{i}" / "parent", manifest["checkpoint"]
+                )
+                self.family.load(directory, learner, config)
+                parent_id, generation = manifest["parent_id"], manifest["generation"]
+            except CheckpointError as exc:
+                log.warning("parent does not fit; starting fresh", member=i, error=str(exc))
+                learner = None
+        if learner is None and not fresh_built:
+            learner = self._learner(config)
+        if learner is not None:
+            pop.set_agent(i, learner.agent, {k: getattr(config.ppo, k) for k in HYPERPARAMETERS})
+        steps, updates = (learner.env_steps, learner.updates) if learner is not None else (0, 0)
+        self.members[i] = Member(
+            algorithm="ppo",
+            hyperparameters=hyperparameters,
+            parent_id=parent_id,
+            generation=generation,
+            env_steps_at_start=pop.env_steps,
+            pod_id=self.members[i].pod_id,
+            config=config,
+            steps_offset=steps - pop.env_steps,
+            updates_offset=updates - pop.updates,
+        )
+        log.info(
+            "member built",
+            member=i,
+            decision=manifest["decision"],
+            parent=parent_id,
+            generation=generation,
+            hyperparameters=hyperparameters,
+        )
+
+    def _learner(self, config: TrainConfig) -> Learner:
+        """A fresh single-agent learner of the population's shape, seeded by ``config``."""
+        pop = self.population
+        assert pop is not None
+        torch.manual_seed(config.seed)
+        agent = PPO(pop.env.single_observation_space, pop.env.single_action_space, config.ppo)
+        return Learner(agent.to(self.device), config.total_env_steps)
+
+    def train_round(self) -> None:
+        pop = self.population
+        assert pop is not None
+        start_steps, start_updates = pop.env_steps, pop.updates
+        start = time.monotonic()
+        round_steps, round_seconds = self.spec.round.env_steps, self.spec.round.seconds
+        while not self.stopping:
+            pop.update(pop.collect())
+            steps = pop.env_steps - start_steps
+            if round_steps is not None and steps >= round_steps:
+                break
+            if round_seconds is not None and time.monotonic() - start >= round_seconds:
+                break
+        steps = pop.env_steps - start_steps  # per member
+        self.rounds += 1
+        for member in self.members:
+            member.unreported_steps += steps
+        self.metrics.round_done(
+            steps * self.size, (pop.updates - start_updates) * self.size, time.monotonic() - start
+        )
+
+    def report(self, final: bool = False, due: list[int] | None = None) -> None:
+        """One evaluation of every member, then a submission per member in ``due`` (all)."""
+        pop = self.population
+        assert pop is not None
+        results = pop.evaluate(seed=eval_seed(self.spec))
+        due = list(range(self.size)) if due is None else due
+        for i in due:
+            if not math.isfinite(results[i].mean):
+                raise RuntimeError(f"member {i}: non-finite evaluation mean ({results[i].mean})")
+        scores = [results[i].mean for i in due]
+        self.metrics.evaluated(
+            max(scores) if self.spec.evaluation.higher_is_better else min(scores)
+        )
+        for i in due:
+            self._submit(i, results[i], final)
+
+    def _submit(self, i: int, evaluation: EvalResult, final: bool) -> None:
+        pop, member = self.population, self.members[i]
+        assert pop is not None and member.config is not None
+        learner = pop.learner(i)
+        learner.total_env_steps = member.config.total_env_steps
+        learner.env_steps = pop.env_steps + member.steps_offset
+        learner.updates = pop.updates + member.updates_offset
+        directory = self.work_dir / f"m{i}" / "latest"
+        self.family.save(directory, learner, member.config)
+        files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+        result = {
+            "submission_id": uuid.uuid4().hex,  # the same for every retry of this report
+            "pod_id": member.pod_id,
+            "algorithm": member.algorithm,
+            "hyperparameters": member.hyperparameters,
+            "parent_id": member.parent_id,
+            "generation": member.generation,
+            "env_steps": member.unreported_steps,
+            "score": evaluation.mean,
+            "eval": {
+                "mean": evaluation.mean,
+                "std": evaluation.std,
+                "episodes": len(evaluation.episodes),
+            },
+        }
+        answer = self.client.submit(result, files)
+        member.unreported_steps = 0
+        self.metrics.submissions.inc()
+        self.submissions.append(
+            {
+                **answer,
+                "submission_id": result["submission_id"],
+                "env_steps": result["env_steps"],
+                "member": i,
+                "final": final,
+            }
+        )
+        member.score, member.rank = evaluation.mean, answer.get("rank")
+        member.reports += 1
+        if answer.get("accepted"):
+            # The member's next report descends from the one just kept.
+            member.candidate_id = answer["candidate_id"]
+            member.parent_id, member.generation = member.candidate_id, member.generation + 1
+        log.info(
+            "reported",
+            final=final,
+            member=i,
+            pod=member.pod_id,
+            submission=result["submission_id"],
+            score=evaluation.mean,
+            env_steps=result["env_steps"],
+            accepted=answer.get("accepted"),
+            candidate=answer.get("candidate_id"),
+            rank=answer.get("rank"),
+            duplicate=answer.get("duplicate", False),
+        )
+
+    def maybe_exploit(self) -> None:
+        """Per ready member: ask the generator; replace the member by its parent when that
+        one scored better (PBT's exploit, with the explored hyperparameters)."""
+        pop = self.population
+        assert pop is not None
+        higher = self.spec.evaluation.higher_is_better
+        for i, member in enumerate(self.members):
+            if self.stopping:
+                return
+            trained = pop.env_steps - member.env_steps_at_start
+            if (
+                member.rank == 1
+                or member.reports < self.ready_after_reports
+                or trained < self.ready_after_env_steps
+            ):
+                continue  # the best there is, or not trained long enough to be judged
+            manifest = self.client.generate(member.pod_id, algorithm="ppo")
+            parent_id = manifest.get("parent_id")
+            better = False
+            if parent_id is not None and parent_id != member.candidate_id:
+                parent_score = float(self.client.candidate(parent_id)["score"])
+                own = member.score
+                if own is None:
+                    own = -math.inf if higher else math.inf
+                better = parent_score > own if higher else parent_score < own
+            try:
+                if better:
+                    try:
+                        config = self._member_config(manifest, self._next_seed())
+                    except HyperparameterError as exc:  # e.g. a parent from another kind of pod
+                        log.warning("parent does not fit the population", error=str(exc))
+                        continue
+                    log.info(
+                        "member restarting from a better parent",
+                        member=i,
+                        parent=parent_id,
+                        own_score=member.score,
+                    )
+                    self._place(i, manifest, config)
+            finally:
+                if manifest.get("lease_id"):
+                    self.client.release(manifest["lease_id"])
+
+    def close(self) -> None:
+        if self.population is not None:
+            for env in (self.population.env, self.population.eval_env):
+                if env is not None:
+                    env.close()
+        self.client.close()
+        self.metrics.close()

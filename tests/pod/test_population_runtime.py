@@ -1,0 +1,340 @@
+"""The population pod (P agents in one process) against the real leaderboard.
+
+Uvicorn on loopback with an embedded Redis, as tests/pod/test_runtime.py: every member is its
+own candidate with its own hyperparameters and lineage, its training files load into a plain
+single-agent PPO learner and score what the member scored, PBT's exploit puts a better
+parent's weights into a member's slot, and a stop ends with a final report of every member.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from services.pod.checkpoint import (
+    load_training_files,
+    read_files,
+    save_training_files,
+    write_files,
+)
+from services.pod.leaderboard_client import LeaderboardClient
+from services.pod.metrics import PodMetrics
+from services.pod.population_runtime import (
+    PopulationRuntime,
+    check_population_spec,
+    member_config,
+)
+from services.pod.runtime import HyperparameterError, eval_seed
+from services.pod.train import TrainConfig, build
+from services.spec import ExperimentSpec
+from tests.pod.test_runtime import TOKEN, Leaderboard, register, stop_after
+
+P = 4
+
+
+@pytest.fixture
+def leaderboard(tmp_path: Path) -> Iterator[Leaderboard]:
+    lb = Leaderboard(tmp_path / "lb").start()
+    yield lb
+    lb.stop()
+
+
+def make_spec(**over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "population-test",
+        "env": {"name": "CartPole-v1"},
+        "algorithms": {"ppo": 1.0},
+        "search_space": {
+            "learning_rate": {"type": "log_uniform", "low": 3e-3, "high": 1e-2},
+            "ent_coef": {"type": "uniform", "low": 0.0, "high": 0.01},
+        },
+        "generator": {"strategy": "pbt"},
+        "population": {"agents_per_pod": P},
+        "round": {"env_steps": 1024},  # 4 updates of the CartPole preset per member
+        "evaluation": {"episodes": 4},
+        "top_k": 64,  # nothing evicted: every report stays inspectable
+    }
+    spec.update(over)
+    return spec
+
+
+def population(
+    lb: Leaderboard,
+    exp: str,
+    spec: dict[str, Any],
+    pod: str,
+    tmp: Path,
+    metrics: PodMetrics | None = None,
+) -> PopulationRuntime:
+    client = LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)
+    return PopulationRuntime(
+        exp,
+        pod,
+        ExperimentSpec.model_validate(spec),
+        client,
+        work_dir=tmp / pod,
+        metrics=metrics,
+        grace_s=10,
+    )
+
+
+def download(lb: Leaderboard, candidate: dict[str, Any], directory: Path) -> Path:
+    """A candidate's training files from the leaderboard, written and verified as a pod does."""
+    with lb.api() as api:
+        files = {
+            name: api.get(f["download_path"].removeprefix("/api/v1")).content
+            for name, f in candidate["files"].items()
+        }
+    original = json.loads(files.pop("manifest.json"))
+    write_files(directory, files, {"algorithm": original["algorithm"]})
+    assert read_files(directory).manifest["files"] == original["files"]
+    return directory
+
+
+def test_members_are_candidates_whose_files_load_into_a_single_agent(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    spec = make_spec()
+    register(leaderboard, "e1", spec)
+    rt = population(leaderboard, "e1", spec, "pop-a", tmp_path)
+    stop_after(rt, lambda r: len(r.submissions) >= 2 * P)
+    rt.close()
+    with leaderboard.api() as api:
+        summary = api.get("/experiments/e1").json()
+        board = api.get("/experiments/e1/leaderboard").json()["candidates"]
+    # Every report landed once; each member reported its own env steps.
+    assert summary["submissions"] == len(rt.submissions) >= 2 * P
+    assert summary["env_steps"] == sum(s["env_steps"] for s in rt.submissions) >= 2 * P * 1024
+    members = {f"pop-a.m{i}" for i in range(P)}
+    assert {c["pod_id"] for c in board} == members
+    by_member = {pod: [c for c in board if c["pod_id"] == pod] for pod in members}
+    # Each member its own hyperparameters (sampled per member), kept across its reports...
+    first_lrs = set()
+    for i, member in enumerate(rt.members):
+        own = by_member[member.pod_id]
+        assert len(own) >= 2
+        assert all(c["hyperparameters"] == member.hyperparameters for c in own)
+        assert set(member.hyperparameters) == {"learning_rate", "ent_coef"}
+        assert rt.population is not None
+        lr = rt.population.hyperparameters[i]["learning_rate"]
+        assert lr == pytest.approx(member.hyperparameters["learning_rate"])
+        first_lrs.add(lr)
+        # ...and its own lineage: each report descends from the member's previous one.
+        own.sort(key=lambda c: c["generation"])
+        assert own[0]["parent_id"] is None and own[0]["generation"] == 0
+        for before, after in itertools.pairwise(own):
+            assert after["parent_id"] == before["candidate_id"]
+            assert after["generation"] == before["generation"] + 1
+    assert len(first_lrs) == P
+
+    # A member's files are a single PPO pod's: they load into a plain learner, which scores
+    # on the experiment's evaluation what the member scored.
+    for candidate in (by_member["pop-a.m1"][-1], by_member["pop-a.m3"][0]):
+        directory = download(leaderboard, candidate, tmp_path / candidate["candidate_id"])
+        config = TrainConfig.model_validate(read_files(directory).documents["hyperparameters"])
+        assert config.ppo.learning_rate == pytest.approx(
+            candidate["hyperparameters"]["learning_rate"]
+        )
+        assert config.eval_seed == eval_seed(ExperimentSpec.model_validate(spec))
+        _, learner, evaluator = build(config)
+        load_training_files(directory, learner)
+        assert learner.env_steps >= 1024
+        assert evaluator.evaluate(learner.policy).mean == pytest.approx(candidate["score"])
+
+    # The pod's metrics count the members' work together; the best is the best member's.
+    def sample(name: str) -> float:
+        value = rt.metrics.registry.get_sample_value(name, {"experiment": "e1", "pod": "pop-a"})
+        assert value is not None, name
+        return value
+
+    assert sample("podium_pod_rounds_total") == rt.rounds >= 2
+    assert rt.population is not None
+    assert sample("podium_pod_env_steps_total") == P * rt.population.env_steps
+    assert sample("podium_pod_submissions_total") == len(rt.submissions)
+    assert sample("podium_pod_best_eval_return") == max(c["score"] for c in board)
+
+
+def test_exploit_puts_a_better_parent_into_a_members_slot(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    # Ready after one report; the parent is always the best candidate (top quantile of one).
+    generator = {"strategy": "pbt", "options": {"ready_reports": 1, "ready_env_steps": 0}}
+    generator["options"]["quantile"] = 0.01
+    spec = make_spec(generator=generator)
+    register(leaderboard, "e2", spec)
+    rt = population(leaderboard, "e2", spec, "pop-b", tmp_path)
+    manifests: list[dict[str, Any]] = []  # what the generator answered, to check the leases
+    generate = rt.client.generate
+    rt.client.generate = lambda *a, **k: manifests.append(generate(*a, **k)) or manifests[-1]
+    rt.start()
+    pop = rt.population
+    assert pop is not None
+
+    # A parent from elsewhere, trained a little (weights and Adam state of its own), on the
+    # board with a score no member will reach.
+    config = member_config(ExperimentSpec.model_validate(spec), {"learning_rate": 5e-3}, 777)
+    worker, parent, _ = build(config)
+    for _ in range(3):
+        parent.update(worker.collect())
+    save_training_files(tmp_path / "parent", parent, config)
+    files = {p.name: p.read_bytes() for p in (tmp_path / "parent").iterdir()}
+    answer = rt.client.submit(
+        {
+            "submission_id": "outside-parent",
+            "pod_id": "outside",
+            "algorithm": "ppo",
+            "hyperparameters": {"learning_rate": 5e-3, "ent_coef": 0.005},
+            "score": 10_000.0,
+            "eval": {"mean": 10_000.0, "episodes": 4},
+        },
+        files,
+    )
+    assert answer["accepted"] and answer["rank"] == 1
+
+    rt.train_round()
+    rt.report()
+    assert all(m.rank != 1 for m in rt.members)
+    before = [m.hyperparameters for m in rt.members]
+    rt.maybe_exploit()
+    parent_state = parent.agent.state_dict()
+    parent_steps = float(parent.agent.optimizer.state_dict()["state"][0]["step"])
+    assert parent_steps == 3 * config.ppo.update_epochs * config.ppo.num_minibatches
+    for i, member in enumerate(rt.members):
+        assert member.parent_id == answer["candidate_id"] and member.generation == 1
+        assert member.reports == 0 and member.unreported_steps == 0
+        # The parent's weights, statistics and Adam state, with the explored hyperparameters.
+        agent = pop.agent(i)
+        for name, value in agent.state_dict().items():
+            torch.testing.assert_close(value, parent_state[name], msg=name)
+        assert float(pop.adam_steps[i]) == parent_steps
+        for name, value in member.hyperparameters.items():
+            assert pop.hyperparameters[i][name] == pytest.approx(value)
+        assert member.hyperparameters != before[i]
+    # Trained on, the members report as the parent's children, with its counters going on.
+    rt.train_round()
+    rt.report()
+    rt.close()
+    with leaderboard.api() as api:
+        board = api.get("/experiments/e2/leaderboard").json()["candidates"]
+        # Every parent's lease was released once its files were loaded (or not wanted).
+        leases = [m["lease_id"] for m in manifests if m.get("lease_id")]
+        assert len(leases) == P
+        for lease in leases:
+            assert api.delete(f"/experiments/e2/leases/{lease}").status_code == 404
+    children = [c for c in board if c["parent_id"] == answer["candidate_id"]]
+    assert {c["pod_id"] for c in children} == {m.pod_id for m in rt.members}
+    assert all(c["generation"] == 1 for c in children)
+    directory = download(leaderboard, children[0], tmp_path / "child")
+    counters = read_files(directory).documents["counters"]
+    assert counters["env_steps"] == parent.env_steps + 1024
+
+
+def test_stop_makes_a_final_report_of_every_member(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """Stopped between reports (as by SIGTERM's handler, in the loop's own thread), the pod
+    reports every member once more, with the steps trained since their last report."""
+    spec = make_spec(evaluation={"episodes": 4, "every_rounds": 2}, round={"env_steps": 512})
+    register(leaderboard, "e3", spec)
+
+    class StopAfterThirdRound(PodMetrics):
+        def round_done(self, env_steps: int, updates: int, seconds: float) -> None:
+            super().round_done(env_steps, updates, seconds)
+            if rt.rounds == 3:
+                rt.stop()
+
+    rt = population(
+        leaderboard, "e3", spec, "pop-c", tmp_path, metrics=StopAfterThirdRound("e3", "pop-c")
+    )
+    thread = threading.Thread(target=rt.run, daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    rt.close()
+    assert rt.rounds == 3
+    assert [s["final"] for s in rt.submissions] == [False] * P + [True] * P
+    assert [s["env_steps"] for s in rt.submissions] == [1024] * P + [512] * P
+    assert {s["member"] for s in rt.submissions[P:]} == set(range(P))
+    assert all(m.unreported_steps == 0 for m in rt.members)
+    with leaderboard.api() as api:
+        summary = api.get("/experiments/e3").json()
+    assert summary["submissions"] == 2 * P and summary["env_steps"] == 3 * 512 * P
+
+
+def test_pendulum_members_train_without_gsde_and_load_as_ppo(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """Pendulum's preset explores with gSDE, which populations lack: members train with a
+    plain Gaussian policy, and their files say so, so a PPO learner built from them fits."""
+    spec = make_spec(
+        name="population-pendulum",
+        env={"name": "Pendulum-v1"},
+        search_space={"gamma": {"type": "uniform", "low": 0.9, "high": 0.95}},
+        population={"agents_per_pod": 2},
+        round={"env_steps": 2048},  # one update of the preset
+        evaluation={"episodes": 2},
+    )
+    register(leaderboard, "e4", spec)
+    rt = population(leaderboard, "e4", spec, "pop-d", tmp_path)
+    rt.start()
+    rt.train_round()
+    rt.report()
+    rt.close()
+    assert len(rt.submissions) == 2 and all(s["accepted"] for s in rt.submissions)
+    with leaderboard.api() as api:
+        candidate = api.get(f"/experiments/e4/candidates/{rt.submissions[1]['candidate_id']}")
+    directory = download(leaderboard, candidate.json(), tmp_path / "member")
+    config = TrainConfig.model_validate(read_files(directory).documents["hyperparameters"])
+    assert config.ppo.sde_sample_freq == 0
+    assert config.ppo.gamma == pytest.approx(rt.members[1].hyperparameters["gamma"])
+    _, learner, evaluator = build(config)
+    load_training_files(directory, learner)
+    assert evaluator.evaluate(learner.policy).mean == pytest.approx(candidate.json()["score"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"search_space": {"hidden_sizes": {"type": "choice", "values": [[32], [64]]}}},
+            "'hidden_sizes' cannot vary within a population.*learning_rate, ent_coef",
+        ),
+        (
+            {"search_space": {"num_envs": {"type": "int_uniform", "low": 8, "high": 16}}},
+            "'num_envs' cannot vary",
+        ),
+        (
+            {
+                "algorithms": {"ppo": 1.0, "sac": 1.0},
+                "search_space": {"learning_rate": {"type": "uniform", "low": 1e-4, "high": 1e-3}},
+            },
+            "train PPO only",
+        ),
+    ],
+)
+def test_what_a_population_cannot_vary_is_refused(change: dict, message: str) -> None:
+    # A submitted spec is refused at validation (a 422 naming the field) ...
+    with pytest.raises(ValidationError, match=message):
+        ExperimentSpec.model_validate(make_spec(**change))
+    # ... and the pod refuses it too, should one reach it unvalidated.
+    valid = make_spec(**change)
+    size = valid["population"]["agents_per_pod"]
+    valid["population"] = {**valid["population"], "agents_per_pod": 1}
+    spec = ExperimentSpec.model_validate(valid)
+    spec = spec.model_copy(
+        update={"population": spec.population.model_copy(update={"agents_per_pod": size})}
+    )
+    with pytest.raises(HyperparameterError, match=message):
+        check_population_spec(spec)
+    client = LeaderboardClient("http://127.0.0.1:9", "e", TOKEN)
+    with pytest.raises(HyperparameterError, match=message):
+        PopulationRuntime("e", "p", spec, client)
+    client.close()
