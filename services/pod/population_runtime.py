@@ -41,12 +41,7 @@ the best member's score of each evaluation.
 
 from __future__ import annotations
 
-import json
 import math
-import tempfile
-import time
-import uuid
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +51,7 @@ import torch
 
 from services.logs import get_logger
 from services.pod.algorithms.ppo import PPO
-from services.pod.checkpoint import MANIFEST, CheckpointError, read_files, write_files
+from services.pod.checkpoint import CheckpointError
 from services.pod.evaluator import EvalResult
 from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.learner import Learner
@@ -66,9 +61,13 @@ from services.pod.runtime import (
     Agent,
     HyperparameterError,
     OnPolicy,
-    PodRuntime,
+    PodLoop,
     eval_seed,
+    fetch_parent,
+    is_ready,
+    parent_is_better,
     pod_config,
+    ready_rule,
 )
 from services.pod.train import TrainConfig
 from services.spec import ExperimentSpec
@@ -118,23 +117,6 @@ def member_config(
     return config.model_copy(update={"ppo": config.ppo.model_copy(update=changes)})
 
 
-def fetch_parent(client: LeaderboardClient, directory: Path, checkpoint: dict[str, Any]) -> Path:
-    """Download a parent's training files into ``directory``, verified against its manifest
-    (as ``PodRuntime.load_parent`` does before loading)."""
-    files = client.download(checkpoint)
-    if MANIFEST not in files:
-        raise CheckpointError(f"candidate {checkpoint['candidate_id']} has no {MANIFEST}")
-    try:
-        original = json.loads(files.pop(MANIFEST))
-    except ValueError as exc:
-        raise CheckpointError(f"the parent's {MANIFEST} is not JSON: {exc}") from exc
-    meta = {k: v for k, v in original.items() if k not in ("files", "format")}
-    write_files(directory, files, meta)
-    if read_files(directory).manifest["files"] != original.get("files"):
-        raise CheckpointError("the parent's files do not match its manifest")
-    return directory
-
-
 @dataclass
 class Member(Agent):
     """One agent of the population: who it is on the leaderboard (``Agent``; its
@@ -149,7 +131,7 @@ class Member(Agent):
     updates_offset: int = 0
 
 
-class PopulationRuntime:
+class PopulationRuntime(PodLoop):
     """A pod training ``spec.population.agents_per_pod`` agents; ``PodRuntime``'s interface
     (``run``, ``stop``, ``close``, ``rounds``, ``submissions``)."""
 
@@ -166,41 +148,19 @@ class PopulationRuntime:
         grace_s: float = 30.0,
     ) -> None:
         check_population_spec(spec)
-        self.experiment_id, self.pod_id, self.spec = experiment_id, pod_id, spec
-        self.client = client
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"podium-{pod_id}-"))
-        self.metrics = metrics or PodMetrics(experiment_id, pod_id)
-        self.device, self.threads, self.grace_s = device, threads, grace_s
-        self.size = spec.population.agents_per_pod
-        self.seed = zlib.crc32(pod_id.encode()) % (2**31)
-        options = spec.generator.options
-        self.ready_after_reports = int(options.get("ready_reports", PodRuntime.ready_after_reports))
-        self.ready_after_env_steps = int(
-            options.get("ready_env_steps", PodRuntime.ready_after_env_steps)
+        super().__init__(
+            experiment_id, pod_id, spec, client, work_dir, metrics, device, threads, grace_s
         )
+        self.size = spec.population.agents_per_pod
+        self.ready_after_reports, self.ready_after_env_steps = ready_rule(spec)
         self.members = [Member(pod_id=f"{pod_id}.m{i}") for i in range(self.size)]
         self.family = OnPolicy()  # PPO's training files, as a PPO pod saves and loads them
         self.population: PopulationPPO | None = None
-        self.stopping = False
-        self.rounds = 0
-        self.submissions: list[dict[str, Any]] = []  # answers of every member's reports
 
-    # -- signals ---------------------------------------------------------------------------
-    def stop(self) -> None:
-        """Ask the loop to finish (safe from a signal handler): report, then return."""
-        self.stopping = True
-        # Leave time for the final evaluation inside the orchestrator's grace period.
-        self.client.deadline = time.monotonic() + 0.7 * self.grace_s
-
-    # -- the loop --------------------------------------------------------------------------
-    def run(self) -> None:
+    def begin(self) -> None:
         self.start()
-        while not self.stopping:
-            self.train_round()
-            if self.rounds % self.spec.evaluation.every_rounds == 0:
-                self.report()
-                if not self.stopping:
-                    self.maybe_exploit()
+
+    def finish(self) -> None:
         due = [i for i, m in enumerate(self.members) if m.unreported_steps or not self.submissions]
         if due:
             self.report(final=True, due=due)
@@ -304,23 +264,10 @@ class PopulationRuntime:
     def train_round(self) -> None:
         pop = self.population
         assert pop is not None
-        start_steps, start_updates = pop.env_steps, pop.updates
-        start = time.monotonic()
-        round_steps, round_seconds = self.spec.round.env_steps, self.spec.round.seconds
-        while not self.stopping:
-            pop.update(pop.collect())
-            steps = pop.env_steps - start_steps
-            if round_steps is not None and steps >= round_steps:
-                break
-            if round_seconds is not None and time.monotonic() - start >= round_seconds:
-                break
-        steps = pop.env_steps - start_steps  # per member
-        self.rounds += 1
-        for member in self.members:
+        steps, updates, seconds = self.train_for_round(pop, lambda: pop.update(pop.collect()))
+        for member in self.members:  # steps and updates are per member
             member.unreported_steps += steps
-        self.metrics.round_done(
-            steps * self.size, (pop.updates - start_updates) * self.size, time.monotonic() - start
-        )
+        self.metrics.round_done(steps * self.size, updates * self.size, seconds)
 
     def report(self, final: bool = False, due: list[int] | None = None) -> None:
         """One evaluation of every member, then a submission per member in ``due`` (all)."""
@@ -347,53 +294,18 @@ class PopulationRuntime:
         learner.updates = pop.updates + member.updates_offset
         directory = self.work_dir / f"m{i}" / "latest"
         self.family.save(directory, learner, member.config)
-        files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-        result = {
-            "submission_id": uuid.uuid4().hex,  # the same for every retry of this report
-            "pod_id": member.pod_id,
-            "algorithm": member.algorithm,
-            "hyperparameters": member.hyperparameters,
-            "parent_id": member.parent_id,
-            "generation": member.generation,
-            "env_steps": member.unreported_steps,
-            "score": evaluation.mean,
-            "eval": {
-                "mean": evaluation.mean,
-                "std": evaluation.std,
-                "episodes": len(evaluation.episodes),
-            },
-        }
-        answer = self.client.submit(result, files)
-        member.unreported_steps = 0
-        self.metrics.submissions.inc()
-        self.submissions.append(
-            {
-                **answer,
-                "submission_id": result["submission_id"],
-                "env_steps": result["env_steps"],
-                "member": i,
-                "final": final,
-            }
-        )
-        member.score, member.rank = evaluation.mean, answer.get("rank")
-        member.reports += 1
-        if answer.get("accepted"):
-            # The member's next report descends from the one just kept.
-            member.candidate_id = answer["candidate_id"]
-            member.parent_id, member.generation = member.candidate_id, member.generation + 1
-        log.info(
-            "reported",
-            final=final,
+        self.send(
+            member,
+            member.pod_id,
+            member.unreported_steps,
+            evaluation,
+            directory,
+            final,
+            entry={"member": i, "final": final},
             member=i,
             pod=member.pod_id,
-            submission=result["submission_id"],
-            score=evaluation.mean,
-            env_steps=result["env_steps"],
-            accepted=answer.get("accepted"),
-            candidate=answer.get("candidate_id"),
-            rank=answer.get("rank"),
-            duplicate=answer.get("duplicate", False),
         )
+        member.unreported_steps = 0
 
     def maybe_exploit(self) -> None:
         """Per ready member: ask the generator; replace the member by its parent when that
@@ -404,22 +316,12 @@ class PopulationRuntime:
         for i, member in enumerate(self.members):
             if self.stopping:
                 return
-            trained = pop.env_steps - member.env_steps_at_start
-            if (
-                member.rank == 1
-                or member.reports < self.ready_after_reports
-                or trained < self.ready_after_env_steps
+            if not is_ready(
+                member, pop.env_steps, self.ready_after_reports, self.ready_after_env_steps
             ):
                 continue  # the best there is, or not trained long enough to be judged
             manifest = self.client.generate(member.pod_id, algorithm="ppo")
-            parent_id = manifest.get("parent_id")
-            better = False
-            if parent_id is not None and parent_id != member.candidate_id:
-                parent_score = float(self.client.candidate(parent_id)["score"])
-                own = member.score
-                if own is None:
-                    own = -math.inf if higher else math.inf
-                better = parent_score > own if higher else parent_score < own
+            better = parent_is_better(self.client, manifest, member, higher)
             try:
                 if better:
                     try:
@@ -430,7 +332,7 @@ class PopulationRuntime:
                     log.info(
                         "member restarting from a better parent",
                         member=i,
-                        parent=parent_id,
+                        parent=manifest.get("parent_id"),
                         own_score=member.score,
                     )
                     self._place(i, manifest, config)

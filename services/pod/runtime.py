@@ -327,16 +327,226 @@ class Agent:
     reports: int = 0  # since it was built
     env_steps_at_start: int = 0  # the learner's env steps when it was built
 
+    def submission(self, pod_id: str, env_steps: int, evaluation: EvalResult) -> dict[str, Any]:
+        """The updater's submission for this agent's latest evaluation (without files)."""
+        return {
+            "submission_id": uuid.uuid4().hex,  # the same for every retry of this report
+            "pod_id": pod_id,
+            "algorithm": self.algorithm,
+            "hyperparameters": self.hyperparameters,
+            "parent_id": self.parent_id,
+            "generation": self.generation,
+            "env_steps": env_steps,
+            "score": evaluation.mean,
+            "eval": {
+                "mean": evaluation.mean,
+                "std": evaluation.std,
+                "episodes": len(evaluation.episodes),
+            },
+        }
 
-class PodRuntime:
-    #: PBT's "ready" (the generator's ``ready_reports`` / ``ready_env_steps`` options): an
-    #: agent is judged, and may be replaced by a better parent, only after this many reports
-    #: and env steps since it was built. Judged earlier, scores are evaluation noise: with
-    #: 2,048-step rounds (one Pendulum update) and no such rule, bench/tournament_quality.py
-    #: saw whole populations copy each other in circles around -1,000 while independent pods
-    #: solved the task.
-    ready_after_reports = 2
-    ready_after_env_steps = 32_768
+    def record(self, answer: dict[str, Any], score: float) -> None:
+        """Take in the updater's answer to a submission scored ``score``."""
+        self.score, self.rank = score, answer.get("rank")
+        self.reports += 1
+        if answer.get("accepted"):
+            # The next report of this agent descends from the one just kept.
+            self.candidate_id = answer["candidate_id"]
+            self.parent_id, self.generation = self.candidate_id, self.generation + 1
+
+
+#: PBT's "ready" (the generator's ``ready_reports`` / ``ready_env_steps`` options): an agent is
+#: judged, and may be replaced by a better parent, only after this many reports and env steps
+#: since it was built. Judged earlier, scores are evaluation noise: with 2,048-step rounds (one
+#: Pendulum update) and no such rule, bench/tournament_quality.py saw whole populations copy
+#: each other in circles around -1,000 while independent pods solved the task.
+READY_AFTER_REPORTS = 2
+READY_AFTER_ENV_STEPS = 32_768
+
+
+def ready_rule(
+    spec: ExperimentSpec,
+    reports: int = READY_AFTER_REPORTS,
+    env_steps: int = READY_AFTER_ENV_STEPS,
+) -> tuple[int, int]:
+    """The reports and env steps an agent needs before it is judged: the generator's
+    ``ready_reports`` / ``ready_env_steps`` options, else the defaults given."""
+    options = spec.generator.options
+    return (
+        int(options.get("ready_reports", reports)),
+        int(options.get("ready_env_steps", env_steps)),
+    )
+
+
+def is_ready(agent: Agent, env_steps: int, ready_reports: int, ready_env_steps: int) -> bool:
+    """Whether PBT should judge ``agent`` now (``env_steps``: its learner's count): not the
+    best there is (rank 1), and trained long enough since it was built."""
+    return (
+        agent.rank != 1
+        and agent.reports >= ready_reports
+        and env_steps - agent.env_steps_at_start >= ready_env_steps
+    )
+
+
+def parent_is_better(
+    client: LeaderboardClient, manifest: dict[str, Any], agent: Agent, higher_is_better: bool
+) -> bool:
+    """Whether the generator's proposed parent scored better than ``agent`` (PBT's exploit);
+    an agent not scored yet loses to any parent."""
+    parent_id = manifest.get("parent_id")
+    if parent_id is None or parent_id == agent.candidate_id:
+        return False
+    parent_score = float(client.candidate(parent_id)["score"])
+    own = agent.score
+    if own is None:
+        own = -math.inf if higher_is_better else math.inf
+    return parent_score > own if higher_is_better else parent_score < own
+
+
+def fetch_parent(client: LeaderboardClient, directory: Path, checkpoint: dict[str, Any]) -> Path:
+    """Download a parent's training files into ``directory``, verified against its manifest."""
+    files = client.download(checkpoint)
+    if MANIFEST not in files:
+        raise CheckpointError(f"candidate {checkpoint['candidate_id']} has no {MANIFEST}")
+    try:
+        original = json.loads(files.pop(MANIFEST))
+    except ValueError as exc:
+        raise CheckpointError(f"the parent's {MANIFEST} is not JSON: {exc}") from exc
+    meta = {k: v for k, v in original.items() if k not in ("files", "format")}
+    write_files(directory, files, meta)
+    if read_files(directory).manifest["files"] != original.get("files"):
+        raise CheckpointError("the parent's files do not match its manifest")
+    return directory
+
+
+class PodLoop:
+    """What a single-agent pod (``PodRuntime``) and a population pod
+    (services/pod/population_runtime.py) share: their settings, the round loop's outline,
+    stopping, a round of training and sending one agent's report."""
+
+    def __init__(
+        self,
+        experiment_id: str,
+        pod_id: str,
+        spec: ExperimentSpec,
+        client: LeaderboardClient,
+        work_dir: Path | None = None,
+        metrics: PodMetrics | None = None,
+        device: str = "cpu",
+        threads: int = 1,
+        grace_s: float = 30.0,
+    ) -> None:
+        self.experiment_id, self.pod_id, self.spec = experiment_id, pod_id, spec
+        self.client = client
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"podium-{pod_id}-"))
+        self.metrics = metrics or PodMetrics(experiment_id, pod_id)
+        self.device, self.threads, self.grace_s = device, threads, grace_s
+        self.seed = zlib.crc32(pod_id.encode()) % (2**31)
+        self.stopping = False
+        self.rounds = 0
+        self.submissions: list[dict[str, Any]] = []  # answers of this pod's reports
+
+    # -- signals ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from a signal handler): report, then return."""
+        self.stopping = True
+        # Leave time for the final evaluation inside the orchestrator's grace period.
+        self.client.deadline = time.monotonic() + 0.7 * self.grace_s
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> None:
+        self.begin()
+        while not self.stopping:
+            self.train_round()
+            if self.rounds % self.spec.evaluation.every_rounds == 0:
+                self.report()
+                if not self.stopping:
+                    self.maybe_exploit()
+        self.finish()
+
+    def begin(self) -> None:
+        raise NotImplementedError
+
+    def train_round(self) -> None:
+        raise NotImplementedError
+
+    def report(self) -> None:
+        raise NotImplementedError
+
+    def maybe_exploit(self) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """The final report, once stopped."""
+        raise NotImplementedError
+
+    def train_for_round(self, trainee: Trainee, step: Any) -> tuple[int, int, float]:
+        """Call ``step`` until ``trainee`` has trained a round (``spec.round``) or the pod
+        stops; the env steps, updates and seconds it took."""
+        start_steps, start_updates = trainee.env_steps, trainee.updates
+        start = time.monotonic()
+        round_steps, round_seconds = self.spec.round.env_steps, self.spec.round.seconds
+        while not self.stopping:
+            step()
+            steps = trainee.env_steps - start_steps
+            if round_steps is not None and steps >= round_steps:
+                break
+            if round_seconds is not None and time.monotonic() - start >= round_seconds:
+                break
+        self.rounds += 1
+        return (
+            trainee.env_steps - start_steps,
+            trainee.updates - start_updates,
+            time.monotonic() - start,
+        )
+
+    def send(
+        self,
+        agent: Agent,
+        pod_id: str,
+        env_steps: int,
+        evaluation: EvalResult,
+        directory: Path,
+        final: bool,
+        entry: dict[str, Any] | None = None,
+        **context: Any,
+    ) -> None:
+        """Submit ``agent``'s evaluation and the training files in ``directory``; record the
+        answer (in ``submissions``, with ``entry`` on top, and in the agent) and log it."""
+        files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+        result = agent.submission(pod_id, env_steps, evaluation)
+        answer = self.client.submit(result, files)
+        self.metrics.submissions.inc()
+        self.submissions.append(
+            {
+                **answer,
+                "submission_id": result["submission_id"],
+                "env_steps": env_steps,
+                **(entry or {}),
+            }
+        )
+        agent.record(answer, evaluation.mean)
+        log.info(
+            "reported",
+            final=final,
+            **context,
+            submission=result["submission_id"],
+            score=evaluation.mean,
+            env_steps=env_steps,
+            accepted=answer.get("accepted"),
+            candidate=answer.get("candidate_id"),
+            rank=answer.get("rank"),
+            duplicate=answer.get("duplicate", False),
+        )
+
+
+class PodRuntime(PodLoop):
+    """A pod training one agent at a time (see the module's docstring)."""
+
+    #: PBT's "ready" defaults (``READY_AFTER_REPORTS``, ``READY_AFTER_ENV_STEPS``); the
+    #: generator's ``ready_reports`` / ``ready_env_steps`` options override them.
+    ready_after_reports = READY_AFTER_REPORTS
+    ready_after_env_steps = READY_AFTER_ENV_STEPS
 
     def __init__(
         self,
@@ -351,39 +561,22 @@ class PodRuntime:
         threads: int = 1,
         grace_s: float = 30.0,
     ) -> None:
-        self.experiment_id, self.pod_id, self.spec = experiment_id, pod_id, spec
-        self.client, self.roles = client, roles
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"podium-{pod_id}-"))
-        self.metrics = metrics or PodMetrics(experiment_id, pod_id)
-        self.device, self.threads, self.grace_s = device, threads, grace_s
-        self.seed = zlib.crc32(pod_id.encode()) % (2**31)
-        options = spec.generator.options
-        self.ready_after_reports = int(options.get("ready_reports", self.ready_after_reports))
-        self.ready_after_env_steps = int(options.get("ready_env_steps", self.ready_after_env_steps))
+        super().__init__(
+            experiment_id, pod_id, spec, client, work_dir, metrics, device, threads, grace_s
+        )
+        self.roles = roles
+        self.ready_after_reports, self.ready_after_env_steps = ready_rule(
+            spec, self.ready_after_reports, self.ready_after_env_steps
+        )
         self.agent = Agent()
         self.family: Family = OnPolicy()
         self.config: RunConfig | None = None
-        self.stopping = False
-        self.rounds = 0
         self.unreported_steps = 0
-        self.submissions: list[dict[str, Any]] = []  # answers of this pod's reports
 
-    # -- signals ---------------------------------------------------------------------------
-    def stop(self) -> None:
-        """Ask the loop to finish (safe from a signal handler): report, then return."""
-        self.stopping = True
-        # Leave time for the final evaluation inside the orchestrator's grace period.
-        self.client.deadline = time.monotonic() + 0.7 * self.grace_s
-
-    # -- the loop --------------------------------------------------------------------------
-    def run(self) -> None:
+    def begin(self) -> None:
         self.start(self.client.generate(self.pod_id))
-        while not self.stopping:
-            self.train_round()
-            if self.rounds % self.spec.evaluation.every_rounds == 0:
-                self.report()
-                if not self.stopping:
-                    self.maybe_exploit()
+
+    def finish(self) -> None:
         if self.unreported_steps or not self.submissions:
             self.report(final=True)
         else:  # the last report already holds this agent: a copy would only crowd the board
@@ -449,38 +642,16 @@ class PodRuntime:
     def load_parent(
         self, family: Family, learner: Trainee, config: RunConfig, checkpoint: dict
     ) -> None:
-        files = self.client.download(checkpoint)
-        if MANIFEST not in files:
-            raise CheckpointError(f"candidate {checkpoint['candidate_id']} has no {MANIFEST}")
-        try:
-            original = json.loads(files.pop(MANIFEST))
-        except ValueError as exc:
-            raise CheckpointError(f"the parent's {MANIFEST} is not JSON: {exc}") from exc
-        meta = {k: v for k, v in original.items() if k not in ("files", "format")}
-        directory = self.work_dir / "parent"
-        write_files(directory, files, meta)
-        if read_files(directory).manifest["files"] != original.get("files"):
-            raise CheckpointError("the parent's files do not match its manifest")
+        directory = fetch_parent(self.client, self.work_dir / "parent", checkpoint)
         family.load(directory, learner, config)
 
     def train_round(self) -> None:
         assert self.config is not None
         learner = self.roles.learner
         assert learner is not None
-        start_steps, start_updates = learner.env_steps, learner.updates
-        start = time.monotonic()
-        round_steps, round_seconds = self.spec.round.env_steps, self.spec.round.seconds
-        while not self.stopping:
-            self.roles.step()
-            steps = learner.env_steps - start_steps
-            if round_steps is not None and steps >= round_steps:
-                break
-            if round_seconds is not None and time.monotonic() - start >= round_seconds:
-                break
-        steps = learner.env_steps - start_steps
-        self.rounds += 1
+        steps, updates, seconds = self.train_for_round(learner, self.roles.step)
         self.unreported_steps += steps
-        self.metrics.round_done(steps, learner.updates - start_updates, time.monotonic() - start)
+        self.metrics.round_done(steps, updates, seconds)
 
     def report(self, final: bool = False) -> None:
         """Evaluate and send the score and training files to the updater."""
@@ -491,73 +662,29 @@ class PodRuntime:
         self.metrics.evaluated(evaluation.mean)
         directory = self.work_dir / "latest"
         self.family.save(directory, self.roles.learner, self.config)
-        files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-        agent = self.agent
-        result = {
-            "submission_id": uuid.uuid4().hex,  # the same for every retry of this report
-            "pod_id": self.pod_id,
-            "algorithm": agent.algorithm,
-            "hyperparameters": agent.hyperparameters,
-            "parent_id": agent.parent_id,
-            "generation": agent.generation,
-            "env_steps": self.unreported_steps,
-            "score": evaluation.mean,
-            "eval": {
-                "mean": evaluation.mean,
-                "std": evaluation.std,
-                "episodes": len(evaluation.episodes),
-            },
-        }
-        answer = self.client.submit(result, files)
+        self.send(self.agent, self.pod_id, self.unreported_steps, evaluation, directory, final)
         self.unreported_steps = 0
-        self.metrics.submissions.inc()
-        self.submissions.append(
-            {**answer, "submission_id": result["submission_id"], "env_steps": result["env_steps"]}
-        )
-        agent.score, agent.rank = evaluation.mean, answer.get("rank")
-        agent.reports += 1
-        if answer.get("accepted"):
-            # The next report of this agent descends from the one just kept.
-            agent.candidate_id = answer["candidate_id"]
-            agent.parent_id, agent.generation = agent.candidate_id, agent.generation + 1
-        log.info(
-            "reported",
-            final=final,
-            submission=result["submission_id"],
-            score=evaluation.mean,
-            env_steps=result["env_steps"],
-            accepted=answer.get("accepted"),
-            candidate=answer.get("candidate_id"),
-            rank=answer.get("rank"),
-            duplicate=answer.get("duplicate", False),
-        )
 
     def maybe_exploit(self) -> None:
         """Ask the generator; restart from its parent when that one scored better."""
         learner = self.roles.learner
         assert learner is not None
-        trained = learner.env_steps - self.agent.env_steps_at_start
-        if (
-            self.agent.rank == 1
-            or self.agent.reports < self.ready_after_reports
-            or trained < self.ready_after_env_steps
+        if not is_ready(
+            self.agent, learner.env_steps, self.ready_after_reports, self.ready_after_env_steps
         ):
             return  # the best there is, or not trained long enough to be judged
         manifest = self.client.generate(self.pod_id, algorithm=self.agent.algorithm)
-        parent_id = manifest.get("parent_id")
-        better = False
-        if parent_id is not None and parent_id != self.agent.candidate_id:
-            parent_score = float(self.client.candidate(parent_id)["score"])
-            higher = self.spec.evaluation.higher_is_better
-            own = self.agent.score
-            if own is None:
-                own = -math.inf if higher else math.inf
-            better = parent_score > own if higher else parent_score < own
-        if not better:
+        if not parent_is_better(
+            self.client, manifest, self.agent, self.spec.evaluation.higher_is_better
+        ):
             if manifest.get("lease_id"):
                 self.client.release(manifest["lease_id"])
             return
-        log.info("restarting from a better parent", parent=parent_id, own_score=self.agent.score)
+        log.info(
+            "restarting from a better parent",
+            parent=manifest.get("parent_id"),
+            own_score=self.agent.score,
+        )
         self.start(manifest)
 
     def close(self) -> None:

@@ -29,13 +29,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
 from services.pod.checkpoint import load_training_files, read_files, write_files
+from services.pod.evaluator import EvalResult
 from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.runtime import (
+    Agent,
     FusedRoles,
     HyperparameterError,
     PodRuntime,
     check_hyperparameter_names,
+    is_ready,
     pod_config,
+    ready_rule,
 )
 from services.pod.train import TrainConfig, build, preset
 from services.spec import ExperimentSpec
@@ -172,6 +176,33 @@ def test_hyperparameters_map_onto_the_preset() -> None:
     with pytest.raises(HyperparameterError, match="'batch_size'"):
         check_hyperparameter_names(["gamma", "batch_size"], ["ppo"])
     check_hyperparameter_names(["gamma", "batch_size"])  # an off-policy loop's name
+
+
+def test_ready_rule_and_lineage_bookkeeping() -> None:
+    """What both pod runtimes share: when PBT judges an agent, and how a report's answer
+    moves its lineage on (only an accepted submission becomes the next parent)."""
+    spec = ExperimentSpec.model_validate(make_spec())
+    assert ready_rule(spec) == (PodRuntime.ready_after_reports, PodRuntime.ready_after_env_steps)
+    tuned = make_spec(generator={"strategy": "pbt", "options": {"ready_reports": 1}})
+    assert ready_rule(ExperimentSpec.model_validate(tuned)) == (1, 32_768)
+
+    agent = Agent(hyperparameters={"learning_rate": 1e-3}, env_steps_at_start=100)
+    evaluation = EvalResult(mean=10.0, std=1.0, episodes=[9.0, 11.0])
+    sent = agent.submission("pod-a", 2048, evaluation)
+    assert sent["pod_id"] == "pod-a" and sent["env_steps"] == 2048 and sent["score"] == 10.0
+    assert sent["eval"] == {"mean": 10.0, "std": 1.0, "episodes": 2}
+    assert (sent["parent_id"], sent["generation"]) == (None, 0)
+
+    agent.record({"accepted": False, "rank": None}, 10.0)
+    assert (agent.reports, agent.candidate_id, agent.generation) == (1, None, 0)
+    assert not is_ready(agent, 100 + 5_000, ready_reports=1, ready_env_steps=10_000)
+    assert is_ready(agent, 100 + 10_000, ready_reports=1, ready_env_steps=10_000)
+    assert not is_ready(agent, 100 + 10_000, ready_reports=2, ready_env_steps=10_000)
+
+    agent.record({"accepted": True, "candidate_id": "c1", "rank": 1}, 12.0)
+    assert (agent.score, agent.rank, agent.reports) == (12.0, 1, 2)
+    assert (agent.candidate_id, agent.parent_id, agent.generation) == ("c1", "c1", 1)
+    assert not is_ready(agent, 10**9, ready_reports=0, ready_env_steps=0)  # the best there is
 
 
 def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: Path) -> None:
