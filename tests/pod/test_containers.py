@@ -28,13 +28,6 @@ from tests.pod.test_runtime import ROOT, Leaderboard, make_spec, pod_env, regist
 
 
 @pytest.fixture
-def leaderboard(tmp_path: Path) -> Iterator[Leaderboard]:
-    lb = Leaderboard(tmp_path / "lb").start()
-    yield lb
-    lb.stop()
-
-
-@pytest.fixture
 def roles_dir() -> Iterator[Path]:
     # Short and memory-backed, like the pod's /dev/shm (a Unix socket path holds ~100 bytes).
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +37,6 @@ from services.spec import ExperimentSpec
 from tests.pod.test_runtime import TOKEN, Leaderboard, register, stop_after
 
 P = 4
-
-
-@pytest.fixture
-def leaderboard(tmp_path: Path) -> Iterator[Leaderboard]:
-    lb = Leaderboard(tmp_path / "lb").start()
-    yield lb
-    lb.stop()
 
 
 def make_spec(**over: Any) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +89,6 @@ class Leaderboard:
             headers={"Authorization": f"Bearer {TOKEN}"},
             timeout=30,
         )
-
-
-@pytest.fixture
-def leaderboard(tmp_path: Path) -> Iterator[Leaderboard]:
-    lb = Leaderboard(tmp_path / "lb").start()
-    yield lb
-    lb.stop()
 
 
 def make_spec(**over: Any) -> dict[str, Any]:
