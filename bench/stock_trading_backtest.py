@@ -19,23 +19,10 @@ import torch
 
 from services.pod.backtest import buy_and_hold, metrics, run_backtest
 from services.pod.envs.stock_trading import StockTradingEnv
-from services.pod.train import TrainConfig, build, train
+from services.pod.train import TrainConfig, build, preset, train
 
-#: The PPO settings used here (proposed as the StockTrading-v0 preset).
-PPO_SETTINGS = {
-    "num_envs": 32,
-    "num_steps": 64,
-    "learning_rate": 3e-4,
-    "gamma": 0.99,
-    "gae_lambda": 0.95,
-    "num_minibatches": 8,
-    "update_epochs": 5,
-    "ent_coef": 0.0,
-    "norm_obs": True,
-    "norm_reward": True,
-    "log_std_init": -0.5,
-    "hidden_sizes": [64, 64],
-}
+#: The StockTrading-v0 preset (services/pod/train.py) is what this bench trains and reports.
+PPO_SETTINGS = preset("StockTrading-v0")["ppo"]
 ENV_KWARGS = {"market_seed": 0, "num_stocks": 5, "episode_length": 252}
 KEYS = ("cumulative_return", "annual_return", "annual_volatility", "sharpe", "max_drawdown")
 

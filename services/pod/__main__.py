@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.pod.multiprocess import ProcessRoles, RemoteRoles
     from services.pod.population_runtime import PopulationRuntime
     from services.pod.runtime import FusedRoles, PodRuntime, Roles
-    from services.pod.transport import TransportError
+    from services.pod.transport import TransportError, retire
 
     threads = settings.torch_threads
     torch.set_num_threads(threads)
@@ -188,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         roles = FusedRoles()
         if args.role == "learner":
             try:  # tell the worker and evaluator containers not to wait for us
-                RemoteRoles(roles_dir, settings.roles_timeout_s).close()
-            except (OSError, TransportError) as exc:
+                roles_dir.mkdir(parents=True, exist_ok=True)
+                retire(roles_dir)
+            except OSError as exc:
                 log.warning("could not retire the roles dir", dir=str(roles_dir), error=str(exc))
         elif args.mode == "processes":
             log.warning("a population pod trains its agents in one process; --mode ignored")

@@ -50,7 +50,7 @@ from services.pod.checkpoint import (
 from services.pod.envs.base import VecEnv
 from services.pod.envs.registry import make_env
 from services.pod.evaluator import EvalResult, Evaluator
-from services.pod.train import SOLVED_AT, RunConfig
+from services.pod.train import SOLVED_AT, RunConfig, TrainResult
 
 
 class OffPolicyConfig(RunConfig, ReplayLoopConfig):
@@ -86,33 +86,20 @@ class OffPolicyConfig(RunConfig, ReplayLoopConfig):
 #: gradient steps, each on plenty of fresh data, is what costs the least wall time here. In
 #: sweeps over seeds 1-4 the Pendulum presets solved in 6-9k env steps (~1.3-2k updates), the
 #: CartPole one (D3QN) in 17-29k env steps (~2-3.5k updates) over seeds 0-4.
+_PENDULUM_LOOP: dict[str, Any] = {
+    "num_envs": 32,
+    "total_env_steps": 40_000,
+    "learning_starts": 1_024,
+    "batch_size": 512,
+    "updates_per_step": 0.25,
+    "eval_every_steps": 1_024,
+}
+# SAC, TD3 and DDPG solve Pendulum with the same loop and network settings.
+_PENDULUM_AGENT = {"learning_rate": 2e-3, "gamma": 0.98, "hidden_sizes": [64, 64], "tau": 0.02}
 PRESETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("sac", "Pendulum-v1"): {
-        "num_envs": 32,
-        "total_env_steps": 40_000,
-        "learning_starts": 1_024,
-        "batch_size": 512,
-        "updates_per_step": 0.25,
-        "eval_every_steps": 1_024,
-        "sac": {"learning_rate": 2e-3, "gamma": 0.98, "hidden_sizes": [64, 64], "tau": 0.02},
-    },
-    ("td3", "Pendulum-v1"): {
-        "num_envs": 32,
-        "total_env_steps": 40_000,
-        "learning_starts": 1_024,
-        "batch_size": 512,
-        "updates_per_step": 0.25,
-        "eval_every_steps": 1_024,
-        "td3": {"learning_rate": 2e-3, "gamma": 0.98, "hidden_sizes": [64, 64], "tau": 0.02},
-    },
-    ("ddpg", "Pendulum-v1"): {
-        "num_envs": 32,
-        "total_env_steps": 40_000,
-        "learning_starts": 1_024,
-        "batch_size": 512,
-        "updates_per_step": 0.25,
-        "eval_every_steps": 1_024,
-        "ddpg": {"learning_rate": 2e-3, "gamma": 0.98, "hidden_sizes": [64, 64], "tau": 0.02},
+    **{
+        (name, "Pendulum-v1"): {**_PENDULUM_LOOP, name: dict(_PENDULUM_AGENT)}
+        for name in ("sac", "td3", "ddpg")
     },
     ("dqn", "CartPole-v1"): {
         "num_envs": 16,
@@ -232,15 +219,6 @@ class OffPolicyRoles:
                 env.close()
 
 
-@dataclass
-class OffPolicyResult:
-    config: OffPolicyConfig
-    history: list[dict[str, float]] = field(default_factory=list)
-    best: EvalResult | None = None
-    solved_at_env_steps: int | None = None
-    train_seconds: float = 0.0  # wall time excluding evaluation
-
-
 def build(config: OffPolicyConfig) -> OffPolicyRoles:
     """Construct env, agent, replay buffer and evaluator for ``config``."""
     # Looked up by registered name: a config can name an algorithm, never a module.
@@ -286,7 +264,7 @@ def train_offpolicy(
     out_dir: Path | None = None,
     on_progress: Callback | None = None,
     roles: OffPolicyRoles | None = None,
-) -> OffPolicyResult:
+) -> TrainResult:  # the same record as the on-policy loop
     """Train until the budget is spent or the evaluation reaches ``target_return``.
 
     ``roles`` (built from ``config``) lets a caller build them first (and so validate, or
@@ -295,7 +273,7 @@ def train_offpolicy(
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     r = roles or build(config)
-    result = OffPolicyResult(config=config)
+    result = TrainResult(config=config)
     r.reset()
     next_eval = (r.env_steps // config.eval_every_steps + 1) * config.eval_every_steps
     stats: dict[str, torch.Tensor] = {}

@@ -143,7 +143,9 @@ def preset(env: str) -> dict[str, Any]:
 
 @dataclass
 class TrainResult:
-    config: TrainConfig
+    """What a training run gives back (on-policy and off-policy loops alike)."""
+
+    config: RunConfig
     history: list[dict[str, float]] = field(default_factory=list)
     best: EvalResult | None = None
     solved_at_env_steps: int | None = None

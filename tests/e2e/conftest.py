@@ -23,8 +23,6 @@ import httpx
 import psutil
 import pytest
 
-from services import redis_client
-from services.settings import PodiumSettings
 from tests.leaderboard.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,14 +85,6 @@ class Service:
     def close(self) -> None:
         self.stop()
         self.http.close()
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    settings = PodiumSettings(data_dir=tmp_path_factory.mktemp("e2e-redis"), redis_url=None)
-    url = redis_client.server_url(settings)
-    yield url
-    redis_client.stop(settings, force=True)
 
 
 @pytest.fixture

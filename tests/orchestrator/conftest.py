@@ -17,25 +17,15 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 
-from services import redis_client
 from services.leaderboard.app import create_app as create_leaderboard_app
 from services.leaderboard.settings import LeaderboardSettings
 from services.orchestrator.app import create_app
 from services.orchestrator.settings import OrchestratorSettings
-from services.settings import PodiumSettings
 from tests.orchestrator.servers import ServerThread
 
 TOKEN = "orchestrator-test-token"
 LB_TOKEN = "leaderboard-test-token"
 STANDIN = str(Path(__file__).with_name("standin_pod.py"))
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    settings = PodiumSettings(data_dir=tmp_path_factory.mktemp("redis"), redis_url=None)
-    url = redis_client.server_url(settings)
-    yield url
-    redis_client.stop(settings, force=True)
 
 
 @pytest.fixture
