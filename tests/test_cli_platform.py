@@ -377,6 +377,9 @@ def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> Non
         pods_dir = data / "experiments" / exp_id / "pods"
         pid = wait_for(lambda: [json.loads(p.read_text())["pid"] for p in pods_dir.glob("*.json")])
         pod = psutil.Process(pid[0])
+        # Only once the pod says it started has it installed its SIGTERM handler.
+        log = wait_for(lambda: next(pods_dir.glob("*.log"), None))
+        wait_for(lambda: "started" in log.read_text())
         up.send_signal(signal.SIGINT)
         _, err = up.communicate(timeout=30)
     finally:
@@ -386,7 +389,7 @@ def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> Non
     assert "Podium is up" in err and f"{session['orchestrator_url']}/api/v1/docs" in err
     assert f"{session['leaderboard_url']}/metrics" in err and "stopped." in err
     assert not pod.is_running() or pod.status() == psutil.STATUS_ZOMBIE
-    assert "SIGTERM: final report made" in next(pods_dir.glob("*.log")).read_text()
+    assert "SIGTERM: final report made" in log.read_text()
     assert read_session(data) is None and not (data / "platform.json").exists()
     assert (data / "redis" / "podium.rdb").exists()  # Redis saved on the way out
     assert "Traceback" not in err
