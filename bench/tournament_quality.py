@@ -101,9 +101,14 @@ def run(
 ) -> dict[str, Any]:
     pods = 1 if arm == "single" else args.pods
     strategy = "pbt" if arm == "pbt" else "random"
-    options: dict[str, Any] = {}
+    # One generator seed per repetition and the same pod ids in every arm: the arms' pods
+    # start from the same draws and torch seeds (paired arms), so a repetition compares
+    # strategies rather than luck; the single pod is the random arm's first pod.
+    options: dict[str, Any] = {"seed": rep}
     if arm == "pbt" and args.ready_env_steps is not None:
         options["ready_env_steps"] = args.ready_env_steps
+    if arm == "pbt" and args.truncation is not None:
+        options["truncation"] = args.truncation
     exp = f"{arm}-{rep}"
     spec = {
         "name": exp,
@@ -112,7 +117,7 @@ def run(
         "search_space": WIDE_SEARCH_SPACE if args.space == "wide" else SEARCH_SPACE,
         "generator": {"strategy": strategy, "options": options},
         "round": {"env_steps": args.round_steps},
-        "evaluation": {"episodes": 10},
+        "evaluation": {"episodes": 10, "seed": rep},
         "top_k": 16,
     }
     config = {k: spec[k] for k in ("search_space", "generator", "algorithms", "top_k")}
@@ -126,7 +131,7 @@ def run(
         env = {
             **os.environ,
             "PODIUM_EXPERIMENT_ID": exp,
-            "PODIUM_POD_ID": f"{exp}-{i}",
+            "PODIUM_POD_ID": f"p{i}",
             "PODIUM_SPEC": json.dumps(spec),
             "PODIUM_POD_DIR": str(work),
             "PODIUM_CPU": f"{args.single_cpu if arm == 'single' else cores / pods:g}",
@@ -199,7 +204,7 @@ def run_round_robin(
     runtimes = [
         PodRuntime(
             exp,
-            f"{exp}-{i}",
+            f"p{i}",
             model,
             LeaderboardClient(lb.url, exp, TOKEN),
             FusedRoles(),
@@ -271,6 +276,12 @@ def main() -> None:
         default=None,
         help="pbt: env steps an agent trains before it may be replaced (generator option)",
     )
+    parser.add_argument(
+        "--truncation",
+        type=float,
+        default=None,
+        help="pbt: share of the pods replaced (generator option); default: all but the best",
+    )
     parser.add_argument("--space", choices=["default", "wide"], default="default")
     parser.add_argument(
         "--mode",
@@ -285,7 +296,8 @@ def main() -> None:
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
         f"{platform.python_version()}; {args.env}, {args.pods} pods, cap {args.cap_s:g}s, "
-        f"{args.mode}, {args.space} search space, ready {args.ready_env_steps}",
+        f"{args.mode}, {args.space} search space, ready {args.ready_env_steps}, "
+        f"truncation {args.truncation}",
         flush=True,
     )
     results: list[dict[str, Any]] = []

@@ -53,6 +53,7 @@ class CandidateView:
     generation: int
     score: float
     files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    pod_id: str = ""  # the pod (or population member) that reported it
 
 
 @dataclass
@@ -64,6 +65,10 @@ class Context:
     candidates: list[CandidateView]
     top_k: int
     rng: random.Random
+    # Who asks, and (when it asks whether to restart) its current score.
+    pod_id: str = ""
+    score: float | None = None
+    higher_is_better: bool = True
 
 
 @dataclass
@@ -82,6 +87,14 @@ class Strategy(abc.ABC):
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
+
+        # Every strategy takes it: the service, not the strategy, seeds the draws with it.
+        seed: int | None = Field(
+            default=None,
+            description="Make decisions reproducible: a pod's draw is then a function of the "
+            "seed, its pod id and the board it sees (an empty board at the start). Unset: "
+            "draws are random.",
+        )
 
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = self.Options.model_validate(options or {})
@@ -107,6 +120,16 @@ class PBTGenerator(Strategy):
         explore: bool = Field(default=True, description="False: copy hyperparameters as is.")
         min_candidates: int = Field(
             default=1, ge=1, description="Below this many on the board, start fresh."
+        )
+        truncation: float | None = Field(
+            default=None,
+            gt=0,
+            le=1,
+            description="Share of the population replaced: a pod that asks with its score "
+            "restarts from a parent only if it ranks in this bottom share of the pods (each "
+            "pod ranked by its best score on the board, the asking one by its current score); "
+            "otherwise it is told to keep training. Unset: any pod below the best restarts "
+            "(the tournament rule).",
         )
         # Read by the pods (services/pod/runtime.py), which decide when to ask for a parent.
         ready_reports: int = Field(
@@ -139,9 +162,28 @@ class PBTGenerator(Strategy):
                 how[name] = "perturbed"
         return out, how
 
+    def in_bottom(self, ctx: Context) -> bool:
+        """Whether the asking pod is in the bottom ``truncation`` share of the pods.
+        Protecting the rest keeps a slow starter alive until it has shown what it learns."""
+        assert self.options.truncation is not None and ctx.score is not None
+        standing: dict[str, float] = {}
+        for c in ctx.candidates:  # best first: each pod's best entry
+            standing.setdefault(c.pod_id, c.score)
+        standing[ctx.pod_id] = ctx.score
+        sign = 1.0 if ctx.higher_is_better else -1.0
+        above = sum(sign * s > sign * ctx.score for s in standing.values())
+        replaced = max(1, math.ceil(self.options.truncation * len(standing)))
+        return above >= len(standing) - replaced
+
     def propose(self, ctx: Context) -> Proposal:
         if len(ctx.candidates) < self.options.min_candidates:
             return Proposal("fresh", sample_space(ctx.search_space, ctx.rng))
+        if (
+            self.options.truncation is not None
+            and ctx.score is not None
+            and not self.in_bottom(ctx)
+        ):
+            return Proposal("keep", {})
         parent = ctx.rng.choice(self.parents(ctx.candidates))
         if not self.options.explore:
             return Proposal("exploit", dict(parent.hyperparameters), parent)
@@ -250,6 +292,7 @@ def candidate_view(candidate_id: str, h: dict[str, str]) -> CandidateView:
         generation=int(h["generation"]),
         score=float(h["score"]),
         files=json.loads(h.get("files", "{}")),
+        pod_id=h.get("pod_id", ""),
     )
 
 
@@ -272,6 +315,18 @@ class GeneratorService:
         self._strategies: dict[str, Strategy] = {}
         self.rng = random.Random()
 
+    def request_rng(
+        self, seed: int | None, pod_id: str, board: list[CandidateView]
+    ) -> random.Random:
+        """The random stream of one request. Seeded, it depends only on the seed, the pod and
+        the board (ids and scores), not on the experiment's id or the order pods asked in:
+        two experiments with one seed start their pods alike (paired benchmark arms), and a
+        pod asking again of an unchanged board gets the same answer."""
+        if seed is None:
+            return self.rng
+        fingerprint = ";".join(f"{c.candidate_id}={c.score!r}" for c in board)
+        return random.Random(f"{seed}/{pod_id}/{fingerprint}")
+
     def strategy(self, exp: Experiment) -> Strategy:
         key = json.dumps([exp.generator.strategy, exp.generator.options], sort_keys=True)
         if key not in self._strategies:
@@ -283,6 +338,9 @@ class GeneratorService:
         for _ in range(5):
             raw_config, rows = await self.store.top(experiment_id)
             exp = Experiment.model_validate(raw_config)
+            strategy = self.strategy(exp)
+            views = [candidate_view(cid, h) for cid, h in rows]
+            rng = self.request_rng(strategy.options.seed, req.pod_id, views)
             if req.algorithm is not None:
                 if exp.algorithms.get(req.algorithm, 0) <= 0:
                     raise UnknownAlgorithmError(
@@ -291,16 +349,17 @@ class GeneratorService:
                     )
                 algorithm = req.algorithm
             else:
-                algorithm = choose_algorithm(exp.algorithms, self.rng)
-            strategy = self.strategy(exp)
-            views = [candidate_view(cid, h) for cid, h in rows]
+                algorithm = choose_algorithm(exp.algorithms, rng)
             ctx = Context(
                 experiment_id=experiment_id,
                 algorithm=algorithm,
                 search_space=exp.search_space,
                 candidates=[v for v in views if v.algorithm == algorithm],
                 top_k=exp.top_k,
-                rng=self.rng,
+                rng=rng,
+                pod_id=req.pod_id,
+                score=req.score,
+                higher_is_better=exp.higher_is_better,
             )
             proposal = strategy.propose(ctx)
             manifest = await self._record(experiment_id, req, strategy, algorithm, proposal)
@@ -325,7 +384,8 @@ class GeneratorService:
             **p.details,
         }
         if p.parent is None:
-            await self.store.log_event(experiment_id, {"event": p.decision, **common})
+            if p.decision != "keep":  # asked every round by every pod: not worth a log line
+                await self.store.log_event(experiment_id, {"event": p.decision, **common})
             return Manifest(
                 experiment_id=experiment_id,
                 pod_id=req.pod_id,
@@ -368,6 +428,7 @@ class GeneratorService:
             algorithm=algorithm,
             hyperparameters=p.hyperparameters,
             parent_id=parent.candidate_id,
+            parent_score=parent.score,
             generation=parent.generation + 1,
             checkpoint=ManifestCheckpoint(candidate_id=parent.candidate_id, files=files),
             decision=p.decision,

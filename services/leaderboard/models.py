@@ -163,6 +163,13 @@ class Leaderboard(BaseModel):
 class GenerateRequest(_Input):
     pod_id: str = Field(max_length=253)
     algorithm: str | None = Field(default=None, description="Pin the algorithm (ensemble).")
+    score: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="The asking pod's current score, when it asks whether to restart from a "
+        "better parent: PBT with a `truncation` option answers `keep` unless the pod is in the "
+        "bottom share of the population.",
+    )
 
 
 class ManifestFile(BaseModel):
@@ -184,9 +191,17 @@ class Manifest(BaseModel):
     algorithm: str
     hyperparameters: dict[str, Any]
     parent_id: str | None
+    parent_score: float | None = Field(
+        default=None,
+        description="The parent's score when chosen: a pod compares it with its own to decide "
+        "whether to restart from it (PBT's exploit), without asking again.",
+    )
     generation: int
     checkpoint: Literal["fresh"] | ManifestCheckpoint
-    decision: str = Field(description="fresh | exploit | explore | cem (strategy-specific).")
+    decision: str = Field(
+        description="fresh | exploit | explore | cem | keep (strategy-specific); `keep`: go on "
+        "training the agent you have (no parent, no hyperparameters)."
+    )
     strategy: str
     lease_id: str | None = Field(
         default=None,

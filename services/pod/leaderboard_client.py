@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import time
 from collections.abc import Callable
@@ -75,11 +76,16 @@ class LeaderboardClient:
             raise LeaderboardError(f"{what}: HTTP {response.status_code}: {response.text[:500]}")
         return response
 
-    def generate(self, pod_id: str, algorithm: str | None = None) -> dict[str, Any]:
-        """Where to start: the generator's manifest (hyperparameters, parent, lease)."""
+    def generate(
+        self, pod_id: str, algorithm: str | None = None, score: float | None = None
+    ) -> dict[str, Any]:
+        """Where to start: the generator's manifest (hyperparameters, parent, lease).
+        ``score``: the pod's current one, when it asks whether to restart (PBT)."""
         body: dict[str, Any] = {"pod_id": pod_id}
         if algorithm is not None:
             body["algorithm"] = algorithm
+        if score is not None and math.isfinite(score):
+            body["score"] = score
         url = f"{self.experiment}/generate"
         return self._request("generate", lambda: self.http.post(url, json=body)).json()
 

@@ -48,7 +48,6 @@ from services.pod.checkpoint import (
     write_files,
 )
 from services.pod.envs.base import VecEnv
-from services.pod.envs.registry import make_env
 from services.pod.evaluator import EvalResult, Evaluator
 from services.pod.train import SOLVED_AT, RunConfig, TrainResult
 
@@ -224,16 +223,7 @@ def build(config: OffPolicyConfig) -> OffPolicyRoles:
     # Looked up by registered name: a config can name an algorithm, never a module.
     algorithm = registry.load(registry.ALGORITHMS, config.algorithm, kind="algorithm")
     torch.manual_seed(config.seed)
-    env = make_env(
-        config.env, config.num_envs, device=config.device, seed=config.seed, **config.env_kwargs
-    )
-    eval_env = make_env(
-        config.env,
-        config.eval_episodes,
-        device=config.device,
-        seed=config.evaluation_seed,
-        **config.env_kwargs,
-    )
+    env, eval_env = config.make_envs(config.num_envs)
     obs_space, action_space = env.single_observation_space, env.single_action_space
     agent = algorithm(obs_space, action_space, config.agent_config).to(config.device)
     buffer = ReplayBuffer(

@@ -320,8 +320,8 @@ class PopulationRuntime(PodLoop):
                 member, pop.env_steps, self.ready_after_reports, self.ready_after_env_steps
             ):
                 continue  # the best there is, or not trained long enough to be judged
-            manifest = self.client.generate(member.pod_id, algorithm="ppo")
-            better = parent_is_better(self.client, manifest, member, higher)
+            manifest = self.client.generate(member.pod_id, algorithm="ppo", score=member.score)
+            better = parent_is_better(manifest, member, higher)
             try:
                 if better:
                     try:

@@ -388,15 +388,12 @@ def is_ready(agent: Agent, env_steps: int, ready_reports: int, ready_env_steps: 
     )
 
 
-def parent_is_better(
-    client: LeaderboardClient, manifest: dict[str, Any], agent: Agent, higher_is_better: bool
-) -> bool:
+def parent_is_better(manifest: dict[str, Any], agent: Agent, higher_is_better: bool) -> bool:
     """Whether the generator's proposed parent scored better than ``agent`` (PBT's exploit);
     an agent not scored yet loses to any parent."""
-    parent_id = manifest.get("parent_id")
-    if parent_id is None or parent_id == agent.candidate_id:
+    parent_id, parent_score = manifest.get("parent_id"), manifest.get("parent_score")
+    if parent_id is None or parent_id == agent.candidate_id or parent_score is None:
         return False
-    parent_score = float(client.candidate(parent_id)["score"])
     own = agent.score
     if own is None:
         own = -math.inf if higher_is_better else math.inf
@@ -673,10 +670,10 @@ class PodRuntime(PodLoop):
             self.agent, learner.env_steps, self.ready_after_reports, self.ready_after_env_steps
         ):
             return  # the best there is, or not trained long enough to be judged
-        manifest = self.client.generate(self.pod_id, algorithm=self.agent.algorithm)
-        if not parent_is_better(
-            self.client, manifest, self.agent, self.spec.evaluation.higher_is_better
-        ):
+        manifest = self.client.generate(
+            self.pod_id, algorithm=self.agent.algorithm, score=self.agent.score
+        )
+        if not parent_is_better(manifest, self.agent, self.spec.evaluation.higher_is_better):
             if manifest.get("lease_id"):
                 self.client.release(manifest["lease_id"])
             return

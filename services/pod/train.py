@@ -61,6 +61,21 @@ class RunConfig(BaseModel):
     def evaluation_seed(self) -> int:
         return self.seed + 10_000 if self.eval_seed is None else self.eval_seed
 
+    def make_envs(self, num_envs: int) -> tuple[Any, Any]:
+        """The training env (``num_envs`` copies, seeded by ``seed``) and the evaluation env
+        (one copy per evaluation episode, seeded by ``evaluation_seed``)."""
+        train_env = make_env(
+            self.env, num_envs, device=self.device, seed=self.seed, **self.env_kwargs
+        )
+        eval_env = make_env(
+            self.env,
+            self.eval_episodes,
+            device=self.device,
+            seed=self.evaluation_seed,
+            **self.env_kwargs,
+        )
+        return train_env, eval_env
+
 
 class TrainConfig(RunConfig):
     """One PPO training run. ``ppo`` holds the algorithm's hyperparameters."""
@@ -164,16 +179,7 @@ def build(config: TrainConfig) -> tuple[Worker, Learner, Evaluator]:
     torch.manual_seed(config.seed)
     cfg = config.ppo
     eval_seed = config.evaluation_seed
-    env = make_env(
-        config.env, cfg.num_envs, device=config.device, seed=config.seed, **config.env_kwargs
-    )
-    eval_env = make_env(
-        config.env,
-        config.eval_episodes,
-        device=config.device,
-        seed=eval_seed,
-        **config.env_kwargs,
-    )
+    env, eval_env = config.make_envs(cfg.num_envs)
     agent = PPO(env.single_observation_space, env.single_action_space, cfg).to(config.device)
     worker = Worker(env, agent.policy, cfg.num_steps, gamma=cfg.gamma, seed=config.seed)
     learner = Learner(agent, config.total_env_steps)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 
 import numpy as np
 from fastapi.testclient import TestClient
@@ -238,6 +239,48 @@ def test_generator_ensemble_and_strategies_over_http(client: TestClient) -> None
         client.post(f"{API}/cem/submissions", json=result(f"c{i}", float(i)))
     m = client.post(f"{API}/cem/generate", json={"pod_id": "p"}).json()
     assert m["decision"] == "cem" and m["checkpoint"] == "fresh"
+
+
+def test_a_seeded_generator_draws_alike_in_every_experiment(client: TestClient) -> None:
+    """``options.seed``: a pod's draw depends on the seed, its id and the board, so two
+    experiments (a benchmark's pbt and random arms) start their pods with the same draws."""
+
+    def draws(exp: str, strategy: str, seed: int | None) -> list[dict]:
+        options = {} if seed is None else {"seed": seed}
+        client.put(f"{API}/{exp}", json=experiment(strategy=strategy, options=options))
+        return [
+            client.post(f"{API}/{exp}/generate", json={"pod_id": f"p{i}"}).json()["hyperparameters"]
+            for i in range(4)
+        ]
+
+    pbt, rnd = draws("arm-pbt", "pbt", 7), draws("arm-random", "random", 7)
+    assert pbt == rnd  # an empty board: both strategies draw fresh, alike
+    assert len({json.dumps(h, sort_keys=True) for h in pbt}) == 4  # but pods differ
+    assert draws("other-seed", "random", 8) != rnd
+    unseeded = draws("u1", "random", None), draws("u2", "random", None)
+    assert unseeded[0] != unseeded[1]
+    # Once the board changes, so does the answer; the same board gives the same answer.
+    client.post(f"{API}/arm-pbt/submissions", json=result("s1", 5.0))
+    after = client.post(f"{API}/arm-pbt/generate", json={"pod_id": "p0"}).json()
+    again = client.post(f"{API}/arm-pbt/generate", json={"pod_id": "p0"}).json()
+    assert after["decision"] == "explore" and after["hyperparameters"] != pbt[0]
+    assert after["parent_score"] == 5.0  # the pod compares it with its own score
+    assert after["hyperparameters"] == again["hyperparameters"]
+    # With `truncation`, a pod asking with its score is told to keep unless it is among the
+    # worst; keeping logs nothing.
+    client.put(f"{API}/trunc", json=experiment(options={"truncation": 0.5}))
+    for i, score in enumerate([10.0, 20.0, 30.0, 40.0]):
+        client.post(f"{API}/trunc/submissions", json=result(f"t{i}", score, pod_id=f"p{i}"))
+    events = client.get(f"{API}/trunc/lineage").json()["events"]
+    keep = client.post(f"{API}/trunc/generate", json={"pod_id": "p2", "score": 30.0}).json()
+    assert keep["decision"] == "keep" and keep["parent_id"] is None and keep["lease_id"] is None
+    assert client.get(f"{API}/trunc/lineage").json()["events"] == events
+    worst = client.post(f"{API}/trunc/generate", json={"pod_id": "p1", "score": 20.0}).json()
+    assert worst["decision"] == "explore" and worst["parent_score"] in (40.0, 30.0)
+    r = client.post(f"{API}/trunc/generate", json={"pod_id": "p1", "score": "NaN"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "score"]
+    r = client.put(f"{API}/bad", json=experiment(options={"seed": "x"}))
+    assert r.status_code == 422 and "seed" in r.text
 
 
 def test_board_stats_are_mean_variance_covariance(client: TestClient) -> None:

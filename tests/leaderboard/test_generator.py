@@ -79,8 +79,42 @@ def test_pbt_exploits_only_the_top_quantile_roughly_uniformly() -> None:
     assert PBTGenerator({"quantile": 0.01}).parents(cands[:3]) == cands[:1]
 
 
+def test_pbt_truncation_replaces_only_the_bottom_share() -> None:
+    rng = random.Random(3)
+    hyper = {name: d.sample(rng) for name, d in SPACE.items()}
+    # Four pods, two entries each, best first: pod p0 at best 40, p1 30, p2 20, p3 10.
+    scores = [("p0", 40), ("p1", 30), ("p0", 25), ("p2", 20), ("p1", 15), ("p3", 10), ("p2", 5)]
+    cands = [
+        CandidateView(f"c{i}", "ppo", hyper, 0, float(s), pod_id=pod)
+        for i, (pod, s) in enumerate(scores)
+    ]
+
+    def ask(pbt: PBTGenerator, pod: str, score: float | None, **kw) -> str:
+        c = Context("e", "ppo", SPACE, cands, 8, rng, pod_id=pod, score=score, **kw)
+        return pbt.propose(c).decision
+
+    quarter = PBTGenerator({"truncation": 0.25})  # 1 of 4 pods replaced
+    assert ask(quarter, "p3", 10.0) == "explore"  # the worst pod gets a parent
+    assert ask(quarter, "p2", 20.0) == "keep"  # the others keep training
+    assert ask(quarter, "p3", 25.0) == "keep"  # its current score counts: p2 is now the worst
+    assert ask(quarter, "p0", 5.0) == "explore"  # and not its best entry
+    # A pod not on the board yet makes 5 pods, of which ceil(1.25) = 2 are replaced.
+    assert ask(quarter, "p9", 12.0) == "explore" and ask(quarter, "p9", 25.0) == "keep"
+    half = PBTGenerator({"truncation": 0.5})
+    assert ask(half, "p2", 20.0) == "explore" and ask(half, "p1", 30.0) == "keep"
+    assert ask(quarter, "p0", None) == "explore"  # a starting pod is never told to keep
+    assert ask(PBTGenerator({}), "p0", 39.0) == "explore"  # unset: the tournament rule
+    # Lower is better: the board is then best (lowest) first, and 40 is the worst pod.
+    cands.reverse()
+    assert ask(quarter, "p0", 40.0, higher_is_better=False) == "explore"
+    assert ask(quarter, "p3", 10.0, higher_is_better=False) == "keep"
+    with pytest.raises(ValidationError):
+        PBTGenerator({"truncation": 0})
+
+
 def test_pbt_explore_perturbs_within_bounds() -> None:
     rng = random.Random(2)
+    width = SPACE["gamma"].high - SPACE["gamma"].low
     cands = board(12, rng)
     # Parents at the bounds, so clamping is exercised.
     cands[0] = CandidateView(
@@ -97,8 +131,11 @@ def test_pbt_explore_perturbs_within_bounds() -> None:
         assert h["batch_size"] in (32, 64, 128, 256) and 1 <= h["epochs"] <= 10
         assert isinstance(h["epochs"], int)
         how = p.details["explore"]
-        for name in ("lr", "gamma"):
-            expected = {SPACE[name].clamp(parent[name] * f) for f in (0.8, 1.2)}
+        for name, step in (
+            ("lr", lambda v, f: v * f),  # log range: multiplied
+            ("gamma", lambda v, f: v + (f - 1) * width),  # linear range: 20% of its width
+        ):
+            expected = {SPACE[name].clamp(step(parent[name], f)) for f in (0.8, 1.2)}
             if f'"{name}": "perturbed"' in how:
                 moved += 1
                 assert any(math.isclose(h[name], e, rel_tol=1e-12) for e in expected)
@@ -108,6 +145,8 @@ def test_pbt_explore_perturbs_within_bounds() -> None:
             values = [32, 64, 128, 256]
             assert abs(values.index(h["batch_size"]) - values.index(parent["batch_size"])) == 1
     assert abs(resampled / (resampled + moved) - 0.25) < 0.03
+    # A discount in the middle of its range moves by a fifth of the range, not onto a bound.
+    assert math.isclose(SPACE["gamma"].perturb(0.95, rng, (0.8,)), 0.95 - 0.2 * width)
 
 
 def test_pbt_fresh_on_empty_board_and_pure_exploit() -> None:

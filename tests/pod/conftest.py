@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pod.test_runtime import Leaderboard
+from tests.pod.harness import Leaderboard
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from services.pod.multiprocess import RemoteRoles, RoleError, serve_role
 from services.pod.runtime import FusedRoles
 from services.pod.train import TrainConfig, build, preset
 from services.pod.transport import SOCKET, TOKEN, Channel, SharedTensors, TransportError
-from tests.pod.test_runtime import ROOT, Leaderboard, make_spec, pod_env, register
+from tests.pod.harness import ROOT, Leaderboard, make_spec, pod_env, register
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from services.pod.population_runtime import (
 from services.pod.runtime import HyperparameterError, eval_seed
 from services.pod.train import TrainConfig, build
 from services.spec import ExperimentSpec
-from tests.pod.test_runtime import TOKEN, Leaderboard, register, stop_after
+from tests.pod.harness import TOKEN, Leaderboard, register, stop_after
 
 P = 4
 

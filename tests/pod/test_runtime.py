@@ -9,30 +9,23 @@ contract, its /metrics, and bad input.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import safetensors.torch
 import torch
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.leaderboard.app import create_app
-from services.leaderboard.settings import LeaderboardSettings
 from services.pod.checkpoint import load_training_files, read_files, write_files
 from services.pod.evaluator import EvalResult
-from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.runtime import (
     Agent,
-    FusedRoles,
     HyperparameterError,
     PodRuntime,
     check_hyperparameter_names,
@@ -42,116 +35,15 @@ from services.pod.runtime import (
 )
 from services.pod.train import TrainConfig, build, preset
 from services.spec import ExperimentSpec
-from tests.leaderboard.conftest import free_port
-
-TOKEN = "pod-test-token"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Leaderboard:
-    """The leaderboard app served by uvicorn in a thread; ``restart`` keeps port and data."""
-
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = data_dir
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server: uvicorn.Server | None = None
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> Leaderboard:
-        settings = LeaderboardSettings(
-            data_dir=self.data_dir, api_token=TOKEN, gc_interval_s=3600, redis_url=None
-        )
-        config = uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            access_log=False,
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "no leaderboard"
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        assert self.server is not None and self.thread is not None
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-    def api(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=f"{self.url}/api/v1",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-            timeout=30,
-        )
-
-
-def make_spec(**over: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "name": "pod-test",
-        "env": {"name": "CartPole-v1"},
-        "algorithms": {"ppo": 1.0},
-        "search_space": {"learning_rate": {"type": "log_uniform", "low": 3e-3, "high": 1e-2}},
-        "generator": {"strategy": "pbt"},
-        "round": {"env_steps": 1024},
-        "evaluation": {"episodes": 4},
-        "top_k": 4,
-    }
-    spec.update(over)
-    return spec
-
-
-def register(lb: Leaderboard, exp: str, spec: dict[str, Any]) -> None:
-    with lb.api() as api:
-        config = {
-            "top_k": spec["top_k"],
-            "generator": spec["generator"],
-            "algorithms": spec["algorithms"],
-            "search_space": spec["search_space"],
-        }
-        assert api.put(f"/experiments/{exp}", json=config).status_code in (200, 201)
-
-
-def runtime(lb: Leaderboard, exp: str, spec: dict[str, Any], pod: str, tmp: Path) -> PodRuntime:
-    client = LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)
-    return PodRuntime(
-        exp,
-        pod,
-        ExperimentSpec.model_validate(spec),
-        client,
-        FusedRoles(),
-        work_dir=tmp / pod,
-        grace_s=10,
-    )
-
-
-def stop_after(rt: PodRuntime, condition, timeout: float = 120.0) -> threading.Thread:
-    """Run ``rt`` in a thread and stop it once ``condition(rt)`` holds."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            rt.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not condition(rt):
-        assert not errors, errors
-        assert thread.is_alive(), "the runtime returned before it was stopped"
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-    rt.stop()
-    thread.join(timeout=60)
-    assert not thread.is_alive() and not errors, errors
-    return thread
+from tests.pod.harness import (
+    ROOT,
+    Leaderboard,
+    make_spec,
+    pod_env,
+    register,
+    runtime,
+    stop_after,
+)
 
 
 def test_hyperparameters_map_onto_the_preset() -> None:
@@ -300,23 +192,6 @@ def test_leaderboard_restart_loses_no_submission(tmp_path: Path) -> None:
     assert len({s["submission_id"] for s in rt.submissions}) == len(rt.submissions)
     accepted = {s["candidate_id"] for s in rt.submissions if s["accepted"]}
     assert accepted == {n["candidate_id"] for n in lineage["nodes"]}  # a flat, linked list
-
-
-def pod_env(lb: Leaderboard, exp: str, pod: str, spec: dict, pod_dir: Path) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "PODIUM_EXPERIMENT_ID": exp,
-        "PODIUM_POD_ID": pod,
-        "PODIUM_SPEC": json.dumps(spec),
-        "PODIUM_POD_DIR": str(pod_dir),
-        "PODIUM_CPU": "1",
-        "PODIUM_GPUS": "0",
-        "PODIUM_LEADERBOARD_URL": lb.url,
-        "PODIUM_API_TOKEN": TOKEN,
-        "PODIUM_METRICS_PORT": "0",
-        "PODIUM_LOG_JSON": "1",
-    }
-    return env
 
 
 def metric(url: str, name: str) -> float:

@@ -35,7 +35,7 @@ from services.pod.runtime import (
 )
 from services.pod.train import TrainConfig
 from services.spec import ExperimentSpec
-from tests.pod.test_runtime import (
+from tests.pod.harness import (
     ROOT,
     Leaderboard,
     make_spec,
