@@ -281,3 +281,33 @@ def test_roles_waiting_for_a_learner_that_needs_none_exit_cleanly(roles_dir: Pat
         assert not (roles_dir / "retired").exists()
     finally:
         again.close()
+
+
+def test_a_population_pod_as_three_containers_trains_in_the_learner(
+    leaderboard: Leaderboard, roles_dir: Path, tmp_path: Path
+) -> None:
+    """``agents_per_pod > 1`` stacks the agents in the learner's process: it retires the
+    roles dir, so the worker and evaluator containers exit 0 instead of waiting, while the
+    learner goes on reporting each member until SIGTERM."""
+    spec = make_spec(population={"agents_per_pod": 2})
+    register(leaderboard, "c-pop", spec)
+    pod = Pod(pod_env(leaderboard, "c-pop", "pp", spec, tmp_path), roles_dir, tmp_path)
+    try:
+        codes = {r: pod.procs[r].wait(timeout=120) for r in ("worker", "evaluator")}
+        assert codes == {"worker": 0, "evaluator": 0}, {r: pod.tail(r) for r in codes}
+        learner = pod.procs["learner"]
+        deadline = time.monotonic() + 120
+        while submissions(leaderboard, "c-pop") < 2:
+            assert learner.poll() is None, pod.tail("learner")
+            assert time.monotonic() < deadline, "no reports"
+            time.sleep(0.1)
+        learner.send_signal(signal.SIGTERM)
+        assert learner.wait(timeout=60) == 0, pod.tail("learner")
+    finally:
+        pod.kill()
+    started = next(e for e in pod.lines("learner") if e["event"] == "pod started")
+    assert started["mode"] == "population"
+    assert (roles_dir / "retired").exists()
+    with leaderboard.api() as api:
+        board = api.get("/experiments/c-pop/leaderboard").json()["candidates"]
+    assert {c["pod_id"] for c in board} <= {"pp.m0", "pp.m1"} and board
