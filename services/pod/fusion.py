@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -98,6 +100,23 @@ def _entry(
         dist.destroy_process_group()
 
 
+def _replica_entry(
+    rank: int, world: int, port: int, backend: str, fn: Callable[..., Any], args: tuple
+) -> None:
+    """A spawned replica: ``_entry``, then exit at once. Left to interpreter finalization,
+    gloo's worker threads are sometimes destroyed while still joinable and the process dies
+    by SIGABRT ("terminate called without an active exception") after its work is done."""
+    try:
+        _entry(rank, world, port, backend, fn, args)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run_group(
     fn: Callable[..., Any],
     world: int,
@@ -117,7 +136,7 @@ def run_group(
     port = free_port()
     ctx = mp.get_context("spawn")
     others = [
-        ctx.Process(target=_entry, args=(rank, world, port, backend, fn, args), daemon=True)
+        ctx.Process(target=_replica_entry, args=(rank, world, port, backend, fn, args), daemon=True)
         for rank in range(1, world)
     ]
     for proc in others:

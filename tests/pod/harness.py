@@ -107,28 +107,40 @@ def runtime(lb: Leaderboard, exp: str, spec: dict[str, Any], pod: str, tmp: Path
     )
 
 
-def stop_after(rt: PodRuntime, condition, timeout: float = 120.0) -> threading.Thread:
-    """Run ``rt`` in a thread and stop it once ``condition(rt)`` holds."""
-    errors: list[BaseException] = []
+class InThread:
+    """``rt.run()`` in a daemon thread, keeping what it raises."""
 
-    def run() -> None:
+    def __init__(self, rt: Any, timeout: float = 120.0) -> None:
+        self.rt, self.errors = rt, []
+        self.deadline = time.monotonic() + timeout
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
         try:
-            rt.run()
+            self.rt.run()
         except BaseException as exc:
-            errors.append(exc)
+            self.errors.append(exc)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not condition(rt):
-        assert not errors, errors
-        assert thread.is_alive(), "the runtime returned before it was stopped"
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
-    rt.stop()
-    thread.join(timeout=60)
-    assert not thread.is_alive() and not errors, errors
-    return thread
+    def wait_until(self, condition) -> None:
+        while not condition(self.rt):
+            assert not self.errors, self.errors
+            assert self.thread.is_alive(), "the runtime returned before it was stopped"
+            assert time.monotonic() < self.deadline, "condition not reached"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.rt.stop()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive() and not self.errors, self.errors
+
+
+def stop_after(rt: Any, condition, timeout: float = 120.0) -> threading.Thread:
+    """Run ``rt`` in a thread and stop it once ``condition(rt)`` holds."""
+    running = InThread(rt, timeout)
+    running.wait_until(condition)
+    running.stop()
+    return running.thread
 
 
 def pod_env(lb: Leaderboard, exp: str, pod: str, spec: dict, pod_dir: Path) -> dict[str, str]:

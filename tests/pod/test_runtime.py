@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from services.pod.train import TrainConfig, build, preset
 from services.spec import ExperimentSpec
 from tests.pod.harness import (
     ROOT,
+    InThread,
     Leaderboard,
     make_spec,
     pod_env,
@@ -154,32 +154,14 @@ def test_leaderboard_restart_loses_no_submission(tmp_path: Path) -> None:
     spec = make_spec(round={"env_steps": 512})
     register(lb, "e3", spec)
     rt = runtime(lb, "e3", spec, "pod-r", tmp_path)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            rt.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while len(rt.submissions) < 2:
-        assert not errors and time.monotonic() < deadline, errors
-        time.sleep(0.05)
+    running = InThread(rt)
+    running.wait_until(lambda rt: len(rt.submissions) >= 2)
     lb.stop()  # the leaderboard (and its embedded Redis) goes away mid-run
-    while rt.client.retries == 0:
-        assert not errors and time.monotonic() < deadline, errors
-        time.sleep(0.05)
+    running.wait_until(lambda rt: rt.client.retries > 0)
     before = len(rt.submissions)
     lb = Leaderboard(tmp_path / "lb", port=lb.port).start()
-    while len(rt.submissions) < before + 2:
-        assert not errors and time.monotonic() < deadline, errors
-        time.sleep(0.05)
-    rt.stop()
-    thread.join(timeout=60)
-    assert not errors, errors
+    running.wait_until(lambda rt: len(rt.submissions) >= before + 2)
+    running.stop()
     rt.close()
     try:
         with lb.api() as api:
