@@ -291,7 +291,18 @@ def main() -> None:
         "the pods' code in this process, one round at a time (CPU time, no start-up)",
     )
     parser.add_argument("--arms", nargs="+", default=["pbt", "random", "single"])
+    parser.add_argument(
+        "--summarize",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="print the table of earlier runs' output files (reps split over processes)",
+    )
     args = parser.parse_args()
+    if args.summarize:
+        lines = [ln for f in args.summarize for ln in f.read_text().splitlines()]
+        summarize([json.loads(ln) for ln in lines if ln.startswith('{"arm"')], args)
+        return
     logging.getLogger("httpx").setLevel(logging.WARNING)
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
@@ -314,38 +325,63 @@ def main() -> None:
                     print(json.dumps(out), flush=True)
         finally:
             lb.close()
+    summarize(results, args)
+
+
+def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """A markdown table of medians per arm (an unsolved run counts as the cap), then the
+    paired comparison: the arms of one repetition start from the same draws."""
+    results = sorted(results, key=lambda r: r["rep"])
+    arms = [a for a in ("pbt", "random", "single") if any(r["arm"] == a for r in results)]
     target = TARGET[args.env]
     print(
         f"\n| arm | pods | time to {target:g}: median s | from first report: median s | "
-        "solved within cap | per run s | final best: median | per run |"
+        "env steps to target: median | solved within cap | per run s | final best: median | "
+        "per run |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     medians: dict[str, float | None] = {}
     trained: dict[str, float | None] = {}
-    for arm in args.arms:
+    capped: dict[str, dict[int, float]] = {}
+    for arm in arms:
         runs = [r for r in results if r["arm"] == arm]
         times = [r["time_to_target_s"] for r in runs]
         # An unsolved run counts as the cap: the median is then a lower bound.
-        capped = [t if t is not None else args.cap_s for t in times]
-        medians[arm] = median(capped)
+        capped[arm] = {
+            r["rep"]: t if t is not None else args.cap_s for r, t in zip(runs, times, strict=True)
+        }
+        medians[arm] = median(list(capped[arm].values()))
         # Start-up (interpreters importing torch, the first round) is paid alike by every
         # arm with the same number of pods; this column is the time spent learning after it.
-        after = [c - (r["first_report_s"] or 0.0) for c, r in zip(capped, runs, strict=True)]
+        after = [capped[arm][r["rep"]] - (r["first_report_s"] or 0.0) for r in runs]
         trained[arm] = median(after)
         finals = [r["final"] for r in runs if r["final"] is not None]
         per_run = ", ".join(f"{t:.1f}" if t is not None else f">{args.cap_s:g}" for t in times)
+        # All pods' env steps when the target was reached: the CPU clock's noise-free twin
+        # (every arm runs the same code per step); an unsolved run counts as endless.
+        steps = median(
+            [r["env_steps"] if r["time_to_target_s"] is not None else float("inf") for r in runs]
+        )
         print(
             f"| {arm} | {1 if arm == 'single' else args.pods} | {medians[arm]:.1f} | "
-            f"{trained[arm]:.1f} | {sum(t is not None for t in times)}/{len(runs)} | "
+            f"{trained[arm]:.1f} | {'unsolved' if steps == float('inf') else f'{steps:,.0f}'} | "
+            f"{sum(t is not None for t in times)}/{len(runs)} | "
             f"{per_run} | {median(finals):.1f} | {', '.join(f'{f:.1f}' for f in finals)} |"
         )
-    if "pbt" in medians:
-        for arm in args.arms:
-            if arm != "pbt":
-                print(
-                    f"pbt / {arm} time to target: {medians['pbt'] / medians[arm]:.2f}x "
-                    f"from launch, {trained['pbt'] / trained[arm]:.2f}x from the first report"
-                )
+    if "pbt" not in medians:
+        return
+    for arm in arms:
+        if arm == "pbt":
+            continue
+        reps = sorted(set(capped["pbt"]) & set(capped[arm]))
+        ratios = [capped["pbt"][r] / capped[arm][r] for r in reps]
+        faster = sum(x < 1 for x in ratios)
+        print(
+            f"pbt / {arm} time to target: {medians['pbt'] / medians[arm]:.2f}x from launch, "
+            f"{trained['pbt'] / trained[arm]:.2f}x from the first report; paired over "
+            f"{len(reps)} reps: median ratio {median(ratios) or float('nan'):.2f}x, pbt "
+            f"faster in {faster}, at most 0.5x in {sum(x <= 0.5 for x in ratios)}"
+        )
 
 
 if __name__ == "__main__":
