@@ -149,6 +149,35 @@ def test_restart_from_a_better_parent(leaderboard: Leaderboard, tmp_path: Path) 
     assert lease.status_code == 404  # the pod released it once the files were loaded
 
 
+def test_truncation_keeps_a_pod_that_is_not_among_the_worst(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """With PBT's ``truncation`` the pod asks with its score and keeps its agent unless it is
+    in the bottom share; without the score the generator would hand it the better parent."""
+    options = {"truncation": 0.25, "ready_reports": 1, "ready_env_steps": 0}
+    spec = make_spec(generator={"strategy": "pbt", "options": options})
+    register(leaderboard, "e-trunc", spec)
+    rt = runtime(leaderboard, "e-trunc", spec, "pod-mid", tmp_path)
+    try:
+        rt.start(rt.client.generate("pod-mid"))
+        with leaderboard.api() as api:  # a better and a worse pod (reports without files)
+            for pod, score in (("pod-top", 1e6), ("pod-low", -1e6)):
+                body = {"submission_id": pod, "pod_id": pod, "algorithm": "ppo",
+                        "score": score, "eval": {"mean": score, "episodes": 1}}  # fmt: skip
+                assert api.post("/experiments/e-trunc/submissions", json=body).status_code == 200
+        rt.train_round()
+        rt.report()
+        assert rt.agent.rank == 2  # not the best: PBT judges it
+        before = (rt.agent.candidate_id, rt.agent.generation, rt.seed)
+        rt.maybe_exploit()  # the middle of three pods: 1 of 3 is replaced, and not this one
+        assert (rt.agent.candidate_id, rt.agent.generation, rt.seed) == before
+        manifest = rt.client.generate("pod-mid", algorithm="ppo")  # no score: a parent
+        assert manifest["decision"] == "explore" and manifest["parent_score"] == 1e6
+        rt.client.release(manifest["lease_id"])
+    finally:
+        rt.close()
+
+
 def test_leaderboard_restart_loses_no_submission(tmp_path: Path) -> None:
     lb = Leaderboard(tmp_path / "lb").start()
     spec = make_spec(round={"env_steps": 512})
