@@ -102,8 +102,9 @@ def run(
     pods = 1 if arm == "single" else args.pods
     strategy = "pbt" if arm == "pbt" else "random"
     # One generator seed per repetition and the same pod ids in every arm: the arms' pods
-    # start from the same draws and torch seeds (paired arms), so a repetition compares
-    # strategies rather than luck; the single pod is the random arm's first pod.
+    # start from the same draws and torch seeds (a pod seeds torch from its id), so a
+    # repetition compares strategies rather than luck; the single pod is the random arm's
+    # first pod. The ids carry the repetition, so repetitions differ in training seeds too.
     options: dict[str, Any] = {"seed": rep}
     if arm == "pbt" and args.ready_env_steps is not None:
         options["ready_env_steps"] = args.ready_env_steps
@@ -131,7 +132,7 @@ def run(
         env = {
             **os.environ,
             "PODIUM_EXPERIMENT_ID": exp,
-            "PODIUM_POD_ID": f"p{i}",
+            "PODIUM_POD_ID": f"r{rep}-p{i}",
             "PODIUM_SPEC": json.dumps(spec),
             "PODIUM_POD_DIR": str(work),
             "PODIUM_CPU": f"{args.single_cpu if arm == 'single' else cores / pods:g}",
@@ -204,7 +205,7 @@ def run_round_robin(
     runtimes = [
         PodRuntime(
             exp,
-            f"p{i}",
+            f"r{rep}-p{i}",
             model,
             LeaderboardClient(lb.url, exp, TOKEN),
             FusedRoles(),
@@ -331,6 +332,11 @@ def main() -> None:
 def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     """A markdown table of medians per arm (an unsolved run counts as the cap), then the
     paired comparison: the arms of one repetition start from the same draws."""
+    seen: set[tuple[str, int]] = set()
+    for r in results:
+        if (r["arm"], r["rep"]) in seen:
+            raise SystemExit(f"arm {r['arm']} rep {r['rep']} appears twice: one run per file set")
+        seen.add((r["arm"], r["rep"]))
     results = sorted(results, key=lambda r: r["rep"])
     arms = [a for a in ("pbt", "random", "single") if any(r["arm"] == a for r in results)]
     target = TARGET[args.env]

@@ -7,8 +7,11 @@ built-ins:
 - ``random``: fresh weights, hyperparameters sampled from the search space;
 - ``pbt``: population-based training. *Exploit* by truncation selection (the parent is drawn
   uniformly from the top ``quantile`` of the board; its weights are copied), then *explore*: each
-  searched hyperparameter is resampled with ``resample_probability``, otherwise multiplied by
-  one of ``perturb_factors`` and clamped to its bounds (a categorical one moves to a neighbour);
+  searched hyperparameter is resampled with ``resample_probability``, otherwise stepped with
+  one of ``perturb_factors`` in its own scale (services/search_space.py: a log-uniform one is
+  multiplied, a uniform one moves by (factor - 1) of its range) and clamped to its bounds (a
+  categorical one moves to a neighbour). With ``truncation``, a pod asking with its score is
+  told to ``keep`` unless it is among the worst;
 - ``cem``: cross-entropy method. A Gaussian (mean, covariance) is fitted to the numeric
   hyperparameters of the top K (in log space for log-uniform ones), new ones are drawn from it;
   categorical ones from the elite's smoothed frequencies.
@@ -73,7 +76,7 @@ class Context:
 
 @dataclass
 class Proposal:
-    decision: str  # fresh | exploit | explore | cem
+    decision: str  # fresh | exploit | explore | cem | keep
     hyperparameters: dict[str, Any]
     parent: CandidateView | None = None
     # Extra lineage fields (e.g. which hyperparameters explore changed), JSON-encoded strings.
@@ -92,8 +95,8 @@ class Strategy(abc.ABC):
         seed: int | None = Field(
             default=None,
             description="Make decisions reproducible: a pod's draw is then a function of the "
-            "seed, its pod id and the board it sees (an empty board at the start). Unset: "
-            "draws are random.",
+            "seed, its pod id and the board it sees (each entry's pod, generation and score; "
+            "an empty board at the start). Unset: draws are random.",
         )
 
     def __init__(self, options: dict[str, Any] | None = None):
@@ -115,7 +118,13 @@ class PBTGenerator(Strategy):
 
     class Options(Strategy.Options):
         quantile: float = Field(default=0.25, gt=0, le=1, description="Top share to exploit.")
-        perturb_factors: tuple[float, ...] = Field(default=(0.8, 1.2), min_length=1)
+        perturb_factors: tuple[float, ...] = Field(
+            default=(0.8, 1.2),
+            min_length=1,
+            description="Explore's steps: a log-uniform value is multiplied by a factor, a "
+            "uniform one moves by (factor - 1) of its range's width (1.2: a fifth of the range "
+            "up), an int one is multiplied and rounded.",
+        )
         resample_probability: float = Field(default=0.25, ge=0, le=1)
         explore: bool = Field(default=True, description="False: copy hyperparameters as is.")
         min_candidates: int = Field(
@@ -126,8 +135,9 @@ class PBTGenerator(Strategy):
             gt=0,
             le=1,
             description="Share of the population replaced: a pod that asks with its score "
-            "restarts from a parent only if it ranks in this bottom share of the pods (each "
-            "pod ranked by its best score on the board, the asking one by its current score); "
+            "restarts from a parent only if it ranks in this bottom share of the pods of its "
+            "algorithm that have an entry on the board (each ranked by its best entry, the "
+            "asking one by its current score; a pod pushed off the top K is not counted); "
             "otherwise it is told to keep training. Unset: any pod below the best restarts "
             "(the tournament rule).",
         )
@@ -319,12 +329,14 @@ class GeneratorService:
         self, seed: int | None, pod_id: str, board: list[CandidateView]
     ) -> random.Random:
         """The random stream of one request. Seeded, it depends only on the seed, the pod and
-        the board (ids and scores), not on the experiment's id or the order pods asked in:
-        two experiments with one seed start their pods alike (paired benchmark arms), and a
-        pod asking again of an unchanged board gets the same answer."""
+        the board (pods, generations, scores), not on the experiment's id or on ids drawn at
+        random: two experiments with one seed start their pods alike (paired benchmark arms)
+        and answer alike while their boards hold the same reports, and a pod asking again of
+        an unchanged board gets the same answer."""
         if seed is None:
             return self.rng
-        fingerprint = ";".join(f"{c.candidate_id}={c.score!r}" for c in board)
+        # Candidate ids are random: the board is described by what the pods reported.
+        fingerprint = ";".join(f"{c.pod_id}/{c.generation}={c.score!r}" for c in board)
         return random.Random(f"{seed}/{pod_id}/{fingerprint}")
 
     def strategy(self, exp: Experiment) -> Strategy:
@@ -340,7 +352,9 @@ class GeneratorService:
             exp = Experiment.model_validate(raw_config)
             strategy = self.strategy(exp)
             views = [candidate_view(cid, h) for cid, h in rows]
-            rng = self.request_rng(strategy.options.seed, req.pod_id, views)
+            # A plugin's options model need not have a seed (nor be Strategy.Options).
+            seed = getattr(getattr(strategy, "options", None), "seed", None)
+            rng = self.request_rng(seed if isinstance(seed, int) else None, req.pod_id, views)
             if req.algorithm is not None:
                 if exp.algorithms.get(req.algorithm, 0) <= 0:
                     raise UnknownAlgorithmError(

@@ -10,6 +10,7 @@ learners without a parameter server.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -106,15 +107,18 @@ def _replica_entry(
     """A spawned replica: ``_entry``, then exit at once. Left to interpreter finalization,
     gloo's worker threads are sometimes destroyed while still joinable and the process dies
     by SIGABRT ("terminate called without an active exception") after its work is done."""
+    code = 0
     try:
         _entry(rank, world, port, backend, fn, args)
+    except SystemExit as exc:  # sys.exit(n) in the replica: keep its meaning
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+        code = 1
+    logging.shutdown()  # os._exit skips atexit: flush the log handlers and streams here
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def run_group(

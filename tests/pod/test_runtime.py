@@ -168,9 +168,10 @@ def test_truncation_keeps_a_pod_that_is_not_among_the_worst(
         rt.train_round()
         rt.report()
         assert rt.agent.rank == 2  # not the best: PBT judges it
-        before = (rt.agent.candidate_id, rt.agent.generation, rt.seed)
+        restarts: list[dict] = []
+        rt.start = restarts.append  # what a restart would build from
         rt.maybe_exploit()  # the middle of three pods: 1 of 3 is replaced, and not this one
-        assert (rt.agent.candidate_id, rt.agent.generation, rt.seed) == before
+        assert restarts == []
         manifest = rt.client.generate("pod-mid", algorithm="ppo")  # no score: a parent
         assert manifest["decision"] == "explore" and manifest["parent_score"] == 1e6
         rt.client.release(manifest["lease_id"])
