@@ -94,16 +94,15 @@ def register(lb: Leaderboard, exp: str, spec: dict[str, Any]) -> None:
         assert api.put(f"/experiments/{exp}", json=config).status_code in (200, 201)
 
 
+def client(lb: Leaderboard, exp: str) -> LeaderboardClient:
+    """A pod's client of ``lb``, retrying fast (tests restart the leaderboard)."""
+    return LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)
+
+
 def runtime(lb: Leaderboard, exp: str, spec: dict[str, Any], pod: str, tmp: Path) -> PodRuntime:
-    client = LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)
+    model = ExperimentSpec.model_validate(spec)
     return PodRuntime(
-        exp,
-        pod,
-        ExperimentSpec.model_validate(spec),
-        client,
-        FusedRoles(),
-        work_dir=tmp / pod,
-        grace_s=10,
+        exp, pod, model, client(lb, exp), FusedRoles(), work_dir=tmp / pod, grace_s=10
     )
 
 

@@ -34,7 +34,7 @@ from services.pod.population_runtime import (
 from services.pod.runtime import HyperparameterError, eval_seed
 from services.pod.train import TrainConfig, build
 from services.spec import ExperimentSpec
-from tests.pod.harness import TOKEN, Leaderboard, register, stop_after
+from tests.pod.harness import TOKEN, Leaderboard, client, register, stop_after
 
 P = 4
 
@@ -66,15 +66,9 @@ def population(
     tmp: Path,
     metrics: PodMetrics | None = None,
 ) -> PopulationRuntime:
-    client = LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)
+    model = ExperimentSpec.model_validate(spec)
     return PopulationRuntime(
-        exp,
-        pod,
-        ExperimentSpec.model_validate(spec),
-        client,
-        work_dir=tmp / pod,
-        metrics=metrics,
-        grace_s=10,
+        exp, pod, model, client(lb, exp), work_dir=tmp / pod, metrics=metrics, grace_s=10
     )
 
 
@@ -329,7 +323,7 @@ def test_what_a_population_cannot_vary_is_refused(change: dict, message: str) ->
     )
     with pytest.raises(HyperparameterError, match=message):
         check_population_spec(spec)
-    client = LeaderboardClient("http://127.0.0.1:9", "e", TOKEN)
+    unreachable = LeaderboardClient("http://127.0.0.1:9", "e", TOKEN)
     with pytest.raises(HyperparameterError, match=message):
-        PopulationRuntime("e", "p", spec, client)
-    client.close()
+        PopulationRuntime("e", "p", spec, unreachable)
+    unreachable.close()
