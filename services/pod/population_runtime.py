@@ -44,10 +44,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import Unpack  # typing.Unpack from Python 3.12
 
 from services.logs import get_logger
 from services.pod.algorithms.ppo import PPO
@@ -55,11 +55,11 @@ from services.pod.checkpoint import CheckpointError
 from services.pod.evaluator import EvalResult
 from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.learner import Learner
-from services.pod.metrics import PodMetrics
 from services.pod.population import HYPERPARAMETERS, PopulationPPO, build_population
 from services.pod.runtime import (
     Agent,
     HyperparameterError,
+    LoopSettings,
     OnPolicy,
     PodLoop,
     eval_seed,
@@ -141,16 +141,10 @@ class PopulationRuntime(PodLoop):
         pod_id: str,
         spec: ExperimentSpec,
         client: LeaderboardClient,
-        work_dir: Path | None = None,
-        metrics: PodMetrics | None = None,
-        device: str = "cpu",
-        threads: int = 1,
-        grace_s: float = 30.0,
+        **settings: Unpack[LoopSettings],
     ) -> None:
         check_population_spec(spec)
-        super().__init__(
-            experiment_id, pod_id, spec, client, work_dir, metrics, device, threads, grace_s
-        )
+        super().__init__(experiment_id, pod_id, spec, client, **settings)
         self.size = spec.population.agents_per_pod
         self.ready_after_reports, self.ready_after_env_steps = ready_rule(spec)
         self.members = [Member(pod_id=f"{pod_id}.m{i}") for i in range(self.size)]

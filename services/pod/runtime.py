@@ -30,10 +30,11 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypedDict
 
 import torch
 from pydantic import ValidationError
+from typing_extensions import Unpack  # typing.Unpack from Python 3.12
 
 from services.logs import get_logger
 from services.pod import offpolicy
@@ -416,6 +417,16 @@ def fetch_parent(client: LeaderboardClient, directory: Path, checkpoint: dict[st
     return directory
 
 
+class LoopSettings(TypedDict, total=False):
+    """``PodLoop``'s optional settings, which every runtime passes through unchanged."""
+
+    work_dir: Path | None
+    metrics: PodMetrics | None
+    device: str
+    threads: int
+    grace_s: float
+
+
 class PodLoop:
     """What a single-agent pod (``PodRuntime``) and a population pod
     (services/pod/population_runtime.py) share: their settings, the round loop's outline,
@@ -552,15 +563,9 @@ class PodRuntime(PodLoop):
         spec: ExperimentSpec,
         client: LeaderboardClient,
         roles: Roles,
-        work_dir: Path | None = None,
-        metrics: PodMetrics | None = None,
-        device: str = "cpu",
-        threads: int = 1,
-        grace_s: float = 30.0,
+        **settings: Unpack[LoopSettings],
     ) -> None:
-        super().__init__(
-            experiment_id, pod_id, spec, client, work_dir, metrics, device, threads, grace_s
-        )
+        super().__init__(experiment_id, pod_id, spec, client, **settings)
         self.roles = roles
         self.ready_after_reports, self.ready_after_env_steps = ready_rule(
             spec, self.ready_after_reports, self.ready_after_env_steps

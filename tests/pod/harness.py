@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import uvicorn
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
 from services.pod.leaderboard_client import LeaderboardClient
-from services.pod.runtime import FusedRoles, PodRuntime
+from services.pod.runtime import FusedRoles, PodRuntime, fetch_parent
 from services.spec import ExperimentSpec
 from tests.leaderboard.conftest import free_port
 
@@ -99,6 +101,15 @@ def client(lb: Leaderboard, exp: str) -> LeaderboardClient:
     return LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)
 
 
+def download(lb: Leaderboard, candidate: dict[str, Any], directory: Path) -> Path:
+    """A candidate's training files, fetched and verified as a pod fetches its parent."""
+    pod_client = client(lb, candidate["experiment_id"])
+    try:
+        return fetch_parent(pod_client, directory, candidate)
+    finally:
+        pod_client.close()
+
+
 def runtime(lb: Leaderboard, exp: str, spec: dict[str, Any], pod: str, tmp: Path) -> PodRuntime:
     model = ExperimentSpec.model_validate(spec)
     return PodRuntime(
@@ -157,3 +168,17 @@ def pod_env(lb: Leaderboard, exp: str, pod: str, spec: dict, pod_dir: Path) -> d
         "PODIUM_LOG_JSON": "1",
     }
     return env
+
+
+def start_pod(
+    lb: Leaderboard, exp: str, pod: str, spec: dict, pod_dir: Path, log: Path, **env: str
+) -> subprocess.Popen[bytes]:
+    """``python -m services.pod`` as the orchestrator starts it, its output into ``log``."""
+    with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.pod", "--experiment", exp, "--pod-id", pod],
+            cwd=ROOT,
+            env={**pod_env(lb, exp, pod, spec, pod_dir), **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )

@@ -9,7 +9,6 @@ parent's weights into a member's slot, and a stop ends with a final report of ev
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from services.pod.checkpoint import (
     load_training_files,
     read_files,
     save_training_files,
-    write_files,
 )
 from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.metrics import PodMetrics
@@ -34,7 +32,7 @@ from services.pod.population_runtime import (
 from services.pod.runtime import HyperparameterError, eval_seed
 from services.pod.train import TrainConfig, build
 from services.spec import ExperimentSpec
-from tests.pod.harness import TOKEN, Leaderboard, client, register, stop_after
+from tests.pod.harness import TOKEN, Leaderboard, client, download, register, stop_after
 
 P = 4
 
@@ -70,19 +68,6 @@ def population(
     return PopulationRuntime(
         exp, pod, model, client(lb, exp), work_dir=tmp / pod, metrics=metrics, grace_s=10
     )
-
-
-def download(lb: Leaderboard, candidate: dict[str, Any], directory: Path) -> Path:
-    """A candidate's training files from the leaderboard, written and verified as a pod does."""
-    with lb.api() as api:
-        files = {
-            name: api.get(f["download_path"].removeprefix("/api/v1")).content
-            for name, f in candidate["files"].items()
-        }
-    original = json.loads(files.pop("manifest.json"))
-    write_files(directory, files, {"algorithm": original["algorithm"]})
-    assert read_files(directory).manifest["files"] == original["files"]
-    return directory
 
 
 def test_members_are_candidates_whose_files_load_into_a_single_agent(

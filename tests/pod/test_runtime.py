@@ -42,6 +42,7 @@ from tests.pod.harness import (
     pod_env,
     register,
     runtime,
+    start_pod,
     stop_after,
 )
 
@@ -222,14 +223,7 @@ def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(
     register(leaderboard, "e4", spec)
     pod_dir = tmp_path / "pods"
     pod_dir.mkdir()
-    log = (tmp_path / "pod.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.pod", "--experiment", "e4", "--pod-id", "p0"],
-        cwd=ROOT,
-        env=pod_env(leaderboard, "e4", "p0", spec, pod_dir),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_pod(leaderboard, "e4", "p0", spec, pod_dir, tmp_path / "pod.log")
     try:
         port_file = pod_dir / "p0.metrics_port"
         deadline = time.monotonic() + 90
@@ -254,7 +248,6 @@ def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(
     finally:
         if proc.poll() is None:
             proc.kill()
-        log.close()
     lines = [json.loads(line) for line in (tmp_path / "pod.log").read_text().splitlines()]
     reports = [line for line in lines if line["event"] == "reported"]
     # The final report, unless the stop came right after a report of the same agent.
@@ -325,14 +318,7 @@ def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
     process and each reaches the board as its own candidate (pod id ``<pod>.m<i>``)."""
     spec = make_spec(population={"min_pods": 1, "max_pods": 1, "agents_per_pod": 3})
     register(leaderboard, "pop", spec)
-    log = (tmp_path / "pod.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.pod", "--experiment", "pop", "--pod-id", "p0"],
-        cwd=ROOT,
-        env=pod_env(leaderboard, "pop", "p0", spec, tmp_path),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_pod(leaderboard, "pop", "p0", spec, tmp_path, tmp_path / "pod.log")
     try:
         deadline = time.monotonic() + 120
         with leaderboard.api() as api:

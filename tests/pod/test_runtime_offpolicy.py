@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,6 @@ import safetensors.torch
 import torch
 from pydantic import ValidationError
 
-from services.pod.checkpoint import write_files
 from services.pod.offpolicy import OffPolicyConfig, build, load_offpolicy_files
 from services.pod.runtime import (
     FusedOffPolicyRoles,
@@ -36,12 +33,12 @@ from services.pod.runtime import (
 from services.pod.train import TrainConfig
 from services.spec import ExperimentSpec
 from tests.pod.harness import (
-    ROOT,
     Leaderboard,
+    download,
     make_spec,
-    pod_env,
     register,
     runtime,
+    start_pod,
     stop_after,
 )
 
@@ -80,18 +77,6 @@ def dqn_spec() -> dict[str, Any]:
         round={"env_steps": 256},
         evaluation={"episodes": 2},
     )
-
-
-def download(lb: Leaderboard, candidate: dict[str, Any], directory: Path) -> dict[str, bytes]:
-    """A candidate's training files, written as a verified checkpoint directory."""
-    with lb.api() as api:
-        files = {
-            name: api.get(f["download_path"].removeprefix("/api/v1")).content
-            for name, f in candidate["files"].items()
-        }
-    original = json.loads(files.pop("manifest.json"))
-    write_files(directory, files, {"algorithm": original["algorithm"]})
-    return files
 
 
 @pytest.mark.parametrize(("algorithm", "spec"), [("sac", sac_spec()), ("dqn", dqn_spec())])
@@ -141,7 +126,8 @@ def test_restart_from_a_sac_parent_loads_weights_and_replay_buffer(
     manifest = child.client.generate("pod-child")
     assert manifest["algorithm"] == "sac" and manifest["parent_id"] is not None
     parent = child.client.candidate(manifest["parent_id"])
-    files = download(lb, parent, tmp_path / "parent")
+    parent_dir = download(lb, parent, tmp_path / "parent")
+    files = {p.name: p.read_bytes() for p in parent_dir.iterdir()}
     child.start(manifest)
     learner = child.roles.learner
     for name, value in safetensors.torch.load(files["actor.safetensors"]).items():
@@ -269,25 +255,18 @@ def test_pod_process_in_processes_mode_trains_sac_fused_and_reports_on_sigterm(
     pod_dir = tmp_path / "pods"
     pod_dir.mkdir()
     log_path = tmp_path / "pod.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.pod", "--experiment", "e4", "--pod-id", "p0"],
-            cwd=ROOT,
-            env={**pod_env(lb, "e4", "p0", spec, pod_dir), "PODIUM_POD_MODE": "processes"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            deadline = time.monotonic() + 90
-            with lb.api() as api:
-                while api.get("/experiments/e4").json()["submissions"] < 2:
-                    assert proc.poll() is None and time.monotonic() < deadline
-                    time.sleep(0.2)
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    proc = start_pod(lb, "e4", "p0", spec, pod_dir, log_path, PODIUM_POD_MODE="processes")
+    try:
+        deadline = time.monotonic() + 90
+        with lb.api() as api:
+            while api.get("/experiments/e4").json()["submissions"] < 2:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
     events = [line["event"] for line in lines]
     assert "off-policy agents train fused: worker, learner and evaluator in this process" in events
