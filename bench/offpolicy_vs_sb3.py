@@ -14,12 +14,12 @@ medians and the ratio. Needs the bench extra: pip install -e ".[bench]".
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
 
 import numpy as np
 import torch
-from sb3_timing import machine, timed_learn
+from sb3_timing import compare, machine, timed_learn, timed_podium
 
 EVAL_EPISODES = 10
 EVAL_EVERY = {"Pendulum-v1": 1_024, "CartPole-v1": 2_048}
@@ -83,17 +83,15 @@ def run_sb3(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:
 def run_podium(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:
     from services.pod.offpolicy import OffPolicyConfig, preset, train_offpolicy
 
-    cfg = OffPolicyConfig.model_validate(
-        {
-            **preset(algorithm, env_id),
-            "seed": seed,
-            "eval_every_steps": EVAL_EVERY[env_id],
-            "eval_episodes": EVAL_EPISODES,
-            "target_return": THRESHOLD[env_id],
-        }
+    return timed_podium(
+        OffPolicyConfig,
+        train_offpolicy,
+        preset(algorithm, env_id),
+        seed,
+        EVAL_EVERY[env_id],
+        EVAL_EPISODES,
+        THRESHOLD[env_id],
     )
-    result = train_offpolicy(cfg)
-    return result.train_seconds, result.solved_at_env_steps
 
 
 def main() -> None:
@@ -116,28 +114,15 @@ def main() -> None:
     rows = []
     for run in args.runs:
         algorithm, env_id = run.split(":", 1)
-        times: dict[str, list[float]] = {"sb3": [], "podium": []}
-        steps: dict[str, list[float]] = {"sb3": [], "podium": []}
-        for seed in range(args.seeds):
-            for name, fn in (("sb3", run_sb3), ("podium", run_podium)):
-                # Podium's loop sets its own threads (1); SB3 gets --sb3-threads.
-                torch.set_num_threads(args.sb3_threads)
-                seconds, solved = fn(algorithm, env_id, seed)
-                times[name].append(seconds if solved is not None else float("inf"))
-                steps[name].append(solved if solved is not None else float("inf"))
-                print(
-                    f"{algorithm} {env_id} seed {seed} {name:>6}: {seconds:6.2f} s, "
-                    f"solved at {solved} (load {os.getloadavg()[0]:.1f})",
-                    flush=True,
-                )
-        med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append(
-            f"| {algorithm} | {env_id} | {med['sb3']:.2f} | {statistics.median(steps['sb3']):,.0f} "
-            f"| {med['podium']:.2f} | {statistics.median(steps['podium']):,.0f} "
-            f"| {med['sb3'] / med['podium']:.1f}x | "
-            f"{sum(np.isfinite(times['sb3']))}/{args.seeds}, "
-            f"{sum(np.isfinite(times['podium']))}/{args.seeds} |"
+        cells = compare(
+            f"{algorithm} {env_id}",
+            functools.partial(run_sb3, algorithm, env_id),
+            functools.partial(run_podium, algorithm, env_id),
+            args.seeds,
+            args.sb3_threads,
+            load=True,
         )
+        rows.append(f"| {algorithm} | {env_id} {cells}")
         print(rows[-1], flush=True)
     print(
         "\n| algorithm | env | SB3 median s | SB3 median steps | Podium median s "

@@ -12,11 +12,10 @@ Needs the bench extra: pip install -e ".[bench]".
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 
-import numpy as np
 import torch
-from sb3_timing import machine, timed_learn
+from sb3_timing import compare, machine, timed_learn, timed_podium
 
 EVAL_EVERY = 4096
 EVAL_EPISODES = 10
@@ -75,17 +74,9 @@ def run_sb3(env_id: str, seed: int) -> tuple[float, int | None]:
 def run_podium(env_id: str, seed: int) -> tuple[float, int | None]:
     from services.pod.train import TrainConfig, preset, train
 
-    cfg = TrainConfig.model_validate(
-        {
-            **preset(env_id),
-            "seed": seed,
-            "eval_every_steps": EVAL_EVERY,
-            "eval_episodes": EVAL_EPISODES,
-            "target_return": THRESHOLD[env_id],
-        }
+    return timed_podium(
+        TrainConfig, train, preset(env_id), seed, EVAL_EVERY, EVAL_EPISODES, THRESHOLD[env_id]
     )
-    result = train(cfg)
-    return result.train_seconds, result.solved_at_env_steps
 
 
 def main() -> None:
@@ -98,23 +89,10 @@ def main() -> None:
     print(f"machine: {machine()}\n")
     rows = []
     for env_id in args.envs:
-        times: dict[str, list[float]] = {"sb3": [], "podium": []}
-        steps: dict[str, list[float]] = {"sb3": [], "podium": []}
-        for seed in range(args.seeds):
-            for name, fn in (("sb3", run_sb3), ("podium", run_podium)):
-                torch.set_num_threads(default_threads)  # each side picks its own threads
-                seconds, solved = fn(env_id, seed)
-                times[name].append(seconds if solved is not None else float("inf"))
-                steps[name].append(solved if solved is not None else float("inf"))
-                print(f"{env_id} seed {seed} {name:>6}: {seconds:6.2f} s, solved at {solved}")
-        med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append(
-            f"| {env_id} | {med['sb3']:.2f} | {statistics.median(steps['sb3']):,.0f} "
-            f"| {med['podium']:.2f} | {statistics.median(steps['podium']):,.0f} "
-            f"| {med['sb3'] / med['podium']:.1f}x | "
-            f"{sum(np.isfinite(times['sb3']))}/{args.seeds}, "
-            f"{sum(np.isfinite(times['podium']))}/{args.seeds} |"
-        )
+        # Each side picks its own threads from torch's default.
+        sb3, podium = functools.partial(run_sb3, env_id), functools.partial(run_podium, env_id)
+        cells = compare(env_id, sb3, podium, args.seeds, default_threads, load=False)
+        rows.append(f"| {env_id} {cells}")
     print(
         "\n| env | SB3 median s | SB3 median steps | Podium median s | Podium median steps "
         "| speed-up | solved (SB3, Podium) |"

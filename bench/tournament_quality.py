@@ -26,21 +26,19 @@ import logging
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
+from services.platform import ThreadedServer, bind_listener
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"
@@ -67,33 +65,23 @@ WIDE_SEARCH_SPACE = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Leaderboard:
+    """The leaderboard app served in a thread of this process, plus an authorized client."""
+
     def __init__(self, data_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         settings = LeaderboardSettings(data_dir=data_dir, api_token=TOKEN, redis_url=None)
-        config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        self.server = ThreadedServer(
+            "leaderboard", create_app(settings), bind_listener("127.0.0.1", 0), "127.0.0.1"
         )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
+        self.server.start()
+        self.url = self.server.url
         self.http = httpx.Client(
             base_url=f"{self.url}/api/v1", headers={"Authorization": f"Bearer {TOKEN}"}
         )
 
     def close(self) -> None:
         self.http.close()
-        self.server.should_exit = True
-        self.thread.join(30)
+        self.server.stop(30)
 
 
 def run(

@@ -7,6 +7,7 @@ Subcommands import their heavy dependencies (torch, the services) only when they
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import signal
 import time
@@ -68,26 +69,30 @@ def train(
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Train one agent: progress bar, checkpoints and a learning-curve PNG under OUT."""
-    from services.overrides import ConfigError, layered
+    from services.overrides import ConfigError, deep_merge, load_yaml, parse_set
+    from services.pod.algorithms.offpolicy_config import OFF_POLICY_ALGORITHMS
     from services.registry import UnknownNameError
 
     try:
         # PPO trains on-policy (services/pod/train.py); sac, td3, ddpg and dqn through the
-        # off-policy loop (services/pod/offpolicy.py). Both read the same layered config.
-        algorithm = layered({"algorithm": "ppo"}, config, set_ or []).get("algorithm")
-        if algorithm in ("sac", "td3", "ddpg", "dqn"):
+        # off-policy loop (services/pod/offpolicy.py). The user's layers (YAML, then each --set)
+        # are read once and merged in order over the algorithm's preset, as ``layered`` would.
+        layers = [load_yaml(config)] if config is not None else []
+        layers += [parse_set(assignment) for assignment in set_ or []]
+
+        def merged(defaults: dict[str, Any]) -> dict[str, Any]:
+            return functools.reduce(deep_merge, layers, defaults)
+
+        algorithm = merged({"algorithm": "ppo"}).get("algorithm")
+        if algorithm in OFF_POLICY_ALGORITHMS:
             from services.pod import offpolicy
 
-            cfg = offpolicy.OffPolicyConfig.model_validate(
-                layered(offpolicy.preset(algorithm, env), config, set_ or [])
-            )
+            cfg = offpolicy.OffPolicyConfig.model_validate(merged(offpolicy.preset(algorithm, env)))
             build, run_training = offpolicy.build, offpolicy.train_offpolicy
         else:
             from services.pod import train as onpolicy
 
-            cfg = onpolicy.TrainConfig.model_validate(
-                layered(onpolicy.preset(env), config, set_ or [])
-            )
+            cfg = onpolicy.TrainConfig.model_validate(merged(onpolicy.preset(env)))
             build, run_training = onpolicy.build, onpolicy.train
     except ConfigError as exc:
         raise fail(str(exc)) from None

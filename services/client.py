@@ -30,7 +30,7 @@ from services.training_files import (
     CheckpointError,
     replace_dir,
     temp_dir_beside,
-    verify_directory,
+    verify_digests,
 )
 
 # Exit codes of the CLI (documented in docs/tournaments.md).
@@ -294,11 +294,11 @@ class PodiumClient:
         """Download a candidate's training files (default: the best) into ``out``.
 
         Each file is hashed while it streams and checked against the sha256 the leaderboard
-        lists; a ``manifest.json`` among them (Podium training files) is checked too, by the
-        pod's own check (services/training_files.py): every listed file present, same size and
-        sha256, no name outside the directory. The files land in a temp directory beside
-        ``out`` that is renamed into place only when every check passed, so ``out`` is never a
-        half-written agent. Returns the candidate.
+        lists; a ``manifest.json`` among them (Podium training files) is checked too
+        (services/training_files.py): every file it lists present, with the size and sha256
+        measured while streaming (no second read), no name outside the directory. The files
+        land in a temp directory beside ``out`` that is renamed into place only when every
+        check passed, so ``out`` is never a half-written agent. Returns the candidate.
         """
         cand = self.candidate(exp_id, candidate_id) if candidate_id else self.best(exp_id)
         files: dict[str, dict[str, Any]] = cand.get("files") or {}
@@ -311,13 +311,14 @@ class PodiumClient:
         out = Path(out)
         tmp = temp_dir_beside(out)
         try:
+            digests: dict[str, tuple[str, int]] = {}
             for name, meta in files.items():
                 if not FILE_NAME_RE.match(name):  # never write outside the directory
                     raise ApiError(f"the leaderboard lists a bad file name {name!r}")
-                self._download(meta["download_path"], tmp / name, meta["sha256"])
-            if (tmp / MANIFEST).exists():  # Podium training files: the pod's own check
+                digests[name] = self._download(meta["download_path"], tmp / name, meta["sha256"])
+            if (tmp / MANIFEST).exists():  # Podium training files: check the manifest
                 try:
-                    verify_directory(tmp)
+                    verify_digests(tmp, digests)
                 except CheckpointError as exc:
                     raise ApiError(f"{exc}; nothing was exported") from None
             (tmp / "candidate.json").write_text(json.dumps(cand, indent=2))
@@ -327,10 +328,11 @@ class PodiumClient:
             raise
         return cand
 
-    def _download(self, path: str, dest: Path, sha256: str) -> None:
+    def _download(self, path: str, dest: Path, sha256: str) -> tuple[str, int]:
+        """Stream ``path`` into ``dest``, checking its sha256; returns (sha256, size)."""
         svc = self.leaderboard
         path = path.removeprefix("/api/v1")
-        digest = hashlib.sha256()
+        digest, size = hashlib.sha256(), 0
         try:
             with svc.http.stream("GET", path) as resp:
                 if resp.status_code >= 400:
@@ -340,6 +342,7 @@ class PodiumClient:
                 with open(dest, "wb") as f:
                     for chunk in resp.iter_bytes(CHUNK):
                         digest.update(chunk)
+                        size += len(chunk)
                         f.write(chunk)
                     f.flush()
                     os.fsync(f.fileno())
@@ -352,6 +355,7 @@ class PodiumClient:
                     f"{dest.name}: sha256 {got} does not match the leaderboard's {expected}; "
                     "nothing was exported"
                 )
+        return got, size
 
 
 def reached(exp: dict[str, Any], min_reward: float | None) -> tuple[bool, str]:

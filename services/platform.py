@@ -53,7 +53,7 @@ def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-def _bind(host: str, port: int, strict: bool) -> socket.socket:
+def bind_listener(host: str, port: int, strict: bool = False) -> socket.socket:
     """A listening socket on ``port``, or on an ephemeral port when that one is busy."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for candidate in (port, 0) if port else (0,):
@@ -72,8 +72,9 @@ def _bind(host: str, port: int, strict: bool) -> socket.socket:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-class _Server:
-    """One ASGI app served by uvicorn in a thread, on a socket we bound ourselves."""
+class ThreadedServer:
+    """One ASGI app served by uvicorn in a thread, on a socket we bound ourselves (see
+    ``bind_listener``); the benchmarks use it too."""
 
     def __init__(self, name: str, app: Any, sock: socket.socket, host: str):
         self.name = name
@@ -144,8 +145,8 @@ class Platform:
         self.strict_ports = strict_ports
         self.overrides = dict(orchestrator_overrides or {})
         self._lock_fd: int | None = None
-        self._leaderboard: _Server | None = None
-        self._orchestrator: _Server | None = None
+        self._leaderboard: ThreadedServer | None = None
+        self._orchestrator: ThreadedServer | None = None
         self._stopped = False
 
     # -- URLs ----------------------------------------------------------------------------------
@@ -187,7 +188,7 @@ class Platform:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
-            lb_sock = _bind(self.host, self.leaderboard_port, self.strict_ports)
+            lb_sock = bind_listener(self.host, self.leaderboard_port, self.strict_ports)
             lb_settings = LeaderboardSettings(
                 data_dir=self.data_dir,
                 api_token=self.token,
@@ -195,14 +196,14 @@ class Platform:
                 host=self.host,
                 port=lb_sock.getsockname()[1],
             )
-            self._leaderboard = _Server(
+            self._leaderboard = ThreadedServer(
                 "leaderboard", leaderboard_app(lb_settings), lb_sock, self.host
             )
             self._leaderboard.start()
-            orch_sock = _bind(self.host, self.orchestrator_port, self.strict_ports)
+            orch_sock = bind_listener(self.host, self.orchestrator_port, self.strict_ports)
             settings = self.orchestrator_settings(self._leaderboard.url)
             settings.port = orch_sock.getsockname()[1]
-            self._orchestrator = _Server(
+            self._orchestrator = ThreadedServer(
                 "orchestrator", orchestrator_app(settings), orch_sock, self.host
             )
             self._orchestrator.start()

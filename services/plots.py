@@ -144,18 +144,13 @@ def pod_series(
     submissions: Sequence[Mapping[str, Any]], start: float
 ) -> dict[str, dict[str, list[Any]]]:
     """Each pod's own reports in time order: ``t`` (seconds since ``start``), ``score``,
-    ``accepted``, ``env_steps`` (the pod's running sum)."""
+    ``accepted``."""
     pods: dict[str, dict[str, list[Any]]] = {}
     for s in sorted(submissions, key=lambda s: s["decided_at"]):
-        pod = pods.setdefault(
-            str(s["pod_id"]), {"t": [], "score": [], "accepted": [], "env_steps": []}
-        )
+        pod = pods.setdefault(str(s["pod_id"]), {"t": [], "score": [], "accepted": []})
         pod["t"].append(s["decided_at"] - start)
         pod["score"].append(s["score"])
         pod["accepted"].append(bool(s.get("accepted")))
-        pod["env_steps"].append(
-            (pod["env_steps"][-1] if pod["env_steps"] else 0) + int(s.get("env_steps") or 0)
-        )
     return pods
 
 

@@ -233,24 +233,11 @@ class ExperimentSpec(_Model):
     @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:
         # Population pods (services/pod/population_runtime.py) stack their agents' weights:
-        # refused here rather than by every pod at start.
-        size = self.population.agents_per_pod
-        if size == 1:
-            return self
-        from services.pod.algorithms.ppo_config import POPULATION_HYPERPARAMETERS
+        # refused here, by the pods' own torch-free check, rather than by every pod at start.
+        if self.population.agents_per_pod > 1:
+            from services.pod.algorithms.hyperparameters import check_population
 
-        if set(self.algorithms) != {"ppo"}:
-            raise ValueError(
-                f"population.agents_per_pod = {size}: population pods train PPO only, not "
-                f"{', '.join(sorted(set(self.algorithms) - {'ppo'}))}"
-            )
-        shared = sorted(set(self.search_space) - set(POPULATION_HYPERPARAMETERS))
-        if shared:
-            raise ValueError(
-                f"population.agents_per_pod = {size}: search_space {', '.join(map(repr, shared))} "
-                "cannot vary within a population (its agents share one network and rollout "
-                f"shape); it may vary {', '.join(POPULATION_HYPERPARAMETERS)}"
-            )
+            check_population(self.population.agents_per_pod, self.algorithms, self.search_space)
         return self
 
     @field_validator("name")
@@ -264,26 +251,11 @@ class ExperimentSpec(_Model):
     @classmethod
     def _hyperparameter_names(cls, v: SearchSpace, info: ValidationInfo) -> SearchSpace:
         # A name the pods would refuse is refused here (422 at submission), instead of an
-        # experiment whose pods all exit on start. The algorithms share the search space: a
-        # name is valid when at least one of them takes it (each pod applies only its own
-        # algorithm's names). Algorithms whose hyperparameters are not known without torch
-        # (plugins) accept any name.
-        algorithms = list(info.data.get("algorithms") or {})
-        fields = {a: hyperparameter_fields(a) for a in algorithms}
-        if not algorithms or any(f is None for f in fields.values()):
-            return v
-        known: dict[str, set[str]] = {a: f for a, f in fields.items() if f is not None}
-        unknown = sorted(set(v) - set().union(*known.values()))
-        if unknown:
-            if len(known) == 1:
-                [names] = known.values()
-                listing = f"they are: {', '.join(sorted(names))}"
-            else:
-                listing = "; ".join(f"{a}'s: {', '.join(sorted(f))}" for a, f in known.items())
-            raise ValueError(
-                f"{', '.join(map(repr, unknown))} not hyperparameters of "
-                f"{' or '.join(map(repr, known))}; {listing}"
-            )
+        # experiment whose pods all exit on start: the pods' own check, torch-free.
+        from services.pod.algorithms.hyperparameters import check_hyperparameter_names
+
+        if algorithms := list(info.data.get("algorithms") or {}):  # none: they failed
+            check_hyperparameter_names(v, algorithms)
         return v
 
     @field_validator("algorithms")
@@ -294,15 +266,6 @@ class ExperimentSpec(_Model):
         if bad:
             raise ValueError(f"weights must be finite and > 0: {', '.join(bad)}")
         return v
-
-
-def hyperparameter_fields(algorithm: str) -> set[str] | None:
-    """The hyperparameter names ``algorithm`` takes, or None when not known without torch."""
-    # pydantic models only, no torch: the control plane validates names without the pod's deps.
-    from services.pod.algorithms.hyperparameters import hyperparameter_names
-
-    names = hyperparameter_names(algorithm)
-    return None if names is None else set(names)
 
 
 class SpecError(ValueError):

@@ -43,7 +43,7 @@ def json_bytes(obj: Any) -> bytes:
 
 def read_manifest(directory: Path) -> dict[str, Any]:
     """The directory's manifest, parsed and checked in shape (format, names, entries); the
-    files themselves are checked by ``verified_files`` / ``verify_directory``."""
+    files themselves are checked by ``verified_files`` / ``verify_digests``."""
     directory = Path(directory)
     try:
         manifest = json.loads((directory / MANIFEST).read_bytes())
@@ -97,21 +97,17 @@ def verified_files(directory: Path, manifest: dict[str, Any]) -> Iterator[tuple[
         yield name, data
 
 
-def verify_directory(directory: Path) -> dict[str, Any]:
-    """Check every file the manifest lists, hashing in chunks (constant memory, for large
-    exports); returns the manifest."""
+def verify_digests(directory: Path, digests: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    """Check every file the manifest in ``directory`` lists against ``digests`` (name ->
+    (sha256, size)), computed as the files were written, so nothing is read twice; a listed
+    file without a digest is missing. Returns the manifest."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     for name, entry in manifest["files"].items():
-        digest, size = hashlib.sha256(), 0
-        try:
-            with open(directory / name, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except FileNotFoundError as exc:
-            raise _missing(directory, name) from exc
-        if size != entry["bytes"] or digest.hexdigest() != entry["sha256"]:
+        if name not in digests:
+            raise _missing(directory, name)
+        sha256, size = digests[name]
+        if size != entry["bytes"] or sha256 != entry["sha256"]:
             raise _mismatch(directory, name)
     return manifest
 

@@ -84,7 +84,6 @@ def test_best_so_far_from_the_real_submission_log(lb: TestClient, tmp_path: Path
 
     pods = plots.pod_series(subs, start)
     assert pods["p0"]["score"] == [10.0, 20.0, 500.0]
-    assert pods["p0"]["env_steps"] == [1000, 2500, 6500]
     assert pods["p1"]["score"] == [30.0, 15.0] and pods["p1"]["accepted"] == [True, False]
     assert pods["p1"]["t"] == [subs[1]["decided_at"] - start, subs[3]["decided_at"] - start]
 

@@ -485,13 +485,13 @@ class LeaderboardStore:
         return out
 
     async def lineage_events(self, experiment_id: str) -> list[dict[str, str]]:
-        entries = await self.r.xrange(Keys(experiment_id).lineage)
-        return [{_s(a): _s(b) for a, b in fields.items()} for _, fields in entries]
+        return [e for _, e in await self.lineage_page(experiment_id, None, None)]
 
     async def lineage_page(
-        self, experiment_id: str, after: str | None, count: int
+        self, experiment_id: str, after: str | None, count: int | None
     ) -> list[tuple[str, dict[str, str]]]:
-        """Up to ``count`` lineage entries (stream id, fields) after the entry ``after``."""
+        """Up to ``count`` (None: all) lineage entries (stream id, fields) after the entry
+        ``after``."""
         entries = await self.r.xrange(
             Keys(experiment_id).lineage, min=f"({after}" if after else "-", count=count
         )

@@ -458,7 +458,12 @@ class Reconciler:
         return True
 
     def _pod_env(self) -> dict[str, str]:
-        env = {"PODIUM_POD_MODE": self.settings.pod_mode}
+        env = {
+            "PODIUM_POD_MODE": self.settings.pod_mode,
+            # The pod budgets its final report (retries included) inside the grace period
+            # (the PodRequest's grace_s, which the backend enforces).
+            "PODIUM_TERMINATION_GRACE_S": f"{self.settings.termination_grace_s:g}",
+        }
         if self.settings.leaderboard_url:
             env["PODIUM_LEADERBOARD_URL"] = self.settings.leaderboard_url
         token = self.settings.leaderboard_token_value()

@@ -46,7 +46,7 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.logs import configure, get_logger
-from services.spec import ExperimentSpec
+from services.spec import ExperimentSpec, describe_errors
 
 log = get_logger("services.pod")
 S = TypeVar("S", bound=BaseSettings)
@@ -139,9 +139,7 @@ def _settings(args: argparse.Namespace) -> tuple[PodSettings, ExperimentSpec, st
     except json.JSONDecodeError as exc:
         raise BadInputError(f"PODIUM_SPEC is not valid JSON: {exc}") from exc
     except ValidationError as exc:
-        fields = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
-        )
+        fields = "; ".join(line.strip() for line in describe_errors(exc))
         raise BadInputError(f"PODIUM_SPEC is not a valid experiment spec: {fields}") from exc
     return settings, spec, experiment, pod_id
 
@@ -207,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             roles = ProcessRoles(threads, settings.roles_timeout_s)
         else:
             roles = FusedRoles()
-    metrics = PodMetrics(experiment, pod_id)
+    metrics = PodMetrics(experiment, pod_id, spec.evaluation.higher_is_better)
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, settings.pod_dir, pod_id)
     token = settings.api_token.get_secret_value() if settings.api_token else None

@@ -11,7 +11,6 @@ sets it when it is told to stop, so a final report gives up within the grace per
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 
 from services.logs import get_logger
+from services.training_files import sha256_bytes
 
 log = get_logger(__name__)
 
@@ -99,7 +99,7 @@ class LeaderboardClient:
         for name, entry in checkpoint["files"].items():
             url = f"{self.experiment}/candidates/{checkpoint['candidate_id']}/files/{name}"
             data = self._request(f"download {name}", lambda url=url: self.http.get(url)).content
-            if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            if sha256_bytes(data) != entry["sha256"]:
                 raise LeaderboardError(f"download {name}: sha256 does not match the manifest")
             files[name] = data
         return files
@@ -107,7 +107,7 @@ class LeaderboardClient:
     def submit(self, result: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
         """Report a result with its training files; ``result['submission_id']`` is reused by
         every retry, so the updater counts it once."""
-        result = {**result, "files": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
+        result = {**result, "files": {n: sha256_bytes(d) for n, d in files.items()}}
         parts: dict[str, Any] = {"result": (None, json.dumps(result), "application/json")}
         for name, data in files.items():
             parts[name] = (name, data, "application/octet-stream")

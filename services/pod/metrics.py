@@ -19,7 +19,8 @@ log = get_logger(__name__)
 
 
 class PodMetrics:
-    def __init__(self, experiment_id: str, pod_id: str) -> None:
+    def __init__(self, experiment_id: str, pod_id: str, higher_is_better: bool = True) -> None:
+        self.higher_is_better = higher_is_better  # the spec's evaluation: which return is best
         self.registry = CollectorRegistry()
         labels = {"experiment": experiment_id, "pod": pod_id}
 
@@ -54,9 +55,13 @@ class PodMetrics:
             self.env_steps_per_s.set(env_steps / seconds)
             self.updates_per_s.set(updates / seconds)
 
-    def evaluated(self, mean: float) -> None:
+    def evaluated(self, *means: float) -> None:
+        """An evaluation's mean return; a population pod gives its members' at once, and the
+        best of them is the pod's."""
+        best = max if self.higher_is_better else min
+        mean = best(means)
         self.eval_return.set(mean)
-        if self._best is None or mean > self._best:
+        if self._best is None or best(mean, self._best) != self._best:
             self._best = mean
             self.best_eval_return.set(mean)
 

@@ -160,7 +160,6 @@ class OffPolicyRoles:
             "env_steps": self.env_steps,
             "updates": self.updates,
             "update_debt": self.update_debt,
-            "agent_updates": int(getattr(self.agent, "updates", 0)),
         }
 
     def reset(self) -> None:
@@ -195,8 +194,9 @@ class OffPolicyRoles:
             owed = int(self.update_debt)
             self.update_debt -= owed
             for _ in range(owed):
-                stats = agent.update(self.buffer.sample(cfg.batch_size, gen), gen)
-            self.updates += owed
+                # The agents' schedules (policy delay, target updates) count from this number.
+                self.updates += 1
+                stats = agent.update(self.buffer.sample(cfg.batch_size, gen), gen, self.updates)
         return stats
 
     def evaluate(self) -> EvalResult:
@@ -213,9 +213,8 @@ class OffPolicyRoles:
         return mean
 
     def close(self) -> None:
-        for env in (self.env, self.evaluator.env):
-            if hasattr(env, "close"):
-                env.close()
+        self.env.close()
+        self.evaluator.env.close()
 
 
 def build(config: OffPolicyConfig) -> OffPolicyRoles:
@@ -357,7 +356,6 @@ def load_offpolicy_files(directory: Path, roles: OffPolicyRoles) -> None:
         roles.env_steps = int(counters["env_steps"])
         roles.updates = int(counters["updates"])
         roles.update_debt = float(counters["update_debt"])
-        if hasattr(agent, "updates"):
-            agent.updates = int(counters["agent_updates"])
+        # Older files also hold "agent_updates": it always equalled "updates", so it is ignored.
     except (KeyError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{directory}: does not fit this agent: {exc}") from exc

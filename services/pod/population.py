@@ -50,7 +50,8 @@ from services.pod.evaluator import EvalResult
 from services.pod.learner import Learner
 from services.pod.worker import Rollout
 
-#: PPOConfig fields that may differ between the agents of a population.
+#: PPOConfig fields that may differ between the agents of a population (the name this module
+#: and population_runtime.py use for ppo_config.POPULATION_HYPERPARAMETERS).
 HYPERPARAMETERS = POPULATION_HYPERPARAMETERS
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as PPO's optimiser
 _STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")

@@ -42,7 +42,6 @@ the best member's score of each evaluation.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +49,7 @@ import torch
 from typing_extensions import Unpack  # typing.Unpack from Python 3.12
 
 from services.logs import get_logger
+from services.pod.algorithms.hyperparameters import check_population
 from services.pod.algorithms.ppo import PPO
 from services.pod.checkpoint import CheckpointError
 from services.pod.evaluator import EvalResult
@@ -64,10 +64,7 @@ from services.pod.runtime import (
     PodLoop,
     eval_seed,
     fetch_parent,
-    is_ready,
-    parent_is_better,
     pod_config,
-    ready_rule,
 )
 from services.pod.train import TrainConfig
 from services.spec import ExperimentSpec
@@ -79,26 +76,10 @@ UNSUPPORTED_PPO = {"sde_sample_freq": 0, "target_kl": None}
 
 
 def check_population_spec(spec: ExperimentSpec) -> None:
-    """Refuse what a population pod cannot train: an algorithm other than PPO, or search-space
-    names that are not per-agent hyperparameters of ``PopulationPPO``."""
-    size = spec.population.agents_per_pod
-    if set(spec.algorithms) != {"ppo"}:
-        raise HyperparameterError(
-            f"population pods (population.agents_per_pod = {size}) train PPO only; "
-            f"algorithms: {', '.join(sorted(spec.algorithms))}"
-        )
-    check_population_hyperparameters(spec.search_space, size)
-
-
-def check_population_hyperparameters(names: Iterable[str], size: int) -> None:
-    """Refuse names that cannot differ between the agents of one population."""
-    shared = sorted(set(names) - set(HYPERPARAMETERS))
-    if shared:
-        raise HyperparameterError(
-            f"{', '.join(map(repr, shared))} cannot vary within a population: the "
-            f"{size} agents of a pod (population.agents_per_pod) share one network and "
-            f"rollout shape; search_space may vary {', '.join(HYPERPARAMETERS)}"
-        )
+    """Refuse what a population pod cannot train (the spec validator's own check, for a spec
+    that reached the pod unvalidated): an algorithm other than PPO, or search-space names that
+    are not per-agent hyperparameters of ``PopulationPPO``."""
+    check_population(spec.population.agents_per_pod, spec.algorithms, spec.search_space)
 
 
 def member_config(
@@ -146,7 +127,6 @@ class PopulationRuntime(PodLoop):
         check_population_spec(spec)
         super().__init__(experiment_id, pod_id, spec, client, **settings)
         self.size = spec.population.agents_per_pod
-        self.ready_after_reports, self.ready_after_env_steps = ready_rule(spec)
         self.members = [Member(pod_id=f"{pod_id}.m{i}") for i in range(self.size)]
         self.family = OnPolicy()  # PPO's training files, as a PPO pod saves and loads them
         self.population: PopulationPPO | None = None
@@ -191,14 +171,11 @@ class PopulationRuntime(PodLoop):
                 self._place(i, manifest, config, fresh_built=True)
         finally:
             for manifest in manifests:
-                if manifest.get("lease_id"):
-                    self.client.release(manifest["lease_id"])
+                self.release(manifest)
 
     def _member_config(self, manifest: dict[str, Any], seed: int) -> TrainConfig:
-        if manifest["algorithm"] != "ppo":
-            raise HyperparameterError(f"algorithm {manifest['algorithm']!r} is not PPO")
         hyperparameters = dict(manifest["hyperparameters"])
-        check_population_hyperparameters(hyperparameters, self.size)
+        check_population(self.size, [manifest["algorithm"]], hyperparameters)
         return member_config(self.spec, hyperparameters, seed, self.device, self.threads)
 
     def _place(
@@ -272,10 +249,7 @@ class PopulationRuntime(PodLoop):
         for i in due:
             if not math.isfinite(results[i].mean):
                 raise RuntimeError(f"member {i}: non-finite evaluation mean ({results[i].mean})")
-        scores = [results[i].mean for i in due]
-        self.metrics.evaluated(
-            max(scores) if self.spec.evaluation.higher_is_better else min(scores)
-        )
+        self.metrics.evaluated(*(results[i].mean for i in due))
         for i in due:
             self._submit(i, results[i], final)
 
@@ -302,37 +276,32 @@ class PopulationRuntime(PodLoop):
         member.unreported_steps = 0
 
     def maybe_exploit(self) -> None:
-        """Per ready member: ask the generator; replace the member by its parent when that
-        one scored better (PBT's exploit, with the explored hyperparameters)."""
+        """Per member: replace it by the generator's parent when that one scored better (PBT's
+        exploit, with the explored hyperparameters)."""
         pop = self.population
         assert pop is not None
-        higher = self.spec.evaluation.higher_is_better
         for i, member in enumerate(self.members):
             if self.stopping:
                 return
-            if not is_ready(
-                member, pop.env_steps, self.ready_after_reports, self.ready_after_env_steps
-            ):
-                continue  # the best there is, or not trained long enough to be judged
-            manifest = self.client.generate(member.pod_id, algorithm="ppo", score=member.score)
-            better = parent_is_better(manifest, member, higher)
+            manifest = self.better_parent(member, member.pod_id, pop.env_steps)
+            if manifest is None:
+                continue
             try:
-                if better:
-                    try:
-                        config = self._member_config(manifest, self._next_seed())
-                    except HyperparameterError as exc:  # e.g. a parent from another kind of pod
-                        log.warning("parent does not fit the population", error=str(exc))
-                        continue
-                    log.info(
-                        "member restarting from a better parent",
-                        member=i,
-                        parent=manifest.get("parent_id"),
-                        own_score=member.score,
-                    )
-                    self._place(i, manifest, config)
+                config = self._member_config(manifest, self._next_seed())
+            except HyperparameterError as exc:  # e.g. a parent from another kind of pod
+                log.warning("parent does not fit the population", error=str(exc))
+                self.release(manifest)
+                continue
+            log.info(
+                "member restarting from a better parent",
+                member=i,
+                parent=manifest.get("parent_id"),
+                own_score=member.score,
+            )
+            try:
+                self._place(i, manifest, config)
             finally:
-                if manifest.get("lease_id"):
-                    self.client.release(manifest["lease_id"])
+                self.release(manifest)
 
     def close(self) -> None:
         if self.population is not None:

@@ -36,15 +36,19 @@ import torch
 from pydantic import ValidationError
 from typing_extensions import Unpack  # typing.Unpack from Python 3.12
 
+from services.leaderboard.generator import PBTGenerator
 from services.logs import get_logger
 from services.pod import offpolicy
-from services.pod.algorithms.hyperparameters import HYPERPARAMETER_MODELS, hyperparameter_names
+from services.pod.algorithms.hyperparameters import (  # torch-free, shared with services/spec.py
+    HyperparameterError,
+    check_hyperparameter_names,
+    hyperparameter_names,
+)
 from services.pod.algorithms.offpolicy_config import AGENT_CONFIGS, OFF_POLICY_ALGORITHMS
 from services.pod.checkpoint import (
     MANIFEST,
     CheckpointError,
     load_training_files,
-    read_files,
     save_training_files,
     write_files,
 )
@@ -55,39 +59,13 @@ from services.pod.metrics import PodMetrics
 from services.pod.offpolicy import OffPolicyConfig, OffPolicyRoles
 from services.pod.train import RunConfig, TrainConfig, build, preset
 from services.pod.worker import Worker
-from services.spec import ExperimentSpec
+from services.spec import ExperimentSpec, describe_errors
 
 log = get_logger(__name__)
 
 # Pods train open-ended rounds and the generator tunes the learning rate (PBT), so PPO's LR is
 # not annealed toward a budget unless the hyperparameters ask for it.
 POD_DEFAULTS: dict[str, Any] = {"anneal_lr": False}
-
-
-class HyperparameterError(ValueError):
-    """Hyperparameters or an algorithm a pod cannot train: a name the algorithm does not have,
-    an invalid value, an algorithm no pod trains or that the env's action space does not fit."""
-
-
-def check_hyperparameter_names(
-    names: Iterable[str], algorithms: Iterable[str] | None = None
-) -> None:
-    """Refuse names that none of ``algorithms`` takes (default: any algorithm a pod trains).
-
-    An experiment's search space is shared by its algorithms, so a name is valid when at least
-    one of them has it; each pod applies only its own algorithm's names.
-    """
-    fields = {a: hyperparameter_names(a) for a in algorithms or HYPERPARAMETER_MODELS}
-    known = {a: f for a, f in fields.items() if f is not None}
-    if not known:
-        return  # no algorithm a pod trains: ``start`` refuses the algorithm itself
-    unknown = sorted(set(names) - set().union(*known.values()))
-    if unknown:
-        listing = "; ".join(f"{a}: {', '.join(sorted(f))}" for a, f in sorted(known.items()))
-        raise HyperparameterError(
-            f"unknown hyperparameter(s) {', '.join(map(repr, unknown))}; hyperparameters are "
-            f"the fields of the algorithms' configs ({listing})"
-        )
 
 
 class Trainee(Protocol):
@@ -300,9 +278,7 @@ def pod_config(
             }
         )
     except ValidationError as exc:
-        fields = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
+        fields = "; ".join(line.strip() for line in describe_errors(exc))
         raise HyperparameterError(f"invalid hyperparameters: {fields}") from exc
 
 
@@ -356,26 +332,17 @@ class Agent:
             self.parent_id, self.generation = self.candidate_id, self.generation + 1
 
 
-#: PBT's "ready" (the generator's ``ready_reports`` / ``ready_env_steps`` options): an agent is
-#: judged, and may be replaced by a better parent, only after this many reports and env steps
-#: since it was built. Judged earlier, scores are evaluation noise: with 2,048-step rounds (one
-#: Pendulum update) and no such rule, bench/tournament_quality.py saw whole populations copy
-#: each other in circles around -1,000 while independent pods solved the task.
-READY_AFTER_REPORTS = 2
-READY_AFTER_ENV_STEPS = 32_768
-
-
-def ready_rule(
-    spec: ExperimentSpec,
-    reports: int = READY_AFTER_REPORTS,
-    env_steps: int = READY_AFTER_ENV_STEPS,
-) -> tuple[int, int]:
-    """The reports and env steps an agent needs before it is judged: the generator's
-    ``ready_reports`` / ``ready_env_steps`` options, else the defaults given."""
-    options = spec.generator.options
+def ready_rule(spec: ExperimentSpec) -> tuple[int, int]:
+    """PBT's "ready": the reports and env steps an agent needs since it was built before it is
+    judged, and may be replaced by a better parent: the generator's ``ready_reports`` /
+    ``ready_env_steps`` options, else their defaults (PBTGenerator.Options, the one place
+    they are stated). Judged earlier, scores are evaluation noise: with 2,048-step rounds (one
+    Pendulum update) and no such rule, bench/tournament_quality.py saw whole populations copy
+    each other in circles around -1,000 while independent pods solved the task."""
+    options, defaults = spec.generator.options, PBTGenerator.Options.model_fields
     return (
-        int(options.get("ready_reports", reports)),
-        int(options.get("ready_env_steps", env_steps)),
+        int(options.get("ready_reports", defaults["ready_reports"].default)),
+        int(options.get("ready_env_steps", defaults["ready_env_steps"].default)),
     )
 
 
@@ -411,8 +378,11 @@ def fetch_parent(client: LeaderboardClient, directory: Path, checkpoint: dict[st
     except ValueError as exc:
         raise CheckpointError(f"the parent's {MANIFEST} is not JSON: {exc}") from exc
     meta = {k: v for k, v in original.items() if k not in ("files", "format")}
-    write_files(directory, files, meta)
-    if read_files(directory).manifest["files"] != original.get("files"):
+    # The bytes are in memory and ``download`` checked them: compare the manifest with what
+    # was written (its own manifest's entries) rather than read and hash them all again.
+    digests = write_files(directory, files, meta)
+    written = {name: {"sha256": digests[name], "bytes": len(data)} for name, data in files.items()}
+    if written != original.get("files"):
         raise CheckpointError("the parent's files do not match its manifest")
     return directory
 
@@ -447,8 +417,11 @@ class PodLoop:
         self.experiment_id, self.pod_id, self.spec = experiment_id, pod_id, spec
         self.client = client
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"podium-{pod_id}-"))
-        self.metrics = metrics or PodMetrics(experiment_id, pod_id)
+        self.metrics = metrics or PodMetrics(
+            experiment_id, pod_id, spec.evaluation.higher_is_better
+        )
         self.device, self.threads, self.grace_s = device, threads, grace_s
+        self.ready_after_reports, self.ready_after_env_steps = ready_rule(spec)
         self.seed = zlib.crc32(pod_id.encode()) % (2**31)
         self.stopping = False
         self.rounds = 0
@@ -487,6 +460,23 @@ class PodLoop:
     def finish(self) -> None:
         """The final report, once stopped."""
         raise NotImplementedError
+
+    def release(self, manifest: dict[str, Any]) -> None:
+        """Let go of the parent's files the manifest leased, if it leased any."""
+        if manifest.get("lease_id"):
+            self.client.release(manifest["lease_id"])
+
+    def better_parent(self, agent: Agent, pod_id: str, env_steps: int) -> dict[str, Any] | None:
+        """PBT's exploit for ``agent`` (``env_steps``: its learner's count): once it is ready,
+        ask the generator; its manifest when it proposes a parent that scored better (whose
+        lease the caller releases once it is loaded), else None (the lease released)."""
+        if not is_ready(agent, env_steps, self.ready_after_reports, self.ready_after_env_steps):
+            return None  # the best there is, or not trained long enough to be judged
+        manifest = self.client.generate(pod_id, algorithm=agent.algorithm, score=agent.score)
+        if parent_is_better(manifest, agent, self.spec.evaluation.higher_is_better):
+            return manifest
+        self.release(manifest)
+        return None
 
     def train_for_round(self, trainee: Trainee, step: Any) -> tuple[int, int, float]:
         """Call ``step`` until ``trainee`` has trained a round (``spec.round``) or the pod
@@ -551,11 +541,6 @@ class PodLoop:
 class PodRuntime(PodLoop):
     """A pod training one agent at a time (see the module's docstring)."""
 
-    #: PBT's "ready" defaults (``READY_AFTER_REPORTS``, ``READY_AFTER_ENV_STEPS``); the
-    #: generator's ``ready_reports`` / ``ready_env_steps`` options override them.
-    ready_after_reports = READY_AFTER_REPORTS
-    ready_after_env_steps = READY_AFTER_ENV_STEPS
-
     def __init__(
         self,
         experiment_id: str,
@@ -567,9 +552,6 @@ class PodRuntime(PodLoop):
     ) -> None:
         super().__init__(experiment_id, pod_id, spec, client, **settings)
         self.roles = roles
-        self.ready_after_reports, self.ready_after_env_steps = ready_rule(
-            spec, self.ready_after_reports, self.ready_after_env_steps
-        )
         self.agent = Agent()
         self.family: Family = OnPolicy()
         self.config: RunConfig | None = None
@@ -611,8 +593,7 @@ class PodRuntime(PodLoop):
                     log.warning("parent does not fit; starting fresh", error=str(exc))
                     learner = self.build_agent(config)
         finally:
-            if manifest.get("lease_id"):
-                self.client.release(manifest["lease_id"])
+            self.release(manifest)
         self.roles.publish("worker")
         self.family, self.config = family, config
         self.agent = Agent(
@@ -668,19 +649,11 @@ class PodRuntime(PodLoop):
         self.unreported_steps = 0
 
     def maybe_exploit(self) -> None:
-        """Ask the generator; restart from its parent when that one scored better."""
+        """Restart from the generator's parent when that one scored better."""
         learner = self.roles.learner
         assert learner is not None
-        if not is_ready(
-            self.agent, learner.env_steps, self.ready_after_reports, self.ready_after_env_steps
-        ):
-            return  # the best there is, or not trained long enough to be judged
-        manifest = self.client.generate(
-            self.pod_id, algorithm=self.agent.algorithm, score=self.agent.score
-        )
-        if not parent_is_better(manifest, self.agent, self.spec.evaluation.higher_is_better):
-            if manifest.get("lease_id"):
-                self.client.release(manifest["lease_id"])
+        manifest = self.better_parent(self.agent, self.pod_id, learner.env_steps)
+        if manifest is None:
             return
         log.info(
             "restarting from a better parent",

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 from fastapi.testclient import TestClient
 from kubernetes import client as k8s
+from pydantic import ValidationError
 
 from services.orchestrator.app import create_app
 from services.orchestrator.backends.base import PodRequest
@@ -67,10 +68,8 @@ def backend(
     be.close()
 
 
-def request(exp: str = "e1", pod: str = "p1", gpus: int = 0, mode: str | None = None) -> PodRequest:
+def request(exp: str = "e1", pod: str = "p1", gpus: int = 0) -> PodRequest:
     env = {"PODIUM_LEADERBOARD_URL": "http://lb:8000", "PODIUM_API_TOKEN": "s3cret"}
-    if mode is not None:
-        env["PODIUM_POD_MODE"] = mode
     return PodRequest(
         experiment_id=exp,
         pod_id=pod,
@@ -123,8 +122,10 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
 
 def test_processes_mode_runs_each_role_in_its_own_container(
     k8s_settings: OrchestratorSettings,
+    make_settings: Callable[..., OrchestratorSettings],
 ) -> None:
-    m = pod_manifest(k8s_settings, NS, request(mode="processes"), owner_uid="u")
+    settings = k8s_settings.model_copy(update={"pod_mode": "processes"})
+    m = pod_manifest(settings, NS, request(), owner_uid="u")
     validate(m)
     containers = {c["name"]: c for c in m["spec"]["containers"]}
     assert list(containers) == ["worker", "learner", "evaluator"]
@@ -145,9 +146,9 @@ def test_processes_mode_runs_each_role_in_its_own_container(
     # With GPUs the worker and the evaluator need the device too: only a shared DRA claim can
     # give it to them, so without one the pod is refused with the reason.
     with pytest.raises(ValueError, match="processes with GPUs needs PODIUM_K8S_GPU_CLAIM"):
-        pod_manifest(k8s_settings, NS, request(gpus=1, mode="processes"), owner_uid="u")
-    k8s_settings.k8s_gpu_claim_template = "single-gpu"
-    m = pod_manifest(k8s_settings, NS, request(gpus=1, mode="processes"), owner_uid="u")
+        pod_manifest(settings, NS, request(gpus=1), owner_uid="u")
+    settings.k8s_gpu_claim_template = "single-gpu"
+    m = pod_manifest(settings, NS, request(gpus=1), owner_uid="u")
     validate(m)
     assert m["spec"]["resourceClaims"] == [
         {"name": "gpu", "resourceClaimTemplateName": "single-gpu"}
@@ -155,8 +156,9 @@ def test_processes_mode_runs_each_role_in_its_own_container(
     for c in m["spec"]["containers"]:
         assert c["resources"]["claims"] == [{"name": "gpu"}]
         assert "nvidia.com/gpu" not in c["resources"]["limits"]
-    with pytest.raises(ValueError, match="PODIUM_POD_MODE must be one of fused, processes"):
-        pod_manifest(k8s_settings, NS, request(mode="threads"), owner_uid="u")
+    # An unknown mode never reaches a manifest: the orchestrator's settings refuse it.
+    with pytest.raises(ValidationError, match="'fused' or 'processes'"):
+        make_settings(backend="kubernetes", pod_mode="threads")
 
 
 def test_scheduling_settings_dra_and_token_secret(
@@ -224,8 +226,15 @@ def test_create_list_watch_terminate(
 def test_pods_that_can_never_start_are_failed_and_unschedulable_ones_say_why(
     backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
 ) -> None:
-    fc, _ = cluster
-    backend.create_pod(request("e2", "p1", mode="processes"))
+    fc, srv = cluster
+    # p1 runs its roles as processes (three containers), p2 fused: the mode is the
+    # orchestrator's, so p1 comes from a second backend configured so.
+    processes = KubernetesBackend(
+        backend.settings.model_copy(update={"pod_mode": "processes"}),
+        api_client=api_client(srv.url),
+    )
+    processes.create_pod(request("e2", "p1"))
+    processes.close()
     backend.create_pod(request("e2", "p2"))
     wait_for(lambda: len(backend.list_pods()) == 2)
     fc.wait_container(NS, "podium-e2-p1", "worker", "ImagePullBackOff", "no such image")

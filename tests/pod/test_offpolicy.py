@@ -143,7 +143,8 @@ def test_training_files_round_trip_bit_exact(tmp_path, algorithm):
     assert torch.equal(restored.generator.get_state(), trained.generator.get_state())
     # The same next update from both: optimiser state and sampling resume exactly.
     for roles in (trained, restored):
-        roles.agent.update(roles.buffer.sample(16, roles.generator), roles.generator)
+        batch = roles.buffer.sample(16, roles.generator)
+        roles.agent.update(batch, roles.generator, roles.updates + 1)
     for (name, a), (_, b) in zip(
         trained.agent.state_dict().items(), restored.agent.state_dict().items(), strict=True
     ):

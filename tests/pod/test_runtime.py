@@ -21,12 +21,12 @@ import safetensors.torch
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.leaderboard.generator import PBTGenerator
 from services.pod.checkpoint import load_training_files, read_files, write_files
 from services.pod.evaluator import EvalResult
 from services.pod.runtime import (
     Agent,
     HyperparameterError,
-    PodRuntime,
     check_hyperparameter_names,
     is_ready,
     pod_config,
@@ -67,7 +67,11 @@ def test_ready_rule_and_lineage_bookkeeping() -> None:
     """What both pod runtimes share: when PBT judges an agent, and how a report's answer
     moves its lineage on (only an accepted submission becomes the next parent)."""
     spec = ExperimentSpec.model_validate(make_spec())
-    assert ready_rule(spec) == (PodRuntime.ready_after_reports, PodRuntime.ready_after_env_steps)
+    defaults = PBTGenerator.Options.model_fields  # the one statement of the defaults
+    assert ready_rule(spec) == (
+        defaults["ready_reports"].default,
+        defaults["ready_env_steps"].default,
+    )
     tuned = make_spec(generator={"strategy": "pbt", "options": {"ready_reports": 1}})
     assert ready_rule(ExperimentSpec.model_validate(tuned)) == (1, 32_768)
 

@@ -1,6 +1,6 @@
 """Kubernetes backend: a training pod is a Pod running the pod image.
 
-- The pod's mode (``PODIUM_POD_MODE`` in the pod's environment) picks its containers:
+- The orchestrator's ``pod_mode`` (told to the pod as ``PODIUM_POD_MODE``) picks its containers:
   ``fused`` (the default, and the faster, see docs/benchmarks.md) is one container ``pod``
   running ``--role all`` with all of the pod's resources; ``processes`` is three containers,
   ``worker``, ``learner`` and ``evaluator``, each running its role (``--role ROLE``), which
@@ -63,7 +63,6 @@ NEVER_STARTS = frozenset(
 
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
 RESOURCES_ANNOTATION = "podium.dev/resources"
-POD_MODES = ("fused", "processes")
 ROLES = ("worker", "learner", "evaluator")
 #: Share of the pod's CPU and memory each container requests in the processes mode: the
 #: worker steps the envs, the learner and the evaluator wait for it half of the time.
@@ -130,8 +129,6 @@ def pod_manifest(
         {"name": "PODIUM_POD_ID", "value": req.pod_id},
         {"name": "PODIUM_SPEC", "value": req.spec_json},
         {"name": "PODIUM_GPUS", "value": str(r.gpus)},
-        # The pod budgets its final report (retries included) inside the grace period.
-        {"name": "PODIUM_TERMINATION_GRACE_S", "value": f"{req.grace_s:g}"},
     ]
     for k, v in sorted(req.env.items()):
         if k != "PODIUM_API_TOKEN" or settings.k8s_token_secret is None:
@@ -143,9 +140,7 @@ def pod_manifest(
                 "valueFrom": {"secretKeyRef": {"name": settings.k8s_token_secret, "key": "token"}},
             }
         )
-    mode = req.env.get("PODIUM_POD_MODE", "fused")
-    if mode not in POD_MODES:
-        raise ValueError(f"PODIUM_POD_MODE must be one of {', '.join(POD_MODES)}, not {mode!r}")
+    mode = settings.pod_mode  # the reconciler tells the pod the same (PODIUM_POD_MODE)
     claim = bool(r.gpus and settings.k8s_gpu_claim_template)
     if mode == "processes" and r.gpus and not claim:
         raise ValueError(

@@ -142,8 +142,6 @@ class LocalBackend(Backend):
             "PODIUM_POD_DIR": str(d),
             "PODIUM_CPU": f"{req.resources.cpu:g}",
             "PODIUM_GPUS": str(req.resources.gpus),
-            # The pod budgets its final report (retries included) inside the grace period.
-            "PODIUM_TERMINATION_GRACE_S": f"{req.grace_s:g}",
             # Each pod sees only its own GPUs (none for a CPU pod).
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         }

@@ -82,6 +82,10 @@ class QCritic(nn.Module):
         x = torch.cat((obs, action), dim=-1)
         return torch.stack([q(x).squeeze(-1) for q in self.qs])
 
+    def q1(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Q_1(s, a) alone, (B,): the actor's objective needs no other head."""
+        return self.qs[0](torch.cat((obs, action), dim=-1)).squeeze(-1)
+
 
 def frozen_copy(module: nn.Module) -> nn.Module:
     """A target network: same weights, no gradients."""
@@ -104,7 +108,7 @@ class DDPG(nn.Module):
     name = "ddpg"
     config_class = DDPGConfig
     discrete = False
-    n_critics = 1  # TD3 is this agent with two (and its own target and update)
+    n_critics = 1  # TD3 is this agent with two, a smoothed target action and a policy delay
 
     def __init__(
         self, obs_space: gym.spaces.Box, action_space: gym.Space, config: DDPGConfig
@@ -121,18 +125,21 @@ class DDPG(nn.Module):
         )
         self.actor_target = frozen_copy(actor)
         self.critic_target = frozen_copy(self.critic)
-        self.optimizer = torch.optim.Adam(self.trainable(), lr=config.learning_rate, fused=True)
-        self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
-        self._online = [*actor.parameters(), *self.critic.parameters()]
         self._actor_params = list(actor.parameters())
         self._critic_params = list(self.critic.parameters())
+        # In the targets' order, so one fused lerp updates every target.
+        self._online = [*self._actor_params, *self._critic_params]
+        self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self.optimizer = torch.optim.Adam(self._online, lr=config.learning_rate, fused=True)
 
     @property
     def actor(self) -> DeterministicActor:
         return self.policy.actor
 
-    def trainable(self) -> list[nn.Parameter]:
-        return [*self.actor.parameters(), *self.critic.parameters()]
+    @property
+    def policy_delay(self) -> int:
+        """Critic updates per actor (and target) update: DDPG updates both every time."""
+        return 1
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
@@ -152,20 +159,35 @@ class DDPG(nn.Module):
 
     # -- learning ------------------------------------------------------------------------
     @torch.no_grad()
+    def next_action(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        """a' = μ'(s'), the target policy's action the TD target bootstraps from."""
+        return self.actor_target(batch.next_obs)
+
+    @torch.no_grad()
     def td_target(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
-        """y = r + γ (1 − terminated) Q'(s', μ'(s')): a truncated transition is bootstrapped."""
-        q_next = self.critic_target(batch.next_obs, self.actor_target(batch.next_obs))[0]
+        """y = r + γ (1 − terminated) min_i Q'_i(s', a'): a truncated transition is
+        bootstrapped (with one critic the min is Q' itself)."""
+        q_next = self.critic_target(batch.next_obs, self.next_action(batch, generator)).amin(0)
         return batch.reward + self.config.gamma * (1 - batch.terminated) * q_next
 
-    def update(self, batch: Batch, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def update(
+        self, batch: Batch, generator: torch.Generator, step: int
+    ) -> dict[str, torch.Tensor]:
+        """Update number ``step`` (1-based, counted by the caller): the critics every time,
+        the actor and the targets every ``policy_delay``-th."""
         y = self.td_target(batch, generator)
-        critic_loss = (self.critic(batch.obs, batch.action)[0] - y).square().mean()
-        actor_loss = -self.critic(batch.obs, self.actor(batch.obs))[0].mean()
+        critic_loss = (self.critic(batch.obs, batch.action) - y).square().mean(1).sum()
         self.optimizer.zero_grad(set_to_none=True)
-        # Each loss only moves its own network: the actor's gradient flows through Q but
-        # must not train it.
         critic_loss.backward(inputs=self._critic_params)
-        actor_loss.backward(inputs=self._actor_params)
-        self.optimizer.step()
-        polyak_(self._targets, self._online, self.config.tau)
-        return {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach()}
+        stats = {"critic_loss": critic_loss.detach()}
+        delayed = step % self.policy_delay == 0
+        if delayed:
+            # Q_1 of the critics before this step, as in TD3's simultaneous form;
+            # backward(inputs=...) keeps the actor's gradient out of the critics.
+            actor_loss = -self.critic.q1(batch.obs, self.actor(batch.obs)).mean()
+            actor_loss.backward(inputs=self._actor_params)
+            stats["actor_loss"] = actor_loss.detach()
+        self.optimizer.step()  # skips parameters without a gradient (the actor, between delays)
+        if delayed:
+            polyak_(self._targets, self._online, self.config.tau)
+        return stats

@@ -73,7 +73,6 @@ class DQN(nn.Module):
         self._params = list(q.parameters())
         self._targets = list(self.q_target.parameters())
         self.optimizer = torch.optim.Adam(self._params, lr=config.learning_rate, fused=True)
-        self.updates = 0
 
     @property
     def q(self) -> QNetwork:
@@ -114,7 +113,11 @@ class DQN(nn.Module):
             v_next = q_next.amax(-1)
         return batch.reward + self.config.gamma * (1 - batch.terminated) * v_next
 
-    def update(self, batch: Batch, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def update(
+        self, batch: Batch, generator: torch.Generator, step: int
+    ) -> dict[str, torch.Tensor]:
+        """Update number ``step`` (1-based, counted by the caller); the targets move every
+        ``target_update_every``-th."""
         cfg = self.config
         y = self.td_target(batch)
         q = self.q(batch.obs).gather(-1, batch.action.unsqueeze(-1)).squeeze(-1)
@@ -124,7 +127,6 @@ class DQN(nn.Module):
         if cfg.max_grad_norm is not None:
             nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
         self.optimizer.step()
-        self.updates += 1
-        if self.updates % cfg.target_update_every == 0:
+        if step % cfg.target_update_every == 0:
             polyak_(self._targets, self._params, cfg.tau)
         return {"loss": loss.detach()}

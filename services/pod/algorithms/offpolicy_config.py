@@ -31,14 +31,20 @@ class ReplayLoopConfig(BaseModel):
     )
 
 
-class DDPGConfig(BaseModel):
+class _AgentConfig(BaseModel):
+    """What every off-policy agent has; a subclass re-declares a field whose default differs."""
+
     model_config = ConfigDict(extra="forbid")
 
     learning_rate: float = Field(1e-3, gt=0)
-    gamma: float = Field(0.98, gt=0, le=1)
+    gamma: float = Field(0.99, gt=0, le=1)
     tau: float = Field(0.005, gt=0, le=1, description="Soft target update rate.")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
     activation: Activation = "relu"
+
+
+class DDPGConfig(_AgentConfig):
+    gamma: float = Field(0.98, gt=0, le=1)
     exploration_noise: float = Field(0.1, ge=0, description="Std of the Gaussian action noise.")
 
 
@@ -48,30 +54,17 @@ class TD3Config(DDPGConfig):
     policy_delay: int = Field(2, ge=1, description="Critic updates per actor update.")
 
 
-class SACConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    learning_rate: float = Field(1e-3, gt=0)
-    gamma: float = Field(0.99, gt=0, le=1)
-    tau: float = Field(0.005, gt=0, le=1, description="Soft target update rate.")
-    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
-    activation: Activation = "relu"
+class SACConfig(_AgentConfig):
     init_alpha: float = Field(1.0, gt=0, description="Initial entropy temperature.")
     autotune_alpha: bool = Field(True, description="Learn α towards the target entropy.")
     target_entropy: float | None = Field(None, description="Default: −dim(action).")
 
 
-class DQNConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DQNConfig(_AgentConfig):
     double: bool = Field(False, description="Double DQN: the online net picks a' for the target.")
     dueling: bool = Field(False, description="Dueling heads: Q = V + A − mean(A).")
-    learning_rate: float = Field(1e-3, gt=0)
-    gamma: float = Field(0.99, gt=0, le=1)
     tau: float = Field(0.05, gt=0, le=1, description="Soft target update rate (1 = hard copy).")
     target_update_every: int = Field(1, ge=1, description="Gradient steps between target updates.")
-    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 256], min_length=1)
-    activation: Activation = "relu"
     epsilon_start: float = Field(1.0, ge=0, le=1)
     epsilon_end: float = Field(0.05, ge=0, le=1)
     exploration_steps: int = Field(10_000, ge=1, description="Env steps over which ε decays.")

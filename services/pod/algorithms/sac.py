@@ -51,12 +51,17 @@ class SquashedGaussianActor(BoundedActor):
         self.act_dim = int(np.prod(space.shape))
         self.net = mlp(obs_dim, hidden, 2 * self.act_dim, activation, out_gain=0.01)
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
-        """(a, log π(a|s)) of a reparameterised sample a = tanh(μ + σ ε)."""
+    def sample(
+        self, obs: torch.Tensor, generator: torch.Generator | None = None, with_logp: bool = True
+    ):
+        """(a, log π(a|s)) of a reparameterised sample a = tanh(μ + σ ε); the log-prob is
+        None when ``with_logp`` is False (acting needs only a, once per env step)."""
         mean, log_std = self.net(obs).chunk(2, dim=-1)
         log_std = log_std.clamp(self.log_std_min, self.log_std_max)
         eps = torch.randn(mean.shape, generator=generator, device=obs.device)
         u = mean + eps * log_std.exp()
+        if not with_logp:
+            return torch.tanh(u), None
         # log N(u) − log|d tanh(u)/du|, with log(1 − tanh²u) = 2 (log 2 − u − softplus(−2u)).
         logp = -0.5 * eps.square() - log_std - _LOG_SQRT_2PI
         logp = logp - 2 * (_LOG_2 - u - F.softplus(-2 * u))
@@ -110,7 +115,7 @@ class SAC(nn.Module):
 
     @torch.no_grad()
     def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
-        return self.actor.sample(obs, generator)[0]
+        return self.actor.sample(obs, generator, with_logp=False)[0]
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         return self.actor.to_env(action)
@@ -126,7 +131,10 @@ class SAC(nn.Module):
         soft_value = q_next - alpha * next_logp
         return batch.reward + self.config.gamma * (1 - batch.terminated) * soft_value
 
-    def update(self, batch: Batch, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def update(
+        self, batch: Batch, generator: torch.Generator, step: int
+    ) -> dict[str, torch.Tensor]:
+        """One update of critics, actor and α; ``step`` (the update's number) is unused."""
         cfg = self.config
         alpha = self.log_alpha.detach().exp()
         y = self.td_target(batch, generator, alpha)
@@ -134,12 +142,15 @@ class SAC(nn.Module):
 
         action, logp = self.actor.sample(batch.obs, generator)
         actor_loss = (alpha * logp - self.critic(batch.obs, action).amin(0)).mean()
-        alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+        policy_loss = actor_loss
+        if cfg.autotune_alpha:  # a fixed α has no loss (and no gradient) to take
+            alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+            policy_loss = actor_loss + alpha_loss
 
         self.optimizer.zero_grad(set_to_none=True)
         critic_loss.backward(inputs=self._critic_params)
         # The actor's gradient flows through the critics but must not train them.
-        (actor_loss + alpha_loss).backward(inputs=self._actor_params)
+        policy_loss.backward(inputs=self._actor_params)
         self.optimizer.step()
         polyak_(self._targets, self._critic_params, cfg.tau)
         return {
