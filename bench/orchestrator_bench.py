@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 
 from services import redis_client  # noqa: E402
+from services.contracts.spec import ExperimentSpec  # noqa: E402
 from services.orchestrator.backends.base import PodRequest  # noqa: E402
 from services.orchestrator.backends.local import LocalBackend  # noqa: E402
 from services.orchestrator.leaderboard_client import NoLeaderboard  # noqa: E402
@@ -38,7 +39,6 @@ from services.orchestrator.reconciler import Reconciler  # noqa: E402
 from services.orchestrator.scheduler import Res  # noqa: E402
 from services.orchestrator.settings import OrchestratorSettings  # noqa: E402
 from services.orchestrator.store import Store  # noqa: E402
-from services.spec import ExperimentSpec  # noqa: E402
 
 # A pod that sleeps and exits on SIGTERM: process start-up is what the benchmark should see.
 SLEEPER = [

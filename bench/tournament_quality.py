@@ -183,9 +183,9 @@ def run_round_robin(
     for interpreters starting."""
     import torch
 
+    from services.contracts.spec import ExperimentSpec
     from services.pod.leaderboard_client import LeaderboardClient
     from services.pod.runtime import FusedRoles, PodRuntime
-    from services.spec import ExperimentSpec
 
     torch.set_num_threads(1)
     model = ExperimentSpec.model_validate(spec)

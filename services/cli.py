@@ -39,7 +39,7 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def describe_validation(exc: ValidationError) -> str:
-    from services.spec import describe_errors
+    from services.contracts.spec import describe_errors
 
     return "invalid configuration:\n" + "\n".join(describe_errors(exc))
 
@@ -245,7 +245,7 @@ def _shield_signals() -> None:
 def _read_spec(path: Path) -> dict[str, Any]:
     """The spec file as a mapping (validated by the orchestrator, which may know more plugins
     than this machine)."""
-    from services.spec import SpecError, read_spec_mapping
+    from services.contracts.spec import SpecError, read_spec_mapping
 
     try:
         return read_spec_mapping(path)
@@ -582,8 +582,8 @@ def run(
     leaderboard, save plots under OUT and export the best agent into OUT/best."""
     from services import logs
     from services.client import EXIT_NOT_REACHED, EXIT_TIMEOUT, TERMINAL, reached
+    from services.contracts.spec import SpecError, load_spec
     from services.platform import Platform, PlatformError
-    from services.spec import SpecError, load_spec
 
     try:
         spec = load_spec(spec_file)

@@ -23,8 +23,7 @@ from typing import Any
 
 import httpx
 
-from services.platform import DEFAULT_LEADERBOARD_PORT, DEFAULT_ORCHESTRATOR_PORT, read_session
-from services.training_files import (
+from services.contracts.training_files import (
     FILE_NAME_RE,
     MANIFEST,
     CheckpointError,
@@ -32,6 +31,7 @@ from services.training_files import (
     temp_dir_beside,
     verify_digests,
 )
+from services.platform import DEFAULT_LEADERBOARD_PORT, DEFAULT_ORCHESTRATOR_PORT, read_session
 
 # Exit codes of the CLI (documented in docs/tournaments.md).
 EXIT_OK = 0
@@ -295,8 +295,8 @@ class PodiumClient:
 
         Each file is hashed while it streams and checked against the sha256 the leaderboard
         lists; a ``manifest.json`` among them (Podium training files) is checked too
-        (services/training_files.py): every file it lists present, with the size and sha256
-        measured while streaming (no second read), no name outside the directory. The files
+        (services/contracts/training_files.py): every file it lists present, with the size and
+        sha256 measured while streaming (no second read), no name outside the directory. The files
         land in a temp directory beside ``out`` that is renamed into place only when every
         check passed, so ``out`` is never a half-written agent. Returns the candidate.
         """

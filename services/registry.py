@@ -33,7 +33,12 @@ def names(group: str) -> list[str]:
 
 
 def load(group: str, name: str, kind: str | None = None) -> Any:
+    return entry_point(group, name, kind).load()
+
+
+def entry_point(group: str, name: str, kind: str | None = None) -> EntryPoint:
+    """The entry point registered as ``name``, not loaded: its ``value`` says what it names."""
     eps = _entry_points(group)
     if name not in eps:
         raise UnknownNameError(kind or group.rsplit(".", 1)[-1].rstrip("s"), name, sorted(eps))
-    return eps[name].load()
+    return eps[name]

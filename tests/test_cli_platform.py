@@ -487,8 +487,8 @@ def test_run_interrupted_cancels_saves_results_and_stops_every_pod(tmp_path: Pat
 def test_examples_are_valid_specs_the_pod_can_train(example: str) -> None:
     import random
 
+    from services.contracts.spec import load_spec
     from services.pod.runtime import pod_config
-    from services.spec import load_spec
 
     spec = load_spec(ROOT / example)
     rng = random.Random(0)

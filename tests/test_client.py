@@ -214,9 +214,9 @@ def test_export_and_the_manifest_check_do_not_import_torch() -> None:
     """`podium export` runs on machines without torch: the check it shares with the pod is
     torch-free, and so is everything the CLI's export path imports."""
     code = (
-        "import sys, services.client, services.training_files, services.cli; "
+        "import sys, services.client, services.contracts.training_files, services.cli; "
         "assert 'torch' not in sys.modules, 'torch imported'; "
-        "import services.pod.checkpoint as c, services.training_files as t; "
+        "import services.pod.checkpoint as c, services.contracts.training_files as t; "
         "assert c.read_manifest is t.read_manifest and c.CheckpointError is t.CheckpointError; "
         "assert c.write_files is t.write_files and c.MANIFEST == t.MANIFEST"
     )

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from services.spec import ExperimentSpec, SpecError, load_spec, parse_quantity
+from services.contracts.spec import ExperimentSpec, SpecError, load_spec, parse_quantity
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cartpole.yaml"
 
@@ -175,7 +175,7 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
 
 def test_search_space_names_are_checked_without_torch() -> None:
     code = (
-        "import sys; from services.spec import ExperimentSpec; "
+        "import sys; from services.contracts.spec import ExperimentSpec; "
         "ExperimentSpec.model_validate({'name': 'x', 'env': {'name': 'Pendulum-v1'}, "
         "'algorithms': {'ppo': 1, 'sac': 1, 'dqn': 1}, "
         "'search_space': {'tau': {'type': 'choice', 'values': [0.01]}}}); "

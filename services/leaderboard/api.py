@@ -16,11 +16,7 @@ from pydantic import ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from services.checkpoint_store import BlobNotFoundError, BlobStore
-from services.http import require_token
-from services.leaderboard.collector import BlobCollector
-from services.leaderboard.generator import GeneratorService, download_path, load_strategy
-from services.leaderboard.metrics import LeaderboardMetrics
-from services.leaderboard.models import (
+from services.contracts.leaderboard import (
     ID_PATTERN,
     Candidate,
     CandidateFile,
@@ -38,12 +34,16 @@ from services.leaderboard.models import (
     SubmissionRecord,
     SubmissionResponse,
 )
+from services.contracts.search_space import NUMERIC
+from services.http import require_token
+from services.leaderboard.collector import BlobCollector
+from services.leaderboard.generator import GeneratorService, download_path, load_strategy
+from services.leaderboard.metrics import LeaderboardMetrics
 from services.leaderboard.settings import LeaderboardSettings
 from services.leaderboard.store import LeaderboardStore, UnknownExperimentError
 from services.leaderboard.updater import Updater, read_submission
 from services.logs import get_logger
 from services.registry import UnknownNameError
-from services.search_space import NUMERIC
 
 log = get_logger(__name__)
 

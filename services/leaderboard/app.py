@@ -13,12 +13,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from services import redis_client
+from services.contracts.leaderboard import SubmissionResult
 from services.http import add_common_error_handlers
 from services.leaderboard.api import Services, api, root
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService
 from services.leaderboard.metrics import LatencyMiddleware, LeaderboardMetrics
-from services.leaderboard.models import SubmissionResult
 from services.leaderboard.settings import LeaderboardSettings
 from services.leaderboard.store import (
     LeaderboardStore,

@@ -8,8 +8,8 @@ built-ins:
 - ``pbt``: population-based training. *Exploit* by truncation selection (the parent is drawn
   uniformly from the top ``quantile`` of the board; its weights are copied), then *explore*: each
   searched hyperparameter is resampled with ``resample_probability``, otherwise stepped with
-  one of ``perturb_factors`` in its own scale (services/search_space.py: a log-uniform one is
-  multiplied, a uniform one moves by (factor - 1) of its range) and clamped to its bounds (a
+  one of ``perturb_factors`` in its own scale (services/contracts/search_space.py: a log-uniform
+  one is multiplied, a uniform one moves by (factor - 1) of its range) and clamped to its bounds (a
   categorical one moves to a neighbour). With ``truncation``, a pod asking with its score is
   told to ``keep`` unless it is among the worst;
 - ``cem``: cross-entropy method. A Gaussian (mean, covariance) is fitted to the numeric
@@ -27,23 +27,30 @@ import json
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from services import registry
 from services.checkpoint_store import BlobStore
-from services.leaderboard.metrics import LeaderboardMetrics
-from services.leaderboard.models import (
+from services.contracts.leaderboard import (
     Experiment,
     GenerateRequest,
     Manifest,
     ManifestCheckpoint,
     ManifestFile,
 )
+from services.contracts.search_space import NUMERIC, Choice, SearchSpace, contains, sample_space
+from services.contracts.strategies import (
+    CEMOptions,
+    PBTOptions,
+    StrategyOptions,
+    in_bottom,
+    parents,
+)
+from services.leaderboard.metrics import LeaderboardMetrics
 from services.leaderboard.store import LeaderboardStore, StoreBusyError, UnknownAlgorithmError
-from services.search_space import NUMERIC, Choice, SearchSpace, contains, sample_space
 
 
 @dataclass(frozen=True)
@@ -88,16 +95,9 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-        # Every strategy takes it: the service, not the strategy, seeds the draws with it.
-        seed: int | None = Field(
-            default=None,
-            description="Make decisions reproducible: a pod's draw is then a function of the "
-            "seed, its pod id and the board it sees (each entry's pod, generation and score; "
-            "an empty board at the start). Unset: draws are random.",
-        )
+    # The options models are contracts (services/contracts/strategies.py): the spec and the
+    # pods read them without importing the leaderboard.
+    Options: ClassVar[type[BaseModel]] = StrategyOptions
 
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = self.Options.model_validate(options or {})
@@ -116,46 +116,12 @@ class RandomGenerator(Strategy):
 class PBTGenerator(Strategy):
     name = "pbt"
 
-    class Options(Strategy.Options):
-        quantile: float = Field(default=0.25, gt=0, le=1, description="Top share to exploit.")
-        perturb_factors: tuple[float, ...] = Field(
-            default=(0.8, 1.2),
-            min_length=1,
-            description="Explore's steps: a log-uniform value is multiplied by a factor, a "
-            "uniform one moves by (factor - 1) of its range's width (1.2: a fifth of the range "
-            "up), an int one is multiplied and rounded.",
-        )
-        resample_probability: float = Field(default=0.25, ge=0, le=1)
-        explore: bool = Field(default=True, description="False: copy hyperparameters as is.")
-        min_candidates: int = Field(
-            default=1, ge=1, description="Below this many on the board, start fresh."
-        )
-        truncation: float | None = Field(
-            default=None,
-            gt=0,
-            le=1,
-            description="Share of the population replaced: a pod that asks with its score "
-            "restarts from a parent only if it ranks in this bottom share of the pods of its "
-            "algorithm that have an entry on the board (each ranked by its best entry, the "
-            "asking one by its current score; a pod pushed off the top K is not counted); "
-            "otherwise it is told to keep training. Unset: any pod below the best restarts "
-            "(the tournament rule).",
-        )
-        # Read by the pods (services/pod/runtime.py), which decide when to ask for a parent.
-        ready_reports: int = Field(
-            default=2, ge=1, description="Reports an agent makes before it may be replaced."
-        )
-        ready_env_steps: int = Field(
-            default=32_768,
-            ge=0,
-            description="Env steps an agent trains before it may be replaced: judged earlier, "
-            "scores are mostly evaluation noise.",
-        )
+    Options = PBTOptions
+    options: PBTOptions
 
     def parents(self, candidates: list[CandidateView]) -> list[CandidateView]:
         """Truncation selection: the top ``quantile`` (at least one)."""
-        n = max(1, math.ceil(self.options.quantile * len(candidates)))
-        return candidates[:n]
+        return parents(candidates, self.options.quantile)
 
     def explore(
         self, hyperparameters: dict[str, Any], space: SearchSpace, rng: random.Random
@@ -173,17 +139,11 @@ class PBTGenerator(Strategy):
         return out, how
 
     def in_bottom(self, ctx: Context) -> bool:
-        """Whether the asking pod is in the bottom ``truncation`` share of the pods.
-        Protecting the rest keeps a slow starter alive until it has shown what it learns."""
+        """Whether the asking pod is in the bottom ``truncation`` share of the pods."""
         assert self.options.truncation is not None and ctx.score is not None
-        standing: dict[str, float] = {}
-        for c in ctx.candidates:  # best first: each pod's best entry
-            standing.setdefault(c.pod_id, c.score)
-        standing[ctx.pod_id] = ctx.score
-        sign = 1.0 if ctx.higher_is_better else -1.0
-        above = sum(sign * s > sign * ctx.score for s in standing.values())
-        replaced = max(1, math.ceil(self.options.truncation * len(standing)))
-        return above >= len(standing) - replaced
+        return in_bottom(
+            ctx.candidates, ctx.pod_id, ctx.score, self.options.truncation, ctx.higher_is_better
+        )
 
     def propose(self, ctx: Context) -> Proposal:
         if len(ctx.candidates) < self.options.min_candidates:
@@ -239,18 +199,8 @@ def fit_gaussian(
 class CEMGenerator(Strategy):
     name = "cem"
 
-    class Options(Strategy.Options):
-        elite: int | None = Field(
-            default=None, ge=2, description="How many of the top to fit; default all (top K)."
-        )
-        min_elite: int = Field(default=2, ge=2, description="Below this, sample the space.")
-        min_std_fraction: float = Field(
-            default=0.02, ge=0, description="Std floor, as a fraction of each range."
-        )
-        categorical_smoothing: float = Field(default=1.0, ge=0)
-        init: Literal["fresh", "best"] = Field(
-            default="fresh", description="Fresh weights, or the best candidate's."
-        )
+    Options = CEMOptions
+    options: CEMOptions
 
     def propose(self, ctx: Context) -> Proposal:
         elite = ctx.candidates[: self.options.elite or len(ctx.candidates)]

@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.leaderboard.models import SubmissionResponse
+from services.contracts.leaderboard import SubmissionResponse
 
 
 class LeaderboardMetrics:

@@ -29,8 +29,8 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from services.checkpoint_store import BlobStore, StagedBlob, StagingWriter
+from services.contracts.leaderboard import SubmissionResponse, SubmissionResult
 from services.leaderboard.metrics import LeaderboardMetrics
-from services.leaderboard.models import SubmissionResponse, SubmissionResult
 from services.leaderboard.store import LeaderboardStore, StoreBusyError, new_id
 from services.logs import get_logger
 

@@ -10,13 +10,13 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Requ
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 
+from services.contracts.spec import ExperimentSpec, parse_quantity
 from services.http import require_token
 from services.orchestrator import store as st
 from services.orchestrator.models import EventOut, ExperimentOut, State
 from services.orchestrator.reconciler import Reconciler
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Experiment, IdempotencyConflictError, Store
-from services.spec import ExperimentSpec, parse_quantity
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
 

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
-from services.spec import ExperimentSpec
 
 log = get_logger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from services.contracts.spec import ExperimentSpec
 from services.orchestrator.store import Experiment
-from services.spec import ExperimentSpec
 
 State = Literal[
     "pending", "running", "paused", "succeeded", "failed", "cancelled", "budget_exhausted"

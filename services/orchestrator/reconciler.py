@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
 from services.orchestrator import metrics
 from services.orchestrator import store as st
@@ -36,7 +37,6 @@ from services.orchestrator.leaderboard_client import Progress, ProgressSource
 from services.orchestrator.scheduler import Demand, Res, allocate, backoff_delay, launchable
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Experiment, Store
-from services.spec import ExperimentSpec
 
 log = get_logger(__name__)
 

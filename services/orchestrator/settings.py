@@ -106,7 +106,7 @@ class OrchestratorSettings(PodiumSettings):
         return self.token()
 
     def local_capacity(self) -> tuple[float, int, int]:
-        from services.spec import parse_quantity
+        from services.contracts.spec import parse_quantity
 
         cpu = self.capacity_cpu if self.capacity_cpu is not None else float(os.cpu_count() or 1)
         gpus = self.capacity_gpus if self.capacity_gpus is not None else _gpu_count()

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from services.spec import ExperimentSpec
+from services.contracts.spec import ExperimentSpec
 
 PREFIX = "podium:orch:"
 EVENTS_MAXLEN = 10_000

@@ -45,8 +45,8 @@ from typing import Literal, TypeVar
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.contracts.spec import ExperimentSpec, describe_errors
 from services.logs import configure, get_logger
-from services.spec import ExperimentSpec, describe_errors
 
 log = get_logger("services.pod")
 S = TypeVar("S", bound=BaseSettings)

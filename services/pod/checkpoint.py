@@ -13,7 +13,7 @@ the network never runs pickled code. Every file is checked against the manifest 
 parsed: a truncated or tampered file is an error, never a silently different agent. A
 directory is written next to its destination and renamed into place, so readers see either
 the old checkpoint or the new one. The manifest, its checks and the write need no torch and
-live in services/training_files.py (the CLI's export uses them too); this module adds the
+live in services/contracts/training_files.py (the CLI's export uses them too); this module adds the
 tensors.
 """
 
@@ -31,7 +31,7 @@ from safetensors.torch import save as st_save
 
 # The torch-free part (manifest, checks, atomic write) is shared with the CLI's export; its
 # names stay importable from here for the pod's modules.
-from services.training_files import (
+from services.contracts.training_files import (
     FORMAT,
     MANIFEST,
     CheckpointError,

@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
+from services.contracts.training_files import sha256_bytes
 from services.logs import get_logger
-from services.training_files import sha256_bytes
 
 log = get_logger(__name__)
 

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from typing_extensions import Unpack  # typing.Unpack from Python 3.12
 
+from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
 from services.pod.algorithms.hyperparameters import check_population
 from services.pod.algorithms.ppo import PPO
@@ -67,7 +68,6 @@ from services.pod.runtime import (
     pod_config,
 )
 from services.pod.train import TrainConfig
-from services.spec import ExperimentSpec
 
 log = get_logger(__name__)
 

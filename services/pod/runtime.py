@@ -36,10 +36,11 @@ import torch
 from pydantic import ValidationError
 from typing_extensions import Unpack  # typing.Unpack from Python 3.12
 
-from services.leaderboard.generator import PBTGenerator
+from services.contracts.spec import ExperimentSpec, describe_errors
+from services.contracts.strategies import is_ready, ready_rule
 from services.logs import get_logger
 from services.pod import offpolicy
-from services.pod.algorithms.hyperparameters import (  # torch-free, shared with services/spec.py
+from services.pod.algorithms.hyperparameters import (  # torch-free, shared with the spec
     HyperparameterError,
     check_hyperparameter_names,
     hyperparameter_names,
@@ -59,7 +60,6 @@ from services.pod.metrics import PodMetrics
 from services.pod.offpolicy import OffPolicyConfig, OffPolicyRoles
 from services.pod.train import RunConfig, TrainConfig, build, preset
 from services.pod.worker import Worker
-from services.spec import ExperimentSpec, describe_errors
 
 log = get_logger(__name__)
 
@@ -330,30 +330,6 @@ class Agent:
             # The next report of this agent descends from the one just kept.
             self.candidate_id = answer["candidate_id"]
             self.parent_id, self.generation = self.candidate_id, self.generation + 1
-
-
-def ready_rule(spec: ExperimentSpec) -> tuple[int, int]:
-    """PBT's "ready": the reports and env steps an agent needs since it was built before it is
-    judged, and may be replaced by a better parent: the generator's ``ready_reports`` /
-    ``ready_env_steps`` options, else their defaults (PBTGenerator.Options, the one place
-    they are stated). Judged earlier, scores are evaluation noise: with 2,048-step rounds (one
-    Pendulum update) and no such rule, bench/tournament_quality.py saw whole populations copy
-    each other in circles around -1,000 while independent pods solved the task."""
-    options, defaults = spec.generator.options, PBTGenerator.Options.model_fields
-    return (
-        int(options.get("ready_reports", defaults["ready_reports"].default)),
-        int(options.get("ready_env_steps", defaults["ready_env_steps"].default)),
-    )
-
-
-def is_ready(agent: Agent, env_steps: int, ready_reports: int, ready_env_steps: int) -> bool:
-    """Whether PBT should judge ``agent`` now (``env_steps``: its learner's count): not the
-    best there is (rank 1), and trained long enough since it was built."""
-    return (
-        agent.rank != 1
-        and agent.reports >= ready_reports
-        and env_steps - agent.env_steps_at_start >= ready_env_steps
-    )
 
 
 def parent_is_better(manifest: dict[str, Any], agent: Agent, higher_is_better: bool) -> bool:

@@ -12,6 +12,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from services import registry
+from services.contracts.search_space import SearchSpace
 from services.leaderboard.generator import (
     CandidateView,
     CEMGenerator,
@@ -21,7 +22,6 @@ from services.leaderboard.generator import (
     fit_gaussian,
     load_strategy,
 )
-from services.search_space import SearchSpace
 
 SPACE = TypeAdapter(SearchSpace).validate_python(
     {

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import uvicorn
 
+from services.contracts.spec import ExperimentSpec
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
 from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.runtime import FusedRoles, PodRuntime, fetch_parent
-from services.spec import ExperimentSpec
 from tests.leaderboard.conftest import free_port
 
 TOKEN = "pod-test-token"

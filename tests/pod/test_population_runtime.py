@@ -17,6 +17,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from services.contracts.spec import ExperimentSpec
 from services.pod.checkpoint import (
     load_training_files,
     read_files,
@@ -31,7 +32,6 @@ from services.pod.population_runtime import (
 )
 from services.pod.runtime import HyperparameterError, eval_seed
 from services.pod.train import TrainConfig, build
-from services.spec import ExperimentSpec
 from tests.pod.harness import TOKEN, Leaderboard, client, download, register, stop_after
 
 P = 4

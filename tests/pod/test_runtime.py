@@ -21,6 +21,7 @@ import safetensors.torch
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.contracts.spec import ExperimentSpec
 from services.leaderboard.generator import PBTGenerator
 from services.pod.checkpoint import load_training_files, read_files, write_files
 from services.pod.evaluator import EvalResult
@@ -33,7 +34,6 @@ from services.pod.runtime import (
     ready_rule,
 )
 from services.pod.train import TrainConfig, build, preset
-from services.spec import ExperimentSpec
 from tests.pod.harness import (
     ROOT,
     InThread,

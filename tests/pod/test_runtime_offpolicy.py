@@ -22,6 +22,7 @@ import safetensors.torch
 import torch
 from pydantic import ValidationError
 
+from services.contracts.spec import ExperimentSpec
 from services.pod.offpolicy import OffPolicyConfig, build, load_offpolicy_files
 from services.pod.runtime import (
     FusedOffPolicyRoles,
@@ -31,7 +32,6 @@ from services.pod.runtime import (
     pod_config,
 )
 from services.pod.train import TrainConfig
-from services.spec import ExperimentSpec
 from tests.pod.harness import (
     Leaderboard,
     download,

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.search_space import SearchSpace
+from services.contracts.search_space import SearchSpace
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"

@@ -26,7 +26,8 @@ from pydantic import (
 )
 
 from services import registry
-from services.search_space import SearchSpace
+from services.contracts.search_space import SearchSpace
+from services.contracts.strategies import options_model
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _GYM_ID = re.compile(r"^[A-Za-z0-9_\-./]+$")
@@ -126,14 +127,10 @@ class GeneratorSpec(_Model):
     @model_validator(mode="after")
     def _options(self) -> GeneratorSpec:
         # Checked here, by the strategy's own options model, so a bad option is a 422 at
-        # submission rather than an experiment the leaderboard refuses later. Strategies are
-        # registered classes (podium.generators) and import nothing heavy.
-        from pydantic import ValidationError
-
-        from services.leaderboard.generator import load_strategy
-
+        # submission rather than an experiment the leaderboard refuses later. The built-ins'
+        # models are contracts (services/contracts/strategies.py): no leaderboard import.
         try:
-            load_strategy(self.strategy, self.options)
+            options_model(self.strategy).model_validate(self.options)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or '(options)'}: {e['msg']}" for e in exc.errors()
@@ -149,7 +146,8 @@ class Population(_Model):
         default=1,
         ge=1,
         le=256,
-        description="Agents one pod trains together (vmap population, same architecture); "
+        description="Agents one pod trains together (one process, stacked weights, same "
+        "architecture); "
         "each is its own candidate on the leaderboard.",
     )
 

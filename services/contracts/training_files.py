@@ -23,7 +23,8 @@ from typing import Any
 FORMAT = "podium.training-files/1"
 MANIFEST = "manifest.json"
 CHUNK = 1 << 20
-# The leaderboard accepts exactly these names for uploaded files (services/leaderboard/models.py):
+# The leaderboard accepts exactly these names for uploaded files
+# (services/contracts/leaderboard.py):
 # no separators, no leading dot, so a name can never reach outside its directory.
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")

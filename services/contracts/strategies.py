@@ -1,0 +1,204 @@
+"""The generator strategies' options and PBT's decisions: what the leaderboard, the spec and the
+pods share about a tournament's rules.
+
+The leaderboard's generator (services/leaderboard/generator.py) runs the strategies; the spec
+validates their options at submission; the pods read PBT's ready rule and judge whether a
+proposed parent beats their agent. All of it is here, once, so that no pod imports the
+leaderboard (and with it the Redis store) to read two option defaults, and so the two halves
+of PBT's decision (the generator's truncation and quantile, the pod's ready rule and exploit)
+are read in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel, Field
+
+from services import registry
+from services.contracts.inputs import InputModel
+from services.contracts.leaderboard import Manifest
+
+if TYPE_CHECKING:
+    from services.contracts.spec import ExperimentSpec
+
+
+class StrategyOptions(InputModel):
+    """What every strategy takes: the service, not the strategy, seeds the draws with it."""
+
+    seed: int | None = Field(
+        default=None,
+        description="Make decisions reproducible: a pod's draw is then a function of the "
+        "seed, its pod id and the board it sees (each entry's pod, generation and score; "
+        "an empty board at the start). Unset: draws are random.",
+    )
+
+
+class PBTOptions(StrategyOptions):
+    quantile: float = Field(default=0.25, gt=0, le=1, description="Top share to exploit.")
+    perturb_factors: tuple[float, ...] = Field(
+        default=(0.8, 1.2),
+        min_length=1,
+        description="Explore's steps: a log-uniform value is multiplied by a factor, a "
+        "uniform one moves by (factor - 1) of its range's width (1.2: a fifth of the range "
+        "up), an int one is multiplied and rounded.",
+    )
+    resample_probability: float = Field(default=0.25, ge=0, le=1)
+    explore: bool = Field(default=True, description="False: copy hyperparameters as is.")
+    min_candidates: int = Field(
+        default=1, ge=1, description="Below this many on the board, start fresh."
+    )
+    truncation: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of the population replaced: a pod that asks with its score "
+        "restarts from a parent only if it ranks in this bottom share of the pods of its "
+        "algorithm that have an entry on the board (each ranked by its best entry, the "
+        "asking one by its current score; a pod pushed off the top K is not counted); "
+        "otherwise it is told to keep training. Unset: any pod below the best restarts "
+        "(the tournament rule).",
+    )
+    # Read by the pods (``ready_rule``), which decide when to ask for a parent.
+    ready_reports: int = Field(
+        default=2, ge=1, description="Reports an agent makes before it may be replaced."
+    )
+    ready_env_steps: int = Field(
+        default=32_768,
+        ge=0,
+        description="Env steps an agent trains before it may be replaced: judged earlier, "
+        "scores are mostly evaluation noise.",
+    )
+
+
+class CEMOptions(StrategyOptions):
+    elite: int | None = Field(
+        default=None, ge=2, description="How many of the top to fit; default all (top K)."
+    )
+    min_elite: int = Field(default=2, ge=2, description="Below this, sample the space.")
+    min_std_fraction: float = Field(
+        default=0.02, ge=0, description="Std floor, as a fraction of each range."
+    )
+    categorical_smoothing: float = Field(default=1.0, ge=0)
+    init: Literal["fresh", "best"] = Field(
+        default="fresh", description="Fresh weights, or the best candidate's."
+    )
+
+
+#: The built-in strategies' options, by the entry point that registers them (pyproject.toml):
+#: read without importing the leaderboard. A plugin strategy's options are its class's own.
+BUILTIN_OPTIONS: dict[str, type[StrategyOptions]] = {
+    "services.leaderboard.generator:RandomGenerator": StrategyOptions,
+    "services.leaderboard.generator:PBTGenerator": PBTOptions,
+    "services.leaderboard.generator:CEMGenerator": CEMOptions,
+}
+
+
+def options_model(strategy: str) -> type[BaseModel]:
+    """The options model of the strategy registered as ``strategy`` (UnknownNameError if none):
+    a built-in's from ``BUILTIN_OPTIONS``, a plugin's from its registered class."""
+    target = registry.entry_point(registry.GENERATORS, strategy, kind="generator strategy").value
+    if target in BUILTIN_OPTIONS:
+        return BUILTIN_OPTIONS[target]
+    options = getattr(registry.load(registry.GENERATORS, strategy), "Options", None)
+    if not (isinstance(options, type) and issubclass(options, BaseModel)):
+        raise TypeError(f"generator {strategy!r} declares no Options model")
+    return options
+
+
+# -- PBT's decision: the generator's half -------------------------------------------------------
+class Ranked(Protocol):
+    """A board entry as PBT's decisions see it."""
+
+    @property
+    def pod_id(self) -> str: ...
+
+    @property
+    def score(self) -> float: ...
+
+
+R = TypeVar("R", bound=Ranked)
+
+
+def parents(candidates: Sequence[R], quantile: float) -> list[R]:
+    """Truncation selection: the top ``quantile`` of ``candidates`` (best first; at least one)."""
+    n = max(1, math.ceil(quantile * len(candidates)))
+    return list(candidates[:n])
+
+
+def in_bottom(
+    candidates: Sequence[Ranked],
+    pod_id: str,
+    score: float,
+    truncation: float,
+    higher_is_better: bool = True,
+) -> bool:
+    """Whether the pod ``pod_id``, now scoring ``score``, is in the bottom ``truncation`` share
+    of the pods on the board (``candidates``, best first; each pod ranked by its best entry).
+    Protecting the rest keeps a slow starter alive until it has shown what it learns."""
+    standing: dict[str, float] = {}
+    for c in candidates:  # best first: each pod's best entry
+        standing.setdefault(c.pod_id, c.score)
+    standing[pod_id] = score
+    sign = 1.0 if higher_is_better else -1.0
+    above = sum(sign * s > sign * score for s in standing.values())
+    replaced = max(1, math.ceil(truncation * len(standing)))
+    return above >= len(standing) - replaced
+
+
+# -- PBT's decision: the pod's half -------------------------------------------------------------
+class Judged(Protocol):
+    """An agent in training as PBT judges it (the pod's lineage record)."""
+
+    @property
+    def rank(self) -> int | None: ...
+
+    @property
+    def reports(self) -> int: ...
+
+    @property
+    def env_steps_at_start(self) -> int: ...
+
+    @property
+    def score(self) -> float | None: ...
+
+    @property
+    def candidate_id(self) -> str | None: ...
+
+
+def ready_rule(spec: ExperimentSpec) -> tuple[int, int]:
+    """PBT's "ready": the reports and env steps an agent needs since it was built before it is
+    judged, and may be replaced by a better parent: the generator's ``ready_reports`` /
+    ``ready_env_steps`` options, else their defaults (``PBTOptions``, the one place they are
+    stated). Judged earlier, scores are evaluation noise: with 2,048-step rounds (one Pendulum
+    update) and no such rule, bench/tournament_quality.py saw whole populations copy each other
+    in circles while independent pods solved the task."""
+    options, defaults = spec.generator.options, PBTOptions.model_fields
+    return (
+        int(options.get("ready_reports", defaults["ready_reports"].default)),
+        int(options.get("ready_env_steps", defaults["ready_env_steps"].default)),
+    )
+
+
+def is_ready(agent: Judged, env_steps: int, ready_reports: int, ready_env_steps: int) -> bool:
+    """Whether PBT should judge ``agent`` now (``env_steps``: its learner's count): not the
+    best there is (rank 1), and trained long enough since it was built."""
+    return (
+        agent.rank != 1
+        and agent.reports >= ready_reports
+        and env_steps - agent.env_steps_at_start >= ready_env_steps
+    )
+
+
+def parent_is_better(manifest: Manifest, agent: Judged, higher_is_better: bool) -> bool:
+    """Whether the generator's proposed parent (``manifest``) scored better than ``agent``
+    (PBT's exploit); an agent not scored yet loses to any parent."""
+    parent_id, parent_score = manifest.parent_id, manifest.parent_score
+    if parent_id is None or parent_id == agent.candidate_id or parent_score is None:
+        return False
+    own = agent.score
+    if own is None:
+        own = -math.inf if higher_is_better else math.inf
+    return parent_score > own if higher_is_better else parent_score < own
