@@ -9,4 +9,6 @@ cd "$root"
 venv="${PODIUM_VENV:-$root/.venv}"
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
+# The layering (pyproject.toml [tool.importlinter]): contracts, control plane and pod apart.
+"$venv/bin/lint-imports"
 exec "$venv/bin/python" -m pytest "$@"

@@ -210,18 +210,14 @@ def test_export_refuses_files_that_contradict_their_manifest(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lb"]
 
 
-def test_export_and_the_manifest_check_do_not_import_torch() -> None:
-    """`podium export` runs on machines without torch: the check it shares with the pod is
-    torch-free, and so is everything the CLI's export path imports."""
-    code = (
-        "import sys, services.client, services.contracts.training_files, services.cli; "
-        "assert 'torch' not in sys.modules, 'torch imported'; "
-        "import services.pod.checkpoint as c, services.contracts.training_files as t; "
-        "assert c.read_manifest is t.read_manifest and c.CheckpointError is t.CheckpointError; "
-        "assert c.write_files is t.write_files and c.MANIFEST == t.MANIFEST"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
+def test_the_pod_checks_training_files_with_the_cli_s_checks() -> None:
+    """`podium export` runs on machines without torch (tests/test_layers.py): the manifest
+    check it shares with the pod is the torch-free one, not a copy."""
+    import services.contracts.training_files as t
+    import services.pod.checkpoint as c
+
+    assert c.read_manifest is t.read_manifest and c.CheckpointError is t.CheckpointError
+    assert c.write_files is t.write_files and c.MANIFEST == t.MANIFEST
 
 
 def test_export_of_a_score_only_candidate_and_unknown_ids(board: tuple[PodiumClient, Any]):
