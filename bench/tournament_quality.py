@@ -183,8 +183,8 @@ def run_round_robin(
     for interpreters starting."""
     import torch
 
+    from services.api_client import LeaderboardClient
     from services.contracts.spec import ExperimentSpec
-    from services.pod.leaderboard_client import LeaderboardClient
     from services.pod.runtime import FusedRoles, PodRuntime
 
     torch.set_num_threads(1)

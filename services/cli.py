@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from services.client import PodiumClient
+    from services.contracts.leaderboard import Leaderboard
 
 app = typer.Typer(
     name="podium",
@@ -289,7 +290,7 @@ class Watch:
         self.top = top
         self.samples: list[dict[str, Any]] = []
         self.rates: deque[tuple[float, int]] = deque()
-        self.board: dict[str, Any] | None = None
+        self.board: Leaderboard | None = None
         self.board_at = 0.0
         self.first_best: float | None = None
         self.last_line = ("", 0.0)
@@ -380,7 +381,7 @@ class Watch:
             _duration(prog.get("elapsed_s")) + (f" / {_duration(wall)}" if wall else ""),
         )
         parts: list[Any] = [grid]
-        if self.board and self.board.get("candidates"):
+        if self.board and self.board.candidates:
             parts.append(board_table(self.board, self.top, title="leaderboard"))
         return Group(*parts)
 
@@ -402,7 +403,7 @@ class Watch:
         return None
 
 
-def board_table(board: dict[str, Any], top: int, title: str | None = None) -> Any:
+def board_table(board: Leaderboard, top: int, title: str | None = None) -> Any:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", header_style="bold")
@@ -418,20 +419,20 @@ def board_table(board: dict[str, Any], top: int, title: str | None = None) -> An
         ("hyperparameters", {"overflow": "fold", "ratio": 1}),
     ):
         table.add_column(col, **kw)
-    for c in board.get("candidates", [])[:top]:
+    for c in board.candidates[:top]:
         hp = ", ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in sorted(c.get("hyperparameters", {}).items())
+            for k, v in sorted(c.hyperparameters.items())
         )
         table.add_row(
-            str(c.get("rank") or ""),
-            c["candidate_id"],
-            f"{c['score']:.4g}",
-            f"{c.get('eval', {}).get('std', 0.0):.3g}",
-            c["algorithm"],
-            str(c["generation"]),
-            c["pod_id"],
-            f"{c['env_steps']:,}",
+            str(c.rank or ""),
+            c.candidate_id,
+            f"{c.score:.4g}",
+            f"{c.eval.get('std', 0.0):.3g}",
+            c.algorithm,
+            str(c.generation),
+            c.pod_id,
+            f"{c.env_steps:,}",
             hp,
         )
     return table
@@ -654,7 +655,7 @@ def run(
         spec.evaluation.higher_is_better,
     )
     board = collected.get("board")
-    if board and board.get("candidates"):
+    if board and board.candidates:
         console.print(board_table(board, top, title=f"final leaderboard of {spec.name}"))
     ok, why = reached(exp, None)
     console.print(f"results: {out}   pod logs: podium logs {exp_id} --data-dir {data_dir}")
@@ -687,9 +688,9 @@ def _collect(
         got["board"] = client.board(exp_id)
         got["submissions"] = client.submissions(exp_id)
         got["lineage"] = client.lineage(exp_id)
-        nodes = sorted(got["lineage"]["nodes"], key=lambda n: n.get("created_at", 0.0))
+        nodes = sorted(got["lineage"].nodes, key=lambda n: n.created_at)
         # The newest few hundred, with their hyperparameters, for candidates.json.
-        got["candidates"] = [client.candidate(exp_id, n["candidate_id"]) for n in nodes[-500:]]
+        got["candidates"] = [client.candidate(exp_id, n.candidate_id) for n in nodes[-500:]]
     except ApiError as exc:
         console.print(f"[yellow]leaderboard not read[/]: {exc.message}")
     for name, file in (
@@ -699,12 +700,13 @@ def _collect(
         ("candidates", "candidates"),
     ):
         if got[name] is not None:
-            (out / f"{file}.json").write_text(json.dumps(got[name], indent=2))
-    if got["board"] and got["board"].get("candidates"):
+            data = TypeAdapter(Any).dump_python(got[name], mode="json")
+            (out / f"{file}.json").write_text(json.dumps(data, indent=2))
+    if got["board"] and got["board"].candidates:
         try:
             cand = client.export(exp_id, out / "best")
             console.print(
-                f"best agent {cand['candidate_id']} (score {cand['score']:.4g}) exported to "
+                f"best agent {cand.candidate_id} (score {cand.score:.4g}) exported to "
                 f"{out / 'best'}"
             )
         except ApiError as exc:
@@ -733,13 +735,16 @@ def _write_plots(
     start = exp.get("created_at")
     submissions = got.get("submissions")
     if submissions is not None and start is not None:
-        series = plots.best_so_far(submissions, start, higher_is_better, exp.get("finished_at"))
+        records = [s.model_dump() for s in submissions]
+        series = plots.best_so_far(records, start, higher_is_better, exp.get("finished_at"))
     else:
         series = plots.best_from_polls(samples)
     written = [plots.tournament_progress(series, out / "best_score.png", name, target)]
-    written.append(plots.pod_curves(submissions or [], out / "candidates.png", name, target, start))
+    records = [s.model_dump() for s in submissions or []]
+    written.append(plots.pod_curves(records, out / "candidates.png", name, target, start))
     if got.get("lineage") is not None:
-        written.append(plots.lineage_tree(got["lineage"]["nodes"], out / "lineage.png", name))
+        nodes = [n.model_dump() for n in got["lineage"].nodes]
+        written.append(plots.lineage_tree(nodes, out / "lineage.png", name))
     console.print("plots: " + "  ".join(str(p) for p in written))
 
 
@@ -880,19 +885,17 @@ def leaderboard(
     with api_errors(), _client(url, token, leaderboard_url, data_dir) as client:
         board = client.board(experiment, limit=top or None)
     if json_out:
-        typer.echo(json.dumps(board, indent=2))
+        typer.echo(board.model_dump_json(indent=2))
         return
     console = _stdout()
-    if not board.get("candidates"):
+    if not board.candidates:
         console.print(f"the leaderboard of {experiment} is empty")
         return
-    stats = board["stats"]
+    stats = board.stats
+    console.print(board_table(board, len(board.candidates), title=f"leaderboard of {experiment}"))
     console.print(
-        board_table(board, len(board["candidates"]), title=f"leaderboard of {experiment}")
-    )
-    console.print(
-        f"{stats['size']}/{stats['top_k']} candidates, score mean {_fmt(stats['score_mean'])} "
-        f"± {_fmt(stats['score_std'])}, algorithms {stats['algorithms']}"
+        f"{stats.size}/{stats.top_k} candidates, score mean {_fmt(stats.score_mean)} "
+        f"± {_fmt(stats.score_std)}, algorithms {stats.algorithms}"
     )
 
 
@@ -1002,8 +1005,8 @@ def export(
     with api_errors(), _client(url, token, leaderboard_url, data_dir) as client:
         cand = client.export(experiment, out, candidate)
     _console().print(
-        f"candidate {cand['candidate_id']} (score {cand['score']:.4g}, {cand['algorithm']}, "
-        f"generation {cand['generation']}): {len(cand['files'])} files verified into {out}"
+        f"candidate {cand.candidate_id} (score {cand.score:.4g}, {cand.algorithm}, "
+        f"generation {cand.generation}): {len(cand.files)} files verified into {out}"
     )
 
 

@@ -12,17 +12,17 @@ found through its session file; otherwise the defaults are the embedded platform
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from services.api_client import LeaderboardClient, ServiceClient, ServiceError
+from services.contracts.leaderboard import Candidate, Leaderboard, Lineage, SubmissionRecord
 from services.contracts.training_files import (
     FILE_NAME_RE,
     MANIFEST,
@@ -41,7 +41,6 @@ EXIT_API = 3  # unreachable service, refused token, unexpected answer
 EXIT_TIMEOUT = 4  # --timeout passed while waiting
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "budget_exhausted"})
-CHUNK = 1 << 20
 
 
 class ApiError(Exception):
@@ -94,14 +93,6 @@ def resolve(
     )
 
 
-def _detail(resp: httpx.Response) -> Any:
-    try:
-        body = resp.json()
-    except ValueError:
-        return resp.text.strip()[:300] or resp.reason_phrase
-    return body.get("detail", body) if isinstance(body, dict) else body
-
-
 def describe_422(detail: Any, what: str = "request") -> str:
     """FastAPI's validation errors as ``field.path: message`` lines ("body" dropped)."""
     if not isinstance(detail, list):
@@ -118,107 +109,83 @@ def describe_422(detail: Any, what: str = "request") -> str:
     return f"invalid {what}:\n" + "\n".join(lines)
 
 
-class _Service:
-    """One API (orchestrator or leaderboard): base URL, bearer token, error mapping."""
+# A CLI call retries an unreachable or overloaded service this long, then says so.
+RETRY_FOR_S = 3.0
 
-    def __init__(self, name: str, url: str, token: str | None, timeout: float, env_hint: str):
-        self.name = name
-        self.url = url.rstrip("/")
-        self.env_hint = env_hint
-        self.token_given = bool(token)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # Connection errors only are retried (a request that reached the server is not).
-        self.http = httpx.Client(
-            base_url=self.url + "/api/v1",
-            headers=headers,
-            timeout=timeout,
-            transport=httpx.HTTPTransport(retries=2),
+
+class OrchestratorClient(ServiceClient):
+    service = "orchestrator"
+
+
+def api_error(exc: ServiceError, env_hint: str, token_given: bool, what: str) -> ApiError:
+    """A service's refusal as the message a user can act on, and the CLI's exit code."""
+    name, url, code = exc.service, exc.url, exc.status
+    if code is None:
+        if "cannot reach" in str(exc):
+            return ApiError(
+                f"cannot reach the {name} at {url} ({exc.detail}); is the platform running "
+                f"(podium up)? Otherwise pass {env_hint}"
+            )
+        return ApiError(str(exc).removeprefix(f"{what}: "))
+    if code == 401:
+        hint = "the token was refused" if token_given else "it needs a token"
+        return ApiError(
+            f"the {name} at {url} answered 401 Unauthorized: {hint}; pass --token or set "
+            "PODIUM_TOKEN",
+            status=code,
         )
-
-    def request(self, method: str, path: str, what: str = "request", **kw: Any) -> httpx.Response:
-        try:
-            resp = self.http.request(method, path, **kw)
-        except httpx.ConnectError as e:
-            raise ApiError(
-                f"cannot reach the {self.name} at {self.url} ({_reason(e)}); is the platform "
-                f"running (podium up)? Otherwise pass {self.env_hint}"
-            ) from None
-        except httpx.TimeoutException:
-            raise ApiError(f"the {self.name} at {self.url} did not answer in time") from None
-        except httpx.HTTPError as e:
-            raise ApiError(f"request to the {self.name} at {self.url} failed: {e}") from None
-        self.check(resp, what)
-        return resp
-
-    def check(self, resp: httpx.Response, what: str) -> None:
-        code = resp.status_code
-        if code < 400:
-            return
-        detail = _detail(resp)
-        if code == 401:
-            hint = "the token was refused" if self.token_given else "it needs a token"
-            raise ApiError(
-                f"the {self.name} at {self.url} answered 401 Unauthorized: {hint}; pass --token "
-                "or set PODIUM_TOKEN",
-                status=code,
-            )
-        if code == 422:
-            raise ApiError(describe_422(detail, what), EXIT_USAGE, status=code)
-        if code == 404 and detail == "Not Found":
-            raise ApiError(
-                f"the {self.name} at {self.url} has no {resp.request.url.path} (is that URL a "
-                f"Podium {self.name}?)",
-                status=code,
-            )
-        raise ApiError(f"{self.name}: {detail} (HTTP {code})", status=code)
-
-    def json(self, method: str, path: str, what: str = "request", **kw: Any) -> Any:
-        resp = self.request(method, path, what, **kw)
-        try:
-            return resp.json()
-        except ValueError:
-            raise ApiError(
-                f"the {self.name} at {self.url} sent a non-JSON answer to {method} {path}"
-            ) from None
-
-    def close(self) -> None:
-        self.http.close()
-
-
-def _reason(e: Exception) -> str:
-    text = str(e)
-    if "refused" in text.lower():
-        return "connection refused"
-    return text or type(e).__name__
+    if code == 422:
+        return ApiError(describe_422(exc.detail, what), EXIT_USAGE, status=code)
+    if code == 404 and exc.detail == "Not Found":
+        return ApiError(
+            f"the {name} at {url} has no {exc.path} (is that URL a Podium {name}?)", status=code
+        )
+    return ApiError(f"{name}: {exc.detail} (HTTP {code})", status=code)
 
 
 class PodiumClient:
-    """The orchestrator's experiments API and the leaderboard's read side."""
+    """The orchestrator's experiments API and the leaderboard's read side, for the CLI: every
+    refusal becomes an ``ApiError``."""
 
     def __init__(self, endpoints: Endpoints, timeout: float = 15.0):
         self.endpoints = endpoints
-        self.orchestrator = _Service(
-            "orchestrator", endpoints.url, endpoints.token, timeout, "--url or set PODIUM_URL"
-        )
-        self._leaderboard: _Service | None = None
         self.timeout = timeout
+        self.orchestrator = OrchestratorClient(
+            endpoints.url, endpoints.token, timeout_s=timeout, retry_for_s=RETRY_FOR_S
+        )
+        self._leaderboard: LeaderboardClient | None = None
 
     @property
-    def leaderboard(self) -> _Service:
+    def leaderboard(self) -> LeaderboardClient:
         if self._leaderboard is None:
             if not self.endpoints.leaderboard_url:
                 raise ApiError(
                     "no leaderboard URL: pass --leaderboard-url or set PODIUM_LEADERBOARD_URL",
                     EXIT_USAGE,
                 )
-            self._leaderboard = _Service(
-                "leaderboard",
+            self._leaderboard = LeaderboardClient(
                 self.endpoints.leaderboard_url,
-                self.endpoints.leaderboard_token,
-                self.timeout,
-                "--leaderboard-url or set PODIUM_LEADERBOARD_URL",
+                token=self.endpoints.leaderboard_token,
+                timeout_s=self.timeout,
+                retry_for_s=RETRY_FOR_S,
             )
         return self._leaderboard
+
+    @contextmanager
+    def _refusals(self, service: ServiceClient, what: str = "request") -> Iterator[None]:
+        hint = (
+            "--url or set PODIUM_URL"
+            if service is self.orchestrator
+            else "--leaderboard-url or set PODIUM_LEADERBOARD_URL"
+        )
+        try:
+            yield
+        except ServiceError as exc:
+            raise api_error(exc, hint, service.token_given, what) from None
+
+    def _orchestrator(self, method: str, path: str, what: str = "request", **kw: Any) -> Any:
+        with self._refusals(self.orchestrator, what):
+            return self.orchestrator.json(method, path, what, **kw)
 
     def close(self) -> None:
         self.orchestrator.close()
@@ -235,76 +202,69 @@ class PodiumClient:
     def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         """Create an experiment; a retry after a lost answer returns the same experiment."""
         key = idempotency_key or uuid.uuid4().hex
-        return self.orchestrator.json(
-            "POST",
-            "/experiments",
-            "experiment spec",
-            json=spec,
-            headers={"Idempotency-Key": key},
+        return self._orchestrator(
+            "POST", "/experiments", "experiment spec", json=spec, headers={"Idempotency-Key": key}
         )
 
     def experiments(self, state: str | None = None) -> list[dict[str, Any]]:
         params = {"state": state} if state else None
-        return self.orchestrator.json("GET", "/experiments", "query", params=params)
+        return self._orchestrator("GET", "/experiments", "query", params=params)
 
     def experiment(self, exp_id: str) -> dict[str, Any]:
-        return self.orchestrator.json("GET", f"/experiments/{exp_id}")
+        return self._orchestrator("GET", f"/experiments/{exp_id}")
 
     def cancel(self, exp_id: str) -> dict[str, Any]:
-        return self.orchestrator.json("POST", f"/experiments/{exp_id}/cancel")
+        return self._orchestrator("POST", f"/experiments/{exp_id}/cancel")
 
     def pod_logs(self, exp_id: str, pod_id: str, tail: int = 50) -> str:
-        resp = self.orchestrator.request(
-            "GET", f"/experiments/{exp_id}/pods/{pod_id}/logs", "pod logs", params={"tail": tail}
-        )
-        return resp.text
+        path = f"/experiments/{exp_id}/pods/{pod_id}/logs"
+        with self._refusals(self.orchestrator, "pod logs"):
+            return self.orchestrator.request("GET", path, "pod logs", params={"tail": tail}).text
 
     def events(self, exp_id: str, limit: int = 1000) -> list[dict[str, Any]]:
-        return self.orchestrator.json(
-            "GET", f"/experiments/{exp_id}/events", params={"limit": limit}
-        )
+        return self._orchestrator("GET", f"/experiments/{exp_id}/events", params={"limit": limit})
 
     # -- leaderboard ---------------------------------------------------------------------------
-    def board(self, exp_id: str, limit: int | None = None) -> dict[str, Any]:
-        params = {"limit": limit} if limit else None
-        return self.leaderboard.json("GET", f"/experiments/{exp_id}/leaderboard", params=params)
+    def board(self, exp_id: str, limit: int | None = None) -> Leaderboard:
+        lb = self.leaderboard
+        with self._refusals(lb):
+            return lb.board(exp_id, limit)
 
-    def best(self, exp_id: str) -> dict[str, Any]:
-        return self.leaderboard.json("GET", f"/experiments/{exp_id}/best")
+    def best(self, exp_id: str) -> Candidate:
+        lb = self.leaderboard
+        with self._refusals(lb):
+            return lb.best_or_error(exp_id)
 
-    def candidate(self, exp_id: str, candidate_id: str) -> dict[str, Any]:
-        return self.leaderboard.json("GET", f"/experiments/{exp_id}/candidates/{candidate_id}")
+    def candidate(self, exp_id: str, candidate_id: str) -> Candidate:
+        lb = self.leaderboard
+        with self._refusals(lb):
+            return lb.candidate(candidate_id, exp_id)
 
-    def lineage(self, exp_id: str) -> dict[str, Any]:
-        """Every candidate ever inserted: ``nodes``, a flat list linked by ``parent_id``."""
-        return self.leaderboard.json("GET", f"/experiments/{exp_id}/lineage")
+    def lineage(self, exp_id: str) -> Lineage:
+        lb = self.leaderboard
+        with self._refusals(lb):
+            return lb.lineage(exp_id)
 
-    def submissions(self, exp_id: str, page: int = 10_000) -> list[dict[str, Any]]:
-        """Every decided report (kept or not), oldest first, read page by page."""
-        out: list[dict[str, Any]] = []
-        params: dict[str, Any] = {"limit": page}
-        while True:
-            got = self.leaderboard.json("GET", f"/experiments/{exp_id}/submissions", params=params)
-            out.extend(got["submissions"])
-            if not got.get("next_after"):
-                return out
-            params["after"] = got["next_after"]
+    def submissions(self, exp_id: str, page: int = 10_000) -> list[SubmissionRecord]:
+        """Every decided report (kept or not), oldest first, read ``page`` at a time."""
+        lb = self.leaderboard
+        with self._refusals(lb):
+            return lb.submissions(exp_id, page).submissions
 
-    def export(self, exp_id: str, out: Path, candidate_id: str | None = None) -> dict[str, Any]:
+    def export(self, exp_id: str, out: Path, candidate_id: str | None = None) -> Candidate:
         """Download a candidate's training files (default: the best) into ``out``.
 
         Each file is hashed while it streams and checked against the sha256 the leaderboard
         lists; a ``manifest.json`` among them (Podium training files) is checked too
         (services/contracts/training_files.py): every file it lists present, with the size and
-        sha256 measured while streaming (no second read), no name outside the directory. The files
-        land in a temp directory beside ``out`` that is renamed into place only when every
+        sha256 measured while streaming (no second read), no name outside the directory. The
+        files land in a temp directory beside ``out`` that is renamed into place only when every
         check passed, so ``out`` is never a half-written agent. Returns the candidate.
         """
         cand = self.candidate(exp_id, candidate_id) if candidate_id else self.best(exp_id)
-        files: dict[str, dict[str, Any]] = cand.get("files") or {}
-        if not files:
+        if not cand.files:
             raise ApiError(
-                f"candidate {cand['candidate_id']} has no training files to export "
+                f"candidate {cand.candidate_id} has no training files to export "
                 "(its pod reported a score only)",
                 EXIT_NOT_REACHED,
             )
@@ -312,16 +272,16 @@ class PodiumClient:
         tmp = temp_dir_beside(out)
         try:
             digests: dict[str, tuple[str, int]] = {}
-            for name, meta in files.items():
+            for name, meta in cand.files.items():
                 if not FILE_NAME_RE.match(name):  # never write outside the directory
                     raise ApiError(f"the leaderboard lists a bad file name {name!r}")
-                digests[name] = self._download(meta["download_path"], tmp / name, meta["sha256"])
+                digests[name] = self._download(meta.download_path, tmp / name, meta.sha256)
             if (tmp / MANIFEST).exists():  # Podium training files: check the manifest
                 try:
                     verify_digests(tmp, digests)
                 except CheckpointError as exc:
                     raise ApiError(f"{exc}; nothing was exported") from None
-            (tmp / "candidate.json").write_text(json.dumps(cand, indent=2))
+            (tmp / "candidate.json").write_text(cand.model_dump_json(indent=2))
             replace_dir(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -330,25 +290,9 @@ class PodiumClient:
 
     def _download(self, path: str, dest: Path, sha256: str) -> tuple[str, int]:
         """Stream ``path`` into ``dest``, checking its sha256; returns (sha256, size)."""
-        svc = self.leaderboard
-        path = path.removeprefix("/api/v1")
-        digest, size = hashlib.sha256(), 0
-        try:
-            with svc.http.stream("GET", path) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    svc.check(resp, "download")
-                header = resp.headers.get("X-Checkpoint-SHA256")
-                with open(dest, "wb") as f:
-                    for chunk in resp.iter_bytes(CHUNK):
-                        digest.update(chunk)
-                        size += len(chunk)
-                        f.write(chunk)
-                    f.flush()
-                    os.fsync(f.fileno())
-        except httpx.HTTPError as e:
-            raise ApiError(f"download of {dest.name} from the leaderboard failed: {e}") from None
-        got = digest.hexdigest()
+        lb = self.leaderboard
+        with self._refusals(lb, "download"):
+            got, size, header = lb.stream_to(path, dest)
         for expected in filter(None, (sha256, header)):
             if got != expected:
                 raise ApiError(

@@ -163,12 +163,12 @@ def test_export_best_and_a_chosen_candidate(board: tuple[PodiumClient, Any], tmp
     submit(http, "s2", 2.0, {**other, "manifest.json": manifest(other)})
 
     cand = client.export("e1", tmp_path / "best")
-    assert cand["score"] == 2.0
+    assert cand.score == 2.0
     assert (tmp_path / "best" / "actor.safetensors").read_bytes() == b"second agent"
     assert json.loads((tmp_path / "best" / "candidate.json").read_text())["score"] == 2.0
 
     chosen = client.export("e1", tmp_path / "best", candidate_id=first["candidate_id"])
-    assert chosen["candidate_id"] == first["candidate_id"]
+    assert chosen.candidate_id == first["candidate_id"]
     assert (tmp_path / "best" / "actor.safetensors").read_bytes() == weights["actor.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "lb"]  # no temp dirs left
 
@@ -258,8 +258,8 @@ def test_submission_log_and_flat_lineage_are_read_whole(board: tuple[PodiumClien
         )
         assert r.status_code == 200, r.text
     log = client.submissions("e1", page=4)  # two pages
-    assert [s["submission_id"] for s in log] == [f"r{i}" for i in range(6)]
-    assert [s["env_steps"] for s in log] == [10 * i for i in range(6)]
-    assert [s["accepted"] for s in log] == [True, True, True, True, True, False]
-    nodes = client.lineage("e1")["nodes"]
-    assert [n["candidate_id"] for n in nodes] == [s["candidate_id"] for s in log[:5]]
+    assert [s.submission_id for s in log] == [f"r{i}" for i in range(6)]
+    assert [s.env_steps for s in log] == [10 * i for i in range(6)]
+    assert [s.accepted for s in log] == [True, True, True, True, True, False]
+    nodes = client.lineage("e1").nodes
+    assert [n.candidate_id for n in nodes] == [s.candidate_id for s in log[:5]]

@@ -16,7 +16,7 @@ from services.logs import get_logger
 from services.orchestrator.api import router
 from services.orchestrator.backends import Backend, make_backend
 from services.orchestrator.leaderboard_client import (
-    LeaderboardClient,
+    LeaderboardProgress,
     NoLeaderboard,
     ProgressSource,
 )
@@ -30,7 +30,7 @@ log = get_logger(__name__)
 
 def make_progress_source(settings: OrchestratorSettings) -> ProgressSource:
     if settings.leaderboard_url:
-        return LeaderboardClient(settings.leaderboard_url, settings.leaderboard_token_value())
+        return LeaderboardProgress(settings.leaderboard_url, settings.leaderboard_token_value())
     log.warning("no leaderboard_url: target reward and env-step budgets cannot be checked")
     return NoLeaderboard()
 

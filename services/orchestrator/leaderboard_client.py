@@ -1,8 +1,8 @@
 """How the orchestrator learns an experiment's progress: the leaderboard, over HTTP only.
 
 The seam is ``ProgressSource``: register an experiment, read its progress (best evaluated score,
-best candidate, total env steps the pods reported), delete it. ``LeaderboardClient`` talks to
-the leaderboard service:
+best candidate, total env steps the pods reported), delete it. ``LeaderboardProgress`` talks to
+the leaderboard service through the shared client:
 
 - ``PUT    /api/v1/experiments/{id}``: register (top_k, generator, algorithms, search space,
   higher_is_better);
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
-
+from services.api_client import LeaderboardClient
+from services.contracts.leaderboard import ExperimentConfig, GeneratorConfig
 from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
 
@@ -59,44 +59,36 @@ class NoLeaderboard:
         return None
 
 
-def leaderboard_config(spec: ExperimentSpec) -> dict[str, Any]:
-    return {
-        "top_k": spec.top_k,
-        "generator": {"strategy": spec.generator.strategy, "options": spec.generator.options},
-        "algorithms": spec.algorithms,
-        "search_space": {k: v.model_dump() for k, v in spec.search_space.items()},
-        "higher_is_better": spec.evaluation.higher_is_better,
-    }
+def leaderboard_config(spec: ExperimentSpec) -> ExperimentConfig:
+    return ExperimentConfig(
+        top_k=spec.top_k,
+        generator=GeneratorConfig(strategy=spec.generator.strategy, options=spec.generator.options),
+        algorithms=spec.algorithms,
+        search_space=spec.search_space,
+        higher_is_better=spec.evaluation.higher_is_better,
+    )
 
 
-class LeaderboardClient:
+class LeaderboardProgress:
+    """``ProgressSource`` over the shared leaderboard client (services/api_client.py), one
+    attempt per call: the reconciler asks again on its next pass."""
+
     def __init__(self, base_url: str, token: str | None, timeout_s: float = 5.0):
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(
-            base_url=base_url.rstrip("/") + "/api/v1", headers=headers, timeout=timeout_s
-        )
+        self.client = LeaderboardClient(base_url, token=token, timeout_s=timeout_s, retry_for_s=0)
 
     def register(self, experiment_id: str, spec: ExperimentSpec) -> None:
-        r = self.http.put(f"/experiments/{experiment_id}", json=leaderboard_config(spec))
-        r.raise_for_status()
+        self.client.register(leaderboard_config(spec), experiment_id)
 
     def progress(self, experiment_id: str) -> Progress:
-        out = Progress()
-        r = self.http.get(f"/experiments/{experiment_id}/best")
-        if r.status_code != 404:
-            r.raise_for_status()
-            out.best = r.json()
-        r = self.http.get(f"/experiments/{experiment_id}")
-        if r.status_code != 404:
-            r.raise_for_status()
-            steps = r.json().get("env_steps")
-            out.env_steps = int(steps) if steps is not None else None
-        return out
+        best = self.client.best(experiment_id)
+        summary = self.client.summary(experiment_id)
+        return Progress(
+            best=best.model_dump(mode="json") if best is not None else None,
+            env_steps=summary.env_steps if summary is not None else None,
+        )
 
     def delete(self, experiment_id: str) -> None:
-        r = self.http.delete(f"/experiments/{experiment_id}")
-        if r.status_code != 404:
-            r.raise_for_status()
+        self.client.delete(experiment_id)
 
     def close(self) -> None:
-        self.http.close()
+        self.client.close()

@@ -26,8 +26,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
+from services.api_client import ServiceError
 from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
 from services.orchestrator import metrics
@@ -437,8 +436,8 @@ class Reconciler:
             return True
         try:
             self.progress.register(exp.id, exp.spec)
-        except httpx.HTTPStatusError as e:
-            if e.response.status_code >= 500:
+        except ServiceError as e:
+            if e.status is None or e.status >= 500:
                 status["launch_reason"] = f"leaderboard unavailable: {e}"
                 return False
             # A 4xx is the leaderboard refusing this experiment: retrying cannot help.
@@ -446,8 +445,7 @@ class Reconciler:
                 exp,
                 status,
                 st.FAILED,
-                f"the leaderboard refused the experiment ({e.response.status_code}): "
-                f"{e.response.text[:500]}",
+                f"the leaderboard refused the experiment ({e.status}): {str(e.detail)[:500]}",
                 time.time(),
             )
             return False

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from services.pod.leaderboard_client import LeaderboardClient
+    from services.api_client import LeaderboardClient
     from services.pod.metrics import PodMetrics
     from services.pod.multiprocess import ProcessRoles, RemoteRoles
     from services.pod.population_runtime import PopulationRuntime

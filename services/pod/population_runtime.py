@@ -48,13 +48,14 @@ from typing import Any
 import torch
 from typing_extensions import Unpack  # typing.Unpack from Python 3.12
 
+from services.api_client import LeaderboardClient
+from services.contracts.leaderboard import Manifest, ManifestCheckpoint
 from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
 from services.pod.algorithms.hyperparameters import check_population
 from services.pod.algorithms.ppo import PPO
 from services.pod.checkpoint import CheckpointError
 from services.pod.evaluator import EvalResult
-from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.learner import Learner
 from services.pod.population import HYPERPARAMETERS, PopulationPPO, build_population
 from services.pod.runtime import (
@@ -149,7 +150,7 @@ class PopulationRuntime(PodLoop):
         """Ask the generator once per member, build the population with the members'
         hyperparameters, then load the parents of the members that have one."""
         torch.set_num_threads(self.threads)
-        manifests: list[dict[str, Any]] = []
+        manifests: list[Manifest] = []
         try:
             for member in self.members:
                 manifests.append(self.client.generate(member.pod_id, algorithm="ppo"))
@@ -173,29 +174,29 @@ class PopulationRuntime(PodLoop):
             for manifest in manifests:
                 self.release(manifest)
 
-    def _member_config(self, manifest: dict[str, Any], seed: int) -> TrainConfig:
-        hyperparameters = dict(manifest["hyperparameters"])
-        check_population(self.size, [manifest["algorithm"]], hyperparameters)
+    def _member_config(self, manifest: Manifest, seed: int) -> TrainConfig:
+        hyperparameters = dict(manifest.hyperparameters)
+        check_population(self.size, [manifest.algorithm], hyperparameters)
         return member_config(self.spec, hyperparameters, seed, self.device, self.threads)
 
     def _place(
-        self, i: int, manifest: dict[str, Any], config: TrainConfig, fresh_built: bool = False
+        self, i: int, manifest: Manifest, config: TrainConfig, fresh_built: bool = False
     ) -> None:
         """Put the manifest's agent into slot i: the parent's training files with the proposed
         hyperparameters, or fresh weights (``fresh_built``: the slot already holds them)."""
         pop = self.population
         assert pop is not None
-        hyperparameters = dict(manifest["hyperparameters"])
+        hyperparameters = dict(manifest.hyperparameters)
         parent_id, generation = None, 0
         learner: Learner | None = None
-        if manifest["checkpoint"] != "fresh":
+        if isinstance(manifest.checkpoint, ManifestCheckpoint):
             learner = self._learner(config)
             try:
                 directory = fetch_parent(
-                    self.client, self.work_dir / f"m{i}" / "parent", manifest["checkpoint"]
+                    self.client, self.work_dir / f"m{i}" / "parent", manifest.checkpoint
                 )
                 self.family.load(directory, learner, config)
-                parent_id, generation = manifest["parent_id"], manifest["generation"]
+                parent_id, generation = manifest.parent_id, manifest.generation
             except CheckpointError as exc:
                 log.warning("parent does not fit; starting fresh", member=i, error=str(exc))
                 learner = None
@@ -218,7 +219,7 @@ class PopulationRuntime(PodLoop):
         log.info(
             "member built",
             member=i,
-            decision=manifest["decision"],
+            decision=manifest.decision,
             parent=parent_id,
             generation=generation,
             hyperparameters=hyperparameters,
@@ -295,7 +296,7 @@ class PopulationRuntime(PodLoop):
             log.info(
                 "member restarting from a better parent",
                 member=i,
-                parent=manifest.get("parent_id"),
+                parent=manifest.parent_id,
                 own_score=member.score,
             )
             try:

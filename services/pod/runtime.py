@@ -36,8 +36,10 @@ import torch
 from pydantic import ValidationError
 from typing_extensions import Unpack  # typing.Unpack from Python 3.12
 
+from services.api_client import LeaderboardClient
+from services.contracts.leaderboard import Manifest, ManifestCheckpoint, SubmissionResponse
 from services.contracts.spec import ExperimentSpec, describe_errors
-from services.contracts.strategies import is_ready, ready_rule
+from services.contracts.strategies import is_ready, parent_is_better, ready_rule
 from services.logs import get_logger
 from services.pod import offpolicy
 from services.pod.algorithms.hyperparameters import (  # torch-free, shared with the spec
@@ -54,7 +56,6 @@ from services.pod.checkpoint import (
     write_files,
 )
 from services.pod.evaluator import EvalResult, Evaluator
-from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.learner import Learner
 from services.pod.metrics import PodMetrics
 from services.pod.offpolicy import OffPolicyConfig, OffPolicyRoles
@@ -322,33 +323,23 @@ class Agent:
             },
         }
 
-    def record(self, answer: dict[str, Any], score: float) -> None:
+    def record(self, answer: SubmissionResponse, score: float) -> None:
         """Take in the updater's answer to a submission scored ``score``."""
-        self.score, self.rank = score, answer.get("rank")
+        self.score, self.rank = score, answer.rank
         self.reports += 1
-        if answer.get("accepted"):
+        if answer.accepted:
             # The next report of this agent descends from the one just kept.
-            self.candidate_id = answer["candidate_id"]
+            self.candidate_id = answer.candidate_id
             self.parent_id, self.generation = self.candidate_id, self.generation + 1
 
 
-def parent_is_better(manifest: dict[str, Any], agent: Agent, higher_is_better: bool) -> bool:
-    """Whether the generator's proposed parent scored better than ``agent`` (PBT's exploit);
-    an agent not scored yet loses to any parent."""
-    parent_id, parent_score = manifest.get("parent_id"), manifest.get("parent_score")
-    if parent_id is None or parent_id == agent.candidate_id or parent_score is None:
-        return False
-    own = agent.score
-    if own is None:
-        own = -math.inf if higher_is_better else math.inf
-    return parent_score > own if higher_is_better else parent_score < own
-
-
-def fetch_parent(client: LeaderboardClient, directory: Path, checkpoint: dict[str, Any]) -> Path:
+def fetch_parent(
+    client: LeaderboardClient, directory: Path, checkpoint: ManifestCheckpoint
+) -> Path:
     """Download a parent's training files into ``directory``, verified against its manifest."""
     files = client.download(checkpoint)
     if MANIFEST not in files:
-        raise CheckpointError(f"candidate {checkpoint['candidate_id']} has no {MANIFEST}")
+        raise CheckpointError(f"candidate {checkpoint.candidate_id} has no {MANIFEST}")
     try:
         original = json.loads(files.pop(MANIFEST))
     except ValueError as exc:
@@ -437,12 +428,12 @@ class PodLoop:
         """The final report, once stopped."""
         raise NotImplementedError
 
-    def release(self, manifest: dict[str, Any]) -> None:
+    def release(self, manifest: Manifest) -> None:
         """Let go of the parent's files the manifest leased, if it leased any."""
-        if manifest.get("lease_id"):
-            self.client.release(manifest["lease_id"])
+        if manifest.lease_id:
+            self.client.release(manifest.lease_id)
 
-    def better_parent(self, agent: Agent, pod_id: str, env_steps: int) -> dict[str, Any] | None:
+    def better_parent(self, agent: Agent, pod_id: str, env_steps: int) -> Manifest | None:
         """PBT's exploit for ``agent`` (``env_steps``: its learner's count): once it is ready,
         ask the generator; its manifest when it proposes a parent that scored better (whose
         lease the caller releases once it is loaded), else None (the lease released)."""
@@ -493,7 +484,7 @@ class PodLoop:
         self.metrics.submissions.inc()
         self.submissions.append(
             {
-                **answer,
+                **answer.model_dump(),
                 "submission_id": result["submission_id"],
                 "env_steps": env_steps,
                 **(entry or {}),
@@ -507,10 +498,10 @@ class PodLoop:
             submission=result["submission_id"],
             score=evaluation.mean,
             env_steps=env_steps,
-            accepted=answer.get("accepted"),
-            candidate=answer.get("candidate_id"),
-            rank=answer.get("rank"),
-            duplicate=answer.get("duplicate", False),
+            accepted=answer.accepted,
+            candidate=answer.candidate_id,
+            rank=answer.rank,
+            duplicate=answer.duplicate,
         )
 
 
@@ -542,11 +533,11 @@ class PodRuntime(PodLoop):
         else:  # the last report already holds this agent: a copy would only crowd the board
             log.info("nothing trained since the last report; no final report needed")
 
-    def start(self, manifest: dict[str, Any]) -> None:
+    def start(self, manifest: Manifest) -> None:
         """Build the agent the manifest describes: fresh, or the parent's files + new
         hyperparameters. The parent's lease is released once its files are loaded."""
-        hyperparameters = dict(manifest["hyperparameters"])
-        algorithm = manifest["algorithm"]
+        hyperparameters = dict(manifest.hyperparameters)
+        algorithm = manifest.algorithm
         self.seed += 1  # a restart explores with its own random stream
         family = family_of(algorithm)
         config = pod_config(
@@ -557,12 +548,12 @@ class PodRuntime(PodLoop):
         self.roles = family.roles(self.roles, algorithm)
         learner = self.build_agent(config)
         parent_id, generation = None, 0
-        checkpoint = manifest["checkpoint"]
+        checkpoint = manifest.checkpoint
         try:
-            if checkpoint != "fresh":
+            if isinstance(checkpoint, ManifestCheckpoint):
                 try:
                     self.load_parent(family, learner, config, checkpoint)
-                    parent_id, generation = manifest["parent_id"], manifest["generation"]
+                    parent_id, generation = manifest.parent_id, manifest.generation
                 except CheckpointError as exc:
                     # Hyperparameters that change the network's shape (or a smaller replay
                     # buffer) cannot take the parent's files: train them from scratch.
@@ -582,7 +573,7 @@ class PodRuntime(PodLoop):
         log.info(
             "agent built",
             algorithm=algorithm,
-            decision=manifest["decision"],
+            decision=manifest.decision,
             parent=parent_id,
             generation=generation,
             hyperparameters=hyperparameters,
@@ -599,7 +590,7 @@ class PodRuntime(PodLoop):
             ) from exc
 
     def load_parent(
-        self, family: Family, learner: Trainee, config: RunConfig, checkpoint: dict
+        self, family: Family, learner: Trainee, config: RunConfig, checkpoint: ManifestCheckpoint
     ) -> None:
         directory = fetch_parent(self.client, self.work_dir / "parent", checkpoint)
         family.load(directory, learner, config)
@@ -633,7 +624,7 @@ class PodRuntime(PodLoop):
             return
         log.info(
             "restarting from a better parent",
-            parent=manifest.get("parent_id"),
+            parent=manifest.parent_id,
             own_score=self.agent.score,
         )
         self.start(manifest)

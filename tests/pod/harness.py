@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import uvicorn
 
+from services.api_client import LeaderboardClient
+from services.contracts.leaderboard import Candidate, ManifestCheckpoint
 from services.contracts.spec import ExperimentSpec
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
-from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.runtime import FusedRoles, PodRuntime, fetch_parent
 from tests.leaderboard.conftest import free_port
 
@@ -101,11 +102,12 @@ def client(lb: Leaderboard, exp: str) -> LeaderboardClient:
     return LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)
 
 
-def download(lb: Leaderboard, candidate: dict[str, Any], directory: Path) -> Path:
+def download(lb: Leaderboard, candidate: dict[str, Any] | Candidate, directory: Path) -> Path:
     """A candidate's training files, fetched and verified as a pod fetches its parent."""
-    pod_client = client(lb, candidate["experiment_id"])
+    data = candidate if isinstance(candidate, dict) else candidate.model_dump()
+    pod_client = client(lb, data["experiment_id"])
     try:
-        return fetch_parent(pod_client, directory, candidate)
+        return fetch_parent(pod_client, directory, ManifestCheckpoint.model_validate(data))
     finally:
         pod_client.close()
 

@@ -17,13 +17,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from services.api_client import LeaderboardClient
+from services.contracts.leaderboard import Manifest
 from services.contracts.spec import ExperimentSpec
 from services.pod.checkpoint import (
     load_training_files,
     read_files,
     save_training_files,
 )
-from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.metrics import PodMetrics
 from services.pod.population_runtime import (
     PopulationRuntime,
@@ -142,7 +143,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     spec = make_spec(generator=generator)
     register(leaderboard, "e2", spec)
     rt = population(leaderboard, "e2", spec, "pop-b", tmp_path)
-    manifests: list[dict[str, Any]] = []  # what the generator answered, to check the leases
+    manifests: list[Manifest] = []  # what the generator answered, to check the leases
     generate = rt.client.generate
     rt.client.generate = lambda *a, **k: manifests.append(generate(*a, **k)) or manifests[-1]
     rt.start()
@@ -168,7 +169,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
         },
         files,
     )
-    assert answer["accepted"] and answer["rank"] == 1
+    assert answer.accepted and answer.rank == 1
 
     rt.train_round()
     rt.report()
@@ -179,7 +180,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     parent_steps = float(parent.agent.optimizer.state_dict()["state"][0]["step"])
     assert parent_steps == 3 * config.ppo.update_epochs * config.ppo.num_minibatches
     for i, member in enumerate(rt.members):
-        assert member.parent_id == answer["candidate_id"] and member.generation == 1
+        assert member.parent_id == answer.candidate_id and member.generation == 1
         assert member.reports == 0 and member.unreported_steps == 0
         # The parent's weights, statistics and Adam state, with the explored hyperparameters.
         agent = pop.agent(i)
@@ -196,11 +197,11 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     with leaderboard.api() as api:
         board = api.get("/experiments/e2/leaderboard").json()["candidates"]
         # Every parent's lease was released once its files were loaded (or not wanted).
-        leases = [m["lease_id"] for m in manifests if m.get("lease_id")]
+        leases = [m.lease_id for m in manifests if m.lease_id]
         assert len(leases) == P
         for lease in leases:
             assert api.delete(f"/experiments/e2/leases/{lease}").status_code == 404
-    children = [c for c in board if c["parent_id"] == answer["candidate_id"]]
+    children = [c for c in board if c["parent_id"] == answer.candidate_id]
     assert {c["pod_id"] for c in children} == {m.pod_id for m in rt.members}
     assert all(c["generation"] == 1 for c in children)
     directory = download(leaderboard, children[0], tmp_path / "child")

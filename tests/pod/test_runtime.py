@@ -21,6 +21,7 @@ import safetensors.torch
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.contracts.leaderboard import SubmissionResponse
 from services.contracts.spec import ExperimentSpec
 from services.leaderboard.generator import PBTGenerator
 from services.pod.checkpoint import load_training_files, read_files, write_files
@@ -82,13 +83,13 @@ def test_ready_rule_and_lineage_bookkeeping() -> None:
     assert sent["eval"] == {"mean": 10.0, "std": 1.0, "episodes": 2}
     assert (sent["parent_id"], sent["generation"]) == (None, 0)
 
-    agent.record({"accepted": False, "rank": None}, 10.0)
+    agent.record(SubmissionResponse(accepted=False), 10.0)
     assert (agent.reports, agent.candidate_id, agent.generation) == (1, None, 0)
     assert not is_ready(agent, 100 + 5_000, ready_reports=1, ready_env_steps=10_000)
     assert is_ready(agent, 100 + 10_000, ready_reports=1, ready_env_steps=10_000)
     assert not is_ready(agent, 100 + 10_000, ready_reports=2, ready_env_steps=10_000)
 
-    agent.record({"accepted": True, "candidate_id": "c1", "rank": 1}, 12.0)
+    agent.record(SubmissionResponse(accepted=True, candidate_id="c1", rank=1), 12.0)
     assert (agent.score, agent.rank, agent.reports) == (12.0, 1, 2)
     assert (agent.candidate_id, agent.parent_id, agent.generation) == ("c1", "c1", 1)
     assert not is_ready(agent, 10**9, ready_reports=0, ready_env_steps=0)  # the best there is
@@ -138,19 +139,19 @@ def test_restart_from_a_better_parent(leaderboard: Leaderboard, tmp_path: Path) 
 
     child = runtime(leaderboard, "e2", spec, "pod-child", tmp_path)
     manifest = child.client.generate("pod-child")
-    assert manifest["parent_id"] == parent["candidate_id"]  # pbt exploits the board
+    assert manifest.parent_id == parent["candidate_id"]  # pbt exploits the board
     child.start(manifest)
     learner = child.roles.learner
     # Weights and observation statistics are the parent's; the LR is the proposed one.
     for name, value in learner.policy.state_dict().items():
         assert torch.equal(value, parent_state[name]), name
-    lr = manifest["hyperparameters"]["learning_rate"]
+    lr = manifest.hyperparameters["learning_rate"]
     assert [g["lr"] for g in learner.agent.optimizer.param_groups] == [lr]
     assert child.agent.parent_id == parent["candidate_id"]
     assert child.agent.generation == parent["generation"] + 1
     child.close()
     with leaderboard.api() as api:
-        lease = api.delete(f"/experiments/e2/leases/{manifest['lease_id']}")
+        lease = api.delete(f"/experiments/e2/leases/{manifest.lease_id}")
     assert lease.status_code == 404  # the pod released it once the files were loaded
 
 
@@ -178,8 +179,8 @@ def test_truncation_keeps_a_pod_that_is_not_among_the_worst(
         rt.maybe_exploit()  # the middle of three pods: 1 of 3 is replaced, and not this one
         assert restarts == []
         manifest = rt.client.generate("pod-mid", algorithm="ppo")  # no score: a parent
-        assert manifest["decision"] == "explore" and manifest["parent_score"] == 1e6
-        rt.client.release(manifest["lease_id"])
+        assert manifest.decision == "explore" and manifest.parent_score == 1e6
+        rt.client.release(manifest.lease_id)
     finally:
         rt.close()
 

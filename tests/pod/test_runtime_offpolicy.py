@@ -22,6 +22,7 @@ import safetensors.torch
 import torch
 from pydantic import ValidationError
 
+from services.contracts.leaderboard import Manifest
 from services.contracts.spec import ExperimentSpec
 from services.pod.offpolicy import OffPolicyConfig, build, load_offpolicy_files
 from services.pod.runtime import (
@@ -124,8 +125,8 @@ def test_restart_from_a_sac_parent_loads_weights_and_replay_buffer(
 
     child = runtime(lb, "e2", spec, "pod-child", tmp_path)
     manifest = child.client.generate("pod-child")
-    assert manifest["algorithm"] == "sac" and manifest["parent_id"] is not None
-    parent = child.client.candidate(manifest["parent_id"])
+    assert manifest.algorithm == "sac" and manifest.parent_id is not None
+    parent = child.client.candidate(manifest.parent_id)
     parent_dir = download(lb, parent, tmp_path / "parent")
     files = {p.name: p.read_bytes() for p in parent_dir.iterdir()}
     child.start(manifest)
@@ -138,19 +139,19 @@ def test_restart_from_a_sac_parent_loads_weights_and_replay_buffer(
     assert torch.equal(learner.buffer.action[: len(learner.buffer)], replay["action"])
     counters = json.loads(files["counters.json"])
     assert learner.env_steps == counters["env_steps"] == child.agent.env_steps_at_start
-    lr = manifest["hyperparameters"]["learning_rate"]
+    lr = manifest.hyperparameters["learning_rate"]
     assert [g["lr"] for g in learner.agent.optimizer.param_groups] == [lr]
     assert child.config.sac.learning_rate == lr
     # A child explores with its own stream, not the parent's next draws.
     parent_rng = safetensors.torch.load(files["rng.safetensors"])["generator"]
     assert not torch.equal(learner.generator.get_state(), parent_rng)
-    assert child.agent.parent_id == parent["candidate_id"]
-    assert child.agent.generation == parent["generation"] + 1
+    assert child.agent.parent_id == parent.candidate_id
+    assert child.agent.generation == parent.generation + 1
     child.train_round()  # and it trains on from there
     assert learner.env_steps >= counters["env_steps"] + 256
     child.close()
     with lb.api() as api:
-        lease = api.delete(f"/experiments/e2/leases/{manifest['lease_id']}")
+        lease = api.delete(f"/experiments/e2/leases/{manifest.lease_id}")
     assert lease.status_code == 404  # released once the files were loaded
 
 
@@ -236,12 +237,17 @@ def test_an_algorithm_the_env_cannot_take_is_a_clear_error(
 ) -> None:
     spec = make_spec(env={"name": env}, algorithms={algorithm: 1.0}, search_space={})
     rt = runtime(Leaderboard(tmp_path), "e", spec, "pod", tmp_path)  # never contacted
-    manifest = {
-        "algorithm": algorithm,
-        "hyperparameters": {},
-        "checkpoint": "fresh",
-        "decision": "fresh",
-    }
+    manifest = Manifest(
+        experiment_id="e",
+        pod_id="pod",
+        algorithm=algorithm,
+        hyperparameters={},
+        parent_id=None,
+        generation=0,
+        checkpoint="fresh",
+        decision="fresh",
+        strategy="pbt",
+    )
     with pytest.raises(HyperparameterError, match=message):
         rt.start(manifest)
     rt.close()
