@@ -36,9 +36,9 @@ from typing import Any
 
 import httpx
 
+from services.cli.platform import ThreadedServer, bind_listener
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
-from services.platform import ThreadedServer, bind_listener
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"

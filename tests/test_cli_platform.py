@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from services.platform import Platform, read_session
+from services.cli.platform import Platform, read_session
 
 ROOT = Path(__file__).resolve().parents[1]
 PODIUM = [sys.executable, "-m", "services.cli"]
@@ -189,8 +189,8 @@ def test_live_panel_follows_the_experiment_to_its_end(platform: Platform) -> Non
 
     from rich.console import Console
 
-    from services.cli import Watch, wait_for_end
-    from services.client import PodiumClient, resolve
+    from services.cli.client import PodiumClient, resolve
+    from services.cli.live import Watch, wait_for_end
 
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=140, color_system=None)
@@ -438,7 +438,7 @@ def test_run_to_the_target_writes_results(tmp_path: Path) -> None:
     assert {n["candidate_id"] for n in lineage["nodes"]} == {c["candidate_id"] for c in candidates}
     # best_score.png's series: every report from the leaderboard's log, not the CLI's polls,
     # so the climb from 10 (each pod's first report) to the target is on it.
-    from services import plots
+    from services.cli import plots
 
     reports = json.loads((out / "submissions.json").read_text())
     assert {r["pod_id"] for r in reports} == {c["pod_id"] for c in candidates}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.client import (
+from services.cli.client import (
     EXIT_API,
     ApiError,
     Endpoints,

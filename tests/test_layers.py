@@ -25,7 +25,7 @@ def test_the_control_plane_and_the_cli_run_without_torch() -> None:
     name check (env, algorithms, their hyperparameters, the strategy's options) load no torch."""
     proc = _run(
         "import sys; import services.orchestrator.app, services.leaderboard.app, services.cli; "
-        "import services.client, services.contracts.training_files; "
+        "import services.cli.client, services.contracts.training_files; "
         "from services.contracts.spec import ExperimentSpec; "
         f"ExperimentSpec.model_validate({SPEC}); "
         "assert 'torch' not in sys.modules, 'torch imported'"

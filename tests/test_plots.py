@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from services import plots
+from services.cli import plots
 from services.leaderboard.app import create_app
 from tests.leaderboard.conftest import AUTH, experiment, result, settings_for
 

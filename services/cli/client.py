@@ -1,4 +1,5 @@
-"""HTTP client for the orchestrator and leaderboard APIs, as the CLI uses them.
+"""The orchestrator and leaderboard APIs as the CLI uses them, over the shared clients
+(services/api_client.py).
 
 Every failure becomes an ``ApiError`` whose message a user can act on (which service, which
 URL, what to do) and whose ``exit_code`` the CLI exits with; no traceback reaches the user.
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from services.api_client import LeaderboardClient, ServiceClient, ServiceError
+from services.cli.errors import EXIT_API, EXIT_NOT_REACHED, EXIT_USAGE, CliError
+from services.cli.platform import DEFAULT_LEADERBOARD_PORT, DEFAULT_ORCHESTRATOR_PORT, read_session
 from services.contracts.leaderboard import Candidate, Leaderboard, Lineage, SubmissionRecord
 from services.contracts.training_files import (
     FILE_NAME_RE,
@@ -31,24 +34,16 @@ from services.contracts.training_files import (
     temp_dir_beside,
     verify_digests,
 )
-from services.platform import DEFAULT_LEADERBOARD_PORT, DEFAULT_ORCHESTRATOR_PORT, read_session
-
-# Exit codes of the CLI (documented in docs/tournaments.md).
-EXIT_OK = 0
-EXIT_NOT_REACHED = 1  # the experiment ended without reaching its target / --min-reward
-EXIT_USAGE = 2  # bad input: spec file, options
-EXIT_API = 3  # unreachable service, refused token, unexpected answer
-EXIT_TIMEOUT = 4  # --timeout passed while waiting
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "budget_exhausted"})
 
 
-class ApiError(Exception):
+class ApiError(CliError):
+    """A service refused, or could not be reached: exits 3 unless the refusal says otherwise
+    (a 422 is bad input: 2)."""
+
     def __init__(self, message: str, exit_code: int = EXIT_API, status: int | None = None):
-        super().__init__(message)
-        self.message = message
-        self.exit_code = exit_code
-        self.status = status
+        super().__init__(message, exit_code, status)
 
 
 @dataclass

@@ -52,14 +52,3 @@ def parse_set(assignment: str) -> dict[str, Any]:
         node = node.setdefault(part, {})
     node[parts[-1]] = value
     return out
-
-
-def layered(
-    defaults: dict[str, Any], path: Path | None = None, sets: list[str] | None = None
-) -> dict[str, Any]:
-    config = dict(defaults)
-    if path is not None:
-        config = deep_merge(config, load_yaml(path))
-    for assignment in sets or []:
-        config = deep_merge(config, parse_set(assignment))
-    return config

@@ -1,0 +1,3 @@
+from services.cli.app import app
+
+app()

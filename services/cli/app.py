@@ -1,0 +1,368 @@
+"""The ``podium`` command line: each command parses its options and delegates.
+
+Commands import their heavy dependencies (torch, the services) only when they run, so
+``podium --help`` is instant and the control-plane commands never load torch. The work is in
+the modules beside this one: ``train`` (one agent), ``tournament`` (``up``, ``run``,
+``submit``), ``live`` (the live view and tables), ``results`` (what a run writes), ``pod_logs``,
+``client`` (the APIs), ``platform`` (the embedded platform), ``plots``, ``overrides``. Every
+failure is a ``CliError``: one line on stderr and a documented exit code (``errors``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from services.cli.errors import CliError
+
+if TYPE_CHECKING:
+    from services.cli.client import PodiumClient
+
+app = typer.Typer(
+    name="podium",
+    help="Podium: tournament-based ensemble deep RL, on one machine or a Kubernetes cluster.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@contextlib.contextmanager
+def reported() -> Iterator[None]:
+    """A CliError → its message on stderr and its exit code, never a traceback."""
+    try:
+        yield
+    except CliError as exc:
+        typer.secho(f"error: {exc.message}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and not value > 0:  # also NaN
+        raise typer.BadParameter(f"must be a number of seconds > 0, got {value:g}")
+    return value
+
+
+def _client(
+    url: str | None, token: str | None, leaderboard_url: str | None, data_dir: Path | None
+) -> PodiumClient:
+    from services.cli.client import PodiumClient, resolve
+
+    return PodiumClient(resolve(url, token, leaderboard_url, data_dir=data_dir))
+
+
+@app.callback()
+def _main() -> None:
+    import logging
+
+    from services import logs
+
+    logs.configure()
+    # httpx logs every request at INFO: noise under the CLI's own output.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+# -- options shared by the commands ---------------------------------------------------------------
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar="PODIUM_URL",
+        show_default=False,
+        help="Orchestrator URL. Default: the platform `podium up` runs on --data-dir, "
+        "else http://127.0.0.1:8000.",
+    ),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=["PODIUM_TOKEN", "PODIUM_API_TOKEN"],
+        show_default=False,
+        help="API bearer token (both services).",
+    ),
+]
+LeaderboardUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--leaderboard-url",
+        envvar="PODIUM_LEADERBOARD_URL",
+        show_default=False,
+        help="Leaderboard URL (leaderboard, export, progress).",
+    ),
+]
+DataDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--data-dir",
+        envvar="PODIUM_DATA_DIR",
+        help="The embedded platform's data directory (Redis, pod logs).",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead.")]
+SpecArg = Annotated[Path, typer.Argument(help="Experiment spec (YAML).", show_default=False)]
+ExperimentArg = Annotated[str, typer.Argument(help="Experiment id.", show_default=False)]
+QuietOpt = Annotated[bool, typer.Option(help="No live panel: a line per change.")]
+
+
+# -- one agent ------------------------------------------------------------------------------------
+@app.command()
+def train(
+    env: Annotated[str, typer.Argument(help="Registered env name, e.g. CartPole-v1.")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="YAML file with TrainConfig fields.")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Override a field: key.path=value (repeatable)."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/train"),
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Train one agent: progress bar, checkpoints and a learning-curve PNG under OUT."""
+    from services.cli.train import train as train_agent
+
+    with reported():
+        train_agent(env, config, set_ or [], out, quiet)
+
+
+# -- the embedded platform ------------------------------------------------------------------------
+@app.command()
+def up(
+    data_dir: DataDirOpt = Path("data"),
+    host: Annotated[str, typer.Option(help="Address both services bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Orchestrator port (busy: an ephemeral one).")] = 8000,
+    leaderboard_port: Annotated[int, typer.Option(help="Leaderboard port.")] = 8001,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PODIUM_API_TOKEN",
+            show_default=False,
+            help="API token of the session (default: a random one).",
+        ),
+    ] = None,
+    no_token: Annotated[
+        bool, typer.Option("--no-token", help="Open API (single user on this machine).")
+    ] = False,
+    strict_ports: Annotated[
+        bool, typer.Option(help="Fail instead of using an ephemeral port when one is busy.")
+    ] = False,
+) -> None:
+    """Run the whole platform here (embedded Redis, leaderboard, orchestrator) until Ctrl-C."""
+    from services.cli import tournament
+    from services.cli.platform import Platform
+
+    platform = Platform(
+        data_dir=data_dir,
+        host=host,
+        orchestrator_port=port,
+        leaderboard_port=leaderboard_port,
+        token=token,
+        open_api=no_token,
+        strict_ports=strict_ports,
+    )
+    with reported():
+        tournament.up(platform)
+
+
+@app.command()
+def run(
+    spec_file: SpecArg,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Results: plots, leaderboard, best agent. Default: runs/<spec name>."),
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="The platform's data (Redis, pod logs). Default: OUT/data."),
+    ] = None,
+    port: Annotated[int, typer.Option(help="Orchestrator port (busy: ephemeral).")] = 8000,
+    leaderboard_port: Annotated[int, typer.Option(help="Leaderboard port.")] = 8001,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Cancel after this many seconds (> 0).", show_default=False, callback=_positive
+        ),
+    ] = None,
+    top: Annotated[int, typer.Option(help="Rows of the final leaderboard.", min=1)] = 10,
+    quiet: QuietOpt = False,
+    verbose: Annotated[bool, typer.Option(help="Show the services' logs.")] = False,
+) -> None:
+    """Start the platform, run one experiment to its end with live progress, then print the
+    leaderboard, save plots under OUT and export the best agent into OUT/best."""
+    from services.cli import tournament
+
+    with reported():
+        code = tournament.run(
+            spec_file, out, data_dir, (port, leaderboard_port), timeout, top, quiet, verbose
+        )
+    raise typer.Exit(code)
+
+
+# -- any platform, over its APIs ------------------------------------------------------------------
+@app.command()
+def submit(
+    spec_file: SpecArg,
+    wait: Annotated[bool, typer.Option(help="Follow the experiment until it ends.")] = False,
+    min_reward: Annotated[
+        float | None,
+        typer.Option(
+            help="CI gate (implies --wait): exit 0 only if the best score reached this.",
+            show_default=False,
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Give up waiting after this many seconds (> 0).",
+            show_default=False,
+            callback=_positive,
+        ),
+    ] = None,
+    cancel_on_timeout: Annotated[
+        bool, typer.Option(help="Cancel the experiment when --timeout passes.")
+    ] = True,
+    quiet: QuietOpt = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    leaderboard_url: LeaderboardUrlOpt = None,
+    data_dir: DataDirOpt = Path("data"),
+) -> None:
+    """Submit an experiment; prints its id on stdout. With --wait, follow it to its end."""
+    from services.cli import tournament
+
+    with reported(), _client(url, token, leaderboard_url, data_dir) as client:
+        show_board = bool(leaderboard_url or not url)
+        code = tournament.submit(
+            client, spec_file, wait, min_reward, timeout, cancel_on_timeout, quiet, show_board
+        )
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    experiment: Annotated[
+        str | None, typer.Argument(help="Experiment id (default: list them).", show_default=False)
+    ] = None,
+    state: Annotated[
+        str | None, typer.Option(help="List only experiments in this state.", show_default=False)
+    ] = None,
+    events: Annotated[int, typer.Option(help="Recent events shown for one experiment.")] = 10,
+    json_out: JsonOpt = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    data_dir: DataDirOpt = Path("data"),
+) -> None:
+    """One experiment's state, progress, pods and recent events; or every experiment."""
+    from services.cli import live
+
+    console = live.stdout_console()
+    with reported(), _client(url, token, None, data_dir) as client:
+        if experiment is None:
+            exps = client.experiments(state)
+            if json_out:
+                typer.echo(json.dumps(exps, indent=2))
+            else:
+                console.print(live.experiments_table(exps) if exps else "no experiments")
+            return
+        exp = client.experiment(experiment)
+        recent = client.events(experiment)[-events:] if events else []
+        if json_out:
+            typer.echo(json.dumps({**exp, "events": recent}, indent=2))
+        else:
+            live.print_status(console, live.Watch(client, experiment, console, top=0), exp, recent)
+
+
+@app.command()
+def leaderboard(
+    experiment: ExperimentArg,
+    top: Annotated[int, typer.Option(help="Rows (default: the whole board, K).", min=0)] = 0,
+    json_out: JsonOpt = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    leaderboard_url: LeaderboardUrlOpt = None,
+    data_dir: DataDirOpt = Path("data"),
+) -> None:
+    """The experiment's leaderboard: best first, with score, algorithm, lineage, pod."""
+    from services.cli import live
+
+    with reported(), _client(url, token, leaderboard_url, data_dir) as client:
+        board = client.board(experiment, limit=top or None)
+    if json_out:
+        typer.echo(board.model_dump_json(indent=2))
+    else:
+        live.print_board(live.stdout_console(), board, experiment)
+
+
+@app.command()
+def cancel(
+    experiment: ExperimentArg,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    data_dir: DataDirOpt = Path("data"),
+) -> None:
+    """Cancel an experiment: its pods make their final reports and stop."""
+    from services.cli.client import TERMINAL
+    from services.cli.live import stderr_console
+
+    with reported(), _client(url, token, None, data_dir) as client:
+        exp = client.cancel(experiment)
+    if exp["state"] in TERMINAL:
+        stderr_console().print(f"experiment {experiment}: {exp['state']} ({exp.get('reason')})")
+    else:
+        stderr_console().print(
+            f"experiment {experiment}: cancel requested; its pods make their final reports and "
+            f"stop (podium status {experiment})"
+        )
+
+
+@app.command()
+def logs(
+    experiment: ExperimentArg,
+    pod: Annotated[
+        str | None, typer.Argument(help="Pod id (default: every pod).", show_default=False)
+    ] = None,
+    tail: Annotated[int, typer.Option(help="Lines per pod.", min=0)] = 50,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines (local files).")
+    ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    data_dir: DataDirOpt = Path("data"),
+) -> None:
+    """Pod logs: the embedded platform's files under DATA_DIR, else the orchestrator's API."""
+    from services.cli.pod_logs import show_logs
+
+    with reported(), _client(url, token, None, data_dir) as client:
+        show_logs(client, data_dir, experiment, pod, tail, follow)
+
+
+@app.command()
+def export(
+    experiment: ExperimentArg,
+    out: Annotated[
+        Path | None, typer.Option(help="Directory (default: runs/<id>/best).", show_default=False)
+    ] = None,
+    candidate: Annotated[
+        str | None, typer.Option(help="A candidate id (default: the best).", show_default=False)
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    leaderboard_url: LeaderboardUrlOpt = None,
+    data_dir: DataDirOpt = Path("data"),
+) -> None:
+    """Download an agent's training files (default: the best), verifying every sha256."""
+    from services.cli.live import stderr_console
+
+    out = out or Path("runs") / experiment / "best"
+    with reported(), _client(url, token, leaderboard_url, data_dir) as client:
+        cand = client.export(experiment, out, candidate)
+    stderr_console().print(
+        f"candidate {cand.candidate_id} (score {cand.score:.4g}, {cand.algorithm}, "
+        f"generation {cand.generation}): {len(cand.files)} files verified into {out}"
+    )
