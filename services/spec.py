@@ -16,8 +16,6 @@ from typing import Any
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -26,6 +24,7 @@ from pydantic import (
 )
 
 from services import registry
+from services.contracts.inputs import InputModel, JsonObject
 from services.search_space import SearchSpace
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -99,13 +98,9 @@ def _check_names(kind: str, group: str, given: list[str]) -> None:
         )
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EnvSpec(_Model):
+class EnvSpec(InputModel):
     name: str = Field(description="Registered env name (podium.envs) or gym:<gymnasium id>.")
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    kwargs: JsonObject = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -113,9 +108,9 @@ class EnvSpec(_Model):
         return check_env_name(v)
 
 
-class GeneratorSpec(_Model):
+class GeneratorSpec(InputModel):
     strategy: str = Field(default="pbt", description="Registered generator (podium.generators).")
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: JsonObject = Field(default_factory=dict)
 
     @field_validator("strategy")
     @classmethod
@@ -142,7 +137,7 @@ class GeneratorSpec(_Model):
         return self
 
 
-class Population(_Model):
+class Population(InputModel):
     min_pods: int = Field(default=1, ge=1)
     max_pods: int = Field(default=4, ge=1)
     agents_per_pod: int = Field(
@@ -160,7 +155,7 @@ class Population(_Model):
         return self
 
 
-class Resources(_Model):
+class Resources(InputModel):
     gpus: int = Field(default=0, ge=0)
     cpu: float = Field(default=1.0, gt=0, description="CPU cores per pod.")
     memory: str = Field(default="2Gi", description="Memory per pod (Kubernetes quantity).")
@@ -181,7 +176,7 @@ class Resources(_Model):
         return int(parse_quantity(self.memory))
 
 
-class Round(_Model):
+class Round(InputModel):
     """How long a pod trains between reports to the leaderboard: env steps or seconds."""
 
     env_steps: int | None = Field(default=None, gt=0)
@@ -194,13 +189,13 @@ class Round(_Model):
         return self
 
 
-class Budget(_Model):
+class Budget(InputModel):
     total_env_steps: int | None = Field(default=None, gt=0)
     wall_time_s: float | None = Field(default=None, gt=0)
     pods_launched: int | None = Field(default=None, gt=0)
 
 
-class Evaluation(_Model):
+class Evaluation(InputModel):
     episodes: int = Field(default=10, ge=1)
     every_rounds: int = Field(default=1, ge=1)
     seed: int | None = Field(
@@ -213,7 +208,7 @@ class Evaluation(_Model):
     higher_is_better: bool = True
 
 
-class ExperimentSpec(_Model):
+class ExperimentSpec(InputModel):
     name: str = Field(description="DNS-1123 label: lower-case letters, digits, '-'.")
     env: EnvSpec
     algorithms: dict[str, float] = Field(
@@ -224,7 +219,7 @@ class ExperimentSpec(_Model):
     population: Population = Field(default_factory=Population)
     resources: Resources = Field(default_factory=Resources)
     round: Round = Field(default_factory=lambda: Round(env_steps=100_000))
-    target_reward: float | None = Field(default=None, allow_inf_nan=False)
+    target_reward: float | None = None
     top_k: int = Field(default=8, ge=1, le=1024, description="Leaderboard size.")
     budget: Budget = Field(default_factory=Budget)
     evaluation: Evaluation = Field(default_factory=Evaluation)

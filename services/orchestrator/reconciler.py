@@ -64,6 +64,8 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.last_error: str | None = None
+        self.failed_passes = 0  # consecutive; /readyz reports a reconciler that keeps failing
+        self._invalid_seen: set[str] = set()
 
     # -- loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,23 +89,30 @@ class Reconciler:
                 with metrics.RECONCILE_SECONDS.time():
                     self.reconcile_once()
                 self.last_error = None
+                self.failed_passes = 0
             except Exception as e:  # keep looping: the next pass starts from observed state
                 metrics.RECONCILE_ERRORS.inc()
                 self.last_error = f"{type(e).__name__}: {e}"
+                self.failed_passes += 1
                 log.exception("reconcile pass failed")
             self.backend.changed.wait(self.settings.reconcile_interval_s)
 
     # -- one pass ----------------------------------------------------------------------------
     def reconcile_once(self) -> None:
         now = time.time()
-        exps = {e.id: e for e in self.store.list()}
+        # Only experiments with work left (not ended and finalized): finished ones cost nothing.
+        exps: dict[str, Experiment] = {}
+        invalid: dict[str, Experiment] = {}
+        for e in self.store.active():
+            (invalid if e.invalid else exps)[e.id] = e
         pods = self.backend.list_pods()
         by_exp: dict[str, list[PodInfo]] = defaultdict(list)
         for p in pods:
             by_exp[p.experiment_id].append(p)
+        self._skip_invalid(invalid, by_exp)
 
         for exp_id, ps in by_exp.items():
-            if exp_id not in exps:  # orphans: nobody wants them any more
+            if exp_id not in exps and exp_id not in invalid:  # orphans: nobody wants them
                 for p in ps:
                     if p.live:
                         self._terminate(p, None)
@@ -166,10 +175,29 @@ class Reconciler:
                 status["reason"] = reason or "starting pods"
             self._save(exp, status, by_exp.get(exp.id, []) + self._created.pop(exp.id, []))
 
-        self._update_gauges(exps, pods)
+        self._update_gauges(pods)
         self.passes += 1
 
     # -- pieces ------------------------------------------------------------------------------
+    def _skip_invalid(
+        self, invalid: dict[str, Experiment], by_exp: dict[str, list[PodInfo]]
+    ) -> None:
+        """A stored record that no longer validates is left alone (its pods too), counted
+        and logged once, so it cannot stop the pass for every other experiment; deleting it
+        through the API still works."""
+        metrics.INVALID_EXPERIMENTS.set(len(invalid))
+        for exp in invalid.values():
+            live = [p for p in by_exp.get(exp.id, []) if p.live]
+            if exp.intent == st.DELETE:
+                for p in live:
+                    if not p.terminating:
+                        self._terminate(p, exp.id)
+                if not live:
+                    self._delete(exp)
+            elif exp.id not in self._invalid_seen:
+                log.error("invalid stored experiment skipped", experiment=exp.id, why=exp.invalid)
+        self._invalid_seen = set(invalid)
+
     def _hand_in_finished(
         self, exp: Experiment, ps: list[PodInfo], status: dict[str, Any], now: float
     ) -> None:
@@ -495,10 +523,7 @@ class Reconciler:
         self._progress.pop(exp.id, None)
         log.info("experiment deleted", experiment=exp.id)
 
-    def _update_gauges(self, exps: dict[str, Experiment], pods: list[PodInfo]) -> None:
-        counts = dict.fromkeys(st.STATES, 0)
-        for e in exps.values():
-            counts[e.state] = counts.get(e.state, 0) + 1
-        for state, n in counts.items():
+    def _update_gauges(self, pods: list[PodInfo]) -> None:
+        for state, n in self.store.state_counts().items():
             metrics.EXPERIMENTS.labels(state=state).set(n)
         metrics.PODS_LIVE.set(sum(1 for p in pods if p.live))

@@ -42,6 +42,9 @@ class OrchestratorSettings(PodiumSettings):
     max_pods_per_experiment: int = Field(default=256, ge=1)
 
     reconcile_interval_s: float = Field(default=2.0, gt=0)
+    reconcile_failures_unready: int = Field(
+        default=3, ge=1, description="/readyz answers 503 after this many failed passes in a row."
+    )
     backoff_initial_s: float = Field(default=1.0, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
     crash_loop_limit: int = Field(
