@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from services import registry
+from services.contracts.action_spaces import misfits
 from services.contracts.inputs import InputModel, JsonObject
 from services.search_space import SearchSpace
 
@@ -226,6 +227,14 @@ class ExperimentSpec(InputModel):
     priority: int = Field(default=0, ge=-1000, le=1000, description="Higher preempts lower.")
 
     @model_validator(mode="after")
+    def _action_spaces(self) -> ExperimentSpec:
+        # DQN on Pendulum would be accepted and every pod would exit "bad input": refused
+        # here from the torch-free table the pods' algorithms declare their kinds in.
+        if problems := misfits(self.env.name, list(self.algorithms)):
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:
         # Population pods (services/pod/population_runtime.py) stack their agents' weights:
         # refused here, by the pods' own torch-free check, rather than by every pod at start.
@@ -257,6 +266,16 @@ class ExperimentSpec(InputModel):
     @classmethod
     def _algorithms(cls, v: dict[str, float]) -> dict[str, float]:
         _check_names("algorithm", registry.ALGORITHMS, list(v))
+        # A plugin registered under podium.algorithms that no pod runtime trains would make
+        # every pod exit on start: refused here, with what pods do train.
+        from services.pod.algorithms.hyperparameters import HYPERPARAMETER_MODELS
+
+        untrainable = [a for a in v if a not in HYPERPARAMETER_MODELS]
+        if untrainable:
+            raise ValueError(
+                f"algorithm {', '.join(map(repr, untrainable))} is registered but no pod can "
+                f"train it; pods train: {', '.join(sorted(HYPERPARAMETER_MODELS))}"
+            )
         bad = [k for k, w in v.items() if not (w > 0 and math.isfinite(w))]
         if bad:
             raise ValueError(f"weights must be finite and > 0: {', '.join(bad)}")

@@ -45,6 +45,10 @@ class ProgressSource(Protocol):
 
     def delete(self, experiment_id: str) -> None: ...
 
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
+        """Pod ids with a decided report after stream id ``after``, and the new cursor."""
+        ...
+
 
 class NoLeaderboard:
     """No leaderboard configured: no scores, so only wall-time and pod budgets can end a run."""
@@ -57,6 +61,9 @@ class NoLeaderboard:
 
     def delete(self, experiment_id: str) -> None:
         return None
+
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
+        return set(), after
 
 
 def leaderboard_config(spec: ExperimentSpec) -> dict[str, Any]:
@@ -97,6 +104,23 @@ class LeaderboardClient:
         r = self.http.delete(f"/experiments/{experiment_id}")
         if r.status_code != 404:
             r.raise_for_status()
+
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
+        """From the submission log (``GET …/submissions``): the cursor returned is that of the
+        last full page read, since the log gives one for full pages only; the caller keeps the
+        union, so the partial page read again next time adds nothing twice."""
+        pods: set[str] = set()
+        while True:
+            params: dict[str, Any] = {"limit": 1000, **({"after": after} if after else {})}
+            r = self.http.get(f"/experiments/{experiment_id}/submissions", params=params)
+            if r.status_code == 404:
+                return pods, after
+            r.raise_for_status()
+            page = r.json()
+            pods.update(s["pod_id"] for s in page["submissions"])
+            if not page.get("next_after"):
+                return pods, after
+            after = page["next_after"]
 
     def close(self) -> None:
         self.http.close()

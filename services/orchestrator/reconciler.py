@@ -19,6 +19,8 @@ replaced within milliseconds rather than a full interval.
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import threading
 import time
@@ -31,8 +33,9 @@ import httpx
 from services.logs import get_logger
 from services.orchestrator import metrics
 from services.orchestrator import store as st
-from services.orchestrator.backends.base import Backend, PodInfo, PodRequest
+from services.orchestrator.backends.base import BAD_INPUT_EXIT, Backend, PodInfo, PodRequest
 from services.orchestrator.leaderboard_client import Progress, ProgressSource
+from services.orchestrator.progress_calls import ProgressCalls, make_breaker
 from services.orchestrator.scheduler import Demand, Res, allocate, backoff_delay, launchable
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Experiment, Store
@@ -43,6 +46,44 @@ log = get_logger(__name__)
 
 def pod_resources(spec: ExperimentSpec) -> Res:
     return Res(spec.resources.cpu, spec.resources.gpus, spec.resources.memory_bytes)
+
+
+def env_step_allowance(spec: ExperimentSpec, status: dict[str, Any], pods: int) -> int | None:
+    """Env steps a pod started now may take (``PODIUM_MAX_ENV_STEPS``), None without a budget.
+
+    The budget left (total minus what the leaderboard has counted) split evenly over the
+    experiment's target pod count: the pods alive at once then cannot take together more than
+    what was left when each started, so a budget is overshot by steps not yet reported at most,
+    instead of by a round per pod. A pod cuts its round at its allowance, reports and exits 0;
+    its replacement gets a share of what is left then.
+    """
+    total = spec.budget.total_env_steps
+    if total is None:
+        return None
+    left = total - (status.get("env_steps") or 0)
+    return max(1, left // max(1, pods))
+
+
+def failure_line(tail: str) -> str | None:
+    """The line of a failed pod's log tail worth putting in a reason: its last line, unless it
+    is an ordinary info/debug line (a pod killed from outside dies mid-sentence of its normal
+    log). A JSON log line gives its event and error."""
+    lines = [x for x in tail.splitlines() if x.strip()]
+    if not lines:
+        return None
+    line = lines[-1].strip()
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if isinstance(record, dict):
+        if str(record.get("level", "")).lower() in ("debug", "info"):
+            return None
+        event, error = record.get("event"), record.get("error")
+        return ": ".join(str(x) for x in (event, error) if x) or line
+    if re.match(r"^\S*\s*(?:\[?(?:INFO|DEBUG)\]?)[\s:]", line):
+        return None
+    return line
 
 
 class Reconciler:
@@ -56,8 +97,16 @@ class Reconciler:
         self.settings = settings
         self.store = store
         self.backend = backend
-        self.progress = progress
-        self._progress: dict[str, tuple[float, Progress]] = {}
+        self.calls = ProgressCalls(
+            progress,
+            settings.leaderboard_concurrency,
+            make_breaker(
+                settings.leaderboard_breaker_failures, settings.leaderboard_breaker_reset_s
+            ),
+            self.wake,
+        )
+        self._final_since: dict[str, float] = {}  # experiment → when its last pod was gone
+        self._next_launch: float | None = None  # the earliest backoff end seen in a pass
         self._created: dict[str, list[PodInfo]] = {}  # pods created this pass, per experiment
         self._pool = ThreadPoolExecutor(settings.create_concurrency, thread_name_prefix="create")
         self._stop = threading.Event()
@@ -78,6 +127,7 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True)
+        self.calls.close()
 
     def wake(self) -> None:
         self.backend.changed.set()
@@ -95,11 +145,15 @@ class Reconciler:
                 self.last_error = f"{type(e).__name__}: {e}"
                 self.failed_passes += 1
                 log.exception("reconcile pass failed")
-            self.backend.changed.wait(self.settings.reconcile_interval_s)
+            wait = self.settings.reconcile_interval_s
+            if self._next_launch is not None:  # a backoff ends before the next timed pass
+                wait = min(wait, max(0.0, self._next_launch - time.time()))
+            self.backend.changed.wait(wait)
 
     # -- one pass ----------------------------------------------------------------------------
     def reconcile_once(self) -> None:
         now = time.time()
+        self._next_launch = None
         # Only experiments with work left (not ended and finalized): finished ones cost nothing.
         exps: dict[str, Experiment] = {}
         invalid: dict[str, Experiment] = {}
@@ -229,17 +283,38 @@ class Reconciler:
 
     def _pod_failed(self, exp: Experiment, p: PodInfo, status: dict[str, Any], now: float) -> None:
         metrics.PODS_FAILED.inc()
+        tail = self.backend.pod_log_tail(exp.id, p.pod_id, lines=5)
+        last = p.reason or "failed"
+        line = failure_line(tail)
+        status["last_failure"] = {"pod_id": p.pod_id, "reason": last, "log_tail": tail}
+        if p.exit_code == BAD_INPUT_EXIT:
+            # The pod said its input can never work: another pod would say the same.
+            why = line or last
+            self.store.event(exp.id, "pod_failed", f"pod refused its input: {why}", p.pod_id)
+            self._end(exp, status, st.FAILED, f"a pod refused its input (exit code 2): {why}", now)
+            return
+        status["to_replace"] = [*status.get("to_replace", []), p.pod_id]
+        # An outside stop (eviction, preemption, a node lost, a kill) of a pod that had done
+        # its work is not a crash loop: replaced at once and not counted.
+        if p.disruption or self.calls.reported(exp.id, p.pod_id):
+            status["consecutive_failures"] = 0
+            status.pop("next_launch_at", None)
+            why = p.disruption or "it had reported to the leaderboard"
+            self.store.event(
+                exp.id,
+                "pod_failed",
+                f"pod failed: {last}; replacing now (not counted as a crash: {why})",
+                p.pod_id,
+            )
+            log.warning("pod stopped from outside", experiment=exp.id, pod=p.pod_id, why=why)
+            return
         # A pod that ran long enough before failing starts a new count: it was not crash-looping.
         young = now - p.created_at < self.settings.pod_healthy_after_s
         n = status.get("consecutive_failures", 0) + 1 if young else 1
         status["consecutive_failures"] = n
-        tail = self.backend.pod_log_tail(exp.id, p.pod_id, lines=5)
-        last = p.reason or "failed"
-        status["last_failure"] = {"pod_id": p.pod_id, "reason": last, "log_tail": tail}
         delay = backoff_delay(n, self.settings.backoff_initial_s, self.settings.backoff_max_s)
         status["next_launch_at"] = now + delay
         status["last_failure_at"] = now
-        status["to_replace"] = [*status.get("to_replace", []), p.pod_id]
         self.store.event(
             exp.id,
             "pod_failed",
@@ -248,7 +323,6 @@ class Reconciler:
         )
         log.warning("pod failed", experiment=exp.id, pod=p.pod_id, reason=last, failures=n)
         if n >= self.settings.crash_loop_limit:
-            line = tail.splitlines()[-1] if tail else ""
             self._end(
                 exp,
                 status,
@@ -257,19 +331,6 @@ class Reconciler:
                 + (f": {line}" if line else ""),
                 now,
             )
-
-    def _poll_progress(self, exp: Experiment, force: bool = False) -> Progress:
-        cached = self._progress.get(exp.id)
-        now = time.monotonic()
-        if cached and not force and now - cached[0] < self.settings.progress_poll_s:
-            return cached[1]
-        try:
-            prog = self.progress.progress(exp.id)
-        except Exception as e:  # leaderboard down: keep the last known progress
-            log.warning("leaderboard progress unavailable", experiment=exp.id, error=str(e))
-            return cached[1] if cached else Progress()
-        self._progress[exp.id] = (now, prog)
-        return prog
 
     def _record_progress(self, exp: Experiment, status: dict[str, Any], prog: Progress) -> None:
         if prog.best is not None:
@@ -296,18 +357,18 @@ class Reconciler:
             self.store.event(exp.id, "resumed", "experiment resumed")
         spec = exp.spec
         if status.get("registered"):
-            prog = self._poll_progress(exp)
+            # The last known progress: a pass never waits on the leaderboard.
+            prog, _ = self.calls.progress(exp.id, self.settings.progress_poll_s)
             self._record_progress(exp, status, prog)
-            score = prog.best_score
+        # The target first: met, the experiment succeeded whatever else ran out meanwhile.
+        score = self._target_met(exp, status)
+        if score is not None:
             target = spec.target_reward
-            if target is not None and score is not None:
-                reached = score >= target if spec.evaluation.higher_is_better else score <= target
-                if reached:
-                    self.store.event(
-                        exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
-                    )
-                    self._end(exp, status, st.SUCCEEDED, f"target reward {target:g} reached", now)
-                    return
+            self.store.event(
+                exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
+            )
+            self._end(exp, status, st.SUCCEEDED, f"target reward {target:g} reached", now)
+            return
         budget = spec.budget
         steps = status.get("env_steps")
         if budget.total_env_steps is not None and (steps or 0) >= budget.total_env_steps:
@@ -339,6 +400,31 @@ class Reconciler:
                 now,
             )
 
+    def _target_met(self, exp: Experiment, status: dict[str, Any]) -> float | None:
+        """The best score when it meets the spec's target reward, else None."""
+        spec = exp.spec
+        best = status.get("best")
+        score = best.get("score") if isinstance(best, dict) else None
+        target = spec.target_reward
+        if target is None or score is None:
+            return None
+        reached = score >= target if spec.evaluation.higher_is_better else score <= target
+        return float(score) if reached else None
+
+    def _target_met_at_the_end(self, exp: Experiment, status: dict[str, Any]) -> None:
+        """A budget ran out while the report that met the target was still on its way (the
+        final reports come in after the end): the experiment met its target, so it says so."""
+        if status["state"] != st.BUDGET_EXHAUSTED:
+            return
+        score = self._target_met(exp, status)
+        if score is not None:
+            target = exp.spec.target_reward
+            self.store.event(
+                exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
+            )
+            status.update(state=st.SUCCEEDED, reason=f"target reward {target:g} reached")
+            self.store.event(exp.id, st.SUCCEEDED, status["reason"])
+
     def _end(
         self, exp: Experiment, status: dict[str, Any], state: str, reason: str, now: float
     ) -> None:
@@ -350,9 +436,17 @@ class Reconciler:
         """After the end, keep reading progress until the pods' final reports are in."""
         if status["state"] not in st.TERMINAL or status.get("finalized"):
             return
-        if status.get("registered"):
-            self._record_progress(exp, status, self._poll_progress(exp, force=not live))
+        since = None
         if not live:
+            since = self._final_since.setdefault(exp.id, time.monotonic())
+        settled = True
+        if status.get("registered"):
+            # Once the last pod is gone, one answer asked after that (so its final report
+            # counts), or a failure to get one.
+            prog, settled = self.calls.progress(exp.id, self.settings.progress_poll_s, since)
+            self._record_progress(exp, status, prog)
+            self._target_met_at_the_end(exp, status)
+        if not live and settled:
             status["finalized"] = True
             status["result"] = {
                 "state": status["state"],
@@ -362,7 +456,8 @@ class Reconciler:
                 "pods_launched": status.get("pods_launched", 0),
                 "finished_at": status.get("finished_at"),
             }
-            self._progress.pop(exp.id, None)
+            self._final_since.pop(exp.id, None)
+            self.calls.forget(exp.id)
 
     def _stop_all(self, exp: Experiment, live: list[PodInfo]) -> None:
         for p in live:
@@ -402,9 +497,13 @@ class Reconciler:
             return free
         if len(active) == target:
             return free
-        if now < status.get("next_launch_at", 0):
-            wait = status["next_launch_at"] - now
+        # The time now, not the pass's start: a backoff that ended during a slow pass does not
+        # wait for another pass (and the loop wakes when the earliest backoff ends).
+        wait = status.get("next_launch_at", 0) - time.time()
+        if wait > 0:
             status["launch_reason"] = f"backing off {wait:.1f}s after a pod failure"
+            nxt = status["next_launch_at"]
+            self._next_launch = nxt if self._next_launch is None else min(self._next_launch, nxt)
             return free
         n = launchable(target, len(active), per_pod, free)
         budget = exp.spec.budget.pods_launched
@@ -417,6 +516,8 @@ class Reconciler:
             return free
         spec_json = exp.spec.model_dump_json()
         env = self._pod_env()
+        if (allowance := env_step_allowance(exp.spec, status, target)) is not None:
+            env["PODIUM_MAX_ENV_STEPS"] = str(allowance)
         reqs = [
             PodRequest(
                 experiment_id=exp.id,
@@ -464,7 +565,7 @@ class Reconciler:
         if status.get("registered"):
             return True
         try:
-            self.progress.register(exp.id, exp.spec)
+            done = self.calls.register(exp.id, exp.spec)
         except httpx.HTTPStatusError as e:
             if e.response.status_code >= 500:
                 status["launch_reason"] = f"leaderboard unavailable: {e}"
@@ -481,6 +582,9 @@ class Reconciler:
             return False
         except Exception as e:
             status["launch_reason"] = f"leaderboard unavailable: {e}"
+            return False
+        if not done:
+            status["launch_reason"] = "registering the experiment with the leaderboard"
             return False
         status["registered"] = True
         return True
@@ -514,13 +618,10 @@ class Reconciler:
             self.store.set_status(exp.id, status)
 
     def _delete(self, exp: Experiment) -> None:
-        try:
-            self.progress.delete(exp.id)
-        except Exception as e:
-            log.warning("leaderboard delete failed", experiment=exp.id, error=str(e))
+        self.calls.delete(exp.id)  # not waited on
         self.backend.delete_experiment(exp.id)
         self.store.delete(exp.id)
-        self._progress.pop(exp.id, None)
+        self._final_since.pop(exp.id, None)
         log.info("experiment deleted", experiment=exp.id)
 
     def _update_gauges(self, pods: list[PodInfo]) -> None:

@@ -64,6 +64,18 @@ class OrchestratorSettings(PodiumSettings):
     )
 
     leaderboard_url: str | None = Field(default=None, description="http://leaderboard:8000")
+    leaderboard_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Leaderboard calls in flight at once (never waited on by a reconcile pass).",
+    )
+    leaderboard_breaker_failures: int = Field(
+        default=5, ge=1, description="Failed leaderboard calls in a row that open the breaker."
+    )
+    leaderboard_breaker_reset_s: float = Field(
+        default=10.0, gt=0, description="How long an open breaker fails calls at once."
+    )
     leaderboard_token: SecretStr | None = None
     pod_mode: Literal["fused", "processes"] = Field(
         default="fused",

@@ -208,7 +208,10 @@ return 'ok'
         + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local old = state_of(KEYS[1])
-if terminal[old] and old ~= ARGV[3] then return -1 end
+-- Final, except that an end by budget becomes success when the final reports (they come
+-- in after the end) show the target was met.
+if terminal[old] and old ~= ARGV[3] and not (old == 'budget_exhausted' and ARGV[3] == 'succeeded')
+then return -1 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'state', ARGV[3])
 if old ~= ARGV[3] then
   redis.call('ZREM', KEYS[3] .. old, ARGV[1])
