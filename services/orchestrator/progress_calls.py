@@ -6,8 +6,9 @@ at once what is known; the call itself runs on a small thread pool (one call per
 and kind in flight at most), and its answer wakes the reconciler. So a leaderboard that hangs
 or is down costs a pass nothing: pods are still replaced and scaled, and only what needs the
 leaderboard's answer (the target reward, the env-step budget, the first pods of a new
-experiment) waits for it. After ``fail_max`` failures in a row the breaker opens and calls fail
-at once until ``reset_timeout`` has passed (then one trial call); 4xx answers are answers, not
+experiment) waits for it. After ``failure_threshold`` failures in a row the breaker
+(``circuitbreaker``, which unlike pybreaker does not serialise calls under a lock) opens and
+calls fail at once until ``recovery_timeout`` has passed; 4xx answers are answers, not
 failures.
 """
 
@@ -20,8 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import circuitbreaker
 import httpx
-import pybreaker
 
 from services.logs import get_logger
 from services.orchestrator.leaderboard_client import Progress, ProgressSource
@@ -53,7 +54,7 @@ class ProgressCalls:
         self,
         source: ProgressSource,
         workers: int,
-        breaker: pybreaker.CircuitBreaker,
+        breaker: circuitbreaker.CircuitBreaker,
         wake: Callable[[], None],
     ):
         self.source = source
@@ -68,7 +69,7 @@ class ProgressCalls:
             return self._boards.setdefault(exp_id, _Board())
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self.breaker.call(fn, *args)
+        return self.breaker.decorate(fn)(*args)  # raises CircuitBreakerError while open
 
     # -- progress ----------------------------------------------------------------------------
     def _fetch(self, exp_id: str, board: _Board, asked_at: float) -> None:
@@ -77,7 +78,7 @@ class ProgressCalls:
             pods, cursor = self._call(self.source.reporters, exp_id, board.cursor)
         except Exception as e:
             board.failed_at = asked_at
-            if not isinstance(e, pybreaker.CircuitBreakerError):
+            if not isinstance(e, circuitbreaker.CircuitBreakerError):
                 log.warning("leaderboard progress unavailable", experiment=exp_id, error=str(e))
         else:
             changed = prog != board.progress or not pods <= board.reporters
@@ -154,7 +155,10 @@ class ProgressCalls:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def make_breaker(fail_max: int, reset_timeout_s: float) -> pybreaker.CircuitBreaker:
-    return pybreaker.CircuitBreaker(
-        fail_max=fail_max, reset_timeout=reset_timeout_s, exclude=[_is_answer], name="leaderboard"
+def make_breaker(failures: int, recovery_s: float) -> circuitbreaker.CircuitBreaker:
+    return circuitbreaker.CircuitBreaker(
+        failure_threshold=failures,
+        recovery_timeout=recovery_s,
+        expected_exception=lambda _type, exc: not _is_answer(exc),
+        name="leaderboard",
     )

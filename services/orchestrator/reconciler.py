@@ -48,20 +48,25 @@ def pod_resources(spec: ExperimentSpec) -> Res:
     return Res(spec.resources.cpu, spec.resources.gpus, spec.resources.memory_bytes)
 
 
-def env_step_allowance(spec: ExperimentSpec, status: dict[str, Any], pods: int) -> int | None:
-    """Env steps a pod started now may take (``PODIUM_MAX_ENV_STEPS``), None without a budget.
+def env_step_allowance(
+    spec: ExperimentSpec, status: dict[str, Any], active: list[str], target: int
+) -> int | None:
+    """Env steps each pod started now may take (``PODIUM_MAX_ENV_STEPS``); None without an
+    env-step budget, <= 0 when running pods hold all that is left.
 
-    The budget left (total minus what the leaderboard has counted) split evenly over the
-    experiment's target pod count: the pods alive at once then cannot take together more than
-    what was left when each started, so a budget is overshot by steps not yet reported at most,
-    instead of by a round per pod. A pod cuts its round at its allowance, reports and exits 0;
-    its replacement gets a share of what is left then.
+    What is left of the budget (total minus what the leaderboard has counted, minus the
+    allowances running pods were given, counted whole since their reports so far are already
+    in the total) is split evenly over the pods still to start toward the target. The pods
+    alive at once can then never take more than the budget together; a pod cuts its round at
+    its allowance, reports and exits 0, and its replacement gets a share of what is left.
     """
     total = spec.budget.total_env_steps
     if total is None:
         return None
-    left = total - (status.get("env_steps") or 0)
-    return max(1, left // max(1, pods))
+    held = status.get("allowances") or {}
+    committed = sum(v for k, v in held.items() if k in active)
+    sharing = max(1, target - sum(1 for k in active if k in held))
+    return (total - (status.get("env_steps") or 0) - committed) // sharing
 
 
 def failure_line(tail: str) -> str | None:
@@ -512,11 +517,15 @@ class Reconciler:
             if n == 0 and status.get("pods_launched", 0) >= budget:
                 status["launch_reason"] = f"pod budget reached ({budget} launched)"
                 return free
+        allowance = env_step_allowance(exp.spec, status, [p.pod_id for p in active], target)
+        if n and allowance is not None and allowance <= 0:
+            status["launch_reason"] = "the env-step budget left is held by the running pods"
+            return free
         if n and not self._register(exp, status):
             return free
         spec_json = exp.spec.model_dump_json()
         env = self._pod_env()
-        if (allowance := env_step_allowance(exp.spec, status, target)) is not None:
+        if allowance is not None:
             env["PODIUM_MAX_ENV_STEPS"] = str(allowance)
         reqs = [
             PodRequest(
@@ -543,6 +552,8 @@ class Reconciler:
             created += 1
             metrics.PODS_CREATED.inc()
             status["pods_launched"] = status.get("pods_launched", 0) + 1
+            if allowance is not None:
+                status["allowances"] = {**status.get("allowances", {}), req.pod_id: allowance}
             self._created.setdefault(exp.id, []).append(
                 PodInfo(exp.id, req.pod_id, "Pending", time.time(), per_pod)
             )
@@ -604,6 +615,9 @@ class Reconciler:
         return env
 
     def _save(self, exp: Experiment, status: dict[str, Any], ps: list[PodInfo]) -> None:
+        if status.get("allowances"):  # held by live pods only
+            live = {p.pod_id for p in ps if p.live}
+            status["allowances"] = {k: v for k, v in status["allowances"].items() if k in live}
         status["pods"] = [
             {
                 "pod_id": p.pod_id,
