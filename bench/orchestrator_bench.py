@@ -87,19 +87,29 @@ def live(data_dir: Path, exp_id: str) -> dict[str, int]:
     return out
 
 
+def local_settings(data: Path, cpus: int, **over: object) -> OrchestratorSettings:
+    """Embedded Redis in ``data``, ``cpus`` CPUs of capacity, sleeper pods."""
+    values: dict[str, object] = {
+        "data_dir": data,
+        "redis_url": None,
+        "capacity_cpu": cpus,
+        "capacity_gpus": 0,
+        "capacity_memory": "64Gi",
+        "termination_grace_s": 2,
+        "pod_command": SLEEPER,
+        **over,
+    }
+    return OrchestratorSettings(**values)
+
+
 def bench_replacement(kills: int, pods: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
-        settings = OrchestratorSettings(
-            data_dir=data,
-            redis_url=None,
-            capacity_cpu=pods,
-            capacity_gpus=0,
-            capacity_memory="64Gi",
+        settings = local_settings(
+            data,
+            pods,
             reconcile_interval_s=2.0,  # the default: replacements must not wait for the timer
             pod_healthy_after_s=0.2,
-            termination_grace_s=2,
-            pod_command=SLEEPER,
         )
         r = redis_client.connect(settings)
         store = Store(r)
@@ -277,15 +287,10 @@ def bench_stored(n: int, repeat: int, budget_s: float) -> dict[str, float]:
     running = 10
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
-        settings = OrchestratorSettings(
-            data_dir=data,
-            redis_url=None,
-            capacity_cpu=running,
-            capacity_gpus=0,
-            capacity_memory="64Gi",
+        settings = local_settings(
+            data,
+            running,
             reconcile_interval_s=3600.0,  # the app's own loop only runs when woken
-            termination_grace_s=2,
-            pod_command=SLEEPER,
             api_token="bench",
         )
         r = redis_client.connect(settings)

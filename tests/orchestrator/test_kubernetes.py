@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import kubernetes_validate
@@ -78,6 +79,18 @@ def request(exp: str = "e1", pod: str = "p1", gpus: int = 0) -> PodRequest:
         env=env,
         grace_s=30,
     )
+
+
+@contextmanager
+def orchestrator(settings: OrchestratorSettings, url: str) -> Iterator[TestClient]:
+    """The orchestrator app on a Kubernetes backend for the API server at ``url``."""
+    be = KubernetesBackend(settings, api_client=api_client(url))
+    try:
+        with TestClient(create_app(settings, backend=be)) as c:
+            c.headers["Authorization"] = f"Bearer {TOKEN}"
+            yield c
+    finally:
+        be.close()
 
 
 def validate(manifest: dict[str, Any]) -> None:
@@ -277,9 +290,7 @@ def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
     flush_redis: None,
 ) -> None:
     fc, srv = cluster
-    be = KubernetesBackend(k8s_settings, api_client=api_client(srv.url))
-    with TestClient(create_app(k8s_settings, backend=be)) as c:
-        c.headers["Authorization"] = f"Bearer {TOKEN}"
+    with orchestrator(k8s_settings, srv.url) as c:
         body = spec(population={"min_pods": 2, "max_pods": 6})
         exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
         wait_for(lambda: len(fc.pod_names(NS)) == 4)  # one 4-CPU node, 1 CPU per pod
@@ -298,7 +309,6 @@ def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
         exp = c.get(f"/api/v1/experiments/{exp_id}").json()
         assert exp["last_failure"]["log_tail"] == "Traceback: boom"
         before = fc.pod_names(NS)
-    be.close()
 
     # A new orchestrator (new backend, new reconciler) adopts the pods it finds by label.
     be2 = KubernetesBackend(k8s_settings, api_client=api_client(srv.url))
@@ -376,11 +386,9 @@ def test_on_kubernetes_exit_2_fails_at_once_and_evictions_are_not_crashes(
     k8s_settings: OrchestratorSettings,
     flush_redis: None,
 ) -> None:
-    fc, srv = cluster
-    be = KubernetesBackend(k8s_settings, api_client=api_client(srv.url))
     limit = k8s_settings.crash_loop_limit
-    with TestClient(create_app(k8s_settings, backend=be)) as c:
-        c.headers["Authorization"] = f"Bearer {TOKEN}"
+    with orchestrator(k8s_settings, cluster[1].url) as c:
+        fc = cluster[0]
         body = spec(population={"min_pods": 1, "max_pods": 1}, budget={"total_env_steps": 9000})
         exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
         # Evicted and preempted pods, more of them than the crash-loop limit: replaced, not
@@ -423,4 +431,3 @@ def test_on_kubernetes_exit_2_fails_at_once_and_evictions_are_not_crashes(
             == "a pod refused its input (exit code 2): bad input: cannot train dqn on X"
         )
         assert exp["progress"]["pods_launched"] == limit + 2  # not retried
-    be.close()
