@@ -6,8 +6,14 @@
 2. Pods created per second through the official Kubernetes client against the in-test API
    server (tests/orchestrator/k8s_server.py, run in its own process): the backend's
    ``create_pod`` in a loop, and the whole reconciler scaling an experiment from 0 to M pods.
+3. The control plane against the number of stored experiments (``--stored 1000,10000``): that
+   many experiments in Redis, all but 10 finished, the 10 running with real (sleeping) pod
+   processes; ``GET /api/v1/experiments`` (the first page: the app's default) over real HTTP
+   (uvicorn) and one reconcile pass (``Reconciler.reconcile_once``), median and p99. Only APIs
+   the code before the fix also has are used, so the same file measures both.
 
     .venv/bin/python bench/orchestrator_bench.py [--kills 30] [--k8s-pods 500]
+    .venv/bin/python bench/orchestrator_bench.py --only stored [--stored 1000,10000]
 """
 
 from __future__ import annotations
@@ -81,19 +87,29 @@ def live(data_dir: Path, exp_id: str) -> dict[str, int]:
     return out
 
 
+def local_settings(data: Path, cpus: int, **over: object) -> OrchestratorSettings:
+    """Embedded Redis in ``data``, ``cpus`` CPUs of capacity, sleeper pods."""
+    values: dict[str, object] = {
+        "data_dir": data,
+        "redis_url": None,
+        "capacity_cpu": cpus,
+        "capacity_gpus": 0,
+        "capacity_memory": "64Gi",
+        "termination_grace_s": 2,
+        "pod_command": SLEEPER,
+        **over,
+    }
+    return OrchestratorSettings(**values)
+
+
 def bench_replacement(kills: int, pods: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp)
-        settings = OrchestratorSettings(
-            data_dir=data,
-            redis_url=None,
-            capacity_cpu=pods,
-            capacity_gpus=0,
-            capacity_memory="64Gi",
+        settings = local_settings(
+            data,
+            pods,
             reconcile_interval_s=2.0,  # the default: replacements must not wait for the timer
             pod_healthy_after_s=0.2,
-            termination_grace_s=2,
-            pod_command=SLEEPER,
         )
         r = redis_client.connect(settings)
         store = Store(r)
@@ -251,11 +267,108 @@ def bench_k8s(n_pods: int, validate: bool) -> dict[str, float]:
     return out
 
 
+def _timed(fn: object, repeat: int, budget_s: float) -> list[float]:
+    """Up to ``repeat`` timings of ``fn()`` (seconds), fewer once ``budget_s`` is spent."""
+    out: list[float] = []
+    start = time.perf_counter()
+    while len(out) < repeat and (len(out) < 3 or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()  # type: ignore[operator]
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_stored(n: int, repeat: int, budget_s: float) -> dict[str, float]:
+    import httpx
+
+    from services.orchestrator.app import create_app
+    from tests.orchestrator.servers import ServerThread
+
+    running = 10
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        settings = local_settings(
+            data,
+            running,
+            reconcile_interval_s=3600.0,  # the app's own loop only runs when woken
+            api_token="bench",
+        )
+        r = redis_client.connect(settings)
+        r.flushdb()
+        store = Store(r)
+        t0 = time.perf_counter()
+        for i in range(n):
+            exp_id = f"stored-{i:06d}"
+            sp = spec(1).model_copy(update={"name": f"stored-{i}"})
+            store.create(exp_id, sp)
+            if i >= running:  # finished long ago
+                store.set_status(
+                    exp_id,
+                    {
+                        "state": "succeeded",
+                        "reason": "target reward 475 reached",
+                        "finished_at": time.time(),
+                        "finalized": True,
+                        "best": {"score": 500.0, "candidate_id": f"c{i}"},
+                        "env_steps": 100_000,
+                        "pods_launched": 4,
+                        "registered": True,
+                        "result": {"state": "succeeded", "best": {"score": 500.0}},
+                        "pods": [],
+                    },
+                )
+        fill_s = time.perf_counter() - t0
+        backend = LocalBackend(settings)
+        rec = Reconciler(settings, store, backend, NoLeaderboard())
+        out: dict[str, float] = {"stored": n, "running": running, "fill_s": fill_s}
+        try:
+            deadline = time.monotonic() + 120
+            while sum(len(live(data, f"stored-{i:06d}")) for i in range(running)) < running:
+                assert time.monotonic() < deadline, "pods did not start"
+                rec.reconcile_once()
+                time.sleep(0.05)
+            passes = _timed(rec.reconcile_once, repeat, budget_s)
+            out["pass_median_ms"] = statistics.median(passes) * 1e3
+            out["pass_p99_ms"] = pct(passes, 0.99) * 1e3
+            out["pass_samples"] = len(passes)
+            rec.stop()
+            app = create_app(settings, backend=LocalBackend(settings), progress=NoLeaderboard())
+            with (
+                ServerThread(app) as srv,
+                httpx.Client(
+                    base_url=srv.url, headers={"Authorization": "Bearer bench"}, timeout=600
+                ) as http,
+            ):
+
+                def first_page() -> None:
+                    resp = http.get("/api/v1/experiments")
+                    resp.raise_for_status()
+                    out["page_items"] = len(resp.json())
+
+                first_page()  # warm: the app's first pass and first parse run once
+                pages = _timed(first_page, repeat, budget_s)
+            out["list_median_ms"] = statistics.median(pages) * 1e3
+            out["list_p99_ms"] = pct(pages, 0.99) * 1e3
+            out["list_samples"] = len(pages)
+        finally:
+            for i in range(running):
+                for pid in live(data, f"stored-{i:06d}").values():
+                    os.killpg(pid, signal.SIGKILL)
+            backend.close()
+            r.close()
+            redis_client.stop(settings, force=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=30)
     ap.add_argument("--pods", type=int, default=4)
     ap.add_argument("--k8s-pods", type=int, default=500)
+    ap.add_argument("--stored", default="1000,10000", help="Stored experiments, comma-separated.")
+    ap.add_argument("--repeat", type=int, default=200, help="Timings per stored-count (at most).")
+    ap.add_argument("--budget-s", type=float, default=60.0, help="Time per measurement (at most).")
+    ap.add_argument("--only", choices=["replacement", "k8s", "stored"], default=None)
     args = ap.parse_args()
     import logging
 
@@ -269,7 +382,28 @@ def main() -> None:
     except OSError:
         pass
     print(f"machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    rep = bench_replacement(args.kills, args.pods)
+    print(f"load average (1, 5, 15 min): {os.getloadavg()}")
+    if args.only in (None, "stored"):
+        for n in (int(x) for x in args.stored.split(",")):
+            b = bench_stored(n, args.repeat, args.budget_s)
+            print(
+                f"{b['stored']} stored experiments ({b['running']} running, the rest finished; "
+                f"filled in {b['fill_s']:.1f} s): GET /api/v1/experiments first page "
+                f"({b['page_items']} items) median {b['list_median_ms']:.1f} ms, p99 "
+                f"{b['list_p99_ms']:.1f} ms over {b['list_samples']}; one reconcile pass median "
+                f"{b['pass_median_ms']:.1f} ms, p99 {b['pass_p99_ms']:.1f} ms over "
+                f"{b['pass_samples']} (target < 50 ms at 10,000)",
+                flush=True,
+            )
+        if args.only == "stored":
+            return
+    if args.only in (None, "replacement"):
+        print_replacement(bench_replacement(args.kills, args.pods))
+    if args.only in (None, "k8s"):
+        print_k8s(args.k8s_pods)
+
+
+def print_replacement(rep: dict[str, float]) -> None:
     print(
         f"local replacement over {rep['kills']} SIGKILLs ({rep['pods']} pods): "
         f"kill → replacement running median {rep['running_median_ms']:.1f} ms, "
@@ -277,10 +411,13 @@ def main() -> None:
         f"kill → pod_replaced event median {rep['event_median_ms']:.1f} ms, "
         f"p95 {rep['event_p95_ms']:.1f} ms (target <= 1000 ms)"
     )
+
+
+def print_k8s(n_pods: int) -> None:
     # Schema validation stays off here: it costs the in-test server ~10-20 ms per object and
     # would measure the test server rather than the client (tests validate every manifest).
     for validate in (False,):
-        k = bench_k8s(args.k8s_pods, validate)
+        k = bench_k8s(n_pods, validate)
         print(
             f"kubernetes client vs in-test API server in its own process: backend.create_pod "
             f"{k['backend_pods_per_s']:.0f} pods/s over {k['pods']} pods (bare httpx POSTs of "

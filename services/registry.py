@@ -8,6 +8,8 @@ only ``load`` imports the implementation.
 
 from __future__ import annotations
 
+import sys
+from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -25,6 +27,15 @@ class UnknownNameError(LookupError):
 
 
 def _entry_points(group: str) -> dict[str, EntryPoint]:
+    # Scanning the installed distributions' metadata costs milliseconds and every spec
+    # validation needs several groups: scan once per process, again only when sys.path
+    # changes (a plugin directory added at run time).
+    return _scan(group, tuple(sys.path))
+
+
+@lru_cache(maxsize=32)
+def _scan(group: str, path: tuple[str, ...]) -> dict[str, EntryPoint]:
+    """The group's entry points found on ``path`` (part of the key only)."""
     return {ep.name: ep for ep in entry_points(group=group)}
 
 

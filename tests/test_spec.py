@@ -108,7 +108,7 @@ def test_quantities() -> None:
             "generator",
             "bogus: Extra inputs are not permitted",
         ),
-        ({"algorithms": {"ppo": float("inf")}}, "algorithms", "finite and > 0"),
+        ({"algorithms": {"ppo": float("inf")}}, "algorithms", "finite number"),
         ({"target_reward": float("nan")}, "target_reward", "finite number"),
         (
             {"search_space": {"lr": {"type": "uniform", "low": 0.1, "high": 0.2}}},

@@ -10,11 +10,14 @@ import math
 import random
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from services.contracts.inputs import check_json_value
 
 
 class _Dist(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Input models (spec, leaderboard registration): bounds must survive a JSON round trip.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Uniform(_Dist):
@@ -116,7 +119,7 @@ class IntUniform(_Dist):
 
 class Choice(_Dist):
     type: Literal["choice"] = "choice"
-    values: list[Any] = Field(min_length=1)
+    values: Annotated[list[Any], AfterValidator(check_json_value)] = Field(min_length=1)
 
     def sample(self, rng: random.Random) -> Any:
         return rng.choice(self.values)

@@ -16,8 +16,6 @@ from typing import Any
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -26,6 +24,8 @@ from pydantic import (
 )
 
 from services import registry
+from services.contracts.action_spaces import misfits
+from services.contracts.inputs import InputModel, JsonObject
 from services.contracts.search_space import SearchSpace
 from services.contracts.strategies import options_model
 
@@ -100,13 +100,9 @@ def _check_names(kind: str, group: str, given: list[str]) -> None:
         )
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EnvSpec(_Model):
+class EnvSpec(InputModel):
     name: str = Field(description="Registered env name (podium.envs) or gym:<gymnasium id>.")
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    kwargs: JsonObject = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -114,9 +110,9 @@ class EnvSpec(_Model):
         return check_env_name(v)
 
 
-class GeneratorSpec(_Model):
+class GeneratorSpec(InputModel):
     strategy: str = Field(default="pbt", description="Registered generator (podium.generators).")
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: JsonObject = Field(default_factory=dict)
 
     @field_validator("strategy")
     @classmethod
@@ -139,7 +135,7 @@ class GeneratorSpec(_Model):
         return self
 
 
-class Population(_Model):
+class Population(InputModel):
     min_pods: int = Field(default=1, ge=1)
     max_pods: int = Field(default=4, ge=1)
     agents_per_pod: int = Field(
@@ -158,7 +154,7 @@ class Population(_Model):
         return self
 
 
-class Resources(_Model):
+class Resources(InputModel):
     gpus: int = Field(default=0, ge=0)
     cpu: float = Field(default=1.0, gt=0, description="CPU cores per pod.")
     memory: str = Field(default="2Gi", description="Memory per pod (Kubernetes quantity).")
@@ -179,7 +175,7 @@ class Resources(_Model):
         return int(parse_quantity(self.memory))
 
 
-class Round(_Model):
+class Round(InputModel):
     """How long a pod trains between reports to the leaderboard: env steps or seconds."""
 
     env_steps: int | None = Field(default=None, gt=0)
@@ -192,13 +188,13 @@ class Round(_Model):
         return self
 
 
-class Budget(_Model):
+class Budget(InputModel):
     total_env_steps: int | None = Field(default=None, gt=0)
     wall_time_s: float | None = Field(default=None, gt=0)
     pods_launched: int | None = Field(default=None, gt=0)
 
 
-class Evaluation(_Model):
+class Evaluation(InputModel):
     episodes: int = Field(default=10, ge=1)
     every_rounds: int = Field(default=1, ge=1)
     seed: int | None = Field(
@@ -211,7 +207,7 @@ class Evaluation(_Model):
     higher_is_better: bool = True
 
 
-class ExperimentSpec(_Model):
+class ExperimentSpec(InputModel):
     name: str = Field(description="DNS-1123 label: lower-case letters, digits, '-'.")
     env: EnvSpec
     algorithms: dict[str, float] = Field(
@@ -222,11 +218,19 @@ class ExperimentSpec(_Model):
     population: Population = Field(default_factory=Population)
     resources: Resources = Field(default_factory=Resources)
     round: Round = Field(default_factory=lambda: Round(env_steps=100_000))
-    target_reward: float | None = Field(default=None, allow_inf_nan=False)
+    target_reward: float | None = None
     top_k: int = Field(default=8, ge=1, le=1024, description="Leaderboard size.")
     budget: Budget = Field(default_factory=Budget)
     evaluation: Evaluation = Field(default_factory=Evaluation)
     priority: int = Field(default=0, ge=-1000, le=1000, description="Higher preempts lower.")
+
+    @model_validator(mode="after")
+    def _action_spaces(self) -> ExperimentSpec:
+        # DQN on Pendulum would be accepted and every pod would exit "bad input": refused
+        # here from the torch-free table the pods' algorithms declare their kinds in.
+        if problems := misfits(self.env.name, list(self.algorithms)):
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:
@@ -260,6 +264,16 @@ class ExperimentSpec(_Model):
     @classmethod
     def _algorithms(cls, v: dict[str, float]) -> dict[str, float]:
         _check_names("algorithm", registry.ALGORITHMS, list(v))
+        # A plugin registered under podium.algorithms that no pod runtime trains would make
+        # every pod exit on start: refused here, with what pods do train.
+        from services.pod.algorithms.hyperparameters import HYPERPARAMETER_MODELS
+
+        untrainable = [a for a in v if a not in HYPERPARAMETER_MODELS]
+        if untrainable:
+            raise ValueError(
+                f"algorithm {', '.join(map(repr, untrainable))} is registered but no pod can "
+                f"train it; pods train: {', '.join(sorted(HYPERPARAMETER_MODELS))}"
+            )
         bad = [k for k, w in v.items() if not (w > 0 and math.isfinite(w))]
         if bad:
             raise ValueError(f"weights must be finite and > 0: {', '.join(bad)}")

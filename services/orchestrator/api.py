@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
+from pydantic import AfterValidator
 
 from services.contracts.spec import ExperimentSpec, parse_quantity
 from services.http import require_token
@@ -16,7 +17,14 @@ from services.orchestrator import store as st
 from services.orchestrator.models import EventOut, ExperimentOut, State
 from services.orchestrator.reconciler import Reconciler
 from services.orchestrator.settings import OrchestratorSettings
-from services.orchestrator.store import Experiment, IdempotencyConflictError, Store
+from services.orchestrator.store import (
+    Cursor,
+    Experiment,
+    IdempotencyConflictError,
+    NotFoundError,
+    Store,
+    TransitionError,
+)
 
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
 
@@ -33,11 +41,25 @@ def _settings(request: Request) -> OrchestratorSettings:
     return request.app.state.settings
 
 
+def _not_found(exp_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"experiment {exp_id[:100]!r} not found")
+
+
 def _get(store: Store, exp_id: str) -> Experiment:
     exp = store.get(exp_id)
     if exp is None or exp.intent == st.DELETE:
-        raise HTTPException(status_code=404, detail=f"experiment {exp_id!r} not found")
+        raise _not_found(exp_id)
     return exp
+
+
+#: Redis stream ids are two unsigned 64-bit numbers.
+_U64_MAX = 2**64 - 1
+
+
+def _stream_id(value: str | None) -> str | None:
+    if value is not None and any(int(part) > _U64_MAX for part in value.split("-")):
+        raise ValueError(f"each part of an event id is at most {_U64_MAX}")
+    return value
 
 
 def check_bounds(spec: ExperimentSpec, settings: OrchestratorSettings) -> None:
@@ -92,13 +114,34 @@ def create_experiment(
     return ExperimentOut.of(_get(store, exp_id))
 
 
-@router.get("/experiments", response_model=list[ExperimentOut])
-def list_experiments(request: Request, state: State | None = None) -> list[ExperimentOut]:
-    return [
-        ExperimentOut.of(e)
-        for e in _store(request).list()
-        if e.intent != st.DELETE and (state is None or e.state == state)
-    ]
+@router.get(
+    "/experiments",
+    response_model=list[ExperimentOut],
+    description="Newest first, one page at a time: when there are more, the `X-Next-Cursor` "
+    'header (and a `Link: <…>; rel="next"` header) gives the `cursor` of the next page.',
+)
+def list_experiments(
+    request: Request,
+    response: Response,
+    state: State | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=100)] = None,
+) -> list[ExperimentOut]:
+    try:
+        after = Cursor.decode(cursor) if cursor is not None else None
+    except ValueError as e:
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("query", "cursor"), "msg": str(e)}]
+        ) from None
+    page, nxt = _store(request).page(limit, after, state)
+    if nxt is not None:
+        token = nxt.encode()
+        response.headers["X-Next-Cursor"] = token
+        query = request.query_params.multi_items()
+        params = [(k, v) for k, v in query if k != "cursor"] + [("cursor", token)]
+        url = request.url.replace_query_params(**dict(params))
+        response.headers["Link"] = f'<{url.path}?{url.query}>; rel="next"'
+    return [ExperimentOut.of(e) for e in page]
 
 
 @router.get("/experiments/{exp_id}", response_model=ExperimentOut)
@@ -109,9 +152,16 @@ def get_experiment(exp_id: str, request: Request) -> ExperimentOut:
 def _set_intent(request: Request, exp_id: str, intent: str) -> ExperimentOut:
     store = _store(request)
     exp = _get(store, exp_id)
-    if exp.terminal and not (intent == st.CANCEL and exp.state == st.CANCELLED):
-        raise HTTPException(status_code=409, detail=f"experiment has already ended ({exp.state})")
-    store.set_intent(exp_id, intent)
+    if exp.invalid:
+        raise HTTPException(
+            status_code=409, detail=f"the stored experiment is invalid (delete it): {exp.invalid}"
+        )
+    try:  # one Redis script: an accepted cancel is final, an ended experiment stays ended
+        store.set_intent(exp_id, intent)
+    except NotFoundError:
+        raise _not_found(exp_id) from None
+    except TransitionError as e:
+        raise HTTPException(status_code=409, detail=str(e)) from None
     _reconciler(request).wake()
     return ExperimentOut.of(_get(store, exp_id))
 
@@ -128,18 +178,17 @@ def pause_experiment(exp_id: str, request: Request) -> ExperimentOut:
 
 @router.post("/experiments/{exp_id}/resume", status_code=202, response_model=ExperimentOut)
 def resume_experiment(exp_id: str, request: Request) -> ExperimentOut:
-    exp = _get(_store(request), exp_id)
-    if exp.intent == st.CANCEL:
-        raise HTTPException(status_code=409, detail="experiment was cancelled")
     return _set_intent(request, exp_id, st.RUN)
 
 
 @router.delete("/experiments/{exp_id}", status_code=204)
 def delete_experiment(exp_id: str, request: Request) -> Response:
-    """Stops its pods (gracefully) and forgets it; it is gone from the API at once."""
-    store = _store(request)
-    _get(store, exp_id)
-    store.set_intent(exp_id, st.DELETE)
+    """Stops its pods (gracefully) and forgets it; it is gone from the API at once, and the
+    Idempotency-Key that created it is free again."""
+    try:
+        _store(request).set_intent(exp_id, st.DELETE)
+    except NotFoundError:
+        raise _not_found(exp_id) from None
     _reconciler(request).wake()
     return Response(status_code=204)
 
@@ -148,7 +197,9 @@ def delete_experiment(exp_id: str, request: Request) -> Response:
 def experiment_events(
     exp_id: str,
     request: Request,
-    after: Annotated[str | None, Query(pattern=r"^\d+-\d+$")] = None,
+    after: Annotated[
+        str | None, Query(pattern=r"^\d{1,20}-\d{1,20}$"), AfterValidator(_stream_id)
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict]:
     store = _store(request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -47,6 +48,7 @@ def create_app(
         r = connect(settings)
         be = backend or make_backend(settings)
         store = Store(r)
+        store.migrate()
         reconciler = Reconciler(settings, store, be, progress or make_progress_source(settings))
         app.state.settings = settings
         app.state.token = settings.token()
@@ -93,6 +95,14 @@ def create_app(
                 status_code=503,
                 media_type="application/json",
             )
+        reconciler = request.app.state.reconciler
+        if reconciler.failed_passes >= settings.reconcile_failures_unready:
+            body = {
+                "status": "unavailable",
+                "reconciler": f"{reconciler.failed_passes} passes failed in a row",
+                "last_error": (reconciler.last_error or "")[:500],
+            }
+            return Response(json.dumps(body), status_code=503, media_type="application/json")
         return Response(content='{"status": "ok"}', media_type="application/json")
 
     @app.get("/metrics", include_in_schema=False)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.api_client import LeaderboardClient
-from services.contracts.leaderboard import ExperimentConfig, GeneratorConfig
+from services.api_client import LeaderboardClient, LeaderboardError
+from services.contracts.leaderboard import ExperimentConfig, GeneratorConfig, SubmissionLog
 from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
 
@@ -45,6 +45,10 @@ class ProgressSource(Protocol):
 
     def delete(self, experiment_id: str) -> None: ...
 
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
+        """Pod ids with a decided report after stream id ``after``, and the new cursor."""
+        ...
+
 
 class NoLeaderboard:
     """No leaderboard configured: no scores, so only wall-time and pod budgets can end a run."""
@@ -57,6 +61,9 @@ class NoLeaderboard:
 
     def delete(self, experiment_id: str) -> None:
         return None
+
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
+        return set(), after
 
 
 def leaderboard_config(spec: ExperimentSpec) -> ExperimentConfig:
@@ -89,6 +96,25 @@ class LeaderboardProgress:
 
     def delete(self, experiment_id: str) -> None:
         self.client.delete(experiment_id)
+
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
+        """From the submission log (``GET …/submissions``): the cursor returned is that of the
+        last full page read, since the log gives one for full pages only; the caller keeps the
+        union, so the partial page read again next time adds nothing twice."""
+        pods: set[str] = set()
+        path = f"/experiments/{experiment_id}/submissions"
+        while True:
+            params: dict[str, Any] = {"limit": 1000, **({"after": after} if after else {})}
+            try:
+                page = self.client.model(SubmissionLog, "GET", path, "submissions", params=params)
+            except LeaderboardError as exc:
+                if exc.status == 404:
+                    return pods, after
+                raise
+            pods.update(s.pod_id for s in page.submissions)
+            if not page.next_after:
+                return pods, after
+            after = page.next_after
 
     def close(self) -> None:
         self.client.close()

@@ -17,3 +17,8 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 RECONCILE_ERRORS = Counter("podium_orchestrator_reconcile_errors_total", "Failed passes.")
+INVALID_EXPERIMENTS = Gauge(
+    "podium_orchestrator_invalid_experiments",
+    "Stored experiments that no longer validate, skipped by the last reconcile pass "
+    "(shown as 'invalid' by the API; delete them).",
+)

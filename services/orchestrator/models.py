@@ -13,6 +13,18 @@ from services.orchestrator.store import Experiment
 State = Literal[
     "pending", "running", "paused", "succeeded", "failed", "cancelled", "budget_exhausted"
 ]
+#: What an experiment shows: a state, or ``invalid`` for a stored record that no longer
+#: validates (the reason says why; it can only be deleted).
+ShownState = Literal[
+    "pending",
+    "running",
+    "paused",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "budget_exhausted",
+    "invalid",
+]
 
 
 class PodOut(BaseModel):
@@ -36,7 +48,7 @@ class ProgressOut(BaseModel):
 class ExperimentOut(BaseModel):
     id: str
     name: str
-    state: State
+    state: ShownState
     reason: str | None = None
     priority: int
     created_at: float
@@ -49,10 +61,21 @@ class ExperimentOut(BaseModel):
     progress: ProgressOut
     last_failure: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
-    spec: ExperimentSpec
+    spec: ExperimentSpec | None = None  # None only for an invalid record
 
     @classmethod
     def of(cls, exp: Experiment) -> ExperimentOut:
+        if exp.spec is None or exp.invalid:
+            return cls(
+                id=exp.id,
+                name=exp.spec.name if exp.spec else "(invalid record)",
+                state="invalid",
+                reason=exp.invalid,
+                priority=exp.spec.priority if exp.spec else 0,
+                created_at=exp.created_at,
+                progress=ProgressOut(),
+                spec=exp.spec,
+            )
         s = exp.status
         best = s.get("best")
         best_score = best.get("score") if isinstance(best, dict) else None

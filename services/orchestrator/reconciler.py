@@ -19,6 +19,8 @@ replaced within milliseconds rather than a full interval.
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import threading
 import time
@@ -31,8 +33,9 @@ from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
 from services.orchestrator import metrics
 from services.orchestrator import store as st
-from services.orchestrator.backends.base import Backend, PodInfo, PodRequest
+from services.orchestrator.backends.base import BAD_INPUT_EXIT, Backend, PodInfo, PodRequest
 from services.orchestrator.leaderboard_client import Progress, ProgressSource
+from services.orchestrator.progress_calls import ProgressCalls, make_breaker
 from services.orchestrator.scheduler import Demand, Res, allocate, backoff_delay, launchable
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Experiment, Store
@@ -42,6 +45,49 @@ log = get_logger(__name__)
 
 def pod_resources(spec: ExperimentSpec) -> Res:
     return Res(spec.resources.cpu, spec.resources.gpus, spec.resources.memory_bytes)
+
+
+def env_step_allowance(
+    spec: ExperimentSpec, status: dict[str, Any], active: list[str], target: int
+) -> int | None:
+    """Env steps each pod started now may take (``PODIUM_MAX_ENV_STEPS``); None without an
+    env-step budget, <= 0 when running pods hold all that is left.
+
+    What is left of the budget (total minus what the leaderboard has counted, minus the
+    allowances running pods were given, counted whole since their reports so far are already
+    in the total) is split evenly over the pods still to start toward the target. The pods
+    alive at once can then never take more than the budget together; a pod cuts its round at
+    its allowance, reports and exits 0, and its replacement gets a share of what is left.
+    """
+    total = spec.budget.total_env_steps
+    if total is None:
+        return None
+    held = status.get("allowances") or {}
+    committed = sum(v for k, v in held.items() if k in active)
+    sharing = max(1, target - sum(1 for k in active if k in held))
+    return (total - (status.get("env_steps") or 0) - committed) // sharing
+
+
+def failure_line(tail: str) -> str | None:
+    """The line of a failed pod's log tail worth putting in a reason: its last line, unless it
+    is an ordinary info/debug line (a pod killed from outside dies mid-sentence of its normal
+    log). A JSON log line gives its event and error."""
+    lines = [x for x in tail.splitlines() if x.strip()]
+    if not lines:
+        return None
+    line = lines[-1].strip()
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if isinstance(record, dict):
+        if str(record.get("level", "")).lower() in ("debug", "info"):
+            return None
+        event, error = record.get("event"), record.get("error")
+        return ": ".join(str(x) for x in (event, error) if x) or line
+    if re.match(r"^\S*\s*(?:\[?(?:INFO|DEBUG)\]?)[\s:]", line):
+        return None
+    return line
 
 
 class Reconciler:
@@ -55,14 +101,24 @@ class Reconciler:
         self.settings = settings
         self.store = store
         self.backend = backend
-        self.progress = progress
-        self._progress: dict[str, tuple[float, Progress]] = {}
+        self.calls = ProgressCalls(
+            progress,
+            settings.leaderboard_concurrency,
+            make_breaker(
+                settings.leaderboard_breaker_failures, settings.leaderboard_breaker_reset_s
+            ),
+            self.wake,
+        )
+        self._final_since: dict[str, float] = {}  # experiment → when its last pod was gone
+        self._next_launch: float | None = None  # the earliest backoff end seen in a pass
         self._created: dict[str, list[PodInfo]] = {}  # pods created this pass, per experiment
         self._pool = ThreadPoolExecutor(settings.create_concurrency, thread_name_prefix="create")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.last_error: str | None = None
+        self.failed_passes = 0  # consecutive; /readyz reports a reconciler that keeps failing
+        self._invalid_seen: set[str] = set()
 
     # -- loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -75,6 +131,7 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True)
+        self.calls.close()
 
     def wake(self) -> None:
         self.backend.changed.set()
@@ -86,23 +143,34 @@ class Reconciler:
                 with metrics.RECONCILE_SECONDS.time():
                     self.reconcile_once()
                 self.last_error = None
+                self.failed_passes = 0
             except Exception as e:  # keep looping: the next pass starts from observed state
                 metrics.RECONCILE_ERRORS.inc()
                 self.last_error = f"{type(e).__name__}: {e}"
+                self.failed_passes += 1
                 log.exception("reconcile pass failed")
-            self.backend.changed.wait(self.settings.reconcile_interval_s)
+            wait = self.settings.reconcile_interval_s
+            if self._next_launch is not None:  # a backoff ends before the next timed pass
+                wait = min(wait, max(0.0, self._next_launch - time.time()))
+            self.backend.changed.wait(wait)
 
     # -- one pass ----------------------------------------------------------------------------
     def reconcile_once(self) -> None:
         now = time.time()
-        exps = {e.id: e for e in self.store.list()}
+        self._next_launch = None
+        # Only experiments with work left (not ended and finalized): finished ones cost nothing.
+        exps: dict[str, Experiment] = {}
+        invalid: dict[str, Experiment] = {}
+        for e in self.store.active():
+            (invalid if e.invalid else exps)[e.id] = e
         pods = self.backend.list_pods()
         by_exp: dict[str, list[PodInfo]] = defaultdict(list)
         for p in pods:
             by_exp[p.experiment_id].append(p)
+        self._skip_invalid(invalid, by_exp)
 
         for exp_id, ps in by_exp.items():
-            if exp_id not in exps:  # orphans: nobody wants them any more
+            if exp_id not in exps and exp_id not in invalid:  # orphans: nobody wants them
                 for p in ps:
                     if p.live:
                         self._terminate(p, None)
@@ -165,10 +233,29 @@ class Reconciler:
                 status["reason"] = reason or "starting pods"
             self._save(exp, status, by_exp.get(exp.id, []) + self._created.pop(exp.id, []))
 
-        self._update_gauges(exps, pods)
+        self._update_gauges(pods)
         self.passes += 1
 
     # -- pieces ------------------------------------------------------------------------------
+    def _skip_invalid(
+        self, invalid: dict[str, Experiment], by_exp: dict[str, list[PodInfo]]
+    ) -> None:
+        """A stored record that no longer validates is left alone (its pods too), counted
+        and logged once, so it cannot stop the pass for every other experiment; deleting it
+        through the API still works."""
+        metrics.INVALID_EXPERIMENTS.set(len(invalid))
+        for exp in invalid.values():
+            live = [p for p in by_exp.get(exp.id, []) if p.live]
+            if exp.intent == st.DELETE:
+                for p in live:
+                    if not p.terminating:
+                        self._terminate(p, exp.id)
+                if not live:
+                    self._delete(exp)
+            elif exp.id not in self._invalid_seen:
+                log.error("invalid stored experiment skipped", experiment=exp.id, why=exp.invalid)
+        self._invalid_seen = set(invalid)
+
     def _hand_in_finished(
         self, exp: Experiment, ps: list[PodInfo], status: dict[str, Any], now: float
     ) -> None:
@@ -200,17 +287,38 @@ class Reconciler:
 
     def _pod_failed(self, exp: Experiment, p: PodInfo, status: dict[str, Any], now: float) -> None:
         metrics.PODS_FAILED.inc()
+        tail = self.backend.pod_log_tail(exp.id, p.pod_id, lines=5)
+        last = p.reason or "failed"
+        line = failure_line(tail)
+        status["last_failure"] = {"pod_id": p.pod_id, "reason": last, "log_tail": tail}
+        if p.exit_code == BAD_INPUT_EXIT:
+            # The pod said its input can never work: another pod would say the same.
+            why = line or last
+            self.store.event(exp.id, "pod_failed", f"pod refused its input: {why}", p.pod_id)
+            self._end(exp, status, st.FAILED, f"a pod refused its input (exit code 2): {why}", now)
+            return
+        status["to_replace"] = [*status.get("to_replace", []), p.pod_id]
+        # An outside stop (eviction, preemption, a node lost, a kill) of a pod that had done
+        # its work is not a crash loop: replaced at once and not counted.
+        if p.disruption or self.calls.reported(exp.id, p.pod_id):
+            status["consecutive_failures"] = 0
+            status.pop("next_launch_at", None)
+            why = p.disruption or "it had reported to the leaderboard"
+            self.store.event(
+                exp.id,
+                "pod_failed",
+                f"pod failed: {last}; replacing now (not counted as a crash: {why})",
+                p.pod_id,
+            )
+            log.warning("pod stopped from outside", experiment=exp.id, pod=p.pod_id, why=why)
+            return
         # A pod that ran long enough before failing starts a new count: it was not crash-looping.
         young = now - p.created_at < self.settings.pod_healthy_after_s
         n = status.get("consecutive_failures", 0) + 1 if young else 1
         status["consecutive_failures"] = n
-        tail = self.backend.pod_log_tail(exp.id, p.pod_id, lines=5)
-        last = p.reason or "failed"
-        status["last_failure"] = {"pod_id": p.pod_id, "reason": last, "log_tail": tail}
         delay = backoff_delay(n, self.settings.backoff_initial_s, self.settings.backoff_max_s)
         status["next_launch_at"] = now + delay
         status["last_failure_at"] = now
-        status["to_replace"] = [*status.get("to_replace", []), p.pod_id]
         self.store.event(
             exp.id,
             "pod_failed",
@@ -219,7 +327,6 @@ class Reconciler:
         )
         log.warning("pod failed", experiment=exp.id, pod=p.pod_id, reason=last, failures=n)
         if n >= self.settings.crash_loop_limit:
-            line = tail.splitlines()[-1] if tail else ""
             self._end(
                 exp,
                 status,
@@ -228,19 +335,6 @@ class Reconciler:
                 + (f": {line}" if line else ""),
                 now,
             )
-
-    def _poll_progress(self, exp: Experiment, force: bool = False) -> Progress:
-        cached = self._progress.get(exp.id)
-        now = time.monotonic()
-        if cached and not force and now - cached[0] < self.settings.progress_poll_s:
-            return cached[1]
-        try:
-            prog = self.progress.progress(exp.id)
-        except Exception as e:  # leaderboard down: keep the last known progress
-            log.warning("leaderboard progress unavailable", experiment=exp.id, error=str(e))
-            return cached[1] if cached else Progress()
-        self._progress[exp.id] = (now, prog)
-        return prog
 
     def _record_progress(self, exp: Experiment, status: dict[str, Any], prog: Progress) -> None:
         if prog.best is not None:
@@ -267,18 +361,18 @@ class Reconciler:
             self.store.event(exp.id, "resumed", "experiment resumed")
         spec = exp.spec
         if status.get("registered"):
-            prog = self._poll_progress(exp)
+            # The last known progress: a pass never waits on the leaderboard.
+            prog, _ = self.calls.progress(exp.id, self.settings.progress_poll_s)
             self._record_progress(exp, status, prog)
-            score = prog.best_score
+        # The target first: met, the experiment succeeded whatever else ran out meanwhile.
+        score = self._target_met(exp, status)
+        if score is not None:
             target = spec.target_reward
-            if target is not None and score is not None:
-                reached = score >= target if spec.evaluation.higher_is_better else score <= target
-                if reached:
-                    self.store.event(
-                        exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
-                    )
-                    self._end(exp, status, st.SUCCEEDED, f"target reward {target:g} reached", now)
-                    return
+            self.store.event(
+                exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
+            )
+            self._end(exp, status, st.SUCCEEDED, f"target reward {target:g} reached", now)
+            return
         budget = spec.budget
         steps = status.get("env_steps")
         if budget.total_env_steps is not None and (steps or 0) >= budget.total_env_steps:
@@ -310,6 +404,31 @@ class Reconciler:
                 now,
             )
 
+    def _target_met(self, exp: Experiment, status: dict[str, Any]) -> float | None:
+        """The best score when it meets the spec's target reward, else None."""
+        spec = exp.spec
+        best = status.get("best")
+        score = best.get("score") if isinstance(best, dict) else None
+        target = spec.target_reward
+        if target is None or score is None:
+            return None
+        reached = score >= target if spec.evaluation.higher_is_better else score <= target
+        return float(score) if reached else None
+
+    def _target_met_at_the_end(self, exp: Experiment, status: dict[str, Any]) -> None:
+        """A budget ran out while the report that met the target was still on its way (the
+        final reports come in after the end): the experiment met its target, so it says so."""
+        if status["state"] != st.BUDGET_EXHAUSTED:
+            return
+        score = self._target_met(exp, status)
+        if score is not None:
+            target = exp.spec.target_reward
+            self.store.event(
+                exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
+            )
+            status.update(state=st.SUCCEEDED, reason=f"target reward {target:g} reached")
+            self.store.event(exp.id, st.SUCCEEDED, status["reason"])
+
     def _end(
         self, exp: Experiment, status: dict[str, Any], state: str, reason: str, now: float
     ) -> None:
@@ -321,9 +440,17 @@ class Reconciler:
         """After the end, keep reading progress until the pods' final reports are in."""
         if status["state"] not in st.TERMINAL or status.get("finalized"):
             return
-        if status.get("registered"):
-            self._record_progress(exp, status, self._poll_progress(exp, force=not live))
+        since = None
         if not live:
+            since = self._final_since.setdefault(exp.id, time.monotonic())
+        settled = True
+        if status.get("registered"):
+            # Once the last pod is gone, one answer asked after that (so its final report
+            # counts), or a failure to get one.
+            prog, settled = self.calls.progress(exp.id, self.settings.progress_poll_s, since)
+            self._record_progress(exp, status, prog)
+            self._target_met_at_the_end(exp, status)
+        if not live and settled:
             status["finalized"] = True
             status["result"] = {
                 "state": status["state"],
@@ -333,7 +460,8 @@ class Reconciler:
                 "pods_launched": status.get("pods_launched", 0),
                 "finished_at": status.get("finished_at"),
             }
-            self._progress.pop(exp.id, None)
+            self._final_since.pop(exp.id, None)
+            self.calls.forget(exp.id)
 
     def _stop_all(self, exp: Experiment, live: list[PodInfo]) -> None:
         for p in live:
@@ -373,9 +501,13 @@ class Reconciler:
             return free
         if len(active) == target:
             return free
-        if now < status.get("next_launch_at", 0):
-            wait = status["next_launch_at"] - now
+        # The time now, not the pass's start: a backoff that ended during a slow pass does not
+        # wait for another pass (and the loop wakes when the earliest backoff ends).
+        wait = status.get("next_launch_at", 0) - time.time()
+        if wait > 0:
             status["launch_reason"] = f"backing off {wait:.1f}s after a pod failure"
+            nxt = status["next_launch_at"]
+            self._next_launch = nxt if self._next_launch is None else min(self._next_launch, nxt)
             return free
         n = launchable(target, len(active), per_pod, free)
         budget = exp.spec.budget.pods_launched
@@ -384,10 +516,16 @@ class Reconciler:
             if n == 0 and status.get("pods_launched", 0) >= budget:
                 status["launch_reason"] = f"pod budget reached ({budget} launched)"
                 return free
+        allowance = env_step_allowance(exp.spec, status, [p.pod_id for p in active], target)
+        if n and allowance is not None and allowance <= 0:
+            status["launch_reason"] = "the env-step budget left is held by the running pods"
+            return free
         if n and not self._register(exp, status):
             return free
         spec_json = exp.spec.model_dump_json()
         env = self._pod_env()
+        if allowance is not None:
+            env["PODIUM_MAX_ENV_STEPS"] = str(allowance)
         reqs = [
             PodRequest(
                 experiment_id=exp.id,
@@ -413,6 +551,8 @@ class Reconciler:
             created += 1
             metrics.PODS_CREATED.inc()
             status["pods_launched"] = status.get("pods_launched", 0) + 1
+            if allowance is not None:
+                status["allowances"] = {**status.get("allowances", {}), req.pod_id: allowance}
             self._created.setdefault(exp.id, []).append(
                 PodInfo(exp.id, req.pod_id, "Pending", time.time(), per_pod)
             )
@@ -435,7 +575,7 @@ class Reconciler:
         if status.get("registered"):
             return True
         try:
-            self.progress.register(exp.id, exp.spec)
+            done = self.calls.register(exp.id, exp.spec)
         except ServiceError as e:
             if e.status is None or e.status >= 500:
                 status["launch_reason"] = f"leaderboard unavailable: {e}"
@@ -451,6 +591,9 @@ class Reconciler:
             return False
         except Exception as e:
             status["launch_reason"] = f"leaderboard unavailable: {e}"
+            return False
+        if not done:
+            status["launch_reason"] = "registering the experiment with the leaderboard"
             return False
         status["registered"] = True
         return True
@@ -470,6 +613,9 @@ class Reconciler:
         return env
 
     def _save(self, exp: Experiment, status: dict[str, Any], ps: list[PodInfo]) -> None:
+        if status.get("allowances"):  # held by live pods only
+            live = {p.pod_id for p in ps if p.live}
+            status["allowances"] = {k: v for k, v in status["allowances"].items() if k in live}
         status["pods"] = [
             {
                 "pod_id": p.pod_id,
@@ -484,19 +630,13 @@ class Reconciler:
             self.store.set_status(exp.id, status)
 
     def _delete(self, exp: Experiment) -> None:
-        try:
-            self.progress.delete(exp.id)
-        except Exception as e:
-            log.warning("leaderboard delete failed", experiment=exp.id, error=str(e))
+        self.calls.delete(exp.id)  # not waited on
         self.backend.delete_experiment(exp.id)
         self.store.delete(exp.id)
-        self._progress.pop(exp.id, None)
+        self._final_since.pop(exp.id, None)
         log.info("experiment deleted", experiment=exp.id)
 
-    def _update_gauges(self, exps: dict[str, Experiment], pods: list[PodInfo]) -> None:
-        counts = dict.fromkeys(st.STATES, 0)
-        for e in exps.values():
-            counts[e.state] = counts.get(e.state, 0) + 1
-        for state, n in counts.items():
+    def _update_gauges(self, pods: list[PodInfo]) -> None:
+        for state, n in self.store.state_counts().items():
             metrics.EXPERIMENTS.labels(state=state).set(n)
         metrics.PODS_LIVE.set(sum(1 for p in pods if p.live))

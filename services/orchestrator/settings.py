@@ -42,6 +42,9 @@ class OrchestratorSettings(PodiumSettings):
     max_pods_per_experiment: int = Field(default=256, ge=1)
 
     reconcile_interval_s: float = Field(default=2.0, gt=0)
+    reconcile_failures_unready: int = Field(
+        default=3, ge=1, description="/readyz answers 503 after this many failed passes in a row."
+    )
     backoff_initial_s: float = Field(default=1.0, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
     crash_loop_limit: int = Field(
@@ -61,6 +64,18 @@ class OrchestratorSettings(PodiumSettings):
     )
 
     leaderboard_url: str | None = Field(default=None, description="http://leaderboard:8000")
+    leaderboard_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Leaderboard calls in flight at once (never waited on by a reconcile pass).",
+    )
+    leaderboard_breaker_failures: int = Field(
+        default=5, ge=1, description="Failed leaderboard calls in a row that open the breaker."
+    )
+    leaderboard_breaker_reset_s: float = Field(
+        default=10.0, gt=0, description="How long an open breaker fails calls at once."
+    )
     leaderboard_token: SecretStr | None = None
     pod_mode: Literal["fused", "processes"] = Field(
         default="fused",

@@ -2,29 +2,52 @@
 
 Keys (prefix ``podium:orch:``):
 
-- ``experiments``: sorted set id → creation time.
+- ``experiments``: sorted set id → creation time (every experiment; pages of the list).
+- ``state:<state>``: sorted set id → creation time, one per state (the list filtered by state,
+  and the per-state gauges, without reading every record).
+- ``active``: set of the ids the reconciler still has work for (not yet ended and finalized,
+  or being deleted); a pass reads these only, so finished experiments cost it nothing.
 - ``exp:<id>``: hash with ``spec`` (JSON), ``created_at``, ``intent`` (written only by the API:
-  run / pause / cancel / delete) and ``status`` (JSON, written only by the reconciler), so the
-  two writers never overwrite each other's fields.
+  run / pause / cancel / delete), ``status`` (JSON) and ``state`` (written only by the
+  reconciler) and ``idem`` (the idempotency key that created it, if any), so the two writers
+  never overwrite each other's fields.
 - ``events:<id>``: stream of events (pod started / failed / replaced, scaled, target reached…).
 - ``handled:<id>``: set of finished pods already accounted for (idempotent across restarts).
-- ``idem:<key>``: idempotency key → experiment id and request hash (24 h).
+- ``idem:<key>``: idempotency key → experiment id and request hash (24 h; freed when the
+  experiment is deleted, see docs/orchestrator.md).
+
+Every write that depends on what is stored (create, intent changes, status writes, delete) is
+one Lua script, so concurrent requests and the reconciler cannot interleave: an accepted cancel
+is final, and an ended experiment stays ended.
+
+A stored record that no longer validates (written by an older version, or edited by hand) is
+read as an ``Experiment`` with ``invalid`` set to the reason instead of raising, so it cannot
+take down a list, a reconcile pass or other experiments; it can still be deleted.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from pydantic import ValidationError
 
-from services.contracts.spec import ExperimentSpec
+from services.contracts.spec import ExperimentSpec, describe_errors
 
 PREFIX = "podium:orch:"
 EVENTS_MAXLEN = 10_000
 IDEMPOTENCY_TTL_S = 24 * 3600
+#: Parsed specs kept in memory (by id, checked against the stored bytes on every read).
+SPEC_CACHE_SIZE = 4096
+#: Bumped when the secondary keys (state:<state>, active) change shape: rebuilt at start-up.
+INDEX_VERSION = "1"
 
 PENDING, RUNNING, PAUSED = "pending", "running", "paused"
 SUCCEEDED, FAILED, CANCELLED, BUDGET_EXHAUSTED = (
@@ -35,17 +58,23 @@ SUCCEEDED, FAILED, CANCELLED, BUDGET_EXHAUSTED = (
 )
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, BUDGET_EXHAUSTED})
 STATES = (PENDING, RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED, BUDGET_EXHAUSTED)
+#: Shown for a stored record that no longer validates (never stored as a state).
+INVALID = "invalid"
 
 RUN, PAUSE, CANCEL, DELETE = "run", "pause", "cancel", "delete"
+
+# Lua: the terminal states, for the scripts below.
+_TERMINAL_LUA = "{" + ", ".join(f"{s}=true" for s in sorted(TERMINAL)) + "}"
 
 
 @dataclass
 class Experiment:
     id: str
-    spec: ExperimentSpec
+    spec: ExperimentSpec | None  # None when ``invalid``
     created_at: float
     intent: str
     status: dict[str, Any] = field(default_factory=dict)
+    invalid: str | None = None  # why the stored record does not validate
 
     @property
     def state(self) -> str:
@@ -60,15 +89,51 @@ class IdempotencyConflictError(Exception):
     """The idempotency key was used before with a different request body."""
 
 
+class TransitionError(Exception):
+    """An intent the experiment's stored state refuses; ``args[0]`` says why (for a 409)."""
+
+
+class NotFoundError(LookupError):
+    """No such experiment (or it is being deleted)."""
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a page of the list ended: the last item's creation time and id (newest first)."""
+
+    created_at: float
+    id: str
+
+    def encode(self) -> str:
+        return f"{self.created_at!r}:{self.id}"
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor:
+        created, sep, exp_id = text.partition(":")
+        try:
+            value = float(created)
+        except ValueError:
+            value = math.nan
+        if not sep or not exp_id or not math.isfinite(value):
+            raise ValueError("not a cursor from this API (use the X-Next-Cursor header)")
+        return cls(value, exp_id)
+
+
 class Store:
     def __init__(self, r: redis.Redis):
         self.r = r
         self._create = r.register_script(self._CREATE_LUA)
+        self._intent = r.register_script(self._INTENT_LUA)
+        self._status = r.register_script(self._STATUS_LUA)
+        self._delete = r.register_script(self._DELETE_LUA)
+        self._specs: OrderedDict[str, tuple[bytes, ExperimentSpec | str]] = OrderedDict()
+        self._specs_lock = threading.Lock()
 
     def _k(self, *parts: str) -> str:
         return PREFIX + ":".join(parts)
 
-    # KEYS: exp experiments idem; ARGV: id body_hash ttl (0: no key) spec created_at intent status.
+    # KEYS: exp experiments idem state:pending active
+    # ARGV: id body_hash ttl (0: no key) spec created_at intent status idem_key
     # Returns the key's earlier value (a replay) or nil (created).
     _CREATE_LUA = """
 if tonumber(ARGV[3]) > 0 then
@@ -77,10 +142,119 @@ if tonumber(ARGV[3]) > 0 then
   redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[3])
 end
 redis.call('HSET', KEYS[1], 'spec', ARGV[4], 'created_at', ARGV[5], 'intent', ARGV[6],
-  'status', ARGV[7])
+  'status', ARGV[7], 'state', 'pending', 'idem', ARGV[8])
 redis.call('ZADD', KEYS[2], ARGV[5], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1])
+redis.call('SADD', KEYS[5], ARGV[1])
 return false
 """
+
+    # The stored state, also of records written before the ``state`` field existed.
+    _STATE_OF_LUA = """
+local function state_of(key)
+  local s = redis.call('HGET', key, 'state')
+  if s then return s end
+  local ok, status = pcall(cjson.decode, redis.call('HGET', key, 'status') or '{}')
+  if ok and type(status) == 'table' and type(status.state) == 'string' then
+    return status.state
+  end
+  return 'pending'
+end
+-- The idempotency key that created the experiment is freed with it (if it still names it):
+-- a new request with that key creates a new experiment.
+local function free_key(key, idem_prefix, id)
+  local idem = redis.call('HGET', key, 'idem')
+  if idem and idem ~= '' then
+    local v = redis.call('GET', idem_prefix .. idem)
+    if v and string.sub(v, 1, string.len(id) + 1) == id .. ' ' then
+      redis.call('DEL', idem_prefix .. idem)
+    end
+  end
+end
+"""
+
+    # KEYS: exp active; ARGV: intent idem_prefix id.
+    # Returns 'ok', 'missing', 'cancelled' or 'ended:<state>'.
+    _INTENT_LUA = (
+        _STATE_OF_LUA
+        + f"local terminal = {_TERMINAL_LUA}\n"
+        + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
+local current = redis.call('HGET', KEYS[1], 'intent') or 'run'
+if current == 'delete' then return 'missing' end
+local want = ARGV[1]
+if want == 'delete' then
+  redis.call('HSET', KEYS[1], 'intent', 'delete')
+  redis.call('SADD', KEYS[2], ARGV[3])
+  free_key(KEYS[1], ARGV[2], ARGV[3])
+  return 'ok'
+end
+local state = state_of(KEYS[1])
+if current == 'cancel' then
+  if want == 'cancel' then return 'ok' end
+  return 'cancelled'
+end
+if terminal[state] then return 'ended:' .. state end
+redis.call('HSET', KEYS[1], 'intent', want)
+return 'ok'
+"""
+    )
+
+    # KEYS: exp active state_prefix; ARGV: id status state done.
+    # Returns 1 (written), 0 (no such experiment) or -1 (it has ended: a terminal state is final).
+    _STATUS_LUA = (
+        _STATE_OF_LUA
+        + f"local terminal = {_TERMINAL_LUA}\n"
+        + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local old = state_of(KEYS[1])
+-- Final, except that an end by budget becomes success when the final reports (they come
+-- in after the end) show the target was met.
+if terminal[old] and old ~= ARGV[3] and not (old == 'budget_exhausted' and ARGV[3] == 'succeeded')
+then return -1 end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'state', ARGV[3])
+if old ~= ARGV[3] then
+  redis.call('ZREM', KEYS[3] .. old, ARGV[1])
+end
+redis.call('ZADD', KEYS[3] .. ARGV[3], redis.call('HGET', KEYS[1], 'created_at') or 0, ARGV[1])
+if ARGV[4] == '1' and redis.call('HGET', KEYS[1], 'intent') ~= 'delete' then
+  redis.call('SREM', KEYS[2], ARGV[1])
+end
+return 1
+"""
+    )
+
+    # KEYS: exp events handled experiments active idem_prefix state_prefix; ARGV: id.
+    _DELETE_LUA = (
+        _STATE_OF_LUA
+        + """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local state = state_of(KEYS[1])
+  redis.call('ZREM', KEYS[7] .. state, ARGV[1])
+  free_key(KEYS[1], KEYS[6], ARGV[1])
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('SREM', KEYS[5], ARGV[1])
+return 1
+"""
+    )
+
+    # -- start-up ----------------------------------------------------------------------------
+    def migrate(self) -> None:
+        """Build the secondary keys (per-state sets, active set) for records written before
+        they existed; a no-op once done for this ``INDEX_VERSION``."""
+        if self.r.get(self._k("index_version")) == INDEX_VERSION.encode():
+            return
+        for exp in self.get_many(self.ids()):
+            state = exp.state
+            pipe = self.r.pipeline()
+            pipe.hset(self._k("exp", exp.id), "state", state)
+            pipe.zadd(self._k("state", state), {exp.id: exp.created_at})
+            if not (exp.terminal and exp.status.get("finalized")) or exp.intent == DELETE:
+                pipe.sadd(self._k("active"), exp.id)
+            pipe.execute()
+        self.r.set(self._k("index_version"), INDEX_VERSION)
 
     # -- experiments -------------------------------------------------------------------------
     def create(
@@ -99,12 +273,15 @@ return false
         status = {"state": PENDING, "reason": "waiting for the reconciler", "pods_launched": 0}
         fields = [spec.model_dump_json(), now, RUN, json.dumps(status)]
         keys = [self._k("exp", exp_id), self._k("experiments")]
+        tail = [self._k("state", PENDING), self._k("active")]
         if not idempotency_key:
-            self._create(keys=[*keys, self._k("idem", "-")], args=[exp_id, "", 0, *fields])
+            self._create(
+                keys=[*keys, self._k("idem", "-"), *tail], args=[exp_id, "", 0, *fields, ""]
+            )
             return exp_id, True
         prior = self._create(
-            keys=[*keys, self._k("idem", idempotency_key)],
-            args=[exp_id, body_hash, IDEMPOTENCY_TTL_S, *fields],
+            keys=[*keys, self._k("idem", idempotency_key), *tail],
+            args=[exp_id, body_hash, IDEMPOTENCY_TTL_S, *fields, idempotency_key],
         )
         if prior is None:
             return exp_id, True
@@ -113,43 +290,163 @@ return false
             raise IdempotencyConflictError(old_id)
         return old_id, False
 
-    def get(self, exp_id: str) -> Experiment | None:
-        h = self.r.hgetall(self._k("exp", exp_id))
+    def _spec(self, exp_id: str, raw: bytes) -> ExperimentSpec | str:
+        """The parsed spec, or why it does not validate; parsed once per stored value."""
+        with self._specs_lock:
+            hit = self._specs.get(exp_id)
+            if hit is not None and hit[0] == raw:
+                self._specs.move_to_end(exp_id)
+                return hit[1]
+        parsed: ExperimentSpec | str
+        try:
+            parsed = ExperimentSpec.model_validate_json(raw)
+        except ValidationError as e:
+            parsed = "stored spec no longer validates:" + ";".join(describe_errors(e))
+        with self._specs_lock:
+            self._specs[exp_id] = (raw, parsed)
+            self._specs.move_to_end(exp_id)
+            while len(self._specs) > SPEC_CACHE_SIZE:
+                self._specs.popitem(last=False)
+        return parsed
+
+    def _decode(self, exp_id: str, h: dict[bytes, bytes]) -> Experiment | None:
         if not h or b"spec" not in h:
             return None
+        intent = h.get(b"intent", b"run").decode(errors="replace")
+        problems = []
+        try:
+            created_at = float(h[b"created_at"])
+        except (KeyError, ValueError):
+            created_at, _ = 0.0, problems.append("created_at is not a number")
+        try:
+            status = json.loads(h.get(b"status", b"{}"))
+            if not isinstance(status, dict) or not isinstance(status.get("state", ""), str):
+                raise ValueError("not an object with a string state")
+        except ValueError as e:
+            status = {}
+            problems.append(f"status is not valid: {e}")
+        spec = self._spec(exp_id, h[b"spec"])
+        if isinstance(spec, str):
+            problems.append(spec)
+            spec = None
         return Experiment(
             id=exp_id,
-            spec=ExperimentSpec.model_validate_json(h[b"spec"]),
-            created_at=float(h[b"created_at"]),
-            intent=h.get(b"intent", b"run").decode(),
-            status=json.loads(h.get(b"status", b"{}")),
+            spec=spec,
+            created_at=created_at,
+            intent=intent,
+            status=status,
+            invalid="; ".join(problems) or None,
         )
+
+    def get(self, exp_id: str) -> Experiment | None:
+        return self._decode(exp_id, self.r.hgetall(self._k("exp", exp_id)))
+
+    def get_many(self, ids: Iterable[str]) -> list[Experiment]:
+        """The stored experiments among ``ids``, in that order (one round trip)."""
+        ids = list(ids)
+        pipe = self.r.pipeline(transaction=False)
+        for i in ids:
+            pipe.hgetall(self._k("exp", i))
+        out = []
+        for i, h in zip(ids, pipe.execute(), strict=True):
+            exp = self._decode(i, h)
+            if exp is not None:
+                out.append(exp)
+        return out
 
     def ids(self) -> list[str]:
         return [i.decode() for i in self.r.zrange(self._k("experiments"), 0, -1)]
 
     def list(self) -> list[Experiment]:
-        out = []
-        for i in self.ids():
-            exp = self.get(i)
-            if exp is not None:
-                out.append(exp)
-        return out
+        """Every stored experiment, oldest first (tests and tools; the API pages)."""
+        return self.get_many(self.ids())
+
+    def active(self) -> list[Experiment]:
+        """The experiments the reconciler still has work for, oldest first."""
+        ids = [i.decode() for i in self.r.smembers(self._k("active"))]
+        exps = self.get_many(ids)
+        return sorted(exps, key=lambda e: (e.created_at, e.id))
+
+    def is_active(self, exp_id: str) -> bool:
+        return bool(self.r.sismember(self._k("active"), exp_id))
+
+    def page(
+        self, limit: int, cursor: Cursor | None = None, state: str | None = None
+    ) -> tuple[list[Experiment], Cursor | None]:
+        """Up to ``limit`` experiments, newest first, after ``cursor``; and the next cursor.
+
+        Being deleted ones are left out. Reads a sorted-set range and the page's records only.
+        """
+        key = self._k("state", state) if state else self._k("experiments")
+        top: float | str = "+inf" if cursor is None else cursor.created_at
+        out: list[Experiment] = []
+        offset = 0
+        while len(out) <= limit:
+            need = limit + 1 - len(out)
+            rows = self.r.zrange(
+                key, top, "-inf", byscore=True, desc=True, offset=offset, num=need, withscores=True
+            )
+            offset += len(rows)
+            # The range starts at the cursor's time inclusive; same-time ids come in
+            # descending order, so those at or above the cursor's id were on earlier pages.
+            ids = [
+                m.decode()
+                for m, score in rows
+                if cursor is None or score < cursor.created_at or m.decode() < cursor.id
+            ]
+            out.extend(e for e in self.get_many(ids) if e.intent != DELETE)
+            if len(rows) < need:
+                break
+        more = len(out) > limit
+        out = out[:limit]
+        return out, (Cursor(out[-1].created_at, out[-1].id) if more else None)
+
+    def state_counts(self) -> dict[str, int]:
+        pipe = self.r.pipeline(transaction=False)
+        for s in STATES:
+            pipe.zcard(self._k("state", s))
+        return dict(zip(STATES, pipe.execute(), strict=True))
 
     def set_intent(self, exp_id: str, intent: str) -> None:
-        self.r.hset(self._k("exp", exp_id), "intent", intent)
+        """Atomically, against what is stored: raises NotFoundError (no such experiment, or
+        being deleted) or TransitionError (cancelled, or ended) instead of undoing either."""
+        answer = self._intent(
+            keys=[self._k("exp", exp_id), self._k("active")],
+            args=[intent, self._k("idem", ""), exp_id],
+        ).decode()
+        if answer == "missing":
+            raise NotFoundError(exp_id)
+        if answer == "cancelled":
+            raise TransitionError("experiment was cancelled")
+        if answer.startswith("ended:"):
+            raise TransitionError(f"experiment has already ended ({answer[6:]})")
 
-    def set_status(self, exp_id: str, status: dict[str, Any]) -> None:
-        # Only when the experiment still exists: a status write must not resurrect a deletion.
-        key = self._k("exp", exp_id)
-        if self.r.exists(key):
-            self.r.hset(key, "status", json.dumps(status))
+    def set_status(self, exp_id: str, status: dict[str, Any]) -> bool:
+        """Write the reconciler's status; False when the experiment is gone or had already
+        ended in another state (a terminal state is final; the write is refused)."""
+        state = status.get("state", PENDING)
+        done = state in TERMINAL and bool(status.get("finalized"))
+        written = self._status(
+            keys=[self._k("exp", exp_id), self._k("active"), self._k("state", "")],
+            args=[exp_id, json.dumps(status), state, "1" if done else "0"],
+        )
+        return written == 1
 
     def delete(self, exp_id: str) -> None:
-        pipe = self.r.pipeline()
-        pipe.delete(self._k("exp", exp_id), self._k("events", exp_id), self._k("handled", exp_id))
-        pipe.zrem(self._k("experiments"), exp_id)
-        pipe.execute()
+        self._delete(
+            keys=[
+                self._k("exp", exp_id),
+                self._k("events", exp_id),
+                self._k("handled", exp_id),
+                self._k("experiments"),
+                self._k("active"),
+                self._k("idem", ""),
+                self._k("state", ""),
+            ],
+            args=[exp_id],
+        )
+        with self._specs_lock:
+            self._specs.pop(exp_id, None)
 
     # -- finished pods -----------------------------------------------------------------------
     def mark_handled(self, exp_id: str, pod_id: str) -> bool:

@@ -189,6 +189,31 @@ class FakeCluster:
             self.logs[(ns, name, container)] = log
             self._put_pod(ns, pod, "MODIFIED")
 
+    def evict(self, ns: str, name: str, preemption: bool = False) -> None:
+        """A pod stopped from outside, as Kubernetes reports it: evicted by the kubelet under
+        node pressure (phase Failed, reason Evicted), or preempted by the scheduler (the
+        DisruptionTarget condition); either way its containers were killed (exit code 137)."""
+        with self.cond:
+            pod = copy.deepcopy(self.pods[(ns, name)])
+            status = pod["status"]
+            status["phase"] = "Failed"
+            if preemption:
+                status["conditions"] = [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "PreemptionByScheduler",
+                        "message": "Preempted in order to admit critical pod",
+                    }
+                ]
+            else:
+                status["reason"] = "Evicted"
+                status["message"] = "The node was low on resource: memory."
+            for cs in status.get("containerStatuses") or []:
+                cs["state"] = {"terminated": {"exitCode": 137, "reason": "Error"}}
+                cs["ready"] = False
+            self._put_pod(ns, pod, "MODIFIED")
+
     def wait_container(self, ns: str, name: str, container: str, reason: str, msg: str) -> None:
         """A container cannot start (kubelet's waiting state, e.g. ImagePullBackOff)."""
         with self.cond:

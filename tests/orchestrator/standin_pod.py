@@ -5,7 +5,15 @@ Configured through the experiment spec it receives (``PODIUM_SPEC``), under env.
 - ``report_interval_s``: how often it reports to the leaderboard (``PODIUM_LEADERBOARD_URL``);
 - ``score_step``: each report's score is ``score_step * report_number``;
 - ``env_steps_per_report``: env steps each report carries;
-- ``crash_after_s``: exit with code 3 after this long (a crashing pod).
+- ``crash_after_s``: exit with code ``crash_code`` (default 3) after this long (a crashing
+  pod); code 2 is a pod refusing its input, with the real pod's JSON "bad input" line;
+- ``info_lines``: print a JSON info line (as the real pod logs) after each report;
+- ``ignore_max_env_steps``: do not cut at ``PODIUM_MAX_ENV_STEPS`` (a pod whose last report
+  arrives after the experiment ended).
+
+With ``PODIUM_MAX_ENV_STEPS`` set, a report carries at most the steps left of that allowance,
+and the pod exits 0 once it is spent (the real pod cuts its round there and makes its final
+report).
 
 On SIGTERM it makes a final report, writes ``<pod>.final`` into ``PODIUM_POD_DIR`` (when set)
 and exits 0, as a real pod does when scaled in or stopped.
@@ -29,21 +37,28 @@ url = os.environ.get("PODIUM_LEADERBOARD_URL")
 token = os.environ.get("PODIUM_API_TOKEN")
 pod_dir = os.environ.get("PODIUM_POD_DIR")
 reports = 0
+allowance = os.environ.get("PODIUM_MAX_ENV_STEPS")
+max_steps = None if allowance is None or cfg.get("ignore_max_env_steps") else int(allowance)
+taken = 0
 
 
 def report() -> None:
-    global reports
+    global reports, taken
     if not url:
         return
     reports += 1
     score = cfg.get("score_step", 0.0) * reports
+    steps = cfg.get("env_steps_per_report", 0)
+    if max_steps is not None:
+        steps = max(0, min(steps, max_steps - taken))
+    taken += steps
     body = {  # a metadata-only SubmissionResult, as the leaderboard's updater takes it
         "submission_id": f"{pod_id}-{reports}",
         "pod_id": pod_id,
         "algorithm": next(iter(spec["algorithms"])),
         "score": score,
         "eval": {"mean": score, "episodes": 1},
-        "env_steps": cfg.get("env_steps_per_report", 0),
+        "env_steps": steps,
     }
     req = urllib.request.Request(
         f"{url}/api/v1/experiments/{exp_id}/submissions",
@@ -55,6 +70,9 @@ def report() -> None:
         urllib.request.urlopen(req, timeout=5).read()
     except OSError as e:
         print(f"report failed: {e}", flush=True)
+    if cfg.get("info_lines"):
+        line = {"event": "round reported", "level": "info", "pod": pod_id, "score": score}
+        print(json.dumps(line), flush=True)
 
 
 def on_term(signum, frame):
@@ -67,7 +85,10 @@ def on_term(signum, frame):
 
 signal.signal(signal.SIGTERM, on_term)
 gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
-print(f"pod {pod_id} of {exp_id} started argv={sys.argv[1:]} gpus={gpus!r}", flush=True)
+print(
+    f"pod {pod_id} of {exp_id} started argv={sys.argv[1:]} gpus={gpus!r} max_env_steps={allowance}",
+    flush=True,
+)
 start = time.monotonic()
 interval = cfg.get("report_interval_s", 0.0)
 next_report = start + interval if interval else float("inf")
@@ -75,9 +96,17 @@ crash_after = cfg.get("crash_after_s")
 while True:
     now = time.monotonic()
     if crash_after is not None and now - start >= crash_after:
-        print("simulated crash: CUDA error: out of memory", flush=True)
-        sys.exit(3)
+        code = cfg.get("crash_code", 3)
+        if code == 2:
+            bad = "cannot train dqn on Pendulum-v1: dqn needs a Discrete action space"
+            print(json.dumps({"event": "bad input", "level": "error", "error": bad}), flush=True)
+        else:
+            print("simulated crash: CUDA error: out of memory", flush=True)
+        sys.exit(code)
     if now >= next_report:
         report()
         next_report = now + interval
+        if max_steps is not None and taken >= max_steps:
+            print("env-step allowance spent: final report made, exiting", flush=True)
+            sys.exit(0)
     time.sleep(0.02)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import kubernetes_validate
@@ -78,6 +79,18 @@ def request(exp: str = "e1", pod: str = "p1", gpus: int = 0) -> PodRequest:
         env=env,
         grace_s=30,
     )
+
+
+@contextmanager
+def orchestrator(settings: OrchestratorSettings, url: str) -> Iterator[TestClient]:
+    """The orchestrator app on a Kubernetes backend for the API server at ``url``."""
+    be = KubernetesBackend(settings, api_client=api_client(url))
+    try:
+        with TestClient(create_app(settings, backend=be)) as c:
+            c.headers["Authorization"] = f"Bearer {TOKEN}"
+            yield c
+    finally:
+        be.close()
 
 
 def validate(manifest: dict[str, Any]) -> None:
@@ -277,9 +290,7 @@ def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
     flush_redis: None,
 ) -> None:
     fc, srv = cluster
-    be = KubernetesBackend(k8s_settings, api_client=api_client(srv.url))
-    with TestClient(create_app(k8s_settings, backend=be)) as c:
-        c.headers["Authorization"] = f"Bearer {TOKEN}"
+    with orchestrator(k8s_settings, srv.url) as c:
         body = spec(population={"min_pods": 2, "max_pods": 6})
         exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
         wait_for(lambda: len(fc.pod_names(NS)) == 4)  # one 4-CPU node, 1 CPU per pod
@@ -298,7 +309,6 @@ def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
         exp = c.get(f"/api/v1/experiments/{exp_id}").json()
         assert exp["last_failure"]["log_tail"] == "Traceback: boom"
         before = fc.pod_names(NS)
-    be.close()
 
     # A new orchestrator (new backend, new reconciler) adopts the pods it finds by label.
     be2 = KubernetesBackend(k8s_settings, api_client=api_client(srv.url))
@@ -368,3 +378,56 @@ def test_informer_relists_after_410_gone(
     fc.compact_and_create(NS, pod_manifest(k8s_settings, NS, request("e1", "p2"), "uid"))
     wait_for(lambda: {p.pod_id for p in backend.list_pods()} == {"p1", "p2"}, timeout=5)
     assert backend.relists == 2
+
+
+# -- faults (issue 12: findings 12, 14, 16) --------------------------------------------------------
+def test_on_kubernetes_exit_2_fails_at_once_and_evictions_are_not_crashes(
+    cluster: tuple[FakeCluster, ServerThread],
+    k8s_settings: OrchestratorSettings,
+    flush_redis: None,
+) -> None:
+    limit = k8s_settings.crash_loop_limit
+    with orchestrator(k8s_settings, cluster[1].url) as c:
+        fc = cluster[0]
+        body = spec(population={"min_pods": 1, "max_pods": 1}, budget={"total_env_steps": 9000})
+        exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
+        # Evicted and preempted pods, more of them than the crash-loop limit: replaced, not
+        # counted (these pods never reported: only the disruption makes them not crashes).
+        for i in range(limit + 1):
+            (name,) = wait_for(lambda: len(n := fc.pod_names(NS)) == 1 and n)
+            fc.evict(NS, name, preemption=i % 2 == 1)
+            wait_for(lambda: fc.pod_names(NS) != [name] and len(fc.pod_names(NS)) == 1)  # noqa: B023
+        exp = wait_for(
+            lambda: (
+                (e := c.get(f"/api/v1/experiments/{exp_id}").json())["progress"]["pods_launched"]
+                == limit + 2
+                and e
+            )
+        )
+        assert exp["state"] == "running", exp["reason"]
+        failed = [
+            e
+            for e in c.get(f"/api/v1/experiments/{exp_id}/events").json()
+            if e["type"] == "pod_failed"
+        ]
+        assert len(failed) == limit + 1
+        assert all("not counted as a crash" in e["message"] for e in failed)
+        assert "Evicted: The node was low on resource: memory." in failed[0]["message"]
+        assert "PreemptionByScheduler" in failed[1]["message"]
+        # Every pod was told the env steps it may take (the budget over the one target pod).
+        pods = [m for m in fc.manifests if m["kind"] == "Pod"]
+        env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
+        assert env["PODIUM_MAX_ENV_STEPS"] == "9000"
+
+        # A container that exits 2 (bad input) fails the experiment at once, with its message.
+        (name,) = fc.pod_names(NS)
+        line = '{"event": "bad input", "level": "error", "error": "cannot train dqn on X"}'
+        fc.fail_container(NS, name, "pod", 2, "Error", log=line)
+        exp = wait_for(
+            lambda: (e := c.get(f"/api/v1/experiments/{exp_id}").json())["state"] == "failed" and e
+        )
+        assert (
+            exp["reason"]
+            == "a pod refused its input (exit code 2): bad input: cannot train dqn on X"
+        )
+        assert exp["progress"]["pods_launched"] == limit + 2  # not retried

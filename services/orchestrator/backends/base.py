@@ -22,6 +22,9 @@ POD_LABEL = "podium.dev/pod"
 
 Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
+#: A pod's exit code for input that can never work (services/pod/__main__.py): permanent.
+BAD_INPUT_EXIT = 2
+
 
 @dataclass(frozen=True)
 class PodRequest:
@@ -45,6 +48,9 @@ class PodInfo:
     terminating: bool = False  # asked to stop (SIGTERM sent / deletionTimestamp set)
     exit_code: int | None = None
     reason: str | None = None
+    #: Stopped from outside, not by its own fault (Kubernetes eviction, preemption, node
+    #: shutdown): what happened, for the event. Such a failure is never counted as a crash.
+    disruption: str | None = None
 
     @property
     def live(self) -> bool:

@@ -255,6 +255,24 @@ def _requests(pod: dict[str, Any]) -> Res:
     return Res(cpu, gpus, mem)
 
 
+#: Pod status reasons of a pod stopped from outside (the kubelet's eviction under node
+#: pressure, a node shutting down): not the pod's fault, so never counted as a crash.
+DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "Shutdown", "NodeShutdown", "Terminated"})
+
+
+def _disruption(status: dict[str, Any]) -> str | None:
+    """Why a failed pod was stopped from outside, or None: the pod status reason, or the
+    ``DisruptionTarget`` condition (preemption, API eviction, taint manager, pod GC)."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            why = cond.get("reason") or "disrupted"
+            return f"{why}: {cond['message']}" if cond.get("message") else why
+    if status.get("reason") in DISRUPTION_REASONS:
+        why = status["reason"]
+        return f"{why}: {status['message']}" if status.get("message") else why
+    return None
+
+
 def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
     if taint.get("effect") not in ("NoSchedule", "NoExecute"):
         return True
@@ -409,6 +427,10 @@ class KubernetesBackend(Backend):
             phase, reason = "Failed", reason or "node lost (phase Unknown)"
         if phase == "Failed" and reason is None:
             reason = status.get("message") or "pod failed"
+        disruption = _disruption(status) if phase == "Failed" else None
+        if disruption:  # e.g. a container killed by an eviction: say both
+            plain = reason in (None, status.get("reason"), status.get("message"))
+            reason = disruption if plain else f"{reason} ({disruption})"
         return PodInfo(
             experiment_id=lab.get(EXPERIMENT_LABEL, ""),
             pod_id=lab.get(POD_LABEL, ""),
@@ -418,6 +440,7 @@ class KubernetesBackend(Backend):
             terminating=meta.get("deletionTimestamp") is not None,
             exit_code=exit_code,
             reason=reason,
+            disruption=disruption,
         )
 
     def _owner_uid(self, experiment_id: str, spec_json: str) -> str:

@@ -1,0 +1,90 @@
+"""Which action-space kinds environments have and algorithms train, without importing either.
+
+The control plane refuses at submission an algorithm whose action-space kind does not fit the
+env (DQN on Pendulum-v1, SAC on CartPole-v1) instead of accepting it and having every pod exit
+with "bad input". Knowing an env's action space otherwise means building it, and an
+algorithm's means importing torch: so the kinds of the built-in algorithms and of the envs
+known here are declared in this table, the one place the spec validator and the pods read.
+An env or algorithm not listed (a plugin) is not checked here; its pods decide (a pod exits 2
+on input that can never work, and the experiment fails at once with the pod's message).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+ActionKind = Literal["discrete", "continuous"]
+DISCRETE: ActionKind = "discrete"
+CONTINUOUS: ActionKind = "continuous"
+
+#: Registered algorithm name → the action-space kinds it trains.
+ALGORITHM_ACTION_KINDS: dict[str, frozenset[ActionKind]] = {
+    "ppo": frozenset({DISCRETE, CONTINUOUS}),
+    "sac": frozenset({CONTINUOUS}),
+    "td3": frozenset({CONTINUOUS}),
+    "ddpg": frozenset({CONTINUOUS}),
+    "dqn": frozenset({DISCRETE}),
+}
+
+#: Env family (the id without ``gym:`` and ``-v<N>``) → its action-space kind: Podium's
+#: registered envs and gymnasium's own (classic control, Box2D, toy text, MuJoCo).
+ENV_ACTION_KINDS: dict[str, ActionKind] = {
+    "CartPole": DISCRETE,
+    "Acrobot": DISCRETE,
+    "MountainCar": DISCRETE,
+    "MountainCarContinuous": CONTINUOUS,
+    "Pendulum": CONTINUOUS,
+    "StockTrading": CONTINUOUS,
+    "LunarLander": DISCRETE,
+    "LunarLanderContinuous": CONTINUOUS,
+    "BipedalWalker": CONTINUOUS,
+    "BipedalWalkerHardcore": CONTINUOUS,
+    "CarRacing": CONTINUOUS,
+    "FrozenLake": DISCRETE,
+    "FrozenLake8x8": DISCRETE,
+    "CliffWalking": DISCRETE,
+    "CliffWalkingSlippery": DISCRETE,
+    "Taxi": DISCRETE,
+    "Blackjack": DISCRETE,
+    **dict.fromkeys(
+        (
+            "Reacher",
+            "Pusher",
+            "InvertedPendulum",
+            "InvertedDoublePendulum",
+            "HalfCheetah",
+            "Hopper",
+            "Swimmer",
+            "Walker2d",
+            "Ant",
+            "Humanoid",
+            "HumanoidStandup",
+        ),
+        CONTINUOUS,
+    ),
+}
+
+_VERSION = re.compile(r"-v\d+$")
+
+
+def env_action_kind(env: str) -> ActionKind | None:
+    """The action-space kind of env ``env`` (a spec's ``env.name``), None when not known."""
+    return ENV_ACTION_KINDS.get(_VERSION.sub("", env.removeprefix("gym:")))
+
+
+def misfits(env: str, algorithms: list[str]) -> list[str]:
+    """The algorithms among ``algorithms`` that cannot train on ``env``'s action space, each
+    with the reason; empty when they all fit or a kind is not known here."""
+    kind = env_action_kind(env)
+    if kind is None:
+        return []
+    out = []
+    for name in algorithms:
+        kinds = ALGORITHM_ACTION_KINDS.get(name)
+        if kinds is not None and kind not in kinds:
+            out.append(
+                f"cannot train {name} on {env}: {name} trains {' or '.join(sorted(kinds))} "
+                f"actions, {env} has {kind} actions"
+            )
+    return out

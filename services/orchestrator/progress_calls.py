@@ -1,0 +1,164 @@
+"""The reconciler's calls to the leaderboard: concurrent, bounded, behind a circuit breaker,
+and never waited on by a reconcile pass.
+
+A pass asks for what it needs (an experiment's progress, a registration, a deletion) and gets
+at once what is known; the call itself runs on a small thread pool (one call per experiment
+and kind in flight at most), and its answer wakes the reconciler. So a leaderboard that hangs
+or is down costs a pass nothing: pods are still replaced and scaled, and only what needs the
+leaderboard's answer (the target reward, the env-step budget, the first pods of a new
+experiment) waits for it. After ``failure_threshold`` failures in a row the breaker
+(``circuitbreaker``, which unlike pybreaker does not serialise calls under a lock) opens and
+calls fail at once until ``recovery_timeout`` has passed; 4xx answers are answers, not
+failures.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import circuitbreaker
+
+from services.api_client import ServiceError
+from services.contracts.spec import ExperimentSpec
+from services.logs import get_logger
+from services.orchestrator.leaderboard_client import Progress, ProgressSource
+
+log = get_logger(__name__)
+
+
+def _is_answer(exc: BaseException) -> bool:
+    """A 4xx is the leaderboard answering (it refused something), not it being unavailable."""
+    return isinstance(exc, ServiceError) and exc.status is not None and exc.status < 500
+
+
+@dataclass
+class _Board:
+    """What is known of one experiment on the leaderboard."""
+
+    progress: Progress | None = None
+    asked_at: float = 0.0  # when the request behind ``progress`` was sent (monotonic)
+    failed_at: float = 0.0  # when the last request that failed was sent
+    reporters: set[str] = field(default_factory=set)  # pods with a decided report
+    cursor: str | None = None  # submission-log cursor of ``reporters``
+    inflight: Future[Any] | None = None
+    registered: Future[Any] | None = None
+
+
+class ProgressCalls:
+    def __init__(
+        self,
+        source: ProgressSource,
+        workers: int,
+        breaker: circuitbreaker.CircuitBreaker,
+        wake: Callable[[], None],
+    ):
+        self.source = source
+        self.breaker = breaker
+        self.wake = wake
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="leaderboard")
+        self._lock = threading.Lock()
+        self._boards: dict[str, _Board] = {}
+
+    def _board(self, exp_id: str) -> _Board:
+        with self._lock:
+            return self._boards.setdefault(exp_id, _Board())
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.breaker.decorate(fn)(*args)  # raises CircuitBreakerError while open
+
+    # -- progress ----------------------------------------------------------------------------
+    def _fetch(self, exp_id: str, board: _Board, asked_at: float) -> None:
+        try:
+            prog = self._call(self.source.progress, exp_id)
+            pods, cursor = self._call(self.source.reporters, exp_id, board.cursor)
+        except Exception as e:
+            board.failed_at = asked_at
+            if not isinstance(e, circuitbreaker.CircuitBreakerError):
+                log.warning("leaderboard progress unavailable", experiment=exp_id, error=str(e))
+        else:
+            changed = prog != board.progress or not pods <= board.reporters
+            board.progress, board.asked_at = prog, asked_at
+            board.reporters |= pods
+            board.cursor = cursor
+            if not changed:
+                return
+        finally:
+            board.inflight = None
+        self.wake()
+
+    def progress(
+        self, exp_id: str, max_age_s: float, since: float | None = None
+    ) -> tuple[Progress, bool]:
+        """The last known progress (empty when none yet), and whether it is settled: an answer
+        (or a failure) to a request sent at or after ``since`` (monotonic) is in.
+
+        Sends a request when the last answer is older than ``max_age_s`` or than ``since``.
+        """
+        board = self._board(exp_id)
+        now = time.monotonic()
+        last = max(board.asked_at, board.failed_at)
+        settled = since is None or last >= since
+        stale = now - board.asked_at >= max_age_s or not settled
+        if stale and board.inflight is None:
+            board.inflight = self._pool.submit(self._fetch, exp_id, board, now)
+        return board.progress or Progress(), settled
+
+    def reported(self, exp_id: str, pod_id: str) -> bool:
+        """Whether the pod had a report decided by the leaderboard (as far as known now); a
+        population pod reports as ``<pod>.m<i>``."""
+        pods = self._board(exp_id).reporters
+        return pod_id in pods or any(p.startswith(pod_id + ".") for p in pods)
+
+    # -- register / delete -------------------------------------------------------------------
+    def register(self, exp_id: str, spec: ExperimentSpec) -> bool:
+        """True once registered; False while the call is in flight (sent now if not yet).
+        Raises what the call raised (then the next call tries again)."""
+        board = self._board(exp_id)
+        fut = board.registered
+        if fut is None:
+            board.registered = self._pool.submit(self._register, exp_id, spec)
+            return False
+        if not fut.done():
+            return False
+        board.registered = None
+        fut.result()  # raises the call's error
+        return True
+
+    def _register(self, exp_id: str, spec: ExperimentSpec) -> None:
+        try:
+            self._call(self.source.register, exp_id, spec)
+        finally:
+            self.wake()
+
+    def delete(self, exp_id: str) -> None:
+        """Fire and forget: the experiment is forgotten here at once."""
+        with self._lock:
+            self._boards.pop(exp_id, None)
+        self._pool.submit(self._delete, exp_id)
+
+    def _delete(self, exp_id: str) -> None:
+        try:
+            self._call(self.source.delete, exp_id)
+        except Exception as e:
+            log.warning("leaderboard delete failed", experiment=exp_id, error=str(e))
+
+    def forget(self, exp_id: str) -> None:
+        with self._lock:
+            self._boards.pop(exp_id, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def make_breaker(failures: int, recovery_s: float) -> circuitbreaker.CircuitBreaker:
+    return circuitbreaker.CircuitBreaker(
+        failure_threshold=failures,
+        recovery_timeout=recovery_s,
+        expected_exception=lambda _type, exc: not _is_answer(exc),
+        name="leaderboard",
+    )

@@ -1,0 +1,312 @@
+"""Faults the orchestrator must take in its stride (issue 12: findings 12, 14, 16, 17).
+
+Local backend with real stand-in pod processes, the real leaderboard over HTTP, real Redis;
+the hung leaderboard is a real TCP server that accepts connections and never answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from services.orchestrator.app import create_app
+from services.orchestrator.leaderboard_client import LeaderboardClient
+from tests.orchestrator.conftest import LB_TOKEN, TOKEN, live_pods, spec, started, wait_for
+
+API = "/api/v1/experiments"
+
+
+def _get(client: TestClient, exp_id: str) -> dict:
+    r = client.get(f"{API}/{exp_id}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _events(client: TestClient, exp_id: str) -> list[dict]:
+    return client.get(f"{API}/{exp_id}/events", params={"limit": 1000}).json()
+
+
+def _create(client: TestClient, body: dict) -> str:
+    r = client.post(API, json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _data_dir(client: TestClient) -> Path:
+    return Path(client.app.state.settings.data_dir)
+
+
+def _board(leaderboard, exp_id: str) -> dict:
+    url = f"{leaderboard.url}/api/v1/experiments/{exp_id}"
+    return httpx.get(url, headers={"Authorization": f"Bearer {LB_TOKEN}"}).json()
+
+
+# -- finding 12: input that can never work ------------------------------------------------------
+def test_a_pods_bad_input_exit_fails_the_experiment_at_once(client: TestClient) -> None:
+    body = spec(
+        population={"min_pods": 1, "max_pods": 1}, standin={"crash_after_s": 0.1, "crash_code": 2}
+    )
+    exp_id = _create(client, body)
+    exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "failed" and e)
+    assert exp["reason"].startswith("a pod refused its input (exit code 2)")
+    assert "cannot train dqn on Pendulum-v1" in exp["reason"]  # the pod's own message
+    assert exp["progress"]["pods_launched"] == 1  # not retried
+    failed = [e for e in _events(client, exp_id) if e["type"] == "pod_failed"]
+    assert len(failed) == 1 and "refused its input" in failed[0]["message"]
+    wait_for(lambda: _get(client, exp_id)["result"])
+    assert _get(client, exp_id)["progress"]["pods_launched"] == 1
+
+
+def test_what_no_pod_can_train_is_refused_at_submission(
+    client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for env, algorithm, kinds in [
+        ("Pendulum-v1", "dqn", "dqn trains discrete actions, Pendulum-v1 has continuous"),
+        ("gym:CartPole-v1", "sac", "sac trains continuous actions, gym:CartPole-v1 has discrete"),
+    ]:
+        r = client.post(API, json=spec(env={"name": env}, algorithms={algorithm: 1.0}))
+        assert r.status_code == 422, r.text
+        assert f"cannot train {algorithm} on {env}" in r.text and kinds in r.text
+    # A mix where one algorithm does not fit is refused too: its pods would exit 2.
+    r = client.post(API, json=spec(env={"name": "Pendulum-v1"}, algorithms={"ppo": 1, "dqn": 1}))
+    assert r.status_code == 422 and "cannot train dqn" in r.text
+
+    # An algorithm a plugin registers (a real .dist-info on sys.path) that no pod runtime
+    # trains: registered, so known by name, but refused with what pods do train.
+    (tmp_path / "podium_plugin_algo.py").write_text("class A2C:\n    pass\n")
+    dist = tmp_path / "podium_plugin_algo-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-plugin-algo\n")
+    (dist / "entry_points.txt").write_text("[podium.algorithms]\na2c = podium_plugin_algo:A2C\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = client.post(API, json=spec(algorithms={"a2c": 1.0}))
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert [tuple(e["loc"]) for e in detail] == [("body", "algorithms")]
+    assert "'a2c' is registered but no pod can train it; pods train: " in detail[0]["msg"]
+    assert client.get(API).json() == []
+
+
+# -- finding 14: an outside kill is not a crash loop --------------------------------------------
+def test_killing_pods_that_had_reported_is_not_a_crash_loop(client: TestClient) -> None:
+    limit = client.app.state.settings.crash_loop_limit
+    body = spec(
+        population={"min_pods": 2, "max_pods": 2},
+        standin={"report_interval_s": 0.05, "info_lines": True},
+    )
+    exp_id = _create(client, body)
+    d = _data_dir(client)
+    calls = client.app.state.reconciler.calls
+    killed: list[str] = []
+    for _ in range(limit):  # every pod killed, `limit` times over (a node lost, a preemption)
+        pods = wait_for(
+            lambda: len(p := live_pods(d, exp_id)) == 2 and not set(p) & set(killed) and p
+        )
+        # Each has trained and reported, and the orchestrator has seen the report.
+        wait_for(lambda: all(calls.reported(exp_id, pod) for pod in pods))  # noqa: B023
+        for pod, pid in pods.items():
+            os.killpg(pid, signal.SIGKILL)
+            killed.append(pod)
+    wait_for(lambda: len(p := live_pods(d, exp_id)) == 2 and not set(p) & set(killed))
+    exp = wait_for(lambda: (e := _get(client, exp_id))["progress"]["pods_launched"] >= 10 and e)
+    assert exp["state"] == "running", exp["reason"]
+    assert exp["progress"]["pods_launched"] == 2 + 2 * limit
+    failed = [e for e in _events(client, exp_id) if e["type"] == "pod_failed"]
+    assert len(failed) == 2 * limit
+    assert all("not counted as a crash" in e["message"] for e in failed)
+
+
+def test_the_last_log_line_is_left_out_of_a_reason_when_it_is_an_info_line(
+    client: TestClient,
+) -> None:
+    # Pods the orchestrator knows of no report from, killed from outside: a crash loop; the
+    # ordinary info line each logged last is not the reason.
+    limit = client.app.state.settings.crash_loop_limit
+    body = spec(
+        population={"min_pods": 1, "max_pods": 1},
+        standin={"report_interval_s": 0.02, "info_lines": True},
+    )
+    client.app.state.reconciler.calls.source = _Silent()
+    exp_id = _create(client, body)
+    d = _data_dir(client)
+    logs = d / "experiments" / exp_id / "pods"
+    killed: list[str] = []
+    for _ in range(limit):
+        pods = wait_for(lambda: (p := live_pods(d, exp_id)) and not set(p) & set(killed) and p)
+        ((pod, pid),) = pods.items()
+        wait_for(lambda: "round reported" in (logs / f"{pod}.log").read_text())  # noqa: B023
+        os.killpg(pid, signal.SIGKILL)
+        killed.append(pod)
+    exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "failed" and e)
+    assert (
+        exp["reason"]
+        == f"pods keep crashing: {limit} consecutive failures; last: killed by SIGKILL"
+    )
+    assert "round reported" in exp["last_failure"]["log_tail"]  # still shown, in its place
+
+
+class _Silent:
+    """A leaderboard that registers experiments and knows of no report."""
+
+    def register(self, experiment_id, spec) -> None:
+        return None
+
+    def progress(self, experiment_id):
+        from services.orchestrator.leaderboard_client import Progress
+
+        return Progress()
+
+    def delete(self, experiment_id) -> None:
+        return None
+
+    def reporters(self, experiment_id, after):
+        return set(), after
+
+
+# -- finding 16: budgets and targets -------------------------------------------------------------
+def test_the_env_step_budget_is_not_overshot(client: TestClient, leaderboard) -> None:
+    budget = 5000
+    body = spec(
+        population={"min_pods": 2, "max_pods": 2},
+        budget={"total_env_steps": budget},
+        standin={"report_interval_s": 0.05, "env_steps_per_report": 1000},
+    )
+    exp_id = _create(client, body)
+    d = _data_dir(client)
+    exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e)
+    assert exp["state"] == "budget_exhausted"
+    wait_for(lambda: not live_pods(d, exp_id))
+    assert _board(leaderboard, exp_id)["env_steps"] == budget  # spent, and not one step more
+    logs = d / "experiments" / exp_id / "pods"
+    # (A pod stopped at the end before it logged anything has no line.)
+    lines = [x for log in logs.glob("*.log") for x in log.read_text().splitlines()]
+    allowances = [int(x.split("max_env_steps=")[1]) for x in lines if "max_env_steps=" in x]
+    assert len(allowances) >= 2 and sum(allowances) <= budget
+
+
+def test_a_target_met_by_the_final_reports_wins_over_a_spent_budget(
+    client: TestClient, leaderboard
+) -> None:
+    # The first report spends the budget below the target; the final report (made on SIGTERM,
+    # after the end) meets it: the experiment met its target.
+    body = spec(
+        population={"min_pods": 1, "max_pods": 1},
+        budget={"total_env_steps": 1000},
+        target_reward=20.0,
+        standin={
+            "report_interval_s": 0.3,
+            "score_step": 10.0,
+            "env_steps_per_report": 1000,
+            "ignore_max_env_steps": True,
+        },
+    )
+    exp_id = _create(client, body)
+    exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e, timeout=30)
+    assert exp["result"]["best"]["score"] >= 20.0
+    assert exp["state"] == "succeeded" and exp["result"]["state"] == "succeeded"
+    assert exp["reason"] == "target reward 20 reached"
+    types = [e["type"] for e in _events(client, exp_id)]
+    assert "budget_exhausted" in types and types.index("target_reached") > types.index(
+        "budget_exhausted"
+    )
+
+
+# -- finding 17: a hung leaderboard ---------------------------------------------------------------
+class HungServer:
+    """Accepts TCP connections and never answers (a SIGSTOPped leaderboard)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(conn)  # read nothing, answer nothing
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(2)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def hung() -> Iterator[HungServer]:
+    srv = HungServer()
+    yield srv
+    srv.close()
+
+
+def test_a_hung_leaderboard_does_not_stall_replacing_pods(
+    make_settings, flush_redis: None, hung: HungServer
+) -> None:
+    settings = make_settings(capacity_cpu=8)
+    with TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        d = Path(settings.data_dir)
+        ids = [
+            _create(client, spec(f"e{i}", population={"min_pods": 1, "max_pods": 1}))
+            for i in range(8)
+        ]
+        wait_for(lambda: all(len(live_pods(d, i)) == 1 for i in ids), timeout=60)
+        wait_for(lambda: all(_get(client, i)["state"] == "running" for i in ids))
+        # Every experiment registered; now the leaderboard stops answering.
+        rec = client.app.state.reconciler
+        rec.calls.source = LeaderboardClient(hung.url, LB_TOKEN)
+        wait_for(lambda: len(hung.conns) >= 8)  # the calls are hanging now
+        victim_exp = ids[3]
+        ((victim, pid),) = live_pods(d, victim_exp).items()
+        wait_for(lambda: started(d, victim_exp, {victim: pid}))
+        passes = rec.passes
+        os.killpg(pid, signal.SIGKILL)
+        new = wait_for(lambda: (p := live_pods(d, victim_exp)) and victim not in p and p)
+        assert len(new) == 1
+        # Replaced within a few passes, each of which did not wait on the leaderboard (the old
+        # reconciler spent 5 s per experiment per pass here: over 40 s for one pass).
+        assert rec.passes - passes <= 5, rec.passes - passes
+        assert rec.last_error is None
+        # Still hung, and still replacing: a second kill, in another experiment.
+        ((victim2, pid2),) = live_pods(d, ids[6]).items()
+        os.killpg(pid2, signal.SIGKILL)
+        wait_for(lambda: (p := live_pods(d, ids[6])) and victim2 not in p)
+
+
+def test_a_backoff_end_does_not_wait_for_the_next_timed_pass(
+    make_settings, flush_redis: None
+) -> None:
+    # Timed passes every 60 s: only the end of the backoff can wake the loop in time.
+    settings = make_settings(
+        reconcile_interval_s=60, backoff_initial_s=0.5, backoff_max_s=5, crash_loop_limit=10
+    )
+    with TestClient(create_app(settings)) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        body = spec(population={"min_pods": 1, "max_pods": 1}, standin={"crash_after_s": 0.3})
+        exp_id = _create(client, body)
+        # 1st failure: replaced at once; 2nd: after 0.5 s; 3rd: after 1 s.
+        wait_for(lambda: _get(client, exp_id)["progress"]["pods_launched"] >= 4, timeout=20)
+        waits = [e for e in _events(client, exp_id) if "replacing in" in e["message"]]
+        assert [e["message"].split("replacing in ")[1].split("s")[0] for e in waits][:3] == [
+            "0.00",
+            "0.50",
+            "1.00",
+        ]
