@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.orchestrator.app import create_app
-from services.orchestrator.leaderboard_client import LeaderboardClient
+from services.orchestrator.leaderboard_client import LeaderboardProgress
 from tests.orchestrator.conftest import LB_TOKEN, TOKEN, live_pods, spec, started, wait_for
 
 API = "/api/v1/experiments"
@@ -272,7 +272,7 @@ def test_a_hung_leaderboard_does_not_stall_replacing_pods(
         wait_for(lambda: all(_get(client, i)["state"] == "running" for i in ids))
         # Every experiment registered; now the leaderboard stops answering.
         rec = client.app.state.reconciler
-        rec.calls.source = LeaderboardClient(hung.url, LB_TOKEN)
+        rec.calls.source = LeaderboardProgress(hung.url, LB_TOKEN)
         wait_for(lambda: len(hung.conns) >= 8)  # the calls are hanging now
         victim_exp = ids[3]
         ((victim, pid),) = live_pods(d, victim_exp).items()
