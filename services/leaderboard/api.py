@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import AfterValidator, ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from services.checkpoint_store import BlobNotFoundError, BlobStore
@@ -39,7 +39,7 @@ from services.leaderboard.models import (
     SubmissionResponse,
 )
 from services.leaderboard.settings import LeaderboardSettings
-from services.leaderboard.store import LeaderboardStore, UnknownExperimentError
+from services.leaderboard.store import STREAM_ID_MAX, LeaderboardStore, UnknownExperimentError
 from services.leaderboard.updater import Updater, read_submission
 from services.logs import get_logger
 from services.registry import UnknownNameError
@@ -421,12 +421,19 @@ async def lineage(experiment_id: ExperimentId, svc: Svc) -> Response:
     return Response(body.model_dump_json(), media_type="application/json")
 
 
+def _stream_id(value: str | None) -> str | None:
+    if value is not None and any(int(part) > STREAM_ID_MAX for part in value.split("-")):
+        raise ValueError(f"not a stream id: each part must be at most {STREAM_ID_MAX}")
+    return value
+
+
 StreamCursor = Annotated[
     str | None,
     Query(
         pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
         description="`next_after` of the previous page; omit for the first.",
     ),
+    AfterValidator(_stream_id),
 ]
 
 

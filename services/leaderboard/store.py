@@ -48,6 +48,8 @@ BLOB_HOLDS = "podium:blob:holds:"
 LEASE = "podium:lease:"
 # A collector that died mid-delete leaves its mark; after this long an upload may proceed.
 DELETING_STALE_MS = 60_000
+STREAM_ID_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit integer
+LAST_STREAM_ID = f"{STREAM_ID_MAX}-{STREAM_ID_MAX}"
 
 
 class Keys:
@@ -492,6 +494,8 @@ class LeaderboardStore:
     ) -> list[tuple[str, dict[str, str]]]:
         """Up to ``count`` (None: all) lineage entries (stream id, fields) after the entry
         ``after``."""
+        if after == LAST_STREAM_ID:  # nothing can follow it (Redis refuses the interval)
+            return []
         entries = await self.r.xrange(
             Keys(experiment_id).lineage, min=f"({after}" if after else "-", count=count
         )

@@ -220,3 +220,20 @@ def test_redis_down_is_503_without_partial_writes(lb_settings) -> None:
         assert board(client) == [1.0]
         r = client.post(f"{API}/e/submissions", json=result("s2", 6.0))
         assert r.json()["accepted"] and r.json()["duplicate"] is False
+
+
+def test_stream_cursor_beyond_64_bits_is_refused_and_the_last_id_ends_the_log(
+    client: TestClient,
+) -> None:
+    """Issue 12, finding 4: a cursor part above 2^64-1 answered 500 (Redis refused the id)."""
+    client.put(f"{API}/e", json=experiment())
+    assert client.post(f"{API}/e/submissions", json=result("s1", 1.0)).status_code == 200
+    big = str(2**64)
+    for after in (f"{big}-0", f"0-{big}", f"{big}-{big}"):
+        r = client.get(f"{API}/e/submissions", params={"after": after})
+        assert r.status_code == 422 and locs(r) == [["query", "after"]], (after, r.text)
+    top = str(2**64 - 1)
+    r = client.get(f"{API}/e/submissions", params={"after": f"{top}-{top}"})
+    assert r.status_code == 200 and r.json()["submissions"] == [], r.text
+    r = client.get(f"{API}/e/submissions", params={"after": "0-0"})
+    assert [s["submission_id"] for s in r.json()["submissions"]] == ["s1"]
