@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import AfterValidator, ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
+from services import registry
 from services.checkpoint_store import BlobNotFoundError, BlobStore
 from services.http import require_token
 from services.leaderboard.collector import BlobCollector
@@ -39,7 +40,12 @@ from services.leaderboard.models import (
     SubmissionResponse,
 )
 from services.leaderboard.settings import LeaderboardSettings
-from services.leaderboard.store import STREAM_ID_MAX, LeaderboardStore, UnknownExperimentError
+from services.leaderboard.store import (
+    STREAM_ID_MAX,
+    LeaderboardStore,
+    UnknownExperimentError,
+    parse_experiment,
+)
 from services.leaderboard.updater import Updater, read_submission
 from services.logs import get_logger
 from services.registry import UnknownNameError
@@ -109,18 +115,29 @@ async def put_experiment(
                 for err in e.errors(include_url=False, include_context=False)
             ]
         ) from e
+    # By registered name, from package metadata (no import): a name no pod can build would
+    # only fail later, in every pod.
+    known = registry.names(registry.ALGORITHMS)
+    for name in config.algorithms:
+        if name not in known:
+            raise _field_error(
+                ("body", "algorithms", name),
+                str(registry.UnknownNameError("algorithm", name, known)),
+            )
     exp = Experiment(
         **config.model_dump(exclude={"top_k"}),
         experiment_id=experiment_id,
         top_k=config.top_k or svc.settings.default_top_k,
     )
     try:
-        old = Experiment.model_validate(await svc.store.get_config(experiment_id))
+        # Raw, not validated: a stored configuration that no longer validates is mended by
+        # exactly this PUT.
+        old = await svc.store.get_config(experiment_id)
     except UnknownExperimentError:
         old = None
     if (
         old is not None
-        and old.higher_is_better != exp.higher_is_better
+        and old.get("higher_is_better", True) != exp.higher_is_better
         and await svc.store.board_size(experiment_id)
     ):
         raise HTTPException(409, "higher_is_better cannot change while the board has candidates")
@@ -144,7 +161,9 @@ async def list_experiments(svc: Svc) -> list[str]:
     summary="An experiment's config, board size and totals (env steps drive budgets)",
 )
 async def get_experiment(experiment_id: ExperimentId, svc: Svc) -> ExperimentSummary:
-    return ExperimentSummary.model_validate(await svc.store.summary(experiment_id))
+    summary = await svc.store.summary(experiment_id)
+    parse_experiment(experiment_id, summary)  # 409 naming the problem, not a 500
+    return ExperimentSummary.model_validate(summary)
 
 
 @api.delete(
@@ -307,7 +326,7 @@ async def leaderboard(
     if raw is None and cached is not None:
         return Response(cached[1], media_type="application/json")
     assert raw is not None and rows is not None
-    exp = Experiment.model_validate(raw)
+    exp = parse_experiment(experiment_id, raw)
     candidates = [
         _candidate(experiment_id, cid, h, i, svc.blobs) for i, (cid, h) in enumerate(rows, 1)
     ]

@@ -21,6 +21,7 @@ from services.leaderboard.metrics import LatencyMiddleware, LeaderboardMetrics
 from services.leaderboard.models import SubmissionResult
 from services.leaderboard.settings import LeaderboardSettings
 from services.leaderboard.store import (
+    InvalidConfigError,
     LeaderboardStore,
     StoreBusyError,
     UnknownAlgorithmError,
@@ -131,6 +132,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(BadSubmissionError)
     async def bad_submission(_: Request, exc: BadSubmissionError) -> JSONResponse:
         return _error(400, str(exc))
+
+    @app.exception_handler(InvalidConfigError)
+    async def invalid_config(_: Request, exc: InvalidConfigError) -> JSONResponse:
+        return _error(409, str(exc))
 
     @app.exception_handler(StoreBusyError)
     async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:

@@ -27,13 +27,14 @@ import json
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, ValidationError
 
 from services import registry
 from services.checkpoint_store import BlobStore
+from services.contracts.inputs import InputModel
 from services.leaderboard.metrics import LeaderboardMetrics
 from services.leaderboard.models import (
     Experiment,
@@ -42,8 +43,19 @@ from services.leaderboard.models import (
     ManifestCheckpoint,
     ManifestFile,
 )
-from services.leaderboard.store import LeaderboardStore, StoreBusyError, UnknownAlgorithmError
+from services.leaderboard.store import (
+    InvalidConfigError,
+    LeaderboardStore,
+    StoreBusyError,
+    UnknownAlgorithmError,
+    parse_experiment,
+)
 from services.search_space import NUMERIC, Choice, SearchSpace, contains, sample_space
+from services.spec import describe_errors
+
+# Bounds on options that scale numbers: beyond them a step or a weight overflows a float.
+MAX_PERTURB_FACTOR = 1_000.0
+MAX_SMOOTHING = 1e6
 
 
 @dataclass(frozen=True)
@@ -88,9 +100,7 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str]
 
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
+    class Options(InputModel):
         # Every strategy takes it: the service, not the strategy, seeds the draws with it.
         seed: int | None = Field(
             default=None,
@@ -118,9 +128,10 @@ class PBTGenerator(Strategy):
 
     class Options(Strategy.Options):
         quantile: float = Field(default=0.25, gt=0, le=1, description="Top share to exploit.")
-        perturb_factors: tuple[float, ...] = Field(
+        perturb_factors: tuple[Annotated[float, Field(gt=0, le=MAX_PERTURB_FACTOR)], ...] = Field(
             default=(0.8, 1.2),
             min_length=1,
+            max_length=64,
             description="Explore's steps: a log-uniform value is multiplied by a factor, a "
             "uniform one moves by (factor - 1) of its range's width (1.2: a fifth of the range "
             "up), an int one is multiplied and rounded.",
@@ -211,12 +222,12 @@ class GaussianFit:
 
 
 def _unit_row(space: SearchSpace, names: list[str], h: dict[str, Any]) -> list[float] | None:
-    """``h`` in sampling coordinates, or None if it lacks a name or holds a non-finite or
-    non-numeric value: one odd submission must not stop (or steer) the fit."""
-    try:
-        row = [float(space[n].to_unit(h[n])) for n in names]
-    except (KeyError, TypeError, ValueError):
+    """``h`` in sampling coordinates, or None if it lacks a name or holds a value outside the
+    space (non-numeric, non-finite, out of bounds: a hand-made report): one odd submission must
+    not stop (or steer) the fit."""
+    if not all(n in h and contains(space[n], h[n]) for n in names):
         return None
+    row = [float(space[n].to_unit(h[n])) for n in names]
     return row if all(math.isfinite(x) for x in row) else None
 
 
@@ -245,9 +256,14 @@ class CEMGenerator(Strategy):
         )
         min_elite: int = Field(default=2, ge=2, description="Below this, sample the space.")
         min_std_fraction: float = Field(
-            default=0.02, ge=0, description="Std floor, as a fraction of each range."
+            default=0.02, ge=0, le=1, description="Std floor, as a fraction of each range."
         )
-        categorical_smoothing: float = Field(default=1.0, ge=0)
+        categorical_smoothing: float = Field(
+            default=1.0,
+            ge=0,
+            le=MAX_SMOOTHING,
+            description="Pseudo-count added to each categorical value's count in the elite.",
+        )
         init: Literal["fresh", "best"] = Field(
             default="fresh", description="Fresh weights, or the best candidate's."
         )
@@ -342,14 +358,21 @@ class GeneratorService:
     def strategy(self, exp: Experiment) -> Strategy:
         key = json.dumps([exp.generator.strategy, exp.generator.options], sort_keys=True)
         if key not in self._strategies:
-            self._strategies[key] = load_strategy(exp.generator.strategy, exp.generator.options)
+            try:
+                strategy = load_strategy(exp.generator.strategy, exp.generator.options)
+            except ValidationError as e:
+                problems = [f"generator.options.{line.strip()}" for line in describe_errors(e)]
+                raise InvalidConfigError(exp.experiment_id, problems) from e
+            except (registry.UnknownNameError, TypeError) as e:
+                raise InvalidConfigError(exp.experiment_id, [f"generator.strategy: {e}"]) from e
+            self._strategies[key] = strategy
         return self._strategies[key]
 
     async def generate(self, experiment_id: str, req: GenerateRequest) -> Manifest:
         # A parent evicted between the read and the lease is retried with a fresh read.
         for _ in range(5):
             raw_config, rows = await self.store.top(experiment_id)
-            exp = Experiment.model_validate(raw_config)
+            exp = parse_experiment(experiment_id, raw_config)
             strategy = self.strategy(exp)
             views = [candidate_view(cid, h) for cid, h in rows]
             # A plugin's options model need not have a seed (nor be Strategy.Options).

@@ -35,6 +35,10 @@ import uuid
 from typing import Any
 
 import redis.asyncio
+from pydantic import ValidationError
+
+from services.leaderboard.models import Experiment
+from services.spec import describe_errors
 
 PREFIX = "podium:lb:"
 EXPERIMENTS = PREFIX + "experiments"
@@ -303,6 +307,28 @@ def new_id(prefix: str) -> str:
 
 class UnknownExperimentError(LookupError):
     pass
+
+
+class InvalidConfigError(Exception):
+    """409: an experiment's stored configuration no longer validates (written by an older
+    version, or naming a plugin since uninstalled). Only that experiment is affected; a PUT of
+    a corrected configuration, or a DELETE, mends it."""
+
+    def __init__(self, experiment_id: str, problems: list[str]):
+        self.experiment_id = experiment_id
+        super().__init__(
+            f"the stored configuration of experiment {experiment_id!r} is invalid "
+            f"({'; '.join(problems)}); PUT a corrected one or DELETE the experiment"
+        )
+
+
+def parse_experiment(experiment_id: str, raw: dict[str, Any]) -> Experiment:
+    """The stored configuration as a model; InvalidConfigError (409) when it no longer
+    validates, so one bad record never turns into a 500."""
+    try:
+        return Experiment.model_validate(raw)
+    except ValidationError as e:
+        raise InvalidConfigError(experiment_id, [ln.strip() for ln in describe_errors(e)]) from e
 
 
 class StoreBusyError(Exception):
