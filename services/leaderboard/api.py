@@ -544,6 +544,9 @@ async def livez() -> dict[str, str]:
 
 @root.get("/readyz", include_in_schema=False)
 async def readyz(request: Request) -> JSONResponse:
+    """503 without Redis. A blob store that cannot take a file (a full volume) is reported as
+    ``degraded`` with the reason, still 200: generate, reads and reports without files keep
+    working, and taking the only replica out of its Service would stop those too."""
     svc: Services | None = getattr(request.app.state, "services", None)
     try:
         if svc is None:
@@ -551,6 +554,10 @@ async def readyz(request: Request) -> JSONResponse:
         await svc.store.r.ping()
     except Exception as e:  # any failure to reach Redis means not ready
         return JSONResponse({"status": "unavailable", "error": repr(e)}, status_code=503)
+    try:
+        await run_in_threadpool(svc.blobs.check_writable)
+    except OSError as e:
+        return JSONResponse({"status": "degraded", "blob_store": f"not writable: {e}"})
     return JSONResponse({"status": "ok"})
 
 

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from services import redis_client
+from services.checkpoint_store import StorageFullError
 from services.http import add_common_error_handlers
 from services.leaderboard.api import Services, api, root
 from services.leaderboard.collector import BlobCollector
@@ -35,6 +36,9 @@ from services.leaderboard.updater import (
 from services.logs import get_logger
 
 log = get_logger(__name__)
+
+# Freeing space takes a person or a collection pass: no point in retrying every second.
+STORAGE_FULL_RETRY_S = 30
 
 
 def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
@@ -136,6 +140,18 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidConfigError)
     async def invalid_config(_: Request, exc: InvalidConfigError) -> JSONResponse:
         return _error(409, str(exc))
+
+    @app.exception_handler(StorageFullError)
+    async def storage_full(_: Request, exc: StorageFullError) -> JSONResponse:
+        log.error("checkpoint store full", error=str(exc))
+        return JSONResponse(
+            {
+                "detail": f"checkpoint store full ({exc.strerror}): nothing was stored; retry "
+                "once space is freed (reports without files are still taken)"
+            },
+            status_code=503,
+            headers={"Retry-After": str(STORAGE_FULL_RETRY_S)},
+        )
 
     @app.exception_handler(StoreBusyError)
     async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:

@@ -189,6 +189,7 @@ class _MultipartForm:
             raise _validation_error((), "multipart body ended inside a part")
 
     def discard(self) -> None:
+        # Neither raises (a full disk included), so every temp file goes.
         self._pending.clear()
         for w in self._writers.values():
             w.abort()
@@ -233,7 +234,11 @@ class _MultipartForm:
             self._fail(_validation_error((self._name,), f"part {self._name!r} sent twice"))
         elif b"filename" in options and self._name != "result":
             # Only opens an empty temp file; the request body limit bounds its size.
-            self._writer = self.blobs.writer()
+            try:
+                self._writer = self.blobs.writer()
+            except OSError as e:  # a full volume: StorageFullError, a retryable 503
+                self._fail(e)
+                return
             self._writers[self._name] = self._writer
         else:
             self._field = bytearray()
