@@ -17,9 +17,9 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from services import registry
 from services.checkpoint_store import BlobNotFoundError, BlobStore
-from services.http import require_token
+from services.leaderboard.auth import require_access
 from services.leaderboard.collector import BlobCollector
-from services.leaderboard.generator import GeneratorService, download_path, load_strategy
+from services.leaderboard.generator import GeneratorService, file_location, load_strategy
 from services.leaderboard.metrics import LeaderboardMetrics
 from services.leaderboard.models import (
     ID_PATTERN,
@@ -82,7 +82,8 @@ Svc = Annotated[Services, Depends(services)]
 ExperimentId = Annotated[str, Path(pattern=ID_PATTERN)]
 CandidateId = Annotated[str, Path(pattern=ID_PATTERN)]
 
-api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+# The platform token, or a pod credential on its experiment's pod routes (auth.py).
+api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_access)])
 root = APIRouter()
 
 
@@ -223,11 +224,8 @@ async def submit(experiment_id: ExperimentId, request: Request, svc: Svc) -> Res
 # -- read side -----------------------------------------------------------------------------------
 
 
-def _candidate(
-    experiment_id: str, cid: str, h: dict[str, str], rank: int | None, blobs: BlobStore
-) -> Candidate:
+def _candidate(experiment_id: str, cid: str, h: dict[str, str], rank: int | None) -> Candidate:
     files = json.loads(h.get("files", "{}"))
-    uris = json.loads(h.get("file_uris", "{}"))
     return Candidate(
         candidate_id=cid,
         experiment_id=experiment_id,
@@ -247,11 +245,7 @@ def _candidate(
             "episodes": int(h["eval_episodes"]),
         },
         files={
-            name: CandidateFile(
-                sha256=sha,
-                uri=uris.get(name) or blobs.uri(sha),
-                download_path=download_path(experiment_id, cid, name),
-            )
+            name: CandidateFile(sha256=sha, **file_location(experiment_id, cid, name))
             for name, sha in files.items()
         },
         created_at=float(h["created_at"]),
@@ -327,9 +321,7 @@ async def leaderboard(
         return Response(cached[1], media_type="application/json")
     assert raw is not None and rows is not None
     exp = parse_experiment(experiment_id, raw)
-    candidates = [
-        _candidate(experiment_id, cid, h, i, svc.blobs) for i, (cid, h) in enumerate(rows, 1)
-    ]
+    candidates = [_candidate(experiment_id, cid, h, i) for i, (cid, h) in enumerate(rows, 1)]
     board = Leaderboard(
         experiment_id=experiment_id, candidates=candidates, stats=board_stats(exp, candidates)
     )
@@ -347,7 +339,7 @@ async def best(experiment_id: ExperimentId, svc: Svc) -> Candidate:
     if not rows:
         raise HTTPException(404, "the leaderboard is empty")
     cid, h = rows[0]
-    return _candidate(experiment_id, cid, h, 1, svc.blobs)
+    return _candidate(experiment_id, cid, h, 1)
 
 
 async def _get_candidate(svc: Services, experiment_id: str, candidate_id: str) -> Candidate:
@@ -356,7 +348,7 @@ async def _get_candidate(svc: Services, experiment_id: str, candidate_id: str) -
     if h is None:
         raise HTTPException(404, f"no candidate {candidate_id!r} in {experiment_id!r}")
     rank = int(h["rank"]) if h.get("rank") else None
-    return _candidate(experiment_id, candidate_id, h, rank, svc.blobs)
+    return _candidate(experiment_id, candidate_id, h, rank)
 
 
 @api.get(

@@ -62,7 +62,7 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
             store=store,
             blobs=blobs,
             updater=Updater(store, blobs, metrics),
-            generator=GeneratorService(store, blobs, metrics, settings.lease_ttl_s),
+            generator=GeneratorService(store, metrics, settings.lease_ttl_s),
             collector=collector,
             metrics=metrics,
         )

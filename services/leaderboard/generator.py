@@ -33,7 +33,6 @@ import numpy as np
 from pydantic import Field, ValidationError
 
 from services import registry
-from services.checkpoint_store import BlobStore
 from services.contracts.inputs import InputModel
 from services.leaderboard.metrics import LeaderboardMetrics
 from services.leaderboard.models import (
@@ -326,6 +325,14 @@ def download_path(experiment_id: str, candidate_id: str, name: str) -> str:
     return f"/api/v1/experiments/{experiment_id}/candidates/{candidate_id}/files/{name}"
 
 
+def file_location(experiment_id: str, candidate_id: str, name: str) -> dict[str, str]:
+    """A training file's ``uri`` and ``download_path``: both the API path (relative to the
+    leaderboard's URL). Where the checkpoint store keeps it (a server path, a bucket) is never
+    shown: clients fetch through the API, which checks their token and sends the digest."""
+    path = download_path(experiment_id, candidate_id, name)
+    return {"uri": path, "download_path": path}
+
+
 class GeneratorService:
     """Answers ``POST /experiments/{id}/generate``: pick an algorithm, run the experiment's
     strategy on that algorithm's candidates, lease the parent's files, log the decision."""
@@ -333,11 +340,10 @@ class GeneratorService:
     def __init__(
         self,
         store: LeaderboardStore,
-        blobs: BlobStore,
         metrics: LeaderboardMetrics,
         lease_ttl_s: float,
     ):
-        self.store, self.blobs, self.metrics, self.lease_ttl_s = store, blobs, metrics, lease_ttl_s
+        self.store, self.metrics, self.lease_ttl_s = store, metrics, lease_ttl_s
         self._strategies: dict[str, Strategy] = {}
         self.rng = random.Random()
 
@@ -453,9 +459,7 @@ class GeneratorService:
         lease_id, expires = leased
         files = {
             name: ManifestFile(
-                uri=self.blobs.uri(sha),
-                sha256=sha,
-                download_path=download_path(experiment_id, parent.candidate_id, name),
+                sha256=sha, **file_location(experiment_id, parent.candidate_id, name)
             )
             for name, sha in parent.files.items()
         }

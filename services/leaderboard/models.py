@@ -108,9 +108,15 @@ class SubmissionResponse(BaseModel):
     duplicate: bool = Field(default=False, description="True when answering a retried id.")
 
 
+_URI = (
+    "The API path to fetch the file from (relative to the leaderboard's URL), as "
+    "`download_path`: an opaque reference, never where the checkpoint store keeps it."
+)
+
+
 class CandidateFile(BaseModel):
     sha256: str
-    uri: str
+    uri: str = Field(description=_URI)
     download_path: str
 
 
@@ -170,7 +176,7 @@ class GenerateRequest(InputModel):
 
 
 class ManifestFile(BaseModel):
-    uri: str
+    uri: str = Field(description=_URI)
     sha256: str
     download_path: str
 

@@ -293,7 +293,7 @@ class Updater:
                 experiment_id,
                 submission_id=result.submission_id,
                 score=result.score,
-                fields=_candidate_fields(result, self.blobs),
+                fields=_candidate_fields(result),
                 shas=list(result.files.values()),
                 parent_id=result.parent_id,
                 generation=result.generation,
@@ -326,7 +326,7 @@ def _commit_all(blobs: BlobStore, staged: list[StagedBlob]) -> None:
         blobs.commit(blob)
 
 
-def _candidate_fields(r: SubmissionResult, blobs: BlobStore) -> dict[str, str]:
+def _candidate_fields(r: SubmissionResult) -> dict[str, str]:
     return {
         "algorithm": r.algorithm,
         "hyperparameters": json.dumps(r.hyperparameters),
@@ -340,7 +340,5 @@ def _candidate_fields(r: SubmissionResult, blobs: BlobStore) -> dict[str, str]:
         "eval_std": repr(r.eval.std),
         "eval_episodes": str(r.eval.episodes),
         "files": json.dumps(r.files),
-        # Where each file lives in the checkpoint store (s3://… or file://…), as stored.
-        "file_uris": json.dumps({name: blobs.uri(sha) for name, sha in r.files.items()}),
         "file_shas": json.dumps(list(r.files.values())),
     }
