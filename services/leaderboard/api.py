@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 from dataclasses import dataclass, field
@@ -553,8 +554,29 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
+def _may_scrape(request: Request) -> bool:
+    """With a metrics token set, /metrics needs it (or the API token) as a bearer token."""
+    expected = request.app.state.metrics_token
+    if expected is None:
+        return True
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return False
+    return any(
+        hmac.compare_digest(given.encode(), token.encode())
+        for token in (expected, request.app.state.token)
+        if token is not None
+    )
+
+
 @root.get("/metrics", include_in_schema=False)
-async def metrics(svc: Svc) -> PlainTextResponse:
+async def metrics(request: Request, svc: Svc) -> PlainTextResponse:
+    if not _may_scrape(request):
+        return PlainTextResponse(
+            "metrics need the metrics token (PODIUM_METRICS_TOKEN) as a bearer token\n",
+            status_code=401,
+            headers={"WWW-Authenticate": 'Bearer realm="podium-metrics"'},
+        )
     try:
         ranks = svc.settings.metrics_top_ranks
         for exp in await svc.store.experiments():

@@ -91,6 +91,9 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
     )
     _document_multipart_models(app)
     app.state.token = settings.token()
+    app.state.metrics_token = settings.metrics_token_value()
+    if app.state.metrics_token is None:
+        log.info("/metrics is open (names experiments and scores); set PODIUM_METRICS_TOKEN")
     if app.state.token is None:
         log.warning("no API token configured: /api/v1 is open (set PODIUM_API_TOKEN)")
     app.include_router(api)

@@ -419,7 +419,8 @@ def test_token_secret_is_mounted_and_handed_to_pods(renders: dict[str, list[dict
     assert len(base64.b64decode(secret["data"]["token"])) == 40
     fixed = by_kind(renders["external-redis-values.yaml"], "Secret")["podium-api-token"]
     assert base64.b64decode(fixed["data"]["token"]) == b"ci-token-not-a-secret"
-    assert not by_kind(renders["gpu-values.yaml"], "Secret")  # existingSecret: none created
+    # existingSecret: no API token Secret created (only the generated metrics token's).
+    assert list(by_kind(renders["gpu-values.yaml"], "Secret")) == ["podium-metrics-token"]
     for name, docs in renders.items():
         expected = "podium-token" if name == "gpu-values.yaml" else "podium-api-token"
         for d in by_kind(docs, "Deployment").values():
@@ -451,6 +452,17 @@ def test_servicemonitor_only_with_the_operator_and_matching_the_services(
             selected.append(svc["metadata"]["name"])
             assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert sorted(selected) == ["podium-leaderboard", "podium-orchestrator"]
+    # The leaderboard's /metrics needs a token (issue 12, finding 10): the ServiceMonitor sends
+    # the one the leaderboard reads, from a Secret the chart generated.
+    auth = sm["spec"]["endpoints"][0]["authorization"]
+    assert auth["type"] == "Bearer" and auth["credentials"]["key"] == "token"
+    secret = auth["credentials"]["name"]
+    assert secret in by_kind(docs, "Secret")
+    board = by_kind(docs, "Deployment")["podium-leaderboard"]["spec"]["template"]["spec"]
+    mount = next(v for v in board["volumes"] if v.get("secret", {}).get("secretName") == secret)
+    path = next(m for m in board["containers"][0]["volumeMounts"] if m["name"] == mount["name"])
+    token_file = env_of(board["containers"][0])["PODIUM_METRICS_TOKEN_FILE"]
+    assert token_file == f"{path['mountPath']}/token"
 
 
 def test_dashboard_configmap_carries_the_dashboard_for_the_sidecar(

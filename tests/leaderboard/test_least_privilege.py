@@ -9,8 +9,9 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from services.contracts.credentials import pod_token
+from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
-from tests.leaderboard.conftest import TOKEN, experiment, multipart, result
+from tests.leaderboard.conftest import AUTH, TOKEN, experiment, multipart, result, settings_for
 
 API = "/api/v1/experiments"
 
@@ -83,3 +84,23 @@ def test_a_pod_credential_works_on_its_experiments_pod_routes_only(client: TestC
         assert got.status_code == 403, (method, path, got.text)
         assert "its own experiment" in got.json()["detail"]
     assert client.get(f"{API}/e").status_code == 200  # the platform token still does all
+
+
+def test_metrics_need_the_metrics_token_when_one_is_set(tmp_path: Path) -> None:
+    """/metrics named every experiment with its scores to anyone: with PODIUM_METRICS_TOKEN set
+    it answers only that token (Prometheus's) or the API token. Unset, it stays open (the
+    documented default, for docker compose's Prometheus)."""
+    settings = settings_for(tmp_path / "data", metrics_token="scrape-me")
+    with TestClient(create_app(settings), headers=AUTH) as client:
+        client.put(f"{API}/secret-project", json=experiment())
+        client.post(f"{API}/secret-project/submissions", json=result("s", 42.0))
+        for header in (None, "Bearer nope", "Basic scrape-me", f"Bearer {pod_token(TOKEN, 'x')}"):
+            r = client.get("/metrics", headers={"Authorization": header or ""})
+            assert r.status_code == 401 and "secret-project" not in r.text, header
+            assert r.headers["www-authenticate"].startswith("Bearer")
+        for token in ("scrape-me", TOKEN):
+            r = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code == 200
+            assert 'podium_leaderboard_top_score{experiment="secret-project"} 42.0' in r.text
+    with TestClient(create_app(settings_for(tmp_path / "open")), headers=AUTH) as client:
+        assert client.get("/metrics", headers={"Authorization": ""}).status_code == 200
