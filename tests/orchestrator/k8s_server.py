@@ -491,23 +491,37 @@ class FakeCluster:
                     "items": items,
                 }
 
-        @app.post("/api/v1/namespaces/{ns}/configmaps", status_code=201)
-        async def create_configmap(ns: str, request: Request) -> Any:
-            body = await _json(request)
-            return await run_in_threadpool(create_configmap_sync, ns, body)
-
-        def create_configmap_sync(ns: str, body: dict[str, Any]) -> Any:
-            if (bad := check(body, "ConfigMap")) is not None:
+        def create_object(
+            ns: str, body: dict[str, Any], kind: str, store: dict, resource: str
+        ) -> Any:
+            if (bad := check(body, kind)) is not None:
                 return bad
             name = body["metadata"]["name"]
             with self.cond:
-                if (ns, name) in self.configmaps:
-                    return _status(409, "AlreadyExists", f'configmaps "{name}" already exists')
-                cm = copy.deepcopy(body)
-                cm["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
-                self._bump(cm)
-                self.configmaps[(ns, name)] = cm
-                return JSONResponse(copy.deepcopy(cm), status_code=201)
+                if (ns, name) in store:
+                    return _status(409, "AlreadyExists", f'{resource} "{name}" already exists')
+                obj = copy.deepcopy(body)
+                if "stringData" in obj:  # a Secret's, stored base64-encoded in data
+                    encoded = {
+                        k: base64.b64encode(v.encode()).decode()
+                        for k, v in obj.pop("stringData").items()
+                    }
+                    obj["data"] = {**obj.get("data", {}), **encoded}
+                obj["metadata"].update(
+                    namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now()
+                )
+                self._bump(obj)
+                store[(ns, name)] = obj
+                return JSONResponse(copy.deepcopy(obj), status_code=201)
+
+        def create_route(resource: str, kind: str, store: dict) -> None:
+            @app.post(f"/api/v1/namespaces/{{ns}}/{resource}", status_code=201)
+            async def create(ns: str, request: Request) -> Any:
+                body = await _json(request)
+                return await run_in_threadpool(create_object, ns, body, kind, store, resource)
+
+        create_route("configmaps", "ConfigMap", self.configmaps)
+        create_route("secrets", "Secret", self.secrets)
 
         @app.get("/api/v1/namespaces/{ns}/configmaps/{name}")
         def read_configmap(ns: str, name: str) -> Any:
@@ -537,31 +551,6 @@ class FakeCluster:
                     if key[0] == ns and owned(secret):
                         del self.secrets[key]
                 return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
-
-        @app.post("/api/v1/namespaces/{ns}/secrets", status_code=201)
-        async def create_secret(ns: str, request: Request) -> Any:
-            body = await _json(request)
-            return await run_in_threadpool(create_secret_sync, ns, body)
-
-        def create_secret_sync(ns: str, body: dict[str, Any]) -> Any:
-            if (bad := check(body, "Secret")) is not None:
-                return bad
-            name = body["metadata"]["name"]
-            with self.cond:
-                if (ns, name) in self.secrets:
-                    return _status(409, "AlreadyExists", f'secrets "{name}" already exists')
-                secret = copy.deepcopy(body)
-                # The API server stores stringData base64-encoded in data.
-                data = {
-                    k: base64.b64encode(v.encode()).decode()
-                    for k, v in secret.pop("stringData", {}).items()
-                }
-                secret["data"] = {**secret.get("data", {}), **data}
-                meta = secret["metadata"]
-                meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
-                self._bump(secret)
-                self.secrets[(ns, name)] = secret
-                return JSONResponse(copy.deepcopy(secret), status_code=201)
 
         @app.delete("/api/v1/namespaces/{ns}/secrets/{name}")
         def delete_secret(ns: str, name: str) -> Any:
