@@ -10,22 +10,29 @@ Writes are atomic. Callers stream a file into a ``staging`` temp file while hash
 (``stage``), compare the digest with the one they expected, then ``commit`` it: the filesystem
 backend fsyncs and renames the temp file into place (a reader sees the whole blob or none), S3
 uploads it as one object (an S3 PUT is atomic). A rejected temp file is deleted, never renamed.
-A process killed mid-upload leaves its temp file behind: every store sweeps staging files older
-than ``staging_max_age_s`` when it is created (the service's start-up), and ``sweep_staging``
-does it on demand.
+A writer holds an exclusive ``flock`` on its temp file until the file is committed or
+discarded, and names it after its host. A process killed mid-upload leaves its temp file behind,
+unlocked (the kernel drops a dead process's locks): when a store is created (the service's
+start-up) and on every ``sweep_staging``, this host's unlocked temp files go at once, and any
+temp file older than ``staging_max_age_s`` goes too (another host's, on a shared volume, whose
+lock this host may not see). Every error path of a writer (a full disk included) deletes its
+file; a full volume raises ``StorageFullError``, which the services answer with a retryable 503.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
 import re
+import socket
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -40,6 +47,31 @@ STAGING_PREFIX = ".upload-"
 # byte, so a temp file untouched this long belongs to a process that died; the margin also
 # covers replicas that share the staging directory.
 STAGING_MAX_AGE_S = 3600.0
+# An unlocked temp file of this host younger than this may be one a writer has just created
+# and not yet locked.
+STAGING_LOCK_RACE_S = 2.0
+# Bytes a readiness probe writes: a full volume refuses a block even when it has inodes left.
+PROBE_BYTES = 4096
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _host_tag() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:63] or "host"
+
+
+class StorageFullError(OSError):
+    """The volume holding the staging files or the blobs is full (ENOSPC / EDQUOT); nothing was
+    kept. Retry once space is freed."""
+
+
+@contextlib.contextmanager
+def _no_space_is_full(what: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        if e.errno in NO_SPACE and not isinstance(e, StorageFullError):
+            raise StorageFullError(e.errno, f"{what}: {e.strerror}") from e
+        raise
 
 
 class BlobTooLargeError(ValueError):
@@ -58,25 +90,44 @@ def check_digest(sha256: str) -> str:
 
 @dataclass
 class StagedBlob:
-    """A fully written temp file and the digest of its bytes; ``commit`` or ``discard`` it."""
+    """A fully written temp file and the digest of its bytes; ``commit`` or ``discard`` it.
+    ``handle`` keeps the writer's lock on the file until then (a sweep leaves it alone)."""
 
     path: Path
     sha256: str
     size: int
+    handle: BinaryIO | None = field(default=None, repr=False, compare=False)
 
     def discard(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        finally:
+            _close_quietly(self.handle)
+            self.handle = None
+
+
+def _close_quietly(f: BinaryIO | None) -> None:
+    """Close ``f``; a buffered tail that cannot be written (a full disk) is given up, and the
+    descriptor is closed all the same."""
+    if f is not None:
+        with contextlib.suppress(OSError):
+            f.close()
 
 
 class StagingWriter:
     """Streams one upload into a staging temp file, hashing and counting; ``finish`` fsyncs it
-    and returns the StagedBlob, ``abort`` deletes it. Blocking file I/O: call from a thread."""
+    and returns the StagedBlob, ``abort`` deletes it. Any failure deletes the file before it
+    is raised. Blocking file I/O: call from a thread."""
 
     def __init__(self, staging_dir: Path, max_bytes: int | None = None):
-        fd, name = tempfile.mkstemp(dir=staging_dir, prefix=STAGING_PREFIX)
+        with _no_space_is_full("staging an upload"):
+            fd, name = tempfile.mkstemp(dir=staging_dir, prefix=f"{STAGING_PREFIX}{_host_tag()}.")
         self.path = Path(name)
         self._out = os.fdopen(fd, "wb")
+        # Unsupported on some network filesystems: the age rule of the sweep covers those.
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._digest = hashlib.sha256()
         self.size = 0
         self.max_bytes = max_bytes
@@ -84,19 +135,39 @@ class StagingWriter:
     def write(self, chunk: bytes) -> None:
         self.size += len(chunk)
         if self.max_bytes is not None and self.size > self.max_bytes:
+            self.abort()
             raise BlobTooLargeError(f"blob larger than {self.max_bytes} bytes")
         self._digest.update(chunk)
-        self._out.write(chunk)
+        try:
+            with _no_space_is_full("staging an upload"):
+                self._out.write(chunk)
+        except BaseException:
+            self.abort()
+            raise
+
+    def flush(self) -> None:
+        try:
+            with _no_space_is_full("staging an upload"):
+                self._out.flush()
+        except BaseException:
+            self.abort()
+            raise
 
     def finish(self) -> StagedBlob:
-        self._out.flush()
-        os.fsync(self._out.fileno())
-        self._out.close()
-        return StagedBlob(path=self.path, sha256=self._digest.hexdigest(), size=self.size)
+        self.flush()
+        try:
+            with _no_space_is_full("staging an upload"):
+                os.fsync(self._out.fileno())
+        except BaseException:
+            self.abort()
+            raise
+        return StagedBlob(self.path, self._digest.hexdigest(), self.size, handle=self._out)
 
     def abort(self) -> None:
-        self._out.close()
-        self.path.unlink(missing_ok=True)
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            _close_quietly(self._out)
 
 
 class BlobStore(abc.ABC):
@@ -109,16 +180,26 @@ class BlobStore(abc.ABC):
             self.sweep_staging(staging_max_age_s)
 
     def sweep_staging(self, older_than_s: float = STAGING_MAX_AGE_S) -> int:
-        """Delete upload temp files not modified for ``older_than_s`` seconds (left by a crashed
-        upload); returns how many. Only this store's own temp files are touched."""
-        cutoff = time.time() - older_than_s
+        """Delete upload temp files left by a dead process: this host's unlocked ones, and any
+        not modified for ``older_than_s`` seconds; returns how many. Only this store's own
+        temp files are touched."""
+        now = time.time()
+        ours = f"{STAGING_PREFIX}{_host_tag()}."
         removed = 0
         with os.scandir(self.staging_dir) as entries:
             for entry in entries:
                 if not entry.name.startswith(STAGING_PREFIX):
                     continue
                 with contextlib.suppress(FileNotFoundError):  # committed or swept meanwhile
-                    if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < cutoff:
+                    if not entry.is_file(follow_symlinks=False):
+                        continue
+                    age = now - entry.stat().st_mtime
+                    dead = (
+                        entry.name.startswith(ours)
+                        and age > STAGING_LOCK_RACE_S
+                        and _unlocked(entry.path)
+                    )
+                    if dead or age > older_than_s:
                         os.unlink(entry.path)
                         removed += 1
         if removed:
@@ -128,6 +209,13 @@ class BlobStore(abc.ABC):
     def writer(self, max_bytes: int | None = None) -> StagingWriter:
         """A temp file in the staging directory that hashes what is written to it."""
         return StagingWriter(self.staging_dir, max_bytes)
+
+    def check_writable(self) -> None:
+        """Raise (StorageFullError on a full volume) unless an upload can be staged now."""
+        w = self.writer()
+        w.write(b"\0" * PROBE_BYTES)
+        w.flush()
+        w.abort()
 
     def stage(self, chunks: Iterable[bytes], max_bytes: int | None = None) -> StagedBlob:
         """Write ``chunks`` to a temp file in the staging directory, hashing as it goes."""
@@ -194,7 +282,8 @@ class FilesystemBlobStore(BlobStore):
 
     def _commit(self, staged: StagedBlob) -> None:
         dest = self._path(staged.sha256)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _no_space_is_full("storing a blob"):
+            dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged.path, dest)
         # Make the rename itself durable.
         dir_fd = os.open(dest.parent, os.O_RDONLY)
@@ -230,6 +319,17 @@ class FilesystemBlobStore(BlobStore):
 
     def uri(self, sha256: str) -> str:
         return self._path(sha256).as_uri()
+
+
+def _unlocked(path: str) -> bool:
+    """Whether no process holds the writer's lock on ``path`` (False when locks are not
+    supported there: only the age rule applies then)."""
+    try:
+        with open(path, "rb") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True  # closing the file drops the lock
+    except OSError:
+        return False
 
 
 def _chunks(f: BinaryIO) -> Iterator[bytes]:

@@ -32,17 +32,22 @@ class PodiumSettings(BaseSettings):
     )
 
     def token(self) -> str | None:
-        """The API token, or None when none is configured (an open, local-only API).
+        """The API token, or None when none is configured (an open, local-only API)."""
+        return read_secret(self.api_token, self.api_token_file, "PODIUM_API_TOKEN")
 
-        A token that is set but empty (an unset variable rendered into a Secret, an empty
-        file) is a configuration error, not "no auth": it raises instead of opening the API.
-        """
-        if self.api_token is not None:
-            token, source = self.api_token.get_secret_value().strip(), "PODIUM_API_TOKEN"
-        elif self.api_token_file is not None:
-            token, source = self.api_token_file.read_text().strip(), str(self.api_token_file)
-        else:
-            return None
-        if not token:
-            raise ValueError(f"the API token from {source} is empty; set a token or unset it")
-        return token
+
+def read_secret(value: SecretStr | None, path: Path | None, variable: str) -> str | None:
+    """A secret given as a value or as a file (a mounted Kubernetes Secret); None if neither.
+
+    A secret that is set but empty (an unset variable rendered into a Secret, an empty file) is
+    a configuration error, not "no auth": it raises instead of opening what it protects.
+    """
+    if value is not None:
+        secret, source = value.get_secret_value().strip(), variable
+    elif path is not None:
+        secret, source = path.read_text().strip(), str(path)
+    else:
+        return None
+    if not secret:
+        raise ValueError(f"the {variable} from {source} is empty; set a token or unset it")
+    return secret

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.contracts.inputs import InputModel, JsonObject
 from services.contracts.search_space import SearchSpace
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -13,20 +14,16 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 FILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
-class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class GeneratorConfig(_Input):
+class GeneratorConfig(InputModel):
     strategy: str = Field(
         default="pbt", description="Registered name in the `podium.generators` entry-point group."
     )
-    options: dict[str, Any] = Field(
+    options: JsonObject = Field(
         default_factory=dict, description="Strategy options, validated by the strategy."
     )
 
 
-class ExperimentConfig(_Input):
+class ExperimentConfig(InputModel):
     """A leaderboard's configuration, set by the orchestrator when an experiment is created."""
 
     top_k: int | None = Field(default=None, ge=1, le=10_000, description="Candidates kept.")
@@ -62,13 +59,13 @@ class ExperimentSummary(Experiment):
     env_steps: int = Field(description="Env steps over every decided submission (budgets).")
 
 
-class EvalStats(_Input):
+class EvalStats(InputModel):
     mean: float = Field(allow_inf_nan=False)
     std: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     episodes: int = Field(default=0, ge=0)
 
 
-class SubmissionResult(_Input):
+class SubmissionResult(InputModel):
     """A trained agent's result, as the pod's evaluator reports it."""
 
     submission_id: str = Field(
@@ -76,7 +73,7 @@ class SubmissionResult(_Input):
     )
     pod_id: str = Field(max_length=253)
     algorithm: str = Field(pattern=ID_PATTERN)
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+    hyperparameters: JsonObject = Field(default_factory=dict)
     parent_id: str | None = Field(default=None, pattern=ID_PATTERN)
     # Bounded so no single submission can overflow the experiment's running totals.
     generation: int = Field(default=0, ge=0, le=10**9)
@@ -111,9 +108,15 @@ class SubmissionResponse(BaseModel):
     duplicate: bool = Field(default=False, description="True when answering a retried id.")
 
 
+_URI = (
+    "The API path to fetch the file from (relative to the leaderboard's URL), as "
+    "`download_path`: an opaque reference, never where the checkpoint store keeps it."
+)
+
+
 class CandidateFile(BaseModel):
     sha256: str
-    uri: str
+    uri: str = Field(description=_URI)
     download_path: str
 
 
@@ -160,7 +163,7 @@ class Leaderboard(BaseModel):
     stats: LeaderboardStats
 
 
-class GenerateRequest(_Input):
+class GenerateRequest(InputModel):
     pod_id: str = Field(max_length=253)
     algorithm: str | None = Field(default=None, description="Pin the algorithm (ensemble).")
     score: float | None = Field(
@@ -173,7 +176,7 @@ class GenerateRequest(_Input):
 
 
 class ManifestFile(BaseModel):
-    uri: str
+    uri: str = Field(description=_URI)
     sha256: str
     download_path: str
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -23,6 +23,10 @@ from services.contracts.leaderboard import Manifest
 
 if TYPE_CHECKING:
     from services.contracts.spec import ExperimentSpec
+
+# Bounds on options that scale numbers: beyond them a step or a weight overflows a float.
+MAX_PERTURB_FACTOR = 1_000.0
+MAX_SMOOTHING = 1e6
 
 
 class StrategyOptions(InputModel):
@@ -38,9 +42,10 @@ class StrategyOptions(InputModel):
 
 class PBTOptions(StrategyOptions):
     quantile: float = Field(default=0.25, gt=0, le=1, description="Top share to exploit.")
-    perturb_factors: tuple[float, ...] = Field(
+    perturb_factors: tuple[Annotated[float, Field(gt=0, le=MAX_PERTURB_FACTOR)], ...] = Field(
         default=(0.8, 1.2),
         min_length=1,
+        max_length=64,
         description="Explore's steps: a log-uniform value is multiplied by a factor, a "
         "uniform one moves by (factor - 1) of its range's width (1.2: a fifth of the range "
         "up), an int one is multiplied and rounded.",
@@ -79,9 +84,14 @@ class CEMOptions(StrategyOptions):
     )
     min_elite: int = Field(default=2, ge=2, description="Below this, sample the space.")
     min_std_fraction: float = Field(
-        default=0.02, ge=0, description="Std floor, as a fraction of each range."
+        default=0.02, ge=0, le=1, description="Std floor, as a fraction of each range."
     )
-    categorical_smoothing: float = Field(default=1.0, ge=0)
+    categorical_smoothing: float = Field(
+        default=1.0,
+        ge=0,
+        le=MAX_SMOOTHING,
+        description="Pseudo-count added to each categorical value's count in the elite.",
+    )
     init: Literal["fresh", "best"] = Field(
         default="fresh", description="Fresh weights, or the best candidate's."
     )

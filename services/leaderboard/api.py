@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 from dataclasses import dataclass, field
@@ -12,9 +13,10 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from pydantic import AfterValidator, ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
+from services import registry
 from services.checkpoint_store import BlobNotFoundError, BlobStore
 from services.contracts.leaderboard import (
     ID_PATTERN,
@@ -35,12 +37,17 @@ from services.contracts.leaderboard import (
     SubmissionResponse,
 )
 from services.contracts.search_space import NUMERIC
-from services.http import require_token
+from services.leaderboard.auth import require_access
 from services.leaderboard.collector import BlobCollector
-from services.leaderboard.generator import GeneratorService, download_path, load_strategy
+from services.leaderboard.generator import GeneratorService, file_location, load_strategy
 from services.leaderboard.metrics import LeaderboardMetrics
 from services.leaderboard.settings import LeaderboardSettings
-from services.leaderboard.store import LeaderboardStore, UnknownExperimentError
+from services.leaderboard.store import (
+    STREAM_ID_MAX,
+    LeaderboardStore,
+    UnknownExperimentError,
+    parse_experiment,
+)
 from services.leaderboard.updater import Updater, read_submission
 from services.logs import get_logger
 from services.registry import UnknownNameError
@@ -76,7 +83,8 @@ Svc = Annotated[Services, Depends(services)]
 ExperimentId = Annotated[str, Path(pattern=ID_PATTERN)]
 CandidateId = Annotated[str, Path(pattern=ID_PATTERN)]
 
-api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+# The platform token, or a pod credential on its experiment's pod routes (auth.py).
+api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_access)])
 root = APIRouter()
 
 
@@ -109,18 +117,29 @@ async def put_experiment(
                 for err in e.errors(include_url=False, include_context=False)
             ]
         ) from e
+    # By registered name, from package metadata (no import): a name no pod can build would
+    # only fail later, in every pod.
+    known = registry.names(registry.ALGORITHMS)
+    for name in config.algorithms:
+        if name not in known:
+            raise _field_error(
+                ("body", "algorithms", name),
+                str(registry.UnknownNameError("algorithm", name, known)),
+            )
     exp = Experiment(
         **config.model_dump(exclude={"top_k"}),
         experiment_id=experiment_id,
         top_k=config.top_k or svc.settings.default_top_k,
     )
     try:
-        old = Experiment.model_validate(await svc.store.get_config(experiment_id))
+        # Raw, not validated: a stored configuration that no longer validates is mended by
+        # exactly this PUT.
+        old = await svc.store.get_config(experiment_id)
     except UnknownExperimentError:
         old = None
     if (
         old is not None
-        and old.higher_is_better != exp.higher_is_better
+        and old.get("higher_is_better", True) != exp.higher_is_better
         and await svc.store.board_size(experiment_id)
     ):
         raise HTTPException(409, "higher_is_better cannot change while the board has candidates")
@@ -144,7 +163,9 @@ async def list_experiments(svc: Svc) -> list[str]:
     summary="An experiment's config, board size and totals (env steps drive budgets)",
 )
 async def get_experiment(experiment_id: ExperimentId, svc: Svc) -> ExperimentSummary:
-    return ExperimentSummary.model_validate(await svc.store.summary(experiment_id))
+    summary = await svc.store.summary(experiment_id)
+    parse_experiment(experiment_id, summary)  # 409 naming the problem, not a 500
+    return ExperimentSummary.model_validate(summary)
 
 
 @api.delete(
@@ -204,11 +225,8 @@ async def submit(experiment_id: ExperimentId, request: Request, svc: Svc) -> Res
 # -- read side -----------------------------------------------------------------------------------
 
 
-def _candidate(
-    experiment_id: str, cid: str, h: dict[str, str], rank: int | None, blobs: BlobStore
-) -> Candidate:
+def _candidate(experiment_id: str, cid: str, h: dict[str, str], rank: int | None) -> Candidate:
     files = json.loads(h.get("files", "{}"))
-    uris = json.loads(h.get("file_uris", "{}"))
     return Candidate(
         candidate_id=cid,
         experiment_id=experiment_id,
@@ -228,11 +246,7 @@ def _candidate(
             "episodes": int(h["eval_episodes"]),
         },
         files={
-            name: CandidateFile(
-                sha256=sha,
-                uri=uris.get(name) or blobs.uri(sha),
-                download_path=download_path(experiment_id, cid, name),
-            )
+            name: CandidateFile(sha256=sha, **file_location(experiment_id, cid, name))
             for name, sha in files.items()
         },
         created_at=float(h["created_at"]),
@@ -307,10 +321,8 @@ async def leaderboard(
     if raw is None and cached is not None:
         return Response(cached[1], media_type="application/json")
     assert raw is not None and rows is not None
-    exp = Experiment.model_validate(raw)
-    candidates = [
-        _candidate(experiment_id, cid, h, i, svc.blobs) for i, (cid, h) in enumerate(rows, 1)
-    ]
+    exp = parse_experiment(experiment_id, raw)
+    candidates = [_candidate(experiment_id, cid, h, i) for i, (cid, h) in enumerate(rows, 1)]
     board = Leaderboard(
         experiment_id=experiment_id, candidates=candidates, stats=board_stats(exp, candidates)
     )
@@ -328,7 +340,7 @@ async def best(experiment_id: ExperimentId, svc: Svc) -> Candidate:
     if not rows:
         raise HTTPException(404, "the leaderboard is empty")
     cid, h = rows[0]
-    return _candidate(experiment_id, cid, h, 1, svc.blobs)
+    return _candidate(experiment_id, cid, h, 1)
 
 
 async def _get_candidate(svc: Services, experiment_id: str, candidate_id: str) -> Candidate:
@@ -337,7 +349,7 @@ async def _get_candidate(svc: Services, experiment_id: str, candidate_id: str) -
     if h is None:
         raise HTTPException(404, f"no candidate {candidate_id!r} in {experiment_id!r}")
     rank = int(h["rank"]) if h.get("rank") else None
-    return _candidate(experiment_id, candidate_id, h, rank, svc.blobs)
+    return _candidate(experiment_id, candidate_id, h, rank)
 
 
 @api.get(
@@ -421,12 +433,19 @@ async def lineage(experiment_id: ExperimentId, svc: Svc) -> Response:
     return Response(body.model_dump_json(), media_type="application/json")
 
 
+def _stream_id(value: str | None) -> str | None:
+    if value is not None and any(int(part) > STREAM_ID_MAX for part in value.split("-")):
+        raise ValueError(f"not a stream id: each part must be at most {STREAM_ID_MAX}")
+    return value
+
+
 StreamCursor = Annotated[
     str | None,
     Query(
         pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
         description="`next_after` of the previous page; omit for the first.",
     ),
+    AfterValidator(_stream_id),
 ]
 
 
@@ -518,6 +537,9 @@ async def livez() -> dict[str, str]:
 
 @root.get("/readyz", include_in_schema=False)
 async def readyz(request: Request) -> JSONResponse:
+    """503 without Redis. A blob store that cannot take a file (a full volume) is reported as
+    ``degraded`` with the reason, still 200: generate, reads and reports without files keep
+    working, and taking the only replica out of its Service would stop those too."""
     svc: Services | None = getattr(request.app.state, "services", None)
     try:
         if svc is None:
@@ -525,11 +547,36 @@ async def readyz(request: Request) -> JSONResponse:
         await svc.store.r.ping()
     except Exception as e:  # any failure to reach Redis means not ready
         return JSONResponse({"status": "unavailable", "error": repr(e)}, status_code=503)
+    try:
+        await run_in_threadpool(svc.blobs.check_writable)
+    except OSError as e:
+        return JSONResponse({"status": "degraded", "blob_store": f"not writable: {e}"})
     return JSONResponse({"status": "ok"})
 
 
+def _may_scrape(request: Request) -> bool:
+    """With a metrics token set, /metrics needs it (or the API token) as a bearer token."""
+    expected = request.app.state.metrics_token
+    if expected is None:
+        return True
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return False
+    return any(
+        hmac.compare_digest(given.encode(), token.encode())
+        for token in (expected, request.app.state.token)
+        if token is not None
+    )
+
+
 @root.get("/metrics", include_in_schema=False)
-async def metrics(svc: Svc) -> PlainTextResponse:
+async def metrics(request: Request, svc: Svc) -> PlainTextResponse:
+    if not _may_scrape(request):
+        return PlainTextResponse(
+            "metrics need the metrics token (PODIUM_METRICS_TOKEN) as a bearer token\n",
+            status_code=401,
+            headers={"WWW-Authenticate": 'Bearer realm="podium-metrics"'},
+        )
     try:
         ranks = svc.settings.metrics_top_ranks
         for exp in await svc.store.experiments():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 
 import redis.asyncio
@@ -13,14 +14,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from services import redis_client
+from services.checkpoint_store import StorageFullError
 from services.contracts.leaderboard import SubmissionResult
 from services.http import add_common_error_handlers
 from services.leaderboard.api import Services, api, root
+from services.leaderboard.auth import is_pod_credential
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService
 from services.leaderboard.metrics import LatencyMiddleware, LeaderboardMetrics
 from services.leaderboard.settings import LeaderboardSettings
 from services.leaderboard.store import (
+    InvalidConfigError,
     LeaderboardStore,
     StoreBusyError,
     UnknownAlgorithmError,
@@ -34,6 +38,9 @@ from services.leaderboard.updater import (
 from services.logs import get_logger
 
 log = get_logger(__name__)
+
+# Freeing space takes a person or a collection pass: no point in retrying every second.
+STORAGE_FULL_RETRY_S = 30
 
 
 def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
@@ -57,7 +64,7 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
             store=store,
             blobs=blobs,
             updater=Updater(store, blobs, metrics),
-            generator=GeneratorService(store, blobs, metrics, settings.lease_ttl_s),
+            generator=GeneratorService(store, metrics, settings.lease_ttl_s),
             collector=collector,
             metrics=metrics,
         )
@@ -86,6 +93,13 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
     )
     _document_multipart_models(app)
     app.state.token = settings.token()
+    if app.state.token is not None:
+        # Checked with the platform token before a body is read (services/http.py); the
+        # routes' dependency (auth.py) then keeps it to its experiment's pod routes.
+        app.state.credential_check = functools.partial(is_pod_credential, app.state.token)
+    app.state.metrics_token = settings.metrics_token_value()
+    if app.state.metrics_token is None:
+        log.info("/metrics is open (names experiments and scores); set PODIUM_METRICS_TOKEN")
     if app.state.token is None:
         log.warning("no API token configured: /api/v1 is open (set PODIUM_API_TOKEN)")
     app.include_router(api)
@@ -131,6 +145,22 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(BadSubmissionError)
     async def bad_submission(_: Request, exc: BadSubmissionError) -> JSONResponse:
         return _error(400, str(exc))
+
+    @app.exception_handler(InvalidConfigError)
+    async def invalid_config(_: Request, exc: InvalidConfigError) -> JSONResponse:
+        return _error(409, str(exc))
+
+    @app.exception_handler(StorageFullError)
+    async def storage_full(_: Request, exc: StorageFullError) -> JSONResponse:
+        log.error("checkpoint store full", error=str(exc))
+        return JSONResponse(
+            {
+                "detail": f"checkpoint store full ({exc.strerror}): nothing was stored; retry "
+                "once space is freed (reports without files are still taken)"
+            },
+            status_code=503,
+            headers={"Retry-After": str(STORAGE_FULL_RETRY_S)},
+        )
 
     @app.exception_handler(StoreBusyError)
     async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:

@@ -30,10 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from services import registry
-from services.checkpoint_store import BlobStore
 from services.contracts.leaderboard import (
     Experiment,
     GenerateRequest,
@@ -42,6 +41,7 @@ from services.contracts.leaderboard import (
     ManifestFile,
 )
 from services.contracts.search_space import NUMERIC, Choice, SearchSpace, contains, sample_space
+from services.contracts.spec import describe_errors
 from services.contracts.strategies import (
     CEMOptions,
     PBTOptions,
@@ -50,7 +50,13 @@ from services.contracts.strategies import (
     parents,
 )
 from services.leaderboard.metrics import LeaderboardMetrics
-from services.leaderboard.store import LeaderboardStore, StoreBusyError, UnknownAlgorithmError
+from services.leaderboard.store import (
+    InvalidConfigError,
+    LeaderboardStore,
+    StoreBusyError,
+    UnknownAlgorithmError,
+    parse_experiment,
+)
 
 
 @dataclass(frozen=True)
@@ -171,12 +177,12 @@ class GaussianFit:
 
 
 def _unit_row(space: SearchSpace, names: list[str], h: dict[str, Any]) -> list[float] | None:
-    """``h`` in sampling coordinates, or None if it lacks a name or holds a non-finite or
-    non-numeric value: one odd submission must not stop (or steer) the fit."""
-    try:
-        row = [float(space[n].to_unit(h[n])) for n in names]
-    except (KeyError, TypeError, ValueError):
+    """``h`` in sampling coordinates, or None if it lacks a name or holds a value outside the
+    space (non-numeric, non-finite, out of bounds: a hand-made report): one odd submission must
+    not stop (or steer) the fit."""
+    if not all(n in h and contains(space[n], h[n]) for n in names):
         return None
+    row = [float(space[n].to_unit(h[n])) for n in names]
     return row if all(math.isfinite(x) for x in row) else None
 
 
@@ -260,6 +266,14 @@ def download_path(experiment_id: str, candidate_id: str, name: str) -> str:
     return f"/api/v1/experiments/{experiment_id}/candidates/{candidate_id}/files/{name}"
 
 
+def file_location(experiment_id: str, candidate_id: str, name: str) -> dict[str, str]:
+    """A training file's ``uri`` and ``download_path``: both the API path (relative to the
+    leaderboard's URL). Where the checkpoint store keeps it (a server path, a bucket) is never
+    shown: clients fetch through the API, which checks their token and sends the digest."""
+    path = download_path(experiment_id, candidate_id, name)
+    return {"uri": path, "download_path": path}
+
+
 class GeneratorService:
     """Answers ``POST /experiments/{id}/generate``: pick an algorithm, run the experiment's
     strategy on that algorithm's candidates, lease the parent's files, log the decision."""
@@ -267,11 +281,10 @@ class GeneratorService:
     def __init__(
         self,
         store: LeaderboardStore,
-        blobs: BlobStore,
         metrics: LeaderboardMetrics,
         lease_ttl_s: float,
     ):
-        self.store, self.blobs, self.metrics, self.lease_ttl_s = store, blobs, metrics, lease_ttl_s
+        self.store, self.metrics, self.lease_ttl_s = store, metrics, lease_ttl_s
         self._strategies: dict[str, Strategy] = {}
         self.rng = random.Random()
 
@@ -292,14 +305,21 @@ class GeneratorService:
     def strategy(self, exp: Experiment) -> Strategy:
         key = json.dumps([exp.generator.strategy, exp.generator.options], sort_keys=True)
         if key not in self._strategies:
-            self._strategies[key] = load_strategy(exp.generator.strategy, exp.generator.options)
+            try:
+                strategy = load_strategy(exp.generator.strategy, exp.generator.options)
+            except ValidationError as e:
+                problems = [f"generator.options.{line.strip()}" for line in describe_errors(e)]
+                raise InvalidConfigError(exp.experiment_id, problems) from e
+            except (registry.UnknownNameError, TypeError) as e:
+                raise InvalidConfigError(exp.experiment_id, [f"generator.strategy: {e}"]) from e
+            self._strategies[key] = strategy
         return self._strategies[key]
 
     async def generate(self, experiment_id: str, req: GenerateRequest) -> Manifest:
         # A parent evicted between the read and the lease is retried with a fresh read.
         for _ in range(5):
             raw_config, rows = await self.store.top(experiment_id)
-            exp = Experiment.model_validate(raw_config)
+            exp = parse_experiment(experiment_id, raw_config)
             strategy = self.strategy(exp)
             views = [candidate_view(cid, h) for cid, h in rows]
             # A plugin's options model need not have a seed (nor be Strategy.Options).
@@ -380,9 +400,7 @@ class GeneratorService:
         lease_id, expires = leased
         files = {
             name: ManifestFile(
-                uri=self.blobs.uri(sha),
-                sha256=sha,
-                download_path=download_path(experiment_id, parent.candidate_id, name),
+                sha256=sha, **file_location(experiment_id, parent.candidate_id, name)
             )
             for name, sha in parent.files.items()
         }

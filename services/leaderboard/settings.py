@@ -5,16 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from services.checkpoint_store import BlobStore, FilesystemBlobStore, S3BlobStore
-from services.settings import PodiumSettings
+from services.settings import PodiumSettings, read_secret
 
 
 class LeaderboardSettings(PodiumSettings):
     host: str = Field(default="127.0.0.1", description="PODIUM_HOST: address uvicorn binds.")
     port: int = Field(default=8001, description="PODIUM_PORT.")
     default_top_k: int = Field(default=16, ge=1, le=10_000, description="K when a PUT omits it.")
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="PODIUM_METRICS_TOKEN: the bearer token /metrics requires (Prometheus's "
+        "scrape credential; the API token works too). Unset (the default): /metrics is open to "
+        "whoever reaches the port, and it names every experiment with its scores.",
+    )
+    metrics_token_file: Path | None = Field(
+        default=None, description="File holding the metrics token (a mounted Kubernetes Secret)."
+    )
     metrics_top_ranks: int = Field(
         default=10, ge=1, le=100, description="Ranks exported as gauges (bounds /metrics series)."
     )
@@ -45,6 +54,9 @@ class LeaderboardSettings(PodiumSettings):
     s3_endpoint_url: str | None = Field(default=None, description="MinIO / Ceph endpoint.")
     s3_region: str | None = None
     s3_create_bucket: bool = False
+
+    def metrics_token_value(self) -> str | None:
+        return read_secret(self.metrics_token, self.metrics_token_file, "PODIUM_METRICS_TOKEN")
 
     def blob_store(self) -> BlobStore:
         """The configured backend; S3 credentials come from boto3's chain (AWS_* variables)."""

@@ -35,6 +35,10 @@ import uuid
 from typing import Any
 
 import redis.asyncio
+from pydantic import ValidationError
+
+from services.contracts.leaderboard import Experiment
+from services.contracts.spec import describe_errors
 
 PREFIX = "podium:lb:"
 EXPERIMENTS = PREFIX + "experiments"
@@ -48,6 +52,8 @@ BLOB_HOLDS = "podium:blob:holds:"
 LEASE = "podium:lease:"
 # A collector that died mid-delete leaves its mark; after this long an upload may proceed.
 DELETING_STALE_MS = 60_000
+STREAM_ID_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit integer
+LAST_STREAM_ID = f"{STREAM_ID_MAX}-{STREAM_ID_MAX}"
 
 
 class Keys:
@@ -303,6 +309,28 @@ class UnknownExperimentError(LookupError):
     pass
 
 
+class InvalidConfigError(Exception):
+    """409: an experiment's stored configuration no longer validates (written by an older
+    version, or naming a plugin since uninstalled). Only that experiment is affected; a PUT of
+    a corrected configuration, or a DELETE, mends it."""
+
+    def __init__(self, experiment_id: str, problems: list[str]):
+        self.experiment_id = experiment_id
+        super().__init__(
+            f"the stored configuration of experiment {experiment_id!r} is invalid "
+            f"({'; '.join(problems)}); PUT a corrected one or DELETE the experiment"
+        )
+
+
+def parse_experiment(experiment_id: str, raw: dict[str, Any]) -> Experiment:
+    """The stored configuration as a model; InvalidConfigError (409) when it no longer
+    validates, so one bad record never turns into a 500."""
+    try:
+        return Experiment.model_validate(raw)
+    except ValidationError as e:
+        raise InvalidConfigError(experiment_id, [ln.strip() for ln in describe_errors(e)]) from e
+
+
 class StoreBusyError(Exception):
     """503: a transient conflict (a blob being collected, parents evicted under the generator)."""
 
@@ -492,6 +520,8 @@ class LeaderboardStore:
     ) -> list[tuple[str, dict[str, str]]]:
         """Up to ``count`` (None: all) lineage entries (stream id, fields) after the entry
         ``after``."""
+        if after == LAST_STREAM_ID:  # nothing can follow it (Redis refuses the interval)
+            return []
         entries = await self.r.xrange(
             Keys(experiment_id).lineage, min=f"({after}" if after else "-", count=count
         )

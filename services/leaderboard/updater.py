@@ -189,6 +189,7 @@ class _MultipartForm:
             raise _validation_error((), "multipart body ended inside a part")
 
     def discard(self) -> None:
+        # Neither raises (a full disk included), so every temp file goes.
         self._pending.clear()
         for w in self._writers.values():
             w.abort()
@@ -233,7 +234,11 @@ class _MultipartForm:
             self._fail(_validation_error((self._name,), f"part {self._name!r} sent twice"))
         elif b"filename" in options and self._name != "result":
             # Only opens an empty temp file; the request body limit bounds its size.
-            self._writer = self.blobs.writer()
+            try:
+                self._writer = self.blobs.writer()
+            except OSError as e:  # a full volume: StorageFullError, a retryable 503
+                self._fail(e)
+                return
             self._writers[self._name] = self._writer
         else:
             self._field = bytearray()
@@ -288,7 +293,7 @@ class Updater:
                 experiment_id,
                 submission_id=result.submission_id,
                 score=result.score,
-                fields=_candidate_fields(result, self.blobs),
+                fields=_candidate_fields(result),
                 shas=list(result.files.values()),
                 parent_id=result.parent_id,
                 generation=result.generation,
@@ -321,7 +326,7 @@ def _commit_all(blobs: BlobStore, staged: list[StagedBlob]) -> None:
         blobs.commit(blob)
 
 
-def _candidate_fields(r: SubmissionResult, blobs: BlobStore) -> dict[str, str]:
+def _candidate_fields(r: SubmissionResult) -> dict[str, str]:
     return {
         "algorithm": r.algorithm,
         "hyperparameters": json.dumps(r.hyperparameters),
@@ -335,7 +340,5 @@ def _candidate_fields(r: SubmissionResult, blobs: BlobStore) -> dict[str, str]:
         "eval_std": repr(r.eval.std),
         "eval_episodes": str(r.eval.episodes),
         "files": json.dumps(r.files),
-        # Where each file lives in the checkpoint store (s3://… or file://…), as stored.
-        "file_uris": json.dumps({name: blobs.uri(sha) for name, sha in r.files.items()}),
         "file_shas": json.dumps(list(r.files.values())),
     }

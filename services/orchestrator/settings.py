@@ -97,11 +97,6 @@ class OrchestratorSettings(PodiumSettings):
     k8s_pod_service_account: str | None = Field(
         default=None, description="Service account of training pods (no API token is mounted)."
     )
-    k8s_token_secret: str | None = Field(
-        default=None,
-        description="Secret (key 'token') holding the leaderboard token pods use; without it the "
-        "token is passed as a plain env value.",
-    )
     k8s_capacity_refresh_s: float = Field(
         default=5.0, ge=0, description="How long a capacity reading (nodes, pods, quotas) lasts."
     )

@@ -354,8 +354,8 @@ def test_gpu_values_reach_the_training_pod_manifest(renders: dict[str, list[dict
         for k, v in env_of(container["containers"][0]).items()
         if isinstance(v, str) and (k.startswith("PODIUM_") or k == "REDIS_URL")
     }
-    env.pop("PODIUM_API_TOKEN_FILE")  # a file only the running pod has
-    settings = OrchestratorSettings(_env_file=None, **_as_kwargs(env))
+    env.pop("PODIUM_API_TOKEN_FILE")  # a file only the running pod has: its token instead
+    settings = OrchestratorSettings(_env_file=None, api_token="from-the-file", **_as_kwargs(env))
     req = PodRequest("exp1", "p0", '{"name": "exp1"}', Res(cpu=4, gpus=1, memory=8 << 30))
     pod = pod_manifest(settings, "podium", req, owner_uid="0000")
     for version in K8S_VERSIONS[-1:]:  # DRA claims: Kubernetes >= 1.34
@@ -368,8 +368,9 @@ def test_gpu_values_reach_the_training_pod_manifest(renders: dict[str, list[dict
     claim_templates = by_kind(docs, "ResourceClaimTemplate")
     assert [c["resourceClaimTemplateName"] for c in spec["resourceClaims"]] == list(claim_templates)
     assert all(c["resources"]["claims"] == [{"name": "gpu"}] for c in spec["containers"])
-    token = env_of(spec["containers"][0])["PODIUM_API_TOKEN"]
-    assert token == {"secretKeyRef": {"name": "podium-token", "key": "token"}}
+    token = env_of(spec["containers"][0])["PODIUM_API_TOKEN"]  # the experiment's credential
+    assert token == {"secretKeyRef": {"name": "podium-exp-exp1-pod-credential", "key": "token"}}
+    assert "from-the-file" not in json.dumps(pod)
     assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "training-pod"
 
 
@@ -393,9 +394,13 @@ def test_rbac_grants_what_the_orchestrator_uses(renders: dict[str, list[dict]]) 
         ("pods/log", "get"),
         ("events", "list"),
         ("configmaps", "create"),
+        ("secrets", "create"),
+        ("secrets", "delete"),
         ("resourcequotas", "list"),
     ]:
         assert want in rules
+    # It can make its pods' credentials, not read the API token.
+    assert not {("secrets", v) for v in ("get", "list", "watch")} & rules
     assert not any(v in ("*", "update", "patch") for _, v in rules)
     (cluster_role,) = by_kind(docs, "ClusterRole").values()
     assert {"get", "list", "watch"} <= set(cluster_role["rules"][0]["verbs"])
@@ -414,7 +419,8 @@ def test_token_secret_is_mounted_and_handed_to_pods(renders: dict[str, list[dict
     assert len(base64.b64decode(secret["data"]["token"])) == 40
     fixed = by_kind(renders["external-redis-values.yaml"], "Secret")["podium-api-token"]
     assert base64.b64decode(fixed["data"]["token"]) == b"ci-token-not-a-secret"
-    assert not by_kind(renders["gpu-values.yaml"], "Secret")  # existingSecret: none created
+    # existingSecret: no API token Secret created (only the generated metrics token's).
+    assert list(by_kind(renders["gpu-values.yaml"], "Secret")) == ["podium-metrics-token"]
     for name, docs in renders.items():
         expected = "podium-token" if name == "gpu-values.yaml" else "podium-api-token"
         for d in by_kind(docs, "Deployment").values():
@@ -424,8 +430,8 @@ def test_token_secret_is_mounted_and_handed_to_pods(renders: dict[str, list[dict
             env = env_of(spec["containers"][0])
             assert env["PODIUM_API_TOKEN_FILE"] == "/var/run/secrets/podium/token"
             assert "PODIUM_API_TOKEN" not in env  # never a plain env value
-            if d["metadata"]["name"] == "podium-orchestrator":
-                assert env["PODIUM_K8S_TOKEN_SECRET"] == expected
+            # Pods get their experiment's credential, never the platform token's Secret.
+            assert "PODIUM_K8S_TOKEN_SECRET" not in env
 
 
 def test_servicemonitor_only_with_the_operator_and_matching_the_services(
@@ -446,6 +452,17 @@ def test_servicemonitor_only_with_the_operator_and_matching_the_services(
             selected.append(svc["metadata"]["name"])
             assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert sorted(selected) == ["podium-leaderboard", "podium-orchestrator"]
+    # The leaderboard's /metrics needs a token (issue 12, finding 10): the ServiceMonitor sends
+    # the one the leaderboard reads, from a Secret the chart generated.
+    auth = sm["spec"]["endpoints"][0]["authorization"]
+    assert auth["type"] == "Bearer" and auth["credentials"]["key"] == "token"
+    secret = auth["credentials"]["name"]
+    assert secret in by_kind(docs, "Secret")
+    board = by_kind(docs, "Deployment")["podium-leaderboard"]["spec"]["template"]["spec"]
+    mount = next(v for v in board["volumes"] if v.get("secret", {}).get("secretName") == secret)
+    path = next(m for m in board["containers"][0]["volumeMounts"] if m["name"] == mount["name"])
+    token_file = env_of(board["containers"][0])["PODIUM_METRICS_TOKEN_FILE"]
+    assert token_file == f"{path['mountPath']}/token"
 
 
 def test_dashboard_configmap_carries_the_dashboard_for_the_sidecar(

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 ORCH_TOKEN = "deploy-live-orchestrator-token"
+METRICS_TOKEN = "deploy-live-metrics-token"
 # Grafana's variables as a user would leave them; $__rate_interval >= 4 scrape intervals.
 VARIABLES = {
     "$__rate_interval": "20s",
@@ -57,10 +58,15 @@ def spec(name: str, cpu: float = 1, pods: int = 2) -> dict[str, Any]:
 
 
 def prometheus_config(tmp: Path, targets: dict[str, str], sd_file: Path) -> Path:
-    """deploy/prometheus/prometheus.yml with compose's host names replaced by loopback ports."""
+    """deploy/prometheus/prometheus.yml with compose's host names replaced by loopback ports,
+    and the leaderboard scraped with its metrics token, as the chart's ServiceMonitor does."""
     cfg = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     cfg["global"]["scrape_interval"] = "1s"
+    token_file = tmp / "metrics-token"
+    token_file.write_text(METRICS_TOKEN)
     for job in cfg["scrape_configs"]:
+        if job["job_name"] == "podium-leaderboard":
+            job["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
         for sc in job.get("static_configs", []):
             sc["targets"] = [targets.get(t, t) for t in sc["targets"]]
         for sd in job.get("file_sd_configs", []):
@@ -99,7 +105,11 @@ def test_prometheus_scrapes_a_live_experiment_and_every_panel_has_data(
 
     lb = Service(
         "services.leaderboard",
-        {"PODIUM_DATA_DIR": str(tmp_path / "leaderboard"), "PODIUM_API_TOKEN": LB_TOKEN},
+        {
+            "PODIUM_DATA_DIR": str(tmp_path / "leaderboard"),
+            "PODIUM_API_TOKEN": LB_TOKEN,
+            "PODIUM_METRICS_TOKEN": METRICS_TOKEN,
+        },
         tmp_path / "leaderboard.log",
         LB_TOKEN,
     ).start()
@@ -162,6 +172,7 @@ def test_prometheus_scrapes_a_live_experiment_and_every_panel_has_data(
             ids.append(r.json()["id"])
         # An error for the errors panel: a request without the token is refused.
         assert httpx.get(f"{lb.url}/api/v1/experiments/{ids[0]}").status_code == 401
+        assert httpx.get(f"{lb.url}/metrics").status_code == 401  # Prometheus has the token
 
         def missing() -> list[str]:
             out = []

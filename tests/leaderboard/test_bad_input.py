@@ -220,3 +220,175 @@ def test_redis_down_is_503_without_partial_writes(lb_settings) -> None:
         assert board(client) == [1.0]
         r = client.post(f"{API}/e/submissions", json=result("s2", 6.0))
         assert r.json()["accepted"] and r.json()["duplicate"] is False
+
+
+def test_stream_cursor_beyond_64_bits_is_refused_and_the_last_id_ends_the_log(
+    client: TestClient,
+) -> None:
+    """Issue 12, finding 4: a cursor part above 2^64-1 answered 500 (Redis refused the id)."""
+    client.put(f"{API}/e", json=experiment())
+    assert client.post(f"{API}/e/submissions", json=result("s1", 1.0)).status_code == 200
+    big = str(2**64)
+    for after in (f"{big}-0", f"0-{big}", f"{big}-{big}"):
+        r = client.get(f"{API}/e/submissions", params={"after": after})
+        assert r.status_code == 422 and locs(r) == [["query", "after"]], (after, r.text)
+    top = str(2**64 - 1)
+    r = client.get(f"{API}/e/submissions", params={"after": f"{top}-{top}"})
+    assert r.status_code == 200 and r.json()["submissions"] == [], r.text
+    r = client.get(f"{API}/e/submissions", params={"after": "0-0"})
+    assert [s["submission_id"] for s in r.json()["submissions"]] == ["s1"]
+
+
+def raw_put(client: TestClient, exp: str, body: dict, **literals: str):
+    """PUT with JSON literals Python's json module writes but strict JSON lacks (NaN, Infinity,
+    1e309): each ``"@name@"`` string in ``body`` is replaced by ``literals[name]``."""
+    text = json.dumps(body)
+    for name, literal in literals.items():
+        text = text.replace(f'"@{name}@"', literal)
+    return client.put(f"{API}/{exp}", content=text, headers={"Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    ("strategy", "options", "literal", "field"),
+    [
+        ("cem", {"min_std_fraction": "@x@"}, "Infinity", "min_std_fraction"),
+        ("cem", {"categorical_smoothing": "@x@"}, "1e309", "categorical_smoothing"),
+        ("pbt", {"perturb_factors": ["@x@"]}, "Infinity", "perturb_factors[0]"),
+        ("pbt", {"perturb_factors": ["@x@"]}, "NaN", "perturb_factors[0]"),
+        ("pbt", {"nested": {"deep": [1, {"x": "@x@"}]}}, "-Infinity", "nested.deep[1].x"),
+    ],
+)
+def test_non_finite_generator_options_are_refused_naming_the_field(
+    client: TestClient, strategy: str, options: dict, literal: str, field: str
+) -> None:
+    """Issue 12, finding 1: these were stored as null and every generate then answered 500."""
+    r = raw_put(client, "x", experiment(strategy=strategy, options=options), x=literal)
+    assert r.status_code == 422, r.text
+    assert locs(r) == [["body", "generator", "options"]]
+    assert field in r.json()["detail"][0]["msg"]
+    assert client.get(f"{API}/x").status_code == 404  # nothing stored
+    assert client.post(f"{API}/x/generate", json={"pod_id": "p"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"min_std_fraction": 1e308}, ["min_std_fraction"]),
+        ({"categorical_smoothing": 1e308}, ["categorical_smoothing"]),
+        ({"perturb_factors": [1e308]}, ["perturb_factors", 0]),
+        ({"perturb_factors": [-1.0]}, ["perturb_factors", 0]),
+    ],
+)
+def test_options_that_overflow_a_float_are_refused(
+    client: TestClient, options: dict, field: list
+) -> None:
+    """Finite but huge: CEM's covariance or PBT's step overflowed into a 500 at generate."""
+    strategy = "pbt" if "perturb_factors" in options else "cem"
+    r = client.put(f"{API}/x", json=experiment(strategy=strategy, options=options))
+    assert r.status_code == 422 and ["body", "generator", "options", *field] in locs(r), r.text
+
+
+def test_non_finite_numbers_anywhere_in_an_experiment_or_a_report_are_refused(
+    client: TestClient,
+) -> None:
+    r = raw_put(client, "x", experiment(algorithms={"ppo": "@w@"}), w="1e309")
+    assert r.status_code == 422 and locs(r)[0][:2] == ["body", "algorithms"], r.text
+    assert client.get(f"{API}/x").status_code == 404
+    client.put(f"{API}/e", json=experiment())
+    for path, hyper, literal in (
+        ("lr", {"lr": "@v@", "gamma": 0.99}, "NaN"),
+        ("net.sizes[1]", {"lr": 0.1, "net": {"sizes": [64, "@v@"]}}, "Infinity"),
+    ):
+        text = json.dumps(result("s1", 1.0, hyperparameters=hyper)).replace('"@v@"', literal)
+        r = client.post(
+            f"{API}/e/submissions", content=text, headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 422 and locs(r) == [["body", "result", "hyperparameters"]]
+        assert path in r.json()["detail"][0]["msg"], r.text
+    assert board(client) == []
+    r = client.post(
+        f"{API}/e/generate",
+        content='{"pod_id": "p", "score": 1e309}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 422 and locs(r) == [["body", "score"]]
+
+
+def test_a_board_with_hand_made_hyperparameters_outside_the_space_still_generates(
+    client: TestClient,
+) -> None:
+    """A report whose values lie far outside the search space must not break CEM's fit."""
+    client.put(f"{API}/e", json=experiment(strategy="cem", options={"min_elite": 2}))
+    wild = {"lr": 1e308, "gamma": -1e308, "batch_size": 1e308, "epochs": 10**30}
+    for i, hyper in enumerate([wild, result("x", 0)["hyperparameters"], wild]):
+        client.post(f"{API}/e/submissions", json=result(f"s{i}", float(i), hyperparameters=hyper))
+    for i in range(5):
+        r = client.post(f"{API}/e/generate", json={"pod_id": f"p{i}"})
+        assert r.status_code == 200, r.text
+        h = r.json()["hyperparameters"]
+        assert 1e-5 <= h["lr"] <= 1e-2 and 1 <= h["epochs"] <= 10
+
+
+def test_unregistered_algorithm_names_are_refused(client: TestClient) -> None:
+    """Issue 12, finding 8: any algorithm name was accepted; pods then failed to build it."""
+    r = client.put(f"{API}/x", json=experiment(algorithms={"ppo": 1.0, "a3c": 1.0}))
+    assert r.status_code == 422 and locs(r) == [["body", "algorithms", "a3c"]], r.text
+    assert "ppo" in r.json()["detail"][0]["msg"]  # lists the known names
+    assert client.get(f"{API}/x").status_code == 404
+    assert client.put(f"{API}/x", json=experiment(algorithms={"sac": 1.0})).status_code == 201
+
+
+def test_a_stored_config_that_no_longer_validates_is_a_409_for_that_experiment_only(
+    client: TestClient, lb_settings
+) -> None:
+    """Defence in depth: a record written before the checks (options stored as null, a
+    strategy plugin since uninstalled) answers 409 naming the problem, never a 500, leaves the
+    other experiments alone, and a PUT of a corrected configuration (or a DELETE) mends it."""
+    from services.leaderboard.store import Keys
+
+    client.put(f"{API}/bad", json=experiment(strategy="cem"))
+    for exp in ("plugin", "space", "good"):
+        client.put(f"{API}/{exp}", json=experiment())
+    for exp in ("bad", "good"):
+        client.post(f"{API}/{exp}/submissions", json=result("s1", 1.0))
+    r = redis_client.connect(lb_settings)
+    try:
+        for exp, generator in (
+            ("bad", {"strategy": "cem", "options": {"min_std_fraction": None}}),
+            ("plugin", {"strategy": "uninstalled-plugin", "options": {}}),
+        ):
+            stored = json.loads(r.hget(Keys(exp).config, "json"))
+            r.hset(Keys(exp).config, "json", json.dumps({**stored, "generator": generator}))
+        stored = json.loads(r.hget(Keys("space").config, "json"))
+        space = {"lr": {"type": "uniform", "low": None, "high": 1.0}}
+        r.hset(Keys("space").config, "json", json.dumps({**stored, "search_space": space}))
+    finally:
+        r.close()
+
+    for exp, problem in (("bad", "min_std_fraction"), ("plugin", "uninstalled-plugin")):
+        g = client.post(f"{API}/{exp}/generate", json={"pod_id": "p"})
+        assert g.status_code == 409 and problem in g.json()["detail"], g.text
+    # Its stored config stays readable: that is how one sees what is wrong.
+    got = client.get(f"{API}/bad").json()
+    assert got["generator"]["options"] == {"min_std_fraction": None}
+    assert client.get(f"{API}/bad/leaderboard").status_code == 200
+    # A config the experiment model itself refuses: reads answer 409 too.
+    for path in ("space", "space/leaderboard", "space/generate"):
+        got = client.request(
+            "POST" if "generate" in path else "GET",
+            f"{API}/{path}",
+            json={"pod_id": "p"} if "generate" in path else None,
+        )
+        assert got.status_code == 409 and "search_space.lr" in got.json()["detail"], got.text
+    # Reports are still taken (nothing is lost while the config is being mended).
+    assert client.post(f"{API}/bad/submissions", json=result("s2", 2.0)).json()["accepted"]
+    assert client.post(f"{API}/good/generate", json={"pod_id": "p"}).status_code == 200
+    assert client.get(f"{API}").json() == ["bad", "good", "plugin", "space"]
+
+    assert client.put(f"{API}/bad", json=experiment(strategy="cem")).status_code == 200
+    assert client.post(f"{API}/bad/generate", json={"pod_id": "p"}).status_code == 200
+    assert [c["score"] for c in client.get(f"{API}/bad/leaderboard").json()["candidates"]] == [
+        2.0,
+        1.0,
+    ]
+    assert client.delete(f"{API}/plugin").status_code == 204

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import httpx
 import psutil
 import pytest
 
+from services.checkpoint_store import STAGING_LOCK_RACE_S
 from services.redis_client import DB_FILENAME, EMBEDDED_SUBDIR
 from tests.leaderboard.conftest import AUTH, TOKEN, experiment, free_port, multipart, result
 
@@ -144,5 +146,69 @@ def test_restart_keeps_leaderboard_and_lineage(data: Path) -> None:
     try:
         assert svc.state() == after_write
         assert svc.state()[0][0]["score"] == 10.0
+    finally:
+        svc.stop()
+
+
+def test_a_leaderboard_killed_mid_upload_sweeps_its_partial_file_at_start_up(data: Path) -> None:
+    """Issue 12, finding 15: the partial file of an upload cut by a crash stayed for an hour
+    (STAGING_MAX_AGE_S); a leaderboard that keeps crashing during uploads filled its volume."""
+    svc = Service(data)
+    staging = data / "blobs" / ".staging"
+    stop = threading.Event()
+    try:
+        assert svc.http.put("/experiments/e", json=experiment()).status_code == 201
+        boundary = "b0undary"
+        files = {"actor": b"never sent whole"}
+        head = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="result"\r\n'
+            f"Content-Type: application/json\r\n\r\n{json.dumps(result('s', 1.0, files))}\r\n"
+            f'--{boundary}\r\nContent-Disposition: form-data; name="actor"; '
+            'filename="actor"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        ).encode()
+
+        def endless() -> Iterator[bytes]:
+            yield head
+            while not stop.is_set():
+                yield b"x" * 65536
+                time.sleep(0.005)
+
+        def upload() -> None:
+            with contextlib.suppress(httpx.HTTPError):
+                svc.http.post(
+                    "/experiments/e/submissions",
+                    content=endless(),
+                    headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+                )
+
+        uploader = threading.Thread(target=upload, daemon=True)
+        uploader.start()
+        deadline = time.monotonic() + 30
+        while not [p for p in staging.glob(".upload-*") if p.stat().st_size > 1 << 20]:
+            assert time.monotonic() < deadline, "the upload never reached the staging directory"
+            time.sleep(0.05)
+        pid = svc.redis_pid()
+        svc.proc.kill()  # a crash mid-upload: no clean-up code runs
+        os.kill(pid, signal.SIGKILL)
+        svc.proc.wait(timeout=10)
+    finally:
+        stop.set()
+        svc.http.close()
+        if svc.proc.poll() is None:
+            svc.proc.kill()
+    uploader.join(timeout=30)
+    partial = list(staging.glob(".upload-*"))
+    assert partial and partial[0].stat().st_size > 1 << 20
+    # Past the guard for a writer that has created its file but not yet locked it.
+    time.sleep(max(0.0, STAGING_LOCK_RACE_S - (time.time() - partial[0].stat().st_mtime)) + 0.1)
+
+    svc = Service(data)
+    try:
+        assert list(staging.glob(".upload-*")) == []
+        # Uploads work as before.
+        r = svc.http.post(
+            "/experiments/e/submissions", files=multipart(result("s", 1.0, files), files)
+        )
+        assert r.status_code == 200 and r.json()["accepted"], r.text
     finally:
         svc.stop()

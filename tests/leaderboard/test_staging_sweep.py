@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from services.checkpoint_store import STAGING_MAX_AGE_S, FilesystemBlobStore
+from services.checkpoint_store import STAGING_LOCK_RACE_S, STAGING_MAX_AGE_S, FilesystemBlobStore
 from services.leaderboard.app import create_app
 from tests.leaderboard.conftest import AUTH, experiment, multipart, result, settings_for
 
@@ -72,3 +72,33 @@ def test_leaderboard_start_up_sweeps_crashed_uploads(tmp_path: Path) -> None:
         r = client.post(f"{API}/e/submissions", files=multipart(result("s", 1.0, files), files))
         assert r.status_code == 200 and r.json()["accepted"], r.text
         assert list(staging.iterdir()) == []
+
+
+def test_a_dead_writers_file_goes_at_once_live_and_staged_ones_and_other_hosts_stay(
+    tmp_path: Path,
+) -> None:
+    """Writers lock their file until commit; the kernel drops a dead process's lock, so this
+    host's unlocked temp files go without waiting an hour. Another host's (a shared volume,
+    whose locks this host may not see) wait for the age rule."""
+    store = FilesystemBlobStore(tmp_path / "blobs")
+    dead = store.writer()
+    dead.write(b"cut short")
+    dead._out.close()  # what the death of its process does to the lock
+    age(dead.path, STAGING_LOCK_RACE_S + 1)
+    writing = store.writer()
+    writing.write(b"streaming")
+    age(writing.path, STAGING_LOCK_RACE_S + 1)
+    staged = store.stage([b"verified, not yet committed"])
+    age(staged.path, STAGING_LOCK_RACE_S + 1)
+    other_host = store.staging_dir / ".upload-another-node.abc123"
+    other_host.write_bytes(b"theirs")
+    age(other_host, STAGING_LOCK_RACE_S + 1)
+
+    assert store.sweep_staging() == 1
+    assert not dead.path.exists()
+    assert writing.path.exists() and staged.path.exists() and other_host.exists()
+    store.commit(staged)
+    assert b"".join(store.read(staged.sha256)) == b"verified, not yet committed"
+    writing.abort()
+    age(other_host, STAGING_MAX_AGE_S + 1)
+    assert store.sweep_staging() == 1 and list(store.staging_dir.iterdir()) == []

@@ -1,16 +1,19 @@
-"""An in-test Kubernetes API server: the Pod / Node / ResourceQuota / ConfigMap endpoints the
-orchestrator's Kubernetes backend uses, over real HTTP for the official client.
+"""An in-test Kubernetes API server: the Pod / Node / ResourceQuota / ConfigMap / Secret
+endpoints the orchestrator's Kubernetes backend uses, over real HTTP for the official client.
 
 It behaves like the real thing where the backend depends on it: label selectors, list
 resourceVersions, chunked JSON-lines watches from a resourceVersion, graceful deletion
-(deletionTimestamp, then DELETED once the pod has "exited"), garbage collection of pods whose
-owner ConfigMap is deleted, quota usage computed from the pods, and every created object is
-validated against the Kubernetes schemas (kubernetes-validate, strict) and refused with 422
-when invalid, as the API server would. A tiny "kubelet" binds pods to nodes and runs them.
+(deletionTimestamp, then DELETED once the pod has "exited"), garbage collection of pods and
+Secrets whose owner ConfigMap is deleted, quota usage computed from the pods, and every created
+object is validated against the Kubernetes schemas (kubernetes-validate, strict) and refused
+with 422 when invalid, as the API server would. A tiny "kubelet" binds pods to nodes and runs
+them; a container whose env names a Secret that does not exist waits in
+CreateContainerConfigError, as on a real node.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import threading
@@ -75,6 +78,7 @@ class FakeCluster:
         self.rv = 0
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.quotas: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[tuple[int, str, str, dict[str, Any]]] = []  # rv, ns, type, pod
@@ -292,7 +296,7 @@ class FakeCluster:
                 pod["status"] = {
                     "phase": "Running",
                     "containerStatuses": [
-                        {"name": c["name"], "ready": True, "state": {"running": {}}}
+                        self._start(pod["metadata"]["namespace"], c)
                         for c in pod["spec"]["containers"]
                     ],
                 }
@@ -301,6 +305,19 @@ class FakeCluster:
             "phase": "Pending",
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
         }
+
+    def _start(self, ns: str, container: dict[str, Any]) -> dict[str, Any]:
+        """The kubelet starting a container: its env's Secrets must exist."""
+        for e in container.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            secret = ref and self.secrets.get((ns, ref["name"]))
+            if ref and (secret is None or ref["key"] not in secret.get("data", {})):
+                waiting = {
+                    "reason": "CreateContainerConfigError",
+                    "message": f'secret "{ref["name"]}" not found',
+                }
+                return {"name": container["name"], "ready": False, "state": {"waiting": waiting}}
+        return {"name": container["name"], "ready": True, "state": {"running": {}}}
 
     def _finish_deletion(self, ns: str, name: str, uid: str) -> None:
         with self.cond:
@@ -499,23 +516,37 @@ class FakeCluster:
                     "items": items,
                 }
 
-        @app.post("/api/v1/namespaces/{ns}/configmaps", status_code=201)
-        async def create_configmap(ns: str, request: Request) -> Any:
-            body = await _json(request)
-            return await run_in_threadpool(create_configmap_sync, ns, body)
-
-        def create_configmap_sync(ns: str, body: dict[str, Any]) -> Any:
-            if (bad := check(body, "ConfigMap")) is not None:
+        def create_object(
+            ns: str, body: dict[str, Any], kind: str, store: dict, resource: str
+        ) -> Any:
+            if (bad := check(body, kind)) is not None:
                 return bad
             name = body["metadata"]["name"]
             with self.cond:
-                if (ns, name) in self.configmaps:
-                    return _status(409, "AlreadyExists", f'configmaps "{name}" already exists')
-                cm = copy.deepcopy(body)
-                cm["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
-                self._bump(cm)
-                self.configmaps[(ns, name)] = cm
-                return JSONResponse(copy.deepcopy(cm), status_code=201)
+                if (ns, name) in store:
+                    return _status(409, "AlreadyExists", f'{resource} "{name}" already exists')
+                obj = copy.deepcopy(body)
+                if "stringData" in obj:  # a Secret's, stored base64-encoded in data
+                    encoded = {
+                        k: base64.b64encode(v.encode()).decode()
+                        for k, v in obj.pop("stringData").items()
+                    }
+                    obj["data"] = {**obj.get("data", {}), **encoded}
+                obj["metadata"].update(
+                    namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now()
+                )
+                self._bump(obj)
+                store[(ns, name)] = obj
+                return JSONResponse(copy.deepcopy(obj), status_code=201)
+
+        def create_route(resource: str, kind: str, store: dict) -> None:
+            @app.post(f"/api/v1/namespaces/{{ns}}/{resource}", status_code=201)
+            async def create(ns: str, request: Request) -> Any:
+                body = await _json(request)
+                return await run_in_threadpool(create_object, ns, body, kind, store, resource)
+
+        create_route("configmaps", "ConfigMap", self.configmaps)
+        create_route("secrets", "Secret", self.secrets)
 
         @app.get("/api/v1/namespaces/{ns}/configmaps/{name}")
         def read_configmap(ns: str, name: str) -> Any:
@@ -533,10 +564,24 @@ class FakeCluster:
                     return _status(404, "NotFound", f'configmaps "{name}" not found')
                 # The garbage collector: dependents of the deleted owner go too.
                 uid = cm["metadata"]["uid"]
+
+                def owned(obj: dict[str, Any]) -> bool:
+                    owners = obj["metadata"].get("ownerReferences") or []
+                    return any(o.get("uid") == uid for o in owners)
+
                 for (pns, pname), p in list(self.pods.items()):
-                    owners = p["metadata"].get("ownerReferences") or []
-                    if pns == ns and any(o.get("uid") == uid for o in owners):
+                    if pns == ns and owned(p):
                         self._drop_pod(pns, pname)
+                for key, secret in list(self.secrets.items()):
+                    if key[0] == ns and owned(secret):
+                        del self.secrets[key]
+                return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+
+        @app.delete("/api/v1/namespaces/{ns}/secrets/{name}")
+        def delete_secret(ns: str, name: str) -> Any:
+            with self.cond:
+                if self.secrets.pop((ns, name), None) is None:
+                    return _status(404, "NotFound", f'secrets "{name}" not found')
                 return {"kind": "Status", "apiVersion": "v1", "status": "Success"}
 
         return app

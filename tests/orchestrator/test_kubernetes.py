@@ -3,6 +3,7 @@ manifest it generates validated against the Kubernetes schemas."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,18 +13,20 @@ import kubernetes_validate
 import pytest
 from fastapi.testclient import TestClient
 from kubernetes import client as k8s
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
+from services.contracts.credentials import pod_token
 from services.orchestrator.app import create_app
 from services.orchestrator.backends.base import PodRequest
 from services.orchestrator.backends.kubernetes import (
     KubernetesBackend,
+    credential_secret_manifest,
     owner_manifest,
     pod_manifest,
 )
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
-from tests.orchestrator.conftest import TOKEN, spec, wait_for
+from tests.orchestrator.conftest import LB_TOKEN, TOKEN, spec, wait_for
 from tests.orchestrator.k8s_server import K8S_VERSION, FakeCluster
 from tests.orchestrator.k8s_server import TOKEN as K8S_TOKEN
 from tests.orchestrator.servers import ServerThread
@@ -93,6 +96,12 @@ def orchestrator(settings: OrchestratorSettings, url: str) -> Iterator[TestClien
         be.close()
 
 
+CREDENTIAL_REF = {
+    "name": "PODIUM_API_TOKEN",
+    "valueFrom": {"secretKeyRef": {"name": "podium-exp-e1-pod-credential", "key": "token"}},
+}
+
+
 def validate(manifest: dict[str, Any]) -> None:
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
@@ -124,7 +133,10 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
     assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["PODIUM_ROLE"] == "all" and env["PODIUM_EXPERIMENT_ID"] == "e1"
-    assert env["PODIUM_API_TOKEN"] == "s3cret" and "PODIUM_ROLES_DIR" not in env
+    assert "PODIUM_ROLES_DIR" not in env
+    # The experiment's own credential, from its Secret: never the platform token of req.env.
+    assert next(e for e in c["env"] if e["name"] == "PODIUM_API_TOKEN") == CREDENTIAL_REF
+    assert "s3cret" not in json.dumps(m)
     assert c["resources"] == {
         "requests": {"cpu": "2000m", "memory": "4096Mi", "nvidia.com/gpu": "2"},
         "limits": {"memory": "4096Mi", "nvidia.com/gpu": "2"},
@@ -183,7 +195,6 @@ def test_scheduling_settings_dra_and_token_secret(
         k8s_tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         k8s_priority_class="podium-training",
         k8s_gpu_claim_template="single-gpu",
-        k8s_token_secret="podium-leaderboard-token",
     )
     m = pod_manifest(s, NS, request(gpus=1), owner_uid="u")
     validate(m)
@@ -196,11 +207,9 @@ def test_scheduling_settings_dra_and_token_secret(
     assert c["resources"]["claims"] == [{"name": "gpu"}]
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
     token = next(e for e in c["env"] if e["name"] == "PODIUM_API_TOKEN")
-    assert token == {
-        "name": "PODIUM_API_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "podium-leaderboard-token", "key": "token"}},
-    }
+    assert token == CREDENTIAL_REF
     validate(owner_manifest(NS, "e1", "{}"))
+    validate(credential_secret_manifest(NS, "e1", pod_token(LB_TOKEN, "e1"), "u"))
 
 
 def test_schema_validation_catches_a_broken_manifest(k8s_settings: OrchestratorSettings) -> None:
@@ -233,7 +242,7 @@ def test_create_list_watch_terminate(
     assert backend.pod_log_tail("e1", "p2", lines=2) == "b\nCUDA OOM"
     backend.remove_pod("e1", "p2")
     assert backend.list_pods() == [] and fc.pod_names(NS) == []
-    assert [m["kind"] for m in fc.manifests] == ["ConfigMap", "Pod", "Pod"]  # one owner
+    assert [m["kind"] for m in fc.manifests] == ["ConfigMap", "Secret", "Pod", "Pod"]  # one owner
 
 
 def test_pods_that_can_never_start_are_failed_and_unschedulable_ones_say_why(
@@ -320,7 +329,7 @@ def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
         assert sum(m["kind"] == "Pod" for m in fc.manifests) == 7  # 6 + 1 replacement
         assert c.delete(f"/api/v1/experiments/{exp_id}").status_code == 204
         wait_for(lambda: fc.pod_names(NS, live_only=False) == [])
-        wait_for(lambda: not fc.configmaps)
+        wait_for(lambda: not fc.configmaps and not fc.secrets)
     be2.close()
     for m in fc.manifests:
         validate(m)
@@ -431,3 +440,56 @@ def test_on_kubernetes_exit_2_fails_at_once_and_evictions_are_not_crashes(
             == "a pod refused its input (exit code 2): bad input: cannot train dqn on X"
         )
         assert exp["progress"]["pods_launched"] == limit + 2  # not retried
+
+
+def test_pods_get_their_experiments_credential_from_a_secret_the_orchestrator_owns(
+    cluster: tuple[FakeCluster, ServerThread],
+    k8s_settings: OrchestratorSettings,
+) -> None:
+    """Issue 12, finding 10: every pod got the platform token (which also works on the
+    orchestrator). Now each experiment has a Secret, owned by its ConfigMap and deleted with
+    it, holding a credential that works for that experiment's pod routes only."""
+    fc, srv = cluster
+    fc.add_node("node-b", cpu="8", memory="32Gi")  # room for every pod below
+    be = KubernetesBackend(k8s_settings, api_client=api_client(srv.url))
+    try:
+        for exp, pod in (("e1", "p1"), ("e1", "p2"), ("e2", "q")):
+            be.create_pod(request(exp, pod))
+        # The kubelet found the Secret each pod's env names: every container runs.
+        wait_for(lambda: len(ps := be.list_pods()) == 3 and all(p.phase == "Running" for p in ps))
+        assert sorted(name for _, name in fc.secrets) == [
+            "podium-exp-e1-pod-credential",
+            "podium-exp-e2-pod-credential",
+        ]
+        secret = fc.secrets[(NS, "podium-exp-e1-pod-credential")]
+        assert base64.b64decode(secret["data"]["token"]).decode() == pod_token(LB_TOKEN, "e1")
+        owner = fc.configmaps[(NS, "podium-exp-e1")]["metadata"]
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == owner["uid"]
+        assert secret["metadata"]["labels"]["podium.dev/experiment"] == "e1"
+        # The platform tokens reach no object (req.env carried one: "s3cret").
+        for m in fc.manifests:
+            assert not {"s3cret", LB_TOKEN, TOKEN} & set(_strings(m)), m["kind"]
+        be.delete_experiment("e1")
+        assert sorted(name for _, name in fc.secrets) == ["podium-exp-e2-pod-credential"]
+    finally:
+        be.close()
+
+    # A restarted orchestrator with a rotated token makes the Secret again (it may create and
+    # delete Secrets, not read or update them).
+    rotated = k8s_settings.model_copy(update={"leaderboard_token": SecretStr("rotated")})
+    be = KubernetesBackend(rotated, api_client=api_client(srv.url))
+    try:
+        be.create_pod(request("e2", "q2"))
+        secret = fc.secrets[(NS, "podium-exp-e2-pod-credential")]
+        assert base64.b64decode(secret["data"]["token"]).decode() == pod_token("rotated", "e2")
+        wait_for(lambda: all(p.phase == "Running" for p in be.list_pods()))
+    finally:
+        be.close()
+
+
+def _strings(obj: Any) -> list[str]:
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in _strings(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in _strings(v)]
+    return [obj] if isinstance(obj, str) else []

@@ -63,6 +63,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- default (printf "%s-api-token" (include "podium.fullname" .)) .Values.apiToken.existingSecret }}
 {{- end }}
 
+{{/* The Secret (key `token`) holding the bearer token the leaderboard's /metrics requires. */}}
+{{- define "podium.metricsTokenSecretName" -}}
+{{- default (printf "%s-metrics-token" (include "podium.fullname" .)) .Values.metrics.token.existingSecret }}
+{{- end }}
+
 {{/* repository@digest when a digest is given, else repository:tag (tag defaults to appVersion). */}}
 {{- define "podium.image" -}}
 {{- $img := index . 0 }}

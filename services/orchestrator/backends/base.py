@@ -12,7 +12,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal
 
+from services.contracts.credentials import pod_token
 from services.orchestrator.scheduler import Res
+from services.orchestrator.settings import OrchestratorSettings
 
 # Labels every training pod carries (Kubernetes labels; the local backend keeps the same keys).
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -24,6 +26,26 @@ Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 #: A pod's exit code for input that can never work (services/pod/__main__.py): permanent.
 BAD_INPUT_EXIT = 2
+
+# What gives access to the whole platform: a pod inherits none of it (least privilege). Its
+# PODIUM_API_TOKEN is its experiment's credential instead (``pod_credential``).
+PLATFORM_SECRETS = frozenset(
+    {
+        "PODIUM_API_TOKEN",
+        "PODIUM_API_TOKEN_FILE",
+        "PODIUM_LEADERBOARD_TOKEN",
+        "PODIUM_TOKEN",
+        "REDIS_URL",
+        "PODIUM_REDIS_URL",
+    }
+)
+
+
+def pod_credential(settings: OrchestratorSettings, experiment_id: str) -> str | None:
+    """The bearer token of ``experiment_id``'s pods: it works on that experiment's pod routes
+    of the leaderboard only (services/contracts/credentials.py). None on an open leaderboard."""
+    key = settings.leaderboard_token_value()
+    return pod_token(key, experiment_id) if key else None
 
 
 @dataclass(frozen=True)

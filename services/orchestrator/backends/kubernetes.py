@@ -14,6 +14,9 @@
   containers.
 - Each experiment owns a ConfigMap holding its spec; every pod has an ownerReference to it, so
   deleting the experiment (its ConfigMap) lets the garbage collector take its pods.
+- Pods never see the platform token: each experiment has a Secret (owned by that ConfigMap, and
+  deleted with the experiment) holding its pods' credential, scoped to the experiment's pod
+  routes of the leaderboard (services/contracts/credentials.py), read through a secretKeyRef.
 - Pods are found by label (``app.kubernetes.io/managed-by=podium-orchestrator``) through an
   informer: one list, then a watch from its resourceVersion (relist on 410 Gone), so pod changes
   arrive as events instead of polling and wake the reconciler.
@@ -45,10 +48,12 @@ from services.orchestrator.backends.base import (
     EXPERIMENT_LABEL,
     MANAGED_BY,
     MANAGER,
+    PLATFORM_SECRETS,
     POD_LABEL,
     Backend,
     PodInfo,
     PodRequest,
+    pod_credential,
 )
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
@@ -79,6 +84,10 @@ def pod_name(experiment_id: str, pod_id: str) -> str:
 
 def owner_name(experiment_id: str) -> str:
     return f"podium-exp-{experiment_id}"
+
+
+def credential_secret_name(experiment_id: str) -> str:
+    return f"podium-exp-{experiment_id}-pod-credential"
 
 
 def labels(experiment_id: str, pod_id: str | None = None) -> dict[str, str]:
@@ -116,6 +125,34 @@ def owner_manifest(namespace: str, experiment_id: str, spec_json: str) -> dict[s
     }
 
 
+def _owner_reference(experiment_id: str, owner_uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": owner_name(experiment_id),
+        "uid": owner_uid,
+        "blockOwnerDeletion": False,
+    }
+
+
+def credential_secret_manifest(
+    namespace: str, experiment_id: str, credential: str, owner_uid: str
+) -> dict[str, Any]:
+    """The Secret holding the experiment's pod credential (key ``token``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": credential_secret_name(experiment_id),
+            "namespace": namespace,
+            "labels": labels(experiment_id),
+            "ownerReferences": [_owner_reference(experiment_id, owner_uid)],
+        },
+        "stringData": {"token": credential},
+    }
+
+
 def pod_manifest(
     settings: OrchestratorSettings,
     namespace: str,
@@ -131,13 +168,14 @@ def pod_manifest(
         {"name": "PODIUM_GPUS", "value": str(r.gpus)},
     ]
     for k, v in sorted(req.env.items()):
-        if k != "PODIUM_API_TOKEN" or settings.k8s_token_secret is None:
+        if k not in PLATFORM_SECRETS:
             env.append({"name": k, "value": v})
-    if settings.k8s_token_secret is not None:
+    if settings.leaderboard_token_value():
+        secret = credential_secret_name(req.experiment_id)
         env.append(
             {
                 "name": "PODIUM_API_TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": settings.k8s_token_secret, "key": "token"}},
+                "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}},
             }
         )
     mode = settings.pod_mode  # the reconciler tells the pod the same (PODIUM_POD_MODE)
@@ -221,15 +259,7 @@ def pod_manifest(
             "annotations": {
                 RESOURCES_ANNOTATION: json.dumps({"cpu": r.cpu, "gpus": r.gpus, "memory": r.memory})
             },
-            "ownerReferences": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "name": owner_name(req.experiment_id),
-                    "uid": owner_uid,
-                    "blockOwnerDeletion": False,
-                }
-            ],
+            "ownerReferences": [_owner_reference(req.experiment_id, owner_uid)],
         },
         "spec": spec,
     }
@@ -311,6 +341,7 @@ class KubernetesBackend(Backend):
         self._lock = threading.Lock()
         self._pods: dict[str, dict[str, Any]] = {}  # name → pod, kept by the informer
         self._owners: dict[str, str] = {}  # experiment → ConfigMap uid
+        self._owner_lock = threading.Lock()
         self._synced = threading.Event()
         self._stop = threading.Event()
         self._watch: Watch | None = None
@@ -447,6 +478,12 @@ class KubernetesBackend(Backend):
         uid = self._owners.get(experiment_id)
         if uid is not None:
             return uid
+        # Pods are created in parallel: the first makes the owner and its Secret, the others
+        # wait for it (a pod must not start while its credential is being made again).
+        with self._owner_lock:
+            return self._owners.get(experiment_id) or self._create_owner(experiment_id, spec_json)
+
+    def _create_owner(self, experiment_id: str, spec_json: str) -> str:
         name = owner_name(experiment_id)
         try:
             resp = self.core.create_namespaced_config_map(
@@ -462,8 +499,29 @@ class KubernetesBackend(Backend):
                 name, self.namespace, _preload_content=False
             )
             uid = json.loads(resp.data)["metadata"]["uid"]
+        self._put_credential(experiment_id, uid)
         self._owners[experiment_id] = uid
         return uid
+
+    def _put_credential(self, experiment_id: str, owner_uid: str) -> None:
+        """Create the pods' credential Secret, once per experiment and process: one left by an
+        earlier orchestrator is made again (the platform token may have been rotated). The
+        orchestrator may create and delete Secrets, never read or update one."""
+        credential = pod_credential(self.settings, experiment_id)
+        if credential is None:
+            return
+        body = credential_secret_manifest(self.namespace, experiment_id, credential, owner_uid)
+        for attempt in range(2):
+            try:
+                self.core.create_namespaced_secret(self.namespace, body, _preload_content=False)
+                return
+            except ApiException as e:
+                if e.status != 409 or attempt:
+                    raise
+            with contextlib.suppress(ApiException):  # gone meanwhile: create it
+                self.core.delete_namespaced_secret(
+                    credential_secret_name(experiment_id), self.namespace, _preload_content=False
+                )
 
     def create_pod(self, req: PodRequest) -> None:
         manifest = pod_manifest(
@@ -539,6 +597,11 @@ class KubernetesBackend(Backend):
                 self.namespace,
                 propagation_policy="Background",
                 _preload_content=False,
+            )
+        # Also collected with its owner; deleted here so the credential ends with the call.
+        with contextlib.suppress(ApiException):
+            self.core.delete_namespaced_secret(
+                credential_secret_name(experiment_id), self.namespace, _preload_content=False
             )
         self._owners.pop(experiment_id, None)
 

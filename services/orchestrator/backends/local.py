@@ -32,10 +32,12 @@ from services.orchestrator.backends.base import (
     EXPERIMENT_LABEL,
     MANAGED_BY,
     MANAGER,
+    PLATFORM_SECRETS,
     POD_LABEL,
     Backend,
     PodInfo,
     PodRequest,
+    pod_credential,
 )
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
@@ -133,9 +135,9 @@ class LocalBackend(Backend):
         with self._lock:
             gpu_ids = self._free_gpus(req.resources.gpus)
             self._reserved[key] = gpu_ids  # held until the record (which lists them) is written
+        inherited = {**os.environ, **req.env}
         env = {
-            **os.environ,
-            **req.env,
+            **{k: v for k, v in inherited.items() if k not in PLATFORM_SECRETS},
             "PODIUM_EXPERIMENT_ID": req.experiment_id,
             "PODIUM_POD_ID": req.pod_id,
             "PODIUM_SPEC": req.spec_json,
@@ -145,6 +147,8 @@ class LocalBackend(Backend):
             # Each pod sees only its own GPUs (none for a CPU pod).
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         }
+        if credential := pod_credential(self.settings, req.experiment_id):
+            env["PODIUM_API_TOKEN"] = credential
         try:
             with open(self.log_path(req.experiment_id, req.pod_id), "ab") as logf:
                 proc = subprocess.Popen(

@@ -1,0 +1,82 @@
+"""Who may call what on the leaderboard's /api/v1.
+
+- The platform token (PODIUM_API_TOKEN): every route.
+- A pod credential (services/contracts/credentials.py): only what a pod does, only for its own
+  experiment: generate, submit, download a candidate's files (its parent's), release a lease.
+  Anything else answers 403.
+- Anything else: 401 (``services.http.require_token``).
+
+``authorize`` needs only the method and the path, so it can run before routing and before the
+body is read.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.contracts.credentials import PREFIX, pod_token_experiment
+from services.contracts.leaderboard import ID_PATTERN
+from services.http import require_token
+
+_ID = ID_PATTERN.removeprefix("^").removesuffix("$")
+_EXPERIMENT = rf"^/api/v1/experiments/(?P<experiment>{_ID})"
+# (methods, path) of every route a pod uses.
+POD_ROUTES = [
+    ({"POST"}, re.compile(rf"{_EXPERIMENT}/generate$")),
+    ({"POST"}, re.compile(rf"{_EXPERIMENT}/submissions$")),
+    ({"GET"}, re.compile(rf"{_EXPERIMENT}/candidates/{_ID}/files/{_ID}$")),
+    ({"DELETE"}, re.compile(rf"{_EXPERIMENT}/leases/{_ID}$")),
+]
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="The API token (PODIUM_API_TOKEN), or a pod's credential (its experiment's "
+    "generate, submissions, candidate files and leases only).",
+)
+
+
+def pod_may(experiment_id: str, method: str, path: str) -> bool:
+    """Whether a credential for ``experiment_id`` may send ``method`` to ``path``."""
+    for methods, pattern in POD_ROUTES:
+        m = pattern.match(path)
+        if m and method in methods:
+            return m["experiment"] == experiment_id
+    return False
+
+
+def authorize_pod(platform_token: str | None, given: str, method: str, path: str) -> bool:
+    """True for a pod credential allowed here; HTTPException 403 for one that is not; False
+    when ``given`` is no pod credential (the platform token check decides)."""
+    if platform_token is None or not given.startswith(PREFIX):
+        return False
+    experiment_id = pod_token_experiment(platform_token, given)
+    if experiment_id is None:
+        return False
+    if not pod_may(experiment_id, method, path):
+        raise HTTPException(
+            status_code=403,
+            detail=f"a pod credential (experiment {experiment_id!r}) may only generate, "
+            "submit, download candidate files and release leases of its own experiment",
+        )
+    return True
+
+
+def is_pod_credential(platform_token: str, given: str) -> bool:
+    """Whether ``given`` is a valid pod credential of any experiment: what a token check that
+    runs before routing accepts besides the platform token (``require_access`` then limits it
+    to its experiment's pod routes)."""
+    return pod_token_experiment(platform_token, given) is not None
+
+
+async def require_access(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    given = credentials.credentials if credentials else ""
+    if authorize_pod(request.app.state.token, given, request.method, request.url.path):
+        return
+    await require_token(request, credentials)
