@@ -186,7 +186,8 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
 def test_population_pods_refuse_what_their_agents_cannot_vary(change, message) -> None:
     base = {
         "name": "pop",
-        "env": {"name": "CartPole-v1"},
+        # Continuous actions, so that SAC fits the env and only the population rule refuses it.
+        "env": {"name": "Pendulum-v1"},
         "algorithms": {"ppo": 1.0},
         "population": {"agents_per_pod": 8},
         "search_space": {"learning_rate": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}},
