@@ -10,7 +10,7 @@ import sys
 import pytest
 
 SPEC = (
-    "{'name': 'x', 'env': {'name': 'Pendulum-v1'}, 'algorithms': {'ppo': 1, 'sac': 1, 'dqn': 1}, "
+    "{'name': 'x', 'env': {'name': 'Pendulum-v1'}, 'algorithms': {'ppo': 1, 'sac': 1, 'td3': 1}, "
     "'generator': {'strategy': 'pbt', 'options': {'quantile': 0.5, 'ready_reports': 3}}, "
     "'search_space': {'tau': {'type': 'choice', 'values': [0.01]}}}"
 )
