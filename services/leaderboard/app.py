@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio
 import redis.exceptions
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from services import redis_client
-from services.http import add_common_error_handlers
+from services.http import BODY_LIMIT_KEY, add_common_error_handlers, clip, error_response
 from services.leaderboard.api import Services, api, root
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService
@@ -83,9 +83,14 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
         docs_url="/api/v1/docs",
         redoc_url=None,
         lifespan=lifespan,
+        # A slash redirect (307) keeps the method: a client following it turned a DELETE of a
+        # lease into a DELETE of the experiment. Unknown paths answer 404.
+        redirect_slashes=False,
     )
-    _document_multipart_models(app)
+    _document_multipart_models(app, settings)
     app.state.token = settings.token()
+    # Checkpoint uploads stream to disk and keep their own, configured, limit.
+    app.state.body_limits = {("POST", SUBMISSIONS_PATH): settings.max_upload_bytes}
     if app.state.token is None:
         log.warning("no API token configured: /api/v1 is open (set PODIUM_API_TOKEN)")
     app.include_router(api)
@@ -95,9 +100,13 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
     return app
 
 
-def _document_multipart_models(app: FastAPI) -> None:
+SUBMISSIONS_PATH = "/api/v1/experiments/{experiment_id}/submissions"
+
+
+def _document_multipart_models(app: FastAPI, settings: LeaderboardSettings) -> None:
     """Add the models the submissions endpoint parses by hand (from its multipart ``result``
-    part) to the OpenAPI components, so the ``$ref`` in its request body resolves."""
+    part) to the OpenAPI components, so the ``$ref`` in its request body resolves, and its
+    configured body limit."""
     build = app.openapi
 
     def openapi() -> dict:
@@ -107,14 +116,15 @@ def _document_multipart_models(app: FastAPI) -> None:
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             components.update(schema.pop("$defs", {}))
             components["SubmissionResult"] = schema
+            spec["paths"][SUBMISSIONS_PATH]["post"][BODY_LIMIT_KEY] = settings.max_upload_bytes
             app.openapi_schema = spec
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _error(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
+def _error(status: int, detail: str) -> Response:
+    return error_response(status, detail)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -133,12 +143,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error(400, str(exc))
 
     @app.exception_handler(StoreBusyError)
-    async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+    async def busy(_: Request, exc: StoreBusyError) -> Response:
+        return error_response(503, str(exc), {"Retry-After": "1"})
 
     @app.exception_handler(UnknownAlgorithmError)
     async def unknown_algorithm(_: Request, exc: UnknownAlgorithmError) -> JSONResponse:
         return JSONResponse(
-            {"detail": [{"type": "value_error", "loc": list(exc.loc), "msg": str(exc)}]},
+            {"detail": [{"type": "value_error", "loc": list(exc.loc), "msg": clip(str(exc))}]},
             status_code=422,
         )
