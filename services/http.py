@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import inspect
+import re
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Annotated, Any
 
@@ -174,7 +175,16 @@ class ApiRoute(APIRoute):
             length = _declared_length(request)
             if length is not None and length > limit:
                 raise BodyTooLargeError(limit)
-            return await handler(Request(request.scope, _limited(request.receive, limit)))
+            try:
+                return await handler(Request(request.scope, _limited(request.receive, limit)))
+            except StarletteHTTPException as e:
+                # FastAPI answers a body that is not even text (invalid UTF-8) with a bare 400;
+                # it is invalid input like any malformed JSON: 422 naming the body.
+                if e.status_code == 400 and isinstance(e.__cause__, UnicodeDecodeError):
+                    raise RequestValidationError(
+                        [{"type": "json_invalid", "loc": ("body",), "msg": "body is not UTF-8"}]
+                    ) from e
+                raise
 
         return guarded
 
@@ -231,6 +241,17 @@ def error_response(status: int, detail: str, headers: Mapping[str, str] | None =
     return JSONResponse({"detail": clip(detail)}, status_code=status, headers=headers)
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every documented method of the requested path (Starlette's 405 names only those of the
+    first route that matched the path, one of several routes of the same resource)."""
+    path = request.url.path
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\{[^}/]+\\}", "[^/]+", re.escape(template)), path):
+            methods.update(m.upper() for m in operations if m != "parameters")
+    return ", ".join(sorted(methods))
+
+
 def _clip_loc(part: Any) -> str | int:
     return part if isinstance(part, int) else clip(str(part), 64)
 
@@ -259,11 +280,14 @@ def add_common_error_handlers(app: FastAPI, store: str) -> None:
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code in (204, 304):  # no body allowed
             return Response(status_code=exc.status_code, headers=exc.headers)
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        return error_response(exc.status_code, detail, exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request) or headers.get("Allow", "")
+        return error_response(exc.status_code, detail, headers)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)

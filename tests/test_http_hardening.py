@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from services.http import BODY_LIMIT_KEY, ECHO_CHARS, JSON_BODY_LIMIT, SPEC_BODY_LIMIT
+from services.platform import Platform
 from tests.leaderboard.conftest import experiment, multipart, result
 from tests.orchestrator.conftest import spec
-from tests.platform_servers import Platform, platform
+from tests.platform_servers import standin_platform
 
 # Long enough that a server waiting for a body it was promised is caught, short enough to keep
 # the suite fast: every answer below comes before the body, so it comes at once.
@@ -25,8 +26,8 @@ ANSWER_TIMEOUT_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def services(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Platform]:
-    with platform(tmp_path_factory.mktemp("hardening"), redis_url) as p:
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    with standin_platform(tmp_path_factory.mktemp("hardening")) as p:
         yield p
 
 
@@ -65,11 +66,11 @@ MUTATING = [  # (service, method, path): routes that take a JSON body
 
 
 def base(services: Platform, name: str) -> str:
-    return getattr(services, name).url
+    return services.orchestrator_url if name == "orchestrator" else services.leaderboard_url
 
 
-def auth(services: Platform, name: str) -> dict[str, str]:
-    return getattr(services, f"{name}_auth")
+def auth(services: Platform, name: str = "") -> dict[str, str]:
+    return {"Authorization": f"Bearer {services.token}"}
 
 
 # -- finding 2: the token before the body, and bounded bodies --------------------------------
@@ -125,7 +126,7 @@ def test_a_chunked_body_is_cut_off_as_it_crosses_the_limit(
 
 
 def test_uploads_keep_their_configured_limit(services: Platform) -> None:
-    url, headers = services.leaderboard.url, services.leaderboard_auth
+    url, headers = services.leaderboard_url, auth(services)
     assert httpx.put(f"{url}/api/v1/experiments/up", json=experiment(), headers=headers).is_success
     files = {"model.safetensors": b"w" * (3 * SPEC_BODY_LIMIT)}  # larger than any JSON body
     r = httpx.post(
@@ -138,7 +139,7 @@ def test_uploads_keep_their_configured_limit(services: Platform) -> None:
 
 
 def test_a_route_without_a_body_refuses_a_large_one_before_acting(services: Platform) -> None:
-    url, headers = services.leaderboard.url, services.leaderboard_auth
+    url, headers = services.leaderboard_url, auth(services)
     assert httpx.put(f"{url}/api/v1/experiments/keep", json=experiment(), headers=headers)
     r = httpx.request(
         "DELETE", f"{url}/api/v1/experiments/keep", content=b"x" * (64 << 10), headers=headers
@@ -172,22 +173,22 @@ def test_every_route_declares_and_enforces_a_body_limit(services: Platform) -> N
 
 def test_errors_echo_only_a_prefix_of_huge_input(services: Platform) -> None:
     big = "x" * 200_000
-    lb, orch = services.leaderboard.url, services.orchestrator.url
+    lb, orch = services.leaderboard_url, services.orchestrator_url
     answers = [
         httpx.put(
             f"{lb}/api/v1/experiments/echo",
             json=experiment(strategy=big),
-            headers=services.leaderboard_auth,
+            headers=auth(services),
         ),
         httpx.post(
             f"{orch}/api/v1/experiments",
             json=spec("echo", env={"name": big}),
-            headers=services.orchestrator_auth,
+            headers=auth(services),
         ),
         httpx.post(
             f"{orch}/api/v1/experiments",
             json={**spec("echo"), big: 1},  # an unknown field's name is echoed in `loc`
-            headers=services.orchestrator_auth,
+            headers=auth(services),
         ),
     ]
     for r in answers:
@@ -198,7 +199,7 @@ def test_errors_echo_only_a_prefix_of_huge_input(services: Platform) -> None:
     # The known names, at the end of the message, survive the cut.
     assert "pbt" in answers[0].json()["detail"][0]["msg"]
     long_id = "y" * 6000
-    r = httpx.get(f"{orch}/api/v1/experiments/{long_id}", headers=services.orchestrator_auth)
+    r = httpx.get(f"{orch}/api/v1/experiments/{long_id}", headers=auth(services))
     assert r.status_code == 404 and len(r.content) < 4 * ECHO_CHARS
 
 
@@ -207,11 +208,11 @@ def test_errors_echo_only_a_prefix_of_huge_input(services: Platform) -> None:
 
 def test_a_trailing_slash_is_404_and_never_redirected(services: Platform) -> None:
     lb = httpx.Client(
-        base_url=services.leaderboard.url, headers=services.leaderboard_auth, follow_redirects=True
+        base_url=services.leaderboard_url, headers=auth(services), follow_redirects=True
     )
     orch = httpx.Client(
-        base_url=services.orchestrator.url,
-        headers=services.orchestrator_auth,
+        base_url=services.orchestrator_url,
+        headers=auth(services),
         follow_redirects=True,
     )
     with lb, orch:
@@ -267,7 +268,10 @@ ROUTE_STATUSES = {
         ("DELETE", "/api/v1/experiments/{experiment_id}/leases/{lease_id}"): {204, 404},
     },
 }
-COMMON = {401, 413, 422, 503}
+COMMON = {
+    "orchestrator": {401, 413, 422, 503},
+    "leaderboard": {401, 403, 413, 422, 503},  # 403: a pod credential off the pod routes
+}
 
 
 def _resolve(doc: dict, schema: dict) -> dict:
@@ -283,7 +287,7 @@ def test_openapi_documents_every_status_with_its_body(services: Platform, servic
     for method, path, op in _operations(doc):
         seen.add((method, path))
         documented = {int(code) for code in op["responses"]}
-        expected = ROUTE_STATUSES[service][(method, path)] | COMMON
+        expected = ROUTE_STATUSES[service][(method, path)] | COMMON[service]
         assert documented == expected, (method, path, documented ^ expected)
         for code, response in op["responses"].items():
             if int(code) < 400:
@@ -297,13 +301,30 @@ def test_openapi_documents_every_status_with_its_body(services: Platform, servic
 
 def test_documented_error_bodies_are_what_the_services_send(services: Platform) -> None:
     """The shapes above, checked against real answers (schemathesis does this at scale)."""
-    lb, orch = services.leaderboard.url, services.orchestrator.url
-    r = httpx.get(f"{orch}/api/v1/experiments/nope", headers=services.orchestrator_auth)
+    lb, orch = services.leaderboard_url, services.orchestrator_url
+    r = httpx.get(f"{orch}/api/v1/experiments/nope", headers=auth(services))
     assert r.status_code == 404 and set(r.json()) == {"detail"}
     r = httpx.get(f"{lb}/api/v1/experiments/nope/lineage")
     assert r.status_code == 401 and isinstance(r.json()["detail"], str)
-    r = httpx.put(
-        f"{lb}/api/v1/experiments/x", json={"top_k": 0}, headers=services.leaderboard_auth
-    )
+    r = httpx.put(f"{lb}/api/v1/experiments/x", json={"top_k": 0}, headers=auth(services))
     assert r.status_code == 422
     assert all(set(e) == {"type", "loc", "msg"} for e in r.json()["detail"])
+
+
+def test_a_wrong_method_names_every_method_of_the_resource(services: Platform) -> None:
+    url = f"{services.leaderboard_url}/api/v1/experiments/some-exp"
+    r = httpx.request("PATCH", url, headers=auth(services))
+    assert r.status_code == 405 and r.headers["Allow"] == "DELETE, GET, PUT"
+
+
+@pytest.mark.parametrize(("service", "method", "path"), MUTATING[:3])
+def test_a_body_that_is_not_text_is_422_naming_the_body(
+    services: Platform, service: str, method: str, path: str
+) -> None:
+    r = httpx.request(
+        method,
+        base(services, service) + path,
+        content=b"\xb5m\xff\xfe",
+        headers={"Content-Type": "application/json", **auth(services)},
+    )
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"]

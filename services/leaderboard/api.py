@@ -87,7 +87,8 @@ api = APIRouter(
     prefix="/api/v1",
     dependencies=[Depends(require_token)],
     route_class=ApiRoute,
-    responses=API_PROBLEMS,
+    # 403: a pod's credential used outside the routes a pod may call.
+    responses={**API_PROBLEMS, **problems(403)},
 )
 root = APIRouter()
 
