@@ -1,21 +1,76 @@
-"""HTTP pieces every Podium API shares."""
+"""HTTP pieces every Podium API shares: the /api/v1 route class (token before body, bounded
+bodies), error responses that never echo more than a short prefix of the input, and the error
+shapes the OpenAPI documents list."""
 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Annotated, Any
 
 import redis
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Message, Receive
 
 from services.logs import get_logger
 
 log = get_logger(__name__)
 
+KIB = 1 << 10
+MIB = 1 << 20
+
+# Body limits, sized to purpose. A route declares its own with ``body_limit(n)``; a route that
+# takes a JSON body and declares none gets JSON_BODY_LIMIT, a route that takes none gets
+# NO_BODY_LIMIT (it never reads one; a few bytes such as ``{}`` are tolerated). An app can raise
+# one route's limit from its settings through ``app.state.body_limits``, keyed by (method, path)
+# (checkpoint uploads).
+JSON_BODY_LIMIT = 64 * KIB
+NO_BODY_LIMIT = 1 * KIB
+SPEC_BODY_LIMIT = 1 * MIB  # an experiment spec or leaderboard config (env kwargs, search space)
+BODY_LIMIT_KEY = "x-body-limit"
+
+# Error responses echo at most this much of any input (a name, a path segment, a key).
+ECHO_CHARS = 200
+
 _bearer = HTTPBearer(auto_error=False, description="The API token (PODIUM_API_TOKEN).")
+
+# An app may accept credentials besides the platform token (the leaderboard's per-experiment pod
+# tokens): ``app.state.credential_check(token) -> bool`` (sync or async) says whether ``token``
+# is one of them. Which routes a credential may use is for the routes' own dependencies to
+# decide (403); the route class only keeps a request carrying none of them from being read.
+CredentialCheck = Callable[[str], bool | Awaitable[bool]]
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` cut to about ``limit`` characters, saying how many were left out.
+
+    The end is kept too: a message that quotes a huge input usually closes with what the
+    reader needs (the known names, the limit)."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 4
+    return f"{text[: limit - tail]}…({len(text) - limit} characters left out)…{text[-tail:]}"
+
+
+def _unauthorized() -> HTTPException:
+    return HTTPException(
+        status_code=401,
+        detail="missing or wrong bearer token",
+        headers={"WWW-Authenticate": 'Bearer realm="podium"'},
+    )
+
+
+def _is_platform_token(expected: str, given: str) -> bool:
+    return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
 
 
 async def require_token(
@@ -30,17 +85,181 @@ async def require_token(
     expected: str | None = request.app.state.token
     if expected is None:
         return
-    given = credentials.credentials if credentials else ""
-    if not given or not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(
-            status_code=401,
-            detail="missing or wrong bearer token",
-            headers={"WWW-Authenticate": 'Bearer realm="podium"'},
-        )
+    if not _is_platform_token(expected, credentials.credentials if credentials else ""):
+        raise _unauthorized()
+
+
+async def check_credentials(request: Request) -> None:
+    """401 unless the request carries the platform token or another credential the app
+    accepts (``app.state.credential_check``). Reads headers only, never the body."""
+    state = request.app.state
+    expected: str | None = getattr(state, "token", None)
+    if expected is None:
+        return
+    scheme, given = get_authorization_scheme_param(request.headers.get("authorization"))
+    if scheme.lower() != "bearer" or not given:
+        raise _unauthorized()
+    if _is_platform_token(expected, given):
+        return
+    other: CredentialCheck | None = getattr(state, "credential_check", None)
+    if other is not None:
+        accepted = other(given)
+        if inspect.isawaitable(accepted):
+            accepted = await accepted
+        if accepted:
+            return
+    raise _unauthorized()
+
+
+def body_limit(limit: int) -> dict[str, Any]:
+    """``openapi_extra`` declaring a route's request-body limit in bytes (also documented)."""
+    return {BODY_LIMIT_KEY: limit}
+
+
+class BodyTooLargeError(HTTPException):
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body larger than this route's {limit}-byte limit")
+
+
+def _declared_length(request: Request) -> int | None:
+    value = request.headers.get("content-length", "")
+    return int(value) if value.isdigit() else None
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """``receive`` that fails (413) as soon as the body passes ``limit`` bytes."""
+    seen = 0
+
+    async def limited() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise BodyTooLargeError(limit)
+        return message
+
+    return limited
+
+
+class ApiRoute(APIRoute):
+    """Route class of every /api/v1 router.
+
+    FastAPI reads and parses a route's body before any dependency runs, so a token checked in a
+    dependency comes too late to protect memory. This class checks the credentials from the
+    headers, then the declared Content-Length against the route's body limit (413 before the
+    route does anything), and only then lets the route read its body, through a ``receive``
+    that answers 413 as soon as the limit is crossed (a chunked or lying body).
+    """
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        # Every operation documents its limit (an app's override is documented by the app).
+        self.openapi_extra = {**(self.openapi_extra or {}), BODY_LIMIT_KEY: self.body_limit}
+
+    @property
+    def body_limit(self) -> int:
+        declared = (self.openapi_extra or {}).get(BODY_LIMIT_KEY)
+        if declared is not None:
+            return declared
+        return JSON_BODY_LIMIT if self.body_field is not None else NO_BODY_LIMIT
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        path, route_limit = self.path, self.body_limit
+
+        async def guarded(request: Request) -> Response:
+            await check_credentials(request)
+            overrides: Mapping[tuple[str, str], int] = getattr(request.app.state, "body_limits", {})
+            limit = overrides.get((request.method, path), route_limit)
+            length = _declared_length(request)
+            if length is not None and length > limit:
+                raise BodyTooLargeError(limit)
+            try:
+                return await handler(Request(request.scope, _limited(request.receive, limit)))
+            except StarletteHTTPException as e:
+                # FastAPI answers a body that is not even text (invalid UTF-8) with a bare 400;
+                # it is invalid input like any malformed JSON: 422 naming the body.
+                if e.status_code == 400 and isinstance(e.__cause__, UnicodeDecodeError):
+                    raise RequestValidationError(
+                        [{"type": "json_invalid", "loc": ("body",), "msg": "body is not UTF-8"}]
+                    ) from e
+                raise
+
+        return guarded
+
+
+# -- error responses -----------------------------------------------------------------------------
+
+
+class Problem(BaseModel):
+    """An error: what went wrong, in words (input echoed at most as a short prefix)."""
+
+    detail: str
+
+
+class FieldProblem(BaseModel):
+    type: str
+    loc: list[str | int]
+    msg: str
+
+
+class ValidationProblem(BaseModel):
+    """422: each bad field, where (``loc``) and what (``msg``); the input is never echoed."""
+
+    detail: list[FieldProblem]
+
+
+_DESCRIPTIONS = {
+    400: "The request is well-formed but its content is wrong",
+    401: "Missing or wrong bearer token",
+    403: "The credential is valid but not for this route",
+    404: "Not found",
+    409: "Conflicts with the current state",
+    410: "Gone",
+    413: "Request body larger than this route's limit",
+    503: "The store (Redis) is unavailable; nothing was changed, retry (Retry-After)",
+}
+
+
+def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for error statuses a route returns, with their bodies."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        if code == 422:
+            out[422] = {"model": ValidationProblem, "description": "Invalid input, field named"}
+        else:
+            out[code] = {"model": Problem, "description": _DESCRIPTIONS[code]}
+    return out
+
+
+# What every /api/v1 route can answer: a router-level ``responses``.
+API_PROBLEMS = problems(401, 413, 422, 503)
+
+
+def error_response(status: int, detail: str, headers: Mapping[str, str] | None = None) -> Response:
+    return JSONResponse({"detail": clip(detail)}, status_code=status, headers=headers)
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every documented method of the requested path (Starlette's 405 names only those of the
+    first route that matched the path, one of several routes of the same resource)."""
+    path = request.url.path
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\{[^}/]+\\}", "[^/]+", re.escape(template)), path):
+            methods.update(m.upper() for m in operations if m != "parameters")
+    return ", ".join(sorted(methods))
+
+
+def _clip_loc(part: Any) -> str | int:
+    return part if isinstance(part, int) else clip(str(part), 64)
 
 
 def add_common_error_handlers(app: FastAPI, store: str) -> None:
-    """422 that names where and what (never echoing the input), and 503 when Redis is down.
+    """422 that names where and what (never echoing the input; names and messages cut to a
+    short prefix), other HTTP errors with their detail cut the same way, and 503 when Redis is
+    down.
 
     ``store`` names what is unavailable in the 503 message, e.g. "leaderboard store (Redis)".
     A 503 means nothing was changed: every write path is a single Redis script or transaction.
@@ -49,19 +268,31 @@ def add_common_error_handlers(app: FastAPI, store: str) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         # Only where and what: echoing the input back could be huge, and a NaN in it is not
-        # even JSON.
+        # even JSON. A message or key may quote the input (an unknown name), so both are cut.
         detail = [
-            {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")}
+            {
+                "type": str(e.get("type")),
+                "loc": [_clip_loc(p) for p in e.get("loc", ())],
+                "msg": clip(str(e.get("msg"))),
+            }
             for e in exc.errors()
         ]
         return JSONResponse({"detail": detail}, status_code=422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code in (204, 304):  # no body allowed
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request) or headers.get("Allow", "")
+        return error_response(exc.status_code, detail, headers)
+
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
-    async def redis_down(_: Request, exc: Exception) -> JSONResponse:
+    async def redis_down(_: Request, exc: Exception) -> Response:
         log.warning("redis unavailable", error=repr(exc))
-        return JSONResponse(
-            {"detail": f"{store} unavailable; nothing was changed, retry"},
-            status_code=503,
-            headers={"Retry-After": "1"},
+        return error_response(
+            503, f"{store} unavailable; nothing was changed, retry", {"Retry-After": "1"}
         )

@@ -37,6 +37,13 @@ from services.contracts.leaderboard import (
     SubmissionResponse,
 )
 from services.contracts.search_space import NUMERIC
+from services.http import (
+    API_PROBLEMS,
+    SPEC_BODY_LIMIT,
+    ApiRoute,
+    body_limit,
+    problems,
+)
 from services.leaderboard.auth import require_access
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService, file_location, load_strategy
@@ -84,7 +91,13 @@ ExperimentId = Annotated[str, Path(pattern=ID_PATTERN)]
 CandidateId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 # The platform token, or a pod credential on its experiment's pod routes (auth.py).
-api = APIRouter(prefix="/api/v1", dependencies=[Depends(require_access)])
+api = APIRouter(
+    prefix="/api/v1",
+    dependencies=[Depends(require_access)],
+    route_class=ApiRoute,
+    # 403: a pod's credential used outside the routes a pod may call.
+    responses={**API_PROBLEMS, **problems(403)},
+)
 root = APIRouter()
 
 
@@ -98,6 +111,8 @@ def _field_error(loc: tuple[Any, ...], msg: str) -> RequestValidationError:
 @api.put(
     "/experiments/{experiment_id}",
     response_model=Experiment,
+    responses={201: {"model": Experiment, "description": "Created"}, **problems(409)},
+    openapi_extra=body_limit(SPEC_BODY_LIMIT),
     summary="Create or update an experiment's leaderboard",
     description="Sets K, the generator strategy (a name registered in `podium.generators`) and "
     "its options, the algorithm ensemble and the search space. Shrinking K evicts the worst. "
@@ -160,6 +175,7 @@ async def list_experiments(svc: Svc) -> list[str]:
 @api.get(
     "/experiments/{experiment_id}",
     response_model=ExperimentSummary,
+    responses=problems(404),
     summary="An experiment's config, board size and totals (env steps drive budgets)",
 )
 async def get_experiment(experiment_id: ExperimentId, svc: Svc) -> ExperimentSummary:
@@ -171,6 +187,7 @@ async def get_experiment(experiment_id: ExperimentId, svc: Svc) -> ExperimentSum
 @api.delete(
     "/experiments/{experiment_id}",
     status_code=204,
+    responses=problems(404),
     summary="Drop an experiment's leaderboard",
     description="Removes the board, candidates, lineage and idempotency records; blobs nothing "
     "else references are collected (files leased to pods stay until the leases end).",
@@ -189,6 +206,7 @@ async def delete_experiment(experiment_id: ExperimentId, svc: Svc) -> Response:
 @api.post(
     "/experiments/{experiment_id}/submissions",
     response_model=SubmissionResponse,
+    responses=problems(400, 404),
     summary="Report a trained agent (the updater)",
     description="`multipart/form-data`: a JSON part `result` (see SubmissionResult) and one file "
     "part per entry of `result.files`, named as there, whose sha256 must match (400 otherwise, "
@@ -304,6 +322,7 @@ def board_stats(exp: Experiment, candidates: list[Candidate]) -> LeaderboardStat
 @api.get(
     "/experiments/{experiment_id}/leaderboard",
     response_model=Leaderboard,
+    responses=problems(404),
     summary="The top K, best first, with board statistics",
 )
 async def leaderboard(
@@ -334,7 +353,12 @@ async def leaderboard(
     return Response(body, media_type="application/json")
 
 
-@api.get("/experiments/{experiment_id}/best", response_model=Candidate, summary="The best agent")
+@api.get(
+    "/experiments/{experiment_id}/best",
+    response_model=Candidate,
+    responses=problems(404),
+    summary="The best agent",
+)
 async def best(experiment_id: ExperimentId, svc: Svc) -> Candidate:
     _, rows = await svc.store.top(experiment_id, 1)
     if not rows:
@@ -355,6 +379,7 @@ async def _get_candidate(svc: Services, experiment_id: str, candidate_id: str) -
 @api.get(
     "/experiments/{experiment_id}/candidates/{candidate_id}",
     response_model=Candidate,
+    responses=problems(404),
     summary="One candidate (also evicted ones, with status `evicted`)",
 )
 async def candidate(experiment_id: ExperimentId, candidate_id: CandidateId, svc: Svc) -> Candidate:
@@ -368,7 +393,7 @@ async def candidate(experiment_id: ExperimentId, candidate_id: CandidateId, svc:
     "so the client can verify it. Files of an evicted candidate stay downloadable while a lease "
     "holds them or until the collector removes them (then 410).",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}}}, **problems(404, 410)},
 )
 async def download(
     experiment_id: ExperimentId,
@@ -400,6 +425,7 @@ async def download(
 @api.get(
     "/experiments/{experiment_id}/lineage",
     response_model=Lineage,
+    responses=problems(404),
     summary="Every candidate ever inserted, as a flat list linked by parent_id",
     description="Oldest first. Each node names its parent (`parent_id`); a node whose parent "
     "is null or not in the list is a root. Clients rebuild the tree, so a PBT chain of any "
@@ -452,6 +478,7 @@ StreamCursor = Annotated[
 @api.get(
     "/experiments/{experiment_id}/submissions",
     response_model=SubmissionLog,
+    responses=problems(404),
     summary="Every decided report, kept or not, oldest first (paged)",
     description="What each pod reported and when the leaderboard decided it: score, env steps "
     "since the pod's previous report, accepted or not. The history behind best-score-over-time "
@@ -507,6 +534,7 @@ async def submission_log(
 @api.post(
     "/experiments/{experiment_id}/generate",
     response_model=Manifest,
+    responses=problems(404),
     summary="Where a new pod starts (the generator)",
     description="Runs the experiment's strategy. When the manifest names a parent, its files "
     "are leased to the pod (`lease_id`) so they are not collected while it downloads them; "
@@ -516,7 +544,9 @@ async def generate(experiment_id: ExperimentId, req: GenerateRequest, svc: Svc) 
     return await svc.generator.generate(experiment_id, req)
 
 
-@api.delete("/experiments/{experiment_id}/leases/{lease_id}", status_code=204)
+@api.delete(
+    "/experiments/{experiment_id}/leases/{lease_id}", status_code=204, responses=problems(404)
+)
 async def release_lease(
     experiment_id: ExperimentId,
     lease_id: Annotated[str, Path(pattern=ID_PATTERN)],

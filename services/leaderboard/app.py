@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio
 import redis.exceptions
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from services import redis_client
 from services.checkpoint_store import StorageFullError
 from services.contracts.leaderboard import SubmissionResult
-from services.http import add_common_error_handlers
+from services.http import BODY_LIMIT_KEY, add_common_error_handlers, clip, error_response
 from services.leaderboard.api import Services, api, root
 from services.leaderboard.auth import is_pod_credential
 from services.leaderboard.collector import BlobCollector
@@ -90,8 +90,11 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
         docs_url="/api/v1/docs",
         redoc_url=None,
         lifespan=lifespan,
+        # A slash redirect (307) keeps the method: a client following it turned a DELETE of a
+        # lease into a DELETE of the experiment. Unknown paths answer 404.
+        redirect_slashes=False,
     )
-    _document_multipart_models(app)
+    _document_multipart_models(app, settings)
     app.state.token = settings.token()
     if app.state.token is not None:
         # Checked with the platform token before a body is read (services/http.py); the
@@ -100,6 +103,8 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
     app.state.metrics_token = settings.metrics_token_value()
     if app.state.metrics_token is None:
         log.info("/metrics is open (names experiments and scores); set PODIUM_METRICS_TOKEN")
+    # Checkpoint uploads stream to disk and keep their own, configured, limit.
+    app.state.body_limits = {("POST", SUBMISSIONS_PATH): settings.max_upload_bytes}
     if app.state.token is None:
         log.warning("no API token configured: /api/v1 is open (set PODIUM_API_TOKEN)")
     app.include_router(api)
@@ -109,9 +114,13 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
     return app
 
 
-def _document_multipart_models(app: FastAPI) -> None:
+SUBMISSIONS_PATH = "/api/v1/experiments/{experiment_id}/submissions"
+
+
+def _document_multipart_models(app: FastAPI, settings: LeaderboardSettings) -> None:
     """Add the models the submissions endpoint parses by hand (from its multipart ``result``
-    part) to the OpenAPI components, so the ``$ref`` in its request body resolves."""
+    part) to the OpenAPI components, so the ``$ref`` in its request body resolves, and its
+    configured body limit."""
     build = app.openapi
 
     def openapi() -> dict:
@@ -121,14 +130,15 @@ def _document_multipart_models(app: FastAPI) -> None:
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             components.update(schema.pop("$defs", {}))
             components["SubmissionResult"] = schema
+            spec["paths"][SUBMISSIONS_PATH]["post"][BODY_LIMIT_KEY] = settings.max_upload_bytes
             app.openapi_schema = spec
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _error(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
+def _error(status: int, detail: str) -> Response:
+    return error_response(status, detail)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -163,12 +173,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StoreBusyError)
-    async def busy(_: Request, exc: StoreBusyError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+    async def busy(_: Request, exc: StoreBusyError) -> Response:
+        return error_response(503, str(exc), {"Retry-After": "1"})
 
     @app.exception_handler(UnknownAlgorithmError)
     async def unknown_algorithm(_: Request, exc: UnknownAlgorithmError) -> JSONResponse:
         return JSONResponse(
-            {"detail": [{"type": "value_error", "loc": list(exc.loc), "msg": str(exc)}]},
+            {"detail": [{"type": "value_error", "loc": list(exc.loc), "msg": clip(str(exc))}]},
             status_code=422,
         )

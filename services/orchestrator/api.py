@@ -12,7 +12,14 @@ from fastapi.responses import PlainTextResponse
 from pydantic import AfterValidator
 
 from services.contracts.spec import ExperimentSpec, parse_quantity
-from services.http import require_token
+from services.http import (
+    API_PROBLEMS,
+    SPEC_BODY_LIMIT,
+    ApiRoute,
+    body_limit,
+    problems,
+    require_token,
+)
 from services.orchestrator import store as st
 from services.orchestrator.models import EventOut, ExperimentOut, State
 from services.orchestrator.reconciler import Reconciler
@@ -26,7 +33,12 @@ from services.orchestrator.store import (
     TransitionError,
 )
 
-router = APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)])
+router = APIRouter(
+    prefix="/api/v1",
+    dependencies=[Depends(require_token)],
+    route_class=ApiRoute,
+    responses=API_PROBLEMS,
+)
 
 
 def _store(request: Request) -> Store:
@@ -90,7 +102,13 @@ def check_bounds(spec: ExperimentSpec, settings: OrchestratorSettings) -> None:
         raise RequestValidationError(errors)
 
 
-@router.post("/experiments", status_code=201, response_model=ExperimentOut)
+@router.post(
+    "/experiments",
+    status_code=201,
+    response_model=ExperimentOut,
+    responses=problems(409),
+    openapi_extra=body_limit(SPEC_BODY_LIMIT),
+)
 def create_experiment(
     spec: ExperimentSpec,
     request: Request,
@@ -144,7 +162,7 @@ def list_experiments(
     return [ExperimentOut.of(e) for e in page]
 
 
-@router.get("/experiments/{exp_id}", response_model=ExperimentOut)
+@router.get("/experiments/{exp_id}", response_model=ExperimentOut, responses=problems(404))
 def get_experiment(exp_id: str, request: Request) -> ExperimentOut:
     return ExperimentOut.of(_get(_store(request), exp_id))
 
@@ -166,22 +184,37 @@ def _set_intent(request: Request, exp_id: str, intent: str) -> ExperimentOut:
     return ExperimentOut.of(_get(store, exp_id))
 
 
-@router.post("/experiments/{exp_id}/cancel", status_code=202, response_model=ExperimentOut)
+@router.post(
+    "/experiments/{exp_id}/cancel",
+    status_code=202,
+    response_model=ExperimentOut,
+    responses=problems(404, 409),
+)
 def cancel_experiment(exp_id: str, request: Request) -> ExperimentOut:
     return _set_intent(request, exp_id, st.CANCEL)
 
 
-@router.post("/experiments/{exp_id}/pause", status_code=202, response_model=ExperimentOut)
+@router.post(
+    "/experiments/{exp_id}/pause",
+    status_code=202,
+    response_model=ExperimentOut,
+    responses=problems(404, 409),
+)
 def pause_experiment(exp_id: str, request: Request) -> ExperimentOut:
     return _set_intent(request, exp_id, st.PAUSE)
 
 
-@router.post("/experiments/{exp_id}/resume", status_code=202, response_model=ExperimentOut)
+@router.post(
+    "/experiments/{exp_id}/resume",
+    status_code=202,
+    response_model=ExperimentOut,
+    responses=problems(404, 409),
+)
 def resume_experiment(exp_id: str, request: Request) -> ExperimentOut:
     return _set_intent(request, exp_id, st.RUN)
 
 
-@router.delete("/experiments/{exp_id}", status_code=204)
+@router.delete("/experiments/{exp_id}", status_code=204, responses=problems(404))
 def delete_experiment(exp_id: str, request: Request) -> Response:
     """Stops its pods (gracefully) and forgets it; it is gone from the API at once, and the
     Idempotency-Key that created it is free again."""
@@ -193,7 +226,7 @@ def delete_experiment(exp_id: str, request: Request) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/experiments/{exp_id}/events", response_model=list[EventOut])
+@router.get("/experiments/{exp_id}/events", response_model=list[EventOut], responses=problems(404))
 def experiment_events(
     exp_id: str,
     request: Request,
@@ -209,7 +242,10 @@ def experiment_events(
 
 @router.get(
     "/experiments/{exp_id}/pods/{pod_id}/logs",
-    response_class=PlainTextResponse,
+    # The log is text; errors stay JSON like everywhere else (the response class would set
+    # the media type of every documented response).
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(404)},
     summary="The last lines of a pod's log",
     description="Local backend: the pod's log file; Kubernetes: `pods/log` of its containers.",
 )
@@ -218,9 +254,9 @@ def pod_logs(
     pod_id: Annotated[str, Path(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)],
     request: Request,
     tail: Annotated[int, Query(ge=1, le=10_000)] = 100,
-) -> str:
+) -> Response:
     _get(_store(request), exp_id)
     text = request.app.state.backend.pod_log_tail(exp_id, pod_id, tail)
     if not text:
         raise HTTPException(status_code=404, detail=f"no logs for pod {pod_id!r} of {exp_id!r}")
-    return text + "\n"
+    return PlainTextResponse(text + "\n")

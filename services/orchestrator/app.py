@@ -76,6 +76,9 @@ def create_app(
         docs_url="/api/v1/docs",
         redoc_url=None,
         lifespan=lifespan,
+        # A slash redirect (307) keeps the method: a client following it could turn a DELETE
+        # of a sub-resource into a DELETE of the experiment. Unknown paths answer 404.
+        redirect_slashes=False,
     )
     app.include_router(router)
     add_common_error_handlers(app, "orchestrator store (Redis)")
