@@ -6,8 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from services.platform import Platform
-
+from services.cli.platform import Platform
 from tests.orchestrator.conftest import STANDIN
 
 STANDIN_OVERRIDES = {

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from services.platform import Platform
 
+from services.cli.platform import Platform
 from services.http import BODY_LIMIT_KEY, ECHO_CHARS, JSON_BODY_LIMIT, SPEC_BODY_LIMIT
 from tests.leaderboard.conftest import experiment, multipart, result
 from tests.orchestrator.conftest import spec

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from services.platform import Platform
 
+from services.cli.platform import Platform
 from tests import schemathesis_run
 from tests.platform_servers import standin_platform
 
