@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from services import registry
+from services.contracts.inputs import check_json_value
 from services.contracts.search_space import SearchSpace
 from services.contracts.strategies import options_model
 
@@ -279,16 +280,24 @@ def describe_errors(exc: ValidationError) -> list[str]:
 
 
 def read_spec_mapping(path: str | Path) -> dict[str, Any]:
-    """A spec file's YAML as a mapping, not yet validated; SpecError names the file."""
+    """A spec file's YAML as a mapping of JSON values, not yet validated; SpecError names the
+    file. What JSON cannot carry (YAML's ``.nan`` / ``.inf``, dates, binary, non-string keys)
+    is refused here, with the field named: the mapping is sent as JSON and stored."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except OSError as e:
         raise SpecError(f"{path}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected an experiment spec (a mapping) at the top level")
+    try:
+        check_json_value(data)
+    except ValueError as e:
+        raise SpecError(f"{path}: invalid experiment spec:\n  {e}") from None
     return data
 
 
