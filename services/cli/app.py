@@ -335,7 +335,7 @@ def logs(
     pod: Annotated[
         str | None, typer.Argument(help="Pod id (default: every pod).", show_default=False)
     ] = None,
-    tail: Annotated[int, typer.Option(help="Lines per pod.", min=0)] = 50,
+    tail: Annotated[int, typer.Option(help="Lines per pod.", min=1)] = 50,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines (local files).")
     ] = False,
