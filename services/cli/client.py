@@ -117,7 +117,7 @@ def api_error(exc: ServiceError, env_hint: str, token_given: bool, what: str) ->
     """A service's refusal as the message a user can act on, and the CLI's exit code."""
     name, url, code = exc.service, exc.url, exc.status
     if code is None:
-        if "cannot reach" in str(exc):
+        if exc.detail not in (None, "timeout"):  # could not connect: ``detail`` says why
             return ApiError(
                 f"cannot reach the {name} at {url} ({exc.detail}); is the platform running "
                 f"(podium up)? Otherwise pass {env_hint}"
