@@ -61,8 +61,9 @@ def bearer(token: str | None) -> dict[str, str]:
 
 
 class ServiceError(RuntimeError):
-    """A service refused a request (``status``, ``detail``), or could not be reached in time
-    (``status`` None), or answered something its models do not describe."""
+    """A service refused a request (``status``, and the answer's ``detail``), or could not be
+    reached (``status`` None; ``detail`` "timeout", or why it could not connect), or answered
+    something its models do not describe (``status`` and ``detail`` None)."""
 
     def __init__(
         self,

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from services.pod.checkpoint import read_files
 
 PODIUM = [sys.executable, "-m", "services.cli"]
@@ -102,3 +104,60 @@ def test_train_an_off_policy_agent(tmp_path):
     assert (out / "learning_curve.png").read_bytes().startswith(b"\x89PNG")
     bad = run("train", "Pendulum-v1", "--set", "algorithm=sac", "--set", "sac.lr=1")
     assert bad.returncode == 2 and "sac.lr" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# -- bad spec files and options: a message and exit code 2 (docs/tournaments.md), no traceback ----
+SPEC = "name: x\nenv: {name: CartPole-v1}\nalgorithms: {ppo: 1}\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"name: caf\xe9\n" + SPEC.encode(), "not UTF-8 text"),
+        (SPEC.encode() + b"target_reward: .nan\n", "target_reward: must be a finite number"),
+        (SPEC.encode() + b"round: {seconds: .inf}\n", "round.seconds: must be a finite number"),
+        (
+            b"name: x\nenv: {name: CartPole-v1, kwargs: {x: -.inf}}\nalgorithms: {ppo: 1}\n",
+            "env.kwargs.x: must be a finite number",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_spec_files_json_cannot_carry_are_refused(tmp_path, command, content, message):
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(content)
+    # Refused before any service is asked (none listens on port 9).
+    url = ["--url", "http://127.0.0.1:9"] if command == "submit" else []
+    proc = run(command, str(spec), *url, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--timeout", "-5", "must be a number of seconds > 0"),
+        ("--timeout", "0", "must be a number of seconds > 0"),
+        ("--timeout", "nan", "must be a number of seconds > 0"),
+        ("--min-reward", "inf", "must be a finite number"),
+    ],
+)
+def test_bad_waiting_options_are_usage_errors(tmp_path, option, value, message):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    proc = run("submit", str(spec), option, value, "--url", "http://127.0.0.1:9")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    if option == "--timeout":
+        proc = run("run", str(spec), option, value, cwd=tmp_path)
+        assert proc.returncode == 2 and message in proc.stderr
+        assert not (tmp_path / "runs").exists()  # refused before the platform started
+
+
+def test_a_config_file_that_is_not_utf8_is_refused(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"ppo:\n  learning_rate: 1e-3 # caf\xe9\n")
+    proc = run("train", "CartPole-v1", "--config", str(bad), "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and "not UTF-8 text" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from pathlib import Path
 
@@ -195,3 +196,23 @@ def test_population_pods_refuse_what_their_agents_cannot_vary(change, message) -
     assert ExperimentSpec.model_validate(base).population.agents_per_pod == 8
     with pytest.raises(ValidationError, match=message):
         ExperimentSpec.model_validate({**base, **change})
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"name: \xff\xfe\n", "not UTF-8 text (byte 6"),
+        (b"name: x\nevaluation: {episodes: .nan}\n", "evaluation.episodes: must be a finite"),
+        (b"name: x\nbudget: {wall_time_s: .inf}\n", "budget.wall_time_s: must be a finite"),
+        (b"name: x\nenv: {kwargs: {when: 2024-01-01}}\n", "env.kwargs.when: date is not a JSON"),
+        (b"name: x\nenv: {kwargs: {1: a}}\n", "env.kwargs: keys must be strings"),
+    ],
+)
+def test_spec_files_hold_only_what_json_carries(tmp_path: Path, content: bytes, message: str):
+    """The spec file is sent as JSON and stored: what JSON cannot carry is refused when the
+    file is read, with the file and the field named (the CLI exits 2 on it)."""
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(content)
+    with pytest.raises(SpecError, match=re.escape(message)) as info:
+        load_spec(path)
+    assert str(info.value).startswith(f"{path}: ")

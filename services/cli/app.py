@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -45,6 +46,12 @@ def reported() -> Iterator[None]:
 def _positive(value: float | None) -> float | None:
     if value is not None and not value > 0:  # also NaN
         raise typer.BadParameter(f"must be a number of seconds > 0, got {value:g}")
+    return value
+
+
+def _finite(value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value:g}")
     return value
 
 
@@ -214,6 +221,7 @@ def submit(
         typer.Option(
             help="CI gate (implies --wait): exit 0 only if the best score reached this.",
             show_default=False,
+            callback=_finite,
         ),
     ] = None,
     timeout: Annotated[
@@ -327,7 +335,7 @@ def logs(
     pod: Annotated[
         str | None, typer.Argument(help="Pod id (default: every pod).", show_default=False)
     ] = None,
-    tail: Annotated[int, typer.Option(help="Lines per pod.", min=0)] = 50,
+    tail: Annotated[int, typer.Option(help="Lines per pod.", min=1)] = 50,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines (local files).")
     ] = False,

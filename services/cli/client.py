@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from services.api_client import LeaderboardClient, ServiceClient, ServiceError
 from services.cli.errors import EXIT_API, EXIT_NOT_REACHED, EXIT_USAGE, CliError
@@ -35,6 +35,7 @@ from services.contracts.training_files import (
     verify_digests,
 )
 
+T = TypeVar("T")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "budget_exhausted"})
 
 
@@ -116,7 +117,7 @@ def api_error(exc: ServiceError, env_hint: str, token_given: bool, what: str) ->
     """A service's refusal as the message a user can act on, and the CLI's exit code."""
     name, url, code = exc.service, exc.url, exc.status
     if code is None:
-        if "cannot reach" in str(exc):
+        if exc.detail not in (None, "timeout"):  # could not connect: ``detail`` says why
             return ApiError(
                 f"cannot reach the {name} at {url} ({exc.detail}); is the platform running "
                 f"(podium up)? Otherwise pass {env_hint}"
@@ -220,31 +221,26 @@ class PodiumClient:
         return self._orchestrator("GET", f"/experiments/{exp_id}/events", params={"limit": limit})
 
     # -- leaderboard ---------------------------------------------------------------------------
-    def board(self, exp_id: str, limit: int | None = None) -> Leaderboard:
+    def _ask(self, call: Callable[[LeaderboardClient], T], what: str = "request") -> T:
         lb = self.leaderboard
-        with self._refusals(lb):
-            return lb.board(exp_id, limit)
+        with self._refusals(lb, what):
+            return call(lb)
+
+    def board(self, exp_id: str, limit: int | None = None) -> Leaderboard:
+        return self._ask(lambda lb: lb.board(exp_id, limit))
 
     def best(self, exp_id: str) -> Candidate:
-        lb = self.leaderboard
-        with self._refusals(lb):
-            return lb.best_or_error(exp_id)
+        return self._ask(lambda lb: lb.best_or_error(exp_id))
 
     def candidate(self, exp_id: str, candidate_id: str) -> Candidate:
-        lb = self.leaderboard
-        with self._refusals(lb):
-            return lb.candidate(candidate_id, exp_id)
+        return self._ask(lambda lb: lb.candidate(candidate_id, exp_id))
 
     def lineage(self, exp_id: str) -> Lineage:
-        lb = self.leaderboard
-        with self._refusals(lb):
-            return lb.lineage(exp_id)
+        return self._ask(lambda lb: lb.lineage(exp_id))
 
     def submissions(self, exp_id: str, page: int = 10_000) -> list[SubmissionRecord]:
         """Every decided report (kept or not), oldest first, read ``page`` at a time."""
-        lb = self.leaderboard
-        with self._refusals(lb):
-            return lb.submissions(exp_id, page).submissions
+        return self._ask(lambda lb: lb.submissions(exp_id, page).submissions)
 
     def export(self, exp_id: str, out: Path, candidate_id: str | None = None) -> Candidate:
         """Download a candidate's training files (default: the best) into ``out``.
@@ -285,9 +281,7 @@ class PodiumClient:
 
     def _download(self, path: str, dest: Path, sha256: str) -> tuple[str, int]:
         """Stream ``path`` into ``dest``, checking its sha256; returns (sha256, size)."""
-        lb = self.leaderboard
-        with self._refusals(lb, "download"):
-            got, size, header = lb.stream_to(path, dest)
+        got, size, header = self._ask(lambda lb: lb.stream_to(path, dest), "download")
         for expected in filter(None, (sha256, header)):
             if got != expected:
                 raise ApiError(

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from services.contracts.spec import read_yaml
+
 
 class ConfigError(ValueError):
     """A config file or override that cannot be read; the message says where."""
@@ -24,11 +26,9 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"config file {path} does not exist") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        data = read_yaml(path)
+    except ValueError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -25,7 +25,7 @@ from pydantic import (
 
 from services import registry
 from services.contracts.action_spaces import misfits
-from services.contracts.inputs import InputModel, JsonObject
+from services.contracts.inputs import InputModel, JsonObject, check_json_value
 from services.contracts.search_space import SearchSpace
 from services.contracts.strategies import options_model
 
@@ -292,17 +292,35 @@ def describe_errors(exc: ValidationError) -> list[str]:
     ]
 
 
-def read_spec_mapping(path: str | Path) -> dict[str, Any]:
-    """A spec file's YAML as a mapping, not yet validated; SpecError names the file."""
-    path = Path(path)
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's value; a ValueError says why it cannot be read (missing, unreadable, not
+    UTF-8, not YAML). Spec files and the CLI's config files are read with it."""
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(Path(path).read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise ValueError("cannot read: it does not exist") from None
     except OSError as e:
-        raise SpecError(f"{path}: cannot read: {e.strerror or e}") from e
+        raise ValueError(f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte {e.start}: {e.reason})") from None
     except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML: {e}") from e
+        raise ValueError(f"not valid YAML: {e}") from None
+
+
+def read_spec_mapping(path: str | Path) -> dict[str, Any]:
+    """A spec file's YAML as a mapping of JSON values, not yet validated; SpecError names the
+    file. What JSON cannot carry (YAML's ``.nan`` / ``.inf``, dates, binary, non-string keys)
+    is refused here, with the field named: the mapping is sent as JSON and stored."""
+    try:
+        data = read_yaml(path)
+    except ValueError as e:
+        raise SpecError(f"{path}: {e}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected an experiment spec (a mapping) at the top level")
+    try:
+        check_json_value(data)
+    except ValueError as e:
+        raise SpecError(f"{path}: invalid experiment spec:\n  {e}") from None
     return data
 
 

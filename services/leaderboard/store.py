@@ -527,21 +527,6 @@ class LeaderboardStore:
         )
         return [(_s(i), {_s(a): _s(b) for a, b in fields.items()}) for i, fields in entries]
 
-    async def all_candidates(self, experiment_id: str) -> dict[str, dict[str, str]]:
-        k = Keys(experiment_id)
-        ids = sorted(_s(c) for c in await self.r.smembers(k.all))
-        async with self.r.pipeline(transaction=False) as p:
-            for cid in ids:
-                p.hgetall(k.cand(cid))
-            rows = await p.execute()
-        return {
-            cid: {_s(a): _s(b) for a, b in row.items()}
-            for cid, row in zip(ids, rows, strict=True)
-            if row
-        }
-
-    # -- generator ---------------------------------------------------------------------------
-
     async def lease(
         self,
         experiment_id: str,
@@ -614,6 +599,3 @@ class LeaderboardStore:
         if orphans:
             await self.r.zadd(BLOB_GC, dict.fromkeys(orphans, time.time()), nx=True)
         return len(orphans)
-
-    async def refcount(self, sha: str) -> int:
-        return int(await self.r.hget(BLOB_REFS, sha) or 0)

@@ -63,7 +63,7 @@ class OrchestratorSettings(PodiumSettings):
         default=2.0, ge=0, description="How often the leaderboard is asked for scores/steps."
     )
 
-    leaderboard_url: str | None = Field(default=None, description="http://leaderboard:8000")
+    leaderboard_url: str | None = Field(default=None, description="http://leaderboard:8001")
     leaderboard_concurrency: int = Field(
         default=8,
         ge=1,

@@ -109,9 +109,6 @@ class Backend(ABC):
     def pod_log_tail(self, experiment_id: str, pod_id: str, lines: int = 20) -> str:
         return ""
 
-    def prepare_experiment(self, experiment_id: str, spec_json: str) -> None:  # noqa: B027
-        """Optional per-experiment set-up before its first pod (Kubernetes: the owner object)."""
-
     def delete_experiment(self, experiment_id: str) -> None:  # noqa: B027
         """Optional per-experiment clean-up when an experiment is deleted."""
 
