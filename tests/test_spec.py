@@ -162,7 +162,9 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
     algorithms: dict, names: tuple[str, ...], message: str | None
 ) -> None:
     """A name is valid when at least one listed algorithm takes it; none: refused, named."""
-    data = {"name": "x", "env": {"name": "Pendulum-v1"}, "algorithms": algorithms}
+    # An env whose actions the algorithms take (DQN's are discrete; the action-space check).
+    env = "CartPole-v1" if set(algorithms) <= {"ppo", "dqn"} else "Pendulum-v1"
+    data = {"name": "x", "env": {"name": env}, "algorithms": algorithms}
     data["search_space"] = _space(*names)
     if message is None:
         assert set(ExperimentSpec.model_validate(data).search_space) == set(names)
@@ -177,7 +179,7 @@ def test_search_space_names_are_checked_without_torch() -> None:
     code = (
         "import sys; from services.spec import ExperimentSpec; "
         "ExperimentSpec.model_validate({'name': 'x', 'env': {'name': 'Pendulum-v1'}, "
-        "'algorithms': {'ppo': 1, 'sac': 1, 'dqn': 1}, "
+        "'algorithms': {'ppo': 1, 'sac': 1, 'td3': 1}, "
         "'search_space': {'tau': {'type': 'choice', 'values': [0.01]}}}); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
