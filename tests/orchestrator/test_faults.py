@@ -335,11 +335,11 @@ def test_the_circuit_breaker_stops_calling_a_failing_leaderboard_and_tries_again
             for _ in range(3):  # three failures in a row open the breaker
                 n = len(hits)
                 calls.progress("e1", 0.0)
-                wait_for(lambda: len(hits) == n + 1 and calls._board("e1").inflight is None)  # noqa: B023
+                wait_for(lambda: len(hits) == n + 1 and not calls._board("e1").inflight)  # noqa: B023
             assert calls.breaker.opened
             for _ in range(10):  # while open: answered at once, the leaderboard is not called
                 calls.progress("e1", 0.0)
-                wait_for(lambda: calls._board("e1").inflight is None)
+                wait_for(lambda: not calls._board("e1").inflight)
             assert len(hits) == 3
             # After the recovery time, one call goes through again.
             wait_for(lambda: not calls.breaker.opened, timeout=10)
