@@ -239,9 +239,11 @@ class ExperimentSpec(InputModel):
     @model_validator(mode="after")
     def _action_spaces(self) -> ExperimentSpec:
         # DQN on Pendulum would be accepted and every pod would exit "bad input": refused
-        # here from the torch-free table the pods' algorithms declare their kinds in.
+        # here from the torch-free table the pods' algorithms declare their kinds in. A model
+        # check (after the population check, whose message names the cause first), so it
+        # names both fields.
         if problems := misfits(self.env.name, list(self.algorithms)):
-            raise ValueError("; ".join(problems))
+            raise ValueError(f"algorithms do not fit env.name: {'; '.join(problems)}")
         return self
 
     @field_validator("name")

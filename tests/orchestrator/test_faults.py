@@ -74,6 +74,9 @@ def test_what_no_pod_can_train_is_refused_at_submission(
     ]:
         r = client.post(API, json=spec(env={"name": env}, algorithms={algorithm: 1.0}))
         assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["msg"].startswith(
+            "Value error, algorithms do not fit env.name: "
+        )
         assert f"cannot train {algorithm} on {env}" in r.text and kinds in r.text
     # A mix where one algorithm does not fit is refused too: its pods would exit 2.
     r = client.post(API, json=spec(env={"name": "Pendulum-v1"}, algorithms={"ppo": 1, "dqn": 1}))
