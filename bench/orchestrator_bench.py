@@ -271,7 +271,9 @@ def _timed(fn: object, repeat: int, budget_s: float) -> list[float]:
     """Up to ``repeat`` timings of ``fn()`` (seconds), fewer once ``budget_s`` is spent."""
     out: list[float] = []
     start = time.perf_counter()
-    while len(out) < repeat and (len(out) < 3 or time.perf_counter() - start < budget_s):
+    while len(out) < repeat and (
+        len(out) < min(3, repeat) or time.perf_counter() - start < budget_s
+    ):
         t0 = time.perf_counter()
         fn()  # type: ignore[operator]
         out.append(time.perf_counter() - t0)

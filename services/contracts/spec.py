@@ -225,14 +225,6 @@ class ExperimentSpec(InputModel):
     priority: int = Field(default=0, ge=-1000, le=1000, description="Higher preempts lower.")
 
     @model_validator(mode="after")
-    def _action_spaces(self) -> ExperimentSpec:
-        # DQN on Pendulum would be accepted and every pod would exit "bad input": refused
-        # here from the torch-free table the pods' algorithms declare their kinds in.
-        if problems := misfits(self.env.name, list(self.algorithms)):
-            raise ValueError("; ".join(problems))
-        return self
-
-    @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:
         # Population pods (services/pod/population_runtime.py) stack their agents' weights:
         # refused here, by the pods' own torch-free check, rather than by every pod at start.
@@ -240,6 +232,16 @@ class ExperimentSpec(InputModel):
             from services.pod.algorithms.hyperparameters import check_population
 
             check_population(self.population.agents_per_pod, self.algorithms, self.search_space)
+        return self
+
+    @model_validator(mode="after")
+    def _action_spaces(self) -> ExperimentSpec:
+        # DQN on Pendulum would be accepted and every pod would exit "bad input": refused
+        # here from the torch-free table the pods' algorithms declare their kinds in. A model
+        # check (after the population check, whose message names the cause first), so it
+        # names both fields.
+        if problems := misfits(self.env.name, list(self.algorithms)):
+            raise ValueError(f"algorithms do not fit env.name: {'; '.join(problems)}")
         return self
 
     @field_validator("name")

@@ -45,7 +45,8 @@ class _Board:
     failed_at: float = 0.0  # when the last request that failed was sent
     reporters: set[str] = field(default_factory=set)  # pods with a decided report
     cursor: str | None = None  # submission-log cursor of ``reporters``
-    inflight: Future[Any] | None = None
+    inflight: bool = False  # a progress request is sent and not answered yet
+    awaited: bool = False  # a pass waits for an answer newer than some time: wake it
     registered: Future[Any] | None = None
 
 
@@ -85,10 +86,11 @@ class ProgressCalls:
             board.progress, board.asked_at = prog, asked_at
             board.reporters |= pods
             board.cursor = cursor
-            if not changed:
+            if not changed and not board.awaited:
                 return
         finally:
-            board.inflight = None
+            board.inflight = False
+        board.awaited = False
         self.wake()
 
     def progress(
@@ -104,8 +106,11 @@ class ProgressCalls:
         last = max(board.asked_at, board.failed_at)
         settled = since is None or last >= since
         stale = now - board.asked_at >= max_age_s or not settled
-        if stale and board.inflight is None:
-            board.inflight = self._pool.submit(self._fetch, exp_id, board, now)
+        board.awaited = board.awaited or not settled
+        if stale and not board.inflight:
+            # Marked before it is sent: the answer may come before submit returns.
+            board.inflight = True
+            self._pool.submit(self._fetch, exp_id, board, now)
         return board.progress or Progress(), settled
 
     def reported(self, exp_id: str, pod_id: str) -> bool:

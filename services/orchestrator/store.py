@@ -46,6 +46,8 @@ EVENTS_MAXLEN = 10_000
 IDEMPOTENCY_TTL_S = 24 * 3600
 #: Parsed specs kept in memory (by id, checked against the stored bytes on every read).
 SPEC_CACHE_SIZE = 4096
+#: Records read in one pipeline round trip.
+GET_CHUNK = 500
 #: Bumped when the secondary keys (state:<state>, active) change shape: rebuilt at start-up.
 INDEX_VERSION = "1"
 
@@ -344,14 +346,16 @@ return 1
     def get_many(self, ids: Iterable[str]) -> list[Experiment]:
         """The stored experiments among ``ids``, in that order (one round trip)."""
         ids = list(ids)
-        pipe = self.r.pipeline(transaction=False)
-        for i in ids:
-            pipe.hgetall(self._k("exp", i))
         out = []
-        for i, h in zip(ids, pipe.execute(), strict=True):
-            exp = self._decode(i, h)
-            if exp is not None:
-                out.append(exp)
+        for start in range(0, len(ids), GET_CHUNK):  # bounded replies, also for a migration
+            chunk = ids[start : start + GET_CHUNK]
+            pipe = self.r.pipeline(transaction=False)
+            for i in chunk:
+                pipe.hgetall(self._k("exp", i))
+            for i, h in zip(chunk, pipe.execute(), strict=True):
+                exp = self._decode(i, h)
+                if exp is not None:
+                    out.append(exp)
         return out
 
     def ids(self) -> list[str]:

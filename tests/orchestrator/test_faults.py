@@ -74,6 +74,9 @@ def test_what_no_pod_can_train_is_refused_at_submission(
     ]:
         r = client.post(API, json=spec(env={"name": env}, algorithms={algorithm: 1.0}))
         assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["msg"].startswith(
+            "Value error, algorithms do not fit env.name: "
+        )
         assert f"cannot train {algorithm} on {env}" in r.text and kinds in r.text
     # A mix where one algorithm does not fit is refused too: its pods would exit 2.
     r = client.post(API, json=spec(env={"name": "Pendulum-v1"}, algorithms={"ppo": 1, "dqn": 1}))
@@ -310,3 +313,43 @@ def test_a_backoff_end_does_not_wait_for_the_next_timed_pass(
             "0.50",
             "1.00",
         ]
+
+
+def test_the_circuit_breaker_stops_calling_a_failing_leaderboard_and_tries_again_later() -> None:
+    from fastapi import FastAPI, Response
+
+    from services.orchestrator.progress_calls import ProgressCalls, make_breaker
+    from tests.orchestrator.servers import ServerThread
+
+    hits: list[str] = []
+    app = FastAPI()
+
+    @app.get("/api/v1/experiments/{exp_id}/best")
+    def down(exp_id: str) -> Response:
+        hits.append(exp_id)
+        return Response(status_code=503)
+
+    woken = threading.Event()
+    with ServerThread(app) as srv:
+        calls = ProgressCalls(
+            LeaderboardClient(srv.url, LB_TOKEN), 4, make_breaker(3, 3.0), woken.set
+        )
+        try:
+            for _ in range(3):  # three failures in a row open the breaker
+                n = len(hits)
+                calls.progress("e1", 0.0)
+                wait_for(lambda: len(hits) == n + 1 and not calls._board("e1").inflight)  # noqa: B023
+            assert calls.breaker.opened
+            for _ in range(10):  # while open: answered at once, the leaderboard is not called
+                calls.progress("e1", 0.0)
+                wait_for(lambda: not calls._board("e1").inflight)
+            assert len(hits) == 3
+            # After the recovery time, one call goes through again.
+            wait_for(lambda: not calls.breaker.opened, timeout=10)
+            calls.progress("e1", 0.0)
+            wait_for(lambda: len(hits) == 4)
+            prog, settled = calls.progress("e1", 0.0, since=0.0)
+            assert prog.best is None and settled  # failures settle a wait; nothing is known
+            assert woken.is_set()  # each answer (a failure too) wakes the reconciler
+        finally:
+            calls.close()

@@ -304,3 +304,24 @@ def test_pages_step_past_experiments_created_at_the_same_instant(
         if cursor is None:
             break
     assert sorted(seen) == sorted(ids) and len(seen) == 5
+
+
+def test_records_written_before_the_indexes_existed_are_indexed_at_start_up(
+    client: TestClient, redis_url: str
+) -> None:
+    store: Store = client.app.state.store
+    done = client.post(API, json=spec("done", resources={"cpu": 8})).json()["id"]
+    waiting = client.post(API, json=spec("waiting", resources={"cpu": 8})).json()["id"]
+    assert client.post(f"{API}/{done}/cancel").status_code == 202
+    wait_for(lambda: client.get(f"{API}/{done}").json()["result"])
+    # The layout of the code before: no per-state sets, no active set, no state field.
+    r = redis.Redis.from_url(redis_url)
+    r.delete(*r.keys("podium:orch:state:*"), "podium:orch:active", "podium:orch:index_version")
+    for i in (done, waiting):
+        r.hdel(f"podium:orch:exp:{i}", "state")
+    r.close()
+    assert store.page(10, state="cancelled")[0] == [] and store.active() == []
+    store.migrate()
+    assert [e.id for e in store.page(10, state="cancelled")[0]] == [done]
+    assert [e.id for e in store.page(10, state="pending")[0]] == [waiting]
+    assert [e.id for e in store.active()] == [waiting]  # the cancelled one is finalized
