@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Annotated, Any
 
 import redis
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -233,8 +233,16 @@ def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-# What every /api/v1 route can answer: a router-level ``responses``.
-API_PROBLEMS = problems(401, 413, 422, 503)
+def api_router(auth: Callable[..., Any], *more_problems: int) -> APIRouter:
+    """The /api/v1 router of a service: ``auth`` is its credential dependency (also what the
+    OpenAPI document shows as security); every route uses ``ApiRoute`` and documents what any
+    route can answer (401, 413, 422, 503, and ``more_problems``)."""
+    return APIRouter(
+        prefix="/api/v1",
+        dependencies=[Depends(auth)],
+        route_class=ApiRoute,
+        responses=problems(401, 413, 422, 503, *more_problems),
+    )
 
 
 def error_response(status: int, detail: str, headers: Mapping[str, str] | None = None) -> Response:

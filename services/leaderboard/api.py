@@ -16,14 +16,7 @@ from pydantic import ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from services.checkpoint_store import BlobNotFoundError, BlobStore
-from services.http import (
-    API_PROBLEMS,
-    SPEC_BODY_LIMIT,
-    ApiRoute,
-    body_limit,
-    problems,
-    require_token,
-)
+from services.http import SPEC_BODY_LIMIT, api_router, body_limit, problems, require_token
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService, download_path, load_strategy
 from services.leaderboard.metrics import LeaderboardMetrics
@@ -83,13 +76,8 @@ Svc = Annotated[Services, Depends(services)]
 ExperimentId = Annotated[str, Path(pattern=ID_PATTERN)]
 CandidateId = Annotated[str, Path(pattern=ID_PATTERN)]
 
-api = APIRouter(
-    prefix="/api/v1",
-    dependencies=[Depends(require_token)],
-    route_class=ApiRoute,
-    # 403: a pod's credential used outside the routes a pod may call.
-    responses={**API_PROBLEMS, **problems(403)},
-)
+# 403: a pod's credential used outside the routes a pod may call.
+api = api_router(require_token, 403)
 root = APIRouter()
 
 

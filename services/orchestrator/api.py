@@ -6,18 +6,11 @@ import hashlib
 import secrets
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
+from fastapi import Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 
-from services.http import (
-    API_PROBLEMS,
-    SPEC_BODY_LIMIT,
-    ApiRoute,
-    body_limit,
-    problems,
-    require_token,
-)
+from services.http import SPEC_BODY_LIMIT, api_router, body_limit, problems, require_token
 from services.orchestrator import store as st
 from services.orchestrator.models import EventOut, ExperimentOut, State
 from services.orchestrator.reconciler import Reconciler
@@ -25,12 +18,7 @@ from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Experiment, IdempotencyConflictError, Store
 from services.spec import ExperimentSpec, parse_quantity
 
-router = APIRouter(
-    prefix="/api/v1",
-    dependencies=[Depends(require_token)],
-    route_class=ApiRoute,
-    responses=API_PROBLEMS,
-)
+router = api_router(require_token)
 
 
 def _store(request: Request) -> Store:
