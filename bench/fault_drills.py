@@ -6,7 +6,9 @@ helm/podium/templates/redis.yaml), ``python -m services.leaderboard`` with its b
 small tmpfs (so "disk full" is real), and ``python -m services.orchestrator`` with the local
 backend. One experiment runs throughout on 3 pods (bench/drill_pod.py: real processes that
 report to the leaderboard every 0.2 s and record every acknowledged report); a second client
-(the "hammer") submits metadata reports to another experiment as fast as it can.
+(the "hammer") submits metadata reports to another experiment as fast as it can around
+the Redis drill. A drill that ends the experiment (a crash-loop verdict) is recorded, and the
+next drills run on a new one.
 
 Drills, in order: SIGKILL of one pod; of all pods (twice, back to back); of the orchestrator
 (down 2 s); of the leaderboard in the middle of a 32 MB upload; of Redis (down 2 s, the hammer
@@ -51,6 +53,7 @@ TOKEN = "drill-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PODS = 3
 HAMMER = "hammer"
+ENDED = {"succeeded", "failed", "cancelled", "budget_exhausted"}
 REDIS_ARGS = ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "60", "1"]
 
 
@@ -242,7 +245,8 @@ class Hammer:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _run(self) -> None:
         n = 0
@@ -286,6 +290,15 @@ class Drills:
     def snapshot(self) -> dict[str, Any]:
         """Everything acknowledged and stored, over every experiment of the run (ids are
         prefixed with their experiment)."""
+        for _ in range(30):
+            try:
+                return self._snapshot()
+            except httpx.HTTPError as e:
+                print(f"# snapshot retried: {e!r}", file=sys.stderr)
+                time.sleep(1)
+        return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
         p = self.p
         wait(lambda: p.ready(p.lb_url), 120)
         acked = {f"{HAMMER}/{s}" for s, _ in self.hammer.acked}
@@ -304,9 +317,21 @@ class Drills:
             t > t0 and (pods is None or pod not in pods) for _, pod, t in self.p.acks(self.exp)
         )
 
+    def state(self) -> dict[str, Any]:
+        return self.p.http.get(f"{self.p.orch_url}/api/v1/experiments/{self.exp}").json()
+
     def running(self) -> bool:
-        r = self.p.http.get(f"{self.p.orch_url}/api/v1/experiments/{self.exp}")
-        return r.json()["state"] == "running"
+        """Not ended (pending while it backs off after pod failures is still running)."""
+        return self.state()["state"] not in ENDED
+
+    def new_pods(self, old: dict[str, int], n: int) -> bool:
+        """``n`` pods not in ``old`` are running; AssertionError if the experiment ended."""
+        if len(set(self.p.live_pods(self.exp)) - set(old)) >= n:
+            return True
+        state = self.state()
+        if state["state"] in ENDED:
+            raise AssertionError(f"experiment ended: {state['state']}: {state.get('reason')}")
+        return False
 
     @contextlib.contextmanager
     def drill(self, name: str) -> Iterator[dict[str, Any]]:
@@ -347,9 +372,7 @@ class Drills:
             victim = next(iter(old))
             t0, m0 = time.time(), time.monotonic()
             os.killpg(old[victim], signal.SIGKILL)
-            out["replacement_running_s"] = wait(
-                lambda: len(set(self.p.live_pods(self.exp)) - set(old)) >= 1, since=m0
-            )
+            out["replacement_running_s"] = wait(lambda: self.new_pods(old, 1), since=m0)
             out["replacement_reporting_s"] = wait(
                 lambda: self.first_ack_after(t0, set(old)), since=m0
             )
@@ -363,8 +386,7 @@ class Drills:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGKILL)
                 out[f"round{i + 1}_all_running_s"] = wait(
-                    lambda old=old: len(set(self.p.live_pods(self.exp)) - set(old)) >= PODS,
-                    since=m0,
+                    lambda old=old: self.new_pods(old, PODS), since=m0
                 )
                 out[f"round{i + 1}_reporting_s"] = wait(
                     lambda t0=t0, old=old: self.first_ack_after(t0, set(old)), since=m0
@@ -443,6 +465,8 @@ class Drills:
 
     def redis(self, down_s: float = 2.0) -> None:
         with self.drill(f"SIGKILL Redis, down {down_s:g}s, hammer running") as out:
+            self.hammer.start()
+            time.sleep(3)
             before = len(self.hammer.acked)
             self.p.redis.signal(signal.SIGKILL)
             time.sleep(down_s)
@@ -455,6 +479,9 @@ class Drills:
                 lambda: any(t > t1 for _, t in self.hammer.acked[before:]), since=m0
             )
             out["pods_reporting_s"] = wait(lambda: self.first_ack_after(t1), since=m0)
+            time.sleep(3)
+            self.hammer.stop()
+            out["hammer_acked"] = len(self.hammer.acked)
 
     def leaderboard_stopped(self, stop_s: float = 10.0) -> None:
         with self.drill(f"SIGSTOP leaderboard {stop_s:g}s, a pod killed meanwhile") as out:
@@ -464,11 +491,7 @@ class Drills:
                 old = self.p.live_pods(self.exp)
                 m0 = time.monotonic()
                 os.killpg(next(iter(old.values())), signal.SIGKILL)
-                out["replacement_running_s"] = wait(
-                    lambda: len(set(self.p.live_pods(self.exp)) - set(old)) >= 1,
-                    stop_s,
-                    since=m0,
-                )
+                out["replacement_running_s"] = wait(lambda: self.new_pods(old, 1), stop_s, since=m0)
             except AssertionError:
                 out["replacement_running_s"] = None  # not while the leaderboard was stopped
             finally:
@@ -535,6 +558,8 @@ def main() -> None:
     ap.add_argument("--blob-mb", type=int, default=64, help="size of the blob store tmpfs")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs)")
     args = ap.parse_args()
+    # A stopped run still stops its services and pods and unmounts the tmpfs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if shutil.which("redis-server") is None:
         sys.exit("needs redis-server: apt-get install -y redis-server")
     print(f"# {host.node()} {host.machine()} cpus={os.cpu_count()} redis-server {REDIS_ARGS}")
@@ -548,7 +573,6 @@ def main() -> None:
         ).raise_for_status()
         drills = Drills(p, hammer)
         drills.start_experiment()
-        hammer.start()
         for name in DRILLS:
             if name in args.skip:
                 continue
@@ -557,7 +581,6 @@ def main() -> None:
                 note = f"experiment {drills.exp} ended; a new one runs the next drills"
                 print(json.dumps({"note": note}), flush=True)
                 drills.start_experiment()
-        hammer.stop()
         summary = {
             "drills": len(drills.results),
             "experiments": len(drills.experiments),
