@@ -68,7 +68,6 @@ def huge(auth: dict[str, str] | None = None, length: int = 200 << 20) -> dict[st
     return {"Content-Type": "application/json", "Content-Length": str(length), **(auth or {})}
 
 
-BEARER_X = {"Authorization": "Bearer x"}
 MUTATING = [  # (service, method, path): routes that take a JSON body
     ("orchestrator", "POST", "/api/v1/experiments"),
     ("leaderboard", "PUT", "/api/v1/experiments/e1"),
