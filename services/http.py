@@ -5,18 +5,16 @@ shapes the OpenAPI documents list."""
 from __future__ import annotations
 
 import hmac
-import inspect
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import redis
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive
@@ -43,11 +41,9 @@ ECHO_CHARS = 200
 
 _bearer = HTTPBearer(auto_error=False, description="The API token (PODIUM_API_TOKEN).")
 
-# An app may accept credentials besides the platform token (the leaderboard's per-experiment pod
-# tokens): ``app.state.credential_check(token) -> bool`` (sync or async) says whether ``token``
-# is one of them. Which routes a credential may use is for the routes' own dependencies to
-# decide (403); the route class only keeps a request carrying none of them from being read.
-CredentialCheck = Callable[[str], bool | Awaitable[bool]]
+# A service's credential check, e.g. ``require_token``: the dependency of its /api/v1 router,
+# raising 401 (or 403) from the request's headers and path alone.
+Auth = Callable[[Request, HTTPAuthorizationCredentials | None], Awaitable[None]]
 
 
 def clip(text: str, limit: int = ECHO_CHARS) -> str:
@@ -89,28 +85,6 @@ async def require_token(
         raise _unauthorized()
 
 
-async def check_credentials(request: Request) -> None:
-    """401 unless the request carries the platform token or another credential the app
-    accepts (``app.state.credential_check``). Reads headers only, never the body."""
-    state = request.app.state
-    expected: str | None = getattr(state, "token", None)
-    if expected is None:
-        return
-    scheme, given = get_authorization_scheme_param(request.headers.get("authorization"))
-    if scheme.lower() != "bearer" or not given:
-        raise _unauthorized()
-    if _is_platform_token(expected, given):
-        return
-    other: CredentialCheck | None = getattr(state, "credential_check", None)
-    if other is not None:
-        accepted = other(given)
-        if inspect.isawaitable(accepted):
-            accepted = await accepted
-        if accepted:
-            return
-    raise _unauthorized()
-
-
 def body_limit(limit: int) -> dict[str, Any]:
     """``openapi_extra`` declaring a route's request-body limit in bytes (also documented)."""
     return {BODY_LIMIT_KEY: limit}
@@ -146,11 +120,14 @@ class ApiRoute(APIRoute):
     """Route class of every /api/v1 router.
 
     FastAPI reads and parses a route's body before any dependency runs, so a token checked in a
-    dependency comes too late to protect memory. This class checks the credentials from the
-    headers, then the declared Content-Length against the route's body limit (413 before the
-    route does anything), and only then lets the route read its body, through a ``receive``
-    that answers 413 as soon as the limit is crossed (a chunked or lying body).
+    dependency comes too late to protect memory. This class runs the router's credential check
+    (``auth``, the same function as its dependency) on the headers first, then checks the
+    declared Content-Length against the route's body limit (413 before the route does
+    anything), and only then lets the route read its body, through a ``receive`` that answers
+    413 as soon as the limit is crossed (a chunked or lying body).
     """
+
+    auth: ClassVar[Auth | None] = None  # set by ``api_router``
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(path, endpoint, **kwargs)
@@ -168,8 +145,11 @@ class ApiRoute(APIRoute):
         handler = super().get_route_handler()
         path, route_limit = self.path, self.body_limit
 
+        auth = self.auth
+
         async def guarded(request: Request) -> Response:
-            await check_credentials(request)
+            if auth is not None:
+                await auth(request, await _bearer(request))
             overrides: Mapping[tuple[str, str], int] = getattr(request.app.state, "body_limits", {})
             limit = overrides.get((request.method, path), route_limit)
             length = _declared_length(request)
@@ -233,8 +213,18 @@ def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-# What every /api/v1 route can answer: a router-level ``responses``.
-API_PROBLEMS = problems(401, 413, 422, 503)
+def api_router(auth: Auth, *more_problems: int) -> APIRouter:
+    """The /api/v1 router of a service. ``auth(request, credentials)`` is its credential check:
+    the router's dependency (what the OpenAPI document shows as security), also run by the
+    route class before any body is read. Every route documents what any route can answer
+    (401, 413, 422, 503, and ``more_problems``)."""
+    route_class = type("ApiRoute", (ApiRoute,), {"auth": staticmethod(auth)})
+    return APIRouter(
+        prefix="/api/v1",
+        dependencies=[Depends(auth)],
+        route_class=route_class,
+        responses=problems(401, 413, 422, 503, *more_problems),
+    )
 
 
 def error_response(status: int, detail: str, headers: Mapping[str, str] | None = None) -> Response:

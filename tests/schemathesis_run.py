@@ -39,7 +39,7 @@ class Result:
 
     @property
     def server_errors(self) -> int:
-        return sum(1 for f in self.failures if f.get("check") == "not_a_server_error")
+        return sum(f["count"] for f in self.failures if f["type"] == "ServerError")
 
     def summary(self) -> str:
         """The failures as the CLI printed them (what a reader needs to reproduce each)."""

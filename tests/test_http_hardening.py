@@ -9,15 +9,26 @@ import http.client
 import json
 import re
 from collections.abc import Iterator
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.cli.platform import Platform
-from services.http import BODY_LIMIT_KEY, ECHO_CHARS, JSON_BODY_LIMIT, SPEC_BODY_LIMIT
+from services.http import (
+    BODY_LIMIT_KEY,
+    ECHO_CHARS,
+    JSON_BODY_LIMIT,
+    SPEC_BODY_LIMIT,
+    add_common_error_handlers,
+    api_router,
+)
 from tests.leaderboard.conftest import experiment, multipart, result
 from tests.orchestrator.conftest import spec
+from tests.orchestrator.servers import ServerThread
 from tests.platform_servers import standin_platform
 
 # Long enough that a server waiting for a body it was promised is caught, short enough to keep
@@ -328,3 +339,37 @@ def test_a_body_that_is_not_text_is_422_naming_the_body(
         headers={"Content-Type": "application/json", **auth(services)},
     )
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"]
+
+
+def test_the_routers_own_credential_check_runs_before_the_body() -> None:
+    """A service's scoped credentials (403 off their routes) are refused as early as a
+    missing token: the route class runs the router's own check, not a copy of it."""
+
+    async def auth(
+        request: Request,
+        credentials: Annotated[
+            HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
+        ],
+    ) -> None:
+        if credentials is None:
+            raise HTTPException(401, "no token")
+        if credentials.credentials == "scoped":
+            raise HTTPException(403, f"not for {request.method} {request.url.path}")
+
+    router = api_router(auth, 403)
+
+    @router.post("/things")
+    async def make(thing: dict[str, int]) -> dict[str, int]:
+        return thing
+
+    app = FastAPI()
+    app.include_router(router)
+    add_common_error_handlers(app, "store")
+    with ServerThread(app) as srv:
+        for token, expected in (("scoped", 403), (None, 401)):
+            headers = huge({"Authorization": f"Bearer {token}"} if token else {})
+            assert send_head(srv.url, "POST", "/api/v1/things", headers, b"{")[0] == expected
+        r = httpx.post(
+            f"{srv.url}/api/v1/things", json={"a": 1}, headers={"Authorization": "Bearer x"}
+        )
+        assert r.status_code == 200 and r.json() == {"a": 1}

@@ -37,13 +37,7 @@ from services.contracts.leaderboard import (
     SubmissionResponse,
 )
 from services.contracts.search_space import NUMERIC
-from services.http import (
-    API_PROBLEMS,
-    SPEC_BODY_LIMIT,
-    ApiRoute,
-    body_limit,
-    problems,
-)
+from services.http import SPEC_BODY_LIMIT, api_router, body_limit, problems
 from services.leaderboard.auth import require_access
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService, file_location, load_strategy
@@ -90,14 +84,10 @@ Svc = Annotated[Services, Depends(services)]
 ExperimentId = Annotated[str, Path(pattern=ID_PATTERN)]
 CandidateId = Annotated[str, Path(pattern=ID_PATTERN)]
 
-# The platform token, or a pod credential on its experiment's pod routes (auth.py).
-api = APIRouter(
-    prefix="/api/v1",
-    dependencies=[Depends(require_access)],
-    route_class=ApiRoute,
-    # 403: a pod's credential used outside the routes a pod may call.
-    responses={**API_PROBLEMS, **problems(403)},
-)
+# The platform token, or a pod credential on its experiment's pod routes (auth.py); 403: a
+# pod's credential used outside the routes a pod may call. The route class runs the same check
+# on the headers before any body is read.
+api = api_router(require_access, 403)
 root = APIRouter()
 
 

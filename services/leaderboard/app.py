@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import AsyncIterator
 
 import redis.asyncio
@@ -18,7 +17,6 @@ from services.checkpoint_store import StorageFullError
 from services.contracts.leaderboard import SubmissionResult
 from services.http import BODY_LIMIT_KEY, add_common_error_handlers, clip, error_response
 from services.leaderboard.api import Services, api, root
-from services.leaderboard.auth import is_pod_credential
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService
 from services.leaderboard.metrics import LatencyMiddleware, LeaderboardMetrics
@@ -96,10 +94,6 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
     )
     _document_multipart_models(app, settings)
     app.state.token = settings.token()
-    if app.state.token is not None:
-        # Checked with the platform token before a body is read (services/http.py); the
-        # routes' dependency (auth.py) then keeps it to its experiment's pod routes.
-        app.state.credential_check = functools.partial(is_pod_credential, app.state.token)
     app.state.metrics_token = settings.metrics_token_value()
     if app.state.metrics_token is None:
         log.info("/metrics is open (names experiments and scores); set PODIUM_METRICS_TOKEN")

@@ -6,20 +6,13 @@ import hashlib
 import secrets
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
+from fastapi import Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from pydantic import AfterValidator
 
 from services.contracts.spec import ExperimentSpec, parse_quantity
-from services.http import (
-    API_PROBLEMS,
-    SPEC_BODY_LIMIT,
-    ApiRoute,
-    body_limit,
-    problems,
-    require_token,
-)
+from services.http import SPEC_BODY_LIMIT, api_router, body_limit, problems, require_token
 from services.orchestrator import store as st
 from services.orchestrator.models import EventOut, ExperimentOut, State
 from services.orchestrator.reconciler import Reconciler
@@ -33,12 +26,7 @@ from services.orchestrator.store import (
     TransitionError,
 )
 
-router = APIRouter(
-    prefix="/api/v1",
-    dependencies=[Depends(require_token)],
-    route_class=ApiRoute,
-    responses=API_PROBLEMS,
-)
+router = api_router(require_token)
 
 
 def _store(request: Request) -> Store:

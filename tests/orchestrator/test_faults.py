@@ -332,7 +332,7 @@ def test_the_circuit_breaker_stops_calling_a_failing_leaderboard_and_tries_again
     woken = threading.Event()
     with ServerThread(app) as srv:
         calls = ProgressCalls(
-            LeaderboardClient(srv.url, LB_TOKEN), 4, make_breaker(3, 3.0), woken.set
+            LeaderboardProgress(srv.url, LB_TOKEN), 4, make_breaker(3, 3.0), woken.set
         )
         try:
             for _ in range(3):  # three failures in a row open the breaker
