@@ -65,13 +65,6 @@ def authorize_pod(platform_token: str | None, given: str, method: str, path: str
     return True
 
 
-def is_pod_credential(platform_token: str, given: str) -> bool:
-    """Whether ``given`` is a valid pod credential of any experiment: what a token check that
-    runs before routing accepts besides the platform token (``require_access`` then limits it
-    to its experiment's pod routes)."""
-    return pod_token_experiment(platform_token, given) is not None
-
-
 async def require_access(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
