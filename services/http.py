@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.logs import get_logger
+from services.redis_client import describe_error
 
 log = get_logger(__name__)
 
@@ -59,7 +60,7 @@ def add_common_error_handlers(app: FastAPI, store: str) -> None:
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
     async def redis_down(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("redis unavailable", error=repr(exc))
+        log.warning("redis unavailable", error=describe_error(exc))
         return JSONResponse(
             {"detail": f"{store} unavailable; nothing was changed, retry"},
             status_code=503,

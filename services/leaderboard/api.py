@@ -42,6 +42,7 @@ from services.leaderboard.settings import LeaderboardSettings
 from services.leaderboard.store import LeaderboardStore, UnknownExperimentError
 from services.leaderboard.updater import Updater, read_submission
 from services.logs import get_logger
+from services.redis_client import describe_error
 from services.registry import UnknownNameError
 from services.search_space import NUMERIC
 
@@ -524,7 +525,7 @@ async def readyz(request: Request) -> JSONResponse:
             raise ConnectionError("starting")
         await svc.store.r.ping()
     except Exception as e:  # any failure to reach Redis means not ready
-        return JSONResponse({"status": "unavailable", "error": repr(e)}, status_code=503)
+        return JSONResponse({"status": "unavailable", "error": describe_error(e)}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
@@ -537,5 +538,5 @@ async def metrics(svc: Svc) -> PlainTextResponse:
             size = await svc.store.board_size(exp)
             svc.metrics.set_board(exp, size, [float(h["score"]) for _, h in rows])
     except Exception as e:  # a scrape still returns the counters when Redis is down
-        log.debug("board gauges not refreshed", error=repr(e))
+        log.debug("board gauges not refreshed", error=describe_error(e))
     return PlainTextResponse(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
