@@ -108,7 +108,7 @@ def test_dockerfile_targets_are_non_root_with_exec_form_entrypoints_and_healthch
     # to the exact build (a source that has only another build fails instead of installing it).
     deps = " ".join(stages["deps"])
     assert "torch" not in deps
-    assert 'torch==${TORCH_VERSION}+${TORCH_VARIANT}' in " ".join(stages["pod-deps"])
+    assert "torch==${TORCH_VERSION}+${TORCH_VARIANT}" in " ".join(stages["pod-deps"])
     assert any("--from=deps " in ln for ln in stages["control-plane"])
 
 
@@ -147,8 +147,8 @@ def test_dockerignore_sends_only_what_the_images_copy() -> None:
 
 def test_dockerfile_install_steps_work_on_the_build_context(tmp_path: Path) -> None:
     """The deps stage's own commands, run on exactly what .dockerignore lets through: the
-    requirement list is pyproject's dependencies (no torch), and the package builds with its services,
-    `python -m` entry points and registered envs (no Docker engine here to run the build)."""
+    requirement list is pyproject's dependencies (no torch), and the package builds with its
+    services, `python -m` entry points and registered envs (tests/containers/ runs the build)."""
     context = tmp_path / "context"
     context.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -654,3 +654,75 @@ def test_retrain_pipeline_is_valid_and_gates_with_the_real_cli(path: Path) -> No
         line = next(ln for ln in text.splitlines() if f"podium {command} " in ln and "#" not in ln)
         for opt in re.findall(r"(--[a-z-]+)", line):
             assert opt in usage, (command, opt)
+
+
+# ---- release and kind end-to-end workflows ------------------------------------------------------
+
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+@pytest.mark.parametrize("name", ["release.yml", "e2e-kind.yml"])
+def test_image_workflows_match_the_github_workflow_schema(name: str) -> None:
+    schema = "vendor.github-workflows"
+    run(tool("check-jsonschema"), "--builtin-schema", schema, str(WORKFLOWS / name))
+
+
+def test_published_images_are_the_ones_the_chart_k8s_and_orchestrator_name() -> None:
+    """Issue 13: the defaults named images nothing published. The release workflow publishes
+    ghcr.io/<owner>/podium-<target>:<tag without v>, refusing a tag other than the chart's
+    appVersion; the chart, k8s/ and the orchestrator's default pod image name exactly those."""
+    from services.orchestrator.settings import OrchestratorSettings
+
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    version = chart["appVersion"]
+    owner = re.fullmatch(r"https://github.com/([^/]+)/podium", chart["home"]).group(1)
+    release = yaml.safe_load((WORKFLOWS / "release.yml").read_text())
+    job = release["jobs"]["images"]
+    assert release[True]["push"]["tags"] == ["v*"]  # YAML 1.1 reads the key `on` as True
+    targets = job["strategy"]["matrix"]["target"]
+    assert targets == ["control-plane", "pod"] and set(targets) <= set(_stages())
+    steps = job["steps"]
+    meta = next(s for s in steps if s.get("id") == "meta")["run"]
+    assert "image=ghcr.io/$owner/podium-${{ matrix.target }}:$version" in meta
+    assert "appVersion" in meta and "exit 1" in meta
+    push = next(s for s in steps if str(s.get("uses", "")).startswith("docker/build-push-action"))
+    assert push["with"]["target"] == "${{ matrix.target }}" and push["with"]["push"] is True
+    published = {t: f"ghcr.io/{owner}/podium-{t}:{version}" for t in targets}
+
+    named = {
+        target: f"{img['repository']}:{img['tag'] or version}"
+        for target, img in (
+            ("control-plane", values["image"]["controlPlane"]),
+            ("pod", values["image"]["pod"]),
+        )
+    }
+    assert named == published
+    assert OrchestratorSettings.model_fields["pod_image"].default == published["pod"]
+    k8s_images = set()
+    for path in (ROOT / "k8s" / "base").glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            pod_spec = (doc or {}).get("spec", {}).get("template", {}).get("spec", {})
+            for c in pod_spec.get("containers", []):
+                if "podium-rl" in c["image"]:
+                    k8s_images.add(c["image"])
+                env = c.get("env", [])
+                k8s_images |= {e["value"] for e in env if e["name"] == "PODIUM_POD_IMAGE"}
+    assert k8s_images == set(published.values())
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["version"] == version
+
+
+def test_kind_workflow_installs_the_chart_and_gates_with_the_real_cli() -> None:
+    text = (WORKFLOWS / "e2e-kind.yml").read_text()
+    assert "helm/kind-action" in text and "helm install podium ./helm/podium" in text
+    assert "kind load docker-image" in text
+    line = next(ln for ln in text.splitlines() if "podium submit " in ln)
+    assert "--min-reward" in line and "--wait" in line
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    usage = CliRunner().invoke(app, ["submit", "--help"], env={"COLUMNS": "200"}).output
+    for opt in re.findall(r"(--[a-z-]+)", line):
+        assert opt in usage, opt
