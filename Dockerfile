@@ -35,22 +35,12 @@ FROM base AS deps
 ARG PIP_OFFLINE=0
 WORKDIR /src
 COPY wheelhouse/ /wheelhouse/
+COPY deploy/images/venv-install.sh /usr/local/bin/
 COPY pyproject.toml README.md ./
 # Requirements first (a layer that survives source changes), then the project itself.
-# tomllib is stdlib: the list stays pyproject's. Removed after the install, as never imported:
-# the asyncio copy of the Kubernetes client (half of its size) and numpy's tests.
-RUN set -eu; \
-    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
-    if [ -f /wheelhouse/ca.pem ]; then export PIP_CERT=/wheelhouse/ca.pem; fi; \
-    python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt; \
-    python3 -m venv /opt/venv; \
-    /opt/venv/bin/pip install -r requirements.txt "setuptools>=69"; \
-    rm -rf /opt/venv/lib/python3*/site-packages/kubernetes/aio \
-        /opt/venv/lib/python3*/site-packages/numpy/*/tests
+RUN venv-install.sh requirements
 COPY services ./services
-RUN set -eu; \
-    /opt/venv/bin/pip install --no-deps --no-build-isolation .; \
-    /opt/venv/bin/pip uninstall -y -q pip setuptools 2>/dev/null || true
+RUN venv-install.sh project
 
 # ---- runtime: non-root user, no build tools ----------------------------------------------------
 FROM base AS runtime
@@ -95,19 +85,11 @@ RUN set -eu; \
     if [ -f /wheelhouse/ca.pem ]; then export PIP_CERT=/wheelhouse/ca.pem; fi; \
     python3 -m venv /opt/venv; \
     /opt/venv/bin/pip install "torch==${TORCH_VERSION}+${TORCH_VARIANT}"
+COPY deploy/images/venv-install.sh /usr/local/bin/
 COPY pyproject.toml README.md ./
-RUN set -eu; \
-    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; fi; \
-    if [ -f /wheelhouse/ca.pem ]; then export PIP_CERT=/wheelhouse/ca.pem; fi; \
-    python3 -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['pod']))" > requirements.txt; \
-    /opt/venv/bin/pip install -r requirements.txt "setuptools>=69" \
-        "torch==${TORCH_VERSION}+${TORCH_VARIANT}"; \
-    rm -rf /opt/venv/lib/python3*/site-packages/kubernetes/aio \
-        /opt/venv/lib/python3*/site-packages/numpy/*/tests
+RUN PIN="torch==${TORCH_VERSION}+${TORCH_VARIANT}" venv-install.sh requirements pod
 COPY services ./services
-RUN set -eu; \
-    /opt/venv/bin/pip install --no-deps --no-build-isolation .; \
-    /opt/venv/bin/pip uninstall -y -q pip setuptools 2>/dev/null || true
+RUN venv-install.sh project
 
 # ---- pod (last, so a plain `docker build .` gives the training image) -------------------------
 FROM runtime AS pod

@@ -45,7 +45,10 @@ class Docker:
     def __init__(self, env: dict[str, str], label: str) -> None:
         self.env, self.label = env, label
 
-    def __call__(self, *args: str, check: bool = True, timeout: float = 120) -> str:
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 120, stderr: bool = False
+    ) -> str:
+        """stdout (and stderr, with ``stderr``: the CLI prints its messages there)."""
         proc = subprocess.run(
             ["docker", *args],
             env=self.env,
@@ -56,7 +59,7 @@ class Docker:
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"docker {' '.join(args[:3])} ...: {proc.stderr.strip()}")
-        return proc.stdout.strip()
+        return (proc.stdout + proc.stderr if stderr else proc.stdout).strip()
 
     def run(self, name: str, image: str, *args: str, flags: list[str] | None = None) -> str:
         """Start a detached, hardened container on the host's network (the engine may have no

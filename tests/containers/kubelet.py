@@ -29,6 +29,7 @@ class RunPod:
     stopped: bool = False  # deleted gracefully (SIGTERM)
     exit_codes: dict[str, int] = field(default_factory=dict)
     logs: dict[str, str] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)  # every container ended
 
 
 class DockerKubelet(FakeCluster):
@@ -64,7 +65,9 @@ class DockerKubelet(FakeCluster):
             for c in spec["containers"]:
                 flags = [f"--env={e['name']}={e['value']}" for e in c.get("env", [])]
                 for m in c.get("volumeMounts", []):
-                    flags.append(f"--volume={name}-{m['name']}:{m['mountPath']}")
+                    # nocopy: an empty, world-writable tmpfs like the emptyDir, not the
+                    # image's /dev/shm permissions copied onto it.
+                    flags.append(f"--volume={name}-{m['name']}:{m['mountPath']}:nocopy")
                 memory = c.get("resources", {}).get("limits", {}).get("memory")
                 if memory:
                     flags.append(f"--memory={int(parse_quantity(memory))}")
@@ -79,6 +82,7 @@ class DockerKubelet(FakeCluster):
                 run.containers[c["name"]] = cname
         except Exception as exc:  # reported by the test, and the pod fails
             self.errors.append(f"{meta['name']}: {exc}")
+            run.done.set()
             self._finished(run, failed=True)
             return
         for cname in run.containers.values():
@@ -100,6 +104,7 @@ class DockerKubelet(FakeCluster):
                 return  # being deleted: _finish_deletion reports it
         if not failed:
             self._collect(run)
+        run.done.set()
         codes = run.exit_codes
         ok = not failed and codes and all(code == 0 for code in codes.values())
         roles = [c["name"] for c in run.manifest["spec"]["containers"]]
@@ -129,6 +134,10 @@ class DockerKubelet(FakeCluster):
             with self.cond:
                 pod = self.pods.get((ns, name))
                 grace = (pod or {}).get("metadata", {}).get("deletionGracePeriodSeconds", 30)
-            self.docker("stop", "-t", str(grace), *run.containers.values(), timeout=grace + 60)
-            self._collect(run)
+            try:
+                self.docker("stop", "-t", str(grace), *run.containers.values(), timeout=grace + 60)
+                self._collect(run)
+            except Exception as exc:
+                self.errors.append(f"{name}: stopping: {exc}")
+            run.done.set()
         super()._finish_deletion(ns, name, uid)

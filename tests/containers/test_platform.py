@@ -209,7 +209,15 @@ def run_experiment(
                 assert exp["state"] == "succeeded", (exp, pod_logs())
                 assert exp["best_score"] >= TARGET
                 # The reconciler deletes the pods; the kubelet stops their containers.
-                wait_for(lambda: not cluster.pod_names(NS), 120, "pods deleted", pod_logs)
+                wait_for(
+                    lambda: (
+                        not cluster.pod_names(NS, live_only=False)
+                        and all(run.done.is_set() for run in cluster.runs.values())
+                    ),
+                    120,
+                    "pods deleted and their containers ended",
+                    pod_logs,
+                )
         finally:
             # The orchestrator stops on SIGTERM like every Podium service: exit code 0.
             docker("stop", "-t", "20", orch.name, timeout=60)
@@ -256,7 +264,7 @@ def test_experiments_run_with_every_part_a_container(
         "--tmpfs", "/tmp", f"--volume={out}:/out", f"--env=PODIUM_API_TOKEN={TOKEN}",
         "--entrypoint", "podium", images["control-plane"],
         "export", export_exp, "--out", "/out/best", "--leaderboard-url", lb.url,
-        timeout=300,
+        timeout=300, stderr=True,
     )  # fmt: skip
     assert "verified into /out/best" in proc_out, proc_out
     files = sorted(p.name for p in (out / "best").iterdir())
