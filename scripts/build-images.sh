@@ -34,11 +34,14 @@ say() { echo "[build-images] $*" >&2; }
 
 # ---- engine ------------------------------------------------------------------------------
 dockerd_pid=""
+run=""
 stop_engine() {
   if [ -n "$dockerd_pid" ] && kill -0 "$dockerd_pid" 2>/dev/null; then
     say "stopping the private dockerd (pid $dockerd_pid)"
     kill -TERM "$dockerd_pid"
     for _ in $(seq 60); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.5; done
+    # dockerd's containerd may still be removing its sockets: try until the directory is gone.
+    for _ in $(seq 10); do rm -rf "$run" 2>/dev/null; [ -e "$run" ] || break; sleep 0.5; done
   fi
 }
 trap stop_engine EXIT
@@ -50,6 +53,9 @@ if ! "$docker" info >/dev/null 2>&1; then
   fi
   run="/run/podium-docker-$$"
   mkdir -p "$run" "$docker_root"
+  # One private engine per data-root at a time (a second run waits for the first).
+  exec 9>"$docker_root.lock"
+  flock 9
   export DOCKER_HOST="unix://$run/docker.sock"
   say "starting a private dockerd: $DOCKER_HOST, data-root $docker_root"
   dockerd --host "$DOCKER_HOST" --data-root "$docker_root" --exec-root "$run/exec" \

@@ -9,6 +9,7 @@ images are built by scripts/build-images.sh, as a user would build them.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -129,6 +130,10 @@ def engine() -> Iterator[dict[str, str]]:
         pytest.skip(f"no Docker engine answers ({why}) and none can be started here: {reason}")
     run_dir = Path(tempfile.mkdtemp(prefix="podium-dockerd-", dir="/run"))
     DATA_ROOT.mkdir(parents=True, exist_ok=True)
+    # One engine per data-root at a time (as scripts/build-images.sh): a concurrent session
+    # waits here until the other one's engine is gone.
+    lock = (DATA_ROOT.parent / f"{DATA_ROOT.name}.lock").open("w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
     env["DOCKER_HOST"] = f"unix://{run_dir}/docker.sock"
     log = run_dir / "dockerd.log"
     with log.open("wb") as out:
@@ -167,7 +172,12 @@ def engine() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        shutil.rmtree(run_dir, ignore_errors=True)
+        for _ in range(10):  # dockerd's containerd may still be removing its sockets
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if not run_dir.exists():
+                break
+            time.sleep(0.5)
+        lock.close()
 
 
 @pytest.fixture(scope="session")
