@@ -40,7 +40,9 @@ stop_engine() {
     say "stopping the private dockerd (pid $dockerd_pid)"
     kill -TERM "$dockerd_pid"
     for _ in $(seq 60); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.5; done
-    # dockerd's containerd may still be removing its sockets: try until the directory is gone.
+    # dockerd leaves the host network namespace bind-mounted in its exec-root; its containerd
+    # may still be removing sockets: unmount, then try until the directory is gone.
+    awk -v run="$run/" 'index($2, run) == 1 {print $2}' /proc/mounts | xargs -r umount
     for _ in $(seq 10); do rm -rf "$run" 2>/dev/null; [ -e "$run" ] || break; sleep 0.5; done
   fi
 }

@@ -172,6 +172,11 @@ def engine() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        # dockerd leaves the host network namespace bind-mounted in its exec-root.
+        for line in Path("/proc/mounts").read_text().splitlines():
+            mountpoint = line.split()[1]
+            if mountpoint.startswith(f"{run_dir}/"):
+                subprocess.run(["umount", mountpoint], check=False)
         for _ in range(10):  # dockerd's containerd may still be removing its sockets
             shutil.rmtree(run_dir, ignore_errors=True)
             if not run_dir.exists():
