@@ -1,64 +1,95 @@
-# syntax=docker/dockerfile:1
-# Podium images, one Dockerfile, two targets:
-#   control-plane  orchestrator + leaderboard (no torch):
+# Podium images, one Dockerfile, two targets (docs/deploy.md; scripts/build-images.sh builds both):
+#   control-plane  orchestrator + leaderboard + the `podium` CLI (no torch):
 #                  docker build --target control-plane -t podium-control-plane .
 #   pod            a training pod (torch): docker build --target pod -t podium-pod .
-#                  TORCH_VARIANT picks the torch wheel: cpu (default) or a CUDA build such as
-#                  cu128 (the wheels carry the CUDA runtime; the NVIDIA container toolkit adds
-#                  the driver), e.g. --build-arg TORCH_VARIANT=cu128.
-# The pod image also holds the control plane, so docker-compose's orchestrator can run pods as
-# local processes in its own container.
+#
+# Build arguments:
+#   BASE_IMAGE     the Python base of every stage (default python:3.12-slim-bookworm). Any
+#                  Debian-like image with python3 and its venv module works: where no registry
+#                  is reachable, scripts/build-images.sh makes one from Debian packages.
+#   TORCH_VERSION, TORCH_VARIANT
+#                  the pod's torch, pinned exactly as torch==VERSION+VARIANT (cpu, or a CUDA
+#                  build such as cu128; the wheels carry the CUDA runtime, the NVIDIA container
+#                  toolkit adds the driver): a source that offers only another build fails the
+#                  build instead of installing it.
+#   PIP_OFFLINE    1: install only from ./wheelhouse (pip --no-index): air-gapped machines, or
+#                  networks whose proxy the build cannot pass. scripts/build-images.sh fills it.
+# Behind a TLS-intercepting proxy, put the proxy's CA certificate at wheelhouse/ca.pem: pip
+# trusts it (it stays in the build stages, never in an image); HTTPS_PROXY is a predefined
+# build argument. No `# syntax=` line and no RUN --mount: both builders (BuildKit and the classic
+# one) build this file without fetching anything from a registry but the base image.
+#
+# Stage order matters to the classic builder, which builds every stage before the target: the
+# control-plane stages come first, so `--target control-plane` never installs torch.
+ARG BASE_IMAGE=python:3.12-slim-bookworm
 
-# ---- deps: control-plane requirements (pyproject's dependencies minus torch) ----------------
-FROM python:3.12-slim-bookworm AS deps
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+# ---- base: the one place the base image is named ----------------------------------------------
+FROM ${BASE_IMAGE} AS base
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_FIND_LINKS=/wheelhouse \
+    PYTHONDONTWRITEBYTECODE=1
+
+# ---- deps: the control plane's venv (pyproject's dependencies, no extras) ---------------------
+FROM base AS deps
+ARG PIP_OFFLINE=0
 WORKDIR /src
+COPY wheelhouse/ /wheelhouse/
+COPY deploy/images/venv-install.sh /usr/local/bin/
 COPY pyproject.toml README.md ./
-# tomllib is stdlib: the requirement list stays pyproject's, with torch left out.
-RUN python -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print('\n'.join(r for r in d['project']['dependencies'] if not r.startswith('torch')))" > /src/requirements.txt \
-    && python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir -r /src/requirements.txt
+# Requirements first (a layer that survives source changes), then the project itself.
+RUN venv-install.sh requirements
 COPY services ./services
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps .
+RUN venv-install.sh project
 
-# ---- pod-deps: the same plus torch ------------------------------------------------------------
-FROM deps AS pod-deps
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_VARIANT=cpu
-RUN /opt/venv/bin/pip install --no-cache-dir \
-        --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" \
-        --extra-index-url https://pypi.org/simple \
-        "torch==${TORCH_VERSION}"
-
-# ---- runtime base: non-root user, no build tools --------------------------------------------
-# Same base as deps: the venv is copied over and must find the same Python.
-FROM python:3.12-slim-bookworm AS runtime
+# ---- runtime: non-root user, no build tools ----------------------------------------------------
+FROM base AS runtime
 ENV PATH=/opt/venv/bin:$PATH \
-    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PODIUM_HOST=0.0.0.0 \
     PODIUM_DATA_DIR=/data \
     MPLCONFIGDIR=/tmp/matplotlib \
     HOME=/tmp
+# /data is where the services keep their files: mount a volume there (compose, the chart).
 RUN groupadd --system --gid 10001 podium \
     && useradd --system --uid 10001 --gid podium --home-dir /nonexistent --no-create-home \
         --shell /usr/sbin/nologin podium \
     && mkdir -p /data \
     && chown podium:podium /data
 WORKDIR /app
-VOLUME ["/data"]
 
-# ---- control-plane ----------------------------------------------------------------------------
+# ---- control-plane -----------------------------------------------------------------------------
 FROM runtime AS control-plane
 COPY --from=deps /opt/venv /opt/venv
 USER 10001:10001
 # 8000: orchestrator (default command); the leaderboard runs with the command
-# "services.leaderboard" and PODIUM_PORT=8001.
+# "services.leaderboard" and PODIUM_PORT=8001; the CLI with --entrypoint podium.
 EXPOSE 8000 8001
 HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('PODIUM_PORT', '8000') + '/livez', timeout=2)"]
 ENTRYPOINT ["python", "-m"]
 CMD ["services.orchestrator"]
+
+# ---- pod-deps: torch (exact build) + the pod extra, in a venv of their own ---------------------
+FROM base AS pod-deps
+ARG PIP_OFFLINE=0
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_VARIANT=cpu
+WORKDIR /src
+COPY wheelhouse/ /wheelhouse/
+# torch alone first: the largest layer, rebuilt only when the torch arguments change.
+RUN set -eu; \
+    if [ "$PIP_OFFLINE" = 1 ]; then export PIP_NO_INDEX=1; \
+    else export PIP_INDEX_URL="https://download.pytorch.org/whl/${TORCH_VARIANT}" \
+        PIP_EXTRA_INDEX_URL=https://pypi.org/simple; fi; \
+    if [ -f /wheelhouse/ca.pem ]; then export PIP_CERT=/wheelhouse/ca.pem; fi; \
+    python3 -m venv /opt/venv; \
+    /opt/venv/bin/pip install "torch==${TORCH_VERSION}+${TORCH_VARIANT}"
+COPY deploy/images/venv-install.sh /usr/local/bin/
+COPY pyproject.toml README.md ./
+RUN PIN="torch==${TORCH_VERSION}+${TORCH_VARIANT}" venv-install.sh requirements pod
+COPY services ./services
+RUN venv-install.sh project
 
 # ---- pod (last, so a plain `docker build .` gives the training image) -------------------------
 FROM runtime AS pod

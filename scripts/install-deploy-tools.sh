@@ -10,6 +10,9 @@
 #             in the package)
 #   prometheus  the Debian package, only when running as root and it is missing (the live
 #             Prometheus test is marked slow and needs it)
+#   docker.io, docker-compose, debootstrap  Debian's Docker engine, compose v1 and the tool that
+#             makes a base image without a registry, only as root when missing: the container
+#             tests (tests/containers/, scripts/build-images.sh) start a private dockerd with them
 # Idempotent: each tool is installed only when it is not already there.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -69,5 +72,20 @@ if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v a
   apt-get install -y -q --no-install-recommends prometheus >/dev/null
   # The package starts a system service on some hosts; the tests run their own instance.
   if command -v systemctl >/dev/null 2>&1; then systemctl stop prometheus >/dev/null 2>&1 || true; fi
+fi
+missing=""
+for pair in dockerd:docker.io docker-compose:docker-compose debootstrap:debootstrap; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"
+done
+if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "[deploy-tools] installing$missing (Debian packages)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  # shellcheck disable=SC2086
+  apt-get install -y -q --no-install-recommends $missing >/dev/null
+  # The package enables a system daemon on some hosts; the tests run their own, privately.
+  if command -v systemctl >/dev/null 2>&1; then
+    systemctl stop docker.service docker.socket >/dev/null 2>&1 || true
+  fi
 fi
 echo "[deploy-tools] helm $("$venv/bin/helm" version --short), hadolint $("$venv/bin/hadolint" --version | awk '{print $NF}'), checkov $("$venv/bin/checkov" --version)" >&2

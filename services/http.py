@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive
 
 from services.logs import get_logger
+from services.redis_client import describe_error
 
 log = get_logger(__name__)
 
@@ -282,7 +283,7 @@ def add_common_error_handlers(app: FastAPI, store: str) -> None:
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
     async def redis_down(_: Request, exc: Exception) -> Response:
-        log.warning("redis unavailable", error=repr(exc))
+        log.warning("redis unavailable", error=describe_error(exc))
         return error_response(
             503, f"{store} unavailable; nothing was changed, retry", {"Retry-After": "1"}
         )

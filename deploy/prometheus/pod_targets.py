@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--interval", type=float, default=5.0, help="Seconds between scans.")
     p.add_argument("--once", action="store_true", help="Write once and exit.")
     args = p.parse_args(argv)
+    # As a container's PID 1 the process gets no default SIGTERM action: exit on it, or every
+    # `docker stop` waits out its timeout and kills.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     last = None
     while True:

@@ -51,6 +51,7 @@ from services.leaderboard.store import (
 )
 from services.leaderboard.updater import Updater, read_submission
 from services.logs import get_logger
+from services.redis_client import describe_error
 from services.registry import UnknownNameError
 
 log = get_logger(__name__)
@@ -566,7 +567,7 @@ async def readyz(request: Request) -> JSONResponse:
             raise ConnectionError("starting")
         await svc.store.r.ping()
     except Exception as e:  # any failure to reach Redis means not ready
-        return JSONResponse({"status": "unavailable", "error": repr(e)}, status_code=503)
+        return JSONResponse({"status": "unavailable", "error": describe_error(e)}, status_code=503)
     try:
         await run_in_threadpool(svc.blobs.check_writable)
     except OSError as e:
@@ -604,5 +605,5 @@ async def metrics(request: Request, svc: Svc) -> PlainTextResponse:
             size = await svc.store.board_size(exp)
             svc.metrics.set_board(exp, size, [float(h["score"]) for _, h in rows])
     except Exception as e:  # a scrape still returns the counters when Redis is down
-        log.debug("board gauges not refreshed", error=repr(e))
+        log.debug("board gauges not refreshed", error=describe_error(e))
     return PlainTextResponse(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import redis
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services import redis_client
@@ -24,7 +25,7 @@ from services.orchestrator.leaderboard_client import (
 from services.orchestrator.reconciler import Reconciler
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Store
-from services.redis_client import connect
+from services.redis_client import connect, describe_error
 
 log = get_logger(__name__)
 
@@ -93,10 +94,8 @@ def create_app(
             # Bounded: redis-py retries a refused connection for seconds; a probe must not hang.
             await asyncio.wait_for(asyncio.to_thread(request.app.state.redis.ping), timeout=1.0)
         except (redis.RedisError, OSError, TimeoutError) as e:
-            return Response(
-                content=f'{{"status": "unavailable", "redis": "{type(e).__name__}"}}',
-                status_code=503,
-                media_type="application/json",
+            return JSONResponse(
+                {"status": "unavailable", "redis": describe_error(e)}, status_code=503
             )
         reconciler = request.app.state.reconciler
         if reconciler.failed_passes >= settings.reconcile_failures_unready:

@@ -87,7 +87,7 @@ class OrchestratorSettings(PodiumSettings):
     # Local backend: argv template; {experiment_id}, {pod_id} and {spec_path} are substituted.
     pod_command: list[str] | None = None
     # Kubernetes backend.
-    pod_image: str = "ghcr.io/podium-rl/podium:latest"
+    pod_image: str = "ghcr.io/podium-rl/podium-pod:0.1.0"  # release.yml publishes it (appVersion)
     k8s_namespace: str | None = Field(
         default=None, description="Default: the service account's namespace, else 'default'."
     )

@@ -1,0 +1,213 @@
+"""A Docker engine and Podium's images for the container tests.
+
+The engine is the one `docker info` reaches (DOCKER_HOST or the default socket); otherwise, as
+root, a private dockerd this fixture starts and stops by PID (own socket, data-root
+/var/lib/podium-docker outside the clone so image layers survive between runs, --bridge=none
+--iptables=false). Where neither works, every container test is skipped with the reason. The
+images are built by scripts/build-images.sh, as a user would build them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA_ROOT = Path(os.environ.get("PODIUM_DOCKER_ROOT", "/var/lib/podium-docker"))
+TAG = "latest"
+CONTROL_PLANE = f"podium-control-plane:{TAG}"
+POD = f"podium-pod:{TAG}"
+BUILT = ("control-plane", "pod", "redis", "prometheus")
+# The chart's container security settings (helm/podium values), as `docker run` flags.
+HARDENED = [
+    "--read-only",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+    "--tmpfs",
+    "/tmp",
+]
+
+
+class Docker:
+    """The docker CLI against one engine; every container it starts carries ``label``."""
+
+    def __init__(self, env: dict[str, str], label: str) -> None:
+        self.env, self.label = env, label
+
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 120, stderr: bool = False
+    ) -> str:
+        """stdout (and stderr, with ``stderr``: the CLI prints its messages there)."""
+        proc = subprocess.run(
+            ["docker", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"docker {' '.join(args[:3])} ...: {proc.stderr.strip()}")
+        return (proc.stdout + proc.stderr if stderr else proc.stdout).strip()
+
+    def run(self, name: str, image: str, *args: str, flags: list[str] | None = None) -> str:
+        """Start a detached, hardened container on the host's network (the engine may have no
+        bridge): the services meet on 127.0.0.1 at distinct ports."""
+        return self(
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--label",
+            self.label,
+            "--network",
+            "host",
+            *HARDENED,
+            *(flags or []),
+            image,
+            *args,
+        )
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        return json.loads(self("inspect", name))[0]
+
+    def logs(self, name: str) -> str:
+        proc = subprocess.run(
+            ["docker", "logs", name], env=self.env, capture_output=True, text=True, check=False
+        )
+        return proc.stdout + proc.stderr
+
+    def remove_all(self) -> None:
+        ids = self("ps", "-aq", "--filter", f"label={self.label}", check=False).split()
+        if ids:
+            self("rm", "-f", *ids, check=False)
+        vols = self("volume", "ls", "-q", "--filter", f"label={self.label}", check=False).split()
+        if vols:
+            self("volume", "rm", "-f", *vols, check=False)
+
+
+def _answers(env: dict[str, str]) -> str | None:
+    """None when an engine answers, else why not."""
+    try:
+        proc = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "docker info timed out"
+    return None if proc.returncode == 0 else (proc.stderr.strip() or "docker info failed")
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[dict[str, str]]:
+    """The environment under which `docker` reaches a running engine."""
+    if shutil.which("docker") is None:
+        pytest.skip("no docker CLI (scripts/install-deploy-tools.sh installs docker.io as root)")
+    env = dict(os.environ)
+    why = _answers(env)
+    if why is None:
+        yield env
+        return
+    dockerd = shutil.which("dockerd")
+    if os.geteuid() != 0 or dockerd is None:
+        reason = "not root" if os.geteuid() != 0 else "no dockerd"
+        pytest.skip(f"no Docker engine answers ({why}) and none can be started here: {reason}")
+    run_dir = Path(tempfile.mkdtemp(prefix="podium-dockerd-", dir="/run"))
+    DATA_ROOT.mkdir(parents=True, exist_ok=True)
+    # One engine per data-root at a time (as scripts/build-images.sh): a concurrent session
+    # waits here until the other one's engine is gone.
+    lock = (DATA_ROOT.parent / f"{DATA_ROOT.name}.lock").open("w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    env["DOCKER_HOST"] = f"unix://{run_dir}/docker.sock"
+    log = run_dir / "dockerd.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                dockerd,
+                "--host",
+                env["DOCKER_HOST"],
+                "--data-root",
+                str(DATA_ROOT),
+                "--exec-root",
+                str(run_dir / "exec"),
+                "--pidfile",
+                str(run_dir / "dockerd.pid"),
+                "--bridge=none",
+                "--iptables=false",
+                "--ip6tables=false",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while (why := _answers(env)) is not None and proc.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if why is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-5:])
+            pytest.skip(f"a private dockerd could not be started here ({why}):\n{tail}")
+        yield env
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # dockerd leaves the host network namespace bind-mounted in its exec-root.
+        for line in Path("/proc/mounts").read_text().splitlines():
+            mountpoint = line.split()[1]
+            if mountpoint.startswith(f"{run_dir}/"):
+                subprocess.run(["umount", mountpoint], check=False)
+        for _ in range(10):  # dockerd's containerd may still be removing its sockets
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if not run_dir.exists():
+                break
+            time.sleep(0.5)
+        lock.close()
+
+
+@pytest.fixture(scope="session")
+def images(engine: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Podium's images and the Debian-built Redis and Prometheus, by scripts/build-images.sh."""
+    log = tmp_path_factory.mktemp("build") / "build-images.log"
+    with log.open("wb") as out:
+        proc = subprocess.run(
+            [str(ROOT / "scripts" / "build-images.sh"), *BUILT],
+            env={**engine, "PODIUM_IMAGE_TAG": TAG},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=1800,
+            check=False,
+        )
+    lines = log.read_text(errors="replace").splitlines()
+    assert proc.returncode == 0, "scripts/build-images.sh failed:\n" + "\n".join(lines[-30:])
+    for line in lines:
+        if line.startswith("[build-images] podium-"):
+            print(line)
+    return {"control-plane": CONTROL_PLANE, "pod": POD, "redis": f"podium-redis:{TAG}"}
+
+
+@pytest.fixture
+def docker(engine: dict[str, str]) -> Iterator[Docker]:
+    d = Docker(engine, f"podium.test.run={os.getpid()}-{time.monotonic_ns()}")
+    yield d
+    d.remove_all()

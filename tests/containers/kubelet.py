@@ -1,0 +1,143 @@
+"""The in-test Kubernetes API server (tests/orchestrator/k8s_server.py) with a kubelet that
+runs each Pod the orchestrator creates as Docker containers, the way a node would: one container
+per manifest container, from the manifest's image, command, args and env, with its security
+context (capabilities dropped, no privilege escalation; read-only root as the chart sets for its
+services) and the pod's memory-backed /dev/shm emptyDir as a tmpfs volume shared by its
+containers. A graceful delete is `docker stop` with the pod's grace period (SIGTERM, then
+SIGKILL); a pod whose containers exit on their own becomes Succeeded or Failed.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from tests.containers.conftest import Docker
+from tests.orchestrator.k8s_server import FakeCluster
+
+
+@dataclass
+class RunPod:
+    """What the kubelet did with one Pod: its manifest, containers and how each ended."""
+
+    manifest: dict[str, Any]
+    containers: dict[str, str] = field(default_factory=dict)  # manifest name → docker name
+    stopped: bool = False  # deleted gracefully (SIGTERM)
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    logs: dict[str, str] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)  # every container ended
+
+
+class DockerKubelet(FakeCluster):
+    def __init__(self, docker: Docker, prefix: str) -> None:
+        super().__init__(exit_delay_s=0.0)
+        self.docker, self.prefix = docker, prefix
+        self.runs: dict[str, RunPod] = {}  # by pod name
+        self.errors: list[str] = []
+
+    # Called by the API server with its lock held: start the containers in a thread.
+    def _bind(self, pod: dict[str, Any]) -> None:
+        super()._bind(pod)
+        if pod["status"].get("phase") == "Running":
+            run = RunPod(copy.deepcopy(pod))
+            self.runs[pod["metadata"]["name"]] = run
+            threading.Thread(target=self._start, args=(run,), daemon=True).start()
+
+    def _start(self, run: RunPod) -> None:
+        meta, spec = run.manifest["metadata"], run.manifest["spec"]
+        name = f"{self.prefix}-{meta['name']}"
+        try:
+            mounts: list[str] = []
+            for vol in spec.get("volumes", []):
+                if vol.get("emptyDir", {}).get("medium") == "Memory":
+                    size = int(parse_quantity(vol["emptyDir"].get("sizeLimit", "64Mi")))
+                    vname = f"{name}-{vol['name']}"
+                    self.docker(
+                        "volume", "create", "--label", self.docker.label, "--driver", "local",
+                        "--opt", "type=tmpfs", "--opt", "device=tmpfs",
+                        "--opt", f"o=size={size},uid=10001,gid=10001,mode=1777", vname,
+                    )  # fmt: skip
+                    mounts.append(vname)
+            for c in spec["containers"]:
+                flags = [f"--env={e['name']}={e['value']}" for e in c.get("env", [])]
+                for m in c.get("volumeMounts", []):
+                    # nocopy: an empty, world-writable tmpfs like the emptyDir, not the
+                    # image's /dev/shm permissions copied onto it.
+                    flags.append(f"--volume={name}-{m['name']}:{m['mountPath']}:nocopy")
+                memory = c.get("resources", {}).get("limits", {}).get("memory")
+                if memory:
+                    flags.append(f"--memory={int(parse_quantity(memory))}")
+                sc = c.get("securityContext", {})
+                assert sc.get("allowPrivilegeEscalation") is False, sc
+                assert sc.get("capabilities", {}).get("drop") == ["ALL"], sc
+                cname = f"{name}-{c['name']}"
+                command = c.get("command") or []
+                if command:
+                    flags.append(f"--entrypoint={command[0]}")
+                self.docker.run(cname, c["image"], *command[1:], *c.get("args", []), flags=flags)
+                run.containers[c["name"]] = cname
+        except Exception as exc:  # reported by the test, and the pod fails
+            self.errors.append(f"{meta['name']}: {exc}")
+            run.done.set()
+            self._finished(run, failed=True)
+            return
+        for cname in run.containers.values():
+            self.docker("wait", cname, check=False, timeout=3600)
+        self._finished(run)
+
+    def _collect(self, run: RunPod) -> None:
+        for role, cname in run.containers.items():
+            state = self.docker.inspect(cname)["State"]
+            run.exit_codes[role] = int(state["ExitCode"])
+            run.logs[role] = self.docker.logs(cname)
+
+    def _finished(self, run: RunPod, failed: bool = False) -> None:
+        """The containers exited on their own: the pod is Succeeded or Failed."""
+        name = run.manifest["metadata"]["name"]
+        with self.cond:
+            pod = self.pods.get((run.manifest["metadata"]["namespace"], name))
+            if pod is None or pod["metadata"].get("deletionTimestamp") or run.stopped:
+                return  # being deleted: _finish_deletion reports it
+        if not failed:
+            self._collect(run)
+        run.done.set()
+        codes = run.exit_codes
+        ok = not failed and codes and all(code == 0 for code in codes.values())
+        roles = [c["name"] for c in run.manifest["spec"]["containers"]]
+        with self.cond:
+            pod = self.pods.get((run.manifest["metadata"]["namespace"], name))
+            if pod is None:
+                return
+            pod = copy.deepcopy(pod)
+            pod["status"] = {
+                "phase": "Succeeded" if ok else "Failed",
+                "containerStatuses": [
+                    {
+                        "name": role,
+                        "ready": False,
+                        "state": {"terminated": {"exitCode": codes.get(role, 1)}},
+                    }
+                    for role in roles
+                ],
+            }
+            self._put_pod(run.manifest["metadata"]["namespace"], pod, "MODIFIED")
+
+    def _finish_deletion(self, ns: str, name: str, uid: str) -> None:
+        """A graceful delete: SIGTERM every container, SIGKILL after the grace period."""
+        run = self.runs.get(name)
+        if run is not None and run.containers:
+            run.stopped = True
+            with self.cond:
+                pod = self.pods.get((ns, name))
+                grace = (pod or {}).get("metadata", {}).get("deletionGracePeriodSeconds", 30)
+            try:
+                self.docker("stop", "-t", str(grace), *run.containers.values(), timeout=grace + 60)
+                self._collect(run)
+            except Exception as exc:
+                self.errors.append(f"{name}: stopping: {exc}")
+            run.done.set()
+        super()._finish_deletion(ns, name, uid)
