@@ -7,7 +7,6 @@ Subcommands import their heavy dependencies (torch, the services) only when they
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import signal
 import time
@@ -59,7 +58,7 @@ def _main() -> None:
 def train(
     env: Annotated[str, typer.Argument(help="Registered env name, e.g. CartPole-v1.")],
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="YAML file with TrainConfig fields.")
+        Path | None, typer.Option("--config", "-c", help="YAML file with run-config fields.")
     ] = None,
     set_: Annotated[
         list[str] | None,
@@ -69,35 +68,25 @@ def train(
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Train one agent: progress bar, checkpoints and a learning-curve PNG under OUT."""
-    from services.overrides import ConfigError, deep_merge, load_yaml, parse_set
-    from services.pod.algorithms.offpolicy_config import OFF_POLICY_ALGORITHMS
+    from services.overrides import ConfigError, load_yaml, parse_set
+    from services.pod.algorithms.hyperparameters import HyperparameterError
     from services.registry import UnknownNameError
 
     try:
-        # PPO trains on-policy (services/pod/train.py); sac, td3, ddpg and dqn through the
-        # off-policy loop (services/pod/offpolicy.py). The user's layers (YAML, then each --set)
-        # are read once and merged in order over the algorithm's preset, as ``layered`` would.
+        # The user's layers (YAML, then each --set) are read once and merged in order over the
+        # preset of the algorithm they name (services/pod/presets.py); the algorithm's trainer
+        # is a registry lookup (services/pod/trainer.py).
+        from services.pod.presets import train_config
+
         layers = [load_yaml(config)] if config is not None else []
         layers += [parse_set(assignment) for assignment in set_ or []]
-
-        def merged(defaults: dict[str, Any]) -> dict[str, Any]:
-            return functools.reduce(deep_merge, layers, defaults)
-
-        algorithm = merged({"algorithm": "ppo"}).get("algorithm")
-        if algorithm in OFF_POLICY_ALGORITHMS:
-            from services.pod import offpolicy
-
-            cfg = offpolicy.OffPolicyConfig.model_validate(merged(offpolicy.preset(algorithm, env)))
-            build, run_training = offpolicy.build, offpolicy.train_offpolicy
-        else:
-            from services.pod import train as onpolicy
-
-            cfg = onpolicy.TrainConfig.model_validate(merged(onpolicy.preset(env)))
-            build, run_training = onpolicy.build, onpolicy.train
+        cfg = train_config(env, layers)
     except ConfigError as exc:
         raise fail(str(exc)) from None
     except ValidationError as exc:
         raise fail(describe_validation(exc)) from None
+    except (UnknownNameError, HyperparameterError) as exc:
+        raise fail(str(exc)) from None
     if cfg.env != env:
         raise fail(f"the config names env {cfg.env!r} but the command names {env!r}")
 
@@ -105,9 +94,11 @@ def train(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from services.plots import learning_curve
+    from services.pod.fit import build
+    from services.pod.fit import train as run_training
 
     try:
-        roles = build(cfg)
+        trainer = build(cfg)
     except (UnknownNameError, TypeError, ValueError) as exc:
         raise fail(str(exc)) from None
 
@@ -137,7 +128,7 @@ def train(
     with progress:
         task = progress.add_task(env, total=cfg.total_env_steps, rate=0.0, eval="–")
         try:
-            result = run_training(cfg, out_dir=out, on_progress=on_progress, roles=roles)
+            result = run_training(cfg, out_dir=out, on_progress=on_progress, trainer=trainer)
         finally:
             metrics.close()
     png = learning_curve(result.history, out / "learning_curve.png", env, cfg.target_return)

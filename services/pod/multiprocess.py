@@ -12,12 +12,14 @@ Unix socket in a shared directory for JSON control messages, shared-memory files
 - a rollout is written by the worker into its shared file (allocated on the first rollout of a
   build) and the learner updates from the mapped tensors in place.
 
-Each role builds its env and policy from the TrainConfig the learner sends (JSON); the agent's
-initial weights come out the same in every process, and the learner's weights before every
-rollout or evaluation. Worker and learner alternate (collect with the newest weights, then
-update), exactly as the fused loop does, so for the same seed every mode trains the same agent
-up to floating-point noise. A role exits when the learner says stop or goes away; the learner
-fails with a ``RoleError`` naming the role when one fails, exits or stops answering.
+``RemoteRoles`` are PPO's ``RolloutRoles`` (services/pod/onpolicy.py): its trainer collects
+and evaluates through them as through the roles in its own process. Each role builds its env
+and policy from the ``PPORunConfig`` the learner sends (JSON), and takes the learner's weights
+before every rollout or evaluation. Worker and learner alternate (collect with the newest
+weights, then update), exactly as in one process, so for the same seed every mode trains the
+same agent up to floating-point noise. A role exits when the learner says stop or goes away;
+the learner fails with a ``RoleError`` naming the role when one fails, exits or stops
+answering.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ import torch
 import torch.multiprocessing as mp
 
 from services.logs import get_logger
+from services.pod.envs.base import VecEnv
 from services.pod.evaluator import EvalResult, Evaluator
-from services.pod.learner import Learner
-from services.pod.train import TrainConfig, build
+from services.pod.learner import RolloutLearner
+from services.pod.onpolicy import PPORunConfig, build_agent, make_worker
 from services.pod.transport import (
     POLL_S,
     PROTOCOL,
@@ -58,7 +61,7 @@ from services.pod.transport import (
     retire,
     retired,
 )
-from services.pod.worker import Rollout, Worker
+from services.pod.worker import Rollout, RolloutWorker
 
 log = get_logger(__name__)
 
@@ -105,7 +108,7 @@ class _Role:
 
     def __init__(self, name: str, directory: Path) -> None:
         self.name, self.directory = name, directory
-        self.worker: Worker | None = None
+        self.worker: RolloutWorker | None = None
         self.evaluator: Evaluator | None = None
         self.policy: Any = None
         self.weights: SharedTensors | None = None
@@ -124,18 +127,19 @@ class _Role:
         raise TransportError(f"unknown message {op!r}")
 
     def build(self, message: dict[str, Any]) -> dict[str, Any]:
-        config = TrainConfig.model_validate(message["config"])
+        config = PPORunConfig.model_validate(message["config"])
         torch.set_num_threads(config.torch_threads or 1)
         self.close()  # a restart from a parent replaces the env
         # The agent built here is only a policy to act with; its weights come from the
         # learner before every rollout or evaluation.
-        worker, learner, evaluator = build(config)
-        drop = evaluator if self.name == "worker" else worker
-        if hasattr(drop.env, "close"):
-            drop.env.close()
-        self.worker = worker if self.name == "worker" else None
-        self.evaluator = evaluator if self.name == "evaluator" else None
-        self.policy = learner.policy
+        env, eval_env, agent = build_agent(config)
+        if self.name == "worker":
+            eval_env.close()
+            self.worker = make_worker(config, env, agent)
+        else:
+            env.close()
+            self.evaluator = Evaluator(eval_env, seed=config.evaluation_seed)
+        self.policy = agent.policy
         weights = message["weights"]
         self.weights = SharedTensors(self._path(weights["file"]), weights["layout"])
         self.loaded = -1
@@ -195,7 +199,7 @@ class _Role:
 
     def close(self) -> None:
         for role in (self.worker, self.evaluator):
-            if role is not None and hasattr(role.env, "close"):
+            if role is not None:
                 role.env.close()
         self.worker = self.evaluator = None
         if self.rollout is not None:
@@ -312,11 +316,13 @@ class RemoteRoles:
     (their own containers, or the children ``ProcessRoles`` starts). ``timeout_s`` bounds the
     wait for a role to connect and for any answer."""
 
+    in_process = False
+
     def __init__(self, directory: Path = DEFAULT_ROLES_DIR, timeout_s: float = 300.0) -> None:
         self.directory, self.timeout_s = Path(directory), timeout_s
         self.server, self.token = listen(self.directory)
         self.peers: dict[str, _Peer] = {}
-        self.learner: Learner | None = None
+        self.learner: RolloutLearner | None = None
         self._builds = 0
         self._device = "cpu"
         self._cancel = threading.Event()
@@ -404,16 +410,17 @@ class RemoteRoles:
                 f"the {peer.name} went away ({exc}): its process or container exited"
             ) from None
 
-    # -- the Roles interface -----------------------------------------------------------------
-    def build(self, config: TrainConfig) -> Learner:
+    # -- RolloutRoles ---------------------------------------------------------------------
+    def build(
+        self, config: PPORunConfig, env: VecEnv, eval_env: VecEnv, learner: RolloutLearner
+    ) -> None:
+        """Have the roles build their env and policy for ``config``; the learner's envs are
+        not needed here."""
+        env.close()
+        eval_env.close()
         self._connect_roles()
-        # Built the same way as in the roles' processes, so every process starts from the
-        # same initial weights; this process keeps only the learner.
-        worker, self.learner, evaluator = build(config)
+        self.learner = learner
         self._device = config.device
-        for env in (worker.env, evaluator.env):
-            if hasattr(env, "close"):
-                env.close()
         state = self.learner.policy_state()
         self._builds += 1
         for peer in self.peers.values():
@@ -430,7 +437,6 @@ class RemoteRoles:
             # Both sides have it mapped now, and a mapping outlives the file's name: nothing
             # is left behind in the shared directory if a process is killed.
             peer.weights.unlink()
-        return self.learner
 
     def publish(self, role: str = "worker") -> None:
         """Copy the learner's current policy into ``role``'s shared weights."""
@@ -440,9 +446,8 @@ class RemoteRoles:
         peer.weights.write(self.learner.agent.policy.state_dict())
         peer.version += 1
 
-    def step(self) -> tuple[dict[str, float], torch.Tensor]:
-        """One rollout (collected with the newest weights) and one update."""
-        assert self.learner is not None
+    def collect(self) -> Rollout:
+        """One rollout, collected with the newest weights, mapped from shared memory."""
         peer = self.peers["worker"]
         self.publish("worker")
         self._send(peer, {"op": "collect", "weights_version": peer.version})
@@ -451,9 +456,7 @@ class RemoteRoles:
             peer.rollout = SharedTensors(self.directory / Path(reply["file"]).name, reply["layout"])
             peer.rollout.unlink()  # mapped on both sides (see build)
         assert peer.rollout is not None and peer.rollout.path.name == reply["file"]
-        rollout = _unflatten(peer.rollout.tensors, int(reply["episodes"]), self._device)
-        stats = self.learner.update(rollout)
-        return stats, rollout.episode_returns.clone()
+        return _unflatten(peer.rollout.tensors, int(reply["episodes"]), self._device)
 
     def evaluate(self) -> EvalResult:
         self.publish("evaluator")

@@ -18,8 +18,12 @@ import uvicorn
 
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
+from services.pod.evaluator import Evaluator
 from services.pod.leaderboard_client import LeaderboardClient
-from services.pod.runtime import FusedRoles, PodRuntime, fetch_parent
+from services.pod.learner import RolloutLearner
+from services.pod.onpolicy import LocalRoles, OnPolicyTrainer, PPORunConfig
+from services.pod.runtime import PodRuntime, RuntimeSettings, fetch_parent
+from services.pod.worker import RolloutWorker
 from services.spec import ExperimentSpec
 from tests.leaderboard.conftest import free_port
 
@@ -112,9 +116,8 @@ def download(lb: Leaderboard, candidate: dict[str, Any], directory: Path) -> Pat
 
 def runtime(lb: Leaderboard, exp: str, spec: dict[str, Any], pod: str, tmp: Path) -> PodRuntime:
     model = ExperimentSpec.model_validate(spec)
-    return PodRuntime(
-        exp, pod, model, client(lb, exp), FusedRoles(), work_dir=tmp / pod, grace_s=10
-    )
+    settings = RuntimeSettings(work_dir=tmp / pod, grace_s=10)
+    return PodRuntime(exp, pod, model, client(lb, exp), settings)
 
 
 class InThread:
@@ -182,3 +185,12 @@ def start_pod(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+def ppo_roles(config: PPORunConfig) -> tuple[RolloutWorker, RolloutLearner, Evaluator]:
+    """PPO's worker, learner and evaluator for ``config``, in this process, as its trainer
+    builds them (the worker and the evaluator hold the learner's policy)."""
+    trainer = OnPolicyTrainer([config])
+    roles = trainer.roles
+    assert isinstance(roles, LocalRoles) and roles.worker and roles.evaluator
+    return roles.worker, trainer.learner, roles.evaluator
