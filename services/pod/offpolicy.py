@@ -188,14 +188,6 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         return self.agent.policy
 
     @property
-    def env_steps(self) -> int:  # type: ignore[override]
-        return self.learner.env_steps
-
-    @property
-    def updates(self) -> int:  # type: ignore[override]
-        return self.learner.updates
-
-    @property
     def step_env_steps(self) -> int:
         return self.worker.env.num_envs
 

@@ -145,14 +145,6 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         self.learner.after_epoch = averager
 
     @property
-    def env_steps(self) -> int:  # type: ignore[override]
-        return self.learner.env_steps
-
-    @property
-    def updates(self) -> int:  # type: ignore[override]
-        return self.learner.updates
-
-    @property
     def step_env_steps(self) -> int:
         return self._config.ppo.batch_size * self.learner.world
 

@@ -89,11 +89,11 @@ class PopulationTrainer(Trainer[PPORunConfig]):
         return {k: getattr(config.ppo, k) for k in HYPERPARAMETERS}
 
     @property
-    def env_steps(self) -> int:  # type: ignore[override]
-        return self.population.env_steps
+    def env_steps(self) -> int:
+        return self.population.env_steps  # per agent, whatever their files' counters
 
     @property
-    def updates(self) -> int:  # type: ignore[override]
+    def updates(self) -> int:
         return self.population.updates
 
     @property

@@ -136,6 +136,8 @@ class PodRuntime:
         self.start()
         while not self.stopping:
             self.train_round()
+            if self.stopping:
+                break  # the final report comes next
             if self.rounds % self.spec.evaluation.every_rounds == 0:
                 self.report()
                 if not self.stopping:

@@ -102,8 +102,9 @@ class Roles(Protocol):
 class Trainer(ABC, Generic[C]):
     """``size`` agents of one algorithm, trained in lock-step (see the module docstring).
 
-    ``env_steps`` and ``updates`` count per slot and go on from loaded training files;
-    ``step_env_steps`` is what the next ``step`` adds to ``env_steps``.
+    ``env_steps`` and ``updates`` are the trainer's clock, per slot (a single agent's go on
+    from loaded training files); ``step_env_steps`` is what the next ``step`` adds to
+    ``env_steps``.
     """
 
     #: The run config this trainer takes (a ``RunConfig`` with the algorithm's fields).
@@ -118,8 +119,6 @@ class Trainer(ABC, Generic[C]):
     pod_defaults: ClassVar[dict[str, Any]] = {}
 
     size: int
-    env_steps: int
-    updates: int
 
     @abstractmethod
     def __init__(self, configs: Sequence[C], roles: Roles | None = None) -> None:
@@ -134,6 +133,14 @@ class Trainer(ABC, Generic[C]):
     def join_group(self, world: int) -> None:
         """Make this trainer one of ``world`` replicas (in a process group already)."""
         raise NotImplementedError(f"{type(self).__name__} trains no replicas")
+
+    @property
+    def env_steps(self) -> int:
+        return self.counters(0).env_steps
+
+    @property
+    def updates(self) -> int:
+        return self.counters(0).updates
 
     @abstractmethod
     def step(self) -> None:

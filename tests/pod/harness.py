@@ -114,9 +114,16 @@ def download(lb: Leaderboard, candidate: dict[str, Any], directory: Path) -> Pat
         pod_client.close()
 
 
-def runtime(lb: Leaderboard, exp: str, spec: dict[str, Any], pod: str, tmp: Path) -> PodRuntime:
+def runtime(
+    lb: Leaderboard,
+    exp: str,
+    spec: dict[str, Any],
+    pod: str,
+    tmp: Path,
+    max_env_steps: int | None = None,
+) -> PodRuntime:
     model = ExperimentSpec.model_validate(spec)
-    settings = RuntimeSettings(work_dir=tmp / pod, grace_s=10)
+    settings = RuntimeSettings(work_dir=tmp / pod, grace_s=10, max_env_steps=max_env_steps)
     return PodRuntime(exp, pod, model, client(lb, exp), settings)
 
 

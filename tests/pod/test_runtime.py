@@ -339,3 +339,41 @@ def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
         if line.startswith("{") and '"pod started"' in line
     ]
     assert started and started[0]["mode"] == "population"
+
+
+def test_a_pod_stops_within_its_env_step_budget(leaderboard: Leaderboard, tmp_path: Path) -> None:
+    """``PODIUM_MAX_ENV_STEPS``: the pod takes every whole step that fits in the budget and no
+    more, makes its final report and exits 0 on its own (no SIGTERM)."""
+    spec = make_spec()
+    register(leaderboard, "budget", spec)
+    budget, step = 2_500, 16 * 16  # the CartPole preset's rollout: 16 envs x 16 steps
+    proc = start_pod(
+        leaderboard, "budget", "p0", spec, tmp_path, tmp_path / "pod.log",
+        PODIUM_MAX_ENV_STEPS=str(budget),
+    )  # fmt: skip
+    try:
+        assert proc.wait(timeout=120) == 0, (tmp_path / "pod.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [json.loads(line) for line in (tmp_path / "pod.log").read_text().splitlines()]
+    with leaderboard.api() as api:
+        summary = api.get("/experiments/budget").json()
+    assert summary["env_steps"] == budget // step * step  # 2,304: one more step would exceed
+    assert lines[-1]["event"] == "pod stopped" and lines[-1]["env_steps"] == summary["env_steps"]
+    reports = [line for line in lines if line["event"] == "reported"]
+    assert reports[-1]["final"] is True and summary["submissions"] == len(reports)
+
+
+def test_a_population_pod_shares_its_env_step_budget(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """The budget counts every agent's env steps: 3 agents of 256 per step take 768 a step."""
+    spec = make_spec(population={"min_pods": 1, "max_pods": 1, "agents_per_pod": 3})
+    register(leaderboard, "budget-pop", spec)
+    rt = runtime(leaderboard, "budget-pop", spec, "p0", tmp_path, max_env_steps=2_500)
+    rt.run()  # returns by itself once the budget is spent
+    rt.close()
+    assert rt.env_steps == 3 * 768 and rt.stopping
+    assert sum(s["env_steps"] for s in rt.submissions) == rt.env_steps
+    assert [s["final"] for s in rt.submissions][-3:] == [True] * 3
