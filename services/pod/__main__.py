@@ -276,7 +276,7 @@ def _serve_role(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     import torch
 
-    from services.pod.multiprocess import RoleError, serve_role
+    from services.pod.role_process import RoleError, serve_role
 
     torch.set_num_threads(settings.torch_threads)
     log.info("role starting", role=args.role, roles_dir=str(roles_dir))

@@ -12,8 +12,8 @@ Two kinds, one per way of learning:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import torch
 
@@ -21,6 +21,9 @@ from services.pod.algorithms.normalization import batch_stats
 from services.pod.algorithms.policies import Policy
 from services.pod.algorithms.replay_buffer import ReplayBuffer
 from services.pod.envs.base import VecEnv
+
+#: Rollout fields whose length varies from rollout to rollout (episodes that ended in it).
+VARIABLE = ("episode_returns", "episode_lengths")
 
 
 @dataclass
@@ -43,6 +46,33 @@ class Rollout:
     @property
     def env_steps(self) -> int:
         return self.rewards.numel()
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The rollout as named tensors (a tuple field ``f`` as ``f.0``, ``f.1``, …), as a
+        worker in another process writes them into shared memory."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple):
+                out.update({f"{f.name}.{i}": t for i, t in enumerate(value)})
+            else:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], episodes: int, device: str) -> Rollout:
+        """The rollout ``tensors`` names, on ``device``; ``VARIABLE`` fields hold ``episodes``
+        entries (their shared tensors have room for one per env step)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in tensors:
+                t = tensors[f.name]
+                values[f.name] = (t[:episodes] if f.name in VARIABLE else t).to(device)
+            else:
+                parts = [k for k in tensors if k.startswith(f.name + ".")]
+                parts.sort(key=lambda k: int(k.rsplit(".", 1)[1]))
+                values[f.name] = tuple(tensors[k].to(device) for k in parts)
+        return cls(**values)
 
 
 class RolloutWorker:

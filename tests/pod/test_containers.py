@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.pod.multiprocess import RemoteRoles, RoleError, serve_role
+from services.pod.multiprocess import RemoteRoles
 from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
 from services.pod.presets import preset
+from services.pod.role_process import RoleError, serve_role
 from services.pod.transport import SOCKET, TOKEN, Channel, SharedTensors, TransportError
 from tests.pod.harness import ROOT, Leaderboard, make_spec, pod_env, ppo_roles, register
 
