@@ -73,8 +73,8 @@ class RoleSettings(BaseSettings):
     torch_threads: int = Field(
         default=1,
         ge=1,
-        description="Intra-op threads. Small networks run fastest on one (measured: a Pendulum "
-        "pod on 2 threads of a shared 2-core machine was ~50x slower); raise it for large nets.",
+        description="Intra-op threads. Small networks run fastest on one (more threads only "
+        "add synchronisation to their tiny ops, docs/benchmarks.md); raise it for large nets.",
     )
 
 

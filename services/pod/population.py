@@ -13,14 +13,14 @@ batched env holds ``P * num_envs`` sub-environments; agent p owns the slice
 Every step is the PPO of ``services.pod.algorithms.ppo`` for P agents at once. The agents'
 modules are stacked with ``torch.func.stack_module_state``; their MLPs run as batched matmuls
 over the agent axis (one ``baddbmm`` per layer for all P agents, which is what ``vmap`` makes
-of ``nn.Linear``, without vmap's per-op dispatch: at these sizes that cost was a tenth of a
-gradient step). GAE, the clipped-surrogate loss, the gradient clipping and Adam are written
-over a leading agent axis, with each agent's coefficients as a (P, 1) column. The agents'
-losses are independent, so one backward of their sum gives every agent its own gradient. The
-parameters live in one flat (P, n_params) tensor (the stacked tensors are views into it), so
-clipping and Adam are a few ops for the whole population instead of one kernel per tensor per
-agent. Random draws (action noise, minibatch permutations) come from the population's
-generator.
+of ``nn.Linear``, without vmap's per-op dispatch, which at these sizes costs a sizeable share
+of a gradient step: docs/benchmarks.md). GAE, the clipped-surrogate loss, the gradient clipping
+and Adam are written over a leading agent axis, with each agent's coefficients as a (P, 1)
+column. The agents' losses are independent, so one backward of their sum gives every agent its
+own gradient. The parameters live in one flat (P, n_params) tensor (the stacked tensors are
+views into it), so clipping and Adam are a few ops for the whole population instead of one
+kernel per tensor per agent. Random draws (action noise, minibatch permutations) come from the
+population's generator.
 
 Results equal P sequential ``PPO`` agents built with the same seeds and fed the same rollouts
 (tests/pod/test_population.py). services/pod/population_trainer.py trains the P agents as
@@ -55,7 +55,7 @@ from services.pod.learner import RolloutLearner
 from services.pod.worker import Rollout
 
 #: PPOConfig fields that may differ between the agents of a population (the name this module
-#: and population_runtime.py use for ppo_config.POPULATION_HYPERPARAMETERS).
+#: and population_trainer.py use for ppo_config.POPULATION_HYPERPARAMETERS).
 HYPERPARAMETERS = POPULATION_HYPERPARAMETERS
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as PPO's optimiser
 _STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
@@ -74,10 +74,11 @@ class _ActorCritic(nn.Module):
 def _tanh_(x: torch.Tensor) -> torch.Tensor:
     """tanh in place, as 2·sigmoid(2x) − 1 on CPU.
 
-    torch's float32 tanh kernel on CPU is about 5x slower than its sigmoid (290 vs 60 µs on a
-    (32, 64, 64) tensor, one AVX-512 thread). A single agent hardly notices (its step is
-    per-op overhead), but once the population pays that overhead once for all P agents the
-    activations were the largest cost of a gradient step. Agrees with ``torch.tanh`` to ~1e-7.
+    torch's float32 tanh kernel on CPU is several times slower than its sigmoid. A single agent
+    hardly notices (its step is per-op overhead), but once the population pays that overhead
+    once for all P agents the activations were the largest cost of a gradient step
+    (docs/benchmarks.md, "Vectorized populations"). Agrees with ``torch.tanh`` to float
+    precision.
     """
     if x.device.type != "cpu":
         return x.tanh_()  # GPUs' tanh is fast
@@ -299,8 +300,7 @@ class PopulationPPO:
             weight, weight_grad = self.params[f"{name}.weight"], self._grads[f"{name}.weight"]
             torch.sum(grad, 1, out=self._grads[f"{name}.bias"])
             # gradᵀ·x, with the wider of (out, in) as the product's last dimension: MKL's
-            # batched gemm is several times slower with a narrow one (a 4-wide first layer:
-            # 90 vs 26 µs at P = 32).
+            # batched gemm is several times slower with a narrow one (docs/benchmarks.md).
             if weight.shape[2] < weight.shape[1]:
                 weight_grad.transpose(1, 2).copy_(torch.bmm(x.transpose(1, 2), grad))
             else:
@@ -547,8 +547,8 @@ class PopulationPPO:
         own gradient. Autograd differentiates only the loss with respect to the networks'
         outputs (and the log-std); the MLPs' backward is written out (``_backward``): no graph
         of their ops is recorded, and weight gradients land in the flat gradient without a
-        copy of the whole. That, and the batched matmuls, was 1.3x faster than autograd
-        through ``vmap``ed ``functional_call`` (P = 32, 64x64, CPU).
+        copy of the whole. That, and the batched matmuls, is faster than autograd through
+        ``vmap``ed ``functional_call`` (docs/benchmarks.md, "Vectorized populations").
         """
         obs, actions, old_logp, adv, returns, old_values = minibatch
         actor = self._forward(self._actor_layers, obs)
