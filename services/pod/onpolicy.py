@@ -10,9 +10,9 @@ evaluation. ``learners: N`` fuses N replicas by averaging (services/pod/fusion.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, cast
+from typing import ClassVar, Protocol, cast
 
 import torch
 from pydantic import Field
@@ -116,7 +116,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
     one_update_per_step = True
     # Pods train open-ended rounds and the generator tunes the learning rate (PBT), so PPO's
     # LR is not annealed toward a budget unless the hyperparameters ask for it.
-    pod_defaults: ClassVar[dict[str, Any]] = {"ppo": {"anneal_lr": False}}
+    pod_defaults: ClassVar[Mapping[str, object]] = {"ppo": {"anneal_lr": False}}
 
     def __init__(self, configs: Sequence[PPORunConfig], roles: Roles | None = None) -> None:
         [config] = configs

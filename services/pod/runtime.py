@@ -102,10 +102,10 @@ class PodRuntime:
         metrics: PodMetrics | None = None,
         roles: Roles | None = None,
     ) -> None:
-        self.size = spec.population.agents_per_pod
-        if self.size > 1:  # the spec validator's own check, for a spec that reached us raw
-            check_population(self.size, spec.algorithms, spec.search_space)
-        self.experiment_id, self.pod_id, self.spec = experiment_id, pod_id, spec
+        size = spec.population.agents_per_pod
+        if size > 1:  # the spec validator's own check, for a spec that reached us raw
+            check_population(size, spec.algorithms, spec.search_space)
+        self.pod_id, self.spec = pod_id, spec
         self.client = client
         self.settings = settings or RuntimeSettings()
         self.work_dir = Path(self.settings.work_dir or tempfile.mkdtemp(prefix=f"podium-{pod_id}-"))
@@ -116,13 +116,22 @@ class PodRuntime:
         self.ready = ReadyRule.of(spec)
         self.seed = zlib.crc32(pod_id.encode()) % (2**31)
         self.slots = [
-            Lineage(pod_id=pod_id if self.size == 1 else f"{pod_id}.m{i}") for i in range(self.size)
+            Lineage(pod_id=pod_id if size == 1 else f"{pod_id}.m{i}") for i in range(size)
         ]
         self.trainer: Trainer | None = None
         self.stopping = False
         self.rounds = 0
         self.env_steps = 0  # taken by this pod, summed over its slots
         self.submissions: list[dict[str, Any]] = []  # answers of this pod's reports
+
+    @property
+    def size(self) -> int:
+        """The slots: agents trained by this pod."""
+        return len(self.slots)
+
+    def slot_dir(self, i: int, name: str) -> Path:
+        """Where slot i's ``name`` files go (``latest``, ``parent``)."""
+        return self.work_dir / (f"m{i}" if self.size > 1 else "") / name
 
     # -- signals ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -197,7 +206,7 @@ class PodRuntime:
         parent_id, generation = None, 0
         if manifest["checkpoint"] != "fresh":
             try:
-                parent = self.work_dir / (f"m{i}" if self.size > 1 else "") / "parent"
+                parent = self.slot_dir(i, "parent")
                 trainer.load(i, fetch_parent(self.client, parent, manifest["checkpoint"]), config)
                 parent_id, generation = manifest["parent_id"], manifest["generation"]
             except CheckpointError as exc:
@@ -277,7 +286,7 @@ class PodRuntime:
         self.metrics.evaluated(*(results[i].mean for i in due))
         for i in due:
             slot, evaluation = self.slots[i], results[i]
-            directory = self.work_dir / (f"m{i}" if self.size > 1 else "") / "latest"
+            directory = self.slot_dir(i, "latest")
             trainer.save(i, directory)
             files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
             result = slot.submission(slot.unreported_steps, evaluation)

@@ -17,7 +17,7 @@ Adding an algorithm is one module (the class), one config model, one preset file
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
@@ -116,7 +116,7 @@ class Trainer(ABC, Generic[C]):
     #: off-policy loop's batch and replay settings): top-level fields of ``config_class``.
     loop_hyperparameters: ClassVar[tuple[str, ...]] = ()
     #: What a pod changes in every preset (a layer under the generator's hyperparameters).
-    pod_defaults: ClassVar[dict[str, Any]] = {}
+    pod_defaults: ClassVar[Mapping[str, object]] = {}
 
     size: int
 
@@ -192,7 +192,7 @@ class Algorithm(Protocol):
     action_spaces: ClassVar[tuple[ActionKind, ...]]
 
     @classmethod
-    def trainer(cls, slots: int) -> type[Trainer[Any]]:
+    def trainer(cls, slots: int) -> type[Trainer]:
         """The trainer for ``slots`` agents of this algorithm; raises ``HyperparameterError``
         for a number of slots it cannot train."""
         ...
@@ -223,7 +223,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return cls
 
 
-def trainer_class(algorithm: str, slots: int = 1) -> type[Trainer[Any]]:
+def trainer_class(algorithm: str, slots: int = 1) -> type[Trainer]:
     return algorithm_class(algorithm).trainer(slots)
 
 
@@ -245,6 +245,6 @@ def check_action_space(algorithm: type[Algorithm], space: gym.Space) -> None:
         raise ValueError(f"{algorithm.name} needs {wanted} action space, got {space}")
 
 
-def build_trainer(configs: Sequence[RunConfig], roles: Roles | None = None) -> Trainer[Any]:
+def build_trainer(configs: Sequence[RunConfig], roles: Roles | None = None) -> Trainer:
     """The trainer of ``configs`` (one per slot, all of one algorithm)."""
     return trainer_class(configs[0].algorithm, len(configs))(configs, roles)
