@@ -34,7 +34,7 @@ from services.pod.envs.base import VecEnv
 from services.pod.evaluator import EvalResult, Evaluator
 from services.pod.fusion import ParameterAverager
 from services.pod.learner import RolloutLearner
-from services.pod.trainer import Counters, Roles, RunConfig, Trainer
+from services.pod.trainer import Counters, Roles, RunConfig, Trainer, check_action_space
 from services.pod.worker import Rollout, RolloutWorker
 
 
@@ -55,6 +55,12 @@ def build_agent(config: PPORunConfig) -> tuple[VecEnv, VecEnv, PPO]:
     process that builds them from the same config gets the same initial weights."""
     torch.manual_seed(config.seed)
     env, eval_env = config.make_envs(config.ppo.num_envs)
+    try:
+        check_action_space(PPO, env.single_action_space)
+    except ValueError:
+        env.close()
+        eval_env.close()
+        raise
     agent = PPO(env.single_observation_space, env.single_action_space, config.ppo)
     return env, eval_env, agent.to(config.device)
 

@@ -21,6 +21,7 @@ from services.leaderboard.settings import LeaderboardSettings
 from services.pod.evaluator import Evaluator
 from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.learner import RolloutLearner
+from services.pod.metrics import PodMetrics
 from services.pod.onpolicy import LocalRoles, OnPolicyTrainer, PPORunConfig
 from services.pod.runtime import PodRuntime, RuntimeSettings, fetch_parent
 from services.pod.worker import RolloutWorker
@@ -121,10 +122,12 @@ def runtime(
     pod: str,
     tmp: Path,
     max_env_steps: int | None = None,
+    metrics: PodMetrics | None = None,
 ) -> PodRuntime:
+    """A pod's runtime (one agent, or the spec's population) wired to ``lb``."""
     model = ExperimentSpec.model_validate(spec)
     settings = RuntimeSettings(work_dir=tmp / pod, grace_s=10, max_env_steps=max_env_steps)
-    return PodRuntime(exp, pod, model, client(lb, exp), settings)
+    return PodRuntime(exp, pod, model, client(lb, exp), settings, metrics)
 
 
 class InThread:

@@ -13,6 +13,7 @@ from services.pod.multiprocess import ProcessRoles, RoleError
 from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
 from services.pod.presets import preset
 from tests.pod.harness import ppo_roles
+from tests.pod.plugins import register_plugin
 
 
 def config(**over) -> PPORunConfig:
@@ -82,14 +83,8 @@ class ExplodingCartPole(CartPoleEnv):
 def test_a_failing_role_is_reported_with_its_error(tmp_path: Path, monkeypatch) -> None:
     # A plugin env registered through the real entry-point mechanism; spawned processes get
     # this sys.path too.
-    (tmp_path / "podium_exploding_env.py").write_text(PLUGIN)
-    dist = tmp_path / "podium_exploding_env-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-exploding-env\n")
-    (dist / "entry_points.txt").write_text(
-        "[podium.envs]\nExploding-v0 = podium_exploding_env:ExplodingCartPole\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    envs = {"Exploding-v0": "podium_exploding_env:ExplodingCartPole"}
+    register_plugin(tmp_path, monkeypatch, "podium_exploding_env", PLUGIN, {"podium.envs": envs})
     roles = ProcessRoles(threads=1)
     try:
         trainer = OnPolicyTrainer([config(env="Exploding-v0")], roles)

@@ -23,9 +23,9 @@ from services.pod.leaderboard_client import LeaderboardClient
 from services.pod.metrics import PodMetrics
 from services.pod.onpolicy import PPORunConfig
 from services.pod.presets import eval_seed, pod_config
-from services.pod.runtime import HyperparameterError, PodRuntime, RuntimeSettings
+from services.pod.runtime import HyperparameterError, PodRuntime
 from services.spec import ExperimentSpec
-from tests.pod.harness import TOKEN, Leaderboard, client, download, register, stop_after
+from tests.pod.harness import TOKEN, Leaderboard, download, register, runtime, stop_after
 
 P = 4
 
@@ -49,25 +49,12 @@ def make_spec(**over: Any) -> dict[str, Any]:
     return spec
 
 
-def population(
-    lb: Leaderboard,
-    exp: str,
-    spec: dict[str, Any],
-    pod: str,
-    tmp: Path,
-    metrics: PodMetrics | None = None,
-) -> PodRuntime:
-    model = ExperimentSpec.model_validate(spec)
-    settings = RuntimeSettings(work_dir=tmp / pod, grace_s=10)
-    return PodRuntime(exp, pod, model, client(lb, exp), settings, metrics)
-
-
 def test_members_are_candidates_whose_files_load_into_a_single_agent(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:
     spec = make_spec()
     register(leaderboard, "e1", spec)
-    rt = population(leaderboard, "e1", spec, "pop-a", tmp_path)
+    rt = runtime(leaderboard, "e1", spec, "pop-a", tmp_path)
     stop_after(rt, lambda r: len(r.submissions) >= 2 * P)
     rt.close()
     with leaderboard.api() as api:
@@ -131,7 +118,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     generator["options"]["quantile"] = 0.01
     spec = make_spec(generator=generator)
     register(leaderboard, "e2", spec)
-    rt = population(leaderboard, "e2", spec, "pop-b", tmp_path)
+    rt = runtime(leaderboard, "e2", spec, "pop-b", tmp_path)
     manifests: list[dict[str, Any]] = []  # what the generator answered, to check the leases
     generate = rt.client.generate
     rt.client.generate = lambda *a, **k: manifests.append(generate(*a, **k)) or manifests[-1]
@@ -212,9 +199,8 @@ def test_stop_makes_a_final_report_of_every_member(
             if rt.rounds == 3:
                 rt.stop()
 
-    rt = population(
-        leaderboard, "e3", spec, "pop-c", tmp_path, metrics=StopAfterThirdRound("e3", "pop-c")
-    )
+    metrics = StopAfterThirdRound("e3", "pop-c")
+    rt = runtime(leaderboard, "e3", spec, "pop-c", tmp_path, metrics=metrics)
     thread = threading.Thread(target=rt.run, daemon=True)
     thread.start()
     thread.join(timeout=120)
@@ -242,7 +228,7 @@ def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: P
         evaluation={"episodes": 2},
     )
     register(leaderboard, "e4", spec)
-    rt = population(leaderboard, "e4", spec, "pop-d", tmp_path)
+    rt = runtime(leaderboard, "e4", spec, "pop-d", tmp_path)
     with pytest.raises(HyperparameterError, match=r"without gSDE.*ppo\.sde_sample_freq = 4"):
         rt.start()
     rt.close()

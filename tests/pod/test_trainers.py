@@ -21,6 +21,7 @@ from services.pod.presets import pod_config, preset, train_config
 from services.pod.trainer import RunConfig, Trainer, trainer_class
 from services.spec import ExperimentSpec
 from tests.pod.harness import ROOT
+from tests.pod.plugins import register_plugin
 
 SMALL_REPLAY = {
     "num_envs": 4,
@@ -170,14 +171,10 @@ class Undeclared:
 @pytest.fixture
 def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two algorithms registered through the real entry-point mechanism."""
-    (tmp_path / "podium_noisy.py").write_text(PLUGIN)
-    dist = tmp_path / "podium_noisy-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-noisy\n")
-    (dist / "entry_points.txt").write_text(
-        "[podium.algorithms]\nnoisy_ddpg = podium_noisy:NoisyDDPG\nbare = podium_noisy:Undeclared\n"
+    algorithms = {"noisy_ddpg": "podium_noisy:NoisyDDPG", "bare": "podium_noisy:Undeclared"}
+    register_plugin(
+        tmp_path, monkeypatch, "podium_noisy", PLUGIN, {"podium.algorithms": algorithms}
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
 
 
 @pytest.mark.usefixtures("plugins")
