@@ -107,7 +107,8 @@ class PopulationTrainer(Trainer[PPORunConfig]):
 
     def progress(self) -> dict[str, float]:
         """The agents' statistics averaged; the mean return of every agent's episodes."""
-        record = {k: sum(s[k] for s in self._stats) / self.size for k in self._stats[0]}
+        names = self._stats[0] if self._stats else {}
+        record = {k: sum(s[k] for s in self._stats) / self.size for k in names}
         returns = torch.cat(self._returns) if self._returns else torch.zeros(0)
         if returns.numel():
             record["train_return"] = float(returns.mean())
