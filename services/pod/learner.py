@@ -23,6 +23,8 @@ from services.pod.worker import Rollout
 
 
 class RolloutLearner:
+    """PPO's learner: one update per rollout, the LR annealed by the budget consumed."""
+
     def __init__(self, agent: PPO, total_env_steps: int, world: int = 1) -> None:
         self.agent = agent
         self.total_env_steps = max(1, int(total_env_steps))

@@ -177,6 +177,8 @@ class PodRuntime:
                 self.trainer = None
             try:
                 self.trainer = build_trainer(configs, self.roles)
+            except HyperparameterError:
+                raise
             except ValueError as exc:  # e.g. DQN on a continuous env, SAC on a discrete one
                 config = configs[0]
                 raise HyperparameterError(
