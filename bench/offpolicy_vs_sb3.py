@@ -81,11 +81,13 @@ def run_sb3(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:
 
 
 def run_podium(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:
-    from services.pod.offpolicy import OffPolicyConfig, preset, train_offpolicy
+    from services.pod.fit import train
+    from services.pod.offpolicy import OffPolicyConfig
+    from services.pod.presets import preset
 
     return timed_podium(
         OffPolicyConfig,
-        train_offpolicy,
+        train,
         preset(algorithm, env_id),
         seed,
         EVAL_EVERY[env_id],

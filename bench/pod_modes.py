@@ -6,7 +6,7 @@
 Per env and seed, the modes run one after the other in this process (the order rotates by
 seed) on the env's preset with one torch thread per process:
 
-- fused: ``FusedRoles``, all three roles in this process;
+- fused: ``LocalRoles`` (services/pod/onpolicy.py), all three roles in this process;
 - processes: ``ProcessRoles``, worker and evaluator as spawned child processes;
 - containers: ``RemoteRoles`` here with ``python -m services.pod --role worker`` and
   ``--role evaluator`` as two separate programs, as the Kubernetes Pod's containers run them
@@ -38,8 +38,9 @@ from pathlib import Path
 import torch
 
 from services.pod.multiprocess import ProcessRoles, RemoteRoles
-from services.pod.runtime import FusedRoles
-from services.pod.train import TrainConfig, preset
+from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
+from services.pod.presets import preset
+from services.pod.trainer import Roles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,10 +50,10 @@ MAX_STEPS = 100_000
 MODES = ("fused", "processes", "containers")
 
 
-def config(env: str, seed: int) -> TrainConfig:
-    base = preset(env)
+def config(env: str, seed: int) -> PPORunConfig:
+    base = preset("ppo", env)
     base.update(seed=seed, eval_episodes=10, torch_threads=1)
-    return TrainConfig.model_validate(base)
+    return PPORunConfig.model_validate(base)
 
 
 class ContainerRoles(RemoteRoles):
@@ -84,39 +85,40 @@ class ContainerRoles(RemoteRoles):
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def make_roles(mode: str):
+def make_roles(mode: str) -> Roles | None:
     if mode == "processes":
         return ProcessRoles(threads=1)
     if mode == "containers":
         return ContainerRoles()
-    return FusedRoles()
+    return None  # fused: the trainer's own LocalRoles
 
 
 def measure(mode: str, env: str, seed: int, updates: int):
     cfg = config(env, seed)
     start = time.perf_counter()
     roles = make_roles(mode)
-    learner = roles.build(cfg)
+    trainer = OnPolicyTrainer([cfg], roles)
     startup = time.perf_counter() - start
     for _ in range(5):
-        roles.step()
-    steps0 = learner.env_steps
+        trainer.step()
+    steps0 = trainer.env_steps
     start = time.perf_counter()
     for _ in range(updates):
-        roles.step()
-    steps_per_s = (learner.env_steps - steps0) / (time.perf_counter() - start)
+        trainer.step()
+    steps_per_s = (trainer.env_steps - steps0) / (time.perf_counter() - start)
     solve_s = None
     if env in TARGET:
-        learner = roles.build(cfg)
+        trainer.reset(0, cfg)
         start = time.perf_counter()
         next_eval = EVAL_EVERY
-        while learner.env_steps < MAX_STEPS:
-            roles.step()
-            if learner.env_steps >= next_eval:
+        while trainer.env_steps < MAX_STEPS:
+            trainer.step()
+            if trainer.env_steps >= next_eval:
                 next_eval += EVAL_EVERY
-                if roles.evaluate().mean >= TARGET[env]:
+                if trainer.evaluate()[0].mean >= TARGET[env]:
                     solve_s = time.perf_counter() - start
                     break
+    trainer.close()
     return startup, steps_per_s, solve_s, roles
 
 
@@ -145,7 +147,8 @@ def main() -> None:
             for mode in order:
                 # A fresh set of processes each time, so start-up is measured every seed.
                 startup, sps, solve, roles = measure(mode, env, seed, args.updates)
-                roles.close()
+                if roles is not None:
+                    roles.close()
                 results[mode]["startup"].append(startup)
                 results[mode]["sps"].append(sps)
                 if solve is not None:

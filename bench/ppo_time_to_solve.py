@@ -72,10 +72,13 @@ def run_sb3(env_id: str, seed: int) -> tuple[float, int | None]:
 
 
 def run_podium(env_id: str, seed: int) -> tuple[float, int | None]:
-    from services.pod.train import TrainConfig, preset, train
+    from services.pod.fit import train
+    from services.pod.onpolicy import PPORunConfig
+    from services.pod.presets import preset
 
+    settings = preset("ppo", env_id)
     return timed_podium(
-        TrainConfig, train, preset(env_id), seed, EVAL_EVERY, EVAL_EPISODES, THRESHOLD[env_id]
+        PPORunConfig, train, settings, seed, EVAL_EVERY, EVAL_EPISODES, THRESHOLD[env_id]
     )
 
 

@@ -1,7 +1,7 @@
 """Stock trading: PPO trained on the synthetic market's train period, backtested on the held-out
 period against buy-and-hold (equal cash per stock on the first day).
 
-Training is ``services.pod.train.train`` on ``StockTrading-v0`` (train mode: one-year episodes
+Training is ``services.pod.fit.train`` on ``StockTrading-v0`` (train mode: one-year episodes
 from random start days); the backtest is one deterministic pass over the last 20% of the
 synthetic market (the dates after the split), which training never sees. Medians over seeds.
 
@@ -19,10 +19,12 @@ import torch
 
 from services.pod.backtest import buy_and_hold, metrics, run_backtest
 from services.pod.envs.stock_trading import StockTradingEnv
-from services.pod.train import TrainConfig, build, preset, train
+from services.pod.fit import build, train
+from services.pod.onpolicy import PPORunConfig
+from services.pod.presets import preset
 
-#: The StockTrading-v0 preset (services/pod/train.py) is what this bench trains and reports.
-PPO_SETTINGS = preset("StockTrading-v0")["ppo"]
+#: The StockTrading-v0 preset (services/pod/presets/ppo/) is what this bench trains and reports.
+PPO_SETTINGS = preset("ppo", "StockTrading-v0")["ppo"]
 ENV_KWARGS = {"market_seed": 0, "num_stocks": 5, "episode_length": 252}
 KEYS = ("cumulative_return", "annual_return", "annual_volatility", "sharpe", "max_drawdown")
 
@@ -35,7 +37,7 @@ def backtest(env: StockTradingEnv, policy) -> tuple[dict[str, float], dict[str, 
 
 
 def run(seed: int, steps: int) -> dict[str, dict[str, float]]:
-    config = TrainConfig(
+    config = PPORunConfig(
         env="StockTrading-v0",
         env_kwargs=ENV_KWARGS,
         ppo=PPO_SETTINGS,
@@ -43,11 +45,11 @@ def run(seed: int, steps: int) -> dict[str, dict[str, float]]:
         eval_every_steps=max(steps // 5, 1),
         seed=seed,
     )
-    roles = build(config)
+    trainer = build(config)
     start = time.perf_counter()
-    result = train(config, roles=roles)
+    result = train(config, trainer=trainer)
     seconds = time.perf_counter() - start
-    policy = roles[1].policy
+    policy = trainer.learner.policy
     agent, baseline = backtest(StockTradingEnv(mode="backtest", **ENV_KWARGS), policy)
     # The same pass over the whole train period (in-sample), to see the generalisation gap.
     train_kwargs = {**ENV_KWARGS, "episode_length": None, "random_start": False}

@@ -185,7 +185,7 @@ def run_round_robin(
 
     from services.api_client import LeaderboardClient
     from services.contracts.spec import ExperimentSpec
-    from services.pod.runtime import FusedRoles, PodRuntime
+    from services.pod.runtime import PodRuntime, RuntimeSettings
 
     torch.set_num_threads(1)
     model = ExperimentSpec.model_validate(spec)
@@ -196,8 +196,7 @@ def run_round_robin(
             f"r{rep}-p{i}",
             model,
             LeaderboardClient(lb.url, exp, TOKEN),
-            FusedRoles(),
-            work_dir=work / str(i),
+            RuntimeSettings(work_dir=work / str(i)),
         )
         for i in range(pods)
     ]
@@ -205,14 +204,15 @@ def run_round_robin(
     try:
         for rt in runtimes:
             start = time.thread_time()
-            rt.start(rt.client.generate(rt.pod_id))
+            rt.start()
             clock += time.thread_time() - start
         while reached is None and clock < args.cap_s:
             for rt in runtimes:
                 start = time.thread_time()
                 rt.train_round()
                 rt.report()
-                done = rt.agent.score is not None and rt.agent.score >= target
+                score = rt.slots[0].score
+                done = score is not None and score >= target
                 if not done:
                     rt.maybe_exploit()
                 clock += time.thread_time() - start

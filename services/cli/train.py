@@ -3,10 +3,8 @@ learning-curve PNG. The config is layered: the env's preset ← ``--config`` ←
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -20,35 +18,25 @@ def describe_validation(exc: ValidationError) -> str:
 
 
 def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool) -> None:
-    from services.cli.overrides import ConfigError, deep_merge, load_yaml, parse_set
-    from services.pod.algorithms.offpolicy_config import OFF_POLICY_ALGORITHMS
+    from services.cli.overrides import ConfigError, load_yaml, parse_set
+    from services.pod.algorithms.hyperparameters import HyperparameterError
     from services.registry import UnknownNameError
 
     try:
-        # PPO trains on-policy (services/pod/train.py); sac, td3, ddpg and dqn through the
-        # off-policy loop (services/pod/offpolicy.py). The user's layers (YAML, then each --set)
-        # are read once and merged in order over the algorithm's preset.
+        # The user's layers (YAML, then each --set) are read once and merged in order over the
+        # preset of the algorithm they name (services/pod/presets.py); the algorithm's trainer
+        # is a registry lookup (services/pod/trainer.py).
+        from services.pod.presets import train_config
+
         layers = [load_yaml(config)] if config is not None else []
         layers += [parse_set(assignment) for assignment in sets]
-
-        def merged(defaults: dict[str, Any]) -> dict[str, Any]:
-            return functools.reduce(deep_merge, layers, defaults)
-
-        algorithm = merged({"algorithm": "ppo"}).get("algorithm")
-        if algorithm in OFF_POLICY_ALGORITHMS:
-            from services.pod import offpolicy
-
-            cfg = offpolicy.OffPolicyConfig.model_validate(merged(offpolicy.preset(algorithm, env)))
-            build, run_training = offpolicy.build, offpolicy.train_offpolicy
-        else:
-            from services.pod import train as onpolicy
-
-            cfg = onpolicy.TrainConfig.model_validate(merged(onpolicy.preset(env)))
-            build, run_training = onpolicy.build, onpolicy.train
+        cfg = train_config(env, layers)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     except ValidationError as exc:
         raise CliError(describe_validation(exc)) from None
+    except (UnknownNameError, HyperparameterError) as exc:
+        raise CliError(str(exc)) from None
     if cfg.env != env:
         raise CliError(f"the config names env {cfg.env!r} but the command names {env!r}")
 
@@ -56,9 +44,11 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from services.cli.plots import learning_curve
+    from services.pod.fit import build
+    from services.pod.fit import train as run_training
 
     try:
-        roles = build(cfg)
+        trainer = build(cfg)
     except (UnknownNameError, TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
 
@@ -88,7 +78,7 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
     with progress:
         task = progress.add_task(env, total=cfg.total_env_steps, rate=0.0, eval="–")
         try:
-            result = run_training(cfg, out_dir=out, on_progress=on_progress, roles=roles)
+            result = run_training(cfg, out_dir=out, on_progress=on_progress, trainer=trainer)
         finally:
             metrics.close()
     png = learning_curve(result.history, out / "learning_curve.png", env, cfg.target_return)

@@ -9,7 +9,9 @@ experiment spec as JSON), ``PODIUM_LEADERBOARD_URL``, ``PODIUM_API_TOKEN``, ``PO
 ``PODIUM_CPU`` (the pod's CPU share), ``PODIUM_TORCH_THREADS`` (default 1), ``PODIUM_GPUS``
 (> 0: train on ``cuda``), and optionally ``PODIUM_METRICS_PORT`` (serve /metrics; 0 = any
 free port), ``PODIUM_POD_MODE`` (``fused`` or ``processes``), ``PODIUM_TERMINATION_GRACE_S``,
-``PODIUM_ROLES_DIR`` and ``PODIUM_ROLES_TIMEOUT_S``.
+``PODIUM_ROLES_DIR``, ``PODIUM_ROLES_TIMEOUT_S`` and ``PODIUM_MAX_ENV_STEPS`` (the env steps
+this pod may still take before the experiment's budget is spent: it stops before a step that
+would exceed them, makes its final report and exits 0).
 
 Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made), 2 for bad input (the message
 names what is wrong), 1 when training fails (the error is the last log line).
@@ -71,8 +73,8 @@ class RoleSettings(BaseSettings):
     torch_threads: int = Field(
         default=1,
         ge=1,
-        description="Intra-op threads. Small networks run fastest on one (measured: a Pendulum "
-        "pod on 2 threads of a shared 2-core machine was ~50x slower); raise it for large nets.",
+        description="Intra-op threads. Small networks run fastest on one (more threads only "
+        "add synchronisation to their tiny ops, docs/benchmarks.md); raise it for large nets.",
     )
 
 
@@ -90,6 +92,12 @@ class PodSettings(RoleSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     pod_mode: Literal["fused", "processes"] = "fused"
     termination_grace_s: float = Field(default=30.0, gt=0)
+    max_env_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="Env steps this pod may still take (all its agents together) before the "
+        "experiment's budget is spent; unset: no limit.",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -170,20 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     from services.api_client import LeaderboardClient
     from services.pod.metrics import PodMetrics
     from services.pod.multiprocess import ProcessRoles, RemoteRoles
-    from services.pod.population_runtime import PopulationRuntime
-    from services.pod.runtime import FusedRoles, PodRuntime, Roles
+    from services.pod.runtime import PodRuntime, RuntimeSettings
+    from services.pod.trainer import Roles
     from services.pod.transport import TransportError, retire
 
     threads = settings.torch_threads
     torch.set_num_threads(threads)
     device = "cuda" if settings.gpus > 0 and torch.cuda.is_available() else "cpu"
     roles_dir = args.roles_dir or settings.roles_dir
-    roles: Roles
+    roles: Roles | None = None  # None: worker and evaluator in this process
     population = spec.population.agents_per_pod > 1
     if population:
         # P agents stacked in one process: no worker/evaluator processes to run them.
         mode = "population"
-        roles = FusedRoles()
         if args.role == "learner":
             try:  # tell the worker and evaluator containers not to wait for us
                 roles_dir.mkdir(parents=True, exist_ok=True)
@@ -203,26 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         mode = args.mode or settings.pod_mode
         if mode == "processes":
             roles = ProcessRoles(threads, settings.roles_timeout_s)
-        else:
-            roles = FusedRoles()
     metrics = PodMetrics(experiment, pod_id, spec.evaluation.higher_is_better)
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, settings.pod_dir, pod_id)
     token = settings.api_token.get_secret_value() if settings.api_token else None
     client = LeaderboardClient(settings.leaderboard_url, experiment, token)
-    work_dir = settings.pod_dir / pod_id if settings.pod_dir else None
-    common = {
-        "work_dir": work_dir,
-        "metrics": metrics,
-        "device": device,
-        "threads": threads,
-        "grace_s": settings.termination_grace_s,
-    }
-    runtime: PodRuntime | PopulationRuntime
-    if population:
-        runtime = PopulationRuntime(experiment, pod_id, spec, client, **common)
-    else:
-        runtime = PodRuntime(experiment, pod_id, spec, client, roles, **common)
+    runtime_settings = RuntimeSettings(
+        work_dir=settings.pod_dir / pod_id if settings.pod_dir else None,
+        device=device,
+        threads=threads,
+        grace_s=settings.termination_grace_s,
+        max_env_steps=settings.max_env_steps,
+    )
+    runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, roles)
 
     def on_signal(signum: int, _frame: object) -> None:
         runtime.stop()
@@ -247,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         runtime.close()
-    log.info("pod stopped", rounds=runtime.rounds, submissions=len(runtime.submissions))
+    log.info(
+        "pod stopped",
+        rounds=runtime.rounds,
+        submissions=len(runtime.submissions),
+        env_steps=runtime.env_steps,
+    )
     return 0
 
 
@@ -271,7 +276,7 @@ def _serve_role(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     import torch
 
-    from services.pod.multiprocess import RoleError, serve_role
+    from services.pod.role_process import RoleError, serve_role
 
     torch.set_num_threads(settings.torch_threads)
     log.info("role starting", role=args.role, roles_dir=str(roles_dir))

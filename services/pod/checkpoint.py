@@ -14,7 +14,8 @@ parsed: a truncated or tampered file is an error, never a silently different age
 directory is written next to its destination and renamed into place, so readers see either
 the old checkpoint or the new one. The manifest, its checks and the write need no torch and
 live in services/contracts/training_files.py (the CLI's export uses them too); this module adds the
-tensors.
+tensors. What each algorithm writes is its trainer's (services/pod/onpolicy.py,
+offpolicy.py): this module knows no algorithm.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -42,21 +43,16 @@ from services.contracts.training_files import (
     write_files,
 )
 
-if TYPE_CHECKING:
-    from services.pod.learner import Learner
-    from services.pod.train import TrainConfig
-
 __all__ = [
     "FORMAT",
     "MANIFEST",
     "CheckpointError",
     "TrainingFiles",
     "json_bytes",
-    "load_training_files",
+    "load_into",
     "optimizer_from_files",
     "optimizer_to_files",
     "read_files",
-    "save_training_files",
     "sha256_bytes",
     "tensor_bytes",
     "write_files",
@@ -118,61 +114,9 @@ def read_files(directory: Path) -> TrainingFiles:
     return TrainingFiles(manifest=manifest, tensors=tensors, documents=documents)
 
 
-def save_training_files(directory: Path, learner: Learner, config: TrainConfig) -> dict[str, str]:
-    """Write the learner's full training state; returns file name → sha256."""
-    agent = learner.agent
-    critic_state = {f"critic.{k}": v for k, v in agent.critic.state_dict().items()}
-    critic_state |= {f"return_rms.{k}": v for k, v in agent.return_rms.state_dict().items()}
-    opt_tensors, opt_meta = optimizer_to_files(agent.optimizer)
-    files = {
-        "actor.safetensors": tensor_bytes(agent.policy.state_dict()),
-        "critic.safetensors": tensor_bytes(critic_state),
-        "optimizer.safetensors": opt_tensors,
-        "optimizer.json": opt_meta,
-        "hyperparameters.json": json_bytes(config.model_dump(mode="json")),
-        "counters.json": json_bytes(learner.counters()),
-    }
-    return write_files(directory, files, {"algorithm": agent.name})
-
-
-def _load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """``module.load_state_dict(state)``, strict; a ``CheckpointError`` naming ``what``."""
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise CheckpointError(f"{what} does not fit this agent: {exc}") from exc
-
-
-def load_training_files(directory: Path, learner: Learner) -> TrainingFiles:
-    """Restore a learner from a verified checkpoint (weights, optimiser, counters)."""
-    files = read_files(directory)
-    needed = {"actor", "critic", "optimizer"}
-    if missing := needed - files.tensors.keys():
-        raise CheckpointError(f"{directory}: missing {sorted(missing)}")
-    agent = learner.agent
-    if (found := files.manifest.get("algorithm")) != agent.name:
-        raise CheckpointError(f"{directory}: checkpoint of {found!r}, agent is {agent.name!r}")
-    _load_into(agent.policy, files.tensors["actor"], "actor.safetensors")
-    critic = files.tensors["critic"]
-    _load_into(
-        agent.critic,
-        {k.removeprefix("critic."): v for k, v in critic.items() if k.startswith("critic.")},
-        "critic.safetensors",
-    )
-    _load_into(
-        agent.return_rms,
-        {
-            k.removeprefix("return_rms."): v
-            for k, v in critic.items()
-            if k.startswith("return_rms.")
-        },
-        "critic.safetensors",
-    )
-    try:
-        agent.optimizer.load_state_dict(
-            optimizer_from_files(files.tensors["optimizer"], files.documents["optimizer"])
-        )
-    except (KeyError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"optimizer state does not fit this agent: {exc}") from exc
-    if "counters" in files.documents:
-        learner.load_counters(files.documents["counters"])
-    return files

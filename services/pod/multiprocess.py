@@ -1,7 +1,8 @@
 """The pod's roles apart: worker and evaluator in their own processes, the learner here.
 
 The learner stays in the pod's main process (it is the single writer of the agent's state and
-what the round loop checkpoints). The worker and the evaluator run ``serve_role``, either as
+what the round loop checkpoints). The worker and the evaluator run ``serve_role``
+(services/pod/role_process.py), either as
 child processes of the pod (``ProcessRoles``, ``--mode processes``) or as the worker and
 evaluator containers of a Kubernetes Pod (``RemoteRoles``, ``--role learner`` beside
 ``--role worker`` and ``--role evaluator``). Both use one link (services/pod/transport.py): a
@@ -12,12 +13,14 @@ Unix socket in a shared directory for JSON control messages, shared-memory files
 - a rollout is written by the worker into its shared file (allocated on the first rollout of a
   build) and the learner updates from the mapped tensors in place.
 
-Each role builds its env and policy from the TrainConfig the learner sends (JSON); the agent's
-initial weights come out the same in every process, and the learner's weights before every
-rollout or evaluation. Worker and learner alternate (collect with the newest weights, then
-update), exactly as the fused loop does, so for the same seed every mode trains the same agent
-up to floating-point noise. A role exits when the learner says stop or goes away; the learner
-fails with a ``RoleError`` naming the role when one fails, exits or stops answering.
+``RemoteRoles`` are PPO's ``RolloutRoles`` (services/pod/onpolicy.py): its trainer collects
+and evaluates through them as through the roles in its own process. Each role builds its env
+and policy from the ``PPORunConfig`` the learner sends (JSON), and takes the learner's weights
+before every rollout or evaluation. Worker and learner alternate (collect with the newest
+weights, then update), exactly as in one process, so for the same seed every mode trains the
+same agent up to floating-point noise. A role exits when the learner says stop or goes away;
+the learner fails with a ``RoleError`` naming the role when one fails, exits or stops
+answering.
 """
 
 from __future__ import annotations
@@ -29,9 +32,7 @@ import signal
 import tempfile
 import threading
 import time
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from hmac import compare_digest
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,11 @@ import torch
 import torch.multiprocessing as mp
 
 from services.logs import get_logger
-from services.pod.evaluator import EvalResult, Evaluator
-from services.pod.learner import Learner
-from services.pod.train import TrainConfig, build
+from services.pod.envs.base import VecEnv
+from services.pod.evaluator import EvalResult
+from services.pod.learner import RolloutLearner
+from services.pod.onpolicy import PPORunConfig
+from services.pod.role_process import ROLES, RoleError, serve_role
 from services.pod.transport import (
     POLL_S,
     PROTOCOL,
@@ -52,248 +55,15 @@ from services.pod.transport import (
     ClosedError,
     SharedTensors,
     TransportError,
-    connect,
-    layout_of,
     listen,
     retire,
-    retired,
 )
-from services.pod.worker import Rollout, Worker
+from services.pod.worker import Rollout
 
 log = get_logger(__name__)
 
-ROLES = ("worker", "evaluator")
 #: Where the roles meet unless told otherwise: the pod's shared, memory-backed /dev/shm.
 DEFAULT_ROLES_DIR = Path("/dev/shm/podium-roles")
-#: Rollout fields whose length varies from rollout to rollout (episodes that ended in it);
-#: their shared tensors hold the most there can be, one per env step.
-VARIABLE = ("episode_returns", "episode_lengths")
-
-
-class RoleError(RuntimeError):
-    """A role failed (its error and traceback are in the message), exited or went silent."""
-
-
-# -- rollouts as named tensors -----------------------------------------------------------------
-def _flatten(rollout: Rollout) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in fields(rollout):
-        value = getattr(rollout, f.name)
-        if isinstance(value, tuple):
-            out.update({f"{f.name}.{i}": t for i, t in enumerate(value)})
-        else:
-            out[f.name] = value
-    return out
-
-
-def _unflatten(tensors: dict[str, torch.Tensor], episodes: int, device: str) -> Rollout:
-    values: dict[str, Any] = {}
-    for f in fields(Rollout):
-        if f.name in tensors:
-            t = tensors[f.name]
-            values[f.name] = (t[:episodes] if f.name in VARIABLE else t).to(device)
-        else:
-            parts = [k for k in tensors if k.startswith(f.name + ".")]
-            parts.sort(key=lambda k: int(k.rsplit(".", 1)[1]))
-            values[f.name] = tuple(tensors[k].to(device) for k in parts)
-    return Rollout(**values)
-
-
-# -- the role side -----------------------------------------------------------------------------
-class _Role:
-    """What a worker or evaluator process holds between messages."""
-
-    def __init__(self, name: str, directory: Path) -> None:
-        self.name, self.directory = name, directory
-        self.worker: Worker | None = None
-        self.evaluator: Evaluator | None = None
-        self.policy: Any = None
-        self.weights: SharedTensors | None = None
-        self.loaded = -1  # the weights version the policy holds
-        self.rollout: SharedTensors | None = None
-        self.files = 0
-
-    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
-        op = message["op"]
-        if op == "build":
-            return self.build(message)
-        if op == "collect":
-            return self.collect(message)
-        if op == "evaluate":
-            return self.evaluate(message)
-        raise TransportError(f"unknown message {op!r}")
-
-    def build(self, message: dict[str, Any]) -> dict[str, Any]:
-        config = TrainConfig.model_validate(message["config"])
-        torch.set_num_threads(config.torch_threads or 1)
-        self.close()  # a restart from a parent replaces the env
-        # The agent built here is only a policy to act with; its weights come from the
-        # learner before every rollout or evaluation.
-        worker, learner, evaluator = build(config)
-        drop = evaluator if self.name == "worker" else worker
-        if hasattr(drop.env, "close"):
-            drop.env.close()
-        self.worker = worker if self.name == "worker" else None
-        self.evaluator = evaluator if self.name == "evaluator" else None
-        self.policy = learner.policy
-        weights = message["weights"]
-        self.weights = SharedTensors(self._path(weights["file"]), weights["layout"])
-        self.loaded = -1
-        log.info("role built", role=self.name, env=config.env, device=config.device)
-        return {"op": "built"}
-
-    def _path(self, name: Any) -> Path:
-        if not isinstance(name, str) or not name or Path(name).name != name:
-            raise TransportError(f"bad shared file name {name!r}")
-        return self.directory / name
-
-    def _load(self, message: dict[str, Any]) -> None:
-        version = int(message["weights_version"])
-        if version != self.loaded:
-            assert self.weights is not None
-            self.policy.load_state_dict(self.weights.tensors)
-            self.loaded = version
-
-    def collect(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self.worker is None:
-            raise TransportError(f"the {self.name} cannot collect (not built as a worker)")
-        self._load(message)
-        tensors = _flatten(self.worker.collect())
-        episodes = int(tensors[VARIABLE[0]].numel())
-        capacity = tensors["rewards"].numel()
-        shapes = {
-            k: torch.empty(capacity, dtype=v.dtype, device="meta") if k in VARIABLE else v
-            for k, v in tensors.items()
-        }
-        reply: dict[str, Any] = {"op": "rollout", "episodes": episodes}
-        if self.rollout is None or not self.rollout.fits(shapes):
-            if self.rollout is not None:
-                self.rollout.unlink()  # gone already once the learner mapped it
-            self.files += 1
-            path = self.directory / f"{os.getpid()}-rollout-{self.files}.shm"
-            self.rollout = SharedTensors(path, layout_of(shapes), create=True)
-            reply["layout"] = self.rollout.layout
-        with torch.no_grad():
-            for name, value in tensors.items():
-                target = self.rollout.tensors[name]
-                (target[:episodes] if name in VARIABLE else target).copy_(value)
-        reply["file"] = self.rollout.path.name
-        return reply
-
-    def evaluate(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self.evaluator is None:
-            raise TransportError(f"the {self.name} cannot evaluate (not built as an evaluator)")
-        self._load(message)
-        result = self.evaluator.evaluate(self.policy)
-        return {
-            "op": "result",
-            "mean": result.mean,
-            "std": result.std,
-            "episodes": result.episodes,
-            "env_steps": result.env_steps,
-        }
-
-    def close(self) -> None:
-        for role in (self.worker, self.evaluator):
-            if role is not None and hasattr(role.env, "close"):
-                role.env.close()
-        self.worker = self.evaluator = None
-        if self.rollout is not None:
-            self.rollout.unlink()
-            self.rollout = None
-
-
-def _reach_learner(
-    role: str, directory: Path, timeout_s: float, give_up: Callable[[], bool]
-) -> Channel | None:
-    """Connect and introduce ourselves; None if asked to give up before the learner came."""
-    deadline = time.monotonic() + timeout_s
-    why = f"no learner listening at {directory / SOCKET}"
-    while not give_up():
-        if retired(directory):
-            return None
-        if time.monotonic() > deadline:
-            raise RoleError(f"{why} after {timeout_s:g}s")
-        link = connect(directory)
-        if link is None:
-            time.sleep(POLL_S)
-            continue
-        channel, token = link
-        try:
-            channel.send(
-                {
-                    "op": "hello",
-                    "role": role,
-                    "token": token,
-                    "protocol": PROTOCOL,
-                    "pid": os.getpid(),
-                }
-            )
-            answer = channel.receive(timeout=30)
-        except (ClosedError, TimeoutError) as exc:  # a learner shutting down, or a stale socket
-            channel.close()
-            why = f"the learner at {directory / SOCKET} did not answer ({exc})"
-            time.sleep(POLL_S)
-            continue
-        if answer["op"] == "welcome":
-            return channel
-        channel.close()
-        why = f"the learner refused the {role}: {answer.get('error')}"
-        if not answer.get("retry"):
-            raise RoleError(why)
-        time.sleep(POLL_S)  # the token was rewritten by a new learner: read it again
-    return None
-
-
-def serve_role(
-    role: str,
-    directory: Path,
-    timeout_s: float = 300.0,
-    give_up: Callable[[], bool] = lambda: False,
-) -> int:
-    """Run the worker or evaluator ``role`` for the learner listening in ``directory``.
-
-    Returns 0 when the learner says stop or goes away (its own exit code tells how the pod
-    ended), or when ``give_up()`` turns true before the learner came; 1 when this role failed
-    (the learner got the error first). Once connected only the learner decides when to stop:
-    it still needs the evaluator for its final report after a SIGTERM.
-    """
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-    channel = _reach_learner(role, directory, timeout_s, give_up)
-    if channel is None:
-        log.info("not needed: stopped, or the learner retired before it came", role=role)
-        return 0
-    log.info("connected to the learner", role=role, directory=str(directory))
-    state = _Role(role, directory)
-    try:
-        while True:
-            try:
-                message = channel.receive()
-            except ClosedError:
-                log.info("the learner went away; role exiting", role=role)
-                return 0
-            if message["op"] == "stop":
-                log.info("role stopped", role=role)
-                return 0
-            try:
-                reply = state.handle(message)
-            except Exception as exc:  # the learner fails the pod with it
-                error = f"{type(exc).__name__}: {exc}"
-                log.error("role failed", role=role, error=error, exc_info=True)
-                with contextlib.suppress(ClosedError):
-                    channel.send(
-                        {"op": "error", "error": error, "traceback": traceback.format_exc()}
-                    )
-                return 1
-            try:
-                channel.send(reply)
-            except ClosedError:
-                log.info("the learner went away; role exiting", role=role)
-                return 0
-    finally:
-        state.close()
-        channel.close()
 
 
 # -- the learner side --------------------------------------------------------------------------
@@ -312,11 +82,13 @@ class RemoteRoles:
     (their own containers, or the children ``ProcessRoles`` starts). ``timeout_s`` bounds the
     wait for a role to connect and for any answer."""
 
+    in_process = False
+
     def __init__(self, directory: Path = DEFAULT_ROLES_DIR, timeout_s: float = 300.0) -> None:
         self.directory, self.timeout_s = Path(directory), timeout_s
         self.server, self.token = listen(self.directory)
         self.peers: dict[str, _Peer] = {}
-        self.learner: Learner | None = None
+        self.learner: RolloutLearner | None = None
         self._builds = 0
         self._device = "cpu"
         self._cancel = threading.Event()
@@ -404,16 +176,17 @@ class RemoteRoles:
                 f"the {peer.name} went away ({exc}): its process or container exited"
             ) from None
 
-    # -- the Roles interface -----------------------------------------------------------------
-    def build(self, config: TrainConfig) -> Learner:
+    # -- RolloutRoles ---------------------------------------------------------------------
+    def build(
+        self, config: PPORunConfig, env: VecEnv, eval_env: VecEnv, learner: RolloutLearner
+    ) -> None:
+        """Have the roles build their env and policy for ``config``; the learner's envs are
+        not needed here."""
+        env.close()
+        eval_env.close()
         self._connect_roles()
-        # Built the same way as in the roles' processes, so every process starts from the
-        # same initial weights; this process keeps only the learner.
-        worker, self.learner, evaluator = build(config)
+        self.learner = learner
         self._device = config.device
-        for env in (worker.env, evaluator.env):
-            if hasattr(env, "close"):
-                env.close()
         state = self.learner.policy_state()
         self._builds += 1
         for peer in self.peers.values():
@@ -430,7 +203,6 @@ class RemoteRoles:
             # Both sides have it mapped now, and a mapping outlives the file's name: nothing
             # is left behind in the shared directory if a process is killed.
             peer.weights.unlink()
-        return self.learner
 
     def publish(self, role: str = "worker") -> None:
         """Copy the learner's current policy into ``role``'s shared weights."""
@@ -440,9 +212,8 @@ class RemoteRoles:
         peer.weights.write(self.learner.agent.policy.state_dict())
         peer.version += 1
 
-    def step(self) -> tuple[dict[str, float], torch.Tensor]:
-        """One rollout (collected with the newest weights) and one update."""
-        assert self.learner is not None
+    def collect(self) -> Rollout:
+        """One rollout, collected with the newest weights, mapped from shared memory."""
         peer = self.peers["worker"]
         self.publish("worker")
         self._send(peer, {"op": "collect", "weights_version": peer.version})
@@ -451,9 +222,7 @@ class RemoteRoles:
             peer.rollout = SharedTensors(self.directory / Path(reply["file"]).name, reply["layout"])
             peer.rollout.unlink()  # mapped on both sides (see build)
         assert peer.rollout is not None and peer.rollout.path.name == reply["file"]
-        rollout = _unflatten(peer.rollout.tensors, int(reply["episodes"]), self._device)
-        stats = self.learner.update(rollout)
-        return stats, rollout.episode_returns.clone()
+        return Rollout.from_tensors(peer.rollout.tensors, int(reply["episodes"]), self._device)
 
     def evaluate(self) -> EvalResult:
         self.publish("evaluator")

@@ -1,4 +1,8 @@
-"""A population of P PPO agents trained in one process: stacked with torch.func, batched.
+"""A population of P PPO agents trained in one process: stacked weights, batched matmuls.
+
+Kept in one file although long: the acting, the loss, the hand-written backward and the
+batched Adam below all work on one private layout (a flat (P, n_params) parameter tensor with
+views into it), which splitting the class would have to expose.
 
 The P agents share an architecture (``PPOConfig``: network, rollout shape, epochs) and differ
 in their weights, their seeds and their hyperparameters, which are tensors of shape (P,):
@@ -9,21 +13,21 @@ batched env holds ``P * num_envs`` sub-environments; agent p owns the slice
 Every step is the PPO of ``services.pod.algorithms.ppo`` for P agents at once. The agents'
 modules are stacked with ``torch.func.stack_module_state``; their MLPs run as batched matmuls
 over the agent axis (one ``baddbmm`` per layer for all P agents, which is what ``vmap`` makes
-of ``nn.Linear``, without vmap's per-op dispatch: at these sizes that cost was a tenth of a
-gradient step). GAE, the clipped-surrogate loss, the gradient clipping and Adam are written
-over a leading agent axis, with each agent's coefficients as a (P, 1) column. The agents'
-losses are independent, so one backward of their sum gives every agent its own gradient. The
-parameters live in one flat (P, n_params) tensor (the stacked tensors are views into it), so
-clipping and Adam are a few ops for the whole population instead of one kernel per tensor per
-agent. Random draws (action noise, minibatch permutations) come from the population's
-generator.
+of ``nn.Linear``, without vmap's per-op dispatch, which at these sizes costs a sizeable share
+of a gradient step: docs/benchmarks.md). GAE, the clipped-surrogate loss, the gradient clipping
+and Adam are written over a leading agent axis, with each agent's coefficients as a (P, 1)
+column. The agents' losses are independent, so one backward of their sum gives every agent its
+own gradient. The parameters live in one flat (P, n_params) tensor (the stacked tensors are
+views into it), so clipping and Adam are a few ops for the whole population instead of one
+kernel per tensor per agent. Random draws (action noise, minibatch permutations) come from the
+population's generator.
 
 Results equal P sequential ``PPO`` agents built with the same seeds and fed the same rollouts
-(tests/pod/test_population.py). The pod runtime submits the P agents as P candidates
-(services/pod/population_runtime.py): ``evaluate()`` scores them, ``learner(i)`` and
-``config(i)`` are what ``services.pod.checkpoint.save_training_files`` needs for candidate i,
-``hyperparameters`` lists each agent's values, and ``set_agent(i, parent, hyperparameters)``
-puts a parent from the leaderboard into slot i (PBT's exploit and explore).
+(tests/pod/test_population.py). services/pod/population_trainer.py trains the P agents as
+the P slots of a trainer: ``evaluate()`` scores them, ``learner(i)`` is agent i as a
+single-agent learner (whose training files any PPO pod loads), ``hyperparameters`` lists each
+agent's values, and ``set_agent(i, parent, hyperparameters)`` puts a parent from the
+leaderboard into slot i (PBT's exploit and explore).
 
 Not supported here (refused at construction): gSDE exploration and ``target_kl`` (which would
 stop some agents' epochs early and break the lock-step); networks other than the MLPs of
@@ -44,14 +48,14 @@ from torch.func import stack_module_state
 from services.pod.algorithms.policies import _ACTIVATIONS, _LOG_SQRT_2PI, CategoricalActor
 from services.pod.algorithms.ppo import PPO, PPOConfig, gae
 from services.pod.algorithms.ppo_config import POPULATION_HYPERPARAMETERS
-from services.pod.envs.base import TorchVecEnv, VecEnv
+from services.pod.envs.base import VecEnv
 from services.pod.envs.registry import make_env
-from services.pod.evaluator import EvalResult
-from services.pod.learner import Learner
+from services.pod.evaluator import EvalResult, evaluate_groups
+from services.pod.learner import RolloutLearner
 from services.pod.worker import Rollout
 
 #: PPOConfig fields that may differ between the agents of a population (the name this module
-#: and population_runtime.py use for ppo_config.POPULATION_HYPERPARAMETERS).
+#: and population_trainer.py use for ppo_config.POPULATION_HYPERPARAMETERS).
 HYPERPARAMETERS = POPULATION_HYPERPARAMETERS
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as PPO's optimiser
 _STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
@@ -70,10 +74,11 @@ class _ActorCritic(nn.Module):
 def _tanh_(x: torch.Tensor) -> torch.Tensor:
     """tanh in place, as 2·sigmoid(2x) − 1 on CPU.
 
-    torch's float32 tanh kernel on CPU is about 5x slower than its sigmoid (290 vs 60 µs on a
-    (32, 64, 64) tensor, one AVX-512 thread). A single agent hardly notices (its step is
-    per-op overhead), but once the population pays that overhead once for all P agents the
-    activations were the largest cost of a gradient step. Agrees with ``torch.tanh`` to ~1e-7.
+    torch's float32 tanh kernel on CPU is several times slower than its sigmoid. A single agent
+    hardly notices (its step is per-op overhead), but once the population pays that overhead
+    once for all P agents the activations were the largest cost of a gradient step
+    (docs/benchmarks.md, "Vectorized populations"). Agrees with ``torch.tanh`` to float
+    precision.
     """
     if x.device.type != "cpu":
         return x.tanh_()  # GPUs' tanh is fast
@@ -295,8 +300,7 @@ class PopulationPPO:
             weight, weight_grad = self.params[f"{name}.weight"], self._grads[f"{name}.weight"]
             torch.sum(grad, 1, out=self._grads[f"{name}.bias"])
             # gradᵀ·x, with the wider of (out, in) as the product's last dimension: MKL's
-            # batched gemm is several times slower with a narrow one (a 4-wide first layer:
-            # 90 vs 26 µs at P = 32).
+            # batched gemm is several times slower with a narrow one (docs/benchmarks.md).
             if weight.shape[2] < weight.shape[1]:
                 weight_grad.transpose(1, 2).copy_(torch.bmm(x.transpose(1, 2), grad))
             else:
@@ -543,8 +547,8 @@ class PopulationPPO:
         own gradient. Autograd differentiates only the loss with respect to the networks'
         outputs (and the log-std); the MLPs' backward is written out (``_backward``): no graph
         of their ops is recorded, and weight gradients land in the flat gradient without a
-        copy of the whole. That, and the batched matmuls, was 1.3x faster than autograd
-        through ``vmap``ed ``functional_call`` (P = 32, 64x64, CPU).
+        copy of the whole. That, and the batched matmuls, is faster than autograd through
+        ``vmap``ed ``functional_call`` (docs/benchmarks.md, "Vectorized populations").
         """
         obs, actions, old_logp, adv, returns, old_values = minibatch
         actor = self._forward(self._actor_layers, obs)
@@ -599,52 +603,21 @@ class PopulationPPO:
         )
         self.flat.addcmul_(lr.unsqueeze(1), self._adam_delta)
 
-    # -- scoring and hand-over to the pod runtime ----------------------------------------------
-    @torch.no_grad()
+    # -- scoring and hand-over to the trainer ------------------------------------------------
     def evaluate(self, seed: int = 10_000, max_steps: int | None = None) -> list[EvalResult]:
-        """Score every agent deterministically on its slice of ``eval_env`` (as ``Evaluator``:
-        one episode per sub-environment).
-
-        On torch-native envs every agent starts from the states that an ``Evaluator`` of
-        ``eval_env.num_envs / P`` sub-environments reset with ``seed`` starts from, so agent
-        i scores what a single pod with its weights would report, and the agents compare on
-        equal terms. (Other envs seed each sub-environment apart: each agent gets its own.)
-        """
+        """Score every agent deterministically on its slice of ``eval_env`` (one episode per
+        sub-environment), each from the start states a single agent's evaluator starts from
+        (services/pod/evaluator.py ``evaluate_groups``)."""
         env = self.eval_env
         if env is None:
             raise ValueError("this population has no eval_env")
         p = self.size
-        per_agent = env.num_envs // p
-        obs, _ = env.reset(seed=seed)
-        if isinstance(env, TorchVecEnv) and p > 1:
-            # The subclass hooks of TorchVecEnv, exactly as its reset() uses them.
-            env.generator.manual_seed(int(seed))
-            start = env._initial_state(per_agent)
-            env.state.copy_(start.repeat(p, *([1] * (start.dim() - 1))))
-            obs = env._observe(env.state)
-        returns = torch.zeros(env.num_envs, device=env.device)
-        finished = torch.zeros(env.num_envs, dtype=torch.bool, device=env.device)
-        steps = 0
-        limit = max_steps or env.max_episode_steps or 10_000
-        for t in range(limit):
-            action = self._deterministic(obs.view(p, per_agent, *obs.shape[1:]))
-            obs, _, term, trunc, info = env.step(action.reshape(env.num_envs, *action.shape[2:]))
-            steps += per_agent
-            done = (term | trunc) & ~finished
-            returns = torch.where(done, info["episode_return"].float(), returns)
-            finished |= done
-            if t % 32 == 31 and bool(finished.all()):
-                break
-        results = []
-        for i in range(p):
-            mine = slice(i * per_agent, (i + 1) * per_agent)
-            episodes = returns[mine][finished[mine]].tolist()
-            if not episodes:
-                raise RuntimeError(f"agent {i}: no evaluation episode finished in {limit} steps")
-            mean = sum(episodes) / len(episodes)
-            std = math.sqrt(sum((r - mean) ** 2 for r in episodes) / len(episodes))
-            results.append(EvalResult(mean=mean, std=std, episodes=episodes, env_steps=steps))
-        return results
+
+        def act(obs: torch.Tensor) -> torch.Tensor:
+            action = self._deterministic(obs.view(p, -1, *obs.shape[1:]))
+            return action.reshape(env.num_envs, *action.shape[2:])
+
+        return evaluate_groups(env, act, groups=p, seed=seed, max_steps=max_steps)
 
     @property
     def hyperparameters(self) -> list[dict[str, float]]:
@@ -684,9 +657,9 @@ class PopulationPPO:
                 offset += numel
         return agent
 
-    def learner(self, i: int) -> Learner:
-        """A ``Learner`` of agent i, with its counters, for ``save_training_files``."""
-        learner = Learner(self.agent(i), self.total_env_steps)
+    def learner(self, i: int) -> RolloutLearner:
+        """A ``RolloutLearner`` of agent i, with the population's counters."""
+        learner = RolloutLearner(self.agent(i), self.total_env_steps)
         learner.env_steps, learner.updates = self.env_steps, self.updates
         return learner
 

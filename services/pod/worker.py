@@ -1,18 +1,29 @@
-"""The worker: steps the batched environment with the current policy and records a rollout.
+"""The worker: steps the batched environment with the current policy.
 
-Everything stays on the env's device; the rollout is a handful of preallocated (T, N, ...)
-tensors, so handing it to a learner in another process is a shared-memory move, not a copy.
+Two kinds, one per way of learning:
+
+* ``RolloutWorker`` (on-policy, PPO): ``num_steps`` steps of every sub-environment per call,
+  recorded as a ``Rollout`` of (T, N, ...) tensors allocated per call on the env's device. In
+  the processes/containers split (services/pod/multiprocess.py) the worker's process copies
+  the rollout into a shared-memory file that the learner maps.
+* ``ReplayWorker`` (off-policy): one vector step per call, its transitions appended to the
+  replay buffer the learner samples (services/pod/learner.py ``ReplayLearner``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import torch
 
 from services.pod.algorithms.normalization import batch_stats
 from services.pod.algorithms.policies import Policy
+from services.pod.algorithms.replay_buffer import ReplayBuffer
 from services.pod.envs.base import VecEnv
+
+#: Rollout fields whose length varies from rollout to rollout (episodes that ended in it).
+VARIABLE = ("episode_returns", "episode_lengths")
 
 
 @dataclass
@@ -36,15 +47,35 @@ class Rollout:
     def env_steps(self) -> int:
         return self.rewards.numel()
 
-    def share_memory_(self) -> Rollout:
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The rollout as named tensors (a tuple field ``f`` as ``f.0``, ``f.1``, …), as a
+        worker in another process writes them into shared memory."""
+        out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            for t in value if isinstance(value, tuple) else (value,):
-                t.share_memory_()
-        return self
+            if isinstance(value, tuple):
+                out.update({f"{f.name}.{i}": t for i, t in enumerate(value)})
+            else:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], episodes: int, device: str) -> Rollout:
+        """The rollout ``tensors`` names, on ``device``; ``VARIABLE`` fields hold ``episodes``
+        entries (their shared tensors have room for one per env step)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in tensors:
+                t = tensors[f.name]
+                values[f.name] = (t[:episodes] if f.name in VARIABLE else t).to(device)
+            else:
+                parts = [k for k in tensors if k.startswith(f.name + ".")]
+                parts.sort(key=lambda k: int(k.rsplit(".", 1)[1]))
+                values[f.name] = tuple(tensors[k].to(device) for k in parts)
+        return cls(**values)
 
 
-class Worker:
+class RolloutWorker:
     """Collects ``num_steps`` steps from every sub-environment per call to ``collect``."""
 
     def __init__(
@@ -132,3 +163,68 @@ class Worker:
             episode_returns=ep_return[done_mask].float(),
             episode_lengths=ep_length[done_mask],
         )
+
+
+class ExploringAgent(Protocol):
+    """What a ``ReplayWorker`` needs of an off-policy agent (services/pod/algorithms/)."""
+
+    def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor: ...
+    def explore(
+        self, obs: torch.Tensor, generator: torch.Generator, env_steps: int
+    ) -> torch.Tensor: ...
+    def to_env(self, action: torch.Tensor) -> torch.Tensor: ...
+
+
+class ReplayWorker:
+    """Steps every sub-environment once per call with the exploring policy (uniform random
+    actions until ``learning_starts``) and appends the N transitions to the replay buffer,
+    which lives on the env's device."""
+
+    def __init__(
+        self,
+        env: VecEnv,
+        agent: ExploringAgent,
+        buffer: ReplayBuffer,
+        generator: torch.Generator,
+        learning_starts: int,
+        seed: int,
+    ) -> None:
+        self.env, self.agent, self.buffer, self.generator = env, agent, buffer, generator
+        self.learning_starts, self.seed = learning_starts, seed
+        self.obs: torch.Tensor | None = None  # the current observations; None: reset first
+        # Returns of finished episodes, summed on the device and read only when asked.
+        self.return_sum = torch.zeros((), device=env.device, dtype=torch.float64)
+        self.episodes = torch.zeros((), device=env.device, dtype=torch.int64)
+
+    def reset(self, env_steps: int) -> None:
+        """Start fresh episodes (seeded by the env steps so far, so a resumed run differs)."""
+        self.obs, _ = self.env.reset(seed=self.seed + env_steps)
+        self.return_sum.zero_()
+        self.episodes.zero_()
+
+    def step(self, env_steps: int) -> int:
+        """One vector step (``env_steps``: the agent's count so far); the env steps taken."""
+        if self.obs is None:
+            self.reset(env_steps)
+        agent, gen, n = self.agent, self.generator, self.env.num_envs
+        if env_steps < self.learning_starts:
+            action = agent.random_action(n, gen)
+        else:
+            action = agent.explore(self.obs, gen, env_steps)
+        next_obs, reward, terminated, truncated, info = self.env.step(agent.to_env(action))
+        # next_obs of an ended episode is its final observation, not the reset one.
+        self.buffer.add(self.obs, action, reward, info["final_obs"], terminated)
+        self.obs = next_obs
+        self.return_sum += info["episode_return"].sum()  # zero where no episode ended
+        self.episodes += (terminated | truncated).sum()
+        return n
+
+    def train_return(self) -> float | None:
+        """Mean return of the episodes finished since the last call (None if none did)."""
+        episodes = int(self.episodes)
+        if not episodes:
+            return None
+        mean = float(self.return_sum) / episodes
+        self.return_sum.zero_()
+        self.episodes.zero_()
+        return mean

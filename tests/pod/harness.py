@@ -21,7 +21,12 @@ from services.contracts.leaderboard import Candidate, ManifestCheckpoint
 from services.contracts.spec import ExperimentSpec
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
-from services.pod.runtime import FusedRoles, PodRuntime, fetch_parent
+from services.pod.evaluator import Evaluator
+from services.pod.learner import RolloutLearner
+from services.pod.metrics import PodMetrics
+from services.pod.onpolicy import LocalRoles, OnPolicyTrainer, PPORunConfig
+from services.pod.runtime import PodRuntime, RuntimeSettings, fetch_parent
+from services.pod.worker import RolloutWorker
 from tests.leaderboard.conftest import free_port
 
 TOKEN = "pod-test-token"
@@ -112,11 +117,19 @@ def download(lb: Leaderboard, candidate: dict[str, Any] | Candidate, directory: 
         pod_client.close()
 
 
-def runtime(lb: Leaderboard, exp: str, spec: dict[str, Any], pod: str, tmp: Path) -> PodRuntime:
+def runtime(
+    lb: Leaderboard,
+    exp: str,
+    spec: dict[str, Any],
+    pod: str,
+    tmp: Path,
+    max_env_steps: int | None = None,
+    metrics: PodMetrics | None = None,
+) -> PodRuntime:
+    """A pod's runtime (one agent, or the spec's population) wired to ``lb``."""
     model = ExperimentSpec.model_validate(spec)
-    return PodRuntime(
-        exp, pod, model, client(lb, exp), FusedRoles(), work_dir=tmp / pod, grace_s=10
-    )
+    settings = RuntimeSettings(work_dir=tmp / pod, grace_s=10, max_env_steps=max_env_steps)
+    return PodRuntime(exp, pod, model, client(lb, exp), settings, metrics)
 
 
 class InThread:
@@ -184,3 +197,12 @@ def start_pod(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+def ppo_roles(config: PPORunConfig) -> tuple[RolloutWorker, RolloutLearner, Evaluator]:
+    """PPO's worker, learner and evaluator for ``config``, in this process, as its trainer
+    builds them (the worker and the evaluator hold the learner's policy)."""
+    trainer = OnPolicyTrainer([config])
+    roles = trainer.roles
+    assert isinstance(roles, LocalRoles) and roles.worker and roles.evaluator
+    return roles.worker, trainer.learner, roles.evaluator

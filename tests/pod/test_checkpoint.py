@@ -7,20 +7,17 @@ import json
 import pytest
 import torch
 
-from services.pod.checkpoint import (
-    CheckpointError,
-    load_training_files,
-    read_files,
-    save_training_files,
-)
-from services.pod.train import TrainConfig, build, preset
+from services.pod.checkpoint import CheckpointError, read_files
+from services.pod.onpolicy import PPORunConfig, load_ppo_files, save_ppo_files
+from services.pod.presets import preset
+from tests.pod.harness import ppo_roles
 
 
 def trained(env: str = "Pendulum-v1", seed: int = 0):
-    cfg = TrainConfig.model_validate(
-        {**preset(env), "seed": seed, "ppo": {"num_envs": 8, "num_steps": 16}}
+    cfg = PPORunConfig.model_validate(
+        {**preset("ppo", env), "seed": seed, "ppo": {"num_envs": 8, "num_steps": 16}}
     )
-    worker, learner, _ = build(cfg)
+    worker, learner, _ = ppo_roles(cfg)
     for _ in range(3):
         learner.update(worker.collect())
     return cfg, worker, learner
@@ -38,10 +35,10 @@ def all_tensors(learner) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("env", ["Pendulum-v1", "CartPole-v1"])
 def test_round_trip_is_bit_exact(tmp_path, env):
     cfg, _, learner = trained(env)
-    save_training_files(tmp_path / "ckpt", learner, cfg)
+    save_ppo_files(tmp_path / "ckpt", learner, cfg)
 
     _, _, fresh = trained(env, seed=123)  # different weights before loading
-    load_training_files(tmp_path / "ckpt", fresh)
+    load_ppo_files(tmp_path / "ckpt", fresh)
 
     before, after = all_tensors(learner), all_tensors(fresh)
     assert before.keys() == after.keys()
@@ -58,10 +55,10 @@ def test_round_trip_is_bit_exact(tmp_path, env):
 
 def test_continued_training_is_identical_after_reload(tmp_path):
     cfg, worker, learner = trained()
-    save_training_files(tmp_path / "ckpt", learner, cfg)
+    save_ppo_files(tmp_path / "ckpt", learner, cfg)
     rollout = worker.collect()
     _, _, copy = trained(seed=99)
-    load_training_files(tmp_path / "ckpt", copy)
+    load_ppo_files(tmp_path / "ckpt", copy)
     torch.manual_seed(7)
     learner.update(rollout)
     torch.manual_seed(7)
@@ -73,9 +70,9 @@ def test_continued_training_is_identical_after_reload(tmp_path):
 
 def test_save_replaces_atomically_and_leaves_no_temp_dirs(tmp_path):
     cfg, worker, learner = trained()
-    save_training_files(tmp_path / "ckpt", learner, cfg)
+    save_ppo_files(tmp_path / "ckpt", learner, cfg)
     learner.update(worker.collect())
-    save_training_files(tmp_path / "ckpt", learner, cfg)
+    save_ppo_files(tmp_path / "ckpt", learner, cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert read_files(tmp_path / "ckpt").documents["counters"]["updates"] == 4
 
@@ -83,7 +80,7 @@ def test_save_replaces_atomically_and_leaves_no_temp_dirs(tmp_path):
 @pytest.fixture
 def saved(tmp_path):
     cfg, _, learner = trained()
-    save_training_files(tmp_path / "ckpt", learner, cfg)
+    save_ppo_files(tmp_path / "ckpt", learner, cfg)
     return tmp_path / "ckpt", learner
 
 
@@ -92,7 +89,7 @@ def test_truncated_file_is_rejected(saved):
     data = (path / "actor.safetensors").read_bytes()
     (path / "actor.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="actor.safetensors.*truncated or modified"):
-        load_training_files(path, learner)
+        load_ppo_files(path, learner)
 
 
 def test_tampered_weights_are_rejected(saved):
@@ -101,14 +98,14 @@ def test_tampered_weights_are_rejected(saved):
     data[-1] ^= 0xFF
     (path / "critic.safetensors").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="critic.safetensors"):
-        load_training_files(path, learner)
+        load_ppo_files(path, learner)
 
 
 def test_missing_file_and_missing_manifest(saved):
     path, learner = saved
     (path / "optimizer.safetensors").unlink()
     with pytest.raises(CheckpointError, match="optimizer.safetensors is missing"):
-        load_training_files(path, learner)
+        load_ppo_files(path, learner)
     (path / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="not a Podium checkpoint"):
         read_files(path)
@@ -125,12 +122,12 @@ def test_manifest_cannot_point_outside_the_directory(saved):
 
 def test_checkpoint_of_another_architecture_is_rejected(saved, tmp_path):
     path, _ = saved
-    cfg = TrainConfig.model_validate(
-        {**preset("Pendulum-v1"), "ppo": {"num_envs": 8, "hidden_sizes": [32]}}
+    cfg = PPORunConfig.model_validate(
+        {**preset("ppo", "Pendulum-v1"), "ppo": {"num_envs": 8, "hidden_sizes": [32]}}
     )
-    _, other, _ = build(cfg)
+    _, other, _ = ppo_roles(cfg)
     with pytest.raises(CheckpointError, match="does not fit"):
-        load_training_files(path, other)
+        load_ppo_files(path, other)
 
 
 def test_pickle_is_never_loaded(saved):
@@ -146,5 +143,5 @@ def test_pickle_is_never_loaded(saved):
         "bytes": len(payload),
     }
     (path / "manifest.json").write_text(json.dumps(manifest))
-    files = load_training_files(path, learner)
+    files = load_ppo_files(path, learner)
     assert "evil" not in files.tensors and "evil" not in files.documents

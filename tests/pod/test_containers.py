@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.pod.multiprocess import RemoteRoles, RoleError, serve_role
-from services.pod.runtime import FusedRoles
-from services.pod.train import TrainConfig, build, preset
+from services.pod.multiprocess import RemoteRoles
+from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
+from services.pod.presets import preset
+from services.pod.role_process import RoleError, serve_role
 from services.pod.transport import SOCKET, TOKEN, Channel, SharedTensors, TransportError
-from tests.pod.harness import ROOT, Leaderboard, make_spec, pod_env, register
+from tests.pod.harness import ROOT, Leaderboard, make_spec, pod_env, ppo_roles, register
 
 
 @pytest.fixture
@@ -144,23 +145,22 @@ def test_a_killed_worker_fails_the_learner_with_a_clear_error(
     assert pod.lines("evaluator")[-1]["event"] == "role stopped"
 
 
-def config(**over) -> TrainConfig:
-    base = preset("CartPole-v1")
+def config(**over) -> PPORunConfig:
+    base = preset("ppo", "CartPole-v1")
     base.update(seed=5, eval_episodes=4, **over)
-    return TrainConfig.model_validate(base)
+    return PPORunConfig.model_validate(base)
 
 
 def test_role_processes_train_the_same_agent_as_fused(roles_dir: Path, tmp_path: Path) -> None:
     torch.set_num_threads(1)
     cfg = config()
-    fused = FusedRoles()
-    learner = fused.build(cfg)
+    fused = OnPolicyTrainer([cfg])
     fused_scores = []
     for i in range(8):
         fused.step()
         if i % 4 == 3:
-            fused_scores.append(fused.evaluate().mean)
-    fused_state = {k: v.clone() for k, v in learner.agent.state_dict().items()}
+            fused_scores.append(fused.evaluate()[0].mean)
+    fused_state = {k: v.clone() for k, v in fused.learner.agent.state_dict().items()}
 
     remote = RemoteRoles(roles_dir, timeout_s=120)
     procs = [
@@ -174,12 +174,13 @@ def test_role_processes_train_the_same_agent_as_fused(roles_dir: Path, tmp_path:
         for role in ("worker", "evaluator")
     ]
     try:
-        learner = remote.build(cfg)
+        trainer = OnPolicyTrainer([cfg], remote)
+        learner = trainer.learner
         scores = []
         for i in range(8):
-            remote.step()
+            trainer.step()
             if i % 4 == 3:
-                scores.append(remote.evaluate().mean)
+                scores.append(trainer.evaluate()[0].mean)
     finally:
         remote.close()
         codes = [p.wait(timeout=30) for p in procs]
@@ -188,7 +189,7 @@ def test_role_processes_train_the_same_agent_as_fused(roles_dir: Path, tmp_path:
     for name, value in fused_state.items():
         torch.testing.assert_close(learner.agent.state_dict()[name], value, rtol=1e-4, atol=1e-5)
     assert scores == pytest.approx(fused_scores, rel=1e-3)
-    _, fresh, _ = build(cfg)  # training moved the weights: not two untouched initialisations
+    _, fresh, _ = ppo_roles(cfg)  # training moved the weights: not two untouched initialisations
     assert not torch.equal(
         fresh.agent.state_dict()["critic.0.weight"], fused_state["critic.0.weight"]
     )
@@ -204,7 +205,7 @@ def test_the_learner_refuses_strangers_and_names_the_roles_that_never_came(
         channel = Channel(stranger)
         channel.send({"op": "hello", "role": "worker", "token": "guess", "protocol": 1})
         with pytest.raises(RoleError, match=r"the worker and evaluator did not connect to .*1.5s"):
-            remote.build(config())
+            OnPolicyTrainer([config()], remote)
         answer = channel.receive(timeout=5)
         assert answer["op"] == "refused" and "wrong token" in answer["error"]
         channel.close()

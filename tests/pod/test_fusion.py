@@ -7,8 +7,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from services.pod.fit import train
 from services.pod.fusion import ParameterAverager, run_group
-from services.pod.train import TrainConfig, preset, train
+from services.pod.onpolicy import PPORunConfig
+from services.pod.presets import preset
 
 
 def _replica_state(rank: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -60,8 +62,8 @@ def test_a_failing_replica_is_reported():
 
 @pytest.mark.slow
 def test_fused_learners_train_together():
-    cfg = TrainConfig.model_validate(
-        {**preset("CartPole-v1"), "learners": 2, "total_env_steps": 4096, "seed": 5}
+    cfg = PPORunConfig.model_validate(
+        {**preset("ppo", "CartPole-v1"), "learners": 2, "total_env_steps": 4096, "seed": 5}
     )
     result = train(cfg)
     # Rank 0 counts the steps of both replicas: 2 x 256 per update.

@@ -10,24 +10,26 @@ import pytest
 import torch
 
 from services.pod.multiprocess import ProcessRoles, RoleError
-from services.pod.runtime import FusedRoles
-from services.pod.train import TrainConfig, build, preset
+from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
+from services.pod.presets import preset
+from tests.pod.harness import ppo_roles
+from tests.pod.plugins import register_plugin
 
 
-def config(**over) -> TrainConfig:
-    base = preset("CartPole-v1")
+def config(**over) -> PPORunConfig:
+    base = preset("ppo", "CartPole-v1")
     base.update(seed=3, eval_episodes=4, **over)
-    return TrainConfig.model_validate(base)
+    return PPORunConfig.model_validate(base)
 
 
-def run(roles, cfg: TrainConfig, updates: int) -> tuple[dict[str, torch.Tensor], list[float]]:
-    learner = roles.build(cfg)
+def run(roles, cfg: PPORunConfig, updates: int) -> tuple[dict[str, torch.Tensor], list[float]]:
+    trainer = OnPolicyTrainer([cfg], roles)  # roles None: in this process
     scores = []
     for i in range(updates):
-        roles.step()
+        trainer.step()
         if i % 4 == 3:
-            scores.append(roles.evaluate().mean)
-    return {k: v.clone() for k, v in learner.agent.state_dict().items()}, scores
+            scores.append(trainer.evaluate()[0].mean)
+    return {k: v.clone() for k, v in trainer.learner.agent.state_dict().items()}, scores
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +42,14 @@ def processes():
 def test_processes_train_the_same_agent_as_fused(processes: ProcessRoles) -> None:
     torch.set_num_threads(1)
     cfg = config()
-    fused_state, fused_scores = run(FusedRoles(), cfg, 12)
+    fused_state, fused_scores = run(None, cfg, 12)
     proc_state, proc_scores = run(processes, cfg, 12)
     assert processes.learner.env_steps == 12 * cfg.ppo.batch_size
     for name, value in fused_state.items():
         torch.testing.assert_close(proc_state[name], value, rtol=1e-4, atol=1e-5, msg=name)
     assert proc_scores == pytest.approx(fused_scores, rel=1e-3)
     # Training moved the weights, so equality above is not two untouched initialisations.
-    _, fresh, _ = build(cfg)
+    _, fresh, _ = ppo_roles(cfg)
     assert not torch.equal(
         fresh.agent.state_dict()["critic.0.weight"], proc_state["critic.0.weight"]
     )
@@ -55,13 +57,15 @@ def test_processes_train_the_same_agent_as_fused(processes: ProcessRoles) -> Non
 
 def test_rebuild_reuses_the_processes_and_takes_new_weights(processes: ProcessRoles) -> None:
     pids = {name: p.pid for name, p in processes.processes.items()}
-    learner = processes.build(config(ppo={**preset("CartPole-v1")["ppo"], "num_envs": 8}))
+    cfg = config(ppo={**preset("ppo", "CartPole-v1")["ppo"], "num_envs": 8})
+    trainer = OnPolicyTrainer([cfg], processes)
+    learner = trainer.learner
     with torch.no_grad():
         for p in learner.agent.policy.actor.parameters():
             p.zero_()  # a policy that always pushes left: episodes end after ~9 steps
-    first = processes.evaluate()
+    [first] = trainer.evaluate()
     assert first.mean < 15
-    processes.step()
+    trainer.step()
     assert learner.env_steps == 8 * 16  # the worker rebuilt its env with the new num_envs
     assert {name: p.pid for name, p in processes.processes.items()} == pids
 
@@ -79,19 +83,13 @@ class ExplodingCartPole(CartPoleEnv):
 def test_a_failing_role_is_reported_with_its_error(tmp_path: Path, monkeypatch) -> None:
     # A plugin env registered through the real entry-point mechanism; spawned processes get
     # this sys.path too.
-    (tmp_path / "podium_exploding_env.py").write_text(PLUGIN)
-    dist = tmp_path / "podium_exploding_env-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-exploding-env\n")
-    (dist / "entry_points.txt").write_text(
-        "[podium.envs]\nExploding-v0 = podium_exploding_env:ExplodingCartPole\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    envs = {"Exploding-v0": "podium_exploding_env:ExplodingCartPole"}
+    register_plugin(tmp_path, monkeypatch, "podium_exploding_env", PLUGIN, {"podium.envs": envs})
     roles = ProcessRoles(threads=1)
     try:
-        roles.build(config(env="Exploding-v0"))
+        trainer = OnPolicyTrainer([config(env="Exploding-v0")], roles)
         with pytest.raises(RoleError, match="the worker failed: RuntimeError: simulator"):
-            roles.step()
+            trainer.step()
     finally:
         roles.close()
     assert all(not p.is_alive() for p in roles.processes.values())
@@ -102,7 +100,7 @@ def test_a_failing_role_is_reported_with_its_error(tmp_path: Path, monkeypatch) 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_processes_on_cuda_train_the_same_agent_as_fused() -> None:
     cfg = config(device="cuda")
-    fused_state, fused_scores = run(FusedRoles(), cfg, 8)
+    fused_state, fused_scores = run(None, cfg, 8)
     roles = ProcessRoles(threads=1)
     try:
         proc_state, proc_scores = run(roles, cfg, 8)

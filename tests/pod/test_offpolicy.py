@@ -11,15 +11,9 @@ from services.pod.algorithms.dqn import DQN, DQNConfig
 from services.pod.algorithms.replay_buffer import Batch, ReplayBuffer
 from services.pod.checkpoint import CheckpointError
 from services.pod.envs.registry import make_env
-from services.pod.offpolicy import (
-    SOLVED_AT,
-    OffPolicyConfig,
-    build,
-    load_offpolicy_files,
-    preset,
-    save_offpolicy_files,
-    train_offpolicy,
-)
+from services.pod.fit import build, train
+from services.pod.offpolicy import OffPolicyConfig, load_offpolicy_files, save_offpolicy_files
+from services.pod.presets import SOLVED_AT, preset
 
 
 def rows(first: int, n: int) -> tuple[torch.Tensor, ...]:
@@ -127,7 +121,7 @@ def test_training_files_round_trip_bit_exact(tmp_path, algorithm):
         }
     )
     trained = build(cfg)
-    train_offpolicy(cfg, roles=trained)
+    train(cfg, trainer=trained)
     save_offpolicy_files(tmp_path / "ckpt", trained, cfg)
 
     restored = build(cfg.model_copy(update={"seed": 99}))  # different weights, empty buffer
@@ -139,12 +133,12 @@ def test_training_files_round_trip_bit_exact(tmp_path, algorithm):
     for name in ("obs", "action", "reward", "next_obs", "terminated"):
         assert torch.equal(getattr(trained.buffer, name), getattr(restored.buffer, name)), name
     assert (restored.buffer.pos, len(restored.buffer)) == (trained.buffer.pos, 100)
-    assert restored.counters() == trained.counters()
+    assert restored.learner.counters() == trained.learner.counters()
     assert torch.equal(restored.generator.get_state(), trained.generator.get_state())
     # The same next update from both: optimiser state and sampling resume exactly.
-    for roles in (trained, restored):
-        batch = roles.buffer.sample(16, roles.generator)
-        roles.agent.update(batch, roles.generator, roles.updates + 1)
+    for trainer in (trained, restored):
+        batch = trainer.buffer.sample(16, trainer.generator)
+        trainer.agent.update(batch, trainer.generator, trainer.updates + 1)
     for (name, a), (_, b) in zip(
         trained.agent.state_dict().items(), restored.agent.state_dict().items(), strict=True
     ):
@@ -191,7 +185,7 @@ def assert_solves(algorithm: str, env: str, budget: int, seed: int, **overrides)
     cfg = OffPolicyConfig.model_validate(
         {**preset(algorithm, env), "total_env_steps": budget, "seed": seed, **overrides}
     )
-    result = train_offpolicy(cfg)
+    result = train(cfg)
     assert result.best is not None
     assert result.best.mean >= SOLVED_AT[env], (
         f"{algorithm} on {env}: best eval {result.best.mean:.1f} < {SOLVED_AT[env]} "

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from services.pod.algorithms.ppo import PPO, PPOConfig
-from services.pod.checkpoint import load_training_files, save_training_files
 from services.pod.envs import make_env
 from services.pod.evaluator import Evaluator
-from services.pod.learner import Learner
+from services.pod.learner import RolloutLearner
+from services.pod.onpolicy import PPORunConfig, load_ppo_files, save_ppo_files
 from services.pod.population import PopulationPPO, build_population
-from services.pod.train import TrainConfig
 
 HPS = [
     {"learning_rate": 1e-3, "ent_coef": 0.01, "clip_coef": 0.2, "gamma": 0.99},
@@ -102,11 +101,12 @@ def test_candidates_round_trip_through_training_files(tmp_path: Path) -> None:
     results = pop.evaluate()
     assert len(results) == len(HPS) and all(r.episodes for r in results)
     i = 1
-    train_config = TrainConfig(env="CartPole-v1", ppo=pop.config(i), seed=2 + i)
-    save_training_files(tmp_path / "candidate", pop.learner(i), train_config)
+    train_config = PPORunConfig(env="CartPole-v1", ppo=pop.config(i), seed=2 + i)
+    save_ppo_files(tmp_path / "candidate", pop.learner(i), train_config)
     env = make_env("CartPole-v1", 1)
-    fresh = Learner(PPO(env.single_observation_space, env.single_action_space, pop.config(i)), 1)
-    load_training_files(tmp_path / "candidate", fresh)
+    agent = PPO(env.single_observation_space, env.single_action_space, pop.config(i))
+    fresh = RolloutLearner(agent, 1)
+    load_ppo_files(tmp_path / "candidate", fresh)
     for key, value in pop.agent(i).state_dict().items():
         torch.testing.assert_close(fresh.agent.state_dict()[key], value, msg=key)
     assert fresh.env_steps == pop.env_steps == 32

@@ -20,20 +20,13 @@ from pydantic import ValidationError
 from services.api_client import LeaderboardClient
 from services.contracts.leaderboard import Manifest
 from services.contracts.spec import ExperimentSpec
-from services.pod.checkpoint import (
-    load_training_files,
-    read_files,
-    save_training_files,
-)
+from services.pod.checkpoint import read_files
+from services.pod.fit import build
 from services.pod.metrics import PodMetrics
-from services.pod.population_runtime import (
-    PopulationRuntime,
-    check_population_spec,
-    member_config,
-)
-from services.pod.runtime import HyperparameterError, eval_seed
-from services.pod.train import TrainConfig, build
-from tests.pod.harness import TOKEN, Leaderboard, client, download, register, stop_after
+from services.pod.onpolicy import PPORunConfig
+from services.pod.presets import eval_seed, pod_config
+from services.pod.runtime import HyperparameterError, PodRuntime
+from tests.pod.harness import TOKEN, Leaderboard, download, register, runtime, stop_after
 
 P = 4
 
@@ -57,26 +50,12 @@ def make_spec(**over: Any) -> dict[str, Any]:
     return spec
 
 
-def population(
-    lb: Leaderboard,
-    exp: str,
-    spec: dict[str, Any],
-    pod: str,
-    tmp: Path,
-    metrics: PodMetrics | None = None,
-) -> PopulationRuntime:
-    model = ExperimentSpec.model_validate(spec)
-    return PopulationRuntime(
-        exp, pod, model, client(lb, exp), work_dir=tmp / pod, metrics=metrics, grace_s=10
-    )
-
-
 def test_members_are_candidates_whose_files_load_into_a_single_agent(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:
     spec = make_spec()
     register(leaderboard, "e1", spec)
-    rt = population(leaderboard, "e1", spec, "pop-a", tmp_path)
+    rt = runtime(leaderboard, "e1", spec, "pop-a", tmp_path)
     stop_after(rt, lambda r: len(r.submissions) >= 2 * P)
     rt.close()
     with leaderboard.api() as api:
@@ -90,13 +69,12 @@ def test_members_are_candidates_whose_files_load_into_a_single_agent(
     by_member = {pod: [c for c in board if c["pod_id"] == pod] for pod in members}
     # Each member its own hyperparameters (sampled per member), kept across its reports...
     first_lrs = set()
-    for i, member in enumerate(rt.members):
+    for i, member in enumerate(rt.slots):
         own = by_member[member.pod_id]
         assert len(own) >= 2
         assert all(c["hyperparameters"] == member.hyperparameters for c in own)
         assert set(member.hyperparameters) == {"learning_rate", "ent_coef"}
-        assert rt.population is not None
-        lr = rt.population.hyperparameters[i]["learning_rate"]
+        lr = rt.trainer.population.hyperparameters[i]["learning_rate"]
         assert lr == pytest.approx(member.hyperparameters["learning_rate"])
         first_lrs.add(lr)
         # ...and its own lineage: each report descends from the member's previous one.
@@ -111,15 +89,15 @@ def test_members_are_candidates_whose_files_load_into_a_single_agent(
     # on the experiment's evaluation what the member scored.
     for candidate in (by_member["pop-a.m1"][-1], by_member["pop-a.m3"][0]):
         directory = download(leaderboard, candidate, tmp_path / candidate["candidate_id"])
-        config = TrainConfig.model_validate(read_files(directory).documents["hyperparameters"])
+        config = PPORunConfig.model_validate(read_files(directory).documents["hyperparameters"])
         assert config.ppo.learning_rate == pytest.approx(
             candidate["hyperparameters"]["learning_rate"]
         )
         assert config.eval_seed == eval_seed(ExperimentSpec.model_validate(spec))
-        _, learner, evaluator = build(config)
-        load_training_files(directory, learner)
-        assert learner.env_steps >= 1024
-        assert evaluator.evaluate(learner.policy).mean == pytest.approx(candidate["score"])
+        single = build(config)  # a single-agent trainer
+        single.load(0, directory, config)
+        assert single.env_steps >= 1024
+        assert single.evaluate()[0].mean == pytest.approx(candidate["score"])
 
     # The pod's metrics count the members' work together; the best is the best member's.
     def sample(name: str) -> float:
@@ -128,8 +106,7 @@ def test_members_are_candidates_whose_files_load_into_a_single_agent(
         return value
 
     assert sample("podium_pod_rounds_total") == rt.rounds >= 2
-    assert rt.population is not None
-    assert sample("podium_pod_env_steps_total") == P * rt.population.env_steps
+    assert sample("podium_pod_env_steps_total") == P * rt.trainer.env_steps == rt.env_steps
     assert sample("podium_pod_submissions_total") == len(rt.submissions)
     assert sample("podium_pod_best_eval_return") == max(c["score"] for c in board)
 
@@ -142,21 +119,21 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     generator["options"]["quantile"] = 0.01
     spec = make_spec(generator=generator)
     register(leaderboard, "e2", spec)
-    rt = population(leaderboard, "e2", spec, "pop-b", tmp_path)
+    rt = runtime(leaderboard, "e2", spec, "pop-b", tmp_path)
     manifests: list[Manifest] = []  # what the generator answered, to check the leases
     generate = rt.client.generate
     rt.client.generate = lambda *a, **k: manifests.append(generate(*a, **k)) or manifests[-1]
     rt.start()
-    pop = rt.population
-    assert pop is not None
+    pop = rt.trainer.population
 
     # A parent from elsewhere, trained a little (weights and Adam state of its own), on the
     # board with a score no member will reach.
-    config = member_config(ExperimentSpec.model_validate(spec), {"learning_rate": 5e-3}, 777)
-    worker, parent, _ = build(config)
+    config = pod_config(ExperimentSpec.model_validate(spec), {"learning_rate": 5e-3}, 777)
+    trainer = build(config)
     for _ in range(3):
-        parent.update(worker.collect())
-    save_training_files(tmp_path / "parent", parent, config)
+        trainer.step()
+    trainer.save(0, tmp_path / "parent")
+    parent = trainer.learner
     files = {p.name: p.read_bytes() for p in (tmp_path / "parent").iterdir()}
     answer = rt.client.submit(
         {
@@ -173,13 +150,13 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
 
     rt.train_round()
     rt.report()
-    assert all(m.rank != 1 for m in rt.members)
-    before = [m.hyperparameters for m in rt.members]
+    assert all(m.rank != 1 for m in rt.slots)
+    before = [m.hyperparameters for m in rt.slots]
     rt.maybe_exploit()
     parent_state = parent.agent.state_dict()
     parent_steps = float(parent.agent.optimizer.state_dict()["state"][0]["step"])
     assert parent_steps == 3 * config.ppo.update_epochs * config.ppo.num_minibatches
-    for i, member in enumerate(rt.members):
+    for i, member in enumerate(rt.slots):
         assert member.parent_id == answer.candidate_id and member.generation == 1
         assert member.reports == 0 and member.unreported_steps == 0
         # The parent's weights, statistics and Adam state, with the explored hyperparameters.
@@ -202,7 +179,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
         for lease in leases:
             assert api.delete(f"/experiments/e2/leases/{lease}").status_code == 404
     children = [c for c in board if c["parent_id"] == answer.candidate_id]
-    assert {c["pod_id"] for c in children} == {m.pod_id for m in rt.members}
+    assert {c["pod_id"] for c in children} == {m.pod_id for m in rt.slots}
     assert all(c["generation"] == 1 for c in children)
     directory = download(leaderboard, children[0], tmp_path / "child")
     counters = read_files(directory).documents["counters"]
@@ -223,9 +200,8 @@ def test_stop_makes_a_final_report_of_every_member(
             if rt.rounds == 3:
                 rt.stop()
 
-    rt = population(
-        leaderboard, "e3", spec, "pop-c", tmp_path, metrics=StopAfterThirdRound("e3", "pop-c")
-    )
+    metrics = StopAfterThirdRound("e3", "pop-c")
+    rt = runtime(leaderboard, "e3", spec, "pop-c", tmp_path, metrics=metrics)
     thread = threading.Thread(target=rt.run, daemon=True)
     thread.start()
     thread.join(timeout=120)
@@ -235,44 +211,29 @@ def test_stop_makes_a_final_report_of_every_member(
     assert [s["final"] for s in rt.submissions] == [False] * P + [True] * P
     assert [s["env_steps"] for s in rt.submissions] == [1024] * P + [512] * P
     assert {s["member"] for s in rt.submissions[P:]} == set(range(P))
-    assert all(m.unreported_steps == 0 for m in rt.members)
+    assert all(m.unreported_steps == 0 for m in rt.slots)
     with leaderboard.api() as api:
         summary = api.get("/experiments/e3").json()
     assert summary["submissions"] == 2 * P and summary["env_steps"] == 3 * 512 * P
 
 
-def test_pendulum_members_train_without_gsde_and_load_as_ppo(
-    leaderboard: Leaderboard, tmp_path: Path
-) -> None:
-    """Pendulum's preset explores with gSDE, which populations lack: members train with a
-    plain Gaussian policy, and their files say so, so a PPO learner built from them fits."""
+def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: Path) -> None:
+    """Pendulum's preset explores with gSDE, which populations lack: the pod refuses to train
+    it (naming the setting and the preset) instead of training something else silently."""
     spec = make_spec(
         name="population-pendulum",
         env={"name": "Pendulum-v1"},
         search_space={"gamma": {"type": "uniform", "low": 0.9, "high": 0.95}},
         population={"agents_per_pod": 2},
-        round={"env_steps": 2048},  # one update of the preset
+        round={"env_steps": 2048},
         evaluation={"episodes": 2},
     )
     register(leaderboard, "e4", spec)
-    rt = population(leaderboard, "e4", spec, "pop-d", tmp_path)
-    rt.start()
-    rt.train_round()
-    rt.report()
+    rt = runtime(leaderboard, "e4", spec, "pop-d", tmp_path)
+    with pytest.raises(HyperparameterError, match=r"without gSDE.*ppo\.sde_sample_freq = 4"):
+        rt.start()
     rt.close()
-    assert len(rt.submissions) == 2 and all(s["accepted"] for s in rt.submissions)
-    with leaderboard.api() as api:
-        candidate = api.get(f"/experiments/e4/candidates/{rt.submissions[1]['candidate_id']}")
-    directory = download(leaderboard, candidate.json(), tmp_path / "member")
-    config = TrainConfig.model_validate(read_files(directory).documents["hyperparameters"])
-    assert config.ppo.sde_sample_freq == 0
-    assert config.ppo.gamma == pytest.approx(rt.members[1].hyperparameters["gamma"])
-    _, learner, evaluator = build(config)
-    load_training_files(directory, learner)
-    # The population's batched matmuls and sigmoid-based tanh differ from a single agent's ops
-    # by ~1e-7 per step; over 200 Pendulum steps the return moves by up to ~1e-3.
-    score = candidate.json()["score"]
-    assert evaluator.evaluate(learner.policy).mean == pytest.approx(score, rel=1e-5)
+    assert rt.submissions == []
 
 
 @pytest.mark.parametrize(
@@ -307,9 +268,7 @@ def test_what_a_population_cannot_vary_is_refused(change: dict, message: str) ->
     spec = spec.model_copy(
         update={"population": spec.population.model_copy(update={"agents_per_pod": size})}
     )
-    with pytest.raises(HyperparameterError, match=message):
-        check_population_spec(spec)
     unreachable = LeaderboardClient("http://127.0.0.1:9", "e", TOKEN)
     with pytest.raises(HyperparameterError, match=message):
-        PopulationRuntime("e", "p", spec, unreachable)
+        PodRuntime("e", "p", spec, unreachable)
     unreachable.close()

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from services.pod.algorithms.ppo import gae
-from services.pod.train import SOLVED_AT, TrainConfig, preset, train
+from services.pod.fit import train
+from services.pod.onpolicy import PPORunConfig
+from services.pod.presets import SOLVED_AT, preset
 
 
 def reference_gae(rewards, values, dones, next_value, gamma, lam):
@@ -42,7 +44,7 @@ def test_gae_matches_direct_sum():
 def test_unknown_algorithm_lists_known_names():
     from services.registry import UnknownNameError
 
-    cfg = TrainConfig.model_validate({**preset("CartPole-v1"), "algorithm": "a2c-magic"})
+    cfg = PPORunConfig.model_validate({**preset("ppo", "CartPole-v1"), "algorithm": "a2c-magic"})
     with pytest.raises(UnknownNameError, match="known: .*ppo"):
         train(cfg)
 
@@ -50,8 +52,8 @@ def test_unknown_algorithm_lists_known_names():
 @pytest.mark.slow
 @pytest.mark.parametrize(("env", "budget"), [("CartPole-v1", 200_000), ("Pendulum-v1", 200_000)])
 def test_ppo_solves_within_env_step_budget(env, budget):
-    cfg = TrainConfig.model_validate(
-        {**preset(env), "total_env_steps": budget, "seed": 1, "eval_episodes": 20}
+    cfg = PPORunConfig.model_validate(
+        {**preset("ppo", env), "total_env_steps": budget, "seed": 1, "eval_episodes": 20}
     )
     result = train(cfg)
     assert result.best is not None

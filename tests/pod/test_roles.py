@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from services.pod.train import TrainConfig, build, preset
+from services.pod.onpolicy import PPORunConfig
+from services.pod.presets import preset
+from tests.pod.harness import ppo_roles
 
 
 def roles(env: str = "Pendulum-v1", **ppo):
-    cfg = TrainConfig.model_validate(
-        {**preset(env), "seed": 3, "eval_episodes": 6, "ppo": {"num_envs": 8, **ppo}}
+    cfg = PPORunConfig.model_validate(
+        {**preset("ppo", env), "seed": 3, "eval_episodes": 6, "ppo": {"num_envs": 8, **ppo}}
     )
-    return cfg, *build(cfg)
+    return cfg, *ppo_roles(cfg)
 
 
 def test_rollout_shapes_and_bookkeeping():

@@ -23,18 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.contracts.leaderboard import SubmissionResponse
 from services.contracts.spec import ExperimentSpec
-from services.leaderboard.generator import PBTGenerator
-from services.pod.checkpoint import load_training_files, read_files, write_files
+from services.contracts.strategies import PBTOptions
+from services.pod.checkpoint import read_files, write_files
 from services.pod.evaluator import EvalResult
-from services.pod.runtime import (
-    Agent,
-    HyperparameterError,
-    check_hyperparameter_names,
-    is_ready,
-    pod_config,
-    ready_rule,
-)
-from services.pod.train import TrainConfig, build, preset
+from services.pod.fit import build
+from services.pod.lineage import Lineage, ReadyRule
+from services.pod.onpolicy import PPORunConfig
+from services.pod.presets import pod_config, preset
+from services.pod.runtime import HyperparameterError, check_hyperparameter_names
 from tests.pod.harness import (
     ROOT,
     InThread,
@@ -51,7 +47,7 @@ from tests.pod.harness import (
 def test_hyperparameters_map_onto_the_preset() -> None:
     spec = ExperimentSpec.model_validate(make_spec(env={"name": "Pendulum-v1"}))
     config = pod_config(spec, {"learning_rate": 5e-4, "num_envs": 32}, seed=7)
-    ref = TrainConfig.model_validate(preset("Pendulum-v1"))
+    ref = PPORunConfig.model_validate(preset("ppo", "Pendulum-v1"))
     assert config.ppo.learning_rate == 5e-4 and config.ppo.num_envs == 32
     assert config.ppo.sde_sample_freq == ref.ppo.sde_sample_freq == 4  # the preset underneath
     assert config.ppo.anneal_lr is False and config.eval_episodes == 4 and config.seed == 7
@@ -68,31 +64,31 @@ def test_ready_rule_and_lineage_bookkeeping() -> None:
     """What both pod runtimes share: when PBT judges an agent, and how a report's answer
     moves its lineage on (only an accepted submission becomes the next parent)."""
     spec = ExperimentSpec.model_validate(make_spec())
-    defaults = PBTGenerator.Options.model_fields  # the one statement of the defaults
-    assert ready_rule(spec) == (
+    defaults = PBTOptions.model_fields  # the one statement of the defaults
+    assert ReadyRule.of(spec) == ReadyRule(
         defaults["ready_reports"].default,
         defaults["ready_env_steps"].default,
     )
     tuned = make_spec(generator={"strategy": "pbt", "options": {"ready_reports": 1}})
-    assert ready_rule(ExperimentSpec.model_validate(tuned)) == (1, 32_768)
+    assert ReadyRule.of(ExperimentSpec.model_validate(tuned)) == ReadyRule(1, 32_768)
 
-    agent = Agent(hyperparameters={"learning_rate": 1e-3}, env_steps_at_start=100)
+    agent = Lineage("pod-a", hyperparameters={"learning_rate": 1e-3}, env_steps_at_start=100)
     evaluation = EvalResult(mean=10.0, std=1.0, episodes=[9.0, 11.0])
-    sent = agent.submission("pod-a", 2048, evaluation)
+    sent = agent.submission(2048, evaluation)
     assert sent["pod_id"] == "pod-a" and sent["env_steps"] == 2048 and sent["score"] == 10.0
     assert sent["eval"] == {"mean": 10.0, "std": 1.0, "episodes": 2}
     assert (sent["parent_id"], sent["generation"]) == (None, 0)
 
     agent.record(SubmissionResponse(accepted=False), 10.0)
     assert (agent.reports, agent.candidate_id, agent.generation) == (1, None, 0)
-    assert not is_ready(agent, 100 + 5_000, ready_reports=1, ready_env_steps=10_000)
-    assert is_ready(agent, 100 + 10_000, ready_reports=1, ready_env_steps=10_000)
-    assert not is_ready(agent, 100 + 10_000, ready_reports=2, ready_env_steps=10_000)
+    assert not ReadyRule(reports=1, env_steps=10_000).is_ready(agent, 100 + 5_000)
+    assert ReadyRule(reports=1, env_steps=10_000).is_ready(agent, 100 + 10_000)
+    assert not ReadyRule(reports=2, env_steps=10_000).is_ready(agent, 100 + 10_000)
 
     agent.record(SubmissionResponse(accepted=True, candidate_id="c1", rank=1), 12.0)
     assert (agent.score, agent.rank, agent.reports) == (12.0, 1, 2)
     assert (agent.candidate_id, agent.parent_id, agent.generation) == ("c1", "c1", 1)
-    assert not is_ready(agent, 10**9, ready_reports=0, ready_env_steps=0)  # the best there is
+    assert not ReadyRule(reports=0, env_steps=0).is_ready(agent, 10**9)  # the best there is
 
 
 def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: Path) -> None:
@@ -109,7 +105,7 @@ def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: 
     assert summary["env_steps"] == sum(s["env_steps"] for s in rt.submissions) >= 3 * 1024
     assert board and all(c["pod_id"] == "pod-a" for c in board)
     best = board[0]
-    assert best["hyperparameters"] == rt.agent.hyperparameters
+    assert best["hyperparameters"] == rt.slots[0].hyperparameters
     assert set(best["hyperparameters"]) == {"learning_rate"}
     # The files of the best candidate are a complete, verified checkpoint.
     with leaderboard.api() as api:
@@ -120,9 +116,9 @@ def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: 
     original = json.loads(files.pop("manifest.json"))
     write_files(tmp_path / "dl", files, {"algorithm": original["algorithm"]})
     assert read_files(tmp_path / "dl").manifest["files"] == original["files"]
-    _, learner, evaluator = build(rt.config)
-    load_training_files(tmp_path / "dl", learner)
-    assert evaluator.evaluate(learner.policy).mean == pytest.approx(best["score"])
+    trainer = build(rt.trainer.config(0))  # a fresh agent of the pod's config
+    trainer.load(0, tmp_path / "dl", rt.trainer.config(0))
+    assert trainer.evaluate()[0].mean == pytest.approx(best["score"])
 
 
 def test_restart_from_a_better_parent(leaderboard: Leaderboard, tmp_path: Path) -> None:
@@ -130,7 +126,7 @@ def test_restart_from_a_better_parent(leaderboard: Leaderboard, tmp_path: Path) 
     register(leaderboard, "e2", spec)
     # A strong parent on the board: trained to the target first.
     first = runtime(leaderboard, "e2", spec, "pod-parent", tmp_path)
-    stop_after(first, lambda r: (r.agent.score or 0) >= 200, timeout=240)
+    stop_after(first, lambda r: (r.slots[0].score or 0) >= 200, timeout=240)
     first.close()
     with leaderboard.api() as api:
         parent = api.get("/experiments/e2/best").json()
@@ -140,15 +136,15 @@ def test_restart_from_a_better_parent(leaderboard: Leaderboard, tmp_path: Path) 
     child = runtime(leaderboard, "e2", spec, "pod-child", tmp_path)
     manifest = child.client.generate("pod-child")
     assert manifest.parent_id == parent["candidate_id"]  # pbt exploits the board
-    child.start(manifest)
-    learner = child.roles.learner
+    child.start([manifest])
+    learner = child.trainer.learner
     # Weights and observation statistics are the parent's; the LR is the proposed one.
     for name, value in learner.policy.state_dict().items():
         assert torch.equal(value, parent_state[name]), name
     lr = manifest.hyperparameters["learning_rate"]
     assert [g["lr"] for g in learner.agent.optimizer.param_groups] == [lr]
-    assert child.agent.parent_id == parent["candidate_id"]
-    assert child.agent.generation == parent["generation"] + 1
+    assert child.slots[0].parent_id == parent["candidate_id"]
+    assert child.slots[0].generation == parent["generation"] + 1
     child.close()
     with leaderboard.api() as api:
         lease = api.delete(f"/experiments/e2/leases/{manifest.lease_id}")
@@ -165,7 +161,7 @@ def test_truncation_keeps_a_pod_that_is_not_among_the_worst(
     register(leaderboard, "e-trunc", spec)
     rt = runtime(leaderboard, "e-trunc", spec, "pod-mid", tmp_path)
     try:
-        rt.start(rt.client.generate("pod-mid"))
+        rt.start([rt.client.generate("pod-mid")])
         with leaderboard.api() as api:  # a better and a worse pod (reports without files)
             for pod, score in (("pod-top", 1e6), ("pod-low", -1e6)):
                 body = {"submission_id": pod, "pod_id": pod, "algorithm": "ppo",
@@ -173,9 +169,9 @@ def test_truncation_keeps_a_pod_that_is_not_among_the_worst(
                 assert api.post("/experiments/e-trunc/submissions", json=body).status_code == 200
         rt.train_round()
         rt.report()
-        assert rt.agent.rank == 2  # not the best: PBT judges it
+        assert rt.slots[0].rank == 2  # not the best: PBT judges it
         restarts: list[dict] = []
-        rt.start = restarts.append  # what a restart would build from
+        rt.place = lambda i, manifest, *_, **__: restarts.append(manifest)  # a restart's parent
         rt.maybe_exploit()  # the middle of three pods: 1 of 3 is replaced, and not this one
         assert restarts == []
         manifest = rt.client.generate("pod-mid", algorithm="ppo")  # no score: a parent
@@ -344,3 +340,41 @@ def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
         if line.startswith("{") and '"pod started"' in line
     ]
     assert started and started[0]["mode"] == "population"
+
+
+def test_a_pod_stops_within_its_env_step_budget(leaderboard: Leaderboard, tmp_path: Path) -> None:
+    """``PODIUM_MAX_ENV_STEPS``: the pod takes every whole step that fits in the budget and no
+    more, makes its final report and exits 0 on its own (no SIGTERM)."""
+    spec = make_spec()
+    register(leaderboard, "budget", spec)
+    budget, step = 2_500, 16 * 16  # the CartPole preset's rollout: 16 envs x 16 steps
+    proc = start_pod(
+        leaderboard, "budget", "p0", spec, tmp_path, tmp_path / "pod.log",
+        PODIUM_MAX_ENV_STEPS=str(budget),
+    )  # fmt: skip
+    try:
+        assert proc.wait(timeout=120) == 0, (tmp_path / "pod.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [json.loads(line) for line in (tmp_path / "pod.log").read_text().splitlines()]
+    with leaderboard.api() as api:
+        summary = api.get("/experiments/budget").json()
+    assert summary["env_steps"] == budget // step * step  # 2,304: one more step would exceed
+    assert lines[-1]["event"] == "pod stopped" and lines[-1]["env_steps"] == summary["env_steps"]
+    reports = [line for line in lines if line["event"] == "reported"]
+    assert reports[-1]["final"] is True and summary["submissions"] == len(reports)
+
+
+def test_a_population_pod_shares_its_env_step_budget(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """The budget counts every agent's env steps: 3 agents of 256 per step take 768 a step."""
+    spec = make_spec(population={"min_pods": 1, "max_pods": 1, "agents_per_pod": 3})
+    register(leaderboard, "budget-pop", spec)
+    rt = runtime(leaderboard, "budget-pop", spec, "p0", tmp_path, max_env_steps=2_500)
+    rt.run()  # returns by itself once the budget is spent
+    rt.close()
+    assert rt.env_steps == 3 * 768 and rt.stopping
+    assert sum(s["env_steps"] for s in rt.submissions) == rt.env_steps
+    assert [s["final"] for s in rt.submissions][-3:] == [True] * 3

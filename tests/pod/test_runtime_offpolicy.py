@@ -24,15 +24,11 @@ from pydantic import ValidationError
 
 from services.contracts.leaderboard import Manifest
 from services.contracts.spec import ExperimentSpec
-from services.pod.offpolicy import OffPolicyConfig, build, load_offpolicy_files
-from services.pod.runtime import (
-    FusedOffPolicyRoles,
-    HyperparameterError,
-    check_hyperparameter_names,
-    eval_seed,
-    pod_config,
-)
-from services.pod.train import TrainConfig
+from services.pod.fit import build
+from services.pod.offpolicy import OffPolicyConfig, OffPolicyTrainer, load_offpolicy_files
+from services.pod.onpolicy import PPORunConfig
+from services.pod.presets import eval_seed, pod_config
+from services.pod.runtime import HyperparameterError, check_hyperparameter_names
 from tests.pod.harness import (
     Leaderboard,
     download,
@@ -88,30 +84,31 @@ def test_offpolicy_rounds_report_files_that_load_back(
     rt = runtime(lb, "e1", spec, "pod-a", tmp_path)
     stop_after(rt, lambda r: len(r.submissions) >= 3)
     rt.close()
-    assert isinstance(rt.roles, FusedOffPolicyRoles) and isinstance(rt.config, OffPolicyConfig)
-    assert rt.config.algorithm == algorithm and rt.config.num_envs == 8
-    assert rt.config.batch_size == 64  # a loop hyperparameter, applied at the top level
-    own = getattr(rt.config, algorithm)
-    assert own.learning_rate == rt.agent.hyperparameters["learning_rate"]
+    config = rt.trainer.config(0)
+    assert isinstance(rt.trainer, OffPolicyTrainer) and isinstance(config, OffPolicyConfig)
+    assert config.algorithm == algorithm and config.num_envs == 8
+    assert config.batch_size == 64  # a loop hyperparameter, applied at the top level
+    own = getattr(config, algorithm)
+    assert own.learning_rate == rt.slots[0].hyperparameters["learning_rate"]
     with lb.api() as api:
         summary = api.get("/experiments/e1").json()
         board = api.get("/experiments/e1/leaderboard").json()["candidates"]
     assert summary["submissions"] == len(rt.submissions) >= 4  # the final report included
     assert summary["env_steps"] == sum(s["env_steps"] for s in rt.submissions) >= 3 * 256
     # One agent all along (PBT's readiness counts these env steps): every step was reported.
-    assert rt.roles.learner.env_steps == summary["env_steps"] and rt.agent.parent_id
+    assert rt.trainer.env_steps == summary["env_steps"] and rt.slots[0].parent_id
     # Scored on the experiment's shared evaluation start states, like every other pod.
     shared = eval_seed(ExperimentSpec.model_validate(spec))
-    assert rt.config.evaluation_seed == rt.roles.learner.evaluator.seed == shared
+    assert config.evaluation_seed == rt.trainer.evaluator.seed == shared
     assert board and {c["algorithm"] for c in board} == {algorithm}
     best = board[0]
     assert "replay_buffer.safetensors" in best["files"]
     download(lb, best, tmp_path / "dl")
-    restored = build(rt.config)
+    restored = build(config)
     load_offpolicy_files(tmp_path / "dl", restored)
     assert len(restored.buffer) > 0 and restored.env_steps >= 256
     # The same agent, scored on the experiment's shared evaluation start states.
-    assert restored.evaluate().mean == pytest.approx(best["score"])
+    assert restored.evaluate()[0].mean == pytest.approx(best["score"])
 
 
 def test_restart_from_a_sac_parent_loads_weights_and_replay_buffer(
@@ -129,8 +126,8 @@ def test_restart_from_a_sac_parent_loads_weights_and_replay_buffer(
     parent = child.client.candidate(manifest.parent_id)
     parent_dir = download(lb, parent, tmp_path / "parent")
     files = {p.name: p.read_bytes() for p in parent_dir.iterdir()}
-    child.start(manifest)
-    learner = child.roles.learner
+    child.start([manifest])
+    learner = child.trainer
     for name, value in safetensors.torch.load(files["actor.safetensors"]).items():
         assert torch.equal(learner.policy.state_dict()[name], value), name
     replay = safetensors.torch.load(files["replay_buffer.safetensors"])
@@ -138,15 +135,15 @@ def test_restart_from_a_sac_parent_loads_weights_and_replay_buffer(
     assert torch.equal(learner.buffer.obs[: len(learner.buffer)], replay["obs"])
     assert torch.equal(learner.buffer.action[: len(learner.buffer)], replay["action"])
     counters = json.loads(files["counters.json"])
-    assert learner.env_steps == counters["env_steps"] == child.agent.env_steps_at_start
+    assert learner.env_steps == counters["env_steps"] == child.slots[0].env_steps_at_start
     lr = manifest.hyperparameters["learning_rate"]
     assert [g["lr"] for g in learner.agent.optimizer.param_groups] == [lr]
-    assert child.config.sac.learning_rate == lr
+    assert child.trainer.config(0).sac.learning_rate == lr
     # A child explores with its own stream, not the parent's next draws.
     parent_rng = safetensors.torch.load(files["rng.safetensors"])["generator"]
     assert not torch.equal(learner.generator.get_state(), parent_rng)
-    assert child.agent.parent_id == parent.candidate_id
-    assert child.agent.generation == parent.generation + 1
+    assert child.slots[0].parent_id == parent.candidate_id
+    assert child.slots[0].generation == parent.generation + 1
     child.train_round()  # and it trains on from there
     assert learner.env_steps >= counters["env_steps"] + 256
     child.close()
@@ -175,13 +172,13 @@ def test_mixed_spec_trains_each_algorithm_with_its_own_hyperparameters(
     for algorithm in ("ppo", "sac"):
         rt = runtime(lb, "e3", spec, f"pod-{algorithm}", tmp_path)
         manifest = rt.client.generate(rt.pod_id, algorithm=algorithm)
-        rt.start(manifest)
+        rt.start([manifest])
         rt.train_round()
         rt.report()
         pods[algorithm] = rt
-    ppo, sac = pods["ppo"].config, pods["sac"].config
-    assert isinstance(ppo, TrainConfig) and isinstance(sac, OffPolicyConfig)
-    ppo_h, sac_h = pods["ppo"].agent.hyperparameters, pods["sac"].agent.hyperparameters
+    ppo, sac = pods["ppo"].trainer.config(0), pods["sac"].trainer.config(0)
+    assert isinstance(ppo, PPORunConfig) and isinstance(sac, OffPolicyConfig)
+    ppo_h, sac_h = pods["ppo"].slots[0].hyperparameters, pods["sac"].slots[0].hyperparameters
     assert ppo.ppo.gae_lambda == ppo_h["gae_lambda"] and ppo.ppo.num_envs == 8
     assert ppo.ppo.learning_rate == ppo_h["learning_rate"] and ppo.ppo.num_steps == 16
     assert sac.sac.tau == sac_h["tau"] and sac.num_envs == 8 and sac.batch_size == 64
@@ -203,7 +200,7 @@ def test_hyperparameter_names_are_checked_against_the_listed_algorithms() -> Non
     config = pod_config(mixed, {"tau": 0.02, "gae_lambda": 0.9}, seed=1, algorithm="sac")
     assert isinstance(config, OffPolicyConfig) and config.sac.tau == 0.02
     config = pod_config(mixed, {"tau": 0.02, "gae_lambda": 0.9}, seed=1, algorithm="ppo")
-    assert isinstance(config, TrainConfig) and config.ppo.gae_lambda == 0.9
+    assert isinstance(config, PPORunConfig) and config.ppo.gae_lambda == 0.9
     with pytest.raises(HyperparameterError, match="several algorithms"):
         pod_config(mixed, {}, seed=1)
     sac = ExperimentSpec.model_validate(sac_spec())
@@ -252,7 +249,7 @@ def test_an_algorithm_the_env_cannot_take_is_a_clear_error(
         strategy="pbt",
     )
     with pytest.raises(HyperparameterError, match=message):
-        rt.start(manifest)
+        rt.start([manifest])
     rt.close()
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.offpolicy_config import DDPGConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
@@ -102,11 +103,12 @@ def uniform_action(
     return u.mul_(2).sub_(1)
 
 
-class DDPG(nn.Module):
+class DDPG(OffPolicyAlgorithm, nn.Module):
     """The DDPG agent: actor, critic, their targets and one optimiser."""
 
     name = "ddpg"
     config_class = DDPGConfig
+    action_spaces = ("continuous",)
     discrete = False
     n_critics = 1  # TD3 is this agent with two, a smoothed target action and a policy delay
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.ddpg import frozen_copy, polyak_
 from services.pod.algorithms.offpolicy_config import DQNConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
@@ -47,9 +48,10 @@ class QNetwork(nn.Module):
         return self(obs).argmax(-1)
 
 
-class DQN(nn.Module):
+class DQN(OffPolicyAlgorithm, nn.Module):
     name = "dqn"
     config_class = DQNConfig
+    action_spaces = ("discrete",)
     discrete = True
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config: DQNConfig):

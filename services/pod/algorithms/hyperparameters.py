@@ -4,8 +4,7 @@ A spec's ``search_space`` and a generator's hyperparameters are flat names. For 
 ``PPOConfig`` fields; for an off-policy algorithm they are its own config's fields plus the
 off-policy loop's (``ReplayLoopConfig``: ``num_envs``, ``batch_size``, ``buffer_size``,
 ``learning_starts``, ``updates_per_step``). The control plane (services/contracts/spec.py) and
-the pod (services/pod/runtime.py, population_runtime.py) check names with the one set of checks
-here.
+the pod (services/pod/runtime.py, presets.py) check names with the one set of checks here.
 """
 
 from __future__ import annotations

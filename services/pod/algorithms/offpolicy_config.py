@@ -13,9 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.pod.algorithms.ppo_config import Activation
 
-#: The off-policy algorithms, by registered name (entry points ``podium.algorithms``).
-OFF_POLICY_ALGORITHMS = ("sac", "td3", "ddpg", "dqn")
-
 
 class ReplayLoopConfig(BaseModel):
     """The off-policy loop's hyperparameters: how data is collected, stored and replayed."""
@@ -71,7 +68,9 @@ class DQNConfig(_AgentConfig):
     max_grad_norm: float | None = Field(10.0, gt=0)
 
 
-#: Each off-policy algorithm's own hyperparameters (the loop's are ``ReplayLoopConfig``).
+#: Each built-in off-policy algorithm's own hyperparameters (the loop's are
+#: ``ReplayLoopConfig``), by registered name, for the torch-free checks of
+#: services/pod/algorithms/hyperparameters.py; the pod reads them from the registered class.
 AGENT_CONFIGS: dict[str, type[BaseModel]] = {
     "sac": SACConfig,
     "td3": TD3Config,

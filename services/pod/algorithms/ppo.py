@@ -19,6 +19,7 @@ from services.pod.algorithms.policies import Policy, build_actor, build_critic
 from services.pod.algorithms.ppo_config import PPOConfig
 
 if TYPE_CHECKING:
+    from services.pod.trainer import Trainer
     from services.pod.worker import Rollout
 
 
@@ -51,6 +52,20 @@ class PPO(nn.Module):
     """The PPO agent as the learner holds it: policy (actor + obs statistics) and critic."""
 
     name = "ppo"
+    config_class = PPOConfig
+    action_spaces = ("discrete", "continuous")
+
+    @classmethod
+    def trainer(cls, slots: int) -> type[Trainer]:
+        """One agent: services/pod/onpolicy.py; P agents in one process:
+        services/pod/population_trainer.py (imported here: they import this module)."""
+        if slots == 1:
+            from services.pod.onpolicy import OnPolicyTrainer
+
+            return OnPolicyTrainer
+        from services.pod.population_trainer import PopulationTrainer
+
+        return PopulationTrainer
 
     def __init__(
         self, obs_space: gym.spaces.Box, action_space: gym.Space, config: PPOConfig

@@ -53,9 +53,10 @@ class PPOConfig(BaseModel):
         return max(1, self.batch_size // self.num_minibatches)
 
 
-#: The PPOConfig fields that may differ between the agents of one vmap population (a pod with
-#: ``population.agents_per_pod > 1``): they enter the update as per-agent tensors. Everything
-#: else shapes the networks or the rollout, which the agents share.
+#: The PPOConfig fields that may differ between the agents of one population (a pod with
+#: ``population.agents_per_pod > 1``, services/pod/population.py): they enter the update as
+#: per-agent tensors. Everything else shapes the networks or the rollout, which the agents
+#: share.
 POPULATION_HYPERPARAMETERS = (
     "learning_rate",
     "ent_coef",

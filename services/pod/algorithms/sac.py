@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.ddpg import (
     BoundedActor,
     QCritic,
@@ -72,9 +73,10 @@ class SquashedGaussianActor(BoundedActor):
         return self.to_env(torch.tanh(mean))
 
 
-class SAC(nn.Module):
+class SAC(OffPolicyAlgorithm, nn.Module):
     name = "sac"
     config_class = SACConfig
+    action_spaces = ("continuous",)
     discrete = False
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config: SACConfig):

@@ -15,6 +15,7 @@ from services.pod.envs.gymnasium_adapter import GymnasiumVecEnv
 from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
 from services.pod.envs.pendulum import PendulumEnv
 from services.registry import UnknownNameError
+from tests.pod.plugins import register_plugin
 
 BUILT_INS = ["Acrobot-v1", "CartPole-v1", "MountainCarContinuous-v0", "Pendulum-v1"]
 
@@ -100,9 +101,8 @@ def test_unsupported_gymnasium_space_is_a_clear_error() -> None:
 
 def test_plugin_entry_point_is_found_by_name(tmp_path: Path, monkeypatch) -> None:
     """A package registering an Isaac task factory in `podium.envs` is usable by name."""
-    (tmp_path / "podium_plugin_demo.py").write_text(
-        textwrap.dedent(
-            """
+    source = textwrap.dedent(
+        """
             from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
             from services.pod.envs.vectask_example import CartpoleVecTask
 
@@ -111,15 +111,9 @@ def test_plugin_entry_point_is_found_by_name(tmp_path: Path, monkeypatch) -> Non
                                        max_episode_length=max_episode_length)
                 return IsaacGymVecEnv(task, seed=seed)
             """
-        )
     )
-    dist = tmp_path / "podium_plugin_demo-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-plugin-demo\n")
-    (dist / "entry_points.txt").write_text(
-        "[podium.envs]\nVecTaskCartpole-v0 = podium_plugin_demo:cartpole\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    envs = {"VecTaskCartpole-v0": "podium_plugin_demo:cartpole"}
+    register_plugin(tmp_path, monkeypatch, "podium_plugin_demo", source, {"podium.envs": envs})
     assert "VecTaskCartpole-v0" in list_envs()
     env = make_env("VecTaskCartpole-v0", 3, seed=0, max_episode_length=9)
     assert isinstance(env, IsaacGymVecEnv) and env.max_episode_steps == 9

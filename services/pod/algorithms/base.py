@@ -1,0 +1,27 @@
+"""What the built-in off-policy agents declare for the registry (services/pod/trainer.py's
+``Algorithm``): they train one agent per pod with services/pod/offpolicy.py's trainer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from services.pod.algorithms.hyperparameters import HyperparameterError
+
+if TYPE_CHECKING:
+    from services.pod.trainer import Trainer
+
+
+class OffPolicyAlgorithm:
+    name: ClassVar[str]
+
+    @classmethod
+    def trainer(cls, slots: int) -> type[Trainer]:
+        if slots != 1:
+            raise HyperparameterError(
+                f"{cls.name} trains one agent per pod: population pods "
+                f"(population.agents_per_pod > 1) train PPO only"
+            )
+        # Imported here: the trainer imports the algorithms' shared machinery, not this.
+        from services.pod.offpolicy import offpolicy_trainer
+
+        return offpolicy_trainer(cls.name)
