@@ -15,6 +15,9 @@ from typing import Any
 
 ENVS = "podium.envs"
 ALGORITHMS = "podium.algorithms"
+# An algorithm's config model (pydantic, torch-free), registered beside the algorithm itself so
+# that the control plane can tell, without importing torch, that a pod can train it.
+ALGORITHM_CONFIGS = "podium.algorithm_configs"
 GENERATORS = "podium.generators"
 
 

@@ -267,14 +267,18 @@ class ExperimentSpec(InputModel):
     def _algorithms(cls, v: dict[str, float]) -> dict[str, float]:
         _check_names("algorithm", registry.ALGORITHMS, list(v))
         # A plugin registered under podium.algorithms that no pod runtime trains would make
-        # every pod exit on start: refused here, with what pods do train.
+        # every pod exit on start: refused here, with what pods do train. A pod-trainable
+        # plugin declares its config model under podium.algorithm_configs (torch-free, read
+        # here by name only); the pod still checks the class itself and exits 2 if it lied.
         from services.pod.algorithms.hyperparameters import HYPERPARAMETER_MODELS
 
-        untrainable = [a for a in v if a not in HYPERPARAMETER_MODELS]
+        trainable = set(HYPERPARAMETER_MODELS) | set(registry.names(registry.ALGORITHM_CONFIGS))
+        untrainable = [a for a in v if a not in trainable]
         if untrainable:
             raise ValueError(
                 f"algorithm {', '.join(map(repr, untrainable))} is registered but no pod can "
-                f"train it; pods train: {', '.join(sorted(HYPERPARAMETER_MODELS))}"
+                f"train it (a plugin declares its config under {registry.ALGORITHM_CONFIGS}); "
+                f"pods train: {', '.join(sorted(trainable))}"
             )
         bad = [k for k, w in v.items() if not (w > 0 and math.isfinite(w))]
         if bad:

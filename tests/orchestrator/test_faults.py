@@ -94,7 +94,8 @@ def test_what_no_pod_can_train_is_refused_at_submission(
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert [tuple(e["loc"]) for e in detail] == [("body", "algorithms")]
-    assert "'a2c' is registered but no pod can train it; pods train: " in detail[0]["msg"]
+    assert "'a2c' is registered but no pod can train it" in detail[0]["msg"]
+    assert "podium.algorithm_configs); pods train: ddpg, dqn, ppo, sac, td3" in detail[0]["msg"]
     assert client.get(API).json() == []
 
 

@@ -249,6 +249,8 @@ def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: P
         ),
         (
             {
+                # An env both fit, so that only the population rule refuses the mix.
+                "env": {"name": "Pendulum-v1"},
                 "algorithms": {"ppo": 1.0, "sac": 1.0},
                 "search_space": {"learning_rate": {"type": "uniform", "low": 1e-4, "high": 1e-3}},
             },

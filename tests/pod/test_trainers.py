@@ -172,8 +172,14 @@ class Undeclared:
 def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two algorithms registered through the real entry-point mechanism."""
     algorithms = {"noisy_ddpg": "podium_noisy:NoisyDDPG", "bare": "podium_noisy:Undeclared"}
+    # Its config model torch-free, where the control plane finds it by name (no import).
+    configs = {"noisy_ddpg": "podium_noisy:NoisyConfig"}
     register_plugin(
-        tmp_path, monkeypatch, "podium_noisy", PLUGIN, {"podium.algorithms": algorithms}
+        tmp_path,
+        monkeypatch,
+        "podium_noisy",
+        PLUGIN,
+        {"podium.algorithms": algorithms, "podium.algorithm_configs": configs},
     )
 
 
