@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,10 +73,12 @@ class ProgressCalls:
         return self.breaker.decorate(fn)(*args)  # raises CircuitBreakerError while open
 
     # -- progress ----------------------------------------------------------------------------
-    def _fetch(self, exp_id: str, board: _Board, asked_at: float) -> None:
+    def _fetch(self, exp_id: str, board: _Board, asked_at: float, unknown: bool) -> None:
         try:
             prog = self._call(self.source.progress, exp_id)
-            pods, cursor = self._call(self.source.reporters, exp_id, board.cursor)
+            pods, cursor = set(), board.cursor
+            if unknown:  # the submission log is read only while a live pod has no report
+                pods, cursor = self._call(self.source.reporters, exp_id, board.cursor)
         except Exception as e:
             board.failed_at = asked_at
             if not isinstance(e, circuitbreaker.CircuitBreakerError):
@@ -94,12 +96,18 @@ class ProgressCalls:
         self.wake()
 
     def progress(
-        self, exp_id: str, max_age_s: float, since: float | None = None
+        self,
+        exp_id: str,
+        max_age_s: float,
+        since: float | None = None,
+        pods: Iterable[str] = (),
     ) -> tuple[Progress, bool]:
         """The last known progress (empty when none yet), and whether it is settled: an answer
         (or a failure) to a request sent at or after ``since`` (monotonic) is in.
 
-        Sends a request when the last answer is older than ``max_age_s`` or than ``since``.
+        Sends a request when the last answer is older than ``max_age_s`` or than ``since``;
+        it also reads which pods have reported while one of ``pods`` (the live ones) is not
+        known to have.
         """
         board = self._board(exp_id)
         now = time.monotonic()
@@ -110,7 +118,8 @@ class ProgressCalls:
         if stale and not board.inflight:
             # Marked before it is sent: the answer may come before submit returns.
             board.inflight = True
-            self._pool.submit(self._fetch, exp_id, board, now)
+            unknown = any(not self.reported(exp_id, p) for p in pods)
+            self._pool.submit(self._fetch, exp_id, board, now, unknown)
         return board.progress or Progress(), settled
 
     def reported(self, exp_id: str, pod_id: str) -> bool:

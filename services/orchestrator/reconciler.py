@@ -42,6 +42,10 @@ from services.orchestrator.store import Experiment, Store
 
 log = get_logger(__name__)
 
+#: How long a new pod of an experiment with an env-step budget waits for the leaderboard to
+#: count the steps of the pods that just ended (its allowance is computed from that count).
+STEPS_SETTLE_S = 2.0
+
 
 def pod_resources(spec: ExperimentSpec) -> Res:
     return Res(spec.resources.cpu, spec.resources.gpus, spec.resources.memory_bytes)
@@ -110,6 +114,7 @@ class Reconciler:
             self.wake,
         )
         self._final_since: dict[str, float] = {}  # experiment → when its last pod was gone
+        self._ended_at: dict[str, float] = {}  # experiment → when a pod of it last ended
         self._next_launch: float | None = None  # the earliest backoff end seen in a pass
         self._created: dict[str, list[PodInfo]] = {}  # pods created this pass, per experiment
         self._pool = ThreadPoolExecutor(settings.create_concurrency, thread_name_prefix="create")
@@ -272,6 +277,8 @@ class Reconciler:
             if p.live:
                 continue
             if self.store.mark_handled(exp.id, p.pod_id):
+                if exp.spec.budget.total_env_steps is not None:
+                    self._ended_at[exp.id] = time.monotonic()  # see _steps_counted
                 ended = status.get("state") in st.TERMINAL  # possibly earlier in this pass
                 if p.terminating:
                     self.store.event(exp.id, "pod_stopped", f"pod stopped ({p.reason})", p.pod_id)
@@ -362,7 +369,8 @@ class Reconciler:
         spec = exp.spec
         if status.get("registered"):
             # The last known progress: a pass never waits on the leaderboard.
-            prog, _ = self.calls.progress(exp.id, self.settings.progress_poll_s)
+            pods = [p.pod_id for p in live]
+            prog, _ = self.calls.progress(exp.id, self.settings.progress_poll_s, pods=pods)
             self._record_progress(exp, status, prog)
         # The target first: met, the experiment succeeded whatever else ran out meanwhile.
         score = self._target_met(exp, status)
@@ -461,6 +469,7 @@ class Reconciler:
                 "finished_at": status.get("finished_at"),
             }
             self._final_since.pop(exp.id, None)
+            self._ended_at.pop(exp.id, None)
             self.calls.forget(exp.id)
 
     def _stop_all(self, exp: Experiment, live: list[PodInfo]) -> None:
@@ -516,6 +525,8 @@ class Reconciler:
             if n == 0 and status.get("pods_launched", 0) >= budget:
                 status["launch_reason"] = f"pod budget reached ({budget} launched)"
                 return free
+        if n and not self._steps_counted(exp, status):
+            return free
         allowance = env_step_allowance(exp.spec, status, [p.pod_id for p in active], target)
         if n and allowance is not None and allowance <= 0:
             status["launch_reason"] = "the env-step budget left is held by the running pods"
@@ -570,6 +581,26 @@ class Reconciler:
                 f"{len(active) + n}/{target} pods; waiting for resources to be released"
             )
         return free
+
+    def _steps_counted(self, exp: Experiment, status: dict[str, Any]) -> bool:
+        """Whether the env steps of the experiment's ended pods are in the count that new
+        pods' allowances are computed from: a leaderboard answer asked after the last pod
+        ended (a pod exits after its final report is acknowledged). Waited for at most
+        ``STEPS_SETTLE_S``, so a leaderboard that does not answer delays a replacement by that
+        much only (then the last known count is used)."""
+        ended = self._ended_at.get(exp.id)
+        if ended is None or not status.get("registered"):
+            return True
+        prog, settled = self.calls.progress(exp.id, self.settings.progress_poll_s, since=ended)
+        self._record_progress(exp, status, prog)
+        left = ended + STEPS_SETTLE_S - time.monotonic()
+        if settled or left <= 0:
+            self._ended_at.pop(exp.id, None)
+            return True
+        status["launch_reason"] = "waiting for the leaderboard to count the ended pods' steps"
+        at = time.time() + left
+        self._next_launch = at if self._next_launch is None else min(self._next_launch, at)
+        return False
 
     def _register(self, exp: Experiment, status: dict[str, Any]) -> bool:
         if status.get("registered"):
@@ -634,6 +665,7 @@ class Reconciler:
         self.backend.delete_experiment(exp.id)
         self.store.delete(exp.id)
         self._final_since.pop(exp.id, None)
+        self._ended_at.pop(exp.id, None)
         log.info("experiment deleted", experiment=exp.id)
 
     def _update_gauges(self, pods: list[PodInfo]) -> None:
