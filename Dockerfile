@@ -36,9 +36,10 @@ ARG PIP_OFFLINE=0
 WORKDIR /src
 COPY wheelhouse/ /wheelhouse/
 COPY deploy/images/venv-install.sh /usr/local/bin/
-COPY pyproject.toml README.md ./
-# Requirements first (a layer that survives source changes), then the project itself.
+COPY pyproject.toml ./
+# Requirements first (a layer that survives source and README changes), then the project.
 RUN venv-install.sh requirements
+COPY README.md ./
 COPY services ./services
 RUN venv-install.sh project
 
@@ -86,8 +87,9 @@ RUN set -eu; \
     python3 -m venv /opt/venv; \
     /opt/venv/bin/pip install "torch==${TORCH_VERSION}+${TORCH_VARIANT}"
 COPY deploy/images/venv-install.sh /usr/local/bin/
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN PIN="torch==${TORCH_VERSION}+${TORCH_VARIANT}" venv-install.sh requirements pod
+COPY README.md ./
 COPY services ./services
 RUN venv-install.sh project
 
