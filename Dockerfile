@@ -38,10 +38,12 @@ COPY wheelhouse/ /wheelhouse/
 COPY deploy/images/venv-install.sh /usr/local/bin/
 COPY pyproject.toml ./
 # Requirements first (a layer that survives source and README changes), then the project.
-RUN venv-install.sh requirements
+# No byte code: it is a third of the venv, and costs the services about 2 s once per start
+# (docs/benchmarks.md); PYTHONPYCACHEPREFIX below keeps what they compile in /tmp.
+RUN NO_COMPILE=1 venv-install.sh requirements
 COPY README.md ./
 COPY services ./services
-RUN venv-install.sh project
+RUN NO_COMPILE=1 venv-install.sh project
 
 # ---- runtime: non-root user, no build tools ----------------------------------------------------
 FROM base AS runtime
@@ -62,6 +64,11 @@ WORKDIR /app
 # ---- control-plane -----------------------------------------------------------------------------
 FROM runtime AS control-plane
 COPY --from=deps /opt/venv /opt/venv
+# Byte code compiled at start goes to /tmp (a tmpfs in compose and the chart; the root is
+# read-only); where /tmp cannot be written Python just compiles in memory. (An empty
+# PYTHONDONTWRITEBYTECODE is unset for Python.)
+ENV PYTHONDONTWRITEBYTECODE="" \
+    PYTHONPYCACHEPREFIX=/tmp/pycache
 USER 10001:10001
 # 8000: orchestrator (default command); the leaderboard runs with the command
 # "services.leaderboard" and PODIUM_PORT=8001; the CLI with --entrypoint podium.
