@@ -5,12 +5,18 @@
 #   venv-install.sh requirements [EXTRA...]  install them into /opt/venv (created if missing)
 #   venv-install.sh project                  install Podium itself, then drop pip/setuptools
 # PIP_OFFLINE=1: only ./wheelhouse (pip --no-index); wheelhouse/ca.pem: a proxy's CA to trust.
-# Extra requirements (the exact torch build) come in as $PIN.
+# Extra requirements (the exact torch build) come in as $PIN. NO_COMPILE=1 leaves out the byte
+# code (the control plane: a third of its venv; it compiles at start instead).
 set -eu
 if [ "${PIP_OFFLINE:-0}" = 1 ]; then export PIP_NO_INDEX=1; fi
 if [ -f /wheelhouse/ca.pem ]; then export PIP_CERT=/wheelhouse/ca.pem; fi
 mode="$1"
 shift
+strip_bytecode() {
+  if [ "${NO_COMPILE:-0}" = 1 ]; then
+    find /opt/venv -name __pycache__ -type d -prune -exec rm -rf {} +
+  fi
+}
 case "$mode" in
   list)
     # tomllib is stdlib: the list stays pyproject's.
@@ -27,10 +33,12 @@ print("\n".join(p["dependencies"] + [r for e in sys.argv[1:] for r in p["optiona
     # and numpy's tests.
     rm -rf /opt/venv/lib/python3*/site-packages/kubernetes/aio \
       /opt/venv/lib/python3*/site-packages/numpy/*/tests
+    strip_bytecode
     ;;
   project)
     /opt/venv/bin/pip install --no-deps --no-build-isolation .
     /opt/venv/bin/pip uninstall -y -q pip setuptools
+    strip_bytecode
     ;;
   *)
     echo "usage: $0 list|requirements|project [EXTRA...]" >&2

@@ -74,6 +74,10 @@ class Stack:
     def url(self, port: str) -> str:
         return f"http://127.0.0.1:{self.ports[port]}"
 
+    def wait_ok(self, url: str, what: str, timeout: float = 180) -> None:
+        """Until GET ``url`` answers 200 (the stack's logs in the failure)."""
+        wait_for(lambda: httpx.get(url, timeout=2).status_code == 200, timeout, what, self.logs)
+
     def container(self, service: str) -> str:
         return self("ps", "-q", service).strip()
 
@@ -108,12 +112,7 @@ def test_compose_stack_runs_an_experiment_with_prometheus_scraping_the_pod(stack
     stack("up", "-d", timeout=600)
     orch, lb = stack.url("PODIUM_ORCHESTRATOR_PORT"), stack.url("PODIUM_LEADERBOARD_PORT")
     prom = stack.url("PROMETHEUS_PORT")
-    wait_for(
-        lambda: httpx.get(f"{orch}/readyz", timeout=2).status_code == 200,
-        180,
-        "the orchestrator ready",
-        stack.logs,
-    )
+    stack.wait_ok(f"{orch}/readyz", "the orchestrator ready")
     # No token: the APIs are open, as the compose file's header says.
     r = httpx.post(f"{orch}/api/v1/experiments", json=spec("cartpole-compose"), timeout=30)
     assert r.status_code == 201, r.text
@@ -178,12 +177,7 @@ def test_compose_grafana_where_its_image_can_be_pulled(
     try:
         s("--profile", "grafana", "up", "-d", "grafana", timeout=600)
         grafana = s.url("GRAFANA_PORT")
-        wait_for(
-            lambda: httpx.get(f"{grafana}/api/health", timeout=2).status_code == 200,
-            120,
-            "Grafana healthy",
-            s.logs,
-        )
+        s.wait_ok(f"{grafana}/api/health", "Grafana healthy")
         r = httpx.get(f"{grafana}/api/search", params={"query": "Podium"}, auth=("admin", "admin"))
         assert any(d["title"] == "Podium" for d in r.json()), r.text
     finally:
