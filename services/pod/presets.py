@@ -54,7 +54,7 @@ def merge(base: Mapping[str, Any], *layers: Mapping[str, Any]) -> dict[str, Any]
 
 
 @functools.cache
-def _files() -> dict[tuple[str, str], str]:
+def preset_files() -> dict[tuple[str, str], str]:
     """(algorithm, env) → the preset's YAML text, for every file shipped."""
     root = resources.files("services.pod") / "presets"
     return {
@@ -68,7 +68,7 @@ def _files() -> dict[tuple[str, str], str]:
 
 def preset(algorithm: str, env: str) -> dict[str, Any]:
     """The preset for (``algorithm``, ``env``), with the env's solve threshold as target."""
-    text = _files().get((algorithm, env))
+    text = preset_files().get((algorithm, env))
     data = yaml.safe_load(text) if text else {}
     return {"algorithm": algorithm, "env": env, "target_return": SOLVED_AT.get(env), **data}
 

@@ -213,3 +213,15 @@ def test_an_algorithm_that_does_not_declare_how_it_trains_is_refused() -> None:
         train_config("Pendulum-v1", [{"algorithm": "bare"}])
     with pytest.raises(HyperparameterError, match="'nope' is not trainable by a pod"):
         train_config("Pendulum-v1", [{"algorithm": "nope"}])
+
+
+def test_every_preset_file_is_a_valid_run_config() -> None:
+    """The presets are data (services/pod/presets/<algorithm>/<env>.yaml): each one validates
+    against its algorithm's run config, a typo in one is caught here, not by a user."""
+    from services.pod.presets import preset_files
+
+    shipped = sorted(preset_files())
+    assert ("ppo", "CartPole-v1") in shipped and ("sac", "Pendulum-v1") in shipped
+    for algorithm, env in shipped:
+        config = trainer_class(algorithm).config_class.model_validate(preset(algorithm, env))
+        assert (config.algorithm, config.env) == (algorithm, env)
