@@ -528,3 +528,18 @@ def test_run_example_tournament_end_to_end(
     assert files.documents["hyperparameters"]["env"] == env_name
     for png in ("best_score.png", "candidates.png", "lineage.png"):
         assert (out / png).read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_experiment_list_follows_the_orchestrators_pages(platform: Platform) -> None:
+    """The orchestrator answers a page at a time (newest first); the CLI's list is every one."""
+    from services.cli.client import PodiumClient, resolve
+
+    ends = resolve(platform.orchestrator_url, platform.token, platform.leaderboard_url)
+    with PodiumClient(ends) as client:
+        created = [client.submit(spec(target=None))["id"] for _ in range(3)]
+        for exp_id in created:
+            client.cancel(exp_id)
+        listed = [e["id"] for e in client.experiments(page=2)]
+    assert len(listed) == len(set(listed))  # no page read twice
+    assert set(created) <= set(listed)
+    assert listed.index(created[2]) < listed.index(created[0])  # newest first

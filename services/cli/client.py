@@ -202,9 +202,18 @@ class PodiumClient:
             "POST", "/experiments", "experiment spec", json=spec, headers={"Idempotency-Key": key}
         )
 
-    def experiments(self, state: str | None = None) -> list[dict[str, Any]]:
-        params = {"state": state} if state else None
-        return self._orchestrator("GET", "/experiments", "query", params=params)
+    def experiments(self, state: str | None = None, page: int = 1000) -> list[dict[str, Any]]:
+        """Every experiment (newest first), following the orchestrator's pages."""
+        params: dict[str, Any] = {"limit": page, **({"state": state} if state else {})}
+        out: list[dict[str, Any]] = []
+        while True:
+            with self._refusals(self.orchestrator, "query"):
+                resp = self.orchestrator.request("GET", "/experiments", "query", params=params)
+            out += resp.json()
+            cursor = resp.headers.get("X-Next-Cursor")
+            if not cursor:
+                return out
+            params["cursor"] = cursor
 
     def experiment(self, exp_id: str) -> dict[str, Any]:
         return self._orchestrator("GET", f"/experiments/{exp_id}")
