@@ -226,7 +226,7 @@ class ExperimentSpec(InputModel):
 
     @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:
-        # Population pods (services/pod/population_runtime.py) stack their agents' weights:
+        # Population pods (services/pod/population_trainer.py) stack their agents' weights:
         # refused here, by the pods' own torch-free check, rather than by every pod at start.
         if self.population.agents_per_pod > 1:
             from services.pod.algorithms.hyperparameters import check_population
