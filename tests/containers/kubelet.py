@@ -9,6 +9,7 @@ SIGKILL); a pod whose containers exit on their own becomes Succeeded or Failed.
 
 from __future__ import annotations
 
+import base64
 import copy
 import threading
 from dataclasses import dataclass, field
@@ -63,7 +64,8 @@ class DockerKubelet(FakeCluster):
                     )  # fmt: skip
                     mounts.append(vname)
             for c in spec["containers"]:
-                flags = [f"--env={e['name']}={e['value']}" for e in c.get("env", [])]
+                ns = meta["namespace"]
+                flags = [f"--env={e['name']}={self._env_value(ns, e)}" for e in c.get("env", [])]
                 for m in c.get("volumeMounts", []):
                     # nocopy: an empty, world-writable tmpfs like the emptyDir, not the
                     # image's /dev/shm permissions copied onto it.
@@ -88,6 +90,16 @@ class DockerKubelet(FakeCluster):
         for cname in run.containers.values():
             self.docker("wait", cname, check=False, timeout=3600)
         self._finished(run)
+
+    def _env_value(self, ns: str, env: dict[str, Any]) -> str:
+        """An env entry's value, a Secret's key resolved as a kubelet does (the pods'
+        credential comes from their experiment's Secret)."""
+        ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+        if ref is None:
+            return str(env["value"])
+        with self.cond:
+            data = self.secrets[(ns, ref["name"])]["data"]
+        return base64.b64decode(data[ref["key"]]).decode()
 
     def _collect(self, run: RunPod) -> None:
         for role, cname in run.containers.items():
