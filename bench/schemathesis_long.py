@@ -7,6 +7,7 @@ runs them, with many more examples: every phase (stateful included), every check
 ``positive_data_acceptance`` (see tests/schemathesis_run.py), seeded.
 
     .venv/bin/python bench/schemathesis_long.py [--max-examples 400] [--seed 1] [--out DIR]
+        [--api orchestrator|leaderboard ...] [--continue-on-failure]
 
 Prints one JSON line per API (cases generated, failures by check, 5xx, time) and writes each
 API's schemathesis JSON report and CLI output under ``--out``.
@@ -36,6 +37,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="reports (default: a temp dir)")
+    ap.add_argument("--api", choices=["orchestrator", "leaderboard"], nargs="*", default=None)
+    ap.add_argument(
+        "--continue-on-failure",
+        action="store_true",
+        help="keep generating for an operation after its first failure (more cases)",
+    )
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="schemathesis-long-"))
     print(f"# {host.node()} {host.processor() or host.machine()} cpus={os.cpu_count()}")
@@ -44,6 +51,8 @@ def main() -> None:
             ("orchestrator", p.orchestrator_url),
             ("leaderboard", p.leaderboard_url),
         ):
+            if args.api and service not in args.api:
+                continue
             start = time.monotonic()
             result = schemathesis_run.run(
                 url,
@@ -53,6 +62,7 @@ def main() -> None:
                 seed=args.seed,
                 workers=args.workers,
                 timeout_s=6 * 3600,
+                extra=("--continue-on-failure",) if args.continue_on_failure else (),
             )
             (out / service / "output.txt").write_text(result.output)
             by_code = {f"{f['code']} {f['title']}": f["count"] for f in result.failures}
