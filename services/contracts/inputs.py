@@ -21,9 +21,11 @@ MAX_STRING_LENGTH = 4_096
 
 
 class InputModel(BaseModel):
-    """Base of every input model: unknown fields and non-finite floats are refused."""
+    """Base of every input model: unknown fields, non-finite floats and coerced types are
+    refused. Strict, because lax mode reads ``0`` as ``false`` and ``false`` as ``0.0``: a
+    client's mistake silently becomes a different experiment."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _check_string(value: str, where: str) -> None:

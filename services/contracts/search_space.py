@@ -17,7 +17,7 @@ from services.contracts.inputs import check_json_value
 
 class _Dist(BaseModel):
     # Input models (spec, leaderboard registration): bounds must survive a JSON round trip.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class Uniform(_Dist):

@@ -42,8 +42,11 @@ class StrategyOptions(InputModel):
 
 class PBTOptions(StrategyOptions):
     quantile: float = Field(default=0.25, gt=0, le=1, description="Top share to exploit.")
-    perturb_factors: tuple[Annotated[float, Field(gt=0, le=MAX_PERTURB_FACTOR)], ...] = Field(
+    perturb_factors: tuple[
+        Annotated[float, Field(gt=0, le=MAX_PERTURB_FACTOR, strict=True)], ...
+    ] = Field(
         default=(0.8, 1.2),
+        strict=False,  # a list becomes the tuple; each item is still a strict float
         min_length=1,
         max_length=64,
         description="Explore's steps: a log-uniform value is multiplied by a factor, a "
