@@ -260,14 +260,15 @@ ROUTE_STATUSES = {
         ("GET", "/api/v1/experiments/{exp_id}/events"): {200, 404},
         ("GET", "/api/v1/experiments/{exp_id}/pods/{pod_id}/logs"): {200, 404},
     },
+    # 409 on GET experiment, leaderboard and generate: a stored config that no longer validates.
     "leaderboard": {
         ("PUT", "/api/v1/experiments/{experiment_id}"): {200, 201, 409},
         ("GET", "/api/v1/experiments"): {200},
-        ("GET", "/api/v1/experiments/{experiment_id}"): {200, 404},
+        ("GET", "/api/v1/experiments/{experiment_id}"): {200, 404, 409},
         ("DELETE", "/api/v1/experiments/{experiment_id}"): {204, 404},
         ("POST", "/api/v1/experiments/{experiment_id}/submissions"): {200, 400, 404},
         ("GET", "/api/v1/experiments/{experiment_id}/submissions"): {200, 404},
-        ("GET", "/api/v1/experiments/{experiment_id}/leaderboard"): {200, 404},
+        ("GET", "/api/v1/experiments/{experiment_id}/leaderboard"): {200, 404, 409},
         ("GET", "/api/v1/experiments/{experiment_id}/best"): {200, 404},
         ("GET", "/api/v1/experiments/{experiment_id}/candidates/{candidate_id}"): {200, 404},
         (
@@ -275,7 +276,7 @@ ROUTE_STATUSES = {
             "/api/v1/experiments/{experiment_id}/candidates/{candidate_id}/files/{name}",
         ): {200, 404, 410},
         ("GET", "/api/v1/experiments/{experiment_id}/lineage"): {200, 404},
-        ("POST", "/api/v1/experiments/{experiment_id}/generate"): {200, 404},
+        ("POST", "/api/v1/experiments/{experiment_id}/generate"): {200, 404, 409},
         ("DELETE", "/api/v1/experiments/{experiment_id}/leases/{lease_id}"): {204, 404},
     },
 }

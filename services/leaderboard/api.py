@@ -166,7 +166,7 @@ async def list_experiments(svc: Svc) -> list[str]:
 @api.get(
     "/experiments/{experiment_id}",
     response_model=ExperimentSummary,
-    responses=problems(404),
+    responses=problems(404, 409),
     summary="An experiment's config, board size and totals (env steps drive budgets)",
 )
 async def get_experiment(experiment_id: ExperimentId, svc: Svc) -> ExperimentSummary:
@@ -313,7 +313,7 @@ def board_stats(exp: Experiment, candidates: list[Candidate]) -> LeaderboardStat
 @api.get(
     "/experiments/{experiment_id}/leaderboard",
     response_model=Leaderboard,
-    responses=problems(404),
+    responses=problems(404, 409),
     summary="The top K, best first, with board statistics",
 )
 async def leaderboard(
@@ -525,7 +525,7 @@ async def submission_log(
 @api.post(
     "/experiments/{experiment_id}/generate",
     response_model=Manifest,
-    responses=problems(404),
+    responses=problems(404, 409),
     summary="Where a new pod starts (the generator)",
     description="Runs the experiment's strategy. When the manifest names a parent, its files "
     "are leased to the pod (`lease_id`) so they are not collected while it downloads them; "
