@@ -17,6 +17,10 @@ start-up) and on every ``sweep_staging``, this host's unlocked temp files go at 
 temp file older than ``staging_max_age_s`` goes too (another host's, on a shared volume, whose
 lock this host may not see). Every error path of a writer (a full disk included) deletes its
 file; a full volume raises ``StorageFullError``, which the services answer with a retryable 503.
+
+Why one file of this size: the filesystem and S3 stores implement one small interface, and
+the staging rules above (locks, sweeps, error paths) are the same for both and must be read
+together.
 """
 
 from __future__ import annotations

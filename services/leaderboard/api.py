@@ -1,4 +1,9 @@
-"""REST routes under /api/v1 (bearer-token auth), plus /livez, /readyz, /metrics at the root."""
+"""REST routes under /api/v1 (bearer-token auth), plus /livez, /readyz, /metrics at the root.
+
+Why one file of this size: it is the service's route table, one short handler per operation
+with its documented statuses; the logic behind them lives in store.py, updater.py and
+generator.py.
+"""
 
 from __future__ import annotations
 

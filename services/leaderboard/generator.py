@@ -18,6 +18,10 @@ built-ins:
 
 An experiment may list several algorithms with weights (an ensemble): each new pod gets one,
 drawn by weight, and a strategy only ever sees, and copies from, candidates of that algorithm.
+
+Why one file of this size: the three built-in strategies are short and share the context,
+proposal and lease code of the service that runs them; a strategy read beside that code is
+read whole.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ Every change is one Lua script (a config write one MULTI transaction), so a cras
 concurrent updater never leaves a partial state: a script runs whole or not at all, and Redis
 runs scripts one at a time. The scripts touch keys they derive (candidate hashes, blob holds),
 so this layout wants one Redis server (primary/replica is fine), not Redis Cluster.
+
+Why one file of this size: the key layout and the Lua scripts that touch it are one unit
+(the invariants above hold only if every script follows the same layout).
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ label and adopts them (never starts duplicates), and terminates pods no experime
 
 The loop wakes on a timer and whenever the backend reports a pod change, so a dead pod is
 replaced within milliseconds rather than a full interval.
+
+Why one file of this size: one pass reads top-down (end, replace, scale) as the level-
+triggered loop it is; its pure scheduling maths is in scheduler.py and its leaderboard calls
+in progress_calls.py already.
 """
 
 from __future__ import annotations

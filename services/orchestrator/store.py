@@ -23,6 +23,10 @@ is final, and an ended experiment stays ended.
 A stored record that no longer validates (written by an older version, or edited by hand) is
 read as an ``Experiment`` with ``invalid`` set to the reason instead of raising, so it cannot
 take down a list, a reconcile pass or other experiments; it can still be deleted.
+
+Why one file of this size: the Redis layout and the Lua scripts that change it state the
+store's invariants (atomic transitions, final terminal states, indexes); split apart, a
+reader could no longer check one against the other.
 """
 
 from __future__ import annotations

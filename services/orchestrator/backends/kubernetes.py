@@ -26,6 +26,9 @@
 
 The API objects are handled as plain dicts (``_preload_content=False``): that is what the API
 server sends, and it skips the client's slow model deserialisation.
+
+Why one file of this size: one backend per file, as local.py: its manifests, informer and
+per-experiment objects (ConfigMap, Secret) implement the one Backend interface together.
 """
 
 from __future__ import annotations
