@@ -46,9 +46,9 @@ class DockerKubelet(FakeCluster):
         if pod["status"].get("phase") == "Running":
             run = RunPod(copy.deepcopy(pod))
             self.runs[pod["metadata"]["name"]] = run
-            threading.Thread(target=self._start, args=(run,), daemon=True).start()
+            threading.Thread(target=self._run_containers, args=(run,), daemon=True).start()
 
-    def _start(self, run: RunPod) -> None:
+    def _run_containers(self, run: RunPod) -> None:
         meta, spec = run.manifest["metadata"], run.manifest["spec"]
         name = f"{self.prefix}-{meta['name']}"
         try:

@@ -113,12 +113,15 @@ def test_compose_stack_runs_an_experiment_with_prometheus_scraping_the_pod(stack
     orch, lb = stack.url("PODIUM_ORCHESTRATOR_PORT"), stack.url("PODIUM_LEADERBOARD_PORT")
     prom = stack.url("PROMETHEUS_PORT")
     stack.wait_ok(f"{orch}/readyz", "the orchestrator ready")
-    # No token: the APIs are open, as the compose file's header says.
-    r = httpx.post(f"{orch}/api/v1/experiments", json=spec("cartpole-compose"), timeout=30)
+    # No token: the APIs are open, as the compose file's header says. A first experiment has no
+    # target, so its pod lives until it is cancelled: long enough to be scraped whatever the
+    # machine's speed (CartPole reaches its target within seconds once a pod runs).
+    watched = {**spec("cartpole-scraped"), "target_reward": None}
+    r = httpx.post(f"{orch}/api/v1/experiments", json=watched, timeout=30)
     assert r.status_code == 201, r.text
-    exp_id = r.json()["id"]
+    watched_id = r.json()["id"]
     wait_for(
-        lambda: httpx.get(f"{lb}/api/v1/experiments/{exp_id}", timeout=5).json()["size"] >= 1,
+        lambda: httpx.get(f"{lb}/api/v1/experiments/{watched_id}", timeout=5).json()["size"] >= 1,
         600,
         "a first leaderboard entry",
         stack.logs,
@@ -137,7 +140,13 @@ def test_compose_stack_runs_an_experiment_with_prometheus_scraping_the_pod(stack
         f"{prom}/api/v1/query", params={"query": "up{job='podium-pods'}"}, timeout=5
     ).json()
     assert [s["value"][1] for s in query["data"]["result"]] == ["1"], query
+    r = httpx.post(f"{orch}/api/v1/experiments/{watched_id}/cancel", timeout=30)
+    assert r.status_code == 202, r.text
 
+    # A second experiment runs to its target.
+    r = httpx.post(f"{orch}/api/v1/experiments", json=spec("cartpole-compose"), timeout=30)
+    assert r.status_code == 201, r.text
+    exp_id = r.json()["id"]
     exp = wait_for(
         lambda: (
             (e := httpx.get(f"{orch}/api/v1/experiments/{exp_id}", timeout=5).json())["state"]

@@ -296,7 +296,7 @@ class FakeCluster:
                 pod["status"] = {
                     "phase": "Running",
                     "containerStatuses": [
-                        self._start(pod["metadata"]["namespace"], c)
+                        self._container_status(pod["metadata"]["namespace"], c)
                         for c in pod["spec"]["containers"]
                     ],
                 }
@@ -306,7 +306,7 @@ class FakeCluster:
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
         }
 
-    def _start(self, ns: str, container: dict[str, Any]) -> dict[str, Any]:
+    def _container_status(self, ns: str, container: dict[str, Any]) -> dict[str, Any]:
         """The kubelet starting a container: its env's Secrets must exist."""
         for e in container.get("env") or []:
             ref = (e.get("valueFrom") or {}).get("secretKeyRef")
