@@ -18,13 +18,14 @@ ActionKind = Literal["discrete", "continuous"]
 DISCRETE: ActionKind = "discrete"
 CONTINUOUS: ActionKind = "continuous"
 
-#: Registered algorithm name → the action-space kinds it trains.
-ALGORITHM_ACTION_KINDS: dict[str, frozenset[ActionKind]] = {
-    "ppo": frozenset({DISCRETE, CONTINUOUS}),
-    "sac": frozenset({CONTINUOUS}),
-    "td3": frozenset({CONTINUOUS}),
-    "ddpg": frozenset({CONTINUOUS}),
-    "dqn": frozenset({DISCRETE}),
+#: Registered algorithm name → the action-space kinds it trains. The built-in algorithm classes
+#: read their ``action_spaces`` from here (services/pod/algorithms/), so the fact is stated once.
+ALGORITHM_ACTION_KINDS: dict[str, tuple[ActionKind, ...]] = {
+    "ppo": (DISCRETE, CONTINUOUS),
+    "sac": (CONTINUOUS,),
+    "td3": (CONTINUOUS,),
+    "ddpg": (CONTINUOUS,),
+    "dqn": (DISCRETE,),
 }
 
 #: Env family (the id without ``gym:`` and ``-v<N>``) → its action-space kind: Podium's

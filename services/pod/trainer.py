@@ -20,18 +20,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import gymnasium as gym
 from pydantic import BaseModel, ConfigDict, Field
 
 from services import registry
+from services.contracts.action_spaces import ActionKind
 from services.pod.algorithms.hyperparameters import HyperparameterError
 from services.pod.envs.base import VecEnv
 from services.pod.envs.registry import make_env
 from services.pod.evaluator import EvalResult
-
-ActionKind = Literal["discrete", "continuous"]
 
 
 class RunConfig(BaseModel):

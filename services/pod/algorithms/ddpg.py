@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.offpolicy_config import DDPGConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
@@ -108,7 +109,7 @@ class DDPG(OffPolicyAlgorithm, nn.Module):
 
     name = "ddpg"
     config_class = DDPGConfig
-    action_spaces = ("continuous",)
+    action_spaces = ALGORITHM_ACTION_KINDS["ddpg"]
     discrete = False
     n_critics = 1  # TD3 is this agent with two, a smoothed target action and a policy delay
 

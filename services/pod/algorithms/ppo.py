@@ -14,6 +14,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
 from services.pod.algorithms.normalization import RunningMeanStd
 from services.pod.algorithms.policies import Policy, build_actor, build_critic
 from services.pod.algorithms.ppo_config import PPOConfig
@@ -53,7 +54,7 @@ class PPO(nn.Module):
 
     name = "ppo"
     config_class = PPOConfig
-    action_spaces = ("discrete", "continuous")
+    action_spaces = ALGORITHM_ACTION_KINDS["ppo"]
 
     @classmethod
     def trainer(cls, slots: int) -> type[Trainer]:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.ddpg import (
     BoundedActor,
@@ -76,7 +77,7 @@ class SquashedGaussianActor(BoundedActor):
 class SAC(OffPolicyAlgorithm, nn.Module):
     name = "sac"
     config_class = SACConfig
-    action_spaces = ("continuous",)
+    action_spaces = ALGORITHM_ACTION_KINDS["sac"]
     discrete = False
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config: SACConfig):
