@@ -392,3 +392,29 @@ def test_a_stored_config_that_no_longer_validates_is_a_409_for_that_experiment_o
         1.0,
     ]
     assert client.delete(f"{API}/plugin").status_code == 204
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        (experiment(higher_is_better=0), ["body", "higher_is_better"]),
+        (
+            experiment(search_space={"n": {"type": "int_uniform", "low": 1, "high": False}}),
+            ["body", "search_space", "n", "int_uniform", "high"],
+        ),
+        (experiment(options={"explore": 1}), ["body", "generator", "options"]),
+    ],
+)
+def test_inputs_are_not_coerced_between_bool_and_number(
+    client: TestClient, body: dict, loc: list
+) -> None:
+    """Schemathesis found `0` taken as false and `false` as 0.0: a client's slip silently
+    became another experiment. Input models are strict now."""
+    r = client.put("/api/v1/experiments/strict", json=body, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert any(got[: len(loc)] == loc for got in locs(r)), locs(r)
+    client.put("/api/v1/experiments/strict", json=experiment(), headers=AUTH)
+    r = client.post(
+        "/api/v1/experiments/strict/generate", json={"pod_id": "p", "score": False}, headers=AUTH
+    )
+    assert r.status_code == 422 and ["body", "score"] in locs(r), r.text
