@@ -359,14 +359,22 @@ class LeaderboardClient(ServiceClient):
 
     def submissions(self, experiment_id: str, page: int = 10_000) -> SubmissionLog:
         """Every decided report (kept or not), oldest first, read page by page."""
+        return self.submissions_since(experiment_id, None, page)[0]
+
+    def submissions_since(
+        self, experiment_id: str, after: str | None, page: int = 10_000
+    ) -> tuple[SubmissionLog, str | None]:
+        """The decided reports after stream id ``after``, oldest first, read page by page; and
+        the cursor to resume from: that of the last full page read (the log gives one for full
+        pages only), else ``after``."""
         path = f"{self._exp(experiment_id)}/submissions"
-        params: dict[str, Any] = {"limit": page}
+        params: dict[str, Any] = {"limit": page, **({"after": after} if after else {})}
         log_ = self.model(SubmissionLog, "GET", path, "submissions", params=params)
         while log_.next_after:
-            params["after"] = log_.next_after
+            after = params["after"] = log_.next_after
             more = self.model(SubmissionLog, "GET", path, "submissions", params=params)
             log_ = more.model_copy(update={"submissions": log_.submissions + more.submissions})
-        return log_
+        return log_, after
 
     def stream_to(self, download_path: str, dest: Path) -> tuple[str, int, str | None]:
         """Stream a candidate's file into ``dest`` (fsynced), hashing it on the way; its

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.api_client import LeaderboardClient, LeaderboardError
-from services.contracts.leaderboard import ExperimentConfig, GeneratorConfig, SubmissionLog
+from services.contracts.leaderboard import ExperimentConfig, GeneratorConfig
 from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
 
@@ -101,20 +101,13 @@ class LeaderboardProgress:
         """From the submission log (``GET …/submissions``): the cursor returned is that of the
         last full page read, since the log gives one for full pages only; the caller keeps the
         union, so the partial page read again next time adds nothing twice."""
-        pods: set[str] = set()
-        path = f"/experiments/{experiment_id}/submissions"
-        while True:
-            params: dict[str, Any] = {"limit": 1000, **({"after": after} if after else {})}
-            try:
-                page = self.client.model(SubmissionLog, "GET", path, "submissions", params=params)
-            except LeaderboardError as exc:
-                if exc.status == 404:
-                    return pods, after
-                raise
-            pods.update(s.pod_id for s in page.submissions)
-            if not page.next_after:
-                return pods, after
-            after = page.next_after
+        try:
+            log_, cursor = self.client.submissions_since(experiment_id, after, page=1000)
+        except LeaderboardError as exc:
+            if exc.status == 404:
+                return set(), after
+            raise
+        return {s.pod_id for s in log_.submissions}, cursor
 
     def close(self) -> None:
         self.client.close()
