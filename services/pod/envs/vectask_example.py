@@ -165,13 +165,24 @@ class CartpoleVecTask:
         self.reset_buf[:] = torch.where(timed_out, torch.ones_like(reset), reset)
 
     def _simulate(self) -> None:
-        """One explicit-Euler step of the cart-pole equations (stands in for PhysX)."""
-        theta, theta_dot = self.dof_pos[:, 1], self.dof_vel[:, 1]
-        cos, sin = torch.cos(theta), torch.sin(theta)
-        temp = (self.forces + self.polemass_length * theta_dot**2 * sin) / self.total_mass
-        thetaacc = (self.gravity * sin - cos * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * cos**2 / self.total_mass)
-        )
-        xacc = temp - self.polemass_length * thetaacc * cos / self.total_mass
-        self.dof_pos += self.dt * self.dof_vel
-        self.dof_vel += self.dt * torch.stack((xacc, thetaacc), dim=1)
+        cartpole_euler_step(self.dof_pos, self.dof_vel, self.forces, self.dt)
+
+
+def cartpole_euler_step(
+    dof_pos: torch.Tensor, dof_vel: torch.Tensor, forces: torch.Tensor, dt: float
+) -> None:
+    """One explicit-Euler step of the cart-pole equations (stands in for PhysX), in place.
+
+    ``dof_pos`` / ``dof_vel``: (N, 2) cart position and pole angle, and their velocities;
+    ``forces``: (N,) force on the cart. Also the physics of the Isaac Lab stand-in.
+    """
+    c = CartpoleVecTask
+    theta, theta_dot = dof_pos[:, 1], dof_vel[:, 1]
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    temp = (forces + c.polemass_length * theta_dot**2 * sin) / c.total_mass
+    thetaacc = (c.gravity * sin - cos * temp) / (
+        c.length * (4.0 / 3.0 - c.masspole * cos**2 / c.total_mass)
+    )
+    xacc = temp - c.polemass_length * thetaacc * cos / c.total_mass
+    dof_pos += dt * dof_vel
+    dof_vel += dt * torch.stack((xacc, thetaacc), dim=1)

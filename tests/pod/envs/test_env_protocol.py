@@ -1,9 +1,10 @@
 """Every env honours the VecEnv protocol: shapes, dtypes, autoreset, bookkeeping, seeding.
 
-The same checks run on the torch-native envs, the gymnasium adapter and the Isaac Gym adapter
-(on the in-repo VecTask cart-pole). The Isaac adapter differs in one documented way: a VecTask
-resets finished sub-environments one step late, so at the step an episode ends ``obs`` still
-equals ``final_obs``.
+The same checks run on the torch-native envs, the gymnasium adapter, the Isaac Gym adapter
+(on the in-repo VecTask cart-pole) and the Isaac Lab adapter (on the in-repo DirectRLEnv
+cart-pole). The Isaac adapters differ in one documented way: at the step an episode ends
+``obs`` equals ``final_obs`` (a VecTask resets finished sub-environments one step late; Isaac
+Lab resets them in the step but does not return the finished episode's last observation).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 from services.pod.envs import make_env
 from services.pod.envs.base import VecEnv
 from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
+from services.pod.envs.isaaclab_adapter import IsaacLabVecEnv
+from services.pod.envs.isaaclab_example import CartpoleDirectEnv
 from services.pod.envs.vectask_example import CartpoleVecTask
 
 N = 8
@@ -35,6 +38,10 @@ def _isaac(seed: int | None) -> VecEnv:
     return IsaacGymVecEnv(CartpoleVecTask(N, max_episode_length=40), seed=seed)
 
 
+def _isaaclab(seed: int | None) -> VecEnv:
+    return IsaacLabVecEnv(CartpoleDirectEnv(N, episode_length_s=0.5), seed=seed)
+
+
 MAKERS = {
     "CartPole-v1": Maker(lambda s: make_env("CartPole-v1", N, seed=s)),
     "Pendulum-v1": Maker(lambda s: make_env("Pendulum-v1", N, seed=s, max_episode_steps=30)),
@@ -48,6 +55,7 @@ MAKERS = {
     ),
     "gym:FrozenLake-v1": Maker(lambda s: make_env("gym:FrozenLake-v1", N, seed=s)),
     "isaac:CartpoleVecTask": Maker(_isaac, same_step_reset=False),
+    "isaaclab:CartpoleDirectEnv": Maker(_isaaclab, same_step_reset=False),
 }
 
 

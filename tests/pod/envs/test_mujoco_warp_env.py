@@ -84,7 +84,7 @@ def test_humanoid_transitions_match_gymnasium_standing_and_falling() -> None:
 
 def test_time_limit_truncates_and_autoreset_starts_a_new_episode() -> None:
     env = ant(3, seed=0, max_episode_steps=2)
-    first, _ = env.reset()
+    env.reset()
     zero = torch.zeros(3, 8)
     _, r1, _, _, _ = env.step(zero)
     obs, r2, terminated, truncated, info = env.step(zero)
