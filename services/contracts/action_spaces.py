@@ -61,6 +61,13 @@ ENV_ACTION_KINDS: dict[str, ActionKind] = {
             "Ant",
             "Humanoid",
             "HumanoidStandup",
+            # GPU-native locomotion (MuJoCo Warp, Isaac Lab; docs/gpu_physics.md).
+            "MjWarp-Ant",
+            "MjWarp-Humanoid",
+            "Isaac-Ant",
+            "Isaac-Humanoid",
+            "Isaac-Ant-Direct",
+            "Isaac-Humanoid-Direct",
         ),
         CONTINUOUS,
     ),

@@ -112,7 +112,8 @@ class CartpoleDirectEnv(gym.Env):
         if len(reset_env_ids) > 0:
             self._reset_idx(reset_env_ids)
         self.obs_buf = self._get_observations()
-        return self.obs_buf, self.reward_buf, self.reset_terminated, self.reset_time_outs, self.extras
+        terminated, time_outs = self.reset_terminated, self.reset_time_outs
+        return self.obs_buf, self.reward_buf, terminated, time_outs, self.extras
 
     def close(self) -> None:
         self.closed = True
