@@ -135,6 +135,39 @@ class VecEnv(ABC):
         return actions
 
 
+class EpisodeStats:
+    """Per-sub-environment return and length of the running episodes, on the env's device.
+
+    The adapters around other simulators (gymnasium, Isaac Gym, Isaac Lab, MuJoCo Warp) keep
+    the protocol's ``episode_return`` / ``episode_length`` with it; ``dtype`` is the sum's
+    (float64 where the rewards come from the host in float64).
+    """
+
+    def __init__(
+        self, num_envs: int, device: torch.device, dtype: torch.dtype = torch.float32
+    ) -> None:
+        self.episode_return = torch.zeros(num_envs, device=device, dtype=dtype)
+        self.episode_length = torch.zeros(num_envs, device=device, dtype=torch.int64)
+
+    def reset(self) -> None:
+        self.episode_return.zero_()
+        self.episode_length.zero_()
+
+    def step(self, reward: torch.Tensor, done: torch.Tensor, final_obs: torch.Tensor) -> Info:
+        """Add a step; the step's ``info`` (return/length where ``done``, zero elsewhere, in
+        ``reward``'s dtype); restart the finished episodes' sums."""
+        self.episode_return += reward
+        self.episode_length += 1
+        info: Info = {
+            "final_obs": final_obs,
+            "episode_return": (self.episode_return * done).to(reward.dtype),
+            "episode_length": self.episode_length * done,
+        }
+        self.episode_return.masked_fill_(done, 0)
+        self.episode_length.masked_fill_(done, 0)
+        return info
+
+
 class TorchVecEnv(VecEnv):
     """Base of the torch-native envs: validation, time limit, bookkeeping, autoreset.
 

@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from services.pod.envs.base import Info, StepResult, VecEnv, check_num_envs
+from services.pod.envs.base import EpisodeStats, Info, StepResult, VecEnv, check_num_envs
 
 VECTORIZATION_MODES = ("sync", "async")
 # Arguments of gymnasium.make_vec that are not env constructor arguments; a caller could pass
@@ -90,8 +90,7 @@ class GymnasiumVecEnv(VecEnv):
             raise
         self.max_episode_steps = env_kwargs.get("max_episode_steps", spec.max_episode_steps)
         self._seed = seed
-        self._episode_return = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
-        self._episode_length = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
+        self._stats = EpisodeStats(num_envs, self.device, dtype=torch.float64)
 
     def _setup_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         if isinstance(obs_space, gym.spaces.Box):
@@ -129,8 +128,7 @@ class GymnasiumVecEnv(VecEnv):
         if seed is None:
             seed, self._seed = self._seed, None
         obs, _ = self.env.reset(seed=seed)
-        self._episode_return.zero_()
-        self._episode_length.zero_()
+        self._stats.reset()
         return self._to_obs(obs), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -147,22 +145,13 @@ class GymnasiumVecEnv(VecEnv):
         trunc = np.asarray(truncated, dtype=bool) & ~term
         term_t = torch.as_tensor(term).to(self.device)
         trunc_t = torch.as_tensor(trunc).to(self.device)
-        done = term_t | trunc_t
-        self._episode_return += reward_t
-        self._episode_length += 1
         final_obs = obs_t
         if (term | trunc).any():
             final = obs.copy()
             for i in np.flatnonzero(infos["_final_obs"]):
                 final[i] = infos["final_obs"][i]
             final_obs = self._to_obs(final)
-        info: Info = {
-            "final_obs": final_obs,
-            "episode_return": self._episode_return.float() * done,
-            "episode_length": self._episode_length * done,
-        }
-        self._episode_return.masked_fill_(done, 0)
-        self._episode_length.masked_fill_(done, 0)
+        info = self._stats.step(reward_t, term_t | trunc_t, final_obs)
         return obs_t, reward_t, term_t, trunc_t, info
 
     def close(self) -> None:

@@ -60,7 +60,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from services.pod.envs.base import Info, StepResult, VecEnv
+from services.pod.envs.base import EpisodeStats, Info, StepResult, VecEnv
 
 _REQUIRED = ("num_envs", "step", "reset", "reset_buf", "observation_space", "action_space")
 
@@ -95,8 +95,7 @@ class IsaacGymVecEnv(VecEnv):
         self.spec_id = type(task).__name__
         self.check_actions = check_actions
         self._seed = seed
-        self._episode_return = torch.zeros(self.num_envs, device=self.device)
-        self._episode_length = torch.zeros(self.num_envs, device=self.device, dtype=torch.int64)
+        self._stats = EpisodeStats(self.num_envs, self.device)
 
     def _zero_actions(self) -> torch.Tensor:
         return torch.zeros((self.num_envs, *self.single_action_space.shape), device=self.device)
@@ -108,8 +107,7 @@ class IsaacGymVecEnv(VecEnv):
             torch.manual_seed(seed)
         self.task.reset_buf[:] = 1
         obs_dict, _, _, _ = self.task.step(self._zero_actions())
-        self._episode_return.zero_()
-        self._episode_length.zero_()
+        self._stats.reset()
         return obs_dict["obs"].to(torch.float32, copy=True), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -125,15 +123,7 @@ class IsaacGymVecEnv(VecEnv):
         else:
             truncated = done & (time_outs.to(self.device) != 0)
         terminated = done & ~truncated
-        self._episode_return += reward
-        self._episode_length += 1
-        info: Info = {
-            "final_obs": obs,
-            "episode_return": self._episode_return * done,
-            "episode_length": self._episode_length * done,
-        }
-        self._episode_return.masked_fill_(done, 0)
-        self._episode_length.masked_fill_(done, 0)
+        info = self._stats.step(reward, done, final_obs=obs)
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:

@@ -48,7 +48,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from services.pod.envs.base import Info, StepResult, VecEnv, check_num_envs
+from services.pod.envs.base import EpisodeStats, Info, StepResult, VecEnv, check_num_envs
 from services.pod.envs.gymnasium_adapter import gymnasium_spec
 
 _REQUIRED = ("num_envs", "device", "single_observation_space", "single_action_space")
@@ -88,8 +88,7 @@ class IsaacLabVecEnv(VecEnv):
         self.spec_id = spec.id if spec is not None else type(base).__name__
         self.check_actions = check_actions
         self._seed = seed
-        self._episode_return = torch.zeros(self.num_envs, device=self.device)
-        self._episode_length = torch.zeros(self.num_envs, device=self.device, dtype=torch.int64)
+        self._stats = EpisodeStats(self.num_envs, self.device)
 
     def _policy_obs(self, obs: Any) -> torch.Tensor:
         policy = obs.get("policy") if isinstance(obs, dict) else None
@@ -101,8 +100,7 @@ class IsaacLabVecEnv(VecEnv):
         if seed is None:
             seed, self._seed = self._seed, None
         obs, _ = self.env.reset(seed=seed)
-        self._episode_return.zero_()
-        self._episode_length.zero_()
+        self._stats.reset()
         return self._policy_obs(obs), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -112,16 +110,8 @@ class IsaacLabVecEnv(VecEnv):
         reward = rew.to(torch.float32, copy=True)
         terminated = term.to(torch.bool, copy=True)
         truncated = trunc.to(torch.bool) & ~terminated
-        done = terminated | truncated
-        self._episode_return += reward
-        self._episode_length += 1
-        info: Info = {
-            "final_obs": obs,  # Isaac Lab does not return the finished episode's last one
-            "episode_return": self._episode_return * done,
-            "episode_length": self._episode_length * done,
-        }
-        self._episode_return.masked_fill_(done, 0)
-        self._episode_length.masked_fill_(done, 0)
+        # Isaac Lab does not return the finished episode's last observation (module docstring).
+        info = self._stats.step(reward, terminated | truncated, final_obs=obs)
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from services.pod.envs.base import Info, StepResult, VecEnv, check_num_envs
+from services.pod.envs.base import EpisodeStats, Info, StepResult, VecEnv, check_num_envs
 
 ASSETS = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "assets")
 
@@ -175,8 +175,7 @@ class MjWarpLocomotionEnv(VecEnv):
             seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         )
         self._forward_before = torch.zeros(n, dtype=f32, device=dev)
-        self._episode_return = torch.zeros(n, dtype=f32, device=dev)
-        self._episode_length = torch.zeros(n, dtype=torch.int64, device=dev)
+        self._stats = EpisodeStats(n, dev)
         self._healthy_low = torch.tensor(task.healthy_z[0], dtype=f32, device=dev)
         self._healthy_high = torch.tensor(task.healthy_z[1], dtype=f32, device=dev)
 
@@ -257,8 +256,7 @@ class MjWarpLocomotionEnv(VecEnv):
         everything = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
         self._reset_worlds(everything)
         self._forward_before = self._forward_position()
-        self._episode_return.zero_()
-        self._episode_length.zero_()
+        self._stats.reset()
         return self._observe(), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -276,23 +274,17 @@ class MjWarpLocomotionEnv(VecEnv):
             - ctrl_cost
         )
         terminated = ~healthy
-        self._episode_return += reward
-        self._episode_length += 1
-        done = terminated | (self._episode_length >= self.max_episode_steps)
+        # The step that reaches the limit truncates (EpisodeStats counts it below).
+        done = terminated | (self._stats.episode_length + 1 >= self.max_episode_steps)
         truncated = done & healthy
-        info: Info = {
-            "episode_return": self._episode_return * done,
-            "episode_length": self._episode_length * done,
-        }
-        info["final_obs"] = final_obs = self._observe()
+        final_obs = self._observe()
+        info = self._stats.step(reward, done, final_obs)
         self._forward_before = after
         if self._host_reads_free and not bool(done.any()):
             return final_obs, reward, terminated, truncated, info
         # Masked reset (no host sync on CUDA): every world draws noise, done ones take it.
         self._reset_worlds(done)
         self._forward_before = torch.where(done, self._forward_position(), after)
-        self._episode_return.masked_fill_(done, 0)
-        self._episode_length.masked_fill_(done, 0)
         return self._observe(), reward, terminated, truncated, info
 
 

@@ -41,7 +41,7 @@ def test_time_outs_are_truncations_and_the_next_step_starts_a_new_episode() -> N
     obs, _, terminated, truncated, info = env.step(zero)
     assert not (terminated | truncated).any()
     assert (obs[:, [0, 2]].abs() <= 0.1).all(), "the task's reset happened in this step"
-    assert (env._episode_length == 1).all()
+    assert (env._stats.episode_length == 1).all()
 
 
 def test_failure_is_termination_with_the_tasks_penalty() -> None:

@@ -60,7 +60,7 @@ def test_time_out_is_truncation_and_the_same_step_starts_the_next_episode() -> N
     torch.testing.assert_close(info["episode_return"], total)
     assert not obs[:, 1:].any(), "Isaac Lab reset the sub-environments inside this step"
     assert torch.equal(info["final_obs"], obs)  # the finished episode's last one is not kept
-    assert (env._episode_length == 0).all() and not task.episode_length_buf.any()
+    assert (env._stats.episode_length == 0).all() and not task.episode_length_buf.any()
 
 
 def test_failure_is_termination_and_handed_out_tensors_are_copies() -> None:

@@ -94,7 +94,7 @@ def test_time_limit_truncates_and_autoreset_starts_a_new_episode() -> None:
     # The new episode starts near MuJoCo's initial pose; the final observation is elsewhere.
     assert not torch.equal(obs, info["final_obs"])
     assert (obs[:, 0] - 0.75).abs().max() <= 0.1  # torso height: qpos0 z +- reset noise
-    assert (env._episode_length == 0).all()
+    assert (env._stats.episode_length == 0).all()
     _, _, _, truncated, _ = env.step(zero)
     assert not truncated.any()
 
