@@ -165,10 +165,10 @@ class MjWarpLocomotionEnv(VecEnv):
         self._stream = (
             wp.stream_from_torch(torch.cuda.current_stream(dev)) if dev.type == "cuda" else None
         )
-        self._graph = None
-        self._use_graph = (dev.type == "cuda") if cuda_graph is None else bool(cuda_graph)
-        if self._use_graph and dev.type != "cuda":
+        use_graph = (dev.type == "cuda") if cuda_graph is None else bool(cuda_graph)
+        if use_graph and dev.type != "cuda":
             raise ValueError("cuda_graph=True needs a CUDA device")
+        self._graph = self._capture() if use_graph else None
         self._host_reads_free = dev.type == "cpu"
         self.generator = torch.Generator(device=dev)
         self.generator.manual_seed(
@@ -194,22 +194,30 @@ class MjWarpLocomotionEnv(VecEnv):
         for _ in range(self.task.frame_skip):
             self._mjw.step(self.model, self.data)
 
-    def _simulate(self) -> None:
-        if not self._use_graph:
-            self._run(self._physics)
-            return
+    def _capture(self) -> Any:
+        """The ``frame_skip`` MuJoCo steps of one env step as a CUDA graph.
+
+        Capture needs every kernel loaded, so the steps run once first (on the fresh data;
+        ``reset`` overwrites the state afterwards). The capture runs on a Warp stream of its own:
+        CUDA cannot capture torch's default (legacy) stream; the graph is launched on torch's.
+        """
         wp = importlib.import_module("warp")
+        self._run(self._physics)
+        with wp.ScopedDevice(self._wp_device):
+            stream = wp.Stream(self._wp_device)
+            with (
+                wp.ScopedStream(stream, sync_enter=True),
+                wp.ScopedCapture(device=self._wp_device, stream=stream) as capture,
+            ):
+                self._physics()
+        return capture.graph
+
+    def _simulate(self) -> None:
         if self._graph is None:
-            # Capture needs every kernel loaded: the first call runs eagerly, then captures.
             self._run(self._physics)
-
-            def capture() -> None:
-                with wp.ScopedCapture(device=self._wp_device, stream=self._stream) as cap:
-                    self._physics()
-                self._graph = cap.graph
-
-            self._run(capture)
-        self._run(wp.capture_launch, self._graph)
+        else:
+            wp = importlib.import_module("warp")
+            wp.capture_launch(self._graph, stream=self._stream)
 
     # -- task ------------------------------------------------------------------------------
     def _forward_position(self) -> torch.Tensor:

@@ -131,3 +131,8 @@ def test_registered_names_build_the_envs() -> None:
     env = make_env("MjWarp-Humanoid-v0", 1, seed=0)
     assert env.single_observation_space.shape == (45,)
     assert env.single_action_space.high[0] == pytest.approx(0.4)
+
+
+def test_cuda_graph_needs_a_cuda_device() -> None:
+    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
+        ant(1, cuda_graph=True)
