@@ -85,3 +85,31 @@ def test_transitions_match_gymnasiums_mujoco_env(task: str) -> None:
             # EnvPool's reset step (its action is ignored), then go on from the new episode.
             obs, _, _, _, info = pool.step(action[None], np.zeros(1, dtype=np.int32))
     assert compared >= 50
+
+
+def test_an_envpool_task_reads_its_gymnasium_tasks_preset_and_trains() -> None:
+    """``podium train envpool:HalfCheetah-v5`` starts from HalfCheetah-v5's preset (the same
+    task) and runs PPO through the EnvPool adapter: a few updates, a finite evaluation."""
+    from services.pod.fit import train
+    from services.pod.presets import preset, train_config
+
+    ours, theirs = preset("ppo", "envpool:HalfCheetah-v5"), preset("ppo", "HalfCheetah-v5")
+    assert ours.pop("env") == "envpool:HalfCheetah-v5"
+    theirs.pop("env")
+    assert ours == theirs and ours["target_return"] is not None
+    config = train_config(
+        "envpool:HalfCheetah-v5",
+        [
+            {
+                "seed": 0,
+                "total_env_steps": 4096,
+                "eval_every_steps": 4096,
+                "eval_episodes": 1,
+                "env_kwargs": {"max_episode_steps": 100},
+            }
+        ],
+    )
+    assert config.ppo.num_steps == 256 and config.ppo.update_epochs == 10
+    result = train(config)
+    assert result.history[-1]["env_steps"] >= 4096
+    assert result.best is not None and np.isfinite(result.best.mean)
