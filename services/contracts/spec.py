@@ -89,9 +89,7 @@ def check_env_name(name: str) -> str:
     if _GYM_ID.match(gym_id) and gym_id in _gym_ids():
         return name
     hint = (
-        " (module:id syntax is not allowed)"
-        if ":" in gym_id.removeprefix(ENVPOOL_PREFIX)
-        else ""
+        " (module:id syntax is not allowed)" if ":" in gym_id.removeprefix(ENVPOOL_PREFIX) else ""
     )
     raise ValueError(
         f"unknown env {name!r}{hint}; known: {', '.join(known)}, or any gymnasium id as "
