@@ -1,6 +1,8 @@
-"""Env throughput: Podium's torch-native envs against gymnasium's SyncVectorEnv, side by side.
+"""Env throughput: Podium's envs against gymnasium's vector env of the same task, side by side.
 
     python bench/env_throughput.py [--device cpu|cuda] [--seconds S] [--threads T]
+    python bench/env_throughput.py --envs envpool:HalfCheetah-v5 envpool:Hopper-v5 \
+        --counts 1 8 64 [--gym-mode sync|async] [--envpool-threads K]
 
 For each env and env count, the torch env and ``gymnasium.make_vec(id, n,
 vectorization_mode="sync")`` of the same env are stepped with random actions in alternating
@@ -10,6 +12,10 @@ pairing adjacent windows keeps bursts of load from other processes on a shared m
 landing on one side only. Both sides do the same work per step: same-step autoreset with the
 final observation kept, episode bookkeeping on ours, action checks on both. Prints a markdown
 table.
+
+``envpool:<task>`` names measure the EnvPool adapter (C++ simulation in EnvPool's thread pool,
+``--envpool-threads`` threads, torch tensors out) against gymnasium's MuJoCo env of the same
+task; ``--gym-mode async`` runs gymnasium's envs in subprocesses (AsyncVectorEnv) instead.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.pod.envs import make_env
 
 ENVS = ("Pendulum-v1", "CartPole-v1")
@@ -60,8 +67,10 @@ def _steps_per_second(
             return steps * num_envs / elapsed
 
 
-def _torch_side(name: str, n: int, device: str, seconds: float) -> Callable[[], float]:
-    env = make_env(name, n, device=device, seed=0)
+def _torch_side(
+    name: str, n: int, device: str, seconds: float, **kwargs: object
+) -> Callable[[], float]:
+    env = make_env(name, n, device=device, seed=0, **kwargs)
     env.reset()
     g = torch.Generator().manual_seed(0)
     space = env.single_action_space
@@ -75,11 +84,11 @@ def _torch_side(name: str, n: int, device: str, seconds: float) -> Callable[[], 
     return lambda: _steps_per_second(lambda i: env.step(pool[i % POOL]), n, seconds, sync)
 
 
-def _gym_side(name: str, n: int, seconds: float) -> Callable[[], float]:
+def _gym_side(name: str, n: int, seconds: float, mode: str = "sync") -> Callable[[], float]:
     env = gym.make_vec(
-        name,
+        name.removeprefix(ENVPOOL_PREFIX),
         n,
-        vectorization_mode="sync",
+        vectorization_mode=mode,
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
     )
     env.reset(seed=0)
@@ -96,6 +105,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--envs", nargs="+", default=list(ENVS))
     parser.add_argument("--counts", nargs="+", type=int, default=list(COUNTS))
+    parser.add_argument("--gym-mode", choices=("sync", "async"), default="sync")
+    parser.add_argument(
+        "--envpool-threads", type=int, default=None, help="EnvPool's threads (default: cores)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = args.device
@@ -110,16 +123,22 @@ def main() -> None:
         f"{gym.__version__}, numpy {np.__version__}, Python {platform.python_version()}"
     )
     print(
-        f"- torch envs on `{device}`; gymnasium SyncVectorEnv on CPU; medians over "
+        f"- Podium envs on `{device}`; gymnasium {args.gym_mode} vector env on CPU; "
+        f"EnvPool threads: {args.envpool_threads or 'one per core'}; medians over "
         f"{args.repeats} pairs of alternating {args.seconds:g} s windows; load average "
         f"at start {os.getloadavg()[0]:.1f}\n"
     )
-    print("| env | num_envs | Podium torch (steps/s) | gymnasium sync (steps/s) | ratio |")
+    print(f"| env | num_envs | Podium (steps/s) | gymnasium {args.gym_mode} (steps/s) | ratio |")
     print("|---|---:|---:|---:|---:|")
     for name in args.envs:
         for n in args.counts:
-            ours_run = _torch_side(name, n, device, args.seconds)
-            theirs_run = _gym_side(name, n, args.seconds)
+            extra = (
+                {"num_threads": args.envpool_threads}
+                if name.startswith(ENVPOOL_PREFIX) and args.envpool_threads
+                else {}
+            )
+            ours_run = _torch_side(name, n, device, args.seconds, **extra)
+            theirs_run = _gym_side(name, n, args.seconds, args.gym_mode)
             ours, theirs = [], []
             for _ in range(args.repeats):
                 ours.append(ours_run())

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX
+
 ActionKind = Literal["discrete", "continuous"]
 DISCRETE: ActionKind = "discrete"
 CONTINUOUS: ActionKind = "continuous"
@@ -28,7 +30,7 @@ ALGORITHM_ACTION_KINDS: dict[str, tuple[ActionKind, ...]] = {
     "dqn": (DISCRETE,),
 }
 
-#: Env family (the id without ``gym:`` and ``-v<N>``) → its action-space kind: Podium's
+#: Env family (the id without ``gym:``/``envpool:`` and ``-v<N>``) → its action-space kind: Podium's
 #: registered envs and gymnasium's own (classic control, Box2D, toy text, MuJoCo).
 ENV_ACTION_KINDS: dict[str, ActionKind] = {
     "CartPole": DISCRETE,
@@ -78,7 +80,8 @@ _VERSION = re.compile(r"-v\d+$")
 
 def env_action_kind(env: str) -> ActionKind | None:
     """The action-space kind of env ``env`` (a spec's ``env.name``), None when not known."""
-    return ENV_ACTION_KINDS.get(_VERSION.sub("", env.removeprefix("gym:")))
+    family = _VERSION.sub("", env.removeprefix("gym:").removeprefix(ENVPOOL_PREFIX))
+    return ENV_ACTION_KINDS.get(family)
 
 
 def misfits(env: str, algorithms: list[str]) -> list[str]:

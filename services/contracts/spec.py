@@ -25,6 +25,7 @@ from pydantic import (
 
 from services import registry
 from services.contracts.action_spaces import misfits
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
 from services.contracts.search_space import SearchSpace
 from services.contracts.strategies import options_model
@@ -73,7 +74,8 @@ def _gym_ids() -> list[str]:
 
 
 def check_env_name(name: str) -> str:
-    """Registered Podium env, a registered gymnasium id, or ``gym:<gymnasium id>``.
+    """Registered Podium env, a registered gymnasium id, ``gym:<gymnasium id>``, or
+    ``envpool:<EnvPool task>`` (the tasks in ``contracts.envpool_tasks``).
 
     Gymnasium's ``module:Env-v0`` syntax imports a module named by the caller, so any other
     ':' is refused.
@@ -81,13 +83,18 @@ def check_env_name(name: str) -> str:
     known = _known_envs()
     if name in known:
         return name
+    if name.startswith(ENVPOOL_PREFIX) and name.removeprefix(ENVPOOL_PREFIX) in ENVPOOL_TASKS:
+        return name
     gym_id = name.removeprefix("gym:")
     if _GYM_ID.match(gym_id) and gym_id in _gym_ids():
         return name
-    hint = " (module:id syntax is not allowed)" if ":" in gym_id else ""
+    hint = (
+        " (module:id syntax is not allowed)" if ":" in gym_id.removeprefix(ENVPOOL_PREFIX) else ""
+    )
     raise ValueError(
         f"unknown env {name!r}{hint}; known: {', '.join(known)}, or any gymnasium id as "
-        f"'gym:<id>' (e.g. gym:{_gym_ids()[0] if _gym_ids() else 'CartPole-v1'})"
+        f"'gym:<id>' (e.g. gym:{_gym_ids()[0] if _gym_ids() else 'CartPole-v1'}), or an "
+        f"EnvPool task as '{ENVPOOL_PREFIX}<id>' (e.g. {ENVPOOL_PREFIX}HalfCheetah-v5)"
     )
 
 
@@ -101,7 +108,11 @@ def _check_names(kind: str, group: str, given: list[str]) -> None:
 
 
 class EnvSpec(InputModel):
-    name: str = Field(description="Registered env name (podium.envs) or gym:<gymnasium id>.")
+    name: str = Field(
+        description=(
+            "Registered env name (podium.envs), gym:<gymnasium id> or envpool:<EnvPool task>."
+        )
+    )
     kwargs: JsonObject = Field(default_factory=dict)
 
     @field_validator("name")

@@ -6,7 +6,9 @@ Resolution, in order:
    Pendulum-v1, Acrobot-v1, MountainCarContinuous-v0) and any installed plugin, e.g. an Isaac
    Gym task factory (see ``services.pod.envs.isaacgym_adapter``). The entry point is a class or
    factory called as ``f(num_envs=..., device=..., seed=..., **kwargs)``.
-2. ``"gym:<id>"``, or a bare id registered in gymnasium that is not a Podium name: the
+2. ``"envpool:<id>"`` for the EnvPool tasks in ``services.contracts.envpool_tasks``: the
+   EnvPool adapter (batched C++ simulation; the ``envpool`` extra).
+3. ``"gym:<id>"``, or a bare id registered in gymnasium that is not a Podium name: the
    gymnasium adapter (CPU simulation). ``"gym:CartPole-v1"`` picks gymnasium's CartPole over
    Podium's.
 
@@ -27,6 +29,7 @@ import gymnasium as gym
 import torch
 
 from services import registry
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.pod.envs.base import VecEnv
 from services.pod.envs.gymnasium_adapter import GymnasiumVecEnv
 
@@ -39,12 +42,13 @@ class UnknownEnvError(registry.UnknownNameError):
     def __str__(self) -> str:
         refused = (
             " (module:id syntax is not allowed)"
-            if ":" in self.name.removeprefix(GYM_PREFIX)
+            if ":" in self.name.removeprefix(GYM_PREFIX).removeprefix(ENVPOOL_PREFIX)
             else ""
         )
         return (
             f"{super().__str__()}{refused}; any registered gymnasium id is accepted too, "
-            f"as '{GYM_PREFIX}<id>' (e.g. '{GYM_PREFIX}CartPole-v1')"
+            f"as '{GYM_PREFIX}<id>' (e.g. '{GYM_PREFIX}CartPole-v1'), and EnvPool's tasks as "
+            f"'{ENVPOOL_PREFIX}<id>' (e.g. '{ENVPOOL_PREFIX}HalfCheetah-v5')"
         )
 
 
@@ -86,6 +90,13 @@ def make_env(
         if not isinstance(env, VecEnv):
             raise TypeError(f"env {name!r} built a {type(env).__name__}, not a VecEnv")
         return env
+    if name.removeprefix(ENVPOOL_PREFIX) in ENVPOOL_TASKS and name.startswith(ENVPOOL_PREFIX):
+        # Imported here: EnvPool is an optional extra and loads every simulator it ships.
+        from services.pod.envs.envpool_adapter import EnvPoolVecEnv
+
+        return EnvPoolVecEnv(
+            name.removeprefix(ENVPOOL_PREFIX), num_envs, device=device, seed=seed, **kwargs
+        )
     gym_id = name.removeprefix(GYM_PREFIX)
     if ":" not in gym_id and gym_id in gym.envs.registry:
         return GymnasiumVecEnv(gym_id, num_envs, device=device, seed=seed, **kwargs)

@@ -56,6 +56,12 @@ MAKERS = {
     "gym:FrozenLake-v1": Maker(lambda s: make_env("gym:FrozenLake-v1", N, seed=s)),
     "isaac:CartpoleVecTask": Maker(_isaac, same_step_reset=False),
     "isaaclab:CartpoleDirectEnv": Maker(_isaaclab, same_step_reset=False),
+    # EnvPool resets on the step after an episode ends; the adapter turns that into ours.
+    "envpool:Hopper-v5": Maker(lambda s: make_env("envpool:Hopper-v5", N, seed=s)),
+    "envpool:HalfCheetah-v5": Maker(
+        lambda s: make_env("envpool:HalfCheetah-v5", N, seed=s, max_episode_steps=30)
+    ),
+    "envpool:CartPole-v1": Maker(lambda s: make_env("envpool:CartPole-v1", N, seed=s)),
 }
 
 

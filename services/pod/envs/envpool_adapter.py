@@ -1,0 +1,188 @@
+"""EnvPool's batched C++ envs (MuJoCo locomotion, classic control) as a Podium ``VecEnv``.
+
+EnvPool (PyPI ``envpool``, the ``envpool`` extra) steps ``num_envs`` simulators in its own C++
+thread pool and hands back numpy batches; on a CPU it is the fast way to MuJoCo's Ant,
+HalfCheetah, Hopper, Humanoid and Walker2d. Registered as ``envpool:<task id>`` (e.g.
+``envpool:HalfCheetah-v5``) for the ids in ``services.contracts.envpool_tasks.ENVPOOL_TASKS``.
+
+Episode semantics differ from Podium's protocol and are converted here: EnvPool resets a
+finished sub-environment on the *next* call (that call ignores its action and returns the first
+observation with reward 0), while Podium resets in the same step. So after a step in which some
+sub-environments finished, the adapter steps exactly those ids once more (EnvPool accepts a
+subset of ``env_id``), which performs their reset, and returns those first observations with
+the finished episode's last one in ``info["final_obs"]``. The extra call happens only on steps
+where an episode ended.
+
+Seeding: EnvPool seeds its pool at construction (sub-environment i gets ``seed + i``), so
+``reset(seed=s)`` rebuilds the pool with seed ``s``; the same seed gives the same episodes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
+from services.pod.envs.base import Info, StepResult, VecEnv, check_num_envs
+
+# Pool settings the adapter owns: batching and seeding are how it implements the protocol, and
+# ``base_path`` names a directory to load models from, which no request may choose.
+_RESERVED = {
+    "num_envs",
+    "batch_size",
+    "seed",
+    "env_seed",
+    "max_num_players",
+    "base_path",
+    "gym_reset_return_info",
+}
+
+
+def _envpool() -> Any:
+    try:
+        import envpool
+    except ImportError as e:  # pragma: no cover - the extra is in dev; the message is for users
+        raise RuntimeError(
+            "EnvPool envs need the envpool extra: pip install 'podium[envpool]'"
+        ) from e
+    return envpool
+
+
+class EnvPoolVecEnv(VecEnv):
+    """``envpool.make_gymnasium(task_id, num_envs=...)`` behind the Podium protocol."""
+
+    def __init__(
+        self,
+        task_id: str,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        seed: int | None = None,
+        num_threads: int | None = None,
+        check_actions: bool = True,
+        **env_kwargs: Any,
+    ):
+        if task_id not in ENVPOOL_TASKS:
+            raise ValueError(
+                f"{task_id!r} is not an EnvPool task Podium adapts; known: "
+                f"{', '.join(ENVPOOL_TASKS)}"
+            )
+        self.num_envs = check_num_envs(num_envs)
+        self.task_id = task_id
+        self.spec_id = f"{ENVPOOL_PREFIX}{task_id}"
+        self.device = torch.device(device)
+        self.check_actions = check_actions
+        envpool = _envpool()
+        accepted = set(envpool.make_spec(task_id).config._fields) - _RESERVED
+        unknown = sorted(set(env_kwargs) - accepted)
+        if unknown:
+            raise TypeError(
+                f"env {self.spec_id!r} does not take {', '.join(map(repr, unknown))}; "
+                f"it takes {', '.join(sorted(accepted | {'num_envs', 'seed', 'device'}))}"
+            )
+        # One C++ thread per core, at most one per sub-environment: more threads than envs only
+        # add hand-offs, and EnvPool's own default (0) takes every core of a shared machine.
+        self._num_threads = (
+            num_threads
+            if num_threads is not None
+            else max(1, min(self.num_envs, len(os.sched_getaffinity(0))))
+        )
+        self._env_kwargs = env_kwargs
+        self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        self.pool = self._make_pool(self._seed)
+        spec = self.pool.spec
+        obs_space, act_space = spec.observation_space, spec.action_space
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ValueError(f"unsupported observation space {obs_space}: only Box is supported")
+        self.single_observation_space = gym.spaces.Box(
+            obs_space.low.astype(np.float32), obs_space.high.astype(np.float32), dtype=np.float32
+        )
+        if isinstance(act_space, gym.spaces.Box):
+            self._act_dtype = act_space.dtype
+            self._act_shape: tuple[int, ...] = act_space.shape
+        elif isinstance(act_space, gym.spaces.Discrete):
+            self._act_dtype = np.int32
+            self._act_shape = ()
+        else:
+            raise ValueError(f"unsupported action space {act_space}")
+        self.single_action_space = act_space
+        self.max_episode_steps = int(spec.config.max_episode_steps)
+        self._all_ids = np.arange(self.num_envs, dtype=np.int32)
+        self._episode_return = torch.zeros(self.num_envs, dtype=torch.float64)
+        self._episode_length = torch.zeros(self.num_envs, dtype=torch.int64)
+
+    def _make_pool(self, seed: int) -> Any:
+        return _envpool().make_gymnasium(
+            self.task_id,
+            num_envs=self.num_envs,
+            batch_size=self.num_envs,
+            seed=int(seed),
+            num_threads=self._num_threads,
+            **self._env_kwargs,
+        )
+
+    def _ordered(self, batch: np.ndarray, env_id: np.ndarray) -> np.ndarray:
+        """Rows of ``batch`` put in env-id order (EnvPool returns them as they finish)."""
+        if np.array_equal(env_id, self._all_ids[: len(env_id)]):
+            return batch
+        out = np.empty_like(batch)
+        out[np.argsort(env_id)] = batch
+        return out
+
+    def _to_obs(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(obs, dtype=np.float32)).to(self.device)
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
+        if seed is not None:
+            self.pool.close()
+            self.pool = self._make_pool(seed)
+        obs, info = self.pool.reset()
+        self._episode_return.zero_()
+        self._episode_length.zero_()
+        return self._to_obs(self._ordered(obs, info["env_id"])), {}
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        if self.check_actions:
+            actions = self.validate_actions(actions)
+        act = actions.detach().cpu().numpy().astype(self._act_dtype, copy=False)
+        obs, reward, terminated, truncated, info = self.pool.step(act, self._all_ids)
+        ids = info["env_id"]
+        obs = self._ordered(obs, ids)
+        term = self._ordered(np.asarray(terminated, dtype=bool), ids)
+        # Termination wins when both are set: a terminal state is never bootstrapped.
+        trunc = self._ordered(np.asarray(truncated, dtype=bool), ids) & ~term
+        reward = self._ordered(np.asarray(reward, dtype=np.float64), ids)
+        done = term | trunc
+        reward_t = torch.from_numpy(reward)
+        self._episode_return += reward_t
+        self._episode_length += 1
+        done_t = torch.from_numpy(done)
+        info_out: Info = {
+            "episode_return": (self._episode_return * done_t).float().to(self.device),
+            "episode_length": (self._episode_length * done_t).to(self.device),
+        }
+        final_obs = obs_t = self._to_obs(obs)
+        if done.any():
+            finished = np.flatnonzero(done).astype(np.int32)
+            # EnvPool resets a finished sub-environment on its next step, ignoring the action.
+            zeros = np.zeros((len(finished), *self._act_shape), dtype=self._act_dtype)
+            first, _, _, _, reset_info = self.pool.step(zeros, finished)
+            fresh = obs.copy()
+            fresh[reset_info["env_id"]] = first
+            obs_t = self._to_obs(fresh)
+            self._episode_return.masked_fill_(done_t, 0)
+            self._episode_length.masked_fill_(done_t, 0)
+        info_out["final_obs"] = final_obs
+        return (
+            obs_t,
+            reward_t.float().to(self.device),
+            torch.from_numpy(term).to(self.device),
+            torch.from_numpy(trunc).to(self.device),
+            info_out,
+        )
+
+    def close(self) -> None:
+        self.pool.close()
