@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
-from services.pod.envs.base import Info, StepResult, VecEnv, check_num_envs
+from services.pod.envs.base import EpisodeStats, Info, StepResult, VecEnv, check_num_envs
 
 # Pool settings the adapter owns: batching and seeding are how it implements the protocol, and
 # ``base_path`` names a directory to load models from, which no request may choose.
@@ -111,8 +111,7 @@ class EnvPoolVecEnv(VecEnv):
         self.single_action_space = act_space
         self.max_episode_steps = int(spec.config.max_episode_steps)
         self._all_ids = np.arange(self.num_envs, dtype=np.int32)
-        self._episode_return = torch.zeros(self.num_envs, dtype=torch.float64)
-        self._episode_length = torch.zeros(self.num_envs, dtype=torch.int64)
+        self._stats = EpisodeStats(self.num_envs, self.device, torch.float64)
 
     def _make_pool(self, seed: int) -> Any:
         return _envpool().make_gymnasium(
@@ -140,8 +139,7 @@ class EnvPoolVecEnv(VecEnv):
             self.pool.close()
             self.pool = self._make_pool(seed)
         obs, info = self.pool.reset()
-        self._episode_return.zero_()
-        self._episode_length.zero_()
+        self._stats.reset()
         return self._to_obs(self._ordered(obs, info["env_id"])), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -156,15 +154,7 @@ class EnvPoolVecEnv(VecEnv):
         trunc = self._ordered(np.asarray(truncated, dtype=bool), ids) & ~term
         reward = self._ordered(np.asarray(reward, dtype=np.float64), ids)
         done = term | trunc
-        reward_t = torch.from_numpy(reward)
-        self._episode_return += reward_t
-        self._episode_length += 1
-        done_t = torch.from_numpy(done)
-        info_out: Info = {
-            "episode_return": (self._episode_return * done_t).float().to(self.device),
-            "episode_length": (self._episode_length * done_t).to(self.device),
-        }
-        final_obs = obs_t = self._to_obs(obs)
+        obs_t = self._to_obs(obs)
         if done.any():
             finished = np.flatnonzero(done).astype(np.int32)
             # EnvPool resets a finished sub-environment on its next step, ignoring the action.
@@ -172,16 +162,18 @@ class EnvPoolVecEnv(VecEnv):
             first, _, _, _, reset_info = self.pool.step(zeros, finished)
             fresh = obs.copy()
             fresh[reset_info["env_id"]] = first
-            obs_t = self._to_obs(fresh)
-            self._episode_return.masked_fill_(done_t, 0)
-            self._episode_length.masked_fill_(done_t, 0)
-        info_out["final_obs"] = final_obs
+            next_obs = self._to_obs(fresh)
+        else:
+            next_obs = obs_t
+        reward_t = torch.from_numpy(reward).to(self.device)
+        info = self._stats.step(reward_t, torch.from_numpy(done).to(self.device), obs_t)
+        info["episode_return"] = info["episode_return"].float()
         return (
-            obs_t,
-            reward_t.float().to(self.device),
+            next_obs,
+            reward_t.float(),
             torch.from_numpy(term).to(self.device),
             torch.from_numpy(trunc).to(self.device),
-            info_out,
+            info,
         )
 
     def close(self) -> None:
