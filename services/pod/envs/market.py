@@ -303,9 +303,7 @@ def synthetic_market(
         raise ValueError(f"unknown regime {regime!r}; one of {', '.join(REGIMES)}")
     if regime != "mixed":
         # Another stream than the mixed market's, so adding regimes changes none of its data.
-        rng = np.random.default_rng(
-            np.random.SeedSequence([seed, 0x5EED, REGIMES.index(regime)])
-        )
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED, REGIMES.index(regime)]))
         log_ret = _regime_returns(rng, regime, num_days, num_stocks)
         return _ohlcv(rng, log_ret, num_stocks, num_days, start)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED]))

@@ -6,11 +6,13 @@ Every step is one trading day:
 * Action (``action_mode="shares"``, FinRL's): one value in [-1, 1] per stock, times ``hmax``
   (FinRL's max shares per trade) and truncated toward zero to whole shares: negative sells,
   positive buys, |a| < 1/hmax holds. ``action_mode="weights"`` (FinRL's portfolio-allocation
-  form, independent of price levels): ``u = (a + 1) / 2`` in [0, 1] per stock is a target
-  weight, scaled down to ``u / max(1, sum(u))`` so the weights never exceed the account (the
-  rest is cash; all -1 is all cash, all +1 is equal weight); the env trades whole shares
-  toward the target, paying the same costs as below, and skips a stock's trade when it is
-  smaller than ``rebalance_band`` of the account (churn that would only pay costs).
+  form, independent of price levels): S + 1 values in [-1, 1]; the first sets the invested
+  fraction ``f = (a_0 + 1) / 2`` (the rest is cash), the others the split between stocks,
+  ``u_s = (a_s + 1) / 2`` normalised to sum to 1 (equal when all are -1). Target weights
+  ``f * u_s / sum(u)``: all +1 is equal weight fully invested, ``a_0 = -1`` all cash. The env
+  trades whole shares toward the target, paying the same costs as below, and skips a
+  stock's trade when it is smaller than ``rebalance_band`` of the account (churn that would
+  only pay costs).
 * Sells first, at the day's close: never more than held (no shorting); the account receives
   ``shares * close * (1 - transaction_cost)``.
 * Then buys, at the same close, each costing ``shares * close * (1 + transaction_cost)``.
@@ -227,7 +229,8 @@ class StockTradingEnv(TorchVecEnv):
         self.single_observation_space = gym.spaces.Box(
             -np.inf, np.inf, shape=(obs_dim,), dtype=np.float32
         )
-        self.single_action_space = gym.spaces.Box(-1.0, 1.0, shape=(s,), dtype=np.float32)
+        action_dim = s + 1 if action_mode == "weights" else s
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, shape=(action_dim,), dtype=np.float32)
         self._sell_factor = self._const(1.0 - self.transaction_cost)
         self._buy_factor = self._const(1.0 + self.transaction_cost)
         self._hmax = self._const(float(self.hmax))
@@ -306,7 +309,10 @@ class StockTradingEnv(TorchVecEnv):
         """Whole shares to trade (negative sells) toward the target weights of
         ``action_mode="weights"`` (module docstring)."""
         u = (actions.to(self.dtype).clamp(-1.0, 1.0) + 1.0) * 0.5
-        weights = u / u.sum(1, keepdim=True).clamp(min=1.0)
+        invested, split = u[:, :1], u[:, 1:]
+        total = split.sum(1, keepdim=True)
+        split = torch.where(total > 0, split / total.clamp(min=1e-12), 1.0 / self.num_stocks)
+        weights = invested * split
         # Buys pay the cost on top of the price: aim so the bought shares and their cost fit.
         target = (weights * value.unsqueeze(1) / (price * self._buy_factor)).floor()
         delta = target - holdings

@@ -288,7 +288,7 @@ def test_features_are_causal(regime: str) -> None:
     rng = torch.Generator().manual_seed(0)
     for _ in range(days - 1):
         torch.testing.assert_close(obs_full, obs_prefix)
-        action = torch.rand(1, 3, generator=rng) * 2 - 1
+        action = torch.rand(1, 4, generator=rng) * 2 - 1
         obs_full = env_full.step(action)[0]
         obs_prefix = env_prefix.step(action)[0]
     # A feature that used the future would also fail here: changing the days after the
@@ -336,14 +336,15 @@ def test_weights_mode_rebalances_to_target_weights_paying_costs() -> None:
         action_mode="weights", reward_scaling=1.0,
     )  # fmt: skip
     env.reset()
-    _, reward, *_ = env.step(torch.ones(1, 2))  # u = (1, 1): sum 2, weights 0.5 each
+    # Fully invested (a_0 = 1), split 1 : 1 (a = 0.2, 0.2): weights 0.5 each.
+    _, reward, *_ = env.step(torch.tensor([[1.0, 0.2, 0.2]]))
     # floor(500 / (10 * 1.01)) = 49 and floor(500 / (20 * 1.01)) = 24 shares.
     cash = 1000.0 - (49 * 10 + 24 * 20) * 1.01
     assert env.balance.item() == pytest.approx(cash)
     assert env.holdings.tolist() == [[49.0, 24.0]]
     assert reward.item() == pytest.approx(cash + 49 * 11 + 24 * 19 - 1000.0)
-    # All -1: sell everything, receiving 99% of the value.
-    env.step(-torch.ones(1, 2))
+    # a_0 = -1: all cash, selling everything and receiving 99% of the value.
+    env.step(torch.tensor([[-1.0, 1.0, 1.0]]))
     assert env.holdings.tolist() == [[0.0, 0.0]]
     assert env.balance.item() == pytest.approx(cash + (49 * 11 + 24 * 19) * 0.99)
     # Costs are what the env charges: at zero cost the same trades keep every cent.
@@ -352,6 +353,6 @@ def test_weights_mode_rebalances_to_target_weights_paying_costs() -> None:
         action_mode="weights",
     )  # fmt: skip
     free.reset()
-    free.step(torch.ones(1, 2))
-    free.step(-torch.ones(1, 2))
+    free.step(torch.ones(1, 3))
+    free.step(-torch.ones(1, 3))
     assert free.balance.item() == pytest.approx(1000.0 + 50 * 1 - 25 * 1)
