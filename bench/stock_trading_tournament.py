@@ -142,6 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regimes", default="trend,mean_reversion,crash")
     parser.add_argument("--seeds", default="0,1,2", help="market seeds, comma-separated")
+    parser.add_argument("--markets", help="regime:seed,... (instead of regimes x seeds)")
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--round-steps", type=int, default=32768, help="env steps per agent")
@@ -154,10 +155,14 @@ def main() -> None:
     else:
         torch.set_num_threads(1)
         print(f"torch {torch.__version__}; preset {PRESET}; space {SPACE}", flush=True)
+        markets = (
+            [tuple(m.split(":")) for m in args.markets.split(",")]
+            if args.markets
+            else [(r, s) for r in args.regimes.split(",") for s in args.seeds.split(",")]
+        )
         records = [
             run_market(regime, int(seed), args.pods, args.rounds, args.round_steps)
-            for regime in args.regimes.split(",")
-            for seed in args.seeds.split(",")
+            for regime, seed in markets
         ]
         if args.out:
             args.out.write_text(json.dumps(records))

@@ -293,13 +293,12 @@ def test_features_are_causal(regime: str) -> None:
         obs_prefix = env_prefix.step(action)[0]
     # A feature that used the future would also fail here: changing the days after the
     # prefix (a crash of every price) leaves the prefix's features as they were.
-    shocked = _prefix_market(full, 300)
     close = full.close.copy()
     close[days:] *= 0.5
+    high, low = np.maximum(full.high, close), np.minimum(full.low, close)
     shocked = MarketData.from_ohlcv(
-        full.dates, full.tickers, full.open, np.maximum(full.high, close), np.minimum(full.low, close),
-        close, full.volume,
-    )  # fmt: skip
+        full.dates, full.tickers, full.open, high, low, close, full.volume
+    )
     np.testing.assert_allclose(shocked.indicators[:days], full.indicators[:days], atol=1e-9)
     np.testing.assert_allclose(shocked.turbulence[:days], full.turbulence[:days], atol=1e-9)
 
