@@ -34,7 +34,11 @@ from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import metrics
 from services.pod.envs.market import synthetic_market
 from services.pod.presets import preset
-from services.pod.trading_tournament import evaluate_market, sample_hyperparameters
+from services.pod.trading_tournament import (
+    TournamentPlan,
+    evaluate_market,
+    sample_hyperparameters,
+)
 
 PRESET = preset("ppo", "StockTrading-v0")
 #: The tournament's search space (each agent draws one value of each list).
@@ -53,15 +57,14 @@ def run_market(regime: str, seed: int, pods: int, rounds: int, round_steps: int)
     }
     data = synthetic_market(seed, int(env_kwargs.pop("num_stocks", 5)), regime=regime)
     start = time.perf_counter()
-    report = evaluate_market(
-        data,
-        env_kwargs,
+    plan = TournamentPlan(
         PPOConfig.model_validate(PRESET["ppo"]),
         sample_hyperparameters(SPACE, pods, seed),
         rounds=rounds,
         round_env_steps=round_steps,
         seed=seed,
     )
+    report = evaluate_market(data, env_kwargs, plan)
     seconds = time.perf_counter() - start
     result = report.tournament
     record = {

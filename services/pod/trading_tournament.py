@@ -36,6 +36,20 @@ from services.pod.envs.stock_trading import StockTradingEnv, split_periods
 from services.pod.population import PopulationPPO
 
 
+@dataclass(frozen=True)
+class TournamentPlan:
+    """What a tournament trains: shared PPO settings, one hyperparameter mapping per agent
+    (the population's per-agent fields), ``rounds`` rounds of ``round_env_steps`` env steps per
+    agent, and whether the worst quarter restarts from the best after a round (PBT)."""
+
+    ppo: PPOConfig
+    hyperparameters: Sequence[Mapping[str, float]]
+    rounds: int
+    round_env_steps: int
+    seed: int = 0
+    exploit: bool = True
+
+
 @dataclass
 class TournamentResult:
     """The kept snapshot and how the tournament got there."""
@@ -72,28 +86,21 @@ def validation_sharpes(
 
 
 def run_tournament(
-    train: MarketData,
-    validation: MarketData,
-    env_kwargs: Mapping[str, Any],
-    ppo: PPOConfig,
-    hyperparameters: Sequence[Mapping[str, float]],
-    rounds: int,
-    round_env_steps: int,
-    seed: int = 0,
-    exploit: bool = True,
+    train: MarketData, validation: MarketData, env_kwargs: Mapping[str, Any], plan: TournamentPlan
 ) -> TournamentResult:
-    """Train ``len(hyperparameters)`` agents for ``rounds`` rounds of ``round_env_steps`` env
-    steps each (per agent), keep the snapshot with the best validation Sharpe.
+    """Train the plan's agents on ``train``, keep the snapshot with the best Sharpe on
+    ``validation``.
 
     ``env_kwargs``: StockTradingEnv's account and observation settings (costs, action mode,
     features, episode length); the periods come from ``train`` and ``validation``.
     """
-    if rounds < 1 or round_env_steps < 1:
+    ppo, hyperparameters, rounds, seed = plan.ppo, plan.hyperparameters, plan.rounds, plan.seed
+    if rounds < 1 or plan.round_env_steps < 1:
         raise ValueError("need rounds >= 1 and round_env_steps >= 1")
     p = len(hyperparameters)
     kwargs = {k: v for k, v in env_kwargs.items() if k != "mode"}
     env = StockTradingEnv(num_envs=p * ppo.num_envs, mode="train", data=train, seed=seed, **kwargs)
-    iterations = max(1, round_env_steps // (ppo.num_envs * ppo.num_steps))
+    iterations = max(1, plan.round_env_steps // (ppo.num_envs * ppo.num_steps))
     population = PopulationPPO(
         env,
         ppo,
@@ -112,7 +119,7 @@ def run_tournament(
         leader = int(np.argmax(scores))
         if best is None or scores[leader] > best.validation_sharpe:
             best = TournamentResult(population.agent(leader), leader, round_, scores[leader])
-        if exploit and p >= 4 and round_ < rounds - 1:
+        if plan.exploit and p >= 4 and round_ < rounds - 1:
             order = np.argsort(scores)
             for loser in order[: p // 4]:
                 parent = population.agent(leader)
@@ -146,14 +153,7 @@ class MarketReport:
 
 
 def evaluate_market(
-    data: MarketData,
-    env_kwargs: Mapping[str, Any],
-    ppo: PPOConfig,
-    hyperparameters: Sequence[Mapping[str, float]],
-    rounds: int,
-    round_env_steps: int,
-    seed: int = 0,
-    exploit: bool = True,
+    data: MarketData, env_kwargs: Mapping[str, Any], plan: TournamentPlan
 ) -> MarketReport:
     """Split ``data`` in time (``env_kwargs``' split settings; a validation period is
     required), run the tournament on train + validation, then backtest the kept snapshot and
@@ -162,17 +162,7 @@ def evaluate_market(
     periods = split_periods(data, **{k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs})
     if "validation" not in periods:
         raise ValueError("selection needs a validation period: set validation_fraction > 0")
-    result = run_tournament(
-        periods["train"],
-        periods["validation"],
-        kwargs,
-        ppo,
-        hyperparameters,
-        rounds,
-        round_env_steps,
-        seed,
-        exploit,
-    )
+    result = run_tournament(periods["train"], periods["validation"], kwargs, plan)
     # From here on the backtest period is read, and only to report.
     backtest = periods["backtest"]
     env = StockTradingEnv(num_envs=1, mode="backtest", data=backtest, **kwargs)

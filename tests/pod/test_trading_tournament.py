@@ -9,7 +9,7 @@ import torch
 from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import metrics
 from services.pod.envs.market import MarketData, synthetic_market
-from services.pod.trading_tournament import evaluate_market
+from services.pod.trading_tournament import TournamentPlan, evaluate_market
 
 ENV = {
     "validation_fraction": 0.2,
@@ -40,7 +40,7 @@ def test_training_and_selection_never_read_the_backtest_period() -> None:
     ppo = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)
     torch.manual_seed(0)
     reports = [
-        evaluate_market(d, ENV, ppo, HPS, rounds=2, round_env_steps=128, seed=1)
+        evaluate_market(d, ENV, TournamentPlan(ppo, HPS, rounds=2, round_env_steps=128, seed=1))
         for d in (data, other)
     ]
     a, b = (r.tournament for r in reports)
@@ -55,7 +55,7 @@ def test_training_and_selection_never_read_the_backtest_period() -> None:
     assert a.validation_sharpe == max(max(scores) for scores in a.history)
     assert a.history[a.round][a.slot] == a.validation_sharpe
     with pytest.raises(ValueError, match="validation period"):
-        evaluate_market(data, {**ENV, "validation_fraction": 0.0}, ppo, HPS, 1, 128)
+        evaluate_market(data, {**ENV, "validation_fraction": 0.0}, TournamentPlan(ppo, HPS, 1, 128))
 
 
 def _easy_market(days: int = 1000, stocks: int = 3) -> MarketData:
@@ -83,9 +83,8 @@ def test_tournament_beats_buy_and_hold_on_an_easy_market() -> None:
         num_envs=16, num_steps=64, num_minibatches=4, update_epochs=5, gamma=0.97,
         norm_obs=True, norm_reward=True, log_std_init=-0.5,
     )  # fmt: skip
-    report = evaluate_market(
-        data, {**ENV, "episode_length": 252}, ppo, HPS, rounds=3, round_env_steps=16_384, seed=0
-    )
+    plan = TournamentPlan(ppo, HPS, rounds=3, round_env_steps=16_384, seed=0)
+    report = evaluate_market(data, {**ENV, "episode_length": 252}, plan)
     sharpe = {k: metrics(v).sharpe for k, v in report.backtest_values.items()}
     assert sharpe["agent"] > sharpe["buy-and-hold"] + 0.2, sharpe
     assert sharpe["agent"] > sharpe["equal weight"], sharpe
