@@ -32,7 +32,7 @@ import torch
 
 from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import metrics
-from services.pod.envs.market import synthetic_market
+from services.pod.envs.market import REGIMES, synthetic_market
 from services.pod.presets import preset
 from services.pod.trading_tournament import (
     TournamentPlan,
@@ -87,14 +87,17 @@ def run_market(regime: str, seed: int, pods: int, rounds: int, round_steps: int)
     return record
 
 
+def _regimes(records: list[dict]) -> list[str]:
+    return sorted({r["regime"] for r in records}, key=REGIMES.index)
+
+
 def table(records: list[dict]) -> str:
     fmt = {"sharpe": "{:.2f}"}
     lines = [
         "| market | strategy | " + " | ".join(KEYS) + " | Sharpe per seed |",
         "|---|---|" + "---:|" * (len(KEYS) + 1),
     ]
-    regimes = list(dict.fromkeys(r["regime"] for r in records))
-    for regime in regimes:
+    for regime in _regimes(records):
         rows = sorted((r for r in records if r["regime"] == regime), key=lambda r: r["seed"])
         for who in STRATEGIES:
             cells = []
@@ -117,9 +120,10 @@ def plot(records: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    regimes = list(dict.fromkeys(r["regime"] for r in records))
+    regimes = _regimes(records)
     seeds = sorted({r["seed"] for r in records})
     fig, axes = plt.subplots(
         len(seeds), len(regimes), figsize=(4.5 * len(regimes), 2.8 * len(seeds)), squeeze=False
@@ -131,13 +135,15 @@ def plot(records: list[dict], path: Path) -> None:
             values = np.asarray(r["values"][who]) / 1e6
             ax.plot(dates, values, label=f"{who} ({r['metrics'][who]['sharpe']:.2f})", lw=1)
         ax.set_title(f"{r['regime']}, seed {r['seed']}", fontsize=9)
+        ax.xaxis.set_major_locator(mdates.MonthLocator(bymonth=(1, 7)))
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m"))
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6, title="Sharpe", title_fontsize=6)
     for ax in axes[:, 0]:
         ax.set_ylabel("account value ($M)", fontsize=8)
     fig.suptitle("StockTrading-v0, backtest period (held out), 0.1% transaction cost", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=60)
     print(f"plot: {path}")
 
 
