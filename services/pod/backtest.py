@@ -1,4 +1,5 @@
-"""Backtest metrics of a trading agent, and the buy-and-hold baseline it is compared with.
+"""Backtest metrics of a trading agent, and the baselines it is compared with: buy-and-hold
+and equal weight rebalanced, both paying the env's transaction costs.
 
 Metrics follow pyfolio/empyrical (which FinRL reports), from an account-value series
 ``V_0 .. V_n`` of one value per trading day, with daily returns ``r_t = V_t / V_{t-1} - 1``:
@@ -78,15 +79,49 @@ def buy_and_hold(
     return cash + close @ shares
 
 
+def equal_weight(
+    close: np.ndarray,
+    initial_amount: float = 1_000_000.0,
+    transaction_cost: float = 0.001,
+    rebalance_every: int = 21,
+) -> np.ndarray:
+    """Account values of the baseline that holds equal weights, rebalanced every
+    ``rebalance_every`` days (monthly by default) and on the first day. Fractional shares;
+    a rebalance pays ``transaction_cost`` on the value traded, ``sum_s |V/S - h_s p_s|`` at
+    the account value ``V`` before the trade (the cost itself is not re-traded).
+    ``close``: (T, S); returns (T,)."""
+    close = np.asarray(close, dtype=np.float64)
+    if rebalance_every < 1:
+        raise ValueError(f"rebalance_every must be >= 1, got {rebalance_every}")
+    shares = np.zeros(close.shape[1])
+    cash = float(initial_amount)
+    values = np.empty(len(close))
+    for t, price in enumerate(close):
+        value = cash + float(shares @ price)
+        if t % rebalance_every == 0:
+            target = value / len(price)
+            value -= transaction_cost * float(np.abs(target - shares * price).sum())
+            shares, cash = value / len(price) / price, 0.0
+        values[t] = cash + float(shares @ price)
+    return values
+
+
 @torch.no_grad()
-def run_backtest(env: StockTradingEnv, act: Callable[[torch.Tensor], torch.Tensor]) -> np.ndarray:
-    """Account values of sub-environment 0 over one episode of ``env`` (a backtest-mode env
-    gives the whole held-out period), acting with ``act(obs) -> actions``."""
+def run_backtest_batch(
+    env: StockTradingEnv, act: Callable[[torch.Tensor], torch.Tensor]
+) -> np.ndarray:
+    """Account values (days + 1, num_envs) of every sub-environment over one episode of
+    ``env`` (a validation- or backtest-mode env gives its whole period), acting with
+    ``act(obs) -> actions``: one policy per sub-environment, or several side by side."""
     obs, _ = env.reset()
-    start_value = float(env.account_value()[0])
-    values = [start_value]
+    values = [env.account_value().double().cpu().numpy()]
     assert env.max_episode_steps is not None
     for _ in range(env.max_episode_steps):
         obs, _, _, _, _ = env.step(act(obs))
-        values.append(float(env.last_account_value[0]))
-    return np.asarray(values)
+        values.append(env.last_account_value.double().cpu().numpy())
+    return np.stack(values)
+
+
+def run_backtest(env: StockTradingEnv, act: Callable[[torch.Tensor], torch.Tensor]) -> np.ndarray:
+    """Account values of sub-environment 0 over one episode of ``env``."""
+    return run_backtest_batch(env, act)[:, 0]

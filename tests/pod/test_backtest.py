@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from services.pod.backtest import buy_and_hold, metrics, run_backtest
+from services.pod.backtest import buy_and_hold, equal_weight, metrics, run_backtest
 from services.pod.envs.stock_trading import StockTradingEnv
 
 
@@ -61,6 +61,21 @@ def test_buy_and_hold() -> None:
     np.testing.assert_allclose(
         buy_and_hold(close, 1000.0, 0.01), [20.3 + 490 + 480, 20.3 + 588 + 432, 20.3 + 392 + 720]
     )
+
+
+def test_equal_weight_rebalanced_pays_costs_on_what_it_trades() -> None:
+    """Worked by hand at a 1% cost: day 0 buys 500 + 500 (cost 10); day 1 the first stock
+    doubled, 1,485 is rebalanced by trading 247.5 + 247.5 (cost 4.95); day 2 it halved back,
+    1,110.0375 is rebalanced by trading 185.00625 x 2 (cost 3.700125)."""
+    close = np.array([[10.0, 20.0], [20.0, 20.0], [10.0, 20.0]])
+    np.testing.assert_allclose(
+        equal_weight(close, 1000.0, 0.01, rebalance_every=1), [990.0, 1480.05, 1106.337375]
+    )
+    # Monthly (here: every 2 days) it drifts in between: day 1 is not rebalanced.
+    np.testing.assert_allclose(equal_weight(close, 1000.0, 0.01, 2), [990.0, 1485.0, 990.0])
+    np.testing.assert_allclose(equal_weight(close, 1000.0, 0.0, 1), [1000.0, 1500.0, 1125.0])
+    with pytest.raises(ValueError, match="rebalance_every"):
+        equal_weight(close, rebalance_every=0)
 
 
 def test_run_backtest_records_the_account_value_every_day() -> None:

@@ -1,10 +1,14 @@
 """Market data for the stock-trading env: a synthetic market and a loader for users' OHLCV files.
 
-Nothing is downloaded. ``synthetic_market(seed)`` is a deterministic market of several
-correlated stocks: daily log-returns are a common market factor plus an idiosyncratic part,
-each stock's drift is a slow, persistent AR(1) process (trends that last weeks to months) on
-top of a market-wide bull/bear regime, so momentum indicators carry some signal and there is
-something for an agent to learn. ``load_csv(path)`` reads the user's own data.
+Nothing is downloaded. ``synthetic_market(seed, regime=...)`` is a deterministic market of
+several correlated stocks (daily log-returns: a common market factor times a per-stock beta
+plus an idiosyncratic part) in one of four regimes, each a documented generating process
+(``synthetic_market``'s docstring): ``mixed`` (the original market: slow per-stock AR(1)
+drifts on a bull/bear regime), ``trend`` (Markov-switching bull/bear market drift and
+persistent per-stock trends of both signs), ``mean_reversion`` (prices oscillate around a
+slowly growing fundamental value, an AR(1) log-deviation with a two-week half-life) and
+``crash`` (a calm bull market with rare crashes, each preceded by a stress spell of rising,
+more correlated volatility). ``load_csv(path)`` reads the user's own data.
 
 CSV format (one row per trading day and ticker; header required; extra columns ignored):
 
@@ -28,7 +32,9 @@ computation leaks nothing from the backtest period into training), a documented 
 FinRL's defaults: ``macd`` (EMA12 - EMA26 of the close), ``rsi_30`` (Wilder's RSI over 30
 days, 0..100), ``cci_30`` (commodity channel index over 30 days), ``dx_30`` (directional
 movement index over 30 days, 0..100). The first days, before a window is full, use the days
-available.
+available. Market-wide, FinRL's ``turbulence`` (``turbulence_index``): the Mahalanobis distance
+of day t's vector of returns from the mean of the previous year's returns, under their
+covariance (days t-252 .. t-1 only), 0 while fewer than 60 days of history exist.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import numpy as np
 INDICATORS = ("macd", "rsi_30", "cci_30", "dx_30")
 CSV_COLUMNS = ("date", "tic", "open", "high", "low", "close", "volume")
 TRADING_DAYS_PER_YEAR = 252
+REGIMES = ("mixed", "trend", "mean_reversion", "crash")
 
 
 class MarketDataError(ValueError):
@@ -61,6 +68,31 @@ class MarketData:
     close: np.ndarray
     volume: np.ndarray
     indicators: np.ndarray  # (T, S, len(INDICATORS))
+    turbulence: np.ndarray  # (T,) market-wide, causal (see the module docstring)
+
+    @classmethod
+    def from_ohlcv(
+        cls,
+        dates: np.ndarray,
+        tickers: tuple[str, ...],
+        open_: np.ndarray,
+        high: np.ndarray,
+        low: np.ndarray,
+        close: np.ndarray,
+        volume: np.ndarray,
+    ) -> MarketData:
+        """A panel with its indicators and turbulence computed (causally) from the prices."""
+        return cls(
+            dates=dates,
+            tickers=tickers,
+            open=open_,
+            high=high,
+            low=low,
+            close=close,
+            volume=volume,
+            indicators=compute_indicators(high, low, close),
+            turbulence=turbulence_index(close),
+        )
 
     @property
     def num_days(self) -> int:
@@ -84,6 +116,7 @@ class MarketData:
             close=self.close[s],
             volume=self.volume[s],
             indicators=self.indicators[s],
+            turbulence=self.turbulence[s],
         )
 
     def split(self, date: str | np.datetime64) -> tuple[MarketData, MarketData]:
@@ -98,6 +131,16 @@ class MarketData:
 
     def default_split_date(self, train_fraction: float = 0.8) -> np.datetime64:
         return self.dates[int(self.num_days * train_fraction)]
+
+    def split3(
+        self, validation_date: str | np.datetime64, backtest_date: str | np.datetime64
+    ) -> tuple[MarketData, MarketData, MarketData]:
+        """(train, validation, backtest): days before ``validation_date``, from it to before
+        ``backtest_date``, and from ``backtest_date`` on. Selection (which agent or snapshot
+        to keep) reads the validation period only; the backtest period is for the report."""
+        before, backtest = self.split(backtest_date)
+        train, validation = before.split(validation_date)
+        return train, validation, backtest
 
 
 # -- indicators --------------------------------------------------------------------------------
@@ -159,23 +202,110 @@ def compute_indicators(
     return np.stack([macd, rsi, cci, dx], axis=-1)
 
 
+def turbulence_index(close: np.ndarray, window: int = TRADING_DAYS_PER_YEAR) -> np.ndarray:
+    """FinRL's turbulence, causal: ``(r_t - mu)' pinv(Sigma) (r_t - mu)`` with ``mu`` and
+    ``Sigma`` the mean and covariance of the daily returns of days ``t-window .. t-1``; 0 for
+    the first 60 days (too little history for a covariance of several stocks)."""
+    returns = np.diff(close, axis=0, prepend=close[:1]) / close
+    out = np.zeros(len(close))
+    for t in range(60, len(close)):
+        past = returns[max(1, t - window) : t]
+        deviation = returns[t] - past.mean(axis=0)
+        cov = np.atleast_2d(np.cov(past, rowvar=False))
+        out[t] = float(deviation @ np.linalg.pinv(cov) @ deviation)
+    return out
+
+
 # -- synthetic market --------------------------------------------------------------------------
+def _ar1(rng: np.random.Generator, phi: float, std: float, shape: tuple[int, int]) -> np.ndarray:
+    """A stationary AR(1) along axis 0 (coefficient ``phi``, stationary std ``std``)."""
+    out = np.empty(shape)
+    out[0] = rng.normal(0.0, std, shape[1])
+    shocks = rng.normal(0.0, std * math.sqrt(1 - phi**2), shape)
+    for t in range(1, shape[0]):
+        out[t] = phi * out[t - 1] + shocks[t]
+    return out
+
+
+def _markov_sign(rng: np.random.Generator, n: int, mean_duration: float) -> np.ndarray:
+    """+1/-1 states (starting +1) that flip with probability ``1/mean_duration`` a day."""
+    flips = np.cumsum(rng.random(n) < 1.0 / mean_duration)
+    return np.where(flips % 2 == 0, 1.0, -1.0)
+
+
+def _regime_returns(
+    rng: np.random.Generator, regime: str, num_days: int, num_stocks: int
+) -> np.ndarray:
+    """Daily log-returns (T, S) of the non-``mixed`` regimes (see ``synthetic_market``)."""
+    t, s = num_days, num_stocks
+    beta = rng.uniform(0.7, 1.3, s)
+    if regime == "trend":
+        bull = _markov_sign(rng, t, 250.0)
+        market_drift = np.where(bull > 0, 0.0006, -0.0005)
+        drift = _ar1(rng, 0.998, 0.0010, (t, s))
+        market = market_drift + rng.normal(0.0, 0.009, t)
+        return drift + beta * market[:, None] + rng.normal(0.0, 0.012, (t, s))
+    if regime == "mean_reversion":
+        # log price = fundamental (random walk with drift, market-driven) + AR(1) deviation.
+        market = 0.0003 + rng.normal(0.0, 0.006, t)
+        fundamental = beta * market[:, None] + rng.normal(0.0, 0.004, (t, s))
+        deviation = _ar1(rng, 0.95, 0.06, (t, s))
+        return fundamental + np.diff(deviation, axis=0, prepend=deviation[:1])
+    if regime == "crash":
+        vol = np.full(t, 0.008)
+        market_drift = np.full(t, 0.0007)
+        day = 0
+        while day < t:
+            day += int(rng.geometric(1.0 / 400.0))  # ~ one crash every 400+ trading days
+            stress, crash = int(rng.integers(15, 31)), int(rng.integers(5, 11))
+            stress_end = min(day + stress, t)
+            vol[day:stress_end] = 0.025  # the warning: volatility and correlation rise
+            market_drift[day:stress_end] = -0.002
+            crash_end = min(stress_end + crash, t)
+            market_drift[stress_end:crash_end] = rng.uniform(-0.03, -0.015)
+            vol[stress_end:crash_end] = 0.03
+            day = crash_end + 40  # the recovery: no new crash for two months
+        market = market_drift + vol * rng.normal(0.0, 1.0, t)
+        return beta * market[:, None] + rng.normal(0.0, 0.009, (t, s))
+    raise ValueError(f"unknown regime {regime!r}; one of {', '.join(REGIMES)}")
+
+
 def synthetic_market(
     seed: int = 0,
     num_stocks: int = 5,
     num_days: int = 2520,
     start: str = "2010-01-04",
+    regime: str = "mixed",
 ) -> MarketData:
     """A deterministic market: same arguments, same data, on every machine.
 
-    Log-returns: ``r[t, s] = regime_drift[t] + drift[t, s] + beta_s * m[t] + e[t, s]`` with a
-    common factor ``m`` (daily vol 1%), idiosyncratic noise ``e`` (daily vol 1%), a bull/bear
-    regime switching on average every ~120 days (±0.05%/day) and a per-stock drift that is a
-    slow AR(1) (φ = 0.995, stationary std 0.15%/day): trends persist for months, so they are
-    visible to MACD/RSI while each day is still mostly noise.
+    Log-returns (per day t and stock s; ``beta_s`` uniform in the ranges below, the
+    market factor ``m`` common to every stock, ``e`` idiosyncratic, daily figures):
+
+    * ``mixed``: ``r = regime_drift[t] + drift[t, s] + beta_s * m[t] + e[t, s]``, ``m`` and
+      ``e`` vol 1%, a bull/bear regime switching on average every ~120 days (±0.05%) and a
+      per-stock drift that is a slow AR(1) (φ = 0.995, stationary std 0.15%): trends persist
+      for months, visible to MACD/RSI while each day is still mostly noise.
+    * ``trend``: a Markov bull/bear market (mean duration 250 days; drift +0.06% / -0.05%,
+      vol 0.9%), per-stock AR(1) drifts (φ = 0.998, std 0.10%: some stocks trend down for
+      years), ``e`` vol 1.2%, beta 0.7..1.3. Momentum pays.
+    * ``mean_reversion``: log price = fundamental + deviation; the fundamental is a random walk
+      (market drift +0.03%, market vol 0.6%, own vol 0.4%), the deviation an AR(1) (φ = 0.95,
+      half-life ~14 days, stationary std 6%). Buying below the moving average pays.
+    * ``crash``: a calm bull market (drift +0.07%, vol 0.8%, ``e`` vol 0.9%); about every 400
+      trading days a stress spell of 15-30 days (market vol 2.5%, drift -0.2%) then a crash of
+      5-10 days (drift -1.5% to -3% a day, vol 3%), then at least 40 calm days. Turbulence
+      rises in the stress spell, before the crash.
     """
     if num_stocks < 1 or num_days < 60:
         raise ValueError("synthetic_market needs num_stocks >= 1 and num_days >= 60")
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; one of {', '.join(REGIMES)}")
+    if regime != "mixed":
+        # Another stream than the mixed market's, so adding regimes changes none of its data.
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED, REGIMES.index(regime)]))
+        log_ret = _regime_returns(rng, regime, num_days, num_stocks)
+        return _ohlcv(rng, log_ret, num_stocks, num_days, start)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED]))
     phi, drift_std = 0.995, 0.0015
     drift = np.empty((num_days, num_stocks))
@@ -193,6 +323,13 @@ def synthetic_market(
     market = rng.normal(0.0, 0.01, num_days)
     idio = rng.normal(0.0, 0.01, (num_days, num_stocks))
     log_ret = regime[:, None] + drift + beta * market[:, None] + idio
+    return _ohlcv(rng, log_ret, num_stocks, num_days, start)
+
+
+def _ohlcv(
+    rng: np.random.Generator, log_ret: np.ndarray, num_stocks: int, num_days: int, start: str
+) -> MarketData:
+    """Prices, volumes and indicators from daily close-to-close log-returns (T, S)."""
     log_ret[0] = 0.0
     start_price = rng.uniform(20.0, 200.0, num_stocks)
     close = start_price * np.exp(np.cumsum(log_ret, axis=0))
@@ -205,16 +342,8 @@ def synthetic_market(
         1.0 + 20.0 * np.abs(log_ret)
     )
     dates = np.busday_offset(np.datetime64(start, "D"), np.arange(num_days), roll="forward")
-    return MarketData(
-        dates=dates,
-        tickers=tuple(f"SYN{i}" for i in range(num_stocks)),
-        open=open_,
-        high=high,
-        low=low,
-        close=close,
-        volume=np.round(volume),
-        indicators=compute_indicators(high, low, close),
-    )
+    tickers = tuple(f"SYN{i}" for i in range(num_stocks))
+    return MarketData.from_ohlcv(dates, tickers, open_, high, low, close, np.round(volume))
 
 
 # -- CSV loader --------------------------------------------------------------------------------
@@ -261,16 +390,7 @@ def load_csv(path: str | Path) -> MarketData:
         raise MarketDataError(f"{path}: need at least 2 trading days, found {len(dates)}")
     table = np.array([[rows[(d, t)] for t in tickers] for d in dates])  # (T, S, 5)
     open_, high, low, close, volume = np.moveaxis(table, -1, 0)
-    return MarketData(
-        dates=dates,
-        tickers=tickers,
-        open=open_,
-        high=high,
-        low=low,
-        close=close,
-        volume=volume,
-        indicators=compute_indicators(high, low, close),
-    )
+    return MarketData.from_ohlcv(dates, tickers, open_, high, low, close, volume)
 
 
 def _parse_row(

@@ -3,8 +3,16 @@
 Each sub-environment is one trading account over one market (``services.pod.envs.market``).
 Every step is one trading day:
 
-* Action: one value in [-1, 1] per stock, times ``hmax`` (FinRL's max shares per trade) and
-  truncated toward zero to whole shares: negative sells, positive buys, |a| < 1/hmax holds.
+* Action (``action_mode="shares"``, FinRL's): one value in [-1, 1] per stock, times ``hmax``
+  (FinRL's max shares per trade) and truncated toward zero to whole shares: negative sells,
+  positive buys, |a| < 1/hmax holds. ``action_mode="weights"`` (FinRL's portfolio-allocation
+  form, independent of price levels): S + 1 values in [-1, 1]; the first sets the invested
+  fraction ``f = (a_0 + 1) / 2`` (the rest is cash), the others the split between stocks,
+  ``u_s = (a_s + 1) / 2`` normalised to sum to 1 (equal when all are -1). Target weights
+  ``f * u_s / sum(u)``: all +1 is equal weight fully invested, ``a_0 = -1`` all cash. The env
+  trades whole shares toward the target, paying the same costs as below, and skips a
+  stock's trade when it is smaller than ``rebalance_band`` of the account (churn that would
+  only pay costs).
 * Sells first, at the day's close: never more than held (no shorting); the account receives
   ``shares * close * (1 - transaction_cost)``.
 * Then buys, at the same close, each costing ``shares * close * (1 + transaction_cost)``.
@@ -18,18 +26,26 @@ Every step is one trading day:
 State (row per sub-environment): ``[balance, day, holdings_1..S]`` in float64 by default so
 cash arithmetic is exact to the cent. Observation (float32), FinRL's layout scaled so PPO
 sees numbers of order one: ``[balance / initial_amount, close / its 30-day mean (S),
-holdings * close / initial_amount (S), indicators (S x 4: macd / close, rsi / 100,
-cci / 100, dx / 100)]``.
+holdings * close / initial_amount (S) (with ``action_mode="weights"``: both divided by the
+account value instead, the current weights), indicators (S x 4: macd / close, rsi / 100,
+cci / 100, dx / 100)]``, plus with ``turbulence=True`` two market-wide risk entries:
+``log1p(turbulence / S)`` (FinRL's turbulence index, ``services.pod.envs.market``) and the
+equal-weight index's realised volatility over the last 20 days, annualised (the role of
+FinRL's VIX option). Every market feature of day t is computed from days <= t only.
 
 Episodes: in ``mode="train"`` an episode is ``episode_length`` days (default 252, one trading
 year, at most the whole train period) from a start day drawn uniformly from the env's
-generator (``random_start=False``: day 0); in ``mode="backtest"`` it is one pass over the
-whole held-out period from its first day. The end of an episode is a truncation (the market
-goes on); nothing terminates.
+generator (``random_start=False``: day 0); in ``mode="validation"`` and ``mode="backtest"``
+it is one pass over the whole period from its first day. The end of an episode is a
+truncation (the market goes on); nothing terminates.
 
-Market data: the synthetic market (``market_seed``, ``num_stocks``, ``num_days``) or the
-user's file (``csv_path``, columns in ``services.pod.envs.market``), split by ``split_date``
-(default: the date 80% of the way through) into the train and backtest periods.
+Market data: the synthetic market (``market_seed``, ``num_stocks``, ``num_days``, ``regime``)
+or the user's file (``csv_path``, columns in ``services.pod.envs.market``), split by
+``split_date`` (default: the date 80% of the way through) into the train and backtest periods.
+With ``validation_fraction`` > 0 (or a ``validation_date``) the last days before the split
+are the validation period instead of training data: what selects agents and snapshots (the
+tournament's score, early stopping) reads it, and the backtest period is read by nothing but
+the final report.
 """
 
 from __future__ import annotations
@@ -44,13 +60,15 @@ import torch
 from services.pod.envs.base import TorchVecEnv
 from services.pod.envs.market import (
     INDICATORS,
+    TRADING_DAYS_PER_YEAR,
     MarketData,
     load_csv,
     rolling_mean,
     synthetic_market,
 )
 
-Mode = Literal["train", "backtest"]
+Mode = Literal["train", "validation", "backtest"]
+MODES = ("train", "validation", "backtest")
 
 
 def market_periods(
@@ -59,20 +77,49 @@ def market_periods(
     num_days: int = 2520,
     csv_path: str | None = None,
     split_date: str | None = None,
-) -> tuple[MarketData, MarketData]:
-    """(train, backtest) periods of the market the env's keyword arguments describe."""
+    regime: str = "mixed",
+    validation_fraction: float = 0.0,
+    validation_date: str | None = None,
+) -> dict[str, MarketData]:
+    """The periods (``train``, ``backtest`` and, when asked for, ``validation``) of the market
+    the env's keyword arguments describe, in time order and disjoint."""
     data = (
         load_csv(csv_path)
         if csv_path is not None
-        else _synthetic(market_seed, num_stocks, num_days)
+        else _synthetic(market_seed, num_stocks, num_days, regime)
     )
-    return data.split(split_date if split_date is not None else data.default_split_date())
+    return split_periods(data, split_date, validation_fraction, validation_date)
 
 
-@lru_cache(maxsize=8)
-def _synthetic(seed: int, num_stocks: int, num_days: int) -> MarketData:
+def split_periods(
+    data: MarketData,
+    split_date: str | None = None,
+    validation_fraction: float = 0.0,
+    validation_date: str | None = None,
+) -> dict[str, MarketData]:
+    """``data`` cut in time: ``train``, then (when asked for) ``validation``, then
+    ``backtest`` from ``split_date`` (default: 80% of the way through). The validation
+    period is ``validation_date`` .. the split, or the ``validation_fraction`` of all days
+    just before the split."""
+    split = np.datetime64(split_date if split_date is not None else data.default_split_date())
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+    if validation_date is None and validation_fraction > 0:
+        cut = int(np.searchsorted(data.dates, split)) - round(validation_fraction * data.num_days)
+        validation_date = str(data.dates[max(cut, 0)])
+    if validation_date is None:
+        train, backtest = data.split(split)
+        return {"train": train, "backtest": backtest}
+    if np.datetime64(validation_date) >= split:
+        raise ValueError(f"validation_date {validation_date} must be before the split {split}")
+    train, validation, backtest = data.split3(validation_date, split)
+    return {"train": train, "validation": validation, "backtest": backtest}
+
+
+@lru_cache(maxsize=16)
+def _synthetic(seed: int, num_stocks: int, num_days: int, regime: str) -> MarketData:
     """Shared between the envs of a process (train, eval, backtest): read-only."""
-    return synthetic_market(seed, num_stocks, num_days)
+    return synthetic_market(seed, num_stocks, num_days, regime=regime)
 
 
 class StockTradingEnv(TorchVecEnv):
@@ -91,6 +138,9 @@ class StockTradingEnv(TorchVecEnv):
         num_days: int = 2520,
         csv_path: str | None = None,
         split_date: str | None = None,
+        regime: str = "mixed",
+        validation_fraction: float = 0.0,
+        validation_date: str | None = None,
         data: MarketData | None = None,
         initial_amount: float = 1_000_000.0,
         hmax: int = 1000,
@@ -98,24 +148,43 @@ class StockTradingEnv(TorchVecEnv):
         reward_scaling: float = 1e-4,
         episode_length: int | None = 252,
         random_start: bool = True,
+        action_mode: Literal["shares", "weights"] = "shares",
+        rebalance_band: float = 0.0,
+        turbulence: bool = False,
     ):
-        if mode not in ("train", "backtest"):
-            raise ValueError(f"mode must be 'train' or 'backtest', got {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if action_mode not in ("shares", "weights"):
+            raise ValueError(f"action_mode must be 'shares' or 'weights', got {action_mode!r}")
         if data is None:
-            train, backtest = market_periods(
-                market_seed, num_stocks, num_days, csv_path, split_date
+            periods = market_periods(
+                market_seed,
+                num_stocks,
+                num_days,
+                csv_path,
+                split_date,
+                regime,
+                validation_fraction,
+                validation_date,
             )
-            data = train if mode == "train" else backtest
+            if mode not in periods:
+                raise ValueError(
+                    "mode='validation' needs a validation period: set validation_fraction > 0 "
+                    "or validation_date"
+                )
+            data = periods[mode]
         if initial_amount <= 0 or hmax < 1 or not 0 <= transaction_cost < 1:
             raise ValueError(
                 "need initial_amount > 0, hmax >= 1 and 0 <= transaction_cost < 1, got "
                 f"{initial_amount}, {hmax}, {transaction_cost}"
             )
+        if not 0.0 <= rebalance_band < 1.0:
+            raise ValueError(f"rebalance_band must be in [0, 1), got {rebalance_band}")
         self.data = data
         self.num_stocks = s = data.num_stocks
         self.state_dim = 2 + s
         last_day = data.num_days - 1  # the last day an episode can reach
-        if mode == "backtest" or episode_length is None:
+        if mode != "train" or episode_length is None:
             length = last_day
         else:
             if episode_length < 1:
@@ -127,6 +196,8 @@ class StockTradingEnv(TorchVecEnv):
         self.hmax = int(hmax)
         self.transaction_cost = float(transaction_cost)
         self.reward_scaling = float(reward_scaling)
+        self.action_mode = action_mode
+        self.rebalance_band = float(rebalance_band)
         self.random_start = mode == "train" and random_start
         self._last_start = last_day - length  # starts in [0, _last_start]
 
@@ -146,15 +217,20 @@ class StockTradingEnv(TorchVecEnv):
             ],
             axis=-1,
         )
+        market_columns = [relative, features.reshape(data.num_days, -1)]
+        if turbulence:
+            index = np.diff(np.log(data.close), axis=0, prepend=np.log(data.close[:1])).mean(1)
+            realised_vol = np.sqrt(rolling_mean(index**2, 20) * TRADING_DAYS_PER_YEAR)
+            market_columns.append(np.log1p(np.maximum(data.turbulence, 0.0) / s)[:, None])
+            market_columns.append(realised_vol[:, None])
         # Per day, everything of the observation that does not depend on the account.
-        self._market_obs = as_t(
-            np.concatenate([relative, features.reshape(data.num_days, -1)], axis=1)
-        ).to(torch.float32)
-        obs_dim = 1 + 2 * s + s * len(INDICATORS)
+        self._market_obs = as_t(np.concatenate(market_columns, axis=1)).to(torch.float32)
+        obs_dim = 1 + 2 * s + s * len(INDICATORS) + 2 * int(turbulence)
         self.single_observation_space = gym.spaces.Box(
             -np.inf, np.inf, shape=(obs_dim,), dtype=np.float32
         )
-        self.single_action_space = gym.spaces.Box(-1.0, 1.0, shape=(s,), dtype=np.float32)
+        action_dim = s + 1 if action_mode == "weights" else s
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, shape=(action_dim,), dtype=np.float32)
         self._sell_factor = self._const(1.0 - self.transaction_cost)
         self._buy_factor = self._const(1.0 + self.transaction_cost)
         self._hmax = self._const(float(self.hmax))
@@ -198,7 +274,10 @@ class StockTradingEnv(TorchVecEnv):
         price = self.prices.index_select(0, day.long())
         value_before = balance + (holdings * price).sum(1)
 
-        shares = (actions.to(self.dtype).clamp(-1.0, 1.0) * self._hmax).trunc()
+        if self.action_mode == "weights":
+            shares = self._rebalance_shares(actions, holdings, price, value_before)
+        else:
+            shares = (actions.to(self.dtype).clamp(-1.0, 1.0) * self._hmax).trunc()
         sold = torch.minimum(-shares.clamp(max=0.0), holdings)
         balance.add_((sold * price).sum(1) * self._sell_factor)
         holdings.sub_(sold)
@@ -220,10 +299,34 @@ class StockTradingEnv(TorchVecEnv):
         reward = (value_after - value_before) * self.reward_scaling
         return reward, torch.zeros(self.num_envs, device=self.device, dtype=torch.bool)
 
+    def _rebalance_shares(
+        self,
+        actions: torch.Tensor,
+        holdings: torch.Tensor,
+        price: torch.Tensor,
+        value: torch.Tensor,
+    ) -> torch.Tensor:
+        """Whole shares to trade (negative sells) toward the target weights of
+        ``action_mode="weights"`` (module docstring)."""
+        u = (actions.to(self.dtype).clamp(-1.0, 1.0) + 1.0) * 0.5
+        invested, split = u[:, :1], u[:, 1:]
+        total = split.sum(1, keepdim=True)
+        split = torch.where(total > 0, split / total.clamp(min=1e-12), 1.0 / self.num_stocks)
+        weights = invested * split
+        # Buys pay the cost on top of the price: aim so the bought shares and their cost fit.
+        target = (weights * value.unsqueeze(1) / (price * self._buy_factor)).floor()
+        delta = target - holdings
+        small = (delta.abs() * price) < self.rebalance_band * value.unsqueeze(1)
+        return torch.where(small, 0.0, delta)
+
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
         market = self._market_obs.index_select(0, state[:, 1].long())
         price = self.prices.index_select(0, state[:, 1].long())
-        scale = 1.0 / self.initial_amount
+        scale: torch.Tensor | float = 1.0 / self.initial_amount
+        if self.action_mode == "weights":
+            # Cash and holdings as fractions of the account: the current weights, on the same
+            # scale however much the account has grown.
+            scale = 1.0 / (state[:, :1] + (state[:, 2:] * price).sum(1, keepdim=True))
         return torch.cat(
             [
                 (state[:, :1] * scale).float(),

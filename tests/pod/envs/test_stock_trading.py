@@ -11,12 +11,13 @@ import torch
 from services.pod.envs import make_env
 from services.pod.envs.market import (
     CSV_COLUMNS,
+    MarketData,
     MarketDataError,
     compute_indicators,
     load_csv,
     synthetic_market,
 )
-from services.pod.envs.stock_trading import StockTradingEnv
+from services.pod.envs.stock_trading import StockTradingEnv, market_periods
 from tests.pod.envs import test_env_protocol as protocol
 
 MAKER = protocol.Maker(lambda s: make_env("StockTrading-v0", protocol.N, seed=s, episode_length=30))
@@ -232,3 +233,125 @@ def test_load_csv_names_missing_columns_and_files(tmp_path: Path) -> None:
         load_csv(_write_csv(tmp_path / "empty.csv", []))
     with pytest.raises(MarketDataError, match="cannot read"):
         load_csv(tmp_path / "absent.csv")
+
+
+# -- regimes, periods, causality -----------------------------------------------------------
+@pytest.mark.parametrize("regime", ["trend", "mean_reversion", "crash"])
+def test_regimes_are_deterministic_and_differ(regime: str) -> None:
+    a = synthetic_market(3, num_days=400, regime=regime)
+    np.testing.assert_array_equal(a.close, synthetic_market(3, num_days=400, regime=regime).close)
+    assert not np.array_equal(a.close, synthetic_market(3, num_days=400).close)
+    assert (a.close > 0).all() and np.isfinite(a.turbulence).all()
+    assert (a.turbulence[:60] == 0).all() and (a.turbulence[60:] >= 0).all()
+    with pytest.raises(ValueError, match="regime"):
+        synthetic_market(3, regime="sideways")
+
+
+def test_crash_regime_crashes_after_turbulence_rises() -> None:
+    """The crash regime's designed property: the stress spell's turbulence comes first."""
+    before, calm = [], []
+    for seed in range(3):
+        m = synthetic_market(seed, num_days=2520, regime="crash")
+        market = np.log(m.close[1:] / m.close[:-1]).mean(axis=1)
+        week = np.convolve(market, np.ones(5), "valid")  # the market's 5-day log-return
+        crash_days = np.flatnonzero(week < -0.08) + 1
+        first = crash_days[np.r_[True, np.diff(crash_days) > 20]]  # each crash's first day
+        assert len(first) >= 3
+        before += [m.turbulence[d - 10 : d].mean() for d in first if d > 70]
+        calm.append(np.median(m.turbulence[60:]))
+    assert np.median(before) > 1.3 * np.median(calm)
+
+
+def _prefix_market(full: MarketData, days: int) -> MarketData:
+    """The market as known on day ``days - 1``: every feature recomputed from that prefix."""
+    s = slice(0, days)
+    return MarketData.from_ohlcv(
+        full.dates[s], full.tickers, full.open[s], full.high[s], full.low[s], full.close[s],
+        full.volume[s],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("regime", ["mixed", "crash"])
+def test_features_are_causal(regime: str) -> None:
+    """Every feature of day t, and every observation the env shows on day t, is the same
+    whether the data ends on day t or goes on: nothing is computed from later days."""
+    full = synthetic_market(2, num_stocks=3, num_days=300, regime=regime)
+    days = 200
+    prefix = _prefix_market(full, days)
+    np.testing.assert_allclose(prefix.indicators, full.indicators[:days], atol=1e-9)
+    np.testing.assert_allclose(prefix.turbulence, full.turbulence[:days], atol=1e-9)
+    kwargs = {"transaction_cost": 0.001, "turbulence": True, "action_mode": "weights"}
+    env_full = StockTradingEnv(mode="backtest", data=full, **kwargs)
+    env_prefix = StockTradingEnv(mode="backtest", data=prefix, **kwargs)
+    obs_full, _ = env_full.reset()
+    obs_prefix, _ = env_prefix.reset()
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(days - 1):
+        torch.testing.assert_close(obs_full, obs_prefix)
+        action = torch.rand(1, 4, generator=rng) * 2 - 1
+        obs_full = env_full.step(action)[0]
+        obs_prefix = env_prefix.step(action)[0]
+    # A feature that used the future would also fail here: changing the days after the
+    # prefix (a crash of every price) leaves the prefix's features as they were.
+    close = full.close.copy()
+    close[days:] *= 0.5
+    high, low = np.maximum(full.high, close), np.minimum(full.low, close)
+    shocked = MarketData.from_ohlcv(
+        full.dates, full.tickers, full.open, high, low, close, full.volume
+    )
+    np.testing.assert_allclose(shocked.indicators[:days], full.indicators[:days], atol=1e-9)
+    np.testing.assert_allclose(shocked.turbulence[:days], full.turbulence[:days], atol=1e-9)
+
+
+def test_train_validation_backtest_periods_are_disjoint_and_in_order() -> None:
+    periods = market_periods(market_seed=1, regime="trend", validation_fraction=0.2)
+    train, validation, backtest = periods["train"], periods["validation"], periods["backtest"]
+    assert train.dates[-1] < validation.dates[0] and validation.dates[-1] < backtest.dates[0]
+    assert train.num_days + validation.num_days + backtest.num_days == 2520
+    assert validation.num_days == 504 and backtest.num_days == 504
+    full = synthetic_market(1, regime="trend")
+    np.testing.assert_array_equal(validation.close, full.close[train.num_days : -504])
+    # The envs of each mode read their period and nothing else.
+    for mode, period in periods.items():
+        env = StockTradingEnv(mode=mode, market_seed=1, regime="trend", validation_fraction=0.2)
+        np.testing.assert_array_equal(env.data.dates, period.dates)
+    # Without a validation period the split is the old (train, backtest) one.
+    assert set(market_periods()) == {"train", "backtest"}
+    with pytest.raises(ValueError, match="validation_fraction"):
+        StockTradingEnv(mode="validation")
+    with pytest.raises(ValueError, match="before the split"):
+        market_periods(validation_date="2019-06-03", split_date="2018-01-02")
+
+
+def test_weights_mode_rebalances_to_target_weights_paying_costs() -> None:
+    """Worked by hand: 1,000 cash, closes 10 and 20, target 50% / 50% at a 1% cost."""
+    close = np.array([[10.0, 20.0], [11.0, 19.0], [11.0, 19.0], [12.0, 18.0]])
+    data = MarketData.from_ohlcv(
+        np.arange("2020-01-01", "2020-01-05", dtype="datetime64[D]"), ("A", "B"),
+        close, close, close, close, np.ones_like(close),
+    )  # fmt: skip
+    env = StockTradingEnv(
+        mode="backtest", data=data, initial_amount=1000.0, transaction_cost=0.01,
+        action_mode="weights", reward_scaling=1.0,
+    )  # fmt: skip
+    env.reset()
+    # Fully invested (a_0 = 1), split 1 : 1 (a = 0.2, 0.2): weights 0.5 each.
+    _, reward, *_ = env.step(torch.tensor([[1.0, 0.2, 0.2]]))
+    # floor(500 / (10 * 1.01)) = 49 and floor(500 / (20 * 1.01)) = 24 shares.
+    cash = 1000.0 - (49 * 10 + 24 * 20) * 1.01
+    assert env.balance.item() == pytest.approx(cash)
+    assert env.holdings.tolist() == [[49.0, 24.0]]
+    assert reward.item() == pytest.approx(cash + 49 * 11 + 24 * 19 - 1000.0)
+    # a_0 = -1: all cash, selling everything and receiving 99% of the value.
+    env.step(torch.tensor([[-1.0, 1.0, 1.0]]))
+    assert env.holdings.tolist() == [[0.0, 0.0]]
+    assert env.balance.item() == pytest.approx(cash + (49 * 11 + 24 * 19) * 0.99)
+    # Costs are what the env charges: at zero cost the same trades keep every cent.
+    free = StockTradingEnv(
+        mode="backtest", data=data, initial_amount=1000.0, transaction_cost=0.0,
+        action_mode="weights",
+    )  # fmt: skip
+    free.reset()
+    free.step(torch.ones(1, 3))
+    free.step(-torch.ones(1, 3))
+    assert free.balance.item() == pytest.approx(1000.0 + 50 * 1 - 25 * 1)

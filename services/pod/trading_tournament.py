@@ -1,0 +1,184 @@
+"""A stock-trading tournament in one process: P PPO agents, scored on the validation period.
+
+The leaderboard's rule, in process: P agents (each its own hyperparameters and seed) train in
+lock-step (``services.pod.population.PopulationPPO``) on the train period; after every round
+each agent is scored by its Sharpe ratio over one deterministic pass of the validation period,
+the best (agent, round) snapshot so far is kept (selection and early stopping on validation),
+and, as PBT's exploit/explore, the worst quarter of the agents restart from the round's best
+with its learning rate and entropy coefficient perturbed. What comes back is the kept
+snapshot's policy, to backtest afterwards.
+
+``run_tournament`` takes the train and validation periods only, so nothing it does (training,
+scoring, exploiting, keeping) can read the backtest period.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from services.pod.algorithms.ppo import PPO
+from services.pod.algorithms.ppo_config import PPOConfig
+from services.pod.backtest import (
+    buy_and_hold,
+    equal_weight,
+    metrics,
+    run_backtest,
+    run_backtest_batch,
+)
+from services.pod.envs.market import MarketData
+from services.pod.envs.stock_trading import StockTradingEnv, split_periods
+from services.pod.population import PopulationPPO
+
+
+@dataclass(frozen=True)
+class TournamentPlan:
+    """What a tournament trains: shared PPO settings, one hyperparameter mapping per agent
+    (the population's per-agent fields), ``rounds`` rounds of ``round_env_steps`` env steps per
+    agent, and whether the worst quarter restarts from the best after a round (PBT)."""
+
+    ppo: PPOConfig
+    hyperparameters: Sequence[Mapping[str, float]]
+    rounds: int
+    round_env_steps: int
+    seed: int = 0
+    exploit: bool = True
+
+
+@dataclass
+class TournamentResult:
+    """The kept snapshot and how the tournament got there."""
+
+    agent: PPO  # the kept snapshot, standalone (weights and observation statistics)
+    slot: int
+    round: int
+    validation_sharpe: float
+    #: Per round, every agent's validation Sharpe (the leaderboard after that round).
+    history: list[list[float]] = field(default_factory=list)
+    #: Every agent's final policy (after the last round), for reports only.
+    final_agents: list[PPO] = field(default_factory=list)
+
+
+def sharpe_of(values: np.ndarray) -> float:
+    """Sharpe of one account-value series; a flat series (all cash) scores 0, not NaN."""
+    sharpe = metrics(values).sharpe
+    return 0.0 if math.isnan(sharpe) else sharpe
+
+
+def validation_sharpes(
+    population: PopulationPPO, validation: MarketData, env_kwargs: Mapping[str, Any]
+) -> list[float]:
+    """Every agent's Sharpe over one deterministic pass of ``validation`` (one
+    sub-environment per agent, all from the period's first day)."""
+    p = population.size
+    env = StockTradingEnv(num_envs=p, mode="validation", data=validation, **env_kwargs)
+
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        return population._deterministic(obs.view(p, 1, -1)).reshape(p, -1)
+
+    values = run_backtest_batch(env, act)
+    return [sharpe_of(values[:, i]) for i in range(p)]
+
+
+def run_tournament(
+    train: MarketData, validation: MarketData, env_kwargs: Mapping[str, Any], plan: TournamentPlan
+) -> TournamentResult:
+    """Train the plan's agents on ``train``, keep the snapshot with the best Sharpe on
+    ``validation``.
+
+    ``env_kwargs``: StockTradingEnv's account and observation settings (costs, action mode,
+    features, episode length); the periods come from ``train`` and ``validation``.
+    """
+    ppo, hyperparameters, rounds, seed = plan.ppo, plan.hyperparameters, plan.rounds, plan.seed
+    if rounds < 1 or plan.round_env_steps < 1:
+        raise ValueError("need rounds >= 1 and round_env_steps >= 1")
+    p = len(hyperparameters)
+    kwargs = {k: v for k, v in env_kwargs.items() if k != "mode"}
+    env = StockTradingEnv(num_envs=p * ppo.num_envs, mode="train", data=train, seed=seed, **kwargs)
+    iterations = max(1, plan.round_env_steps // (ppo.num_envs * ppo.num_steps))
+    population = PopulationPPO(
+        env,
+        ppo,
+        hyperparameters,
+        [seed * 1000 + i for i in range(p)],
+        total_env_steps=rounds * iterations * ppo.num_envs * ppo.num_steps,
+    )
+    rng = np.random.default_rng(seed)
+    best: TournamentResult | None = None
+    history: list[list[float]] = []
+    for round_ in range(rounds):
+        for _ in range(iterations):
+            population.update(population.collect())
+        scores = validation_sharpes(population, validation, kwargs)
+        history.append(scores)
+        leader = int(np.argmax(scores))
+        if best is None or scores[leader] > best.validation_sharpe:
+            best = TournamentResult(population.agent(leader), leader, round_, scores[leader])
+        if plan.exploit and p >= 4 and round_ < rounds - 1:
+            order = np.argsort(scores)
+            for loser in order[: p // 4]:
+                parent = population.agent(leader)
+                explore = {
+                    name: float(getattr(population.config(leader), name))
+                    * float(rng.choice([0.8, 1.25]))
+                    for name in ("learning_rate", "ent_coef")
+                }
+                population.set_agent(int(loser), parent, explore)
+    assert best is not None
+    best.history = history
+    best.final_agents = [population.agent(i) for i in range(p)]
+    env.close()
+    return best
+
+
+#: The StockTradingEnv arguments that choose the periods, not the account or observation.
+PERIOD_KWARGS = ("split_date", "validation_fraction", "validation_date")
+
+
+@dataclass
+class MarketReport:
+    """A tournament on one market and the backtest of what it kept."""
+
+    tournament: TournamentResult
+    #: Strategy → account values over the backtest period (one per day, the first day's
+    #: value included): ``agent`` (the kept snapshot), ``single agent`` (slot 0's final
+    #: policy: one pod of the same budget, no selection), ``buy-and-hold``, ``equal weight``.
+    backtest_values: dict[str, np.ndarray]
+    backtest_dates: np.ndarray
+
+
+def evaluate_market(
+    data: MarketData, env_kwargs: Mapping[str, Any], plan: TournamentPlan
+) -> MarketReport:
+    """Split ``data`` in time (``env_kwargs``' split settings; a validation period is
+    required), run the tournament on train + validation, then backtest the kept snapshot and
+    the baselines, all paying the same transaction cost, on the backtest period."""
+    kwargs = {k: v for k, v in env_kwargs.items() if k not in PERIOD_KWARGS}
+    periods = split_periods(data, **{k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs})
+    if "validation" not in periods:
+        raise ValueError("selection needs a validation period: set validation_fraction > 0")
+    result = run_tournament(periods["train"], periods["validation"], kwargs, plan)
+    # From here on the backtest period is read, and only to report.
+    backtest = periods["backtest"]
+    env = StockTradingEnv(num_envs=1, mode="backtest", data=backtest, **kwargs)
+    cost = env.transaction_cost
+    values = {
+        "agent": run_backtest(env, result.agent.policy.act_deterministic),
+        "single agent": run_backtest(env, result.final_agents[0].policy.act_deterministic),
+        "buy-and-hold": buy_and_hold(backtest.close, env.initial_amount, cost),
+        "equal weight": equal_weight(backtest.close, env.initial_amount, cost),
+    }
+    return MarketReport(result, values, backtest.dates)
+
+
+def sample_hyperparameters(
+    space: Mapping[str, Sequence[float]], count: int, seed: int
+) -> list[dict[str, float]]:
+    """``count`` draws, each value uniformly from its list of ``space`` (a grid's choices)."""
+    rng = np.random.default_rng(seed)
+    return [{k: float(rng.choice(list(v))) for k, v in space.items()} for _ in range(count)]
