@@ -1,15 +1,24 @@
 """Learning quality of a tournament: P pods under PBT vs P independent pods vs 1 pod.
 
-    python bench/tournament_quality.py [--env Pendulum-v1] [--pods 4] [--reps 5] [--cap-s 120]
+    python bench/tournament_quality.py [--task pendulum] [--pods 4] [--reps 5] [--cap-s 120]
+
+``--task`` picks the env, the algorithms, the search space, the target and the budgets
+(``TASKS`` below); ``--cap-s``, ``--round-steps`` and ``--ready-env-steps`` override the task's.
 
 The same machine for every arm: P pods with ``PODIUM_CPU = cores / P`` each, or one pod alone
 on it (``--single-cpu`` torch threads, default 1: a second intra-op thread makes PPO on these
 small networks much slower, so one thread is the single pod's best use of the machine).
 Hyperparameters come from a wide search space (below), so which ones a pod gets matters:
 
-- ``pbt``: P pods, PBT generator (exploit the top quarter, explore by perturbing);
+- ``pbt``: P pods, PBT generator (exploit the top quarter, explore by perturbing), the task's
+  one algorithm;
+- ``ensemble``: P pods, PBT generator, an ensemble of algorithms (ElegantRL's: pod i trains the
+  task's i-th ensemble algorithm, round robin; PBT copies only within an algorithm);
+- ``improving``: as ``pbt``, with the generator option ``protect_improving`` (an agent whose
+  score rose since its previous report is not replaced);
 - ``random``: P independent pods, random generator (each keeps its own draw; best of P);
-- ``single``: 1 pod, random generator.
+- ``random-ensemble``: as ``random`` over the ensemble's algorithms (best of P);
+- ``single``: 1 pod, random generator, the task's one algorithm.
 
 Each run is real: the leaderboard app (uvicorn thread, embedded Redis) and real pod processes
 (``python -m services.pod``). Time to target = from launching the pods to the first moment the
@@ -31,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +49,10 @@ import httpx
 from services.cli.platform import ThreadedServer, bind_listener
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
+from services.pod.algorithms.hyperparameters import hyperparameter_names
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"
-TARGET = {"Pendulum-v1": -200.0, "MountainCarContinuous-v0": 90.0, "CartPole-v1": 475.0}
 # Wide ranges: most draws learn slowly or not at all under the budget.
 SEARCH_SPACE = {
     "learning_rate": {"type": "log_uniform", "low": 5e-5, "high": 1e-2},
@@ -65,6 +75,120 @@ WIDE_SEARCH_SPACE = {
 }
 
 
+@dataclass(frozen=True)
+class Task:
+    """One benchmark task: what the pods train and when a run has reached its target."""
+
+    env: str
+    target: float
+    algorithm: str  # the pbt, improving, random and single arms
+    ensemble: tuple[str, ...]  # the ensemble arms' algorithms, pod i trains ensemble[i % n]
+    search_space: dict[str, Any]
+    round_steps: int
+    ready_env_steps: int
+    cap_s: float  # CPU seconds of all pods together (round-robin clock)
+    eval_episodes: int = 10
+    # protect_improving's margin (score units): a rise smaller than this is evaluation noise.
+    improvement: float = 0.0
+
+
+def pin(value: Any) -> dict[str, Any]:
+    """A one-value choice: a run setting every pod shares."""
+    return {"type": "choice", "values": [value]}
+
+
+def offpolicy_space(
+    num_envs: int,
+    updates_per_step: float,
+    learning_starts: int,
+    hidden: int,
+    lr_high: float,
+    noise_high: float,
+    alpha_high: float,
+) -> dict[str, Any]:
+    """Off-policy settings every pod of a task shares (the loop's and the network's), then
+    the searched ones. Names only some algorithms of an ensemble take (exploration_noise:
+    DDPG/TD3, init_alpha: SAC) are applied by those pods."""
+    return {
+        "num_envs": pin(num_envs),
+        "batch_size": pin(256),
+        "updates_per_step": pin(updates_per_step),
+        "learning_starts": pin(learning_starts),
+        "hidden_sizes": pin([hidden, hidden]),
+        "learning_rate": {"type": "log_uniform", "low": 1e-4, "high": lr_high},
+        "gamma": {"type": "uniform", "low": 0.95, "high": 0.999},
+        "tau": {"type": "log_uniform", "low": 0.002, "high": 0.05},
+        "exploration_noise": {"type": "uniform", "low": 0.05, "high": noise_high},
+        "init_alpha": {"type": "log_uniform", "low": 0.01, "high": alpha_high},
+    }
+
+
+# MountainCar: many envs and few updates per env step: on two shared cores the env steps are
+# what is scarce for an exploration task, and 32 torch-native envs step nearly for free.
+# Exploration is what it is about: noise from nearly none to wild, SAC's temperature likewise.
+MCC_SPACE = offpolicy_space(32, 0.0625, 8192, 64, 1e-2, 1.0, 10.0)
+# HalfCheetah: gymnasium's CPU envs cost far more per step; fewer, and more updates per step.
+CHEETAH_SPACE = offpolicy_space(4, 0.25, 4000, 128, 3e-3, 0.5, 1.0)
+
+TASKS: dict[str, Task] = {
+    # PPO on Pendulum (docs/benchmarks.md, session 3): the ensemble adds PPO's off-policy
+    # rivals, which learn Pendulum in a tenth of PPO's env steps.
+    "pendulum": Task(
+        "Pendulum-v1",
+        -200.0,
+        "ppo",
+        ("ppo", "sac"),
+        SEARCH_SPACE,
+        2048,
+        8192,
+        60.0,
+        improvement=50.0,
+    ),
+    "pendulum-wide": Task(
+        "Pendulum-v1",
+        -200.0,
+        "ppo",
+        ("ppo", "sac"),
+        WIDE_SEARCH_SPACE,
+        2048,
+        8192,
+        60.0,
+        improvement=50.0,
+    ),
+    # Hard exploration: most off-policy draws never leave "do nothing" (score ~0), and an
+    # agent still exploring scores below it (the action cost), so PBT's plain rule copies the
+    # idle ones. Target 90: gymnasium's reward threshold.
+    "mcc": Task(
+        "MountainCarContinuous-v0",
+        90.0,
+        "td3",
+        ("td3", "sac", "ddpg"),
+        MCC_SPACE,
+        round_steps=8192,
+        ready_env_steps=16_384,
+        cap_s=40.0,
+        improvement=5.0,
+    ),
+    # MuJoCo locomotion through gymnasium's HalfCheetah-v5 (envpool:HalfCheetah-v5 once that
+    # adapter is in): a target far below a solved cheetah, because two shared cores train a
+    # few tens of thousands of env steps per pod at most.
+    "halfcheetah": Task(
+        "gym:HalfCheetah-v5",
+        1500.0,
+        "td3",
+        ("td3", "sac", "ddpg"),
+        CHEETAH_SPACE,
+        4096,
+        16_384,
+        600.0,
+        eval_episodes=3,
+        improvement=100.0,
+    ),
+}
+TOURNAMENT_ARMS = ("pbt", "ensemble", "improving")
+ARMS = (*TOURNAMENT_ARMS, "random", "random-ensemble", "single")
+
+
 class Leaderboard:
     """The leaderboard app served in a thread of this process, plus an authorized client."""
 
@@ -84,29 +208,43 @@ class Leaderboard:
         self.server.stop(30)
 
 
+def arm_algorithms(arm: str, task: Task) -> tuple[str, ...]:
+    """The algorithms of an arm's pods: pod i trains the i-th (round robin)."""
+    return task.ensemble if arm.endswith("ensemble") else (task.algorithm,)
+
+
 def run(
     lb: Leaderboard, arm: str, rep: int, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
+    task: Task = args.task_config
     pods = 1 if arm == "single" else args.pods
-    strategy = "pbt" if arm == "pbt" else "random"
+    strategy = "pbt" if arm in TOURNAMENT_ARMS else "random"
     # One generator seed per repetition and the same pod ids in every arm: the arms' pods
     # start from the same draws and torch seeds (a pod seeds torch from its id), so a
     # repetition compares strategies rather than luck; the single pod is the random arm's
     # first pod. The ids carry the repetition, so repetitions differ in training seeds too.
     options: dict[str, Any] = {"seed": rep}
-    if arm == "pbt" and args.ready_env_steps is not None:
+    if strategy == "pbt":
         options["ready_env_steps"] = args.ready_env_steps
-    if arm == "pbt" and args.truncation is not None:
-        options["truncation"] = args.truncation
+        if args.truncation is not None:
+            options["truncation"] = args.truncation
+        if arm == "improving":
+            options["protect_improving"] = task.improvement
     exp = f"{arm}-{rep}"
+    algorithms = arm_algorithms(arm, task)
     spec = {
         "name": exp,
-        "env": {"name": args.env},
-        "algorithms": {"ppo": 1.0},
-        "search_space": WIDE_SEARCH_SPACE if args.space == "wide" else SEARCH_SPACE,
+        "env": {"name": task.env},
+        "algorithms": {a: 1.0 for a in algorithms},
+        # The names some algorithm of the arm takes (an ensemble's space holds them all).
+        "search_space": {
+            k: v
+            for k, v in task.search_space.items()
+            if any(k in (hyperparameter_names(a) or ()) for a in algorithms)
+        },
         "generator": {"strategy": strategy, "options": options},
         "round": {"env_steps": args.round_steps},
-        "evaluation": {"episodes": 10, "seed": rep},
+        "evaluation": {"episodes": task.eval_episodes, "seed": rep},
         "top_k": 16,
     }
     config = {k: spec[k] for k in ("search_space", "generator", "algorithms", "top_k")}
@@ -139,7 +277,7 @@ def run(
             )
         )
     reached = first = None
-    target = TARGET[args.env]
+    target = task.target
     while time.monotonic() - start < args.cap_s:
         r = lb.http.get(f"/experiments/{exp}/best")
         if r.status_code == 200:
@@ -189,7 +327,8 @@ def run_round_robin(
 
     torch.set_num_threads(1)
     model = ExperimentSpec.model_validate(spec)
-    exp, target = spec["name"], TARGET[args.env]
+    exp, target = spec["name"], args.task_config.target
+    algorithms = arm_algorithms(arm, args.task_config)
     runtimes = [
         PodRuntime(
             exp,
@@ -202,9 +341,11 @@ def run_round_robin(
     ]
     clock, reached = 0.0, None
     try:
-        for rt in runtimes:
+        for i, rt in enumerate(runtimes):
             start = time.thread_time()
-            rt.start()
+            # Pod i's algorithm pinned (ElegantRL's ensemble: a fixed share of each), its
+            # hyperparameters the generator's.
+            rt.start([rt.client.generate(rt.slots[0].pod_id, algorithms[i % len(algorithms)])])
             clock += time.thread_time() - start
         while reached is None and clock < args.cap_s:
             for rt in runtimes:
@@ -241,7 +382,7 @@ def median(values: list[float]) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--env", default="Pendulum-v1", choices=sorted(TARGET))
+    parser.add_argument("--task", default="pendulum", choices=sorted(TASKS))
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument(
@@ -250,8 +391,8 @@ def main() -> None:
         default=0,
         help="number of the first repetition (seeds the pods): split reps over processes",
     )
-    parser.add_argument("--cap-s", type=float, default=120.0)
-    parser.add_argument("--round-steps", type=int, default=8192)
+    parser.add_argument("--cap-s", type=float, default=None, help="default: the task's")
+    parser.add_argument("--round-steps", type=int, default=None, help="default: the task's")
     parser.add_argument("--cores", type=float, default=None, help="total CPU; default: all")
     parser.add_argument(
         "--single-cpu",
@@ -263,7 +404,8 @@ def main() -> None:
         "--ready-env-steps",
         type=int,
         default=None,
-        help="pbt: env steps an agent trains before it may be replaced (generator option)",
+        help="pbt: env steps an agent trains before it may be replaced (generator option); "
+        "default: the task's",
     )
     parser.add_argument(
         "--truncation",
@@ -271,7 +413,12 @@ def main() -> None:
         default=None,
         help="pbt: share of the pods replaced (generator option); default: all but the best",
     )
-    parser.add_argument("--space", choices=["default", "wide"], default="default")
+    parser.add_argument(
+        "--space",
+        choices=["default", "wide"],
+        default="default",
+        help="wide: --task pendulum-wide (the earlier spelling)",
+    )
     parser.add_argument(
         "--mode",
         choices=["processes", "round-robin"],
@@ -279,7 +426,7 @@ def main() -> None:
         help="processes: real pod processes sharing the machine (wall time); round-robin: "
         "the pods' code in this process, one round at a time (CPU time, no start-up)",
     )
-    parser.add_argument("--arms", nargs="+", default=["pbt", "random", "single"])
+    parser.add_argument("--arms", nargs="+", default=["pbt", "random", "single"], choices=ARMS)
     parser.add_argument(
         "--summarize",
         nargs="+",
@@ -288,6 +435,13 @@ def main() -> None:
         help="print the table of earlier runs' output files (reps split over processes)",
     )
     args = parser.parse_args()
+    if args.space == "wide" and args.task == "pendulum":
+        args.task = "pendulum-wide"
+    task = args.task_config = TASKS[args.task]
+    args.cap_s = task.cap_s if args.cap_s is None else args.cap_s
+    args.round_steps = task.round_steps if args.round_steps is None else args.round_steps
+    if args.ready_env_steps is None:
+        args.ready_env_steps = task.ready_env_steps
     if args.summarize:
         lines = [ln for f in args.summarize for ln in f.read_text().splitlines()]
         summarize([json.loads(ln) for ln in lines if ln.startswith('{"arm"')], args)
@@ -295,8 +449,8 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
-        f"{platform.python_version()}; {args.env}, {args.pods} pods, cap {args.cap_s:g}s, "
-        f"{args.mode}, {args.space} search space, ready {args.ready_env_steps}, "
+        f"{platform.python_version()}; task {args.task} ({task.env}), {args.pods} pods, cap "
+        f"{args.cap_s:g}s, {args.mode}, rounds {args.round_steps}, ready {args.ready_env_steps}, "
         f"truncation {args.truncation}",
         flush=True,
     )
@@ -326,8 +480,8 @@ def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             raise SystemExit(f"arm {r['arm']} rep {r['rep']} appears twice: one run per file set")
         seen.add((r["arm"], r["rep"]))
     results = sorted(results, key=lambda r: r["rep"])
-    arms = [a for a in ("pbt", "random", "single") if any(r["arm"] == a for r in results)]
-    target = TARGET[args.env]
+    arms = [a for a in ARMS if any(r["arm"] == a for r in results)]
+    target = args.task_config.target
     print(
         f"\n| arm | pods | time to {target:g}: median s | from first report: median s | "
         "env steps to target: median | solved within cap | per run s | final best: median | "
@@ -362,20 +516,21 @@ def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"{sum(t is not None for t in times)}/{len(runs)} | "
             f"{per_run} | {median(finals):.1f} | {', '.join(f'{f:.1f}' for f in finals)} |"
         )
-    if "pbt" not in medians:
-        return
-    for arm in arms:
-        if arm == "pbt":
-            continue
-        reps = sorted(set(capped["pbt"]) & set(capped[arm]))
-        ratios = [capped["pbt"][r] / capped[arm][r] for r in reps]
-        faster = sum(x < 1 for x in ratios)
-        print(
-            f"pbt / {arm} time to target: {medians['pbt'] / medians[arm]:.2f}x from launch, "
-            f"{trained['pbt'] / trained[arm]:.2f}x from the first report; paired over "
-            f"{len(reps)} reps: median ratio {median(ratios) or float('nan'):.2f}x, pbt "
-            f"faster in {faster}, at most 0.5x in {sum(x <= 0.5 for x in ratios)}"
-        )
+    for tournament in (a for a in arms if a in TOURNAMENT_ARMS):
+        for arm in arms:
+            if arm in TOURNAMENT_ARMS:
+                continue
+            reps = sorted(set(capped[tournament]) & set(capped[arm]))
+            ratios = [capped[tournament][r] / capped[arm][r] for r in reps]
+            faster = sum(x < 1 for x in ratios)
+            print(
+                f"{tournament} / {arm} time to target: "
+                f"{medians[tournament] / medians[arm]:.2f}x from launch, "  # type: ignore[operator]
+                f"{trained[tournament] / trained[arm]:.2f}x from the first report; "  # type: ignore[operator]
+                f"paired over {len(reps)} reps: median ratio "
+                f"{median(ratios) or float('nan'):.2f}x, "
+                f"{tournament} faster in {faster}, at most 0.5x in {sum(x <= 0.5 for x in ratios)}"
+            )
 
 
 if __name__ == "__main__":

@@ -79,6 +79,15 @@ class PBTOptions(StrategyOptions):
         description="Env steps an agent trains before it may be replaced: judged earlier, "
         "scores are mostly evaluation noise.",
     )
+    protect_improving: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Readiness judged on improvement: an agent whose score rose by more than "
+        "this (in the score's units) since its previous report is not replaced, however far "
+        "below the leader it is; it keeps training while it improves. Pick it above the "
+        "evaluation noise. Unset: judged on its score alone.",
+    )
 
 
 class CEMOptions(StrategyOptions):
@@ -180,6 +189,9 @@ class Judged(Protocol):
     @property
     def candidate_id(self) -> str | None: ...
 
+    @property
+    def previous_score(self) -> float | None: ...
+
 
 def ready_rule(spec: ExperimentSpec) -> tuple[int, int]:
     """PBT's "ready": the reports and env steps an agent needs since it was built before it is
@@ -195,13 +207,43 @@ def ready_rule(spec: ExperimentSpec) -> tuple[int, int]:
     )
 
 
-def is_ready(agent: Judged, env_steps: int, ready_reports: int, ready_env_steps: int) -> bool:
+def protect_improving(spec: ExperimentSpec) -> float | None:
+    """The ``pbt`` generator's ``protect_improving`` option (None: unset), checked as the
+    options model checks it."""
+    value = spec.generator.options.get("protect_improving")
+    if value is None:
+        return None
+    return PBTOptions.model_validate({"protect_improving": value}).protect_improving
+
+
+def is_improving(agent: Judged, margin: float, higher_is_better: bool = True) -> bool:
+    """Whether ``agent``'s last score beat its previous one (both since it was built) by more
+    than ``margin``."""
+    if agent.score is None or agent.previous_score is None:
+        return False
+    rise = agent.score - agent.previous_score
+    return (rise if higher_is_better else -rise) > margin
+
+
+def is_ready(
+    agent: Judged,
+    env_steps: int,
+    ready_reports: int,
+    ready_env_steps: int,
+    improving_margin: float | None = None,
+    higher_is_better: bool = True,
+) -> bool:
     """Whether PBT should judge ``agent`` now (``env_steps``: its learner's count): not the
-    best there is (rank 1), and trained long enough since it was built."""
+    best there is (rank 1), trained long enough since it was built, and (with
+    ``improving_margin``, the ``protect_improving`` option) not still improving: a strong
+    learner that starts slowly is not replaced by a copy of an early leader."""
     return (
         agent.rank != 1
         and agent.reports >= ready_reports
         and env_steps - agent.env_steps_at_start >= ready_env_steps
+        and not (
+            improving_margin is not None and is_improving(agent, improving_margin, higher_is_better)
+        )
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from services.contracts.leaderboard import SubmissionResponse
 from services.contracts.spec import ExperimentSpec
-from services.contracts.strategies import is_ready, ready_rule
+from services.contracts.strategies import is_ready, protect_improving, ready_rule
 from services.pod.evaluator import EvalResult
 
 
@@ -29,6 +29,7 @@ class Lineage:
     generation: int = 0
     candidate_id: str | None = None  # its last accepted submission
     score: float | None = None  # its last evaluation
+    previous_score: float | None = None  # the one before (since it was built)
     rank: int | None = None
     reports: int = 0  # since it was built
     env_steps_at_start: int = 0  # the slot's env steps when it was built
@@ -54,7 +55,7 @@ class Lineage:
 
     def record(self, answer: SubmissionResponse, score: float) -> None:
         """Take in the updater's answer to a submission scored ``score``."""
-        self.score, self.rank = score, answer.rank
+        self.previous_score, self.score, self.rank = self.score, score, answer.rank
         self.reports += 1
         if answer.accepted:
             # The next report of this agent descends from the one just kept.
@@ -69,13 +70,23 @@ class ReadyRule:
 
     reports: int
     env_steps: int
+    improving_margin: float | None = None  # protect_improving: unset
+    higher_is_better: bool = True
 
     @classmethod
     def of(cls, spec: ExperimentSpec) -> ReadyRule:
-        """The generator's ``ready_reports`` / ``ready_env_steps`` options, else their defaults
-        (services/contracts/strategies.py, where PBT's whole decision is stated)."""
-        return cls(*ready_rule(spec))
+        """The generator's ``ready_reports`` / ``ready_env_steps`` / ``protect_improving``
+        options, else their defaults (services/contracts/strategies.py, where PBT's whole
+        decision is stated)."""
+        return cls(*ready_rule(spec), protect_improving(spec), spec.evaluation.higher_is_better)
 
     def is_ready(self, agent: Lineage, env_steps: int) -> bool:
         """Whether PBT should judge ``agent`` now (``env_steps``: its slot's count)."""
-        return is_ready(agent, env_steps, self.reports, self.env_steps)
+        return is_ready(
+            agent,
+            env_steps,
+            self.reports,
+            self.env_steps,
+            self.improving_margin,
+            self.higher_is_better,
+        )

@@ -20,6 +20,7 @@ import pytest
 import safetensors.torch
 import torch
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
 from services.contracts.leaderboard import SubmissionResponse
 from services.contracts.spec import ExperimentSpec
@@ -89,6 +90,51 @@ def test_ready_rule_and_lineage_bookkeeping() -> None:
     assert (agent.score, agent.rank, agent.reports) == (12.0, 1, 2)
     assert (agent.candidate_id, agent.parent_id, agent.generation) == ("c1", "c1", 1)
     assert not ReadyRule(reports=0, env_steps=0).is_ready(agent, 10**9)  # the best there is
+
+
+def test_protect_improving_keeps_a_rising_agent() -> None:
+    """Readiness judged on improvement (``protect_improving``): an agent whose score rose by
+    more than the margin since its previous report is not judged, however far below the
+    leader; one that stalled, fell or rose by less is, as under the plain rule."""
+    pbt = {"strategy": "pbt", "options": {"ready_reports": 1, "protect_improving": 5.0}}
+    rule = ReadyRule.of(ExperimentSpec.model_validate(make_spec(generator=pbt)))
+    assert rule == ReadyRule(1, 32_768, improving_margin=5.0, higher_is_better=True)
+    assert ReadyRule.of(ExperimentSpec.model_validate(make_spec())).improving_margin is None
+
+    agent = Lineage("pod-a", env_steps_at_start=0)
+    steps = 10**6  # trained long enough: only the scores decide
+    agent.record(SubmissionResponse(accepted=False, rank=3), -900.0)
+    assert agent.previous_score is None and rule.is_ready(agent, steps)  # one score: no trend
+    agent.record(SubmissionResponse(accepted=False, rank=3), -600.0)
+    assert agent.previous_score == -900.0
+    assert not rule.is_ready(agent, steps)  # rose by 300: still learning, kept
+    plain = ReadyRule(1, 32_768)
+    assert plain.is_ready(agent, steps)  # the old rule replaces it
+    agent.record(SubmissionResponse(accepted=False, rank=3), -597.0)
+    assert rule.is_ready(agent, steps)  # rose by 3, within the margin: judged
+    agent.record(SubmissionResponse(accepted=False, rank=3), -700.0)
+    assert rule.is_ready(agent, steps)  # fell: judged
+
+    # Lower is better: a falling score is the improvement.
+    lower = ReadyRule(1, 0, improving_margin=5.0, higher_is_better=False)
+    cost = Lineage("pod-b")
+    cost.record(SubmissionResponse(accepted=False, rank=2), 100.0)
+    cost.record(SubmissionResponse(accepted=False, rank=2), 50.0)
+    assert not lower.is_ready(cost, steps)
+    cost.record(SubmissionResponse(accepted=False, rank=2), 80.0)
+    assert lower.is_ready(cost, steps)
+    # The leader is never judged, improving or not.
+    cost.record(SubmissionResponse(accepted=True, candidate_id="c", rank=1), 10.0)
+    assert not lower.is_ready(cost, steps) and not ReadyRule(1, 0).is_ready(cost, steps)
+
+
+@pytest.mark.parametrize("bad", [-1.0, "5", float("nan"), float("inf")])
+def test_protect_improving_is_validated(bad: object) -> None:
+    with pytest.raises(ValidationError, match="protect_improving"):
+        PBTOptions.model_validate({"protect_improving": bad})
+    spec = make_spec(generator={"strategy": "pbt", "options": {"protect_improving": bad}})
+    with pytest.raises(ValidationError, match="protect_improving"):
+        ExperimentSpec.model_validate(spec)
 
 
 def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: Path) -> None:
