@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Literal
 
 import torch
@@ -66,36 +66,45 @@ def should_compile(mode: CompileMode, device: torch.device | str, num_envs: int)
 
 
 class Compiled:
-    """``fn`` compiled on first call, or ``fn`` itself once compiling it failed (logged).
+    """``fn`` compiled on first call, or ``fn`` itself where compiling it failed (logged).
 
     ``fullgraph=True``: code dynamo cannot capture whole is an error here (then eager),
-    rather than a silently split graph that is slower than eager. On CUDA the graphs are
-    replayed as CUDA graphs (``mode="reduce-overhead"``), which removes the launch cost of
-    the many small kernels a step of a classic-control env is.
+    rather than a silently split graph that is slower than eager. Failures are remembered per
+    ``key`` (the env's class, say), so one plugin env that cannot be compiled does not turn
+    compiling off for the others. On CUDA the graphs are replayed as CUDA graphs
+    (``mode="reduce-overhead"``), which removes the launch cost of the many small kernels a
+    step of a classic-control env is made of.
     """
 
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn = fn
         self.name = name
         self._compiled: dict[str, Callable[..., Any]] = {}
-        self.failed: str | None = None
+        #: key → why compiling failed for it.
+        self.failed: dict[Hashable, str] = {}
 
-    def for_device(self, device: torch.device) -> Callable[..., Any]:
+    def _for_device(self, device: torch.device) -> Callable[..., Any]:
         if device.type not in self._compiled:
             mode = "reduce-overhead" if device.type == "cuda" else None
             self._compiled[device.type] = torch.compile(self.fn, fullgraph=True, mode=mode)
         return self._compiled[device.type]
 
-    def __call__(self, device: torch.device, *args: Any, **kwargs: Any) -> Any:
-        if self.failed is None:
+    def __call__(self, key: Hashable, device: torch.device, *args: Any, **kwargs: Any) -> Any:
+        if key not in self.failed:
             try:
-                return self.for_device(device)(*args, **kwargs)
+                return self._for_device(device)(*args, **kwargs)
             except Exception as exc:  # any compile failure means: run eager
                 # Dynamo and inductor raise many types (Unsupported, BackendCompilerFailed,
-                # InductorError, a C++ build error); all are caught before the graph ran, so
-                # the eager call below starts from the same state.
-                self.failed = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                log.warning("compile.failed", function=self.name, error=self.failed)
+                # InductorError, a C++ build error), all before the graph ran, so the eager
+                # call below starts from the same state.
+                self.failed[key] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+                log.warning(
+                    "compile.failed",
+                    function=self.name,
+                    key=str(key),
+                    error=self.failed[key],
+                    fallback="eager",
+                )
         return self.fn(*args, **kwargs)
 
 

@@ -265,7 +265,7 @@ class FusedRolloutWorker(RolloutWorker):
             fresh = env._initial_state(n)
             args = (policy, env, raw_obs, noise, fresh, self._steps[t], self._gamma)
             if self.compile:
-                raw_obs = _compiled_step(self.device, *args, self._discounted, store)
+                raw_obs = _compiled_step(type(env), self.device, *args, self._discounted, store)
             else:
                 raw_obs = rollout_step(*args, self._discounted, store)
         self._raw_obs = raw_obs

@@ -200,7 +200,7 @@ class PPO(nn.Module):
             # would recompile (services/pod/compiled.py).
             values3 = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef)
             coefs: tuple = tuple(torch.tensor(values3, device=b_obs.device).unbind())
-            loss_fn = functools.partial(_compiled_loss, b_obs.device)
+            loss_fn = functools.partial(_compiled_loss, type(actor), b_obs.device)
         else:
             coefs, loss_fn = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef), ppo_loss
         for epoch in range(cfg.update_epochs):
