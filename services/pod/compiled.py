@@ -92,6 +92,8 @@ class Compiled:
     def __call__(self, key: Hashable, device: torch.device, *args: Any, **kwargs: Any) -> Any:
         if key not in self.failed:
             try:
+                if device.type == "cuda":  # every call a new replay, whose outputs it keeps
+                    torch.compiler.cudagraph_mark_step_begin()
                 return self._for_device(device)(*args, **kwargs)
             except Exception as exc:  # any compile failure means: run eager
                 # Dynamo and inductor raise many types (Unsupported, BackendCompilerFailed,

@@ -258,6 +258,7 @@ class FusedRolloutWorker(RolloutWorker):
         if self._store is None:
             self._store = self._buffers()
         store, raw_obs = self._store, self._raw_obs
+        cuda_graphs = self.compile and self.device.type == "cuda"
         for t in range(self.num_steps):
             if noise_period and t % noise_period == 0:
                 actor.resample_noise(n, self.generator)
@@ -268,7 +269,8 @@ class FusedRolloutWorker(RolloutWorker):
                 raw_obs = _compiled_step(type(env), self.device, *args, self._discounted, store)
             else:
                 raw_obs = rollout_step(*args, self._discounted, store)
-        self._raw_obs = raw_obs
+        # A CUDA graph's output is overwritten by its next replay: keep a copy across calls.
+        self._raw_obs = raw_obs = raw_obs.clone() if cuda_graphs else raw_obs
         done_mask = store["terminated"] | store["truncated"]
         return Rollout(
             obs=store["obs"],
