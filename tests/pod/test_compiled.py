@@ -38,9 +38,11 @@ def _config(env: str = "CartPole-v1", compile: str = "on", **ppo: object) -> PPO
     )
 
 
-def _rollout_and_update(env_cls_or_id: str | type, compile: bool) -> tuple[Rollout, dict]:
+def _rollout_and_update(
+    env_cls_or_id: str | type, compile: bool, device: str = "cpu"
+) -> tuple[Rollout, dict]:
     env_id = env_cls_or_id if isinstance(env_cls_or_id, str) else "CartPole-v1"
-    cfg = _config(env_id, compile="off")
+    cfg = _config(env_id, compile="off").model_copy(update={"device": device})
     env, _, agent = build_agent(cfg)
     if not isinstance(env_cls_or_id, str):
         env = env_cls_or_id(8, seed=cfg.seed)
@@ -178,10 +180,27 @@ def test_a_pbt_restart_does_not_recompile(tmp_path: Path) -> None:
     before = compile_counters()
     # PBT's exploit and explore: the parent's files, new weights and hyperparameters, a new
     # seed; the trainer rebuilds its agent, envs and worker.
-    child = _config(learning_rate=1e-3, ent_coef=0.02, clip_coef=0.3, vf_coef=0.7, gamma=0.97)
+    child = _config(
+        learning_rate=1e-3, ent_coef=0.02, clip_coef=0.3, vf_coef=0.7, gamma=0.97, anneal_lr=False
+    )
     child = child.model_copy(update={"seed": 11})
     trainer.load(0, tmp_path, child)
     trainer.step()
     trainer.step()
     assert compile_counters() == before
-    assert trainer.learner.agent.optimizer.param_groups[0]["lr"] == 1e-3
+    agent = trainer.learner.agent
+    assert agent.optimizer.param_groups[0]["lr"] == 1e-3 and agent.config.ent_coef == 0.02
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_compiled_loop_on_cuda_matches_eager(env_id: str) -> None:
+    # CUDA graphs (mode="reduce-overhead") replay the step: the same numbers as eager.
+    eager_rollout, eager_stats = _rollout_and_update(env_id, compile=False, device="cuda")
+    compiled_rollout, compiled_stats = _rollout_and_update(env_id, compile=True, device="cuda")
+    assert compiled_rollout.obs.is_cuda
+    _assert_close(compiled_rollout, eager_rollout)
+    for name, value in eager_stats.items():
+        assert compiled_stats[name] == pytest.approx(value, rel=1e-3, abs=1e-5), name
