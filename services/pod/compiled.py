@@ -4,10 +4,11 @@ minibatch loss compiled (forward and backward), for torch-native envs.
 
 Whether a run compiles is ``PPOConfig.compile``: ``off``, ``on``, or ``auto`` (the default),
 which compiles only where it measured faster (``AUTO_MIN_ENVS``; docs/compiled-loop.md has the
-numbers and the reasons). Every way compiling can fail falls back to eager with one log line,
-never a crash: no C++ compiler (inductor's CPU backend builds C++; triton for CUDA), an env
-that is not torch-native (gymnasium, Isaac Gym, a plugin's ``VecEnv``), or code dynamo cannot
-capture whole (``fullgraph=True`` turns a graph break into an error, caught at the first call).
+reasons, docs/benchmarks.md the numbers). Every way compiling can fail falls back to eager with
+one log line, never a crash: no C++ compiler (inductor's CPU backend builds C++; triton for
+CUDA), an env that is not torch-native (gymnasium, Isaac Gym, a plugin's ``VecEnv``), or code
+dynamo cannot capture whole (``fullgraph=True`` turns a graph break into an error, caught at
+the first call).
 
 What the compiled functions see never bakes in a value that PBT changes: they are
 module-level (one dynamo cache per process, so a pod that rebuilds its agent from a parent's
@@ -31,9 +32,11 @@ log = get_logger(__name__)
 
 CompileMode = Literal["auto", "on", "off"]
 
-#: ``auto`` compiles from this many sub-environments per worker: below it the per-step
-#: dispatch the compiled step saves is smaller than what it adds (docs/compiled-loop.md).
-AUTO_MIN_ENVS = 4096
+#: Where ``auto`` compiles: device type → the smallest env count per worker from which the
+#: compiled loop measured faster end to end, compile time included (docs/compiled-loop.md);
+#: None: nowhere yet. On this project's CPU the compile (minutes on a loaded 2-core machine)
+#: outweighs what it saves; the GPU is unmeasured (issue 15, part 2).
+AUTO_MIN_ENVS: dict[str, int | None] = {"cpu": None, "cuda": None}
 
 
 def compiler_missing(device: torch.device | str) -> str | None:
@@ -57,8 +60,10 @@ def should_compile(mode: CompileMode, device: torch.device | str, num_envs: int)
     why when a requested compile cannot happen."""
     if mode == "off":
         return False
-    if mode == "auto" and num_envs < AUTO_MIN_ENVS:
-        return False
+    if mode == "auto":
+        least = AUTO_MIN_ENVS.get(torch.device(device).type)
+        if least is None or num_envs < least:
+            return False
     if reason := compiler_missing(device):
         log.warning("compile.unavailable", mode=mode, reason=reason, fallback="eager")
         return False
