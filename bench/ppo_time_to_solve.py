@@ -110,7 +110,8 @@ def main() -> None:
         else:
             sb3 = functools.partial(run_sb3, env_id)
             podium = functools.partial(run_podium, env_id, compile=args.compile or "auto")
-        cells = compare(env_id, sb3, podium, args.seeds, default_threads, load=False)
+        names = ("eager", "compiled") if args.baseline == "eager" else ("sb3", "podium")
+        cells = compare(env_id, sb3, podium, args.seeds, default_threads, load=True, names=names)
         rows.append(f"| {env_id} {cells}")
     if args.baseline == "eager":
         print("\n(baseline: Podium eager; Podium: compiled, compile time included)")

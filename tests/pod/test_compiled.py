@@ -18,9 +18,12 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
+from services.contracts.spec import ExperimentSpec
+from services.pod.algorithms.hyperparameters import HyperparameterError
 from services.pod.compiled import AUTO_MIN_ENVS, compile_counters, should_compile
 from services.pod.envs.cartpole import CartPoleEnv
 from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig, build_agent, make_worker
+from services.pod.presets import pod_config
 from services.pod.worker import FusedRolloutWorker, Rollout, RolloutWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +75,22 @@ def test_auto_compiles_only_where_measured_faster(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(AUTO_MIN_ENVS, "cpu", 4096)  # as a measurement that paid would set it
     assert not should_compile("auto", "cpu", 4095)
     assert should_compile("auto", "cpu", 4096)
+
+
+def test_a_spec_sets_compile_for_its_pods() -> None:
+    # One-value choice in the search space: every pod of the experiment takes it.
+    spec = ExperimentSpec.model_validate(
+        {
+            "name": "compiled",
+            "env": {"name": "CartPole-v1"},
+            "algorithms": {"ppo": 1.0},
+            "search_space": {"compile": {"type": "choice", "values": ["on"]}},
+        }
+    )
+    config = pod_config(spec, {"compile": "on"}, seed=0)
+    assert isinstance(config, PPORunConfig) and config.ppo.compile == "on"
+    with pytest.raises(HyperparameterError, match="compile"):
+        pod_config(spec, {"compile": "sometimes"}, seed=0)
 
 
 def test_an_env_that_is_not_torch_native_rolls_out_eager_and_says_so() -> None:
