@@ -1,6 +1,13 @@
 """Time-to-solve: Podium PPO vs Stable-Baselines3 PPO (rl-baselines3-zoo tuned hyperparameters).
 
     python bench/ppo_time_to_solve.py [--envs CartPole-v1 Pendulum-v1] [--seeds 5]
+                                      [--compile auto|on|off] [--baseline sb3|eager]
+
+``--compile`` sets Podium's ``ppo.compile`` (services/pod/compiled.py); ``--baseline eager``
+compares Podium compiled (``--compile``, default on) against Podium eager instead of SB3; the
+compiled arm starts from a reset dynamo cache every seed, so its time includes compiling
+(with this process's warm inductor caches after the first seed; a cold pod start is
+bench/compiled_loop.py --pod-start).
 
 For each env and seed, runs SB3 then Podium in the same process, alternating, so machine noise
 hits both alike. Both are evaluated deterministically on 10 episodes at least every 4,096 env
@@ -71,12 +78,14 @@ def run_sb3(env_id: str, seed: int) -> tuple[float, int | None]:
     return timed_learn(model, eval_env, SB3_BUDGET[env_id], threshold, EVAL_EVERY, EVAL_EPISODES)
 
 
-def run_podium(env_id: str, seed: int) -> tuple[float, int | None]:
+def run_podium(env_id: str, seed: int, compile: str = "auto") -> tuple[float, int | None]:
     from services.pod.fit import train
     from services.pod.onpolicy import PPORunConfig
     from services.pod.presets import preset
 
+    torch._dynamo.reset()  # compile time counts in every run
     settings = preset("ppo", env_id)
+    settings["ppo"] = {**settings["ppo"], "compile": compile}
     return timed_podium(
         PPORunConfig, train, settings, seed, EVAL_EVERY, EVAL_EPISODES, THRESHOLD[env_id]
     )
@@ -86,6 +95,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--envs", nargs="+", default=list(THRESHOLD))
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--compile", choices=("auto", "on", "off"), default=None)
+    parser.add_argument("--baseline", choices=("sb3", "eager"), default="sb3")
     args = parser.parse_args()
     default_threads = torch.get_num_threads()
 
@@ -93,9 +104,17 @@ def main() -> None:
     rows = []
     for env_id in args.envs:
         # Each side picks its own threads from torch's default.
-        sb3, podium = functools.partial(run_sb3, env_id), functools.partial(run_podium, env_id)
-        cells = compare(env_id, sb3, podium, args.seeds, default_threads, load=False)
+        if args.baseline == "eager":
+            sb3 = functools.partial(run_podium, env_id, compile="off")
+            podium = functools.partial(run_podium, env_id, compile=args.compile or "on")
+        else:
+            sb3 = functools.partial(run_sb3, env_id)
+            podium = functools.partial(run_podium, env_id, compile=args.compile or "auto")
+        names = ("eager", "compiled") if args.baseline == "eager" else ("sb3", "podium")
+        cells = compare(env_id, sb3, podium, args.seeds, default_threads, load=True, names=names)
         rows.append(f"| {env_id} {cells}")
+    if args.baseline == "eager":
+        print("\n(baseline: Podium eager; Podium: compiled, compile time included)")
     print(
         "\n| env | SB3 median s | SB3 median steps | Podium median s | Podium median steps "
         "| speed-up | solved (SB3, Podium) |"

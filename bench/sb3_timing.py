@@ -95,7 +95,15 @@ def timed_podium(
     return result.train_seconds, result.solved_at_env_steps
 
 
-def compare(label: str, sb3: Run, podium: Run, seeds: int, threads: int, load: bool) -> str:
+def compare(
+    label: str,
+    sb3: Run,
+    podium: Run,
+    seeds: int,
+    threads: int,
+    load: bool,
+    names: tuple[str, str] = ("sb3", "podium"),
+) -> str:
     """For each seed SB3 then Podium, alternating, so machine noise hits both alike; prints a
     line per run (``load``: with the load average) and returns the table cells from SB3's
     median seconds on: medians, the speed-up and how many seeds solved."""
@@ -105,6 +113,7 @@ def compare(label: str, sb3: Run, podium: Run, seeds: int, threads: int, load: b
     steps: dict[str, list[float]] = {"sb3": [], "podium": []}
     for seed in range(seeds):
         for name, fn in (("sb3", sb3), ("podium", podium)):
+            shown = names[0] if name == "sb3" else names[1]
             # Podium's loops set their own threads (1); SB3 gets ``threads``.
             torch.set_num_threads(threads)
             seconds, solved = fn(seed)
@@ -112,7 +121,7 @@ def compare(label: str, sb3: Run, podium: Run, seeds: int, threads: int, load: b
             steps[name].append(solved if solved is not None else float("inf"))
             suffix = f" (load {os.getloadavg()[0]:.1f})" if load else ""
             print(
-                f"{label} seed {seed} {name:>6}: {seconds:6.2f} s, solved at {solved}{suffix}",
+                f"{label} seed {seed} {shown:>8}: {seconds:6.2f} s, solved at {solved}{suffix}",
                 flush=True,
             )
     med = {k: statistics.median(v) for k, v in times.items()}

@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol, cast
 import torch
 from pydantic import Field
 
+from services.logs import get_logger
 from services.pod.algorithms.ppo import PPO
 from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.checkpoint import (
@@ -30,12 +31,15 @@ from services.pod.checkpoint import (
     tensor_bytes,
     write_files,
 )
-from services.pod.envs.base import VecEnv
+from services.pod.compiled import should_compile
+from services.pod.envs.base import TorchVecEnv, VecEnv
 from services.pod.evaluator import EvalResult, Evaluator
 from services.pod.fusion import ParameterAverager
 from services.pod.learner import RolloutLearner
 from services.pod.trainer import Counters, Roles, RunConfig, Trainer, check_action_space
-from services.pod.worker import Rollout, RolloutWorker
+from services.pod.worker import FusedRolloutWorker, Rollout, RolloutWorker
+
+log = get_logger(__name__)
 
 
 class PPORunConfig(RunConfig):
@@ -62,12 +66,20 @@ def build_agent(config: PPORunConfig) -> tuple[VecEnv, VecEnv, PPO]:
         eval_env.close()
         raise
     agent = PPO(env.single_observation_space, env.single_action_space, config.ppo)
+    agent.compiled = should_compile(config.ppo.compile, config.device, config.ppo.num_envs)
     return env, eval_env, agent.to(config.device)
 
 
 def make_worker(config: PPORunConfig, env: VecEnv, agent: PPO) -> RolloutWorker:
+    """The fused (Anakin) worker where the agent compiles and the env is torch-native, else
+    the eager one; an env that cannot be compiled says so once in the log."""
     cfg = config.ppo
-    return RolloutWorker(env, agent.policy, cfg.num_steps, gamma=cfg.gamma, seed=config.seed)
+    args = (agent.policy, cfg.num_steps, cfg.gamma, config.seed)
+    if agent.compiled and isinstance(env, TorchVecEnv):
+        return FusedRolloutWorker(env, *args, compile=True)
+    if agent.compiled:
+        log.warning("compile.env_not_torch_native", env=config.env, fallback="eager rollout")
+    return RolloutWorker(env, *args)
 
 
 class RolloutRoles(Roles, Protocol):

@@ -20,7 +20,8 @@ import torch
 from services.pod.algorithms.normalization import batch_stats
 from services.pod.algorithms.policies import Policy
 from services.pod.algorithms.replay_buffer import ReplayBuffer
-from services.pod.envs.base import VecEnv
+from services.pod.compiled import Compiled
+from services.pod.envs.base import TorchVecEnv, VecEnv
 
 #: Rollout fields whose length varies from rollout to rollout (episodes that ended in it).
 VARIABLE = ("episode_returns", "episode_lengths")
@@ -162,6 +163,128 @@ class RolloutWorker:
             return_stats=batch_stats(returns),
             episode_returns=ep_return[done_mask].float(),
             episode_lengths=ep_length[done_mask],
+        )
+
+
+def rollout_step(
+    policy: Policy,
+    env: TorchVecEnv,
+    raw_obs: torch.Tensor,
+    noise: torch.Tensor,
+    fresh: torch.Tensor,
+    t: torch.Tensor,
+    gamma: torch.Tensor,
+    discounted: torch.Tensor,
+    store: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """One vector step of the fused loop: act, step the env (masked reset), write row ``t``
+    (a 1-element index tensor: an int would be a constant of the graph) of every ``store``
+    buffer; returns the next raw observations. No generator, no host sync: its randomness
+    (``noise`` for the actor, ``fresh`` initial states) is drawn by the caller, so the whole
+    function is one graph for ``torch.compile`` (services/pod/compiled.py)."""
+    norm = policy.normalize(raw_obs)
+    action, logprob = policy.actor.sample(norm, noise=noise)
+    next_obs, reward, term, trunc, info = env.step_masked(policy.actor.to_env(action), fresh)
+    discounted.mul_(gamma).add_(reward)
+    row = {
+        "raw": raw_obs,
+        "obs": norm,
+        "actions": action,
+        "logprobs": logprob,
+        "rewards": reward,
+        "terminated": term,
+        "truncated": trunc,
+        "final_obs": policy.normalize(info["final_obs"]),
+        "returns": discounted,
+        "ep_return": info["episode_return"],
+        "ep_length": info["episode_length"],
+    }
+    for key, value in row.items():
+        store[key].index_copy_(0, t, value.unsqueeze(0).to(store[key].dtype))
+    discounted.masked_fill_(term | trunc, 0.0)
+    return next_obs
+
+
+_compiled_step = Compiled(rollout_step, "rollout_step")
+
+
+class FusedRolloutWorker(RolloutWorker):
+    """The Anakin worker for torch-native envs: every vector step is one call of
+    ``rollout_step``, compiled (``compile=True``) or eager (the same code, for checking the
+    compiled one). The rollout buffers are allocated once and reused (the learner reads a
+    rollout before the next ``collect``), and the env resets finished sub-environments by
+    mask, as it does on an accelerator; so its trajectories are not bit-equal to
+    ``RolloutWorker``'s, which resets by index on CPU, only equal in distribution."""
+
+    def __init__(
+        self,
+        env: TorchVecEnv,
+        policy: Policy,
+        num_steps: int,
+        gamma: float = 0.99,
+        seed: int | None = None,
+        compile: bool = True,
+    ) -> None:
+        super().__init__(env, policy, num_steps, gamma, seed)
+        self.env: TorchVecEnv = env
+        self.compile = compile
+        self._gamma = torch.tensor(gamma, device=self.device, dtype=torch.float64)
+        self._steps = torch.arange(num_steps, device=self.device).unsqueeze(1)
+        self._store: dict[str, torch.Tensor] | None = None
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        steps, n, dev = self.num_steps, self.env.num_envs, self.device
+        space = self.env.single_action_space
+        obs_shape = tuple(self._raw_obs.shape[1:])
+        floats = {"raw": obs_shape, "obs": obs_shape, "final_obs": obs_shape, "logprobs": ()}
+        store = {k: torch.empty((steps, n, *s), device=dev) for k, s in floats.items()}
+        if self.env.is_discrete:  # the actors' action tensors (worker.Rollout)
+            store["actions"] = torch.empty((steps, n), device=dev, dtype=torch.int64)
+        else:
+            store["actions"] = torch.empty((steps, n, *space.shape), device=dev)
+        store["rewards"] = torch.empty((steps, n), device=dev)
+        store["ep_return"] = torch.empty((steps, n), device=dev)
+        store["returns"] = torch.empty((steps, n), device=dev, dtype=torch.float64)
+        store["ep_length"] = torch.empty((steps, n), device=dev, dtype=torch.int64)
+        for key in ("terminated", "truncated"):
+            store[key] = torch.empty((steps, n), device=dev, dtype=torch.bool)
+        return store
+
+    @torch.no_grad()
+    def collect(self) -> Rollout:
+        env, policy, n = self.env, self.policy, self.env.num_envs
+        actor = policy.actor
+        noise_period = getattr(actor, "noise_period", 0)  # gSDE actors only
+        if self._store is None:
+            self._store = self._buffers()
+        store, raw_obs = self._store, self._raw_obs
+        cuda_graphs = self.compile and self.device.type == "cuda"
+        for t in range(self.num_steps):
+            if noise_period and t % noise_period == 0:
+                actor.resample_noise(n, self.generator)
+            noise = actor.draw_noise(n, self.generator, self.device)
+            fresh = env._initial_state(n)
+            args = (policy, env, raw_obs, noise, fresh, self._steps[t], self._gamma)
+            if self.compile:
+                raw_obs = _compiled_step(type(env), self.device, *args, self._discounted, store)
+            else:
+                raw_obs = rollout_step(*args, self._discounted, store)
+        # A CUDA graph's output is overwritten by its next replay: keep a copy across calls.
+        self._raw_obs = raw_obs = raw_obs.clone() if cuda_graphs else raw_obs
+        done_mask = store["terminated"] | store["truncated"]
+        return Rollout(
+            obs=store["obs"],
+            actions=store["actions"],
+            logprobs=store["logprobs"],
+            rewards=store["rewards"],
+            terminated=store["terminated"],
+            truncated=store["truncated"],
+            final_obs=store["final_obs"],
+            next_obs=policy.normalize(raw_obs),
+            obs_stats=batch_stats(store["raw"], tuple(raw_obs.shape[1:])),
+            return_stats=batch_stats(store["returns"]),
+            episode_returns=store["ep_return"][done_mask],
+            episode_lengths=store["ep_length"][done_mask],
         )
 
 

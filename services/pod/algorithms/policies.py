@@ -55,10 +55,23 @@ class CategoricalActor(nn.Module):
         super().__init__()
         self.net = mlp(obs_dim, hidden, n, activation, out_gain=0.01)
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
-        """Return (action, log-prob) of a sampled action (Gumbel-max trick)."""
+    def draw_noise(self, n: int, generator: torch.Generator | None, device: torch.device):
+        """The randomness of ``sample`` for ``n`` observations, drawn apart from it: a compiled
+        rollout step (services/pod/compiled.py) cannot take a generator."""
+        return torch.rand((n, self.net[-1].out_features), generator=generator, device=device)
+
+    def sample(
+        self,
+        obs: torch.Tensor,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+    ):
+        """Return (action, log-prob) of a sampled action (Gumbel-max trick); ``noise``:
+        ``draw_noise``'s uniforms, else drawn here from ``generator``."""
         logp_all = torch.log_softmax(self.net(obs), dim=-1)
-        u = torch.rand(logp_all.shape, generator=generator, device=obs.device)
+        u = noise
+        if u is None:
+            u = torch.rand(logp_all.shape, generator=generator, device=obs.device)
         action = torch.argmax(logp_all - torch.log(-torch.log(u.clamp_min(1e-20))), dim=-1)
         return action, logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
@@ -102,9 +115,19 @@ class GaussianActor(nn.Module):
         self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
+    def draw_noise(self, n: int, generator: torch.Generator | None, device: torch.device):
+        """The randomness of ``sample`` for ``n`` observations (see ``CategoricalActor``)."""
+        return torch.randn((n, self.net[-1].out_features), generator=generator, device=device)
+
+    def sample(
+        self,
+        obs: torch.Tensor,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+    ):
         mean = self.net(obs)
-        noise = torch.randn(mean.shape, generator=generator, device=obs.device)
+        if noise is None:
+            noise = torch.randn(mean.shape, generator=generator, device=obs.device)
         u = mean + noise * self.log_std.exp()
         logp = (-0.5 * noise.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
         return u, logp
@@ -155,7 +178,16 @@ class SDEActor(GaussianActor):
         var = latent.detach().square() @ self.log_std.exp().square() + 1e-6
         return latent.detach(), mean, var
 
-    def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None):
+    def draw_noise(self, n: int, generator: torch.Generator | None, device: torch.device):
+        """Nothing per step: gSDE's noise is ``self.noise``, redrawn every ``noise_period``."""
+        return torch.empty((n, 0), device=device)
+
+    def sample(
+        self,
+        obs: torch.Tensor,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+    ):
         latent, mean, var = self._latent_mean_var(obs)
         if self.noise is None or self.noise.shape[0] != obs.shape[0]:
             self.resample_noise(obs.shape[0], generator)

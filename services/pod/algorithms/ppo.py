@@ -7,6 +7,7 @@ entropy bonus and a value loss, gradients clipped by global norm.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,8 +17,9 @@ from torch import nn
 
 from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
 from services.pod.algorithms.normalization import RunningMeanStd
-from services.pod.algorithms.policies import Policy, build_actor, build_critic
+from services.pod.algorithms.policies import Actor, Policy, build_actor, build_critic
 from services.pod.algorithms.ppo_config import PPOConfig
+from services.pod.compiled import Compiled
 
 if TYPE_CHECKING:
     from services.pod.trainer import Trainer
@@ -47,6 +49,52 @@ def gae(
         last = delta + gamma * lam * not_done[t] * last
         advantages[t] = last
     return advantages, advantages + values
+
+
+def ppo_loss(
+    actor: Actor,
+    critic: nn.Module,
+    obs: torch.Tensor,
+    actions: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    returns: torch.Tensor,
+    old_values: torch.Tensor,
+    clip_coef: float | torch.Tensor,
+    ent_coef: float | torch.Tensor,
+    vf_coef: float | torch.Tensor,
+    norm_adv: bool,
+    clip_vloss: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's loss on one minibatch (clipped surrogate, entropy bonus, value loss), and its
+    statistics (pg_loss, v_loss, entropy, approx_kl, clipfrac) as one detached tensor.
+    The coefficients are floats (eager) or 0-dim tensors (compiled, so that PBT's new values
+    are inputs of the graph, not constants baked into it)."""
+    logp, entropy = actor.log_prob_entropy(obs, actions)
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    if norm_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
+    new_value = critic(obs).squeeze(-1)
+    if clip_vloss:
+        v_clipped = old_values + (new_value - old_values).clamp(-clip_coef, clip_coef)
+        v_loss = (
+            0.5 * torch.max((new_value - returns).square(), (v_clipped - returns).square()).mean()
+        )
+    else:
+        v_loss = 0.5 * (new_value - returns).square().mean()
+    entropy_mean = entropy.mean()
+    loss = pg_loss - ent_coef * entropy_mean + vf_coef * v_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clipfrac = ((ratio - 1).abs() > clip_coef).float().mean()
+        stats = torch.stack((pg_loss, v_loss, entropy_mean, approx_kl, clipfrac))
+    return loss, stats
+
+
+_compiled_loss = Compiled(ppo_loss, "ppo_loss")
 
 
 class PPO(nn.Module):
@@ -85,6 +133,8 @@ class PPO(nn.Module):
         self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=config.norm_obs)
         self.critic = build_critic(obs_space, config.hidden_sizes, config.activation)
         self.return_rms = RunningMeanStd(())
+        #: Compile the update's loss (services/pod/compiled.py); the trainer decides.
+        self.compiled = False
         # Fused Adam: one kernel for all parameters; with small networks the optimiser step is
         # per-tensor overhead, and this cuts the update's time by about a sixth on CPU.
         self.optimizer = torch.optim.Adam(
@@ -145,6 +195,14 @@ class PPO(nn.Module):
         # Statistics of the last epoch, summed as tensors and read once: a float() per
         # minibatch would cost more than the statistics themselves.
         sums = torch.zeros(5, device=b_obs.device)
+        if self.compiled:
+            # Tensors, not floats: a float is a constant of the graph, and PBT changing it
+            # would recompile (services/pod/compiled.py).
+            values3 = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef)
+            coefs: tuple = tuple(torch.tensor(values3, device=b_obs.device).unbind())
+            loss_fn = functools.partial(_compiled_loss, type(actor), b_obs.device)
+        else:
+            coefs, loss_fn = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef), ppo_loss
         for epoch in range(cfg.update_epochs):
             if whole_batch:  # no shuffle, no gathers
                 minibatches = [data]
@@ -152,48 +210,27 @@ class PPO(nn.Module):
                 perm = torch.randperm(batch, device=b_obs.device)[: n_mb * mb_size]
                 minibatches = [tuple(x[idx] for x in data) for idx in perm.view(n_mb, mb_size)]
             last_epoch = epoch == cfg.update_epochs - 1
-            for obs, actions, old_logp, adv, returns, old_values in minibatches:
-                logp, entropy = actor.log_prob_entropy(obs, actions)
-                log_ratio = logp - old_logp
-                ratio = log_ratio.exp()
-                if cfg.norm_adv and not whole_batch:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                clipped_ratio = ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
-                pg_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
-                new_value = self.value(obs)
-                if cfg.clip_vloss:
-                    v_clipped = old_values + (new_value - old_values).clamp(
-                        -cfg.clip_coef, cfg.clip_coef
-                    )
-                    v_loss = (
-                        0.5
-                        * torch.max(
-                            (new_value - returns).square(), (v_clipped - returns).square()
-                        ).mean()
-                    )
-                else:
-                    v_loss = 0.5 * (new_value - returns).square().mean()
-                entropy_mean = entropy.mean()
-                loss = pg_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * v_loss
-
+            for minibatch in minibatches:
+                loss, stats = loss_fn(
+                    actor,
+                    self.critic,
+                    *minibatch,
+                    *coefs,
+                    norm_adv=cfg.norm_adv and not whole_batch,
+                    clip_vloss=cfg.clip_vloss,
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
                 self.optimizer.step()
 
-                if last_epoch or cfg.target_kl is not None:
-                    with torch.no_grad():
-                        approx_kl = ((ratio - 1) - log_ratio).mean()
-                        clipfrac = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
-                        if last_epoch:
-                            sums += torch.stack(
-                                (pg_loss, v_loss, entropy_mean, approx_kl, clipfrac)
-                            )
+                if last_epoch:
+                    sums += stats
             if after_epoch is not None:
                 after_epoch()
-            if not last_epoch and cfg.target_kl is not None and float(approx_kl) > cfg.target_kl:
+            if not last_epoch and cfg.target_kl is not None and float(stats[3]) > cfg.target_kl:
                 # Stopped early: report the statistics of the minibatch that crossed the line.
-                sums = n_mb * torch.stack((pg_loss, v_loss, entropy_mean, approx_kl, clipfrac))
+                sums = n_mb * stats
                 break
 
         # Observation statistics move only after the update, so every sample of this rollout

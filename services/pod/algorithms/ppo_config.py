@@ -43,6 +43,12 @@ class PPOConfig(BaseModel):
     sde_sample_freq: int = Field(
         0, ge=0, description="gSDE exploration, noise redrawn every N steps; 0 = plain Gaussian."
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile the rollout step (act + env step + storage, torch-native "
+        "envs) and the update's loss; auto: only where it measures faster "
+        "(docs/compiled-loop.md). Falls back to eager, logged, where it cannot compile.",
+    )
 
     @property
     def batch_size(self) -> int:

@@ -287,6 +287,32 @@ class TorchVecEnv(VecEnv):
             actions = self.validate_actions(actions)
         else:
             actions = actions.detach().to(self.device)
+        if not self._host_reads_free:
+            return self.step_masked(actions, self._initial_state(self.num_envs))
+        final_obs, reward, terminated, truncated, done, info = self._advance(actions)
+        envs = done.nonzero().squeeze(1)
+        if not envs.numel():
+            return final_obs, reward, terminated, truncated, info
+        self.state[envs] = self._initial_state(envs.numel())
+        self._episode_return.index_fill_(0, envs, 0)
+        self._episode_length.index_fill_(0, envs, 0)
+        return self._observe(self.state), reward, terminated, truncated, info
+
+    def step_masked(self, actions: torch.Tensor, fresh: torch.Tensor) -> StepResult:
+        """``step`` of checked actions with the masked reset: finished sub-environments take
+        their row of ``fresh`` (``_initial_state(num_envs)``, drawn by the caller). Static
+        shapes, no host sync and no generator inside, so it is what ``torch.compile`` captures
+        (services/pod/compiled.py) and what non-CPU devices run."""
+        _, reward, terminated, truncated, done, info = self._advance(actions)
+        self.state.copy_(torch.where(done.unsqueeze(1), fresh, self.state))
+        self._episode_return.masked_fill_(done, 0)
+        self._episode_length.masked_fill_(done, 0)
+        return self._observe(self.state), reward, terminated, truncated, info
+
+    def _advance(
+        self, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Info]:
+        """Physics, episode bookkeeping and time limit of one step, before any reset."""
         reward, terminated = self._physics_step(actions)
         self._episode_return += reward
         self._episode_length += self._one
@@ -301,17 +327,4 @@ class TorchVecEnv(VecEnv):
             "episode_length": self._episode_length * done,
         }
         info["final_obs"] = final_obs = self._observe(self.state)
-        if self._host_reads_free:
-            envs = done.nonzero().squeeze(1)
-            if not envs.numel():
-                return final_obs, reward, terminated, truncated, info
-            self.state[envs] = self._initial_state(envs.numel())
-            self._episode_return.index_fill_(0, envs, 0)
-            self._episode_length.index_fill_(0, envs, 0)
-        else:
-            # Masked reset: static shapes, no host sync; costs a fresh sample for every env.
-            fresh = self._initial_state(self.num_envs)
-            torch.where(done.unsqueeze(1), fresh, self.state, out=self.state)
-            self._episode_return.masked_fill_(done, 0)
-            self._episode_length.masked_fill_(done, 0)
-        return self._observe(self.state), reward, terminated, truncated, info
+        return final_obs, reward, terminated, truncated, done, info

@@ -67,8 +67,10 @@ class PendulumEnv(TorchVecEnv):
         return reward, torch.zeros(self.num_envs, device=self.device, dtype=torch.bool)
 
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
-        obs = torch.empty(len(state), 3, device=self.device, dtype=torch.float32)
         th = state[:, 0]
+        if torch.compiler.is_compiling():  # dynamo takes no strided out=; inductor fuses this
+            return torch.stack((torch.cos(th), torch.sin(th), state[:, 1]), 1).float()
+        obs = torch.empty(len(state), 3, device=self.device, dtype=torch.float32)
         torch.cos(th, out=obs[:, 0])
         torch.sin(th, out=obs[:, 1])
         obs[:, 2] = state[:, 1]
