@@ -128,6 +128,28 @@ def sb3_kwargs(algorithm: str, env: str, hyper: dict[str, Any]) -> dict[str, Any
     return kwargs
 
 
+def sb3_env(env_id: str, n_envs: int, seed: int) -> Any:
+    from stable_baselines3.common.env_util import make_vec_env
+
+    return make_vec_env(env_id, n_envs=n_envs, seed=seed)
+
+
+def sb3_model(algorithm: str, env_id: str, hyper: dict[str, Any], seed: int) -> tuple[Any, Any]:
+    """An SB3 model with the settings of ``sb3_kwargs`` on its vector env, and the env."""
+    import numpy as np
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    kwargs = sb3_kwargs(algorithm, env_id, hyper)
+    env = sb3_env(env_id, kwargs.pop("n_envs"), seed)
+    if "noise_std" in kwargs:
+        dim = env.action_space.shape[0]
+        std = kwargs.pop("noise_std")
+        kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), std * np.ones(dim))
+    cls = {"sac": sb3.SAC, "td3": sb3.TD3}[algorithm]
+    return cls("MlpPolicy", env, seed=seed, device="cpu", **kwargs), env
+
+
 def tune_space(search_space: dict[str, Any]) -> dict[str, Any]:
     """The spec's search space as Tune domains (initial draws and PBT's resampling)."""
     from ray import tune
@@ -184,25 +206,13 @@ def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int)
 
     class SB3Trainable(tune.Trainable):
         def setup(self, config: dict[str, Any]) -> None:
-            import numpy as np
-            import stable_baselines3 as sb3
             import torch
-            from stable_baselines3.common.env_util import make_vec_env
-            from stable_baselines3.common.noise import NormalActionNoise
 
             torch.set_num_threads(1)
-            self.cls = {"sac": sb3.SAC, "td3": sb3.TD3}[algorithm]
             hyper = {k: v for k, v in config.items() if k != "seed"}
-            kwargs = sb3_kwargs(algorithm, env_id, hyper)
-            seed = int(config["seed"])
-            self.env = make_vec_env(env_id, n_envs=kwargs.pop("n_envs"), seed=seed)
-            self.eval_env = make_vec_env(env_id, n_envs=episodes, seed=seed + 10_000)
-            if "noise_std" in kwargs:
-                dim = self.env.action_space.shape[0]
-                kwargs["action_noise"] = NormalActionNoise(
-                    np.zeros(dim), kwargs.pop("noise_std") * np.ones(dim)
-                )
-            self.model = self.cls("MlpPolicy", self.env, seed=seed, device="cpu", **kwargs)
+            self.model, self.env = sb3_model(algorithm, env_id, hyper, int(config["seed"]))
+            self.cls = type(self.model)
+            self.eval_env = sb3_env(env_id, episodes, int(config["seed"]) + 10_000)
             self.copied = False  # whether these weights came from another trial (exploit)
 
         def apply(self, config: dict[str, Any]) -> None:
@@ -458,6 +468,7 @@ def run_podium(args: argparse.Namespace, rep: int, cores: int, work: Path) -> di
         env_steps=(exp.get("result") or {}).get("env_steps") if hits else None,
         via_copy=via_copy(json.loads((out / "lineage.json").read_text())["nodes"], subs, target),
         best=exp.get("best_score"),
+        round_steps=spec["round"]["env_steps"],
         pods=exp.get("desired_pods"),
         exit_code=proc.returncode,
     )
@@ -493,11 +504,47 @@ def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[
         first_score_s=res.get("first_result"),
         env_steps=res.get("steps_at"),
         best=res.get("best"),
+        round_steps=spec["round"]["env_steps"],
         pods=args.pods,
         exit_code=proc.returncode,
         imported_s=res.get("imported"),
         via_copy=res.get("via_copy"),
         exploits=res.get("exploits"),
+    )
+
+
+def agent_speed(args: argparse.Namespace) -> None:
+    """Per-agent speed alone: one SB3 agent and one Podium agent (the same preset, one torch
+    thread, no evaluation in the clock) train ``--speed-steps`` env steps each, alternating,
+    ``--reps`` times; prints env steps/s of each and the ratio."""
+    import torch
+    from sb3_timing import timed_learn, timed_podium
+
+    from services.pod.fit import train
+    from services.pod.offpolicy import OffPolicyConfig
+    from services.pod.presets import preset
+
+    spec = podium_spec(args.env, 1, 1, 0, args.cap_s)
+    algorithm, n = next(iter(spec["algorithms"])), args.speed_steps
+    never = 1e9  # a threshold no evaluation reaches: train the whole budget
+    rates: dict[str, list[float]] = {"sb3": [], "podium": []}
+    for seed in range(args.reps):
+        torch.set_num_threads(1)
+        model, _ = sb3_model(algorithm, args.env, {}, seed)
+        seconds, _ = timed_learn(model, sb3_env(args.env, 1, seed), n, never, n, 1)
+        rates["sb3"].append(n / seconds)
+        cfg = {**preset(algorithm, args.env), "total_env_steps": n}
+        seconds, _ = timed_podium(OffPolicyConfig, train, cfg, seed, n, 1, never)
+        rates["podium"].append(n / seconds)
+        print(
+            json.dumps({"speed": seed, **{k: v[-1] for k, v in rates.items()}}),
+            flush=True,
+        )
+    sb3, podium = statistics.median(rates["sb3"]), statistics.median(rates["podium"])
+    print(
+        f"\n| agent | env steps/s (median of {args.reps}) |\n|---|---|\n| SB3 {algorithm} | "
+        f"{sb3:,.0f} |\n| Podium {algorithm} | {podium:,.0f} |\n| Podium / SB3 | "
+        f"{podium / sb3:.1f}x |"
     )
 
 
@@ -520,11 +567,14 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         ("steps_per_agent_s", "env steps/s per agent", None),
         ("cpu_total_s", "CPU s in all", None),
         ("wall_total_s", "wall in all s", None),
+        ("best", "best score", None),
     ]
     for r in results:
         # Per-agent speed while the P agents share the cores: env steps between the first
         # score and the target, per agent and second (evaluation and checkpoints included).
         t, f, s = r["to_target_s"], r["first_score_s"], r["env_steps"]
+        # The first round's steps (P rounds) are done by the first score: not counted.
+        s = s - r["pods"] * r["round_steps"] if s else None
         r["steps_per_agent_s"] = s / r["pods"] / (t - f) if t and f and s and t > f else None
     arms = [a for a in ("podium", "ray") if any(r["arm"] == a for r in results)]
     medians = {
@@ -564,6 +614,12 @@ def main() -> None:
     parser.add_argument("--cap-s", type=float, default=600.0)
     parser.add_argument("--arms", nargs="+", default=["podium", "ray"])
     parser.add_argument("--summarize", nargs="+", type=Path, default=None)
+    parser.add_argument(
+        "--speed-steps",
+        type=int,
+        default=0,
+        help="instead of the tournaments: per-agent speed alone over this many env steps",
+    )
     parser.add_argument("--ray-driver", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ray_driver:
@@ -578,6 +634,9 @@ def main() -> None:
     if args.cpus:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     cores = len(os.sched_getaffinity(0))
+    if args.speed_steps:
+        agent_speed(args)
+        return
     import ray
     import stable_baselines3
 
