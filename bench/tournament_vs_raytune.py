@@ -565,6 +565,7 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         ("first_score_s", "launch to first score s", None),
         ("submitted_s", "launch to submitted / Ray up s", None),
         ("steps_per_agent_s", "env steps/s per agent", None),
+        ("cpu_ms_per_step", "CPU ms per env step", None),
         ("cpu_total_s", "CPU s in all", None),
         ("wall_total_s", "wall in all s", None),
         ("best", "best score", None),
@@ -576,6 +577,9 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         # The first round's steps (P rounds) are done by the first score: not counted.
         s = s - r["pods"] * r["round_steps"] if s else None
         r["steps_per_agent_s"] = s / r["pods"] / (t - f) if t and f and s and t > f else None
+        # CPU time does not grow while a process waits for a core: the load-robust twin.
+        c, e = r["cpu_to_target_s"], r["env_steps"]
+        r["cpu_ms_per_step"] = 1000 * c / e if c and e else None
     arms = [a for a in ("podium", "ray") if any(r["arm"] == a for r in results)]
     medians = {
         a: {k: med([r[k] for r in results if r["arm"] == a], cap) for k, _, cap in cols}
