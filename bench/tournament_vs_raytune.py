@@ -469,6 +469,7 @@ def run_podium(args: argparse.Namespace, rep: int, cores: int, work: Path) -> di
         via_copy=via_copy(json.loads((out / "lineage.json").read_text())["nodes"], subs, target),
         best=exp.get("best_score"),
         round_steps=spec["round"]["env_steps"],
+        env_steps_in_all=(exp.get("progress") or {}).get("env_steps"),
         pods=exp.get("desired_pods"),
         exit_code=proc.returncode,
     )
@@ -505,6 +506,7 @@ def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[
         env_steps=res.get("steps_at"),
         best=res.get("best"),
         round_steps=spec["round"]["env_steps"],
+        env_steps_in_all=res.get("steps"),
         pods=args.pods,
         exit_code=proc.returncode,
         imported_s=res.get("imported"),
@@ -519,6 +521,7 @@ def agent_speed(args: argparse.Namespace) -> None:
     ``--reps`` times; prints env steps/s of each and the ratio."""
     import torch
     from sb3_timing import timed_learn, timed_podium
+    from stable_baselines3.common.evaluation import evaluate_policy
 
     from services.pod.fit import train
     from services.pod.offpolicy import OffPolicyConfig
@@ -528,23 +531,38 @@ def agent_speed(args: argparse.Namespace) -> None:
     algorithm, n = next(iter(spec["algorithms"])), args.speed_steps
     never = 1e9  # a threshold no evaluation reaches: train the whole budget
     rates: dict[str, list[float]] = {"sb3": [], "podium": []}
+    extra: dict[str, list[float]] = {"eval_s": [], "checkpoint_s": []}
     for seed in range(args.reps):
         torch.set_num_threads(1)
         model, _ = sb3_model(algorithm, args.env, {}, seed)
         seconds, _ = timed_learn(model, sb3_env(args.env, 1, seed), n, never, n, 1)
         rates["sb3"].append(n / seconds)
+        # What a trial adds to each round: the evaluation (as many episodes as the spec's, on
+        # one Python env each) and the checkpoint PBT may ask for.
+        episodes = spec["evaluation"]["episodes"]
+        start = time.perf_counter()
+        evaluate_policy(model, sb3_env(args.env, episodes, seed), episodes, deterministic=True)
+        extra["eval_s"].append(time.perf_counter() - start)
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            model.save(Path(tmp) / "model.zip")
+            model.save_replay_buffer(Path(tmp) / "replay_buffer.pkl")
+            extra["checkpoint_s"].append(time.perf_counter() - start)
         cfg = {**preset(algorithm, args.env), "total_env_steps": n}
         seconds, _ = timed_podium(OffPolicyConfig, train, cfg, seed, n, 1, never)
         rates["podium"].append(n / seconds)
         print(
-            json.dumps({"speed": seed, **{k: v[-1] for k, v in rates.items()}}),
+            json.dumps({"speed": seed, **{k: v[-1] for k, v in {**rates, **extra}.items()}}),
             flush=True,
         )
     sb3, podium = statistics.median(rates["sb3"]), statistics.median(rates["podium"])
     print(
         f"\n| agent | env steps/s (median of {args.reps}) |\n|---|---|\n| SB3 {algorithm} | "
         f"{sb3:,.0f} |\n| Podium {algorithm} | {podium:,.0f} |\n| Podium / SB3 | "
-        f"{podium / sb3:.1f}x |"
+        f"{podium / sb3:.1f}x |\nSB3 per round of {spec['round']['env_steps']} env steps "
+        f"(~{spec['round']['env_steps'] / sb3:.1f} s): evaluation "
+        f"{statistics.median(extra['eval_s']):.2f} s, checkpoint "
+        f"{statistics.median(extra['checkpoint_s']):.2f} s (medians)"
     )
 
 
@@ -568,6 +586,7 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         ("cpu_ms_per_step", "CPU ms per env step", None),
         ("cpu_total_s", "CPU s in all", None),
         ("wall_total_s", "wall in all s", None),
+        ("env_steps_in_all", "env steps in all", None),
         ("best", "best score", None),
     ]
     for r in results:
