@@ -601,7 +601,7 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         r["cpu_ms_per_step"] = 1000 * c / e if c and e else None
     arms = [a for a in ("podium", "ray") if any(r["arm"] == a for r in results)]
     medians = {
-        a: {k: med([r[k] for r in results if r["arm"] == a], cap) for k, _, cap in cols}
+        a: {k: med([r.get(k) for r in results if r["arm"] == a], cap) for k, _, cap in cols}
         for a in arms
     }
     print("\n| arm | solved | " + " | ".join(label for _, label, _ in cols) + " |")
