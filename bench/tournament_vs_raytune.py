@@ -96,8 +96,7 @@ def sb3_kwargs(algorithm: str, env: str, hyper: dict[str, Any]) -> dict[str, Any
     data = preset(algorithm, env)
     loop_fields = set(ReplayLoopConfig.model_fields)
     loop = ReplayLoopConfig.model_validate(
-        {**{k: v for k, v in data.items() if k in loop_fields}}
-        | {k: v for k, v in hyper.items() if k in loop_fields}
+        {k: v for k, v in {**data, **hyper}.items() if k in loop_fields}
     )
     agent = AGENT_CONFIGS[algorithm].model_validate(
         {**data.get(algorithm, {}), **{k: v for k, v in hyper.items() if k not in loop_fields}}
