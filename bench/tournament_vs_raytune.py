@@ -333,8 +333,9 @@ def ray_driver(job: dict[str, Any]) -> None:
             verbose=0,
         ),
     )
-    tuner.fit()
+    grid = tuner.fit()
     ray.shutdown()
+    state["trial_errors"] = grid.num_errors  # Tune reports a failed trial, it does not raise
     state["exploits"] = scheduler._num_perturbations  # no public counter
     Path(job["out"]).write_text(json.dumps({**marks, **state}))
 
@@ -511,6 +512,7 @@ def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[
         imported_s=res.get("imported"),
         via_copy=res.get("via_copy"),
         exploits=res.get("exploits"),
+        trial_errors=res.get("trial_errors"),
     )
 
 
