@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import random
@@ -193,7 +194,18 @@ def pbt_scheduler(spec: dict[str, Any]) -> Any:
         resample_probability=opts.resample_probability,
         perturbation_factors=factors,
         hyperparam_mutations=tune_space(spec["search_space"]),
+        custom_explore_fn=functools.partial(clamp, spec["search_space"]),
     )
+
+
+def clamp(search_space: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Tune's explore multiplies a value by a factor without keeping it in its domain (a gamma
+    of 0.98 x 1.2 = 1.18 fails the trial); Podium's clamps to the bounds, and so does this."""
+    for name, d in search_space.items():
+        if name in config and "low" in d:
+            value = min(max(config[name], d["low"]), d["high"])
+            config[name] = round(value) if d["type"] == "int_uniform" else value
+    return config
 
 
 # --- the Ray side ----------------------------------------------------------------------------
