@@ -1,0 +1,703 @@
+"""The peer side by side: a Podium tournament vs Ray Tune's PopulationBasedTraining driving
+Stable-Baselines3, on the same task, cores, population and settings.
+
+    python bench/tournament_vs_raytune.py [--env Pendulum-v1] [--pods 4] [--reps 3]
+                                          [--cpus 0,1] [--cap-s 600]
+
+Each arm is launched the way its user launches it, as a process (tree) of its own:
+
+- ``podium``: ``podium run SPEC`` (the embedded platform: Redis, leaderboard, orchestrator,
+  local pods) with a PBT tournament of P pods (``population: {min_pods: P, max_pods: P}``,
+  ``resources.cpu: cores / P``); the run ends when the leaderboard's best reaches the target.
+- ``ray``: this file with ``--ray-driver``: ``ray.init`` then ``tune.Tuner`` with
+  ``PopulationBasedTraining`` over P trials of a class trainable wrapping SB3. A trainable
+  trains one Podium round of env steps per ``step``, evaluates deterministically on as many
+  episodes as the Podium spec, and saves/loads the SB3 model and its replay buffer in the Tune
+  checkpoint directory (Podium's exploit copies the replay buffer too), so PBT's exploit copies
+  the weights. A stopper ends every trial once one reports the target.
+
+Both arms get the same hyperparameters: SB3's are mapped from Podium's preset for the
+(algorithm, env) (``sb3_kwargs``) with the trial's draw from the spec's search space on top; PBT's
+perturbation interval, quantile, resample probability and factors are the Podium generator's
+(``pbt_scheduler``). Both are pinned to the same CPU set (``os.sched_setaffinity`` of this
+process, inherited by the children), with one torch thread per agent, and repetitions
+interleave the arms (the order alternates) with paired seeds.
+
+Measured per run: wall time from launch to the target (start-up included) and from submission
+(Podium: the experiment's creation; Ray: ``ray.init`` done), CPU seconds of the process tree
+(psutil, sampled every 0.2 s: up to the target, interpolated, and in all), peak RSS of the tree
+(sum of the processes' RSS, so shared pages count more than once), env steps to the target
+(all agents', not counting steps inherited by an exploit) and start-up (launch to the first
+score on the board). Prints one JSON line per run, then a markdown table of medians and the
+ratios. Needs the bench extra: pip install -e ".[bench]".
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+from sb3_timing import cpu_model
+
+ROOT = Path(__file__).resolve().parents[1]
+# The task's Podium spec (the search space, round, evaluation and PBT options both arms use)
+# and the edits that turn it into another task's.
+TASKS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Pendulum-v1": ("examples/pendulum-sac.yaml", {}),
+    "MountainCarContinuous-v0": (
+        "examples/pendulum-sac.yaml",
+        {
+            "name": "mountaincar-sac",
+            "env": {"name": "MountainCarContinuous-v0"},
+            "target_reward": 90.0,
+        },
+    ),
+}
+
+
+# --- the shared settings ---------------------------------------------------------------------
+
+
+def podium_spec(env: str, pods: int, cores: int, rep: int, cap_s: float) -> dict[str, Any]:
+    """The task's spec with P pods sharing ``cores``, the repetition's seeds and the cap."""
+    path, edits = TASKS[env]
+    spec = yaml.safe_load((ROOT / path).read_text())
+    spec.update(copy.deepcopy(edits))
+    spec["name"] = f"{spec['name']}-{rep}"
+    spec["population"] = {"min_pods": pods, "max_pods": pods}
+    spec["resources"] = {**spec.get("resources", {}), "cpu": cores / pods}
+    spec["generator"].setdefault("options", {})["seed"] = rep
+    spec["evaluation"]["seed"] = rep
+    spec["budget"]["wall_time_s"] = cap_s
+    return spec
+
+
+def sb3_kwargs(algorithm: str, env: str, hyper: dict[str, Any]) -> dict[str, Any]:
+    """SB3 constructor arguments for Podium's preset of (``algorithm``, ``env``) with ``hyper``
+    (a draw from the search space: loop or agent field names) on top. One SB3 step is one
+    step of all ``num_envs`` envs, so Podium's ``updates_per_step`` (per env step) becomes
+    ``gradient_steps`` per vector step."""
+    from services.pod.algorithms.offpolicy_config import AGENT_CONFIGS, ReplayLoopConfig
+    from services.pod.presets import preset
+
+    data = preset(algorithm, env)
+    loop_fields = set(ReplayLoopConfig.model_fields)
+    loop = ReplayLoopConfig.model_validate(
+        {k: v for k, v in {**data, **hyper}.items() if k in loop_fields}
+    )
+    agent = AGENT_CONFIGS[algorithm].model_validate(
+        {**data.get(algorithm, {}), **{k: v for k, v in hyper.items() if k not in loop_fields}}
+    )
+    kwargs: dict[str, Any] = {
+        "learning_rate": agent.learning_rate,
+        "gamma": agent.gamma,
+        "tau": agent.tau,
+        "batch_size": loop.batch_size,
+        "buffer_size": loop.buffer_size,
+        "learning_starts": loop.learning_starts,
+        "train_freq": 1,
+        "gradient_steps": max(1, round(loop.updates_per_step * loop.num_envs)),
+        "policy_kwargs": {"net_arch": list(agent.hidden_sizes)},
+        "n_envs": loop.num_envs,
+    }
+    if algorithm == "sac":
+        kwargs["ent_coef"] = (
+            f"auto_{agent.init_alpha:g}" if agent.autotune_alpha else agent.init_alpha
+        )
+    elif algorithm == "td3":
+        kwargs.update(
+            noise_std=agent.exploration_noise,
+            policy_delay=agent.policy_delay,
+            target_policy_noise=agent.policy_noise,
+            target_noise_clip=agent.noise_clip,
+        )
+    return kwargs
+
+
+def sb3_env(env_id: str, n_envs: int, seed: int) -> Any:
+    from stable_baselines3.common.env_util import make_vec_env
+
+    return make_vec_env(env_id, n_envs=n_envs, seed=seed)
+
+
+def sb3_model(algorithm: str, env_id: str, hyper: dict[str, Any], seed: int) -> tuple[Any, Any]:
+    """An SB3 model with the settings of ``sb3_kwargs`` on its vector env, and the env."""
+    import numpy as np
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    kwargs = sb3_kwargs(algorithm, env_id, hyper)
+    env = sb3_env(env_id, kwargs.pop("n_envs"), seed)
+    if "noise_std" in kwargs:
+        dim = env.action_space.shape[0]
+        std = kwargs.pop("noise_std")
+        kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), std * np.ones(dim))
+    cls = {"sac": sb3.SAC, "td3": sb3.TD3}[algorithm]
+    return cls("MlpPolicy", env, seed=seed, device="cpu", **kwargs), env
+
+
+def tune_space(search_space: dict[str, Any]) -> dict[str, Any]:
+    """The spec's search space as Tune domains (initial draws and PBT's resampling)."""
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for name, d in search_space.items():
+        if d["type"] == "log_uniform":
+            out[name] = tune.loguniform(d["low"], d["high"])
+        elif d["type"] == "uniform":
+            out[name] = tune.uniform(d["low"], d["high"])
+        elif d["type"] == "int_uniform":
+            out[name] = tune.randint(d["low"], d["high"] + 1)
+        elif d["type"] == "choice":
+            out[name] = tune.choice(d["values"])
+        else:
+            raise SystemExit(f"search space type {d['type']} has no Tune twin")
+    return out
+
+
+def pbt_scheduler(spec: dict[str, Any]) -> Any:
+    """Ray's PBT with the Podium generator's options as far as they map: a trial may be
+    replaced after ``ready_reports`` rounds and ``ready_env_steps`` (Tune: the larger, in
+    training iterations of one round each), exploits the top ``quantile``, resamples with
+    ``resample_probability``, perturbs by ``perturb_factors``. Podium replaces every pod below
+    the best (truncation unset); Tune replaces its bottom ``quantile_fraction`` (at most 0.5),
+    here the same share as the top."""
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from services.contracts.strategies import PBTOptions
+
+    opts = PBTOptions.model_validate(
+        {k: v for k, v in spec["generator"].get("options", {}).items() if k != "seed"}
+    )
+    rounds = max(opts.ready_reports, -(-opts.ready_env_steps // spec["round"]["env_steps"]))
+    factors = (max(opts.perturb_factors), min(opts.perturb_factors))
+    return PopulationBasedTraining(
+        time_attr="training_iteration",
+        metric="score",
+        mode="max",
+        perturbation_interval=rounds,
+        quantile_fraction=min(opts.quantile, 0.5),
+        resample_probability=opts.resample_probability,
+        perturbation_factors=factors,
+        hyperparam_mutations=tune_space(spec["search_space"]),
+        custom_explore_fn=functools.partial(clamp, spec["search_space"]),
+    )
+
+
+def clamp(search_space: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Tune's explore multiplies a value by a factor without keeping it in its domain (a gamma
+    of 0.98 x 1.2 = 1.18 fails the trial); Podium's clamps to the bounds, and so does this."""
+    for name, d in search_space.items():
+        if name in config and "low" in d:
+            value = min(max(config[name], d["low"]), d["high"])
+            config[name] = round(value) if d["type"] == "int_uniform" else value
+    return config
+
+
+# --- the Ray side ----------------------------------------------------------------------------
+
+
+def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int) -> Any:
+    """A Tune class trainable: SB3 ``algorithm`` on ``env_id``, one round per ``step``."""
+    from ray import tune
+
+    class SB3Trainable(tune.Trainable):
+        def setup(self, config: dict[str, Any]) -> None:
+            import torch
+
+            torch.set_num_threads(1)
+            hyper = {k: v for k, v in config.items() if k != "seed"}
+            self.model, self.env = sb3_model(algorithm, env_id, hyper, int(config["seed"]))
+            self.cls = type(self.model)
+            self.eval_env = sb3_env(env_id, episodes, int(config["seed"]) + 10_000)
+            self.copied = False  # whether these weights came from another trial (exploit)
+
+        def apply(self, config: dict[str, Any]) -> None:
+            """PBT's explored hyperparameters onto the (restored) model."""
+            hyper = {k: v for k, v in config.items() if k != "seed"}
+            kwargs = sb3_kwargs(algorithm, env_id, hyper)
+            for name in ("gamma", "tau", "batch_size", "gradient_steps"):
+                setattr(self.model, name, kwargs[name])
+            self.model.learning_rate = kwargs["learning_rate"]
+            self.model._setup_lr_schedule()
+
+        def step(self) -> dict[str, Any]:
+            from stable_baselines3.common.evaluation import evaluate_policy
+
+            before = self.model.num_timesteps
+            self.model.learn(round_steps, reset_num_timesteps=False)
+            mean, _ = evaluate_policy(
+                self.model, self.eval_env, n_eval_episodes=episodes, deterministic=True
+            )
+            return {
+                "score": float(mean),
+                "steps_this_iter": self.model.num_timesteps - before,
+                "agent_env_steps": self.model.num_timesteps,
+                "copied": self.copied,
+            }
+
+        def save_checkpoint(self, checkpoint_dir: str) -> None:
+            self.model.save(Path(checkpoint_dir) / "model.zip")
+            self.model.save_replay_buffer(Path(checkpoint_dir) / "replay_buffer.pkl")
+
+        def load_checkpoint(self, checkpoint_dir: str) -> None:
+            # SB3's own format (a zip of torch state dicts; the buffer is pickled): the peer as
+            # its users run it, our own checkpoint file's bytes, never a foreign one.
+            self.model = self.cls.load(
+                Path(checkpoint_dir) / "model.zip", env=self.env, device="cpu"
+            )
+            self.model.load_replay_buffer(Path(checkpoint_dir) / "replay_buffer.pkl")
+            self.copied = True
+            self.apply(self.config)
+
+        def reset_config(self, new_config: dict[str, Any]) -> bool:
+            self.config = new_config
+            self.apply(new_config)
+            return True
+
+    return SB3Trainable
+
+
+def ray_driver(job: dict[str, Any]) -> None:
+    """One Ray Tune PBT run (this process is the Ray driver); writes its timings to
+    ``job["out"]``."""
+    launched = job["launched"]
+    marks: dict[str, Any] = {"imported": None, "ray_up": None, "first_result": None}
+    import ray
+    from ray import tune
+
+    marks["imported"] = time.time() - launched
+    spec, target = job["spec"], job["spec"]["target_reward"]
+    random.seed(job["rep"])  # PBT's choices of parent and mutation
+    ray.init(
+        num_cpus=job["cores"],
+        include_dashboard=False,
+        object_store_memory=200 * 1024**2,
+        logging_level="ERROR",
+        log_to_driver=False,
+    )
+    marks["ray_up"] = time.time() - launched
+    state: dict[str, Any] = {
+        "steps": 0,
+        "reached": None,
+        "steps_at": None,
+        "best": None,
+        "via_copy": None,
+    }
+
+    class Watch(tune.Callback):
+        def on_trial_result(self, iteration: int, trials: Any, trial: Any, result: dict) -> None:
+            now = time.time() - launched
+            marks["first_result"] = marks["first_result"] or now
+            state["steps"] += result["steps_this_iter"]
+            score = result["score"]
+            state["best"] = score if state["best"] is None else max(state["best"], score)
+            if score >= target and state["reached"] is None:
+                state["reached"], state["steps_at"] = now, state["steps"]
+                state["via_copy"] = result["copied"]
+
+    class StopAtTarget(tune.Stopper):
+        def __call__(self, trial_id: str, result: dict) -> bool:
+            return result["score"] >= target
+
+        def stop_all(self) -> bool:
+            return state["reached"] is not None
+
+    pods = job["pods"]
+    seeds = tune.grid_search([job["rep"] * 1000 + i for i in range(pods)])  # P trials
+    space = {**tune_space(spec["search_space"]), "seed": seeds}
+    scheduler = pbt_scheduler(spec)
+    trainable = make_trainable(
+        job["algorithm"],
+        spec["env"]["name"],
+        spec["round"]["env_steps"],
+        spec["evaluation"]["episodes"],
+    )
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": job["cores"] / pods}),
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            scheduler=scheduler,
+            num_samples=1,
+            reuse_actors=True,
+            time_budget_s=job["cap_s"],
+            search_alg=tune.search.BasicVariantGenerator(random_state=job["rep"]),
+        ),
+        run_config=tune.RunConfig(
+            name=spec["name"],
+            storage_path=job["storage"],
+            stop=StopAtTarget(),
+            callbacks=[Watch()],
+            verbose=0,
+        ),
+    )
+    grid = tuner.fit()
+    ray.shutdown()
+    state["trial_errors"] = grid.num_errors  # Tune reports a failed trial, it does not raise
+    state["exploits"] = scheduler._num_perturbations  # no public counter
+    Path(job["out"]).write_text(json.dumps({**marks, **state}))
+
+
+# --- running and measuring either arm --------------------------------------------------------
+
+
+class TreeSampler(threading.Thread):
+    """CPU seconds and RSS of a process and its descendants, sampled every ``every`` s."""
+
+    def __init__(self, pid: int, every: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.root, self.every = psutil.Process(pid), every
+        self.start_t = time.time()
+        self.cpu: dict[int, float] = {}  # pid -> its last seen CPU seconds
+        self.series: list[tuple[float, float, int]] = []  # (s since start, CPU s, RSS bytes)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                break
+            rss = 0
+            for p in procs:
+                try:
+                    with p.oneshot():
+                        t = p.cpu_times()
+                        self.cpu[p.pid] = t.user + t.system
+                        rss += p.memory_info().rss
+                except psutil.Error:
+                    continue
+            self.series.append((time.time() - self.start_t, sum(self.cpu.values()), rss))
+            self.done.wait(self.every)
+
+    def cpu_at(self, t: float | None) -> float:
+        """CPU seconds of the tree at ``t`` s after the start (interpolated), or in all."""
+        if not self.series:
+            return 0.0
+        if t is None or t >= self.series[-1][0]:
+            return self.series[-1][1]
+        prev = (0.0, 0.0, 0)
+        for s in self.series:
+            if s[0] >= t:
+                frac = (t - prev[0]) / max(s[0] - prev[0], 1e-9)
+                return prev[1] + frac * (s[1] - prev[1])
+            prev = s
+        return self.series[-1][1]
+
+
+def launch(cmd: list[str], log: Path) -> tuple[subprocess.Popen, TreeSampler, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    launched = time.time()
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    sampler = TreeSampler(proc.pid)
+    sampler.start_t = launched
+    sampler.start()
+    return proc, sampler, launched
+
+
+def finish(proc: subprocess.Popen, sampler: TreeSampler, cap_s: float) -> float:
+    try:
+        proc.wait(cap_s + 300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    wall = time.time() - sampler.start_t
+    sampler.done.set()
+    sampler.join()
+    return wall
+
+
+def measured(arm: str, rep: int, sampler: TreeSampler, wall: float, **fields: Any) -> dict:
+    reached = fields.get("to_target_s")
+    return {
+        "arm": arm,
+        "rep": rep,
+        **fields,
+        "cpu_to_target_s": sampler.cpu_at(reached) if reached is not None else None,
+        "cpu_total_s": sampler.cpu_at(None),
+        "peak_rss_mb": max((s[2] for s in sampler.series), default=0) / 2**20,
+        "wall_total_s": wall,
+        "load": os.getloadavg()[0],
+    }
+
+
+def via_copy(nodes: list[dict], subs: list[dict], target: float) -> bool | None:
+    """Whether the first agent on the board at the target got there from weights copied from
+    another pod (an ancestor on another pod), or on its own training alone."""
+    hits = sorted(
+        (s for s in subs if (s["score"] or -1e300) >= target), key=lambda s: s["decided_at"]
+    )
+    if not hits:
+        return None
+    by_id = {n["candidate_id"]: n for n in nodes}
+    node = by_id.get(hits[0]["candidate_id"])
+    while node is not None and node["parent_id"] is not None:
+        parent = by_id.get(node["parent_id"])
+        if parent is not None and parent["pod_id"] != node["pod_id"]:
+            return True
+        node = parent
+    return False
+
+
+def run_podium(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[str, Any]:
+    spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s)
+    spec_file, out = work / "spec.yaml", work / "out"
+    spec_file.write_text(yaml.safe_dump(spec))
+    podium = Path(sys.executable).with_name("podium")
+    cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet"]
+    ports = ["--port", "0", "--leaderboard-port", "0"]
+    proc, sampler, launched = launch([*cmd, *ports], work / "log")
+    wall = finish(proc, sampler, args.cap_s)
+    exp = json.loads((out / "experiment.json").read_text())
+    subs = json.loads((out / "submissions.json").read_text())
+    target = spec["target_reward"]
+    hits = [s["decided_at"] for s in subs if s["score"] is not None and s["score"] >= target]
+    first = min((s["decided_at"] for s in subs), default=None)
+    reached = min(hits) - launched if hits else None
+    return measured(
+        "podium",
+        rep,
+        sampler,
+        wall,
+        to_target_s=reached,
+        submitted_s=exp["created_at"] - launched,
+        first_score_s=first - launched if first else None,
+        env_steps=(exp.get("result") or {}).get("env_steps") if hits else None,
+        via_copy=via_copy(json.loads((out / "lineage.json").read_text())["nodes"], subs, target),
+        best=exp.get("best_score"),
+        round_steps=spec["round"]["env_steps"],
+        env_steps_in_all=(exp.get("progress") or {}).get("env_steps"),
+        pods=exp.get("desired_pods"),
+        exit_code=proc.returncode,
+    )
+
+
+def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[str, Any]:
+    spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s)
+    job = {
+        "spec": spec,
+        "rep": rep,
+        "pods": args.pods,
+        "cores": cores,
+        "cap_s": args.cap_s,
+        "algorithm": next(iter(spec["algorithms"])),
+        "storage": str(work / "tune"),
+        "out": str(work / "ray.json"),
+        "launched": 0.0,
+    }
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--ray-driver"]
+    job_file = work / "job.json"
+    proc, sampler, launched = launch([*cmd, str(job_file)], work / "log")
+    job["launched"] = launched
+    job_file.write_text(json.dumps(job))  # read by the driver after its imports
+    wall = finish(proc, sampler, args.cap_s)
+    res = json.loads(Path(job["out"]).read_text()) if Path(job["out"]).exists() else {}
+    return measured(
+        "ray",
+        rep,
+        sampler,
+        wall,
+        to_target_s=res.get("reached"),
+        submitted_s=res.get("ray_up"),
+        first_score_s=res.get("first_result"),
+        env_steps=res.get("steps_at"),
+        best=res.get("best"),
+        round_steps=spec["round"]["env_steps"],
+        env_steps_in_all=res.get("steps"),
+        pods=args.pods,
+        exit_code=proc.returncode,
+        imported_s=res.get("imported"),
+        via_copy=res.get("via_copy"),
+        exploits=res.get("exploits"),
+        trial_errors=res.get("trial_errors"),
+    )
+
+
+def agent_speed(args: argparse.Namespace) -> None:
+    """Per-agent speed alone: one SB3 agent and one Podium agent (the same preset, one torch
+    thread, no evaluation in the clock) train ``--speed-steps`` env steps each, alternating,
+    ``--reps`` times; prints env steps/s of each and the ratio."""
+    import torch
+    from sb3_timing import timed_learn, timed_podium
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    from services.pod.fit import train
+    from services.pod.offpolicy import OffPolicyConfig
+    from services.pod.presets import preset
+
+    spec = podium_spec(args.env, 1, 1, 0, args.cap_s)
+    algorithm, n = next(iter(spec["algorithms"])), args.speed_steps
+    never = 1e9  # a threshold no evaluation reaches: train the whole budget
+    rates: dict[str, list[float]] = {"sb3": [], "podium": []}
+    extra: dict[str, list[float]] = {"eval_s": [], "checkpoint_s": []}
+    for seed in range(args.reps):
+        torch.set_num_threads(1)
+        model, _ = sb3_model(algorithm, args.env, {}, seed)
+        seconds, _ = timed_learn(model, sb3_env(args.env, 1, seed), n, never, n, 1)
+        rates["sb3"].append(n / seconds)
+        # What a trial adds to each round: the evaluation (as many episodes as the spec's, on
+        # one Python env each) and the checkpoint PBT may ask for.
+        episodes = spec["evaluation"]["episodes"]
+        start = time.perf_counter()
+        evaluate_policy(model, sb3_env(args.env, episodes, seed), episodes, deterministic=True)
+        extra["eval_s"].append(time.perf_counter() - start)
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            model.save(Path(tmp) / "model.zip")
+            model.save_replay_buffer(Path(tmp) / "replay_buffer.pkl")
+            extra["checkpoint_s"].append(time.perf_counter() - start)
+        cfg = {**preset(algorithm, args.env), "total_env_steps": n}
+        seconds, _ = timed_podium(OffPolicyConfig, train, cfg, seed, n, 1, never)
+        rates["podium"].append(n / seconds)
+        print(
+            json.dumps({"speed": seed, **{k: v[-1] for k, v in {**rates, **extra}.items()}}),
+            flush=True,
+        )
+    sb3, podium = statistics.median(rates["sb3"]), statistics.median(rates["podium"])
+    print(
+        f"\n| agent | env steps/s (median of {args.reps}) |\n|---|---|\n| SB3 {algorithm} | "
+        f"{sb3:,.0f} |\n| Podium {algorithm} | {podium:,.0f} |\n| Podium / SB3 | "
+        f"{podium / sb3:.1f}x |\nSB3 per round of {spec['round']['env_steps']} env steps "
+        f"(~{spec['round']['env_steps'] / sb3:.1f} s): evaluation "
+        f"{statistics.median(extra['eval_s']):.2f} s, checkpoint "
+        f"{statistics.median(extra['checkpoint_s']):.2f} s (medians)"
+    )
+
+
+def med(values: list[float | None], cap: float | None = None) -> float | None:
+    got = [v if v is not None else cap for v in values]
+    got = [v for v in got if v is not None]
+    return statistics.median(got) if got else None
+
+
+def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
+    """Markdown table of medians per arm (an unsolved run counts as the cap for time: the
+    median is then a lower bound), the Podium/Ray ratios and where the time goes."""
+    cols = [
+        ("to_target_s", "wall to target s", cap_s),
+        ("cpu_to_target_s", "CPU s to target", None),
+        ("env_steps", "env steps to target", None),
+        ("peak_rss_mb", "peak RSS MB", None),
+        ("first_score_s", "launch to first score s", None),
+        ("submitted_s", "launch to submitted / Ray up s", None),
+        ("steps_per_agent_s", "env steps/s per agent", None),
+        ("cpu_ms_per_step", "CPU ms per env step", None),
+        ("cpu_total_s", "CPU s in all", None),
+        ("wall_total_s", "wall in all s", None),
+        ("env_steps_in_all", "env steps in all", None),
+        ("best", "best score", None),
+    ]
+    for r in results:
+        # Per-agent speed while the P agents share the cores: env steps between the first
+        # score and the target, per agent and second (evaluation and checkpoints included).
+        t, f, s = r["to_target_s"], r["first_score_s"], r["env_steps"]
+        # The first round's steps (P rounds) are done by the first score: not counted.
+        s = s - r["pods"] * r["round_steps"] if s else None
+        r["steps_per_agent_s"] = s / r["pods"] / (t - f) if t and f and s and t > f else None
+        # CPU time does not grow while a process waits for a core: the load-robust twin.
+        c, e = r["cpu_to_target_s"], r["env_steps"]
+        r["cpu_ms_per_step"] = 1000 * c / e if c and e else None
+    arms = [a for a in ("podium", "ray") if any(r["arm"] == a for r in results)]
+    medians = {
+        a: {k: med([r.get(k) for r in results if r["arm"] == a], cap) for k, _, cap in cols}
+        for a in arms
+    }
+    print("\n| arm | solved | " + " | ".join(label for _, label, _ in cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for a in arms:
+        runs = [r for r in results if r["arm"] == a]
+        solved = f"{sum(r['to_target_s'] is not None for r in runs)}/{len(runs)}"
+        cells = [f"{medians[a][k]:,.1f}" if medians[a][k] is not None else "-" for k, _, _ in cols]
+        print(f"| {a} | {solved} | " + " | ".join(cells) + " |")
+    if len(arms) == 2:
+        ratio = [
+            f"{medians['podium'][k] / medians['ray'][k]:.2f}x"
+            if medians["podium"][k] and medians["ray"][k]
+            else "-"
+            for k, _, _ in cols
+        ]
+        print("| podium / ray | | " + " | ".join(ratio) + " |")
+        paired = []
+        for rep in sorted({r["rep"] for r in results}):
+            got = {r["arm"]: r["to_target_s"] or cap_s for r in results if r["rep"] == rep}
+            if len(got) == 2:
+                paired.append(got["ray"] / got["podium"])
+        print(f"paired Ray/Podium wall to target per rep: {', '.join(f'{x:.1f}x' for x in paired)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="Pendulum-v1", choices=sorted(TASKS))
+    parser.add_argument("--pods", type=int, default=4, help="population size P of both arms")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--first-rep", type=int, default=0)
+    parser.add_argument("--cpus", default=None, help="CPU set of both arms, e.g. 0,1 (default all)")
+    parser.add_argument("--cap-s", type=float, default=600.0)
+    parser.add_argument("--arms", nargs="+", default=["podium", "ray"])
+    parser.add_argument("--summarize", nargs="+", type=Path, default=None)
+    parser.add_argument(
+        "--speed-steps",
+        type=int,
+        default=0,
+        help="instead of the tournaments: per-agent speed alone over this many env steps",
+    )
+    parser.add_argument("--ray-driver", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ray_driver:
+        while not args.ray_driver.exists() or not args.ray_driver.stat().st_size:
+            time.sleep(0.01)
+        ray_driver(json.loads(args.ray_driver.read_text()))
+        return
+    if args.summarize:
+        lines = [ln for f in args.summarize for ln in f.read_text().splitlines()]
+        summarize([json.loads(ln) for ln in lines if ln.startswith('{"arm"')], args.cap_s)
+        return
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    cores = len(os.sched_getaffinity(0))
+    if args.speed_steps:
+        agent_speed(args)
+        return
+    import ray
+    import stable_baselines3
+
+    print(
+        f"machine: {cpu_model()}, {os.cpu_count()} cores, pinned to "
+        f"{sorted(os.sched_getaffinity(0))}"
+        f"; ray {ray.__version__}, stable-baselines3 {stable_baselines3.__version__}; {args.env}, "
+        f"P={args.pods}, cap {args.cap_s:g}s; load average {os.getloadavg()}",
+        flush=True,
+    )
+    results = []
+    runners = {"podium": run_podium, "ray": run_ray}
+    with tempfile.TemporaryDirectory(prefix="podium-vs-ray-") as tmp:
+        for rep in range(args.first_rep, args.first_rep + args.reps):
+            arms = args.arms[rep % len(args.arms) :] + args.arms[: rep % len(args.arms)]
+            for arm in arms:
+                work = Path(tmp) / f"{arm}-{rep}"
+                work.mkdir()
+                out = runners[arm](args, rep, cores, work)
+                results.append(out)
+                print(json.dumps(out), flush=True)
+                if out["exit_code"] not in (0, None) and arm == "ray":
+                    print((work / "log").read_text()[-3000:], flush=True)
+    summarize(results, args.cap_s)
+
+
+if __name__ == "__main__":
+    main()
