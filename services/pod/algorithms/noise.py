@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from services.pod.algorithms.offpolicy_config import NoiseKind
+from services.pod.algorithms.offpolicy_config import ContinuousAgentConfig, NoiseKind
 
 
 def colored_noise(
@@ -66,8 +66,8 @@ class ActionNoise:
         self._fresh: torch.Tensor | None = None  # envs whose episode just began
 
     @classmethod
-    def of(cls, config, action_shape: tuple[int, ...]) -> ActionNoise:
-        """The noise a continuous agent's config (``_ContinuousAgentConfig``) names."""
+    def of(cls, config: ContinuousAgentConfig, action_shape: tuple[int, ...]) -> ActionNoise:
+        """The noise a continuous agent's config names."""
         return cls(
             config.action_noise, action_shape, config.noise_correlation, config.noise_horizon
         )

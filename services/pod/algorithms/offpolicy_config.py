@@ -45,7 +45,7 @@ class _AgentConfig(BaseModel):
     activation: Activation = "relu"
 
 
-class _ContinuousAgentConfig(_AgentConfig):
+class ContinuousAgentConfig(_AgentConfig):
     """The continuous agents' exploration noise: its correlation in time."""
 
     action_noise: NoiseKind = Field(
@@ -61,7 +61,7 @@ class _ContinuousAgentConfig(_AgentConfig):
     )
 
 
-class DDPGConfig(_ContinuousAgentConfig):
+class DDPGConfig(ContinuousAgentConfig):
     gamma: float = Field(0.98, gt=0, le=1)
     exploration_noise: float = Field(0.1, ge=0, description="Std of the Gaussian action noise.")
 
@@ -72,7 +72,7 @@ class TD3Config(DDPGConfig):
     policy_delay: int = Field(2, ge=1, description="Critic updates per actor update.")
 
 
-class SACConfig(_ContinuousAgentConfig):
+class SACConfig(ContinuousAgentConfig):
     init_alpha: float = Field(1.0, gt=0, description="Initial entropy temperature.")
     autotune_alpha: bool = Field(True, description="Learn α towards the target entropy.")
     target_entropy: float | None = Field(None, description="Default: −dim(action).")
