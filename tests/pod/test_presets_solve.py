@@ -22,6 +22,9 @@ BUDGETS = {
     ("ppo", "Acrobot-v1"): 500_000,
     ("dqn", "Acrobot-v1"): 50_000,
     ("ppo", "MountainCarContinuous-v0"): 100_000,
+    # The hard-exploration pair: with independent noise SAC never leaves "do nothing" here
+    # (docs/tournaments.md, "Tasks where the population matters"); pink noise finds the flag.
+    ("sac", "MountainCarContinuous-v0"): 50_000,
 }
 
 
