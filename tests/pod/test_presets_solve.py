@@ -19,7 +19,6 @@ from services.pod.presets import SOLVED_AT, train_config
 BUDGETS = {
     ("ppo", "CartPole-v1"): 200_000,
     ("dqn", "CartPole-v1"): 60_000,
-    ("ppo", "Acrobot-v1"): 500_000,
     ("dqn", "Acrobot-v1"): 50_000,
     ("ppo", "MountainCarContinuous-v0"): 100_000,
     # The hard-exploration pair: with independent noise SAC never leaves "do nothing" here
