@@ -4,8 +4,9 @@ Each case builds its config exactly as ``podium train`` does (services/pod/prese
 ``train_config``: the algorithm's preset for the env, then the user's layers, here the
 algorithm and a fixed seed) and trains it with services/pod/fit.py's loop. It must reach the
 env's solve threshold within the env-step budget documented in docs/benchmarks.md ("Presets
-that generalise"); the preset may not grant itself a larger one. The cheap pairs run here;
-bench/presets_solve.py measures every pair over several seeds.
+that generalise"); the preset may not grant itself a larger one. The cheap pairs run here
+(PPO on Acrobot needs ~250k env steps, and Pendulum's off-policy agents are tested in
+test_offpolicy.py); bench/presets_solve.py measures every pair over several seeds.
 """
 
 from __future__ import annotations
