@@ -5,8 +5,7 @@ Each case builds its config exactly as ``podium train`` does (services/pod/prese
 algorithm and a fixed seed) and trains it with services/pod/fit.py's loop. It must reach the
 env's solve threshold within the env-step budget documented in docs/benchmarks.md ("Presets
 that generalise"); the preset may not grant itself a larger one. The cheap pairs run here
-(PPO on Acrobot needs ~250k env steps, and Pendulum's off-policy agents are tested in
-test_offpolicy.py); bench/presets_solve.py measures every pair over several seeds.
+(Pendulum's agents are tested in test_ppo.py and test_offpolicy.py); bench/presets_solve.py measures every pair over several seeds.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from services.pod.presets import SOLVED_AT, train_config
 BUDGETS = {
     ("ppo", "CartPole-v1"): 200_000,
     ("dqn", "CartPole-v1"): 60_000,
+    ("ppo", "Acrobot-v1"): 500_000,
     ("dqn", "Acrobot-v1"): 50_000,
     ("ppo", "MountainCarContinuous-v0"): 100_000,
     # The hard-exploration pair: with independent noise SAC never leaves "do nothing" here
