@@ -5,7 +5,8 @@ Each case builds its config exactly as ``podium train`` does (services/pod/prese
 algorithm and a fixed seed) and trains it with services/pod/fit.py's loop. It must reach the
 env's solve threshold within the env-step budget documented in docs/benchmarks.md ("Presets
 that generalise"); the preset may not grant itself a larger one. The cheap pairs run here
-(Pendulum's agents are tested in test_ppo.py and test_offpolicy.py); bench/presets_solve.py measures every pair over several seeds.
+(Pendulum's agents are tested in test_ppo.py and test_offpolicy.py); bench/presets_solve.py
+measures every pair over several seeds.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ BUDGETS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("algorithm", "env"), list(BUDGETS), ids="{0[0]}-{0[1]}".format)
+@pytest.mark.parametrize(("algorithm", "env"), list(BUDGETS), ids=[f"{a}-{e}" for a, e in BUDGETS])
 def test_podium_train_solves_env_with_defaults(algorithm: str, env: str) -> None:
     config = train_config(env, [{"algorithm": algorithm, "seed": 1}])
     budget = BUDGETS[algorithm, env]
