@@ -296,6 +296,7 @@ class ExploringAgent(Protocol):
         self, obs: torch.Tensor, generator: torch.Generator, env_steps: int
     ) -> torch.Tensor: ...
     def to_env(self, action: torch.Tensor) -> torch.Tensor: ...
+    def end_episodes(self, done: torch.Tensor) -> None: ...
 
 
 class ReplayWorker:
@@ -322,6 +323,9 @@ class ReplayWorker:
     def reset(self, env_steps: int) -> None:
         """Start fresh episodes (seeded by the env steps so far, so a resumed run differs)."""
         self.obs, _ = self.env.reset(seed=self.seed + env_steps)
+        self.agent.end_episodes(
+            torch.ones(self.env.num_envs, dtype=torch.bool, device=self.env.device)
+        )
         self.return_sum.zero_()
         self.episodes.zero_()
 
@@ -339,7 +343,9 @@ class ReplayWorker:
         self.buffer.add(self.obs, action, reward, info["final_obs"], terminated)
         self.obs = next_obs
         self.return_sum += info["episode_return"].sum()  # zero where no episode ended
-        self.episodes += (terminated | truncated).sum()
+        done = terminated | truncated
+        self.episodes += done.sum()
+        agent.end_episodes(done)
         return n
 
     def train_return(self) -> float | None:

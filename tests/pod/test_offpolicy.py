@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
 from services.pod.algorithms.dqn import DQN, DQNConfig
+from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.replay_buffer import Batch, ReplayBuffer
 from services.pod.checkpoint import CheckpointError
 from services.pod.envs.registry import make_env
@@ -207,3 +208,64 @@ def test_continuous_agents_solve_pendulum_within_env_step_budget(algorithm):
 def test_dqn_family_solves_cartpole_within_env_step_budget(double, dueling):
     dqn = {**preset("dqn", "CartPole-v1")["dqn"], "double": double, "dueling": dueling}
     assert_solves("dqn", "CartPole-v1", 80_000, seed=1, dqn=dqn)
+
+
+# -- exploration noise over time ------------------------------------------------------------
+def noise_sequence(kind: str, steps: int, n: int = 256, **kwargs) -> torch.Tensor:
+    """(steps, n) draws of one action dimension from ``ActionNoise``."""
+    noise = ActionNoise(kind, (1,), **kwargs)
+    gen = torch.Generator().manual_seed(0)
+    return torch.stack([noise.sample(n, gen, torch.device("cpu"))[:, 0] for _ in range(steps)])
+
+
+def lag_correlation(x: torch.Tensor, lag: int) -> float:
+    return float((x[lag:] * x[:-lag]).mean() / x.var())
+
+
+@pytest.mark.parametrize(
+    ("kind", "kwargs"),
+    [("white", {}), ("ou", {"correlation": 0.95}), ("pink", {"horizon": 200})],
+)
+def test_noise_has_unit_variance_and_its_kinds_correlation_in_time(kind, kwargs):
+    x = noise_sequence(kind, 200, **kwargs)
+    assert x.var().item() == pytest.approx(1.0, abs=0.1)
+    one, five = lag_correlation(x, 1), lag_correlation(x, 5)
+    if kind == "white":
+        assert abs(one) < 0.02 and abs(five) < 0.02
+    elif kind == "ou":  # an AR(1) process: ρ per step, ρ^5 over five
+        assert one == pytest.approx(0.95, abs=0.02)
+        assert five == pytest.approx(0.95**5, abs=0.03)
+    else:  # 1/f: most power at low frequencies, so successive draws lean the same way
+        assert one > 0.5 and five > 0.25
+
+
+@pytest.mark.parametrize("kind", ["ou", "pink"])
+def test_noise_starts_over_where_an_episode_ended(kind):
+    noise = ActionNoise(kind, (1,), correlation=0.999, horizon=100)
+    gen = torch.Generator().manual_seed(0)
+    cpu = torch.device("cpu")
+    first = noise.sample(2000, gen, cpu)
+    done = torch.zeros(2000, dtype=torch.bool)
+    done[1000:] = True
+    noise.reset(done)
+    second = noise.sample(2000, gen, cpu)
+    # Envs whose episode goes on keep their push; the others draw afresh (independent).
+    kept = torch.corrcoef(torch.stack([first[:1000, 0], second[:1000, 0]]))[0, 1]
+    fresh = torch.corrcoef(torch.stack([first[1000:, 0], second[1000:, 0]]))[0, 1]
+    assert kept > 0.5 and abs(fresh) < 0.1
+
+
+def test_ddpg_explores_with_the_noise_its_config_names():
+    env = make_env("MountainCarContinuous-v0", 64, seed=0)
+    obs, _ = env.reset(seed=0)
+    gen = torch.Generator().manual_seed(0)
+    pushes = {}
+    for kind in ("white", "pink"):
+        agent = DDPG(
+            env.single_observation_space,
+            env.single_action_space,
+            DDPGConfig(action_noise=kind, exploration_noise=0.3),
+        )
+        actions = torch.stack([agent.explore(obs, gen, 10_000)[:, 0] for _ in range(50)])
+        pushes[kind] = lag_correlation(actions - actions.mean(), 5)
+    assert abs(pushes["white"]) < 0.1 and pushes["pink"] > 0.5

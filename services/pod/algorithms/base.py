@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from services.pod.algorithms.hyperparameters import HyperparameterError
 
@@ -13,6 +13,11 @@ if TYPE_CHECKING:
 
 class OffPolicyAlgorithm:
     name: ClassVar[str]
+
+    def end_episodes(self, done: Any) -> None:
+        """The episodes of the sub-environments where ``done`` (a bool tensor) ended; an
+        agent whose exploration has a state over time (services/pod/algorithms/noise.py)
+        starts it over there."""
 
     @classmethod
     def trainer(cls, slots: int) -> type[Trainer]:

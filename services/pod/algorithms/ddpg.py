@@ -8,7 +8,8 @@ DDPG learns a deterministic actor μ(s) and a critic Q(s, a) from replayed trans
     targets: θ' ← (1 − τ) θ' + τ θ                     (soft updates)
 
 Actions are kept in [-1, 1] (a tanh head) inside the agent and in the replay buffer; only the
-env sees them rescaled to its bounds. Exploration adds Gaussian noise to μ(s).
+env sees them rescaled to its bounds. Exploration adds Gaussian noise to μ(s), independent or
+correlated in time (``action_noise``, services/pod/algorithms/noise.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import nn
 
 from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
 from services.pod.algorithms.base import OffPolicyAlgorithm
+from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.offpolicy_config import DDPGConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
@@ -134,6 +136,7 @@ class DDPG(OffPolicyAlgorithm, nn.Module):
         self._online = [*self._actor_params, *self._critic_params]
         self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
         self.optimizer = torch.optim.Adam(self._online, lr=config.learning_rate, fused=True)
+        self.noise = ActionNoise.of(config, self.action_shape)
 
     @property
     def actor(self) -> DeterministicActor:
@@ -154,8 +157,11 @@ class DDPG(OffPolicyAlgorithm, nn.Module):
     @torch.no_grad()
     def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
         action = self.actor(obs)
-        noise = torch.randn(action.shape, generator=generator, device=action.device)
+        noise = self.noise.sample(len(action), generator, action.device)
         return action.add_(noise, alpha=self.config.exploration_noise).clamp_(-1, 1)
+
+    def end_episodes(self, done: torch.Tensor) -> None:
+        self.noise.reset(done)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         return self.actor.to_env(action)

@@ -9,9 +9,14 @@ off-policy loop's own hyperparameters (services/pod/offpolicy.py).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.pod.algorithms.ppo_config import Activation
+
+#: How exploration noise is correlated in time (services/pod/algorithms/noise.py).
+NoiseKind = Literal["white", "ou", "pink"]
 
 
 class ReplayLoopConfig(BaseModel):
@@ -40,7 +45,23 @@ class _AgentConfig(BaseModel):
     activation: Activation = "relu"
 
 
-class DDPGConfig(_AgentConfig):
+class ContinuousAgentConfig(_AgentConfig):
+    """The continuous agents' exploration noise: its correlation in time."""
+
+    action_noise: NoiseKind = Field(
+        "white",
+        description="Exploration noise over time: white (independent draws), ou "
+        "(Ornstein-Uhlenbeck) or pink (1/f); see services/pod/algorithms/noise.py.",
+    )
+    noise_correlation: float = Field(
+        0.9985, ge=0, lt=1, description="ou: correlation of successive draws (1 - theta dt)."
+    )
+    noise_horizon: int = Field(
+        1000, ge=2, description="pink: steps per drawn sequence (the longest period it holds)."
+    )
+
+
+class DDPGConfig(ContinuousAgentConfig):
     gamma: float = Field(0.98, gt=0, le=1)
     exploration_noise: float = Field(0.1, ge=0, description="Std of the Gaussian action noise.")
 
@@ -51,7 +72,7 @@ class TD3Config(DDPGConfig):
     policy_delay: int = Field(2, ge=1, description="Critic updates per actor update.")
 
 
-class SACConfig(_AgentConfig):
+class SACConfig(ContinuousAgentConfig):
     init_alpha: float = Field(1.0, gt=0, description="Initial entropy temperature.")
     autotune_alpha: bool = Field(True, description="Learn α towards the target entropy.")
     target_entropy: float | None = Field(None, description="Default: −dim(action).")

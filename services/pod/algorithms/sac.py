@@ -33,6 +33,7 @@ from services.pod.algorithms.ddpg import (
     polyak_,
     uniform_action,
 )
+from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.offpolicy_config import SACConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
@@ -54,13 +55,19 @@ class SquashedGaussianActor(BoundedActor):
         self.net = mlp(obs_dim, hidden, 2 * self.act_dim, activation, out_gain=0.01)
 
     def sample(
-        self, obs: torch.Tensor, generator: torch.Generator | None = None, with_logp: bool = True
+        self,
+        obs: torch.Tensor,
+        generator: torch.Generator | None = None,
+        with_logp: bool = True,
+        eps: torch.Tensor | None = None,
     ):
         """(a, log π(a|s)) of a reparameterised sample a = tanh(μ + σ ε); the log-prob is
-        None when ``with_logp`` is False (acting needs only a, once per env step)."""
+        None when ``with_logp`` is False (acting needs only a, once per env step). ``eps``:
+        the standard-normal draws to use (exploration's, correlated in time), else fresh."""
         mean, log_std = self.net(obs).chunk(2, dim=-1)
         log_std = log_std.clamp(self.log_std_min, self.log_std_max)
-        eps = torch.randn(mean.shape, generator=generator, device=obs.device)
+        if eps is None:
+            eps = torch.randn(mean.shape, generator=generator, device=obs.device)
         u = mean + eps * log_std.exp()
         if not with_logp:
             return torch.tanh(u), None
@@ -104,6 +111,7 @@ class SAC(OffPolicyAlgorithm, nn.Module):
             [*self._actor_params, *self._critic_params], lr=config.learning_rate, fused=True
         )
         self._targets = list(self.critic_target.parameters())
+        self.noise = ActionNoise.of(config, self.action_shape)
 
     @property
     def actor(self) -> SquashedGaussianActor:
@@ -118,7 +126,11 @@ class SAC(OffPolicyAlgorithm, nn.Module):
 
     @torch.no_grad()
     def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
-        return self.actor.sample(obs, generator, with_logp=False)[0]
+        eps = self.noise.sample(len(obs), generator, obs.device)
+        return self.actor.sample(obs, generator, with_logp=False, eps=eps)[0]
+
+    def end_episodes(self, done: torch.Tensor) -> None:
+        self.noise.reset(done)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         return self.actor.to_env(action)

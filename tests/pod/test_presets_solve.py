@@ -1,0 +1,45 @@
+"""The presets generalise: ``podium train ENV --set algorithm=X`` solves ENV from its defaults.
+
+Each case builds its config exactly as ``podium train`` does (services/pod/presets.py
+``train_config``: the algorithm's preset for the env, then the user's layers, here the
+algorithm and a fixed seed) and trains it with services/pod/fit.py's loop. It must reach the
+env's solve threshold within the env-step budget documented in docs/benchmarks.md ("Presets
+that generalise"); the preset may not grant itself a larger one. The cheap pairs run here
+(Pendulum's agents are tested in test_ppo.py and test_offpolicy.py); bench/presets_solve.py
+measures every pair over several seeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from services.pod.fit import train
+from services.pod.presets import SOLVED_AT, train_config
+
+#: (algorithm, env) → the env-step budget to the solve threshold (docs/benchmarks.md).
+BUDGETS = {
+    ("ppo", "CartPole-v1"): 200_000,
+    ("dqn", "CartPole-v1"): 60_000,
+    ("ppo", "Acrobot-v1"): 500_000,
+    ("dqn", "Acrobot-v1"): 50_000,
+    ("ppo", "MountainCarContinuous-v0"): 100_000,
+    # The hard-exploration pair: with independent noise SAC never leaves "do nothing" here
+    # (docs/tournaments.md, "Tasks where the population matters"); pink noise finds the flag.
+    ("sac", "MountainCarContinuous-v0"): 50_000,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("algorithm", "env"), list(BUDGETS), ids=[f"{a}-{e}" for a, e in BUDGETS])
+def test_podium_train_solves_env_with_defaults(algorithm: str, env: str) -> None:
+    config = train_config(env, [{"algorithm": algorithm, "seed": 1}])
+    budget = BUDGETS[algorithm, env]
+    assert config.target_return == SOLVED_AT[env]
+    assert config.total_env_steps <= budget, "the preset's budget exceeds the documented one"
+    result = train(config)
+    assert result.best is not None
+    assert result.solved_at_env_steps is not None, (
+        f"{algorithm} on {env}: best eval {result.best.mean:.1f} < {SOLVED_AT[env]} "
+        f"within {config.total_env_steps:,} env steps"
+    )
+    assert result.solved_at_env_steps <= budget
