@@ -37,9 +37,9 @@ SOLVED_AT: dict[str, float] = {
     "Pendulum-v1": -200.0,
     "Acrobot-v1": -100.0,
     "MountainCarContinuous-v0": 90.0,
-    # Not gymnasium's 4,800 (beyond PPO's reach in its 1M-step budget): the score a good PPO
-    # run passes within that budget, so the spread between seeds shows.
-    "HalfCheetah-v5": 1500.0,
+    # Not gymnasium's 4,800 (beyond PPO's reach in its 1M-step budget): a score good PPO runs
+    # pass within that budget and stuck ones never do (docs/tournaments.md).
+    "HalfCheetah-v5": 3000.0,
 }
 
 
