@@ -126,7 +126,12 @@ def offpolicy_space(
 # MountainCar: many envs and few updates per env step: on two shared cores the env steps are
 # what is scarce for an exploration task, and 32 torch-native envs step nearly for free.
 # Exploration is what it is about: noise from nearly none to wild, SAC's temperature likewise.
-MCC_SPACE = offpolicy_space(32, 0.0625, 8192, 64, 1e-2, 1.0, 10.0)
+MCC_SPACE = {
+    **offpolicy_space(32, 0.0625, 8192, 64, 1e-2, 1.0, 10.0),
+    # The kind of exploration noise is searched too: white noise never leaves "do nothing",
+    # time-correlated noise usually does (docs/tournaments.md), and a pod cannot know which.
+    "action_noise": {"type": "choice", "values": ["white", "ou", "pink"]},
+}
 # HalfCheetah: gymnasium's CPU envs cost far more per step; fewer, and more updates per step.
 CHEETAH_SPACE = offpolicy_space(4, 0.25, 4000, 128, 3e-3, 0.5, 1.0)
 
@@ -228,6 +233,8 @@ def run(
         options["ready_env_steps"] = args.ready_env_steps
         if args.truncation is not None:
             options["truncation"] = args.truncation
+        if args.exploit_margin:
+            options["exploit_margin"] = args.exploit_margin
         if arm == "improving":
             options["protect_improving"] = task.improvement
     exp = f"{arm}-{rep}"
@@ -414,6 +421,12 @@ def main() -> None:
         help="pbt: share of the pods replaced (generator option); default: all but the best",
     )
     parser.add_argument(
+        "--exploit-margin",
+        type=float,
+        default=0.0,
+        help="pbt arms: the generator option exploit_margin (a parent must beat a pod by more)",
+    )
+    parser.add_argument(
         "--space",
         choices=["default", "wide"],
         default="default",
@@ -451,7 +464,7 @@ def main() -> None:
         f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
         f"{platform.python_version()}; task {args.task} ({task.env}), {args.pods} pods, cap "
         f"{args.cap_s:g}s, {args.mode}, rounds {args.round_steps}, ready {args.ready_env_steps}, "
-        f"truncation {args.truncation}",
+        f"truncation {args.truncation}, exploit margin {args.exploit_margin:g}",
         flush=True,
     )
     results: list[dict[str, Any]] = []

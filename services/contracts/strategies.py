@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -87,6 +87,15 @@ class PBTOptions(StrategyOptions):
         "this (in the score's units) since its previous report is not replaced, however far "
         "below the leader it is; it keeps training while it improves. Pick it above the "
         "evaluation noise. Unset: judged on its score alone.",
+    )
+    exploit_margin: float = Field(
+        default=0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Exploit's bar: an agent is replaced only by a parent whose score beats "
+        "its own by more than this (in the score's units). Above 0 it keeps an agent that is "
+        "exploring and scores a little below idle ones (a hard-exploration task's action cost) "
+        "from being overwritten by a copy of an idle agent. 0: any better score.",
     )
 
 
@@ -210,10 +219,19 @@ def ready_rule(spec: ExperimentSpec) -> tuple[int, int]:
 def protect_improving(spec: ExperimentSpec) -> float | None:
     """The ``pbt`` generator's ``protect_improving`` option (None: unset), checked as the
     options model checks it."""
-    value = spec.generator.options.get("protect_improving")
+    return _pbt_option(spec, "protect_improving")
+
+
+def exploit_margin(spec: ExperimentSpec) -> float:
+    """The ``pbt`` generator's ``exploit_margin`` option (0 when unset)."""
+    return _pbt_option(spec, "exploit_margin")
+
+
+def _pbt_option(spec: ExperimentSpec, name: str) -> Any:
+    value = spec.generator.options.get(name)
     if value is None:
-        return None
-    return PBTOptions.model_validate({"protect_improving": value}).protect_improving
+        return PBTOptions.model_fields[name].default
+    return getattr(PBTOptions.model_validate({name: value}), name)
 
 
 def is_improving(agent: Judged, margin: float, higher_is_better: bool = True) -> bool:
@@ -247,13 +265,16 @@ def is_ready(
     )
 
 
-def parent_is_better(manifest: Manifest, agent: Judged, higher_is_better: bool) -> bool:
-    """Whether the generator's proposed parent (``manifest``) scored better than ``agent``
-    (PBT's exploit); an agent not scored yet loses to any parent."""
+def parent_is_better(
+    manifest: Manifest, agent: Judged, higher_is_better: bool, margin: float = 0.0
+) -> bool:
+    """Whether the generator's proposed parent (``manifest``) scored better than ``agent`` by
+    more than ``margin`` (PBT's exploit; ``exploit_margin``); an agent not scored yet loses to
+    any parent."""
     parent_id, parent_score = manifest.parent_id, manifest.parent_score
     if parent_id is None or parent_id == agent.candidate_id or parent_score is None:
         return False
     own = agent.score
     if own is None:
-        own = -math.inf if higher_is_better else math.inf
-    return parent_score > own if higher_is_better else parent_score < own
+        return True
+    return (parent_score - own if higher_is_better else own - parent_score) > margin

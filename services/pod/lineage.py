@@ -14,7 +14,12 @@ from typing import Any
 
 from services.contracts.leaderboard import SubmissionResponse
 from services.contracts.spec import ExperimentSpec
-from services.contracts.strategies import is_ready, protect_improving, ready_rule
+from services.contracts.strategies import (
+    exploit_margin,
+    is_ready,
+    protect_improving,
+    ready_rule,
+)
 from services.pod.evaluator import EvalResult
 
 
@@ -72,13 +77,19 @@ class ReadyRule:
     env_steps: int
     improving_margin: float | None = None  # protect_improving: unset
     higher_is_better: bool = True
+    exploit_margin: float = 0.0
 
     @classmethod
     def of(cls, spec: ExperimentSpec) -> ReadyRule:
-        """The generator's ``ready_reports`` / ``ready_env_steps`` / ``protect_improving``
-        options, else their defaults (services/contracts/strategies.py, where PBT's whole
-        decision is stated)."""
-        return cls(*ready_rule(spec), protect_improving(spec), spec.evaluation.higher_is_better)
+        """The generator's ``ready_reports`` / ``ready_env_steps`` / ``protect_improving`` /
+        ``exploit_margin`` options, else their defaults (services/contracts/strategies.py,
+        where PBT's whole decision is stated)."""
+        return cls(
+            *ready_rule(spec),
+            protect_improving(spec),
+            spec.evaluation.higher_is_better,
+            exploit_margin(spec),
+        )
 
     def is_ready(self, agent: Lineage, env_steps: int) -> bool:
         """Whether PBT should judge ``agent`` now (``env_steps``: its slot's count)."""

@@ -332,7 +332,9 @@ class PodRuntime:
         if not self.ready.is_ready(slot, self.trainer.counters(i).env_steps):
             return None  # the best there is, or not trained long enough to be judged
         manifest = self.client.generate(slot.pod_id, algorithm=slot.algorithm, score=slot.score)
-        if parent_is_better(manifest, slot, self.spec.evaluation.higher_is_better):
+        if parent_is_better(
+            manifest, slot, self.spec.evaluation.higher_is_better, self.ready.exploit_margin
+        ):
             return manifest
         self.release(manifest)
         return None

@@ -22,9 +22,9 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from services.contracts.leaderboard import SubmissionResponse
+from services.contracts.leaderboard import Manifest, SubmissionResponse
 from services.contracts.spec import ExperimentSpec
-from services.contracts.strategies import PBTOptions
+from services.contracts.strategies import PBTOptions, parent_is_better
 from services.pod.checkpoint import read_files, write_files
 from services.pod.evaluator import EvalResult
 from services.pod.fit import build
@@ -126,6 +126,48 @@ def test_protect_improving_keeps_a_rising_agent() -> None:
     # The leader is never judged, improving or not.
     cost.record(SubmissionResponse(accepted=True, candidate_id="c", rank=1), 10.0)
     assert not lower.is_ready(cost, steps) and not ReadyRule(1, 0).is_ready(cost, steps)
+
+
+def test_exploit_margin_keeps_an_explorer_from_a_copy_of_an_idle_agent() -> None:
+    """``exploit_margin``: the parent must beat the agent by more than the margin. On
+    MountainCarContinuous an exploring agent scores a little below the idle ones (the action
+    cost: -1.8 against -0.0); with the plain rule it is replaced by a copy of an idle agent
+    (docs/benchmarks.md), with a margin of 10 it keeps exploring, and a parent at the goal
+    (+90) still replaces it."""
+    pbt = {"strategy": "pbt", "options": {"exploit_margin": 10.0}}
+    rule = ReadyRule.of(ExperimentSpec.model_validate(make_spec(generator=pbt)))
+    assert rule.exploit_margin == 10.0
+    assert ReadyRule.of(ExperimentSpec.model_validate(make_spec())).exploit_margin == 0.0
+
+    def parent(score: float) -> Manifest:
+        return Manifest(
+            experiment_id="e",
+            pod_id="p",
+            algorithm="td3",
+            hyperparameters={},
+            parent_id="c-parent",
+            parent_score=score,
+            generation=1,
+            checkpoint={"candidate_id": "c-parent", "files": {}},
+            decision="exploit",
+            strategy="pbt",
+        )
+
+    explorer = Lineage("pod-a")
+    explorer.record(SubmissionResponse(accepted=False, rank=3), -1.8)
+    assert parent_is_better(parent(-0.0), explorer, True)  # the plain rule copies the idle one
+    assert not parent_is_better(parent(-0.0), explorer, True, rule.exploit_margin)
+    assert parent_is_better(parent(90.0), explorer, True, rule.exploit_margin)
+    # Lower is better: the margin applies the other way round.
+    cost = Lineage("pod-b")
+    cost.record(SubmissionResponse(accepted=False, rank=3), 100.0)
+    assert parent_is_better(parent(95.0), cost, False)
+    assert not parent_is_better(parent(95.0), cost, False, 10.0)
+    assert parent_is_better(parent(85.0), cost, False, 10.0)
+    # An agent with no score yet loses to any parent, margin or not.
+    assert parent_is_better(parent(-1e6), Lineage("pod-c"), True, 10.0)
+    with pytest.raises(ValidationError, match="exploit_margin"):
+        PBTOptions.model_validate({"exploit_margin": -1.0})
 
 
 @pytest.mark.parametrize("bad", [-1.0, "5", float("nan"), float("inf")])
