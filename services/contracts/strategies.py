@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -69,7 +69,7 @@ class PBTOptions(StrategyOptions):
         "otherwise it is told to keep training. Unset: any pod below the best restarts "
         "(the tournament rule).",
     )
-    # Read by the pods (``ready_rule``), which decide when to ask for a parent.
+    # Read by the pods (``pod_options``), which decide when to ask for a parent.
     ready_reports: int = Field(
         default=2, ge=1, description="Reports an agent makes before it may be replaced."
     )
@@ -202,36 +202,26 @@ class Judged(Protocol):
     def previous_score(self) -> float | None: ...
 
 
+#: The ``pbt`` options a pod reads itself: when to ask for a parent, and when to take it.
+POD_OPTIONS = ("ready_reports", "ready_env_steps", "protect_improving", "exploit_margin")
+
+
+def pod_options(spec: ExperimentSpec) -> PBTOptions:
+    """The generator's ``POD_OPTIONS``, checked by the options model, their defaults where
+    unset (``PBTOptions``, the one place they are stated); the others stay at defaults."""
+    given = spec.generator.options
+    return PBTOptions.model_validate({k: given[k] for k in POD_OPTIONS if given.get(k) is not None})
+
+
 def ready_rule(spec: ExperimentSpec) -> tuple[int, int]:
     """PBT's "ready": the reports and env steps an agent needs since it was built before it is
     judged, and may be replaced by a better parent: the generator's ``ready_reports`` /
-    ``ready_env_steps`` options, else their defaults (``PBTOptions``, the one place they are
-    stated). Judged earlier, scores are evaluation noise: with 2,048-step rounds (one Pendulum
-    update) and no such rule, bench/tournament_quality.py saw whole populations copy each other
-    in circles while independent pods solved the task."""
-    options, defaults = spec.generator.options, PBTOptions.model_fields
-    return (
-        int(options.get("ready_reports", defaults["ready_reports"].default)),
-        int(options.get("ready_env_steps", defaults["ready_env_steps"].default)),
-    )
-
-
-def protect_improving(spec: ExperimentSpec) -> float | None:
-    """The ``pbt`` generator's ``protect_improving`` option (None: unset), checked as the
-    options model checks it."""
-    return _pbt_option(spec, "protect_improving")
-
-
-def exploit_margin(spec: ExperimentSpec) -> float:
-    """The ``pbt`` generator's ``exploit_margin`` option (0 when unset)."""
-    return _pbt_option(spec, "exploit_margin")
-
-
-def _pbt_option(spec: ExperimentSpec, name: str) -> Any:
-    value = spec.generator.options.get(name)
-    if value is None:
-        return PBTOptions.model_fields[name].default
-    return getattr(PBTOptions.model_validate({name: value}), name)
+    ``ready_env_steps`` options, else their defaults. Judged earlier, scores are evaluation
+    noise: with 2,048-step rounds (one Pendulum update) and no such rule,
+    bench/tournament_quality.py saw whole populations copy each other in circles while
+    independent pods solved the task."""
+    options = pod_options(spec)
+    return options.ready_reports, options.ready_env_steps
 
 
 def is_improving(agent: Judged, margin: float, higher_is_better: bool = True) -> bool:

@@ -14,12 +14,7 @@ from typing import Any
 
 from services.contracts.leaderboard import SubmissionResponse
 from services.contracts.spec import ExperimentSpec
-from services.contracts.strategies import (
-    exploit_margin,
-    is_ready,
-    protect_improving,
-    ready_rule,
-)
+from services.contracts.strategies import is_ready, pod_options
 from services.pod.evaluator import EvalResult
 
 
@@ -84,11 +79,13 @@ class ReadyRule:
         """The generator's ``ready_reports`` / ``ready_env_steps`` / ``protect_improving`` /
         ``exploit_margin`` options, else their defaults (services/contracts/strategies.py,
         where PBT's whole decision is stated)."""
+        options = pod_options(spec)
         return cls(
-            *ready_rule(spec),
-            protect_improving(spec),
+            options.ready_reports,
+            options.ready_env_steps,
+            options.protect_improving,
             spec.evaluation.higher_is_better,
-            exploit_margin(spec),
+            options.exploit_margin,
         )
 
     def is_ready(self, agent: Lineage, env_steps: int) -> bool:

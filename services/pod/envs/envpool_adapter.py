@@ -165,12 +165,12 @@ class EnvPoolVecEnv(VecEnv):
             next_obs = self._to_obs(fresh)
         else:
             next_obs = obs_t
-        reward_t = torch.from_numpy(reward).to(self.device)
+        # float32 like every Podium env's rewards; the episode sums stay float64.
+        reward_t = torch.from_numpy(reward).to(self.device, torch.float32)
         info = self._stats.step(reward_t, torch.from_numpy(done).to(self.device), obs_t)
-        info["episode_return"] = info["episode_return"].float()
         return (
             next_obs,
-            reward_t.float(),
+            reward_t,
             torch.from_numpy(term).to(self.device),
             torch.from_numpy(trunc).to(self.device),
             info,
