@@ -42,6 +42,16 @@ _RESERVED = {
 }
 
 
+def in_env_order(batch: np.ndarray, env_id: np.ndarray) -> np.ndarray:
+    """Rows of ``batch`` put in env-id order: EnvPool returns row k for env ``env_id[k]``
+    (in the order the envs finished, which with threads need not be 0, 1, ...)."""
+    if np.array_equal(env_id, np.arange(len(env_id))):
+        return batch
+    out = np.empty_like(batch)
+    out[env_id] = batch
+    return out
+
+
 def _envpool() -> Any:
     try:
         import envpool
@@ -123,14 +133,6 @@ class EnvPoolVecEnv(VecEnv):
             **self._env_kwargs,
         )
 
-    def _ordered(self, batch: np.ndarray, env_id: np.ndarray) -> np.ndarray:
-        """Rows of ``batch`` put in env-id order (EnvPool returns them as they finish)."""
-        if np.array_equal(env_id, self._all_ids[: len(env_id)]):
-            return batch
-        out = np.empty_like(batch)
-        out[np.argsort(env_id)] = batch
-        return out
-
     def _to_obs(self, obs: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(obs, dtype=np.float32)).to(self.device)
 
@@ -140,7 +142,7 @@ class EnvPoolVecEnv(VecEnv):
             self.pool = self._make_pool(seed)
         obs, info = self.pool.reset()
         self._stats.reset()
-        return self._to_obs(self._ordered(obs, info["env_id"])), {}
+        return self._to_obs(in_env_order(obs, info["env_id"])), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
         if self.check_actions:
@@ -148,11 +150,11 @@ class EnvPoolVecEnv(VecEnv):
         act = actions.detach().cpu().numpy().astype(self._act_dtype, copy=False)
         obs, reward, terminated, truncated, info = self.pool.step(act, self._all_ids)
         ids = info["env_id"]
-        obs = self._ordered(obs, ids)
-        term = self._ordered(np.asarray(terminated, dtype=bool), ids)
+        obs = in_env_order(obs, ids)
+        term = in_env_order(np.asarray(terminated, dtype=bool), ids)
         # Termination wins when both are set: a terminal state is never bootstrapped.
-        trunc = self._ordered(np.asarray(truncated, dtype=bool), ids) & ~term
-        reward = self._ordered(np.asarray(reward, dtype=np.float64), ids)
+        trunc = in_env_order(np.asarray(truncated, dtype=bool), ids) & ~term
+        reward = in_env_order(np.asarray(reward, dtype=np.float64), ids)
         done = term | trunc
         obs_t = self._to_obs(obs)
         if done.any():

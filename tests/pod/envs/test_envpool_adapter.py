@@ -15,7 +15,7 @@ from services.contracts.action_spaces import misfits
 from services.contracts.envpool_tasks import ENVPOOL_TASKS
 from services.contracts.spec import EnvSpec
 from services.pod.envs import make_env
-from services.pod.envs.envpool_adapter import EnvPoolVecEnv
+from services.pod.envs.envpool_adapter import EnvPoolVecEnv, in_env_order
 
 
 def test_every_adapted_task_is_in_envpools_registry() -> None:
@@ -113,3 +113,16 @@ def test_an_envpool_task_reads_its_gymnasium_tasks_preset_and_trains() -> None:
     result = train(config)
     assert result.history[-1]["env_steps"] >= 4096
     assert result.best is not None and np.isfinite(result.best.mean)
+
+
+def test_rows_returned_out_of_env_order_are_put_back_in_order() -> None:
+    # EnvPool's threads return rows in the order the envs finish; row k belongs to env_id[k].
+    # A 3-cycle, not a swap: a swap is its own inverse and hides an inverted permutation.
+    env_id = np.array([2, 0, 1], dtype=np.int32)
+    obs = np.array([[20.0, 21.0], [0.0, 1.0], [10.0, 11.0]])  # env 2's row first, ...
+    np.testing.assert_array_equal(
+        in_env_order(obs, env_id), [[0.0, 1.0], [10.0, 11.0], [20.0, 21.0]]
+    )
+    np.testing.assert_array_equal(in_env_order(np.array([7, 5, 6]), env_id), [5, 6, 7])
+    in_order = np.arange(3)
+    assert in_env_order(obs, in_order) is obs
