@@ -182,6 +182,17 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
             {"search_space": {"num_envs": {"type": "choice", "values": [8, 16]}}},
             "search_space 'num_envs' cannot vary within a population",
         ),
+        (
+            # Pinned (a one-value choice) is shared, so allowed, but not a second name that
+            # varies.
+            {
+                "search_space": {
+                    "sde_sample_freq": {"type": "choice", "values": [0]},
+                    "num_minibatches": {"type": "int_uniform", "low": 4, "high": 8},
+                }
+            },
+            "search_space 'num_minibatches' cannot vary within a population",
+        ),
     ],
 )
 def test_population_pods_refuse_what_their_agents_cannot_vary(change, message) -> None:
@@ -194,6 +205,9 @@ def test_population_pods_refuse_what_their_agents_cannot_vary(change, message) -
         "search_space": {"learning_rate": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}},
     }
     assert ExperimentSpec.model_validate(base).population.agents_per_pod == 8
+    # Any PPO setting may be pinned: every agent of the pod gets the one value.
+    pinned = {**base["search_space"], "sde_sample_freq": {"type": "choice", "values": [0]}}
+    assert ExperimentSpec.model_validate({**base, "search_space": pinned})
     with pytest.raises(ValidationError, match=message):
         ExperimentSpec.model_validate({**base, **change})
 

@@ -146,6 +146,14 @@ SearchSpace = dict[str, Distribution]
 NUMERIC = (Uniform, LogUniform, IntUniform)
 
 
+def pinned_names(space: SearchSpace) -> frozenset[str]:
+    """Names the space sets to one value for every draw (a one-value choice): run settings
+    every agent shares, not searched."""
+    return frozenset(
+        name for name, dist in space.items() if isinstance(dist, Choice) and len(dist.values) == 1
+    )
+
+
 def sample_space(space: SearchSpace, rng: random.Random) -> dict[str, Any]:
     return {name: dist.sample(rng) for name, dist in space.items()}
 

@@ -27,7 +27,7 @@ from services import registry
 from services.contracts.action_spaces import misfits
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
-from services.contracts.search_space import SearchSpace
+from services.contracts.search_space import SearchSpace, pinned_names
 from services.contracts.strategies import options_model
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -242,7 +242,12 @@ class ExperimentSpec(InputModel):
         if self.population.agents_per_pod > 1:
             from services.pod.algorithms.hyperparameters import check_population
 
-            check_population(self.population.agents_per_pod, self.algorithms, self.search_space)
+            check_population(
+                self.population.agents_per_pod,
+                self.algorithms,
+                self.search_space,
+                pinned_names(self.search_space),
+            )
         return self
 
     @model_validator(mode="after")

@@ -50,7 +50,8 @@ def check_population_config(config: PPORunConfig) -> None:
         raise HyperparameterError(
             f"population pods (population.agents_per_pod > 1) train PPO without gSDE and "
             f"target_kl; the config for {config.env} uses {settings} (from the preset "
-            f"services/pod/presets/ppo/{config.env}.yaml): train it with one agent per pod"
+            f"services/pod/presets/ppo/{config.env}.yaml): pin them off in the search space "
+            f"(e.g. sde_sample_freq: {{type: choice, values: [0]}}) or train one agent per pod"
         )
 
 

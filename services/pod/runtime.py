@@ -39,6 +39,7 @@ import torch
 
 from services.api_client import LeaderboardClient
 from services.contracts.leaderboard import Manifest, ManifestCheckpoint
+from services.contracts.search_space import pinned_names
 from services.contracts.spec import ExperimentSpec
 from services.contracts.strategies import parent_is_better
 from services.logs import get_logger
@@ -108,7 +109,9 @@ class PodRuntime:
     ) -> None:
         size = spec.population.agents_per_pod
         if size > 1:  # the spec validator's own check, for a spec that reached us raw
-            check_population(size, spec.algorithms, spec.search_space)
+            check_population(
+                size, spec.algorithms, spec.search_space, pinned_names(spec.search_space)
+            )
         self.pod_id, self.spec = pod_id, spec
         self.client = client
         self.settings = settings or RuntimeSettings()
@@ -199,7 +202,8 @@ class PodRuntime:
         its own random stream."""
         hyperparameters, algorithm = manifest.hyperparameters, manifest.algorithm
         if self.size > 1:
-            check_population(self.size, [algorithm], hyperparameters)
+            pinned = pinned_names(self.spec.search_space)
+            check_population(self.size, [algorithm], hyperparameters, pinned)
         self.seed += 1
         s = self.settings
         return pod_config(self.spec, hyperparameters, self.seed, s.device, s.threads, algorithm)

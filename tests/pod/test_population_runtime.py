@@ -236,6 +236,36 @@ def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: P
     assert rt.submissions == []
 
 
+def test_a_pinned_shared_setting_lets_a_population_train_a_gsde_preset(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """A one-value choice is a setting every agent shares, so a population may pin any PPO
+    setting: ``sde_sample_freq: [0]`` trains Pendulum's preset without gSDE, the pinned value
+    in every member's config and candidates, the searched one per member."""
+    spec = make_spec(
+        name="population-pendulum-pinned",
+        env={"name": "Pendulum-v1"},
+        search_space={
+            "gamma": {"type": "uniform", "low": 0.9, "high": 0.95},
+            "sde_sample_freq": {"type": "choice", "values": [0]},
+        },
+        population={"agents_per_pod": 2},
+        round={"env_steps": 2048},
+        evaluation={"episodes": 2},
+    )
+    register(leaderboard, "e5", spec)
+    rt = runtime(leaderboard, "e5", spec, "pop-e", tmp_path)
+    stop_after(rt, lambda r: len(r.submissions) >= 2)
+    rt.close()
+    configs = [rt.trainer.config(i).ppo for i in range(2)]
+    assert [c.sde_sample_freq for c in configs] == [0, 0]
+    assert configs[0].gamma != configs[1].gamma
+    with leaderboard.api() as api:
+        board = api.get("/experiments/e5/leaderboard").json()["candidates"]
+    assert {c["pod_id"] for c in board} == {"pop-e.m0", "pop-e.m1"}
+    assert all(c["hyperparameters"]["sde_sample_freq"] == 0 for c in board)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

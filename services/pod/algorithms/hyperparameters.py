@@ -61,21 +61,30 @@ def check_hyperparameter_names(
         )
 
 
-def check_population(size: int, algorithms: Iterable[str], names: Iterable[str]) -> None:
+def check_population(
+    size: int,
+    algorithms: Iterable[str],
+    names: Iterable[str],
+    pinned: Iterable[str] = (),
+) -> None:
     """Refuse what a population pod (``population.agents_per_pod`` = ``size``) cannot train:
     an algorithm other than PPO, or names (of the search space, or a manifest's) that are not
-    ``POPULATION_HYPERPARAMETERS``, since its agents share one network and rollout shape. The
-    spec validator and the population pod both call this."""
+    ``POPULATION_HYPERPARAMETERS``, since its agents share one network and rollout shape. A
+    ``pinned`` name (the search space's one-value choice: every agent gets the same value) is
+    a setting the agents share, so any PPO setting may be pinned, e.g. ``sde_sample_freq: 0``
+    to train a preset that uses gSDE. The spec validator and the population pod both call
+    this."""
     others = sorted(set(algorithms) - {"ppo"})
     if set(algorithms) != {"ppo"}:
         raise HyperparameterError(
             f"population.agents_per_pod = {size}: population pods train PPO only, not "
             f"{', '.join(others)}"
         )
-    shared = sorted(set(names) - set(POPULATION_HYPERPARAMETERS))
+    shared = sorted(set(names) - set(POPULATION_HYPERPARAMETERS) - set(pinned))
     if shared:
         raise HyperparameterError(
             f"population.agents_per_pod = {size}: search_space {', '.join(map(repr, shared))} "
             f"cannot vary within a population (its {size} agents share one network and rollout "
-            f"shape); it may vary {', '.join(POPULATION_HYPERPARAMETERS)}"
+            f"shape); it may vary {', '.join(POPULATION_HYPERPARAMETERS)}, and pin any PPO "
+            f"setting with a one-value choice"
         )
