@@ -18,7 +18,16 @@ Hyperparameters come from a wide search space (below), so which ones a pod gets 
   score rose since its previous report is not replaced);
 - ``random``: P independent pods, random generator (each keeps its own draw; best of P);
 - ``random-ensemble``: as ``random`` over the ensemble's algorithms (best of P);
-- ``single``: 1 pod, random generator, the task's one algorithm.
+- ``single``: 1 pod, random generator, the task's one algorithm;
+- ``pop-pbt``: ONE population pod (``population.agents_per_pod = P``: P PPO agents trained
+  batched in one process, services/pod/population_trainer.py), PBT between its agents;
+- ``pop-random``: one population pod, random generator (each agent keeps its draw): the
+  batched best of P, which splits ``pop-pbt``'s gain over ``random`` into batching
+  (``pop-random`` / ``random``) and selection (``pop-pbt`` / ``pop-random``).
+
+The population arms start their P agents from the same draws as pods 0..P-1 of the other arms
+(the generator's seeded draw depends on the asking id, and the bench asks with those pods'
+ids); their torch seeds differ (a population seeds agent i from its pod id).
 
 Each run is real: the leaderboard app (uvicorn thread, embedded Redis) and real pod processes
 (``python -m services.pod``). Time to target = from launching the pods to the first moment the
@@ -160,6 +169,35 @@ TASKS: dict[str, Task] = {
         60.0,
         improvement=50.0,
     ),
+    # The wide space with gSDE pinned off (population pods have no gSDE; a one-value choice
+    # is a setting every agent shares): the arms with and without population pods alike.
+    "pendulum-pop": Task(
+        "Pendulum-v1",
+        -200.0,
+        "ppo",
+        ("ppo", "sac"),
+        {**WIDE_SEARCH_SPACE, "sde_sample_freq": pin(0)},
+        2048,
+        8192,
+        40.0,
+        improvement=50.0,
+    ),
+    # MountainCarContinuous with PPO in the wide space: the flag is ~100 steps of rocking
+    # away, so a short horizon (gamma far below 0.99), a tiny learning rate or a policy that
+    # narrows before it reaches the flag never leaves "do nothing"; PPO's preset (gamma 0.99,
+    # unit initial std) solves it alone. Population pods train PPO, so this is the
+    # exploration task they can run.
+    "mcc-ppo": Task(
+        "MountainCarContinuous-v0",
+        90.0,
+        "ppo",
+        ("ppo",),
+        WIDE_SEARCH_SPACE,
+        2048,
+        8192,
+        60.0,
+        improvement=5.0,
+    ),
     # Hard exploration: most off-policy draws never leave "do nothing" (score ~0), and an
     # agent still exploring scores below it (the action cost), so PBT's plain rule copies the
     # idle ones. Target 90: gymnasium's reward threshold.
@@ -190,8 +228,9 @@ TASKS: dict[str, Task] = {
         improvement=100.0,
     ),
 }
-TOURNAMENT_ARMS = ("pbt", "ensemble", "improving")
-ARMS = (*TOURNAMENT_ARMS, "random", "random-ensemble", "single")
+TOURNAMENT_ARMS = ("pbt", "ensemble", "improving", "pop-pbt")
+POPULATION_ARMS = ("pop-pbt", "pop-random")
+ARMS = (*TOURNAMENT_ARMS, "random", "random-ensemble", "single", "pop-random")
 
 
 class Leaderboard:
@@ -222,7 +261,7 @@ def run(
     lb: Leaderboard, arm: str, rep: int, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
     task: Task = args.task_config
-    pods = 1 if arm == "single" else args.pods
+    pods = 1 if arm == "single" or arm in POPULATION_ARMS else args.pods
     strategy = "pbt" if arm in TOURNAMENT_ARMS else "random"
     # One generator seed per repetition and the same pod ids in every arm: the arms' pods
     # start from the same draws and torch seeds (a pod seeds torch from its id), so a
@@ -254,6 +293,8 @@ def run(
         "evaluation": {"episodes": task.eval_episodes, "seed": rep},
         "top_k": 16,
     }
+    if arm in POPULATION_ARMS:
+        spec["population"] = {"min_pods": 1, "max_pods": 1, "agents_per_pod": args.pods}
     config = {k: spec[k] for k in ("search_space", "generator", "algorithms", "top_k")}
     lb.http.put(f"/experiments/{exp}", json=config).raise_for_status()
     if args.mode == "round-robin":
@@ -351,16 +392,25 @@ def run_round_robin(
         for i, rt in enumerate(runtimes):
             start = time.thread_time()
             # Pod i's algorithm pinned (ElegantRL's ensemble: a fixed share of each), its
-            # hyperparameters the generator's.
-            rt.start([rt.client.generate(rt.slots[0].pod_id, algorithms[i % len(algorithms)])])
+            # hyperparameters the generator's. A population's agent j is asked for as pod j
+            # of the other arms, so that it starts from that pod's draw.
+            rt.start(
+                [
+                    rt.client.generate(
+                        f"r{rep}-p{j}" if rt.size > 1 else slot.pod_id,
+                        algorithms[(i + j) % len(algorithms)],
+                    )
+                    for j, slot in enumerate(rt.slots)
+                ]
+            )
             clock += time.thread_time() - start
         while reached is None and clock < args.cap_s:
             for rt in runtimes:
                 start = time.thread_time()
                 rt.train_round()
                 rt.report()
-                score = rt.slots[0].score
-                done = score is not None and score >= target
+                scores = [s.score for s in rt.slots if s.score is not None]
+                done = bool(scores) and max(scores) >= target
                 if not done:
                     rt.maybe_exploit()
                 clock += time.thread_time() - start
@@ -385,6 +435,10 @@ def run_round_robin(
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
 
 
 def main() -> None:
@@ -523,11 +577,13 @@ def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         steps = median(
             [r["env_steps"] if r["time_to_target_s"] is not None else float("inf") for r in runs]
         )
+        agents = 1 if arm == "single" else args.pods
         print(
-            f"| {arm} | {1 if arm == 'single' else args.pods} | {medians[arm]:.1f} | "
+            f"| {arm} | {f'1 ({agents} agents)' if arm in POPULATION_ARMS else agents} | "
+            f"{medians[arm]:.1f} | "
             f"{trained[arm]:.1f} | {'unsolved' if steps == float('inf') else f'{steps:,.0f}'} | "
             f"{sum(t is not None for t in times)}/{len(runs)} | "
-            f"{per_run} | {median(finals):.1f} | {', '.join(f'{f:.1f}' for f in finals)} |"
+            f"{per_run} | {fmt(median(finals))} | {', '.join(f'{f:.1f}' for f in finals)} |"
         )
     for tournament in (a for a in arms if a in TOURNAMENT_ARMS):
         for arm in arms:
