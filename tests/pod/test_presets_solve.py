@@ -5,7 +5,7 @@ Each case builds its config exactly as ``podium train`` does (services/pod/prese
 algorithm and a fixed seed) and trains it with services/pod/fit.py's loop. It must reach the
 env's solve threshold within the env-step budget documented in docs/benchmarks.md ("Presets
 that generalise"); the preset may not grant itself a larger one. The cheap pairs run here
-(Pendulum's agents are tested in test_ppo.py and test_offpolicy.py); bench/presets_solve.py
+(Pendulum's off-policy agents are tested in test_offpolicy.py); bench/presets_solve.py
 measures every pair over several seeds.
 """
 
@@ -26,13 +26,18 @@ BUDGETS = {
     # The hard-exploration pair: with independent noise SAC never leaves "do nothing" here
     # (docs/tournaments.md, "Tasks where the population matters"); pink noise finds the flag.
     ("sac", "MountainCarContinuous-v0"): 50_000,
+    ("ppo", "Pendulum-v1"): 100_000,
 }
+#: The seed each pair trains with: PPO's Pendulum preset once failed seed 0 (gamma 0.9: a slow
+#: swing-up, best -227 in 200k env steps), so that seed is the one tested.
+SEEDS = {("ppo", "Pendulum-v1"): 0}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("algorithm", "env"), list(BUDGETS), ids=[f"{a}-{e}" for a, e in BUDGETS])
 def test_podium_train_solves_env_with_defaults(algorithm: str, env: str) -> None:
-    config = train_config(env, [{"algorithm": algorithm, "seed": 1}])
+    seed = SEEDS.get((algorithm, env), 1)
+    config = train_config(env, [{"algorithm": algorithm, "seed": seed}])
     budget = BUDGETS[algorithm, env]
     assert config.target_return == SOLVED_AT[env]
     assert config.total_env_steps <= budget, "the preset's budget exceeds the documented one"
