@@ -64,6 +64,13 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
             "name": "mountaincar-sac",
             "env": {"name": "MountainCarContinuous-v0"},
             "target_reward": 90.0,
+            # An exploring agent scores below the idle ones (the action cost): without a
+            # margin PBT's exploit overwrites it with a copy of an idle one (docs/
+            # benchmarks.md, "Tournament learning quality"). Ray's PBT has no such option.
+            "generator": {
+                "strategy": "pbt",
+                "options": {"ready_reports": 2, "ready_env_steps": 4096, "exploit_margin": 10},
+            },
         },
     ),
 }
@@ -147,7 +154,48 @@ def sb3_model(algorithm: str, env_id: str, hyper: dict[str, Any], seed: int) -> 
         std = kwargs.pop("noise_std")
         kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), std * np.ones(dim))
     cls = {"sac": sb3.SAC, "td3": sb3.TD3}[algorithm]
-    return cls("MlpPolicy", env, seed=seed, device="cpu", **kwargs), env
+    model = cls("MlpPolicy", env, seed=seed, device="cpu", **kwargs)
+    if pink_noise(algorithm, env_id):
+        set_pink_noise(model, env.num_envs, seed)
+    return model, env
+
+
+def pink_noise(algorithm: str, env_id: str) -> bool:
+    """Whether Podium's preset for (``algorithm``, ``env_id``) explores with pink noise."""
+    from services.pod.presets import preset
+
+    return algorithm == "sac" and preset(algorithm, env_id).get("sac", {}).get("action_noise") == (
+        "pink"
+    )
+
+
+def set_pink_noise(model: Any, n_envs: int, seed: int, horizon: int = 1000) -> None:
+    """SB3 SAC acting with pink noise, as Podium's preset does: pink-noise-rl's
+    ``PinkNoiseDist`` (by the pink-noise paper's authors), with one noise signal per env of
+    the vector env (its own draws one signal shared by all envs) and only when acting: the
+    training batch's reparameterised sample keeps SAC's Gaussian noise (the package would
+    broadcast one noise value over the whole batch). Like the package, and unlike Podium
+    (which starts a fresh signal per episode), a signal runs on across episodes."""
+    import numpy as np
+    from pink.cnrl import ColoredNoiseProcess
+    from pink.sb3 import PinkNoiseDist
+    from stable_baselines3.common.distributions import SquashedDiagGaussianDistribution
+
+    dims = model.action_space.shape[0]
+
+    class PerEnvPinkNoiseDist(PinkNoiseDist):
+        def __init__(self) -> None:
+            super().__init__(horizon, dims)
+            self.gen = ColoredNoiseProcess(
+                beta=1.0, size=(n_envs, dims, horizon), rng=np.random.default_rng(seed)
+            )
+
+        def sample(self) -> Any:
+            if self.distribution.mean.shape[0] != n_envs:  # a training batch
+                return SquashedDiagGaussianDistribution.sample(self)
+            return super().sample()
+
+    model.actor.action_dist = PerEnvPinkNoiseDist()
 
 
 def tune_space(search_space: dict[str, Any]) -> dict[str, Any]:
@@ -261,6 +309,8 @@ def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int)
                 Path(checkpoint_dir) / "model.zip", env=self.env, device="cpu"
             )
             self.model.load_replay_buffer(Path(checkpoint_dir) / "replay_buffer.pkl")
+            if pink_noise(algorithm, env_id):  # the loaded actor has SB3's own distribution
+                set_pink_noise(self.model, self.env.num_envs, int(self.config["seed"]))
             self.copied = True
             self.apply(self.config)
 
