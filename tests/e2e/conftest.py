@@ -30,7 +30,14 @@ ORCH_TOKEN = "e2e-orchestrator-token"
 LB_TOKEN = "e2e-leaderboard-token"
 
 
-def wait_for(fn: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2) -> Any:
+def wait_for(
+    fn: Callable[[], Any],
+    timeout: float = 60.0,
+    interval: float = 0.2,
+    context: Callable[[], Any] | None = None,
+) -> Any:
+    """``fn()`` once it is truthy; on timeout, the failure shows ``context()`` (what the
+    services said meanwhile) beside the last value."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -38,7 +45,8 @@ def wait_for(fn: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2
         if last:
             return last
         time.sleep(interval)
-    raise AssertionError(f"condition not met in {timeout}s; last value: {last!r}")
+    seen = f"; meanwhile: {context()!r}" if context is not None else ""
+    raise AssertionError(f"condition not met in {timeout}s; last value: {last!r}{seen}")
 
 
 class Service:
