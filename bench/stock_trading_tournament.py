@@ -51,9 +51,13 @@ KEYS = ("cumulative_return", "annual_return", "annual_volatility", "max_drawdown
 STRATEGIES = ("agent", "single agent", "buy-and-hold", "equal weight")
 
 
-def run_market(regime: str, seed: int, pods: int, rounds: int, round_steps: int) -> dict:
+def run_market(
+    regime: str, seed: int, pods: int, rounds: int, round_steps: int, env_over: dict
+) -> dict:
     env_kwargs = {
-        k: v for k, v in PRESET["env_kwargs"].items() if k not in ("market_seed", "regime")
+        k: v
+        for k, v in {**PRESET["env_kwargs"], **env_over}.items()
+        if k not in ("market_seed", "regime")
     }
     data = synthetic_market(seed, int(env_kwargs.pop("num_stocks", 5)), regime=regime)
     start = time.perf_counter()
@@ -155,6 +159,13 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--round-steps", type=int, default=32768, help="env steps per agent")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="override one of the preset's env kwargs (repeatable), e.g. --env momentum=false",
+    )
     parser.add_argument("--out", type=Path, help="write the records (JSON) here")
     parser.add_argument("--summarize", type=Path, nargs="+", help="merge records, no training")
     parser.add_argument("--plot", type=Path, help="PNG of the account values")
@@ -163,14 +174,23 @@ def main() -> None:
         records = [r for p in args.summarize for r in json.loads(p.read_text())]
     else:
         torch.set_num_threads(1)
-        print(f"torch {torch.__version__}; preset {PRESET}; space {SPACE}", flush=True)
+        env_over = {}
+        for item in args.env:
+            key, sep, value = item.partition("=")
+            if not sep:
+                parser.error(f"--env takes KEY=JSON, got {item!r}")
+            env_over[key] = json.loads(value)
+        print(
+            f"torch {torch.__version__}; preset {PRESET}; env overrides {env_over}; space {SPACE}",
+            flush=True,
+        )
         markets = (
             [tuple(m.split(":")) for m in args.markets.split(",")]
             if args.markets
             else [(r, s) for r in args.regimes.split(",") for s in args.seeds.split(",")]
         )
         records = [
-            run_market(regime, int(seed), args.pods, args.rounds, args.round_steps)
+            run_market(regime, int(seed), args.pods, args.rounds, args.round_steps, env_over)
             for regime, seed in markets
         ]
         if args.out:

@@ -34,7 +34,10 @@ days, 0..100), ``cci_30`` (commodity channel index over 30 days), ``dx_30`` (dir
 movement index over 30 days, 0..100). The first days, before a window is full, use the days
 available. Market-wide, FinRL's ``turbulence`` (``turbulence_index``): the Mahalanobis distance
 of day t's vector of returns from the mean of the previous year's returns, under their
-covariance (days t-252 .. t-1 only), 0 while fewer than 60 days of history exist.
+covariance (days t-252 .. t-1 only), 0 while fewer than 60 days of history exist. Per stock,
+``momentum``: the trailing log-returns over a quarter, half a year and a year of trading days
+(``MOMENTUM_WINDOWS``; FinRL's ``close_30_sma`` / ``close_60_sma`` play this role at shorter
+horizons), over the days available while fewer exist.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 INDICATORS = ("macd", "rsi_30", "cci_30", "dx_30")
+MOMENTUM_WINDOWS = (63, 126, 252)
 CSV_COLUMNS = ("date", "tic", "open", "high", "low", "close", "volume")
 TRADING_DAYS_PER_YEAR = 252
 REGIMES = ("mixed", "trend", "mean_reversion", "crash")
@@ -69,6 +73,7 @@ class MarketData:
     volume: np.ndarray
     indicators: np.ndarray  # (T, S, len(INDICATORS))
     turbulence: np.ndarray  # (T,) market-wide, causal (see the module docstring)
+    momentum: np.ndarray  # (T, S, len(MOMENTUM_WINDOWS)) trailing log-returns, causal
 
     @classmethod
     def from_ohlcv(
@@ -92,6 +97,7 @@ class MarketData:
             volume=volume,
             indicators=compute_indicators(high, low, close),
             turbulence=turbulence_index(close),
+            momentum=trailing_log_returns(close),
         )
 
     @property
@@ -117,6 +123,7 @@ class MarketData:
             volume=self.volume[s],
             indicators=self.indicators[s],
             turbulence=self.turbulence[s],
+            momentum=self.momentum[s],
         )
 
     def split(self, date: str | np.datetime64) -> tuple[MarketData, MarketData]:
@@ -200,6 +207,18 @@ def compute_indicators(
     di_sum = plus_di + minus_di
     dx = np.where(di_sum > 0, 100.0 * np.abs(plus_di - minus_di) / np.maximum(di_sum, 1e-12), 0.0)
     return np.stack([macd, rsi, cci, dx], axis=-1)
+
+
+def trailing_log_returns(
+    close: np.ndarray, windows: tuple[int, ...] = MOMENTUM_WINDOWS
+) -> np.ndarray:
+    """``log(close[t] / close[max(0, t - k)])`` for each window ``k``, as (T, S, len(windows))."""
+    log_close = np.log(close)
+    out = np.empty((*close.shape, len(windows)))
+    for i, k in enumerate(windows):
+        past = np.concatenate([np.repeat(log_close[:1], min(k, len(close)), axis=0), log_close])
+        out[..., i] = log_close - past[: len(close)]
+    return out
 
 
 def turbulence_index(close: np.ndarray, window: int = TRADING_DAYS_PER_YEAR) -> np.ndarray:

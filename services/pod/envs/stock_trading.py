@@ -21,7 +21,11 @@ Every step is one trading day:
   the batched equivalent that never overdraws). No leverage: the balance never goes negative.
 * The day advances; the reward is the change of the account value (cash + holdings at close)
   from before the trades to the next close, after costs, times ``reward_scaling`` (FinRL's
-  1e-4: a 1% move of a 1M account is a reward of 1).
+  1e-4: a 1% move of a 1M account is a reward of 1). With ``risk_aversion`` = λ > 0 the
+  day's return ``x`` (that change over the value before) counts as the mean-variance utility
+  ``x - λ/2 x²`` instead of ``x``: a return-maximiser stays fully invested whatever the
+  volatility, while the Sharpe ratio the strategy is judged by rewards holding less when the
+  volatility is high (the best invested fraction under this utility is μ/(λσ²)).
 
 State (row per sub-environment): ``[balance, day, holdings_1..S]`` in float64 by default so
 cash arithmetic is exact to the cent. Observation (float32), FinRL's layout scaled so PPO
@@ -31,7 +35,18 @@ account value instead, the current weights), indicators (S x 4: macd / close, rs
 cci / 100, dx / 100)]``, plus with ``turbulence=True`` two market-wide risk entries:
 ``log1p(turbulence / S)`` (FinRL's turbulence index, ``services.pod.envs.market``) and the
 equal-weight index's realised volatility over the last 20 days, annualised (the role of
-FinRL's VIX option). Every market feature of day t is computed from days <= t only.
+FinRL's VIX option), and with ``momentum=True`` each stock's trailing log-returns over a
+quarter, half a year and a year (S x 3, ``services.pod.envs.market.MOMENTUM_WINDOWS``): the
+30-day indicators are mostly noise against a trend that lasts years. Every market feature of
+day t is computed from days <= t only (the momentum of a period's first days reads the days
+before it, as the indicators do).
+
+Stock order (``shuffle_stocks=True``, train mode only): each training episode shows the stocks
+in an order of its own, drawn at its reset (kept in the state after the holdings), and reads
+the action's per-stock entries in that order. Five stocks over a few years are a handful of
+trends: a policy that sees them always in the same slots can learn "slot 3 rises" from the
+train period, which says nothing about the backtest; shuffled, only what the features say of
+a stock is worth learning. Validation and backtest episodes keep the data's order.
 
 Episodes: in ``mode="train"`` an episode is ``episode_length`` days (default 252, one trading
 year, at most the whole train period) from a start day drawn uniformly from the env's
@@ -60,6 +75,7 @@ import torch
 from services.pod.envs.base import TorchVecEnv
 from services.pod.envs.market import (
     INDICATORS,
+    MOMENTUM_WINDOWS,
     TRADING_DAYS_PER_YEAR,
     MarketData,
     load_csv,
@@ -151,6 +167,9 @@ class StockTradingEnv(TorchVecEnv):
         action_mode: Literal["shares", "weights"] = "shares",
         rebalance_band: float = 0.0,
         turbulence: bool = False,
+        momentum: bool = False,
+        risk_aversion: float = 0.0,
+        shuffle_stocks: bool = False,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -180,9 +199,13 @@ class StockTradingEnv(TorchVecEnv):
             )
         if not 0.0 <= rebalance_band < 1.0:
             raise ValueError(f"rebalance_band must be in [0, 1), got {rebalance_band}")
+        if not 0.0 <= risk_aversion < 1e4:
+            raise ValueError(f"risk_aversion must be in [0, 1e4), got {risk_aversion}")
         self.data = data
         self.num_stocks = s = data.num_stocks
-        self.state_dim = 2 + s
+        self._shuffle = mode == "train" and shuffle_stocks
+        # [balance, day, holdings (S)] and, shuffling, the episode's stock order (S).
+        self.state_dim = 2 + s + s * int(self._shuffle)
         last_day = data.num_days - 1  # the last day an episode can reach
         if mode != "train" or episode_length is None:
             length = last_day
@@ -198,6 +221,7 @@ class StockTradingEnv(TorchVecEnv):
         self.reward_scaling = float(reward_scaling)
         self.action_mode = action_mode
         self.rebalance_band = float(rebalance_band)
+        self.risk_aversion = float(risk_aversion)
         self.random_start = mode == "train" and random_start
         self._last_start = last_day - length  # starts in [0, _last_start]
 
@@ -223,9 +247,24 @@ class StockTradingEnv(TorchVecEnv):
             realised_vol = np.sqrt(rolling_mean(index**2, 20) * TRADING_DAYS_PER_YEAR)
             market_columns.append(np.log1p(np.maximum(data.turbulence, 0.0) / s)[:, None])
             market_columns.append(realised_vol[:, None])
+        if momentum:
+            market_columns.append(data.momentum.reshape(data.num_days, -1))
         # Per day, everything of the observation that does not depend on the account.
         self._market_obs = as_t(np.concatenate(market_columns, axis=1)).to(torch.float32)
         obs_dim = 1 + 2 * s + s * len(INDICATORS) + 2 * int(turbulence)
+        obs_dim += s * len(MOMENTUM_WINDOWS) * int(momentum)
+        # Per observation column: the stock it describes (-1: none) and the distance between
+        # two stocks' columns of its block, so a stock order maps every column at once.
+        k, w = len(INDICATORS), len(MOMENTUM_WINDOWS)
+        blocks = [(1, 0), (s, 1), (s, 1), (s * k, k), (2 * int(turbulence), 0)]
+        blocks += [(s * w * int(momentum), w)]
+        stock_of, stride = [], []
+        for width, step in blocks:
+            stock_of += [c // step if step else -1 for c in range(width)]
+            stride += [step] * width
+        self._obs_stock = torch.tensor(stock_of, device=self.device)
+        self._obs_stride = torch.tensor(stride, device=self.device)
+        self._obs_columns = torch.arange(obs_dim, device=self.device)
         self.single_observation_space = gym.spaces.Box(
             -np.inf, np.inf, shape=(obs_dim,), dtype=np.float32
         )
@@ -251,13 +290,13 @@ class StockTradingEnv(TorchVecEnv):
 
     @property
     def holdings(self) -> torch.Tensor:
-        return self.state[:, 2:]
+        return self.state[:, 2 : 2 + self.num_stocks]
 
     def account_value(self, state: torch.Tensor | None = None) -> torch.Tensor:
         """Cash plus holdings at the current day's close, per sub-environment."""
         state = self.state if state is None else state
         price = self.prices.index_select(0, state[:, 1].long())
-        return state[:, 0] + (state[:, 2:] * price).sum(1)
+        return state[:, 0] + (state[:, 2 : 2 + self.num_stocks] * price).sum(1)
 
     def _initial_state(self, n: int) -> torch.Tensor:
         state = torch.zeros(n, self.state_dim, device=self.device, dtype=self.dtype)
@@ -266,13 +305,29 @@ class StockTradingEnv(TorchVecEnv):
             state[:, 1] = torch.randint(
                 0, self._last_start + 1, (n,), generator=self.generator, device=self.device
             ).to(self.dtype)
+        if self._shuffle:
+            draws = torch.rand(n, self.num_stocks, generator=self.generator, device=self.device)
+            state[:, 2 + self.num_stocks :] = draws.argsort(1).to(self.dtype)
         return state
+
+    def _stock_order(self, state: torch.Tensor) -> torch.Tensor:
+        """(n, S): the data's stock shown in each slot of the observation and action."""
+        return state[:, 2 + self.num_stocks :].long()
+
+    def _unshuffle_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """The action with its per-stock entries put back in the data's order."""
+        first = 1 if self.action_mode == "weights" else 0
+        per_stock = actions[:, first:]
+        ordered = torch.empty_like(per_stock).scatter_(1, self._stock_order(self.state), per_stock)
+        return torch.cat([actions[:, :first], ordered], dim=1)
 
     def _physics_step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         balance, day = self.balance, self.day
         holdings = self.holdings
         price = self.prices.index_select(0, day.long())
         value_before = balance + (holdings * price).sum(1)
+        if self._shuffle:
+            actions = self._unshuffle_actions(actions)
 
         if self.action_mode == "weights":
             shares = self._rebalance_shares(actions, holdings, price, value_before)
@@ -296,7 +351,11 @@ class StockTradingEnv(TorchVecEnv):
         day.add_(self._one_day)
         value_after = balance + (holdings * self.prices.index_select(0, day.long())).sum(1)
         self.last_account_value = value_after
-        reward = (value_after - value_before) * self.reward_scaling
+        gain = value_after - value_before
+        if self.risk_aversion:
+            ret = gain / value_before
+            gain = (ret - 0.5 * self.risk_aversion * ret * ret) * value_before
+        reward = gain * self.reward_scaling
         return reward, torch.zeros(self.num_envs, device=self.device, dtype=torch.bool)
 
     def _rebalance_shares(
@@ -322,17 +381,25 @@ class StockTradingEnv(TorchVecEnv):
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
         market = self._market_obs.index_select(0, state[:, 1].long())
         price = self.prices.index_select(0, state[:, 1].long())
+        holdings = state[:, 2 : 2 + self.num_stocks]
         scale: torch.Tensor | float = 1.0 / self.initial_amount
         if self.action_mode == "weights":
             # Cash and holdings as fractions of the account: the current weights, on the same
             # scale however much the account has grown.
-            scale = 1.0 / (state[:, :1] + (state[:, 2:] * price).sum(1, keepdim=True))
-        return torch.cat(
+            scale = 1.0 / (state[:, :1] + (holdings * price).sum(1, keepdim=True))
+        obs = torch.cat(
             [
                 (state[:, :1] * scale).float(),
                 market[:, : self.num_stocks],
-                (state[:, 2:] * price * scale).float(),
+                (holdings * price * scale).float(),
                 market[:, self.num_stocks :],
             ],
             dim=1,
         )
+        if not self._shuffle:
+            return obs
+        # Slot j of every per-stock block shows the data's stock order[j].
+        stock = self._obs_stock.clamp(min=0).expand(len(state), -1)
+        shown = self._stock_order(state).gather(1, stock)
+        shift = (shown - self._obs_stock) * self._obs_stride * (self._obs_stock >= 0)
+        return obs.gather(1, self._obs_columns + shift)

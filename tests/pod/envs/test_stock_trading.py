@@ -11,6 +11,8 @@ import torch
 from services.pod.envs import make_env
 from services.pod.envs.market import (
     CSV_COLUMNS,
+    INDICATORS,
+    MOMENTUM_WINDOWS,
     MarketData,
     MarketDataError,
     compute_indicators,
@@ -280,7 +282,13 @@ def test_features_are_causal(regime: str) -> None:
     prefix = _prefix_market(full, days)
     np.testing.assert_allclose(prefix.indicators, full.indicators[:days], atol=1e-9)
     np.testing.assert_allclose(prefix.turbulence, full.turbulence[:days], atol=1e-9)
-    kwargs = {"transaction_cost": 0.001, "turbulence": True, "action_mode": "weights"}
+    np.testing.assert_allclose(prefix.momentum, full.momentum[:days], atol=1e-9)
+    kwargs = {
+        "transaction_cost": 0.001,
+        "turbulence": True,
+        "momentum": True,
+        "action_mode": "weights",
+    }
     env_full = StockTradingEnv(mode="backtest", data=full, **kwargs)
     env_prefix = StockTradingEnv(mode="backtest", data=prefix, **kwargs)
     obs_full, _ = env_full.reset()
@@ -301,6 +309,29 @@ def test_features_are_causal(regime: str) -> None:
     )
     np.testing.assert_allclose(shocked.indicators[:days], full.indicators[:days], atol=1e-9)
     np.testing.assert_allclose(shocked.turbulence[:days], full.turbulence[:days], atol=1e-9)
+    np.testing.assert_allclose(shocked.momentum[:days], full.momentum[:days], atol=1e-9)
+
+
+def test_momentum_is_the_trailing_log_return_and_reads_the_days_before_a_period() -> None:
+    full = synthetic_market(1, num_stocks=3, num_days=700, regime="trend")
+    t = 500
+    for i, k in enumerate(MOMENTUM_WINDOWS):
+        want = np.log(full.close[t] / full.close[t - k])
+        np.testing.assert_allclose(full.momentum[t, :, i], want, rtol=1e-9)
+    # Fewer days than the window: the return since the first day.
+    np.testing.assert_allclose(full.momentum[40, :, 2], np.log(full.close[40] / full.close[0]))
+    assert (full.momentum[0] == 0).all()
+    # A later period (here the last 200 days) keeps the values computed on the whole history,
+    # so its first day's yearly momentum is a year's return, not zero.
+    later = StockTradingEnv(mode="backtest", data=full.slice(500, 700), momentum=True)
+    plain = StockTradingEnv(mode="backtest", data=full.slice(500, 700))
+    obs, _ = later.reset()
+    assert obs.shape[1] == plain.single_observation_space.shape[0] + 3 * len(MOMENTUM_WINDOWS)
+    assert later.single_observation_space.shape == (obs.shape[1],)
+    torch.testing.assert_close(
+        obs[0, -3 * len(MOMENTUM_WINDOWS) :],
+        torch.as_tensor(full.momentum[500].reshape(-1), dtype=torch.float32),
+    )
 
 
 def test_train_validation_backtest_periods_are_disjoint_and_in_order() -> None:
@@ -355,3 +386,79 @@ def test_weights_mode_rebalances_to_target_weights_paying_costs() -> None:
     free.step(torch.ones(1, 3))
     free.step(-torch.ones(1, 3))
     assert free.balance.item() == pytest.approx(1000.0 + 50 * 1 - 25 * 1)
+
+
+def _in_order(obs: torch.Tensor, order: torch.Tensor, s: int) -> torch.Tensor:
+    """The unshuffled env's observation with each per-stock block read in ``order``."""
+    k, w = len(INDICATORS), len(MOMENTUM_WINDOWS)
+
+    def block(start: int, width: int) -> torch.Tensor:
+        cols = obs[:, start : start + s * width].reshape(len(obs), s, width)
+        return cols.gather(1, order.unsqueeze(2).expand(-1, -1, width)).reshape(len(obs), -1)
+
+    turbulence = 1 + 2 * s + s * k
+    return torch.cat(
+        [
+            obs[:, :1],
+            block(1, 1),
+            block(1 + s, 1),
+            block(1 + 2 * s, k),
+            obs[:, turbulence : turbulence + 2],
+            block(turbulence + 2, w),
+        ],
+        dim=1,
+    )
+
+
+def test_shuffled_stocks_are_the_same_market_in_another_order() -> None:
+    """A training episode's stock order changes what the agent sees in each slot and which
+    stock each action entry trades, nothing else: the same trades in the shuffled slots give
+    the same account, cent for cent."""
+    s = 5
+    kwargs = {
+        "num_envs": 6,
+        "seed": 3,
+        "market_seed": 1,
+        "regime": "trend",
+        "action_mode": "weights",
+        "turbulence": True,
+        "momentum": True,
+        "transaction_cost": 0.001,
+    }
+    plain = StockTradingEnv(**kwargs)
+    shuffled = StockTradingEnv(shuffle_stocks=True, **kwargs)
+    obs_plain, _ = plain.reset()
+    obs_shuffled, _ = shuffled.reset()
+    order = shuffled.state[:, 2 + s :].long()
+    assert (order.sort(1).values == torch.arange(s)).all()  # each row a permutation
+    assert (order != torch.arange(s)).any()
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        torch.testing.assert_close(obs_shuffled, _in_order(obs_plain, order, s))
+        action = torch.rand(6, s + 1, generator=rng) * 2 - 1
+        slotted = torch.cat([action[:, :1], action[:, 1:].gather(1, order)], dim=1)
+        obs_plain, reward_plain, *_ = plain.step(action)
+        obs_shuffled, reward_shuffled, *_ = shuffled.step(slotted)
+        torch.testing.assert_close(reward_shuffled, reward_plain, rtol=0, atol=0)
+        torch.testing.assert_close(shuffled.holdings, plain.holdings, rtol=0, atol=0)
+    # Selection and the report read the data's order: no shuffling outside training.
+    backtest = StockTradingEnv(mode="backtest", market_seed=1, shuffle_stocks=True)
+    assert backtest.state_dim == 2 + s
+
+
+def test_risk_aversion_counts_a_day_as_its_mean_variance_utility() -> None:
+    kwargs = {"num_envs": 4, "seed": 1, "market_seed": 0, "action_mode": "weights"}
+    neutral = StockTradingEnv(**kwargs)
+    averse = StockTradingEnv(risk_aversion=8.0, **kwargs)
+    neutral.reset()
+    averse.reset()
+    action = torch.ones(4, 6)  # fully invested, equal weights
+    for _ in range(10):
+        before = neutral.account_value()
+        _, reward_neutral, *_ = neutral.step(action)
+        _, reward_averse, *_ = averse.step(action)
+        gain = reward_neutral / neutral.reward_scaling
+        x = gain / before
+        want = (x - 4.0 * x * x) * before * averse.reward_scaling
+        torch.testing.assert_close(reward_averse, want)
+        assert (reward_averse < reward_neutral).all()
