@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from services.cli.overrides import ConfigError, deep_merge, parse_set
 from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import metrics
 from services.pod.envs.market import REGIMES, synthetic_market
@@ -52,17 +53,15 @@ STRATEGIES = ("agent", "single agent", "buy-and-hold", "equal weight")
 
 
 def run_market(
-    regime: str, seed: int, pods: int, rounds: int, round_steps: int, env_over: dict
+    regime: str, seed: int, pods: int, rounds: int, round_steps: int, config: dict = PRESET
 ) -> dict:
     env_kwargs = {
-        k: v
-        for k, v in {**PRESET["env_kwargs"], **env_over}.items()
-        if k not in ("market_seed", "regime")
+        k: v for k, v in config["env_kwargs"].items() if k not in ("market_seed", "regime")
     }
     data = synthetic_market(seed, int(env_kwargs.pop("num_stocks", 5)), regime=regime)
     start = time.perf_counter()
     plan = TournamentPlan(
-        PPOConfig.model_validate(PRESET["ppo"]),
+        PPOConfig.model_validate(config["ppo"]),
         sample_hyperparameters(SPACE, pods, seed),
         rounds=rounds,
         round_env_steps=round_steps,
@@ -160,11 +159,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--round-steps", type=int, default=32768, help="env steps per agent")
     parser.add_argument(
-        "--env",
+        "--set",
         action="append",
         default=[],
-        metavar="KEY=JSON",
-        help="override one of the preset's env kwargs (repeatable), e.g. --env momentum=false",
+        metavar="KEY.PATH=VALUE",
+        help="override the preset as `podium train --set` does (repeatable), "
+        "e.g. --set env_kwargs.momentum=true",
     )
     parser.add_argument("--out", type=Path, help="write the records (JSON) here")
     parser.add_argument("--summarize", type=Path, nargs="+", help="merge records, no training")
@@ -174,23 +174,20 @@ def main() -> None:
         records = [r for p in args.summarize for r in json.loads(p.read_text())]
     else:
         torch.set_num_threads(1)
-        env_over = {}
-        for item in args.env:
-            key, sep, value = item.partition("=")
-            if not sep:
-                parser.error(f"--env takes KEY=JSON, got {item!r}")
-            env_over[key] = json.loads(value)
-        print(
-            f"torch {torch.__version__}; preset {PRESET}; env overrides {env_over}; space {SPACE}",
-            flush=True,
-        )
+        config = PRESET
+        try:
+            for item in args.set:
+                config = deep_merge(config, parse_set(item))
+        except ConfigError as e:
+            parser.error(str(e))
+        print(f"torch {torch.__version__}; preset {config}; space {SPACE}", flush=True)
         markets = (
             [tuple(m.split(":")) for m in args.markets.split(",")]
             if args.markets
             else [(r, s) for r in args.regimes.split(",") for s in args.seeds.split(",")]
         )
         records = [
-            run_market(regime, int(seed), args.pods, args.rounds, args.round_steps, env_over)
+            run_market(regime, int(seed), args.pods, args.rounds, args.round_steps, config)
             for regime, seed in markets
         ]
         if args.out:

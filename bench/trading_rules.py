@@ -24,43 +24,37 @@ from collections.abc import Callable
 
 import numpy as np
 
-from services.pod.backtest import metrics
+from services.pod.backtest import buy_and_hold, metrics, rebalanced
 from services.pod.envs.market import synthetic_market
 from services.pod.envs.stock_trading import split_periods
 from services.pod.presets import preset
 
 PRESET = preset("ppo", "StockTrading-v0")
 COST = float(PRESET["env_kwargs"]["transaction_cost"])
-Rule = Callable[[np.ndarray, int], np.ndarray]  # (closes, day) -> target weights
+Rule = Callable[[np.ndarray], np.ndarray]  # closes up to a day -> that day's target weights
 
 
-def momentum(close: np.ndarray, t: int) -> np.ndarray:
-    trailing = np.maximum(np.log(close[t] / close[max(0, t - 252)]), 0.0)
+def momentum(history: np.ndarray) -> np.ndarray:
+    trailing = np.maximum(np.log(history[-1] / history[-253:][0]), 0.0)
     total = trailing.sum()
-    return trailing / total if total > 0 else np.zeros(close.shape[1])
+    return trailing / total if total > 0 else np.zeros(history.shape[1])
 
 
-def vol_target(close: np.ndarray, t: int) -> np.ndarray:
-    index = np.diff(np.log(close[max(0, t - 21) : t + 1]), axis=0).mean(1)
+def vol_target(history: np.ndarray) -> np.ndarray:
+    index = np.diff(np.log(history[-22:]), axis=0).mean(1)
     vol = index.std() * np.sqrt(252) if len(index) > 1 else 0.0
     fraction = min(1.0, 0.12 / vol) if vol > 0 else 1.0
-    return np.full(close.shape[1], fraction / close.shape[1])
+    return np.full(history.shape[1], fraction / history.shape[1])
 
 
-def run(close: np.ndarray, rule: Rule, start: int, stop: int, every: int) -> np.ndarray:
-    """Account values over days ``start .. stop-1``, rebalancing every ``every`` days."""
-    value, weights, values = 1.0, np.zeros(close.shape[1]), [1.0]
-    for t in range(start, stop - 1):
-        if (t - start) % every == 0:
-            target = rule(close, t)
-            value *= 1.0 - COST * np.abs(target - weights).sum()
-            weights = target
-        growth = close[t + 1] / close[t]
-        step = float((weights * growth).sum() + 1.0 - weights.sum())
-        value *= step
-        weights = weights * growth / step
-        values.append(value)
-    return np.array(values)
+def on_period(rule: Rule, close: np.ndarray, first: int) -> Callable[[int], np.ndarray]:
+    """The rule's weights on day ``t`` of the period from day ``first``, from the prices up
+    to that day (reaching back before the period)."""
+    return lambda t: rule(close[: first + t + 1])
+
+
+#: name -> (rule, rebalance every n days)
+RULES: dict[str, tuple[Rule, int]] = {"momentum": (momentum, 21), "vol target": (vol_target, 5)}
 
 
 def main() -> None:
@@ -80,13 +74,14 @@ def main() -> None:
             periods = split_periods(data, None, float(kwargs["validation_fraction"]))
             first = int(np.searchsorted(data.dates, periods[args.period].dates[0]))
             stop = first + periods[args.period].num_days
-            close = data.close
-            held = close[first:stop] / close[first]
-            sharpe["bh"].append(metrics(held.mean(1)).sharpe)
-            sharpe["momentum"].append(metrics(run(close, momentum, first, stop, 21)).sharpe)
-            sharpe["vol target"].append(metrics(run(close, vol_target, first, stop, 5)).sharpe)
+            period = data.close[first:stop]
+            sharpe["bh"].append(metrics(buy_and_hold(period, transaction_cost=COST)).sharpe)
+            for name, (rule, every) in RULES.items():
+                weights = on_period(rule, data.close, first)
+                values = rebalanced(period, weights, transaction_cost=COST, rebalance_every=every)
+                sharpe[name].append(metrics(values).sharpe)
         cells = [f"{statistics.median(sharpe['bh']):.2f}"]
-        for name in ("momentum", "vol target"):
+        for name in RULES:
             wins = sum(a > b for a, b in zip(sharpe[name], sharpe["bh"], strict=True))
             n = len(sharpe[name])
             cells.append(f"{statistics.median(sharpe[name]):.2f} ({wins}/{n})")

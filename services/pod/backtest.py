@@ -86,10 +86,25 @@ def equal_weight(
     rebalance_every: int = 21,
 ) -> np.ndarray:
     """Account values of the baseline that holds equal weights, rebalanced every
-    ``rebalance_every`` days (monthly by default) and on the first day. Fractional shares;
-    a rebalance pays ``transaction_cost`` on the value traded, ``sum_s |V/S - h_s p_s|`` at
-    the account value ``V`` before the trade (the cost itself is not re-traded).
+    ``rebalance_every`` days (monthly by default) and on the first day (``rebalanced``).
     ``close``: (T, S); returns (T,)."""
+    close = np.asarray(close, dtype=np.float64)
+    equal = np.full(close.shape[1], 1.0 / close.shape[1])
+    return rebalanced(close, lambda _t: equal, initial_amount, transaction_cost, rebalance_every)
+
+
+def rebalanced(
+    close: np.ndarray,
+    weights: Callable[[int], np.ndarray],
+    initial_amount: float = 1_000_000.0,
+    transaction_cost: float = 0.001,
+    rebalance_every: int = 21,
+) -> np.ndarray:
+    """Account values of a strategy that sets the target ``weights(t)`` (fractions of the
+    account per stock, summing to at most 1, the rest in cash) on day ``t`` of ``close``
+    every ``rebalance_every`` days, from the first. Fractional shares; a rebalance pays
+    ``transaction_cost`` on the value traded, ``sum_s |w_s V - h_s p_s|`` at the account value
+    ``V`` before the trade (the cost itself is not re-traded). ``close``: (T, S); returns (T,)."""
     close = np.asarray(close, dtype=np.float64)
     if rebalance_every < 1:
         raise ValueError(f"rebalance_every must be >= 1, got {rebalance_every}")
@@ -99,9 +114,9 @@ def equal_weight(
     for t, price in enumerate(close):
         value = cash + float(shares @ price)
         if t % rebalance_every == 0:
-            target = value / len(price)
-            value -= transaction_cost * float(np.abs(target - shares * price).sum())
-            shares, cash = value / len(price) / price, 0.0
+            w = weights(t)
+            value -= transaction_cost * float(np.abs(w * value - shares * price).sum())
+            shares, cash = w * value / price, value * (1.0 - float(w.sum()))
         values[t] = cash + float(shares @ price)
     return values
 

@@ -214,11 +214,9 @@ def trailing_log_returns(
 ) -> np.ndarray:
     """``log(close[t] / close[max(0, t - k)])`` for each window ``k``, as (T, S, len(windows))."""
     log_close = np.log(close)
-    out = np.empty((*close.shape, len(windows)))
-    for i, k in enumerate(windows):
-        past = np.concatenate([np.repeat(log_close[:1], min(k, len(close)), axis=0), log_close])
-        out[..., i] = log_close - past[: len(close)]
-    return out
+    days = np.arange(len(close))
+    past = [log_close[np.maximum(days - k, 0)] for k in windows]
+    return np.stack([log_close - p for p in past], axis=-1)
 
 
 def turbulence_index(close: np.ndarray, window: int = TRADING_DAYS_PER_YEAR) -> np.ndarray:

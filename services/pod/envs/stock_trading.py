@@ -251,20 +251,21 @@ class StockTradingEnv(TorchVecEnv):
             market_columns.append(data.momentum.reshape(data.num_days, -1))
         # Per day, everything of the observation that does not depend on the account.
         self._market_obs = as_t(np.concatenate(market_columns, axis=1)).to(torch.float32)
-        obs_dim = 1 + 2 * s + s * len(INDICATORS) + 2 * int(turbulence)
-        obs_dim += s * len(MOMENTUM_WINDOWS) * int(momentum)
-        # Per observation column: the stock it describes (-1: none) and the distance between
-        # two stocks' columns of its block, so a stock order maps every column at once.
-        k, w = len(INDICATORS), len(MOMENTUM_WINDOWS)
-        blocks = [(1, 0), (s, 1), (s, 1), (s * k, k), (2 * int(turbulence), 0)]
-        blocks += [(s * w * int(momentum), w)]
+        # The observation's blocks (module docstring): (columns, whether per stock). Per
+        # column: the stock it describes (-1: none) and the distance to the next stock's
+        # column of its block, so a stock order maps every column at once.
+        blocks = [(1, False), (1, True), (1, True), (len(INDICATORS), True)]
+        blocks += [(2, False)] * turbulence + [(len(MOMENTUM_WINDOWS), True)] * momentum
         stock_of, stride = [], []
-        for width, step in blocks:
-            stock_of += [c // step if step else -1 for c in range(width)]
-            stride += [step] * width
-        self._obs_stock = torch.tensor(stock_of, device=self.device)
-        self._obs_stride = torch.tensor(stride, device=self.device)
-        self._obs_columns = torch.arange(obs_dim, device=self.device)
+        for width, per_stock in blocks:
+            n = width * s if per_stock else width
+            stock_of += [c // width if per_stock else -1 for c in range(n)]
+            stride += [width if per_stock else 0] * n
+        obs_dim = len(stock_of)
+        if self._shuffle:
+            self._obs_stock = torch.tensor(stock_of, device=self.device)
+            self._obs_stride = torch.tensor(stride, device=self.device)
+            self._obs_columns = torch.arange(obs_dim, device=self.device)
         self.single_observation_space = gym.spaces.Box(
             -np.inf, np.inf, shape=(obs_dim,), dtype=np.float32
         )
@@ -290,13 +291,16 @@ class StockTradingEnv(TorchVecEnv):
 
     @property
     def holdings(self) -> torch.Tensor:
-        return self.state[:, 2 : 2 + self.num_stocks]
+        return self._holdings(self.state)
+
+    def _holdings(self, state: torch.Tensor) -> torch.Tensor:
+        return state[:, 2 : 2 + self.num_stocks]
 
     def account_value(self, state: torch.Tensor | None = None) -> torch.Tensor:
         """Cash plus holdings at the current day's close, per sub-environment."""
         state = self.state if state is None else state
         price = self.prices.index_select(0, state[:, 1].long())
-        return state[:, 0] + (state[:, 2 : 2 + self.num_stocks] * price).sum(1)
+        return state[:, 0] + (self._holdings(state) * price).sum(1)
 
     def _initial_state(self, n: int) -> torch.Tensor:
         state = torch.zeros(n, self.state_dim, device=self.device, dtype=self.dtype)
@@ -352,9 +356,8 @@ class StockTradingEnv(TorchVecEnv):
         value_after = balance + (holdings * self.prices.index_select(0, day.long())).sum(1)
         self.last_account_value = value_after
         gain = value_after - value_before
-        if self.risk_aversion:
-            ret = gain / value_before
-            gain = (ret - 0.5 * self.risk_aversion * ret * ret) * value_before
+        if self.risk_aversion:  # (x - λ/2 x²) times the value before, x = gain / value before
+            gain = gain - 0.5 * self.risk_aversion * gain * gain / value_before
         reward = gain * self.reward_scaling
         return reward, torch.zeros(self.num_envs, device=self.device, dtype=torch.bool)
 
@@ -381,7 +384,7 @@ class StockTradingEnv(TorchVecEnv):
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
         market = self._market_obs.index_select(0, state[:, 1].long())
         price = self.prices.index_select(0, state[:, 1].long())
-        holdings = state[:, 2 : 2 + self.num_stocks]
+        holdings = self._holdings(state)
         scale: torch.Tensor | float = 1.0 / self.initial_amount
         if self.action_mode == "weights":
             # Cash and holdings as fractions of the account: the current weights, on the same
