@@ -58,7 +58,12 @@ def run_market(
     env_kwargs = {
         k: v for k, v in config["env_kwargs"].items() if k not in ("market_seed", "regime")
     }
-    data = synthetic_market(seed, int(env_kwargs.pop("num_stocks", 5)), regime=regime)
+    num_stocks = int(env_kwargs.pop("num_stocks", 5))
+    data = synthetic_market(seed, num_stocks, regime=regime)
+    simulated = [
+        synthetic_market(seed, num_stocks, regime=regime, replica=k)
+        for k in range(int(env_kwargs.pop("simulated_markets", 0)))
+    ]
     start = time.perf_counter()
     plan = TournamentPlan(
         PPOConfig.model_validate(config["ppo"]),
@@ -67,7 +72,7 @@ def run_market(
         round_env_steps=round_steps,
         seed=seed,
     )
-    report = evaluate_market(data, env_kwargs, plan)
+    report = evaluate_market(data, env_kwargs, plan, simulated)
     seconds = time.perf_counter() - start
     result = report.tournament
     record = {

@@ -86,9 +86,13 @@ def validation_sharpes(
 
 
 def run_tournament(
-    train: MarketData, validation: MarketData, env_kwargs: Mapping[str, Any], plan: TournamentPlan
+    train: MarketData | Sequence[MarketData],
+    validation: MarketData,
+    env_kwargs: Mapping[str, Any],
+    plan: TournamentPlan,
 ) -> TournamentResult:
-    """Train the plan's agents on ``train``, keep the snapshot with the best Sharpe on
+    """Train the plan's agents on ``train`` (one market's train period, or several markets'
+    whose episodes are drawn from all), keep the snapshot with the best Sharpe on
     ``validation``.
 
     ``env_kwargs``: StockTradingEnv's account and observation settings (costs, action mode,
@@ -153,16 +157,25 @@ class MarketReport:
 
 
 def evaluate_market(
-    data: MarketData, env_kwargs: Mapping[str, Any], plan: TournamentPlan
+    data: MarketData,
+    env_kwargs: Mapping[str, Any],
+    plan: TournamentPlan,
+    simulated: Sequence[MarketData] = (),
 ) -> MarketReport:
     """Split ``data`` in time (``env_kwargs``' split settings; a validation period is
     required), run the tournament on train + validation, then backtest the kept snapshot and
-    the baselines, all paying the same transaction cost, on the backtest period."""
+    the baselines, all paying the same transaction cost, on the backtest period.
+
+    ``simulated``: other markets of the same kind (``synthetic_market(replica=k)``) whose
+    train periods, cut at the same dates, the agents also train on; nothing else reads them.
+    """
     kwargs = {k: v for k, v in env_kwargs.items() if k not in PERIOD_KWARGS}
-    periods = split_periods(data, **{k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs})
+    split = {k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs}
+    periods = split_periods(data, **split)
     if "validation" not in periods:
         raise ValueError("selection needs a validation period: set validation_fraction > 0")
-    result = run_tournament(periods["train"], periods["validation"], kwargs, plan)
+    train = [periods["train"], *(split_periods(m, **split)["train"] for m in simulated)]
+    result = run_tournament(train, periods["validation"], kwargs, plan)
     # From here on the backtest period is read, and only to report.
     backtest = periods["backtest"]
     env = StockTradingEnv(num_envs=1, mode="backtest", data=backtest, **kwargs)

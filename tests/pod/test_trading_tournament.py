@@ -32,16 +32,23 @@ def _with_other_backtest(data: MarketData, backtest_days: int) -> MarketData:
     )  # fmt: skip
 
 
-def test_training_and_selection_never_read_the_backtest_period() -> None:
+@pytest.mark.parametrize("simulated", [0, 2])
+def test_training_and_selection_never_read_the_backtest_period(simulated: int) -> None:
     """Two markets equal up to the backtest period and different in it: the tournament trains
-    and keeps exactly the same agent on both; only the backtest report differs."""
+    and keeps exactly the same agent on both; only the backtest report differs. With
+    simulated markets, theirs differ after their train periods too (nothing reads those)."""
     data = synthetic_market(4, num_stocks=3, num_days=600, regime="trend")
     other = _with_other_backtest(data, 120)  # the default split leaves the last 20% = 120
+    replicas = [
+        synthetic_market(4, num_stocks=3, num_days=600, regime="trend", replica=k)
+        for k in range(simulated)
+    ]
+    changed = [_with_other_backtest(m, 240) for m in replicas]  # validation and backtest
     ppo = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)
     torch.manual_seed(0)
     reports = [
-        evaluate_market(d, ENV, TournamentPlan(ppo, HPS, rounds=2, round_env_steps=128, seed=1))
-        for d in (data, other)
+        evaluate_market(d, ENV, TournamentPlan(ppo, HPS, rounds=2, round_env_steps=128, seed=1), m)
+        for d, m in ((data, replicas), (other, changed))
     ]
     a, b = (r.tournament for r in reports)
     assert a.history == b.history and (a.slot, a.round) == (b.slot, b.round)
@@ -88,3 +95,13 @@ def test_tournament_beats_buy_and_hold_on_an_easy_market() -> None:
     sharpe = {k: metrics(v).sharpe for k, v in report.backtest_values.items()}
     assert sharpe["agent"] > sharpe["buy-and-hold"] + 0.2, sharpe
     assert sharpe["agent"] > sharpe["equal weight"], sharpe
+
+
+def test_simulated_markets_are_trained_on() -> None:
+    """The same tournament with and without a simulated market trains different agents."""
+    data = synthetic_market(4, num_stocks=3, num_days=600, regime="trend")
+    replica = synthetic_market(4, num_stocks=3, num_days=600, regime="trend", replica=0)
+    ppo = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)
+    plan = TournamentPlan(ppo, HPS, rounds=1, round_env_steps=256, seed=1)
+    alone, simulated = (evaluate_market(data, ENV, plan, m) for m in ([], [replica]))
+    assert alone.tournament.history != simulated.tournament.history

@@ -293,8 +293,13 @@ def synthetic_market(
     num_days: int = 2520,
     start: str = "2010-01-04",
     regime: str = "mixed",
+    replica: int | None = None,
 ) -> MarketData:
     """A deterministic market: same arguments, same data, on every machine.
+
+    ``replica`` = k >= 0 gives another market of the same regime and shape, drawn from a
+    stream of its own: replica k of market seed m is no market seed's market, so a simulator
+    of a regime can train on replicas while the markets it is judged on stay unseen.
 
     Log-returns (per day t and stock s; ``beta_s`` uniform in the ranges below, the
     market factor ``m`` common to every stock, ``e`` idiosyncratic, daily figures):
@@ -318,12 +323,24 @@ def synthetic_market(
         raise ValueError("synthetic_market needs num_stocks >= 1 and num_days >= 60")
     if regime not in REGIMES:
         raise ValueError(f"unknown regime {regime!r}; one of {', '.join(REGIMES)}")
+    if replica is not None and replica < 0:
+        raise ValueError(f"replica must be >= 0, got {replica}")
+    # A stream of its own per regime and per replica: adding either changed no earlier data.
+    entropy = [seed, 0x5EED]
+    if regime != "mixed" or replica is not None:
+        entropy.append(REGIMES.index(regime))
+    if replica is not None:
+        entropy += [0x5E9, replica]
+    rng = np.random.default_rng(np.random.SeedSequence(entropy))
     if regime != "mixed":
-        # Another stream than the mixed market's, so adding regimes changes none of its data.
-        rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED, REGIMES.index(regime)]))
         log_ret = _regime_returns(rng, regime, num_days, num_stocks)
-        return _ohlcv(rng, log_ret, num_stocks, num_days, start)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EED]))
+    else:
+        log_ret = _mixed_returns(rng, num_days, num_stocks)
+    return _ohlcv(rng, log_ret, num_stocks, num_days, start)
+
+
+def _mixed_returns(rng: np.random.Generator, num_days: int, num_stocks: int) -> np.ndarray:
+    """Daily log-returns (T, S) of the ``mixed`` regime (see ``synthetic_market``)."""
     phi, drift_std = 0.995, 0.0015
     drift = np.empty((num_days, num_stocks))
     drift[0] = rng.normal(0.0, drift_std, num_stocks)
@@ -339,8 +356,7 @@ def synthetic_market(
     beta = rng.uniform(0.6, 1.4, num_stocks)
     market = rng.normal(0.0, 0.01, num_days)
     idio = rng.normal(0.0, 0.01, (num_days, num_stocks))
-    log_ret = regime[:, None] + drift + beta * market[:, None] + idio
-    return _ohlcv(rng, log_ret, num_stocks, num_days, start)
+    return regime[:, None] + drift + beta * market[:, None] + idio
 
 
 def _ohlcv(

@@ -61,10 +61,18 @@ With ``validation_fraction`` > 0 (or a ``validation_date``) the last days before
 are the validation period instead of training data: what selects agents and snapshots (the
 tournament's score, early stopping) reads it, and the backtest period is read by nothing but
 the final report.
+
+Simulated history (``simulated_markets`` = N > 0, synthetic markets only, train mode): one
+market's train period is a few years, a handful of trends and crashes to learn from. With N
+the training episodes also start in the train periods of N other markets of the same regime
+(``synthetic_market(..., replica=k)``, cut at the same dates), each episode inside one market:
+the regime's simulator as training data, as FinRL-Meta's market environments are. Validation
+and backtest are the market's own periods, which no replica is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Literal
 
@@ -132,10 +140,62 @@ def split_periods(
     return {"train": train, "validation": validation, "backtest": backtest}
 
 
-@lru_cache(maxsize=16)
-def _synthetic(seed: int, num_stocks: int, num_days: int, regime: str) -> MarketData:
+def simulated_train_periods(
+    count: int,
+    market_seed: int = 0,
+    num_stocks: int = 5,
+    num_days: int = 2520,
+    regime: str = "mixed",
+    split_date: str | None = None,
+    validation_fraction: float = 0.0,
+    validation_date: str | None = None,
+) -> list[MarketData]:
+    """The train periods of ``count`` replicas of the synthetic market (module docstring,
+    "Simulated history"), cut as the market itself is."""
+    return [
+        split_periods(
+            _synthetic(market_seed, num_stocks, num_days, regime, k),
+            split_date,
+            validation_fraction,
+            validation_date,
+        )["train"]
+        for k in range(count)
+    ]
+
+
+@lru_cache(maxsize=128)
+def _synthetic(
+    seed: int, num_stocks: int, num_days: int, regime: str, replica: int | None = None
+) -> MarketData:
     """Shared between the envs of a process (train, eval, backtest): read-only."""
-    return synthetic_market(seed, num_stocks, num_days, regime=regime)
+    return synthetic_market(seed, num_stocks, num_days, regime=regime, replica=replica)
+
+
+def _market_features(data: MarketData, turbulence: bool, momentum: bool) -> np.ndarray:
+    """(T, D): per day, the observation's market columns (module docstring), in its order."""
+    # Prices relative to their 30-day mean: stationary, so a policy learnt on the train
+    # period reads the backtest period's prices on the same scale (raw or
+    # first-day-relative prices would let it memorise the train period's price levels).
+    relative = data.close / rolling_mean(data.close, 30)
+    ind = data.indicators
+    features = np.stack(
+        [
+            ind[..., INDICATORS.index("macd")] / data.close,
+            ind[..., INDICATORS.index("rsi_30")] / 100.0,
+            ind[..., INDICATORS.index("cci_30")] / 100.0,
+            ind[..., INDICATORS.index("dx_30")] / 100.0,
+        ],
+        axis=-1,
+    )
+    columns = [relative, features.reshape(data.num_days, -1)]
+    if turbulence:
+        index = np.diff(np.log(data.close), axis=0, prepend=np.log(data.close[:1])).mean(1)
+        realised_vol = np.sqrt(rolling_mean(index**2, 20) * TRADING_DAYS_PER_YEAR)
+        columns.append(np.log1p(np.maximum(data.turbulence, 0.0) / data.num_stocks)[:, None])
+        columns.append(realised_vol[:, None])
+    if momentum:
+        columns.append(data.momentum.reshape(data.num_days, -1))
+    return np.concatenate(columns, axis=1)
 
 
 class StockTradingEnv(TorchVecEnv):
@@ -157,7 +217,7 @@ class StockTradingEnv(TorchVecEnv):
         regime: str = "mixed",
         validation_fraction: float = 0.0,
         validation_date: str | None = None,
-        data: MarketData | None = None,
+        data: MarketData | Sequence[MarketData] | None = None,
         initial_amount: float = 1_000_000.0,
         hmax: int = 1000,
         transaction_cost: float = 0.001,
@@ -170,11 +230,18 @@ class StockTradingEnv(TorchVecEnv):
         momentum: bool = False,
         risk_aversion: float = 0.0,
         shuffle_stocks: bool = False,
+        simulated_markets: int = 0,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if action_mode not in ("shares", "weights"):
             raise ValueError(f"action_mode must be 'shares' or 'weights', got {action_mode!r}")
+        if not 0 <= simulated_markets <= 256:  # each one built and held by the env
+            raise ValueError(f"simulated_markets must be in [0, 256], got {simulated_markets}")
+        if simulated_markets and (csv_path is not None or data is not None):
+            raise ValueError(
+                "simulated_markets needs the env's own synthetic market (no csv_path, no data)"
+            )
         if data is None:
             periods = market_periods(
                 market_seed,
@@ -192,6 +259,27 @@ class StockTradingEnv(TorchVecEnv):
                     "or validation_date"
                 )
             data = periods[mode]
+            if simulated_markets and mode == "train":
+                data = [
+                    data,
+                    *simulated_train_periods(
+                        simulated_markets,
+                        market_seed,
+                        num_stocks,
+                        num_days,
+                        regime,
+                        split_date,
+                        validation_fraction,
+                        validation_date,
+                    ),
+                ]
+        # The markets episodes run in, one after the other in the env's tensors.
+        segments = [data] if isinstance(data, MarketData) else list(data)
+        if not segments or (len(segments) > 1 and mode != "train"):
+            raise ValueError("need one market to run in (several only in train mode)")
+        if len({m.num_stocks for m in segments}) > 1:
+            raise ValueError("every market trained on needs the same number of stocks")
+        data = segments[0]
         if initial_amount <= 0 or hmax < 1 or not 0 <= transaction_cost < 1:
             raise ValueError(
                 "need initial_amount > 0, hmax >= 1 and 0 <= transaction_cost < 1, got "
@@ -206,7 +294,7 @@ class StockTradingEnv(TorchVecEnv):
         self._shuffle = mode == "train" and shuffle_stocks
         # [balance, day, holdings (S)] and, shuffling, the episode's stock order (S).
         self.state_dim = 2 + s + s * int(self._shuffle)
-        last_day = data.num_days - 1  # the last day an episode can reach
+        last_day = min(m.num_days for m in segments) - 1  # the last day an episode can reach
         if mode != "train" or episode_length is None:
             length = last_day
         else:
@@ -223,34 +311,24 @@ class StockTradingEnv(TorchVecEnv):
         self.rebalance_band = float(rebalance_band)
         self.risk_aversion = float(risk_aversion)
         self.random_start = mode == "train" and random_start
-        self._last_start = last_day - length  # starts in [0, _last_start]
+        # The days an episode may start on: in each market, those a whole episode fits after.
+        offsets = np.cumsum([0] + [m.num_days for m in segments])
+        self._starts = torch.as_tensor(
+            np.concatenate(
+                [
+                    np.arange(o, o + m.num_days - length)
+                    for o, m in zip(offsets[:-1], segments, strict=True)
+                ]
+            ),
+            device=self.device,
+        ).to(dtype)
 
         as_t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=self.device)  # noqa: E731
-        self.prices = as_t(data.close).to(dtype)  # (T, S) closes
-        # Prices relative to their 30-day mean: stationary, so a policy learnt on the train
-        # period reads the backtest period's prices on the same scale (raw or
-        # first-day-relative prices would let it memorise the train period's price levels).
-        relative = data.close / rolling_mean(data.close, 30)
-        ind = data.indicators
-        features = np.stack(
-            [
-                ind[..., INDICATORS.index("macd")] / data.close,
-                ind[..., INDICATORS.index("rsi_30")] / 100.0,
-                ind[..., INDICATORS.index("cci_30")] / 100.0,
-                ind[..., INDICATORS.index("dx_30")] / 100.0,
-            ],
-            axis=-1,
-        )
-        market_columns = [relative, features.reshape(data.num_days, -1)]
-        if turbulence:
-            index = np.diff(np.log(data.close), axis=0, prepend=np.log(data.close[:1])).mean(1)
-            realised_vol = np.sqrt(rolling_mean(index**2, 20) * TRADING_DAYS_PER_YEAR)
-            market_columns.append(np.log1p(np.maximum(data.turbulence, 0.0) / s)[:, None])
-            market_columns.append(realised_vol[:, None])
-        if momentum:
-            market_columns.append(data.momentum.reshape(data.num_days, -1))
+        self.prices = as_t(np.concatenate([m.close for m in segments])).to(dtype)  # (T, S)
         # Per day, everything of the observation that does not depend on the account.
-        self._market_obs = as_t(np.concatenate(market_columns, axis=1)).to(torch.float32)
+        self._market_obs = as_t(
+            np.concatenate([_market_features(m, turbulence, momentum) for m in segments])
+        ).to(torch.float32)
         # The observation's blocks (module docstring): (columns, whether per stock). Per
         # column: the stock it describes (-1: none) and the distance to the next stock's
         # column of its block, so a stock order maps every column at once.
@@ -305,10 +383,11 @@ class StockTradingEnv(TorchVecEnv):
     def _initial_state(self, n: int) -> torch.Tensor:
         state = torch.zeros(n, self.state_dim, device=self.device, dtype=self.dtype)
         state[:, 0] = self.initial_amount
-        if self.random_start and self._last_start > 0:
-            state[:, 1] = torch.randint(
-                0, self._last_start + 1, (n,), generator=self.generator, device=self.device
-            ).to(self.dtype)
+        if self.random_start and len(self._starts) > 1:
+            draws = torch.randint(
+                0, len(self._starts), (n,), generator=self.generator, device=self.device
+            )
+            state[:, 1] = self._starts[draws]
         if self._shuffle:
             draws = torch.rand(n, self.num_stocks, generator=self.generator, device=self.device)
             state[:, 2 + self.num_stocks :] = draws.argsort(1).to(self.dtype)

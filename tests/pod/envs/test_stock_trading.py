@@ -19,7 +19,11 @@ from services.pod.envs.market import (
     load_csv,
     synthetic_market,
 )
-from services.pod.envs.stock_trading import StockTradingEnv, market_periods
+from services.pod.envs.stock_trading import (
+    StockTradingEnv,
+    market_periods,
+    simulated_train_periods,
+)
 from tests.pod.envs import test_env_protocol as protocol
 
 MAKER = protocol.Maker(lambda s: make_env("StockTrading-v0", protocol.N, seed=s, episode_length=30))
@@ -462,3 +466,72 @@ def test_risk_aversion_counts_a_day_as_its_mean_variance_utility() -> None:
         want = (x - 4.0 * x * x) * before * averse.reward_scaling
         torch.testing.assert_close(reward_averse, want)
         assert (reward_averse < reward_neutral).all()
+
+
+def test_replicas_are_other_markets_of_the_regime() -> None:
+    market = synthetic_market(2, num_days=300, regime="trend")
+    first = synthetic_market(2, num_days=300, regime="trend", replica=0)
+    np.testing.assert_array_equal(
+        first.close, synthetic_market(2, num_days=300, regime="trend", replica=0).close
+    )
+    others = [synthetic_market(2, num_days=300, regime="trend", replica=1)]
+    others += [synthetic_market(s, num_days=300, regime="trend") for s in range(5)]
+    assert not any(np.array_equal(first.close, m.close) for m in [market, *others])
+    np.testing.assert_array_equal(first.dates, market.dates)
+    with pytest.raises(ValueError, match="replica"):
+        synthetic_market(2, replica=-1)
+
+
+def test_simulated_markets_train_on_each_replica_within_its_own_days() -> None:
+    """Training episodes start in the market's train period and in each replica's, and stay
+    inside the market they started in; what a replica's day shows is what an env on that
+    replica alone shows (features computed per market, none across the seam)."""
+    market = {"market_seed": 1, "regime": "crash", "num_days": 600, "validation_fraction": 0.2}
+    kwargs = {
+        "episode_length": 60,
+        "action_mode": "weights",
+        "turbulence": True,
+        "momentum": True,
+    }
+    env = StockTradingEnv(num_envs=64, seed=0, simulated_markets=3, **market, **kwargs)
+    own = market_periods(1, 5, 600, regime="crash", validation_fraction=0.2)["train"]
+    replicas = simulated_train_periods(3, 1, 5, 600, "crash", validation_fraction=0.2)
+    segments = [own, *replicas]
+    bounds = np.cumsum([0] + [m.num_days for m in segments])
+    alone = [StockTradingEnv(num_envs=64, data=m, random_start=False, **kwargs) for m in segments]
+    np.testing.assert_array_equal(env.prices.numpy(), np.concatenate([m.close for m in segments]))
+
+    def market_of(day: torch.Tensor) -> np.ndarray:
+        return np.searchsorted(bounds, day.long().numpy(), side="right") - 1
+
+    obs, _ = env.reset()
+    started_in = market_of(env.day)
+    seen = set(started_in.tolist())
+    action = torch.ones(64, 6)
+    for _ in range(150):  # 2.5 episodes: starts after autoresets too
+        for i in range(0, 64, 7):  # the same day of the same market, alone: the same columns
+            k = int(started_in[i])
+            alone[k].state[i] = env.state[i]
+            alone[k].state[i, 1] -= float(bounds[k])
+            torch.testing.assert_close(obs[i], alone[k]._observe(alone[k].state)[i])
+        obs, _, _, truncated, _ = env.step(action)
+        now = market_of(env.day)
+        inside = ~truncated.numpy()
+        assert (now[inside] == started_in[inside]).all()
+        started_in = now  # a truncated episode's autoreset starts the next one
+        seen.update(now.tolist())
+    assert seen == {0, 1, 2, 3}
+
+
+def test_simulated_markets_are_refused_where_they_cannot_apply(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="simulated_markets"):
+        StockTradingEnv(csv_path=str(_write_csv(tmp_path / "m.csv", _rows())), simulated_markets=2)
+    with pytest.raises(ValueError, match="simulated_markets"):
+        StockTradingEnv(simulated_markets=-1)
+    periods = market_periods(0, 5, 400, regime="trend")
+    with pytest.raises(ValueError, match="train mode"):
+        StockTradingEnv(mode="backtest", data=[periods["backtest"], periods["train"]])
+    # Validation and backtest read the market's own period, replicas or not.
+    plain = StockTradingEnv(mode="backtest", market_seed=4, num_days=400)
+    simulated = StockTradingEnv(mode="backtest", market_seed=4, num_days=400, simulated_markets=2)
+    np.testing.assert_array_equal(simulated.prices.numpy(), plain.prices.numpy())
