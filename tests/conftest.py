@@ -17,3 +17,14 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = redis_client.server_url(settings)
     yield url
     redis_client.stop(settings, force=True)
+
+
+@pytest.fixture
+def flush_redis(redis_url: str) -> None:
+    """An empty Redis for the test: nothing a test before it left (an experiment still
+    running, board entries) is adopted or ranked by this test's services."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    r.close()

@@ -96,7 +96,7 @@ class Service:
 
 
 @pytest.fixture
-def leaderboard(tmp_path: Path, redis_url: str) -> Iterator[Service]:
+def leaderboard(tmp_path: Path, redis_url: str, flush_redis: None) -> Iterator[Service]:
     env = {
         "PODIUM_DATA_DIR": str(tmp_path / "leaderboard"),
         "PODIUM_REDIS_URL": redis_url,

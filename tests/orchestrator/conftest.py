@@ -137,15 +137,6 @@ def make_settings(
 
 
 @pytest.fixture
-def flush_redis(redis_url: str) -> None:
-    import redis
-
-    r = redis.Redis.from_url(redis_url)
-    r.flushdb()
-    r.close()
-
-
-@pytest.fixture
 def client(
     make_settings: Callable[..., OrchestratorSettings], flush_redis: None
 ) -> Iterator[TestClient]:
