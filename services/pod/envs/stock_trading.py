@@ -152,9 +152,10 @@ def simulated_train_periods(
 ) -> list[MarketData]:
     """The train periods of ``count`` replicas of the synthetic market (module docstring,
     "Simulated history"), cut as the market itself is."""
+    # Not cached as the market is: only a train env reads them, once, into its own tensors.
     return [
         split_periods(
-            _synthetic(market_seed, num_stocks, num_days, regime, k),
+            synthetic_market(market_seed, num_stocks, num_days, regime=regime, replica=k),
             split_date,
             validation_fraction,
             validation_date,
@@ -163,12 +164,10 @@ def simulated_train_periods(
     ]
 
 
-@lru_cache(maxsize=128)
-def _synthetic(
-    seed: int, num_stocks: int, num_days: int, regime: str, replica: int | None = None
-) -> MarketData:
+@lru_cache(maxsize=16)
+def _synthetic(seed: int, num_stocks: int, num_days: int, regime: str) -> MarketData:
     """Shared between the envs of a process (train, eval, backtest): read-only."""
-    return synthetic_market(seed, num_stocks, num_days, regime=regime, replica=replica)
+    return synthetic_market(seed, num_stocks, num_days, regime=regime)
 
 
 def _market_features(data: MarketData, turbulence: bool, momentum: bool) -> np.ndarray:
