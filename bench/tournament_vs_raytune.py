@@ -10,11 +10,14 @@ Each arm is launched the way its user launches it, as a process (tree) of its ow
   local pods) with a PBT tournament of P pods (``population: {min_pods: P, max_pods: P}``,
   ``resources.cpu: cores / P``); the run ends when the leaderboard's best reaches the target.
 - ``ray``: this file with ``--ray-driver``: ``ray.init`` then ``tune.Tuner`` with
-  ``PopulationBasedTraining`` over P trials of a class trainable wrapping SB3. A trainable
-  trains one Podium round of env steps per ``step``, evaluates deterministically on as many
-  episodes as the Podium spec, and saves/loads the SB3 model and its replay buffer in the Tune
-  checkpoint directory (Podium's exploit copies the replay buffer too), so PBT's exploit copies
-  the weights. A stopper ends every trial once one reports the target.
+  ``PopulationBasedTraining`` over P trials of a class trainable wrapping SB3 (SAC, TD3 or
+  PPO). A trainable trains one Podium round of env steps per ``step``, evaluates
+  deterministically on as many episodes as the Podium spec, and saves/loads the SB3 model and
+  its replay buffer (off-policy: Podium's exploit copies the replay buffer too) or its
+  ``VecNormalize`` statistics (PPO) in the Tune checkpoint directory, so PBT's exploit copies
+  the agent. A stopper ends every trial once one reports the target.
+- ``podium-pop``: as ``podium``, but one pod training the P agents as one batched population
+  (``population.agents_per_pod: P``).
 
 Both arms get the same hyperparameters: SB3's are mapped from Podium's preset for the
 (algorithm, env) (``sb3_kwargs``) with the trial's draw from the spec's search space on top; PBT's
@@ -73,20 +76,31 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
             },
         },
     ),
+    # PPO on MuJoCo HalfCheetah: Podium through EnvPool, SB3 through gymnasium's MuJoCo env of
+    # the same version (the same transitions, tests/pod/envs/test_envpool_adapter.py), each as
+    # its users run it.
+    "HalfCheetah-v5": ("examples/halfcheetah.yaml", {}),
 }
 
 
 # --- the shared settings ---------------------------------------------------------------------
 
 
-def podium_spec(env: str, pods: int, cores: int, rep: int, cap_s: float) -> dict[str, Any]:
-    """The task's spec with P pods sharing ``cores``, the repetition's seeds and the cap."""
+def podium_spec(
+    env: str, pods: int, cores: int, rep: int, cap_s: float, batched: bool = False
+) -> dict[str, Any]:
+    """The task's spec with P pods sharing ``cores`` (``batched``: one pod training the P
+    agents as one batched population), the repetition's seeds and the cap."""
     path, edits = TASKS[env]
     spec = yaml.safe_load((ROOT / path).read_text())
     spec.update(copy.deepcopy(edits))
     spec["name"] = f"{spec['name']}-{rep}"
-    spec["population"] = {"min_pods": pods, "max_pods": pods}
-    spec["resources"] = {**spec.get("resources", {}), "cpu": cores / pods}
+    if batched:
+        spec["population"] = {"min_pods": 1, "max_pods": 1, "agents_per_pod": pods}
+        spec["resources"] = {**spec.get("resources", {}), "cpu": cores}
+    else:
+        spec["population"] = {"min_pods": pods, "max_pods": pods}
+        spec["resources"] = {**spec.get("resources", {}), "cpu": cores / pods}
     spec["generator"].setdefault("options", {})["seed"] = rep
     spec["evaluation"]["seed"] = rep
     spec["budget"]["wall_time_s"] = cap_s
@@ -135,18 +149,67 @@ def sb3_kwargs(algorithm: str, env: str, hyper: dict[str, Any]) -> dict[str, Any
     return kwargs
 
 
+def sb3_ppo_kwargs(env: str, hyper: dict[str, Any]) -> dict[str, Any]:
+    """SB3 PPO's constructor arguments for Podium's PPO preset of ``env`` as a pod trains it
+    (no LR annealing: a pod has no fixed horizon) with ``hyper`` on top, plus ``n_envs`` and
+    the ``VecNormalize`` switches. SB3's defaults already match the rest: Adam's eps 1e-5,
+    advantages normalised per minibatch, no value clipping, bootstrapping at truncation."""
+    from torch import nn
+
+    from services.pod.algorithms.ppo_config import PPOConfig
+    from services.pod.presets import preset
+
+    cfg = PPOConfig.model_validate({**preset("ppo", env).get("ppo", {}), **hyper})
+    if cfg.target_kl is not None or cfg.clip_vloss or cfg.sde_sample_freq:
+        raise SystemExit("the preset uses a PPO option this mapping does not carry over")
+    return {
+        "learning_rate": cfg.learning_rate,
+        "n_steps": cfg.num_steps,
+        "batch_size": cfg.minibatch_size,
+        "n_epochs": cfg.update_epochs,
+        "gamma": cfg.gamma,
+        "gae_lambda": cfg.gae_lambda,
+        "clip_range": cfg.clip_coef,
+        "ent_coef": cfg.ent_coef,
+        "vf_coef": cfg.vf_coef,
+        "max_grad_norm": cfg.max_grad_norm,
+        "policy_kwargs": {
+            "net_arch": list(cfg.hidden_sizes),
+            "activation_fn": {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}[cfg.activation],
+            "log_std_init": cfg.log_std_init,
+        },
+        "n_envs": cfg.num_envs,
+        "norm_obs": cfg.norm_obs,
+        "norm_reward": cfg.norm_reward,
+    }
+
+
+def sb3_env_id(env: str) -> str:
+    """The gymnasium id SB3 runs for a Podium env name (EnvPool's tasks are gymnasium's)."""
+    return env.removeprefix("envpool:")
+
+
 def sb3_env(env_id: str, n_envs: int, seed: int) -> Any:
     from stable_baselines3.common.env_util import make_vec_env
 
-    return make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    return make_vec_env(sb3_env_id(env_id), n_envs=n_envs, seed=seed)
 
 
 def sb3_model(algorithm: str, env_id: str, hyper: dict[str, Any], seed: int) -> tuple[Any, Any]:
-    """An SB3 model with the settings of ``sb3_kwargs`` on its vector env, and the env."""
+    """An SB3 model with the settings of ``sb3_kwargs`` on its vector env, and the env (PPO:
+    wrapped in ``VecNormalize`` where the preset normalises)."""
     import numpy as np
     import stable_baselines3 as sb3
     from stable_baselines3.common.noise import NormalActionNoise
+    from stable_baselines3.common.vec_env import VecNormalize
 
+    if algorithm == "ppo":
+        kwargs = sb3_ppo_kwargs(env_id, hyper)
+        env = sb3_env(env_id, kwargs.pop("n_envs"), seed)
+        norm = {"norm_obs": kwargs.pop("norm_obs"), "norm_reward": kwargs.pop("norm_reward")}
+        if any(norm.values()):
+            env = VecNormalize(env, gamma=kwargs["gamma"], **norm)
+        return sb3.PPO("MlpPolicy", env, seed=seed, device="cpu", **kwargs), env
     kwargs = sb3_kwargs(algorithm, env_id, hyper)
     env = sb3_env(env_id, kwargs.pop("n_envs"), seed)
     if "noise_std" in kwargs:
@@ -266,28 +329,48 @@ def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int)
     class SB3Trainable(tune.Trainable):
         def setup(self, config: dict[str, Any]) -> None:
             import torch
+            from stable_baselines3.common.vec_env import VecNormalize
 
             torch.set_num_threads(1)
             hyper = {k: v for k, v in config.items() if k != "seed"}
             self.model, self.env = sb3_model(algorithm, env_id, hyper, int(config["seed"]))
             self.cls = type(self.model)
             self.eval_env = sb3_env(env_id, episodes, int(config["seed"]) + 10_000)
+            self.normalized = isinstance(self.env, VecNormalize)
+            if self.normalized:  # the training env's observation statistics, frozen
+                self.eval_env = VecNormalize(self.eval_env, training=False, norm_reward=False)
             self.copied = False  # whether these weights came from another trial (exploit)
 
         def apply(self, config: dict[str, Any]) -> None:
             """PBT's explored hyperparameters onto the (restored) model."""
+            from stable_baselines3.common.utils import get_schedule_fn
+
             hyper = {k: v for k, v in config.items() if k != "seed"}
-            kwargs = sb3_kwargs(algorithm, env_id, hyper)
-            for name in ("gamma", "tau", "batch_size", "gradient_steps"):
-                setattr(self.model, name, kwargs[name])
+            if algorithm == "ppo":
+                kwargs = sb3_ppo_kwargs(env_id, hyper)
+                for name in ("gamma", "gae_lambda", "ent_coef"):
+                    setattr(self.model, name, kwargs[name])
+                # The rollout buffer and the reward normaliser hold their own copies.
+                self.model.rollout_buffer.gamma = kwargs["gamma"]
+                self.model.rollout_buffer.gae_lambda = kwargs["gae_lambda"]
+                if self.normalized:
+                    self.env.gamma = kwargs["gamma"]
+                self.model.clip_range = get_schedule_fn(kwargs["clip_range"])
+            else:
+                kwargs = sb3_kwargs(algorithm, env_id, hyper)
+                for name in ("gamma", "tau", "batch_size", "gradient_steps"):
+                    setattr(self.model, name, kwargs[name])
             self.model.learning_rate = kwargs["learning_rate"]
             self.model._setup_lr_schedule()
 
         def step(self) -> dict[str, Any]:
             from stable_baselines3.common.evaluation import evaluate_policy
+            from stable_baselines3.common.vec_env import sync_envs_normalization
 
             before = self.model.num_timesteps
             self.model.learn(round_steps, reset_num_timesteps=False)
+            if self.normalized:
+                sync_envs_normalization(self.env, self.eval_env)
             mean, _ = evaluate_policy(
                 self.model, self.eval_env, n_eval_episodes=episodes, deterministic=True
             )
@@ -300,15 +383,26 @@ def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int)
 
         def save_checkpoint(self, checkpoint_dir: str) -> None:
             self.model.save(Path(checkpoint_dir) / "model.zip")
-            self.model.save_replay_buffer(Path(checkpoint_dir) / "replay_buffer.pkl")
+            if algorithm != "ppo":
+                self.model.save_replay_buffer(Path(checkpoint_dir) / "replay_buffer.pkl")
+            if self.normalized:  # the agent's observation and return statistics
+                self.env.save(Path(checkpoint_dir) / "vecnormalize.pkl")
 
         def load_checkpoint(self, checkpoint_dir: str) -> None:
-            # SB3's own format (a zip of torch state dicts; the buffer is pickled): the peer as
-            # its users run it, our own checkpoint file's bytes, never a foreign one.
+            from stable_baselines3.common.vec_env import VecNormalize
+
+            # SB3's own format (a zip of torch state dicts; the buffer and the normaliser are
+            # pickled): the peer as its users run it, our own checkpoint file's bytes, never a
+            # foreign one.
+            if self.normalized:
+                self.env = VecNormalize.load(
+                    str(Path(checkpoint_dir) / "vecnormalize.pkl"), self.env.venv
+                )
             self.model = self.cls.load(
                 Path(checkpoint_dir) / "model.zip", env=self.env, device="cpu"
             )
-            self.model.load_replay_buffer(Path(checkpoint_dir) / "replay_buffer.pkl")
+            if algorithm != "ppo":
+                self.model.load_replay_buffer(Path(checkpoint_dir) / "replay_buffer.pkl")
             if pink_noise(algorithm, env_id):  # the loaded actor has SB3's own distribution
                 set_pink_noise(self.model, self.env.num_envs, int(self.config["seed"]))
             self.copied = True
@@ -504,8 +598,10 @@ def via_copy(nodes: list[dict], subs: list[dict], target: float) -> bool | None:
     return False
 
 
-def run_podium(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[str, Any]:
-    spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s)
+def run_podium(
+    args: argparse.Namespace, rep: int, cores: int, work: Path, batched: bool = False
+) -> dict[str, Any]:
+    spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s, batched)
     spec_file, out = work / "spec.yaml", work / "out"
     spec_file.write_text(yaml.safe_dump(spec))
     podium = Path(sys.executable).with_name("podium")
@@ -520,7 +616,7 @@ def run_podium(args: argparse.Namespace, rep: int, cores: int, work: Path) -> di
     first = min((s["decided_at"] for s in subs), default=None)
     reached = min(hits) - launched if hits else None
     return measured(
-        "podium",
+        "podium-pop" if batched else "podium",
         rep,
         sampler,
         wall,
@@ -532,7 +628,7 @@ def run_podium(args: argparse.Namespace, rep: int, cores: int, work: Path) -> di
         best=exp.get("best_score"),
         round_steps=spec["round"]["env_steps"],
         env_steps_in_all=(exp.get("progress") or {}).get("env_steps"),
-        pods=exp.get("desired_pods"),
+        pods=args.pods,  # agents
         exit_code=proc.returncode,
     )
 
@@ -578,6 +674,15 @@ def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[
     )
 
 
+# The arms: Podium with P pods (a PBT tournament, as Ray's P trials), Podium with one pod
+# training the P agents as one batched population (the same PBT among them), Ray Tune + SB3.
+RUNNERS = {
+    "podium": run_podium,
+    "podium-pop": functools.partial(run_podium, batched=True),
+    "ray": run_ray,
+}
+
+
 def agent_speed(args: argparse.Namespace) -> None:
     """Per-agent speed alone: one SB3 agent and one Podium agent (the same preset, one torch
     thread, no evaluation in the clock) train ``--speed-steps`` env steps each, alternating,
@@ -592,6 +697,8 @@ def agent_speed(args: argparse.Namespace) -> None:
 
     spec = podium_spec(args.env, 1, 1, 0, args.cap_s)
     algorithm, n = next(iter(spec["algorithms"])), args.speed_steps
+    if algorithm not in ("sac", "td3"):
+        raise SystemExit(f"--speed-steps times off-policy agents only, not {algorithm}")
     never = 1e9  # a threshold no evaluation reaches: train the whole budget
     rates: dict[str, list[float]] = {"sb3": [], "podium": []}
     extra: dict[str, list[float]] = {"eval_s": [], "checkpoint_s": []}
@@ -662,7 +769,7 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         # CPU time does not grow while a process waits for a core: the load-robust twin.
         c, e = r["cpu_to_target_s"], r["env_steps"]
         r["cpu_ms_per_step"] = 1000 * c / e if c and e else None
-    arms = [a for a in ("podium", "ray") if any(r["arm"] == a for r in results)]
+    arms = [a for a in RUNNERS if any(r["arm"] == a for r in results)]
     medians = {
         a: {k: med([r.get(k) for r in results if r["arm"] == a], cap) for k, _, cap in cols}
         for a in arms
@@ -674,20 +781,25 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         solved = f"{sum(r['to_target_s'] is not None for r in runs)}/{len(runs)}"
         cells = [f"{medians[a][k]:,.1f}" if medians[a][k] is not None else "-" for k, _, _ in cols]
         print(f"| {a} | {solved} | " + " | ".join(cells) + " |")
-    if len(arms) == 2:
+    for a in arms if "ray" in arms else ():
+        if a == "ray":
+            continue
         ratio = [
-            f"{medians['podium'][k] / medians['ray'][k]:.2f}x"
-            if medians["podium"][k] and medians["ray"][k]
+            f"{medians[a][k] / medians['ray'][k]:.2f}x"
+            if medians[a][k] and medians["ray"][k]
             else "-"
             for k, _, _ in cols
         ]
-        print("| podium / ray | | " + " | ".join(ratio) + " |")
+        print(f"| {a} / ray | | " + " | ".join(ratio) + " |")
+    for a in arms if "ray" in arms else ():
+        if a == "ray":
+            continue
         paired = []
         for rep in sorted({r["rep"] for r in results}):
             got = {r["arm"]: r["to_target_s"] or cap_s for r in results if r["rep"] == rep}
-            if len(got) == 2:
-                paired.append(got["ray"] / got["podium"])
-        print(f"paired Ray/Podium wall to target per rep: {', '.join(f'{x:.1f}x' for x in paired)}")
+            if a in got and "ray" in got:
+                paired.append(got["ray"] / got[a])
+        print(f"paired Ray/{a} wall to target per rep: {', '.join(f'{x:.1f}x' for x in paired)}")
 
 
 def main() -> None:
@@ -698,7 +810,7 @@ def main() -> None:
     parser.add_argument("--first-rep", type=int, default=0)
     parser.add_argument("--cpus", default=None, help="CPU set of both arms, e.g. 0,1 (default all)")
     parser.add_argument("--cap-s", type=float, default=600.0)
-    parser.add_argument("--arms", nargs="+", default=["podium", "ray"])
+    parser.add_argument("--arms", nargs="+", default=["podium", "ray"], choices=sorted(RUNNERS))
     parser.add_argument("--summarize", nargs="+", type=Path, default=None)
     parser.add_argument(
         "--speed-steps",
@@ -734,14 +846,13 @@ def main() -> None:
         flush=True,
     )
     results = []
-    runners = {"podium": run_podium, "ray": run_ray}
     with tempfile.TemporaryDirectory(prefix="podium-vs-ray-") as tmp:
         for rep in range(args.first_rep, args.first_rep + args.reps):
             arms = args.arms[rep % len(args.arms) :] + args.arms[: rep % len(args.arms)]
             for arm in arms:
                 work = Path(tmp) / f"{arm}-{rep}"
                 work.mkdir()
-                out = runners[arm](args, rep, cores, work)
+                out = RUNNERS[arm](args, rep, cores, work)
                 results.append(out)
                 print(json.dumps(out), flush=True)
                 if out["exit_code"] not in (0, None) and arm == "ray":

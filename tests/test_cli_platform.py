@@ -482,7 +482,13 @@ def test_run_interrupted_cancels_saves_results_and_stops_every_pod(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    "example", ["examples/cartpole.yaml", "examples/pendulum.yaml", "examples/ant.yaml"]
+    "example",
+    [
+        "examples/cartpole.yaml",
+        "examples/pendulum.yaml",
+        "examples/ant.yaml",
+        "examples/halfcheetah.yaml",
+    ],
 )
 def test_examples_are_valid_specs_the_pod_can_train(example: str) -> None:
     import random
