@@ -95,12 +95,9 @@ def podium_spec(
     spec = yaml.safe_load((ROOT / path).read_text())
     spec.update(copy.deepcopy(edits))
     spec["name"] = f"{spec['name']}-{rep}"
-    if batched:
-        spec["population"] = {"min_pods": 1, "max_pods": 1, "agents_per_pod": pods}
-        spec["resources"] = {**spec.get("resources", {}), "cpu": cores}
-    else:
-        spec["population"] = {"min_pods": pods, "max_pods": pods}
-        spec["resources"] = {**spec.get("resources", {}), "cpu": cores / pods}
+    n, agents = (1, pods) if batched else (pods, 1)
+    spec["population"] = {"min_pods": n, "max_pods": n, "agents_per_pod": agents}
+    spec["resources"] = {**spec.get("resources", {}), "cpu": cores / n}
     spec["generator"].setdefault("options", {})["seed"] = rep
     spec["evaluation"]["seed"] = rep
     spec["budget"]["wall_time_s"] = cap_s
@@ -111,7 +108,9 @@ def sb3_kwargs(algorithm: str, env: str, hyper: dict[str, Any]) -> dict[str, Any
     """SB3 constructor arguments for Podium's preset of (``algorithm``, ``env``) with ``hyper``
     (a draw from the search space: loop or agent field names) on top. One SB3 step is one
     step of all ``num_envs`` envs, so Podium's ``updates_per_step`` (per env step) becomes
-    ``gradient_steps`` per vector step."""
+    ``gradient_steps`` per vector step. PPO: ``sb3_ppo_kwargs``."""
+    if algorithm == "ppo":
+        return sb3_ppo_kwargs(env, hyper)
     from services.pod.algorithms.offpolicy_config import AGENT_CONFIGS, ReplayLoopConfig
     from services.pod.presets import preset
 
@@ -154,8 +153,7 @@ def sb3_ppo_kwargs(env: str, hyper: dict[str, Any]) -> dict[str, Any]:
     (no LR annealing: a pod has no fixed horizon) with ``hyper`` on top, plus ``n_envs`` and
     the ``VecNormalize`` switches. SB3's defaults already match the rest: Adam's eps 1e-5,
     advantages normalised per minibatch, no value clipping, bootstrapping at truncation."""
-    from torch import nn
-
+    from services.pod.algorithms.policies import ACTIVATIONS
     from services.pod.algorithms.ppo_config import PPOConfig
     from services.pod.presets import preset
 
@@ -175,7 +173,7 @@ def sb3_ppo_kwargs(env: str, hyper: dict[str, Any]) -> dict[str, Any]:
         "max_grad_norm": cfg.max_grad_norm,
         "policy_kwargs": {
             "net_arch": list(cfg.hidden_sizes),
-            "activation_fn": {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}[cfg.activation],
+            "activation_fn": ACTIVATIONS[cfg.activation],
             "log_std_init": cfg.log_std_init,
         },
         "n_envs": cfg.num_envs,
@@ -184,15 +182,13 @@ def sb3_ppo_kwargs(env: str, hyper: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def sb3_env_id(env: str) -> str:
-    """The gymnasium id SB3 runs for a Podium env name (EnvPool's tasks are gymnasium's)."""
-    return env.removeprefix("envpool:")
-
-
 def sb3_env(env_id: str, n_envs: int, seed: int) -> Any:
+    """SB3's vector env of a Podium env name (an EnvPool task runs as gymnasium's own)."""
     from stable_baselines3.common.env_util import make_vec_env
 
-    return make_vec_env(sb3_env_id(env_id), n_envs=n_envs, seed=seed)
+    from services.contracts.envpool_tasks import ENVPOOL_PREFIX
+
+    return make_vec_env(env_id.removeprefix(ENVPOOL_PREFIX), n_envs=n_envs, seed=seed)
 
 
 def sb3_model(algorithm: str, env_id: str, hyper: dict[str, Any], seed: int) -> tuple[Any, Any]:
@@ -203,15 +199,13 @@ def sb3_model(algorithm: str, env_id: str, hyper: dict[str, Any], seed: int) -> 
     from stable_baselines3.common.noise import NormalActionNoise
     from stable_baselines3.common.vec_env import VecNormalize
 
+    kwargs = sb3_kwargs(algorithm, env_id, hyper)
+    env = sb3_env(env_id, kwargs.pop("n_envs"), seed)
     if algorithm == "ppo":
-        kwargs = sb3_ppo_kwargs(env_id, hyper)
-        env = sb3_env(env_id, kwargs.pop("n_envs"), seed)
         norm = {"norm_obs": kwargs.pop("norm_obs"), "norm_reward": kwargs.pop("norm_reward")}
         if any(norm.values()):
             env = VecNormalize(env, gamma=kwargs["gamma"], **norm)
         return sb3.PPO("MlpPolicy", env, seed=seed, device="cpu", **kwargs), env
-    kwargs = sb3_kwargs(algorithm, env_id, hyper)
-    env = sb3_env(env_id, kwargs.pop("n_envs"), seed)
     if "noise_std" in kwargs:
         dim = env.action_space.shape[0]
         std = kwargs.pop("noise_std")
@@ -346,8 +340,8 @@ def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int)
             from stable_baselines3.common.utils import get_schedule_fn
 
             hyper = {k: v for k, v in config.items() if k != "seed"}
+            kwargs = sb3_kwargs(algorithm, env_id, hyper)
             if algorithm == "ppo":
-                kwargs = sb3_ppo_kwargs(env_id, hyper)
                 for name in ("gamma", "gae_lambda", "ent_coef"):
                     setattr(self.model, name, kwargs[name])
                 # The rollout buffer and the reward normaliser hold their own copies.
@@ -357,7 +351,6 @@ def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int)
                     self.env.gamma = kwargs["gamma"]
                 self.model.clip_range = get_schedule_fn(kwargs["clip_range"])
             else:
-                kwargs = sb3_kwargs(algorithm, env_id, hyper)
                 for name in ("gamma", "tau", "batch_size", "gradient_steps"):
                     setattr(self.model, name, kwargs[name])
             self.model.learning_rate = kwargs["learning_rate"]
@@ -781,9 +774,8 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         solved = f"{sum(r['to_target_s'] is not None for r in runs)}/{len(runs)}"
         cells = [f"{medians[a][k]:,.1f}" if medians[a][k] is not None else "-" for k, _, _ in cols]
         print(f"| {a} | {solved} | " + " | ".join(cells) + " |")
-    for a in arms if "ray" in arms else ():
-        if a == "ray":
-            continue
+    podium_arms = [a for a in arms if a != "ray"] if "ray" in arms else []
+    for a in podium_arms:
         ratio = [
             f"{medians[a][k] / medians['ray'][k]:.2f}x"
             if medians[a][k] and medians["ray"][k]
@@ -791,14 +783,14 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
             for k, _, _ in cols
         ]
         print(f"| {a} / ray | | " + " | ".join(ratio) + " |")
-    for a in arms if "ray" in arms else ():
-        if a == "ray":
-            continue
-        paired = []
-        for rep in sorted({r["rep"] for r in results}):
-            got = {r["arm"]: r["to_target_s"] or cap_s for r in results if r["rep"] == rep}
-            if a in got and "ray" in got:
-                paired.append(got["ray"] / got[a])
+    # Ray's time (or the cap) over each Podium arm's, per repetition both ran.
+    times = {(r["arm"], r["rep"]): r["to_target_s"] or cap_s for r in results}
+    for a in podium_arms:
+        paired = [
+            times["ray", rep] / times[a, rep]
+            for rep in sorted({r["rep"] for r in results})
+            if (a, rep) in times and ("ray", rep) in times
+        ]
         print(f"paired Ray/{a} wall to target per rep: {', '.join(f'{x:.1f}x' for x in paired)}")
 
 

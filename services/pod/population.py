@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from torch.func import stack_module_state
 
-from services.pod.algorithms.policies import _ACTIVATIONS, _LOG_SQRT_2PI, CategoricalActor
+from services.pod.algorithms.policies import _LOG_SQRT_2PI, ACTIVATIONS, CategoricalActor
 from services.pod.algorithms.ppo import PPO, PPOConfig, gae
 from services.pod.algorithms.ppo_config import POPULATION_HYPERPARAMETERS
 from services.pod.envs.base import VecEnv
@@ -210,7 +210,7 @@ class PopulationPPO:
         models = [_ActorCritic(a.policy.actor, a.critic) for a in agents]
         params, buffers = stack_module_state(models)
         self.buffers = buffers
-        activation = _ACTIVATIONS[config.activation]
+        activation = ACTIVATIONS[config.activation]
         self._actor_layers = _linear_layers("actor.net", agents[0].policy.actor.net, activation)
         self._critic_layers = _linear_layers("critic", agents[0].critic, activation)
         self._activate, self._activate_backward = _ACTIVATION_FNS[config.activation]

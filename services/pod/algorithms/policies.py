@@ -17,7 +17,7 @@ from torch import nn
 from services.pod.algorithms.normalization import RunningMeanStd
 from services.pod.algorithms.ppo_config import Activation
 
-_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -39,7 +39,7 @@ def mlp(
         linear = nn.Linear(last, width)
         nn.init.orthogonal_(linear.weight, math.sqrt(2))
         nn.init.zeros_(linear.bias)
-        layers += [linear, _ACTIVATIONS[activation]()]
+        layers += [linear, ACTIVATIONS[activation]()]
         last = width
     head = nn.Linear(last, out_dim)
     nn.init.orthogonal_(head.weight, out_gain)
