@@ -1,7 +1,7 @@
 """The compiled on-device loop against eager: env steps/s, fused rollout steps/s, compile cost.
 
     python bench/compiled_loop.py [--envs CartPole-v1 Pendulum-v1] [--counts 1 64 4096 65536]
-                                  [--seconds 0.5] [--repeats 5] [--pod-start]
+                                  [--seconds 0.5] [--repeats 5] [--pod-start] [--device cuda]
 
 For each env and env count, two arms, stepped in alternating windows of ``--seconds``
 (``--repeats`` pairs, medians and the median of the per-pair ratios, so load from other
@@ -43,12 +43,20 @@ from services.pod.worker import FusedRolloutWorker, RolloutWorker
 POOL = 16  # pre-drawn action batches, cycled
 
 
+def _sync() -> None:
+    # CUDA kernels run asynchronously: a window ends when the device has done its work.
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _rate(step: Callable[[], object], per_call: int, seconds: float) -> float:
+    _sync()
     calls, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds or calls < 2:
+    while time.perf_counter() - start < seconds or calls < 2:
         step()
         calls += 1
-    return calls * per_call / elapsed
+    _sync()
+    return calls * per_call / (time.perf_counter() - start)
 
 
 def _paired(
@@ -66,17 +74,22 @@ def _paired(
 def _timed_first(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - start
 
 
 def bench_env(env_id: str, n: int, args) -> tuple[float, float, float, float]:
-    eager_env = make_env(env_id, n, seed=0, check_actions=False)
-    comp_env = make_env(env_id, n, seed=0, check_actions=False)
+    eager_env = make_env(env_id, n, device=args.device, seed=0, check_actions=False)
+    comp_env = make_env(env_id, n, device=args.device, seed=0, check_actions=False)
     eager_env.reset(seed=0)
     comp_env.reset(seed=0)
     pool = [eager_env.action_space.sample() for _ in range(POOL)]
-    actions = [torch.as_tensor(a) for a in pool]
-    step_masked = torch.compile(type(comp_env).step_masked, fullgraph=True)
+    actions = [torch.as_tensor(a, device=args.device) for a in pool]
+    # On CUDA as services/pod/compiled.py compiles it: CUDA graphs replay the step's kernels.
+    cuda = comp_env.device.type == "cuda"
+    step_masked = torch.compile(
+        type(comp_env).step_masked, fullgraph=True, mode="reduce-overhead" if cuda else None
+    )
     i = [0]
 
     def eager() -> None:
@@ -85,16 +98,18 @@ def bench_env(env_id: str, n: int, args) -> tuple[float, float, float, float]:
 
     def compiled() -> None:
         i[0] += 1
+        if cuda:
+            torch.compiler.cudagraph_mark_step_begin()
         step_masked(comp_env, actions[i[0] % POOL], comp_env._initial_state(n))
 
     compile_s = _timed_first(compiled)
     return (*_paired(eager, compiled, n, args), compile_s)
 
 
-def _workers(env_id: str, n: int) -> tuple[RolloutWorker, FusedRolloutWorker]:
+def _workers(env_id: str, n: int, device: str) -> tuple[RolloutWorker, FusedRolloutWorker]:
     settings = preset("ppo", env_id)
     settings["ppo"] = {**settings["ppo"], "num_envs": n, "num_steps": 8, "compile": "off"}
-    cfg = PPORunConfig.model_validate({**settings, "env": env_id, "seed": 0})
+    cfg = PPORunConfig.model_validate({**settings, "env": env_id, "seed": 0, "device": device})
     env, _, agent = build_agent(cfg)
     eager = RolloutWorker(env, agent.policy, 8, cfg.ppo.gamma, 0)
     env2, _, agent2 = build_agent(cfg)
@@ -103,7 +118,7 @@ def _workers(env_id: str, n: int) -> tuple[RolloutWorker, FusedRolloutWorker]:
 
 
 def bench_rollout(env_id: str, n: int, args) -> tuple[float, float, float, float]:
-    eager, fused = _workers(env_id, n)
+    eager, fused = _workers(env_id, n, args.device)
     compile_s = _timed_first(fused.collect)
     return (*_paired(eager.collect, fused.collect, 8 * n, args), compile_s)
 
@@ -150,13 +165,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=0.5)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pod-start", action="store_true")
+    parser.add_argument("--device", default="cpu", help="device of the envs and the policy")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.child:
         pod_start_child(args.child)
         return
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, load {os.getloadavg()}")
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "no GPU"
+    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {gpu}, load {os.getloadavg()}")
     print(
         "\n| env | envs | what | eager steps/s | compiled steps/s | compiled/eager "
         "| compile s |\n|---|---|---|---|---|---|---|"

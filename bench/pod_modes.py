@@ -2,6 +2,7 @@
 
     python bench/pod_modes.py [--seeds 3] [--updates 150] [--envs CartPole-v1 Pendulum-v1]
                               [--modes fused processes containers]
+                              [--device cuda] [--num-envs N]
 
 Per env and seed, the modes run one after the other in this process (the order rotates by
 seed) on the env's preset with one torch thread per process:
@@ -50,9 +51,11 @@ MAX_STEPS = 100_000
 MODES = ("fused", "processes", "containers")
 
 
-def config(env: str, seed: int) -> PPORunConfig:
+def config(env: str, seed: int, device: str = "cpu", num_envs: int | None = None) -> PPORunConfig:
     base = preset("ppo", env)
-    base.update(seed=seed, eval_episodes=10, torch_threads=1)
+    base.update(seed=seed, eval_episodes=10, torch_threads=1, device=device)
+    if num_envs is not None:
+        base["ppo"] = {**base["ppo"], "num_envs": num_envs}
     return PPORunConfig.model_validate(base)
 
 
@@ -93,8 +96,9 @@ def make_roles(mode: str) -> Roles | None:
     return None  # fused: the trainer's own LocalRoles
 
 
-def measure(mode: str, env: str, seed: int, updates: int):
-    cfg = config(env, seed)
+def measure(mode: str, env: str, seed: int, args: argparse.Namespace):
+    updates = args.updates
+    cfg = config(env, seed, args.device, args.num_envs)
     start = time.perf_counter()
     roles = make_roles(mode)
     trainer = OnPolicyTrainer([cfg], roles)
@@ -105,6 +109,8 @@ def measure(mode: str, env: str, seed: int, updates: int):
     start = time.perf_counter()
     for _ in range(updates):
         trainer.step()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     steps_per_s = (trainer.env_steps - steps0) / (time.perf_counter() - start)
     solve_s = None
     if env in TARGET:
@@ -130,11 +136,14 @@ def main() -> None:
     parser.add_argument(
         "--modes", nargs="+", default=["fused", "processes", "containers"], choices=MODES
     )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--num-envs", type=int, help="sub-environments (default: the preset's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "no GPU"
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, python {platform.python_version()}"
+        f"{gpu}, torch {torch.__version__}, python {platform.python_version()}"
     )
     rows = []
     for env in args.envs:
@@ -146,7 +155,7 @@ def main() -> None:
             order = args.modes[k:] + args.modes[:k]
             for mode in order:
                 # A fresh set of processes each time, so start-up is measured every seed.
-                startup, sps, solve, roles = measure(mode, env, seed, args.updates)
+                startup, sps, solve, roles = measure(mode, env, seed, args)
                 if roles is not None:
                     roles.close()
                 results[mode]["startup"].append(startup)

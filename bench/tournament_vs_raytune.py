@@ -17,7 +17,8 @@ Each arm is launched the way its user launches it, as a process (tree) of its ow
   ``VecNormalize`` statistics (PPO) in the Tune checkpoint directory, so PBT's exploit copies
   the agent. A stopper ends every trial once one reports the target.
 - ``podium-pop``: as ``podium``, but one pod training the P agents as one batched population
-  (``population.agents_per_pod: P``).
+  (``population.agents_per_pod: P``); ``podium-pairs``: P/2 pods of two batched agents each
+  (``resources.cpu: 2 cores / (P/2)``), so a population pod's one busy thread has a core each.
 
 Both arms get the same hyperparameters: SB3's are mapped from Podium's preset for the
 (algorithm, env) (``sb3_kwargs``) with the trial's draw from the spec's search space on top; PBT's
@@ -87,16 +88,16 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def podium_spec(
-    env: str, pods: int, cores: int, rep: int, cap_s: float, batched: bool = False
+    env: str, pods: int, cores: int, rep: int, cap_s: float, agents_per_pod: int = 1
 ) -> dict[str, Any]:
-    """The task's spec with P pods sharing ``cores`` (``batched``: one pod training the P
-    agents as one batched population), the repetition's seeds and the cap."""
+    """The task's spec with P agents sharing ``cores``, as P / ``agents_per_pod`` pods each
+    training that many agents as one batched population; the repetition's seeds and the cap."""
     path, edits = TASKS[env]
     spec = yaml.safe_load((ROOT / path).read_text())
     spec.update(copy.deepcopy(edits))
     spec["name"] = f"{spec['name']}-{rep}"
-    n, agents = (1, pods) if batched else (pods, 1)
-    spec["population"] = {"min_pods": n, "max_pods": n, "agents_per_pod": agents}
+    n = pods // agents_per_pod
+    spec["population"] = {"min_pods": n, "max_pods": n, "agents_per_pod": agents_per_pod}
     spec["resources"] = {**spec.get("resources", {}), "cpu": cores / n}
     spec["generator"].setdefault("options", {})["seed"] = rep
     spec["evaluation"]["seed"] = rep
@@ -592,9 +593,10 @@ def via_copy(nodes: list[dict], subs: list[dict], target: float) -> bool | None:
 
 
 def run_podium(
-    args: argparse.Namespace, rep: int, cores: int, work: Path, batched: bool = False
+    args: argparse.Namespace, rep: int, cores: int, work: Path, arm: str = "podium"
 ) -> dict[str, Any]:
-    spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s, batched)
+    agents_per_pod = {"podium": 1, "podium-pairs": 2, "podium-pop": args.pods}[arm]
+    spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s, agents_per_pod)
     spec_file, out = work / "spec.yaml", work / "out"
     spec_file.write_text(yaml.safe_dump(spec))
     podium = Path(sys.executable).with_name("podium")
@@ -609,7 +611,7 @@ def run_podium(
     first = min((s["decided_at"] for s in subs), default=None)
     reached = min(hits) - launched if hits else None
     return measured(
-        "podium-pop" if batched else "podium",
+        arm,
         rep,
         sampler,
         wall,
@@ -668,10 +670,12 @@ def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[
 
 
 # The arms: Podium with P pods (a PBT tournament, as Ray's P trials), Podium with one pod
-# training the P agents as one batched population (the same PBT among them), Ray Tune + SB3.
+# training the P agents as one batched population (the same PBT among them) or with P/2 pods of
+# two, Ray Tune + SB3.
 RUNNERS = {
     "podium": run_podium,
-    "podium-pop": functools.partial(run_podium, batched=True),
+    "podium-pop": functools.partial(run_podium, arm="podium-pop"),
+    "podium-pairs": functools.partial(run_podium, arm="podium-pairs"),
     "ray": run_ray,
 }
 

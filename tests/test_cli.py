@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from services.pod.checkpoint import read_files
 
@@ -82,6 +83,17 @@ def test_bad_config_file_and_bad_set_syntax(tmp_path):
     assert proc.returncode == 2 and "key=value" in proc.stderr
     proc = run("train", "CartPole-v1", "--config", str(tmp_path / "missing.yaml"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a GPU where there is none")
+def test_a_device_this_machine_lacks_is_a_named_error(tmp_path):
+    proc = run("train", "CartPole-v1", "--set", "device=cuda", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2
+    assert "device: Value error, 'cuda': torch sees no CUDA device" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run("train", "CartPole-v1", "--set", "device=gpu0", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2
+    assert "'gpu0' is not a torch device" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_unknown_env_kwarg_is_refused(tmp_path):

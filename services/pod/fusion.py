@@ -2,8 +2,8 @@
 
 Each replica runs its own worker (its own env slice and seed) and learner; at the end of every
 update epoch the replicas all-reduce the mean of their network parameters *and* their Adam
-moments through ``torch.distributed`` (gloo on CPU, nccl on GPU), so they leave each epoch
-identical, as if one learner had taken the averaged step. That is the paper's "several
+moments through ``torch.distributed`` (gloo, on CPU and CUDA tensors alike), so they leave each
+epoch identical, as if one learner had taken the averaged step. That is the paper's "several
 learners fused by averaging parameters"; it scales the data per update with the number of
 learners without a parameter server.
 """
@@ -126,7 +126,7 @@ def run_group(
     world: int,
     args: tuple = (),
     rank0_args: tuple | None = None,
-    backend: str | None = None,
+    backend: str = "gloo",
 ) -> Any:
     """Run ``fn(rank, world, *args)`` on ``world`` ranks in one process group; return rank 0's.
 
@@ -135,8 +135,11 @@ def run_group(
     the others are spawned, not forked, since forking a process that runs torch threads is
     unsafe. ``fn`` must therefore be importable at module level. A replica that fails makes
     the call raise.
+
+    gloo whatever the device: a pod's replicas share its device, and NCCL refuses two ranks on
+    one GPU ("Duplicate GPU detected", seen on an H100) and any CPU tensor (``agree``'s flag);
+    gloo all-reduces and broadcasts CUDA tensors too.
     """
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     port = free_port()
     ctx = mp.get_context("spawn")
     others = [

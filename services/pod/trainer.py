@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import gymnasium as gym
-from pydantic import BaseModel, ConfigDict, Field
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services import registry
 from services.contracts.action_spaces import ActionKind
@@ -55,6 +56,22 @@ class RunConfig(BaseModel):
     torch_threads: int | None = Field(
         1, ge=1, description="Intra-op threads; small networks run fastest on one thread."
     )
+
+    @field_validator("device")
+    @classmethod
+    def _device_here(cls, value: str) -> str:
+        # Refused at validation, so `podium train --set device=cuda` on a machine without a GPU
+        # is a named-field error, not a traceback from the first tensor put there.
+        try:
+            device = torch.device(value)
+        except RuntimeError:
+            raise ValueError(f"{value!r} is not a torch device (cpu, cuda, cuda:N)") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"{value!r}: torch sees no CUDA device on this machine")
+            if (device.index or 0) >= torch.cuda.device_count():
+                raise ValueError(f"{value!r}: this machine has {torch.cuda.device_count()} GPU(s)")
+        return value
 
     @property
     def evaluation_seed(self) -> int:

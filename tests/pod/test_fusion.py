@@ -60,6 +60,19 @@ def test_a_failing_replica_is_reported():
         run_group(_fails, 2, backend="gloo")
 
 
+def _average_cpu_tensors(rank: int, world: int) -> None:
+    net, opt = _replica_state(rank)
+    ParameterAverager(net, opt)()
+
+
+def test_fusion_on_a_machine_with_cuda_uses_gloo(monkeypatch):
+    # On a GPU machine the group used to pick NCCL, which refuses CPU tensors (a CPU run there)
+    # and two replicas on one GPU (device run on an H100: "Duplicate GPU detected"). CI has no
+    # GPU: torch's answer is patched, the process group and its replicas are real.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    run_group(_average_cpu_tensors, 2)
+
+
 @pytest.mark.slow
 def test_fused_learners_train_together():
     cfg = PPORunConfig.model_validate(

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One device call's command per wheel part (bench/gpu_wheels.sh): every CUDA path of Podium and
+# the GPU benchmarks, in four calls back to back on one warm device machine. Logs go to $OUT.
+#
+#   device run carry=[".gpuwheels/part-a"] command="bash bench/gpu_run.sh a"   # ~6 min
+#   device run carry=[".gpuwheels/part-b"] command="bash bench/gpu_run.sh b"   # ~5 min
+#   device run carry=[".gpuwheels/part-c"] command="bash bench/gpu_run.sh c"   # ~4 min
+#   device run carry=[".gpuwheels/part-d"] command="bash bench/gpu_run.sh d"   # ~9 min
+#
+# a: installs Podium's missing imports and its entry points (the registered env, algorithm and
+#    generator names) into /tmp/site; the `gpu` tests; each algorithm's preset
+#    trained on cuda through `podium train` (PPO with two fused learners too); the batched
+#    population against a loop of agents. b: the compiled loop against eager on cuda, up to 4M
+#    envs. c: the pod's roles fused vs three processes on cuda (CUDA tensors between processes).
+# d: MuJoCo Warp's Ant and Humanoid (bench/gpu_physics.py). Each step has its own time limit, so
+# one that hangs leaves the others' results.
+set -uo pipefail
+stage=$1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+py=python3
+pip_install() { $py -m pip install -q --no-index --no-deps --no-compile --no-build-isolation --target /tmp/site "$@"; }
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, its output to $OUT/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date +%T), limit ${limit}s): $*"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "== $name: exit $? after $SECONDS s in this call"
+    tail -n 12 "$OUT/$name.log"
+}
+case $stage in
+a)
+    pip_install .gpuwheels/part-a/*.whl || exit 1
+    cp -r .gpuwheels/part-a/podium-*.dist-info /tmp/site/
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
+    $py -c "import torch; print(torch.__version__, torch.cuda.get_device_name(), torch.version.cuda)"
+    step gpu_tests 240 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_compiled.py \
+        tests/pod/envs/test_env_protocol.py tests/pod/test_multiprocess.py
+    for run in "ppo CartPole-v1" "dqn CartPole-v1" "ppo Pendulum-v1" "sac Pendulum-v1" \
+        "td3 Pendulum-v1" "ddpg Pendulum-v1"; do
+        set -- $run
+        step "train-$1-$2" 90 $py -m services.cli train "$2" --set algorithm="$1" \
+            --set device=cuda --quiet --out "/tmp/train/$1_$2"
+    done
+    step train-ppo-fused2 90 $py -m services.cli train Pendulum-v1 --set device=cuda \
+        --set learners=2 --quiet --out /tmp/train/fused2
+    step population 150 $py bench/population_vmap.py --device cuda --sizes 1 32 128 \
+        --hidden 64 256 --seeds 3 --repeats 3
+    cat "$OUT"/train-*.log >"$OUT/train.log" && rm "$OUT"/train-*.log  # 8 files come back
+    ;;
+b)
+    mkdir -p /tmp/w && cp .gpuwheels/part-b/* /tmp/w/
+    step compiled_loop 280 $py bench/compiled_loop.py --device cuda --envs CartPole-v1 \
+        Pendulum-v1 --counts 4096 65536 1048576 4194304 --seconds 0.3 --repeats 3
+    ;;
+c)
+    cp .gpuwheels/part-c/* /tmp/w/
+    step pod_modes 220 $py bench/pod_modes.py --device cuda --envs Pendulum-v1 CartPole-v1 \
+        --num-envs 4096 --seeds 2 --updates 50 --modes fused processes
+    ;;
+d)
+    cp .gpuwheels/part-d/* /tmp/w/
+    (cd /tmp/w && cat warp.whl.part-* >"$(cat warp.whl.name)" && rm warp.whl.part-*) || exit 1
+    pip_install /tmp/w/*.whl || exit 1
+    step gpu_physics 540 $py bench/gpu_physics.py --curve-seconds 240
+    ;;
+esac
