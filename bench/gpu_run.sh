@@ -34,7 +34,7 @@ a)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
     $py -c "import torch; print(torch.__version__, torch.cuda.get_device_name(), torch.version.cuda)"
     step gpu_tests 240 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_compiled.py \
-        tests/pod/envs/test_env_protocol.py tests/pod/test_multiprocess.py
+        tests/pod/envs/test_env_protocol.py tests/pod/test_multiprocess.py tests/pod/test_fusion.py
     for run in "ppo CartPole-v1" "dqn CartPole-v1" "ppo Pendulum-v1" "sac Pendulum-v1" \
         "td3 Pendulum-v1" "ddpg Pendulum-v1"; do
         set -- $run

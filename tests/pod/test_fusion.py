@@ -73,10 +73,26 @@ def test_fusion_on_a_machine_with_cuda_uses_gloo(monkeypatch):
     run_group(_average_cpu_tensors, 2)
 
 
+ON_ONE_GPU = pytest.param(  # two replicas on one GPU: NCCL refused it (H100, session 10)
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ],
+)
+
+
 @pytest.mark.slow
-def test_fused_learners_train_together():
+@pytest.mark.parametrize("device", ["cpu", ON_ONE_GPU])
+def test_fused_learners_train_together(device: str):
     cfg = PPORunConfig.model_validate(
-        {**preset("ppo", "CartPole-v1"), "learners": 2, "total_env_steps": 4096, "seed": 5}
+        {
+            **preset("ppo", "CartPole-v1"),
+            "learners": 2,
+            "total_env_steps": 4096,
+            "seed": 5,
+            "device": device,
+        }
     )
     result = train(cfg)
     # Rank 0 counts the steps of both replicas: 2 x 256 per update.
