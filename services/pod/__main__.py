@@ -185,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     threads = settings.torch_threads
     torch.set_num_threads(threads)
     device = "cuda" if settings.gpus > 0 and torch.cuda.is_available() else "cpu"
+    if settings.gpus > 0 and device == "cpu":
+        # Granted GPUs, but a CPU-only torch or no driver in the container: the pod still
+        # trains, far slower; the operator's only sign is this line.
+        log.warning(
+            "GPUs granted but torch sees no CUDA device: training on the CPU",
+            gpus=settings.gpus,
+            torch=torch.__version__,
+        )
     roles_dir = args.roles_dir or settings.roles_dir
     roles: Roles | None = None  # None: worker and evaluator in this process
     population = spec.population.agents_per_pod > 1

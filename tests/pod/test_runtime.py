@@ -305,6 +305,30 @@ def metric(url: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="GPUs granted where torch sees none")
+def test_a_pod_granted_gpus_torch_cannot_see_says_so(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    spec = make_spec()
+    register(leaderboard, "no-gpu", spec)
+    log = tmp_path / "pod.log"
+    proc = start_pod(leaderboard, "no-gpu", "p0", spec, tmp_path, log, PODIUM_GPUS="1")
+    try:
+        deadline = time.monotonic() + 60  # the line comes before the first round
+        while "torch sees no CUDA device" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, "no warning: the GPUs went unused silently"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    warned = [line for line in lines if "torch sees no CUDA device" in line["event"]]
+    assert len(warned) == 1 and warned[0]["level"] == "warning" and warned[0]["gpus"] == 1
+
+
 def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:
