@@ -89,27 +89,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(
-    rank: int, world: int, port: int, backend: str, fn: Callable[..., Any], args: tuple
-) -> Any:
+def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> Any:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    # gloo whatever the device: a pod's replicas share its device, and NCCL refuses two ranks on
+    # one GPU ("Duplicate GPU detected", seen on an H100) and any CPU tensor (``agree``'s flag);
+    # gloo all-reduces and broadcasts CUDA tensors too.
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         return fn(rank, world, *args)
     finally:
         dist.destroy_process_group()
 
 
-def _replica_entry(
-    rank: int, world: int, port: int, backend: str, fn: Callable[..., Any], args: tuple
-) -> None:
+def _replica_entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
     """A spawned replica: ``_entry``, then exit at once. Left to interpreter finalization,
     gloo's worker threads are sometimes destroyed while still joinable and the process dies
     by SIGABRT ("terminate called without an active exception") after its work is done."""
     code = 0
     try:
-        _entry(rank, world, port, backend, fn, args)
+        _entry(rank, world, port, fn, args)
     except SystemExit as exc:  # sys.exit(n) in the replica: keep its meaning
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -126,7 +125,6 @@ def run_group(
     world: int,
     args: tuple = (),
     rank0_args: tuple | None = None,
-    backend: str = "gloo",
 ) -> Any:
     """Run ``fn(rank, world, *args)`` on ``world`` ranks in one process group; return rank 0's.
 
@@ -135,21 +133,17 @@ def run_group(
     the others are spawned, not forked, since forking a process that runs torch threads is
     unsafe. ``fn`` must therefore be importable at module level. A replica that fails makes
     the call raise.
-
-    gloo whatever the device: a pod's replicas share its device, and NCCL refuses two ranks on
-    one GPU ("Duplicate GPU detected", seen on an H100) and any CPU tensor (``agree``'s flag);
-    gloo all-reduces and broadcasts CUDA tensors too.
     """
     port = free_port()
     ctx = mp.get_context("spawn")
     others = [
-        ctx.Process(target=_replica_entry, args=(rank, world, port, backend, fn, args), daemon=True)
+        ctx.Process(target=_replica_entry, args=(rank, world, port, fn, args), daemon=True)
         for rank in range(1, world)
     ]
     for proc in others:
         proc.start()
     try:
-        result = _entry(0, world, port, backend, fn, rank0_args if rank0_args else args)
+        result = _entry(0, world, port, fn, rank0_args if rank0_args else args)
     finally:
         for proc in others:
             proc.join(timeout=60)

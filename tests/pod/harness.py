@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +199,25 @@ def start_pod(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+def sigterm_pod_when(
+    proc: subprocess.Popen[bytes], log: Path, ready: Callable[[], bool], timeout: float = 90.0
+) -> list[dict[str, Any]]:
+    """Wait while the pod runs until ``ready()``, then SIGTERM it and check that it exits 0
+    (killed instead if anything fails on the way); return its JSON log lines."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"not ready after {timeout:g} s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
 def ppo_roles(config: PPORunConfig) -> tuple[RolloutWorker, RolloutLearner, Evaluator]:

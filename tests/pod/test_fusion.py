@@ -38,7 +38,7 @@ def _average_and_save(rank: int, world: int, directory: str) -> None:
 
 
 def test_two_processes_average_exactly(tmp_path):
-    run_group(_average_and_save, 2, args=(str(tmp_path),), backend="gloo")
+    run_group(_average_and_save, 2, args=(str(tmp_path),))
     before = [_tensors(*_replica_state(rank)) for rank in range(2)]
     after = [load_file(tmp_path / f"rank{rank}.safetensors") for rank in range(2)]
     assert before[0].keys() == after[0].keys()
@@ -57,7 +57,7 @@ def _fails(rank: int, world: int) -> None:
 
 def test_a_failing_replica_is_reported():
     with pytest.raises(RuntimeError, match="replicas exited"):
-        run_group(_fails, 2, backend="gloo")
+        run_group(_fails, 2)
 
 
 def _average_cpu_tensors(rank: int, world: int) -> None:

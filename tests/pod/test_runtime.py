@@ -40,6 +40,7 @@ from tests.pod.harness import (
     pod_env,
     register,
     runtime,
+    sigterm_pod_when,
     start_pod,
     stop_after,
 )
@@ -313,20 +314,11 @@ def test_a_pod_granted_gpus_torch_cannot_see_says_so(
     register(leaderboard, "no-gpu", spec)
     log = tmp_path / "pod.log"
     proc = start_pod(leaderboard, "no-gpu", "p0", spec, tmp_path, log, PODIUM_GPUS="1")
-    try:
-        deadline = time.monotonic() + 60  # the line comes before the first round
-        while "torch sees no CUDA device" not in log.read_text():
-            assert proc.poll() is None, log.read_text()[-2000:]
-            assert time.monotonic() < deadline, "no warning: the GPUs went unused silently"
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    # "pod started" comes once the pod handles SIGTERM (a signal before it kills the pod).
+    lines = sigterm_pod_when(proc, log, lambda: '"pod started"' in log.read_text(), 60)
     warned = [line for line in lines if "torch sees no CUDA device" in line["event"]]
     assert len(warned) == 1 and warned[0]["level"] == "warning" and warned[0]["gpus"] == 1
+    assert next(line for line in lines if line["event"] == "pod started")["device"] == "cpu"
 
 
 def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(
@@ -431,26 +423,17 @@ def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
     process and each reaches the board as its own candidate (pod id ``<pod>.m<i>``)."""
     spec = make_spec(population={"min_pods": 1, "max_pods": 1, "agents_per_pod": 3})
     register(leaderboard, "pop", spec)
-    proc = start_pod(leaderboard, "pop", "p0", spec, tmp_path, tmp_path / "pod.log")
-    try:
-        deadline = time.monotonic() + 120
-        with leaderboard.api() as api:
-            while api.get("/experiments/pop").json()["submissions"] < 6:
-                assert proc.poll() is None, (tmp_path / "pod.log").read_text()[-3000:]
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=60) == 0
-            nodes = api.get("/experiments/pop/lineage").json()["nodes"]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    log = tmp_path / "pod.log"
+    proc = start_pod(leaderboard, "pop", "p0", spec, tmp_path, log)
+    with leaderboard.api() as api:
+
+        def six_submitted() -> bool:  # two reports of each of the three agents
+            return api.get("/experiments/pop").json()["submissions"] >= 6
+
+        lines = sigterm_pod_when(proc, log, six_submitted, 120)
+        nodes = api.get("/experiments/pop/lineage").json()["nodes"]
     assert {n["pod_id"] for n in nodes} == {"p0.m0", "p0.m1", "p0.m2"}
-    started = [
-        json.loads(line)
-        for line in (tmp_path / "pod.log").read_text().splitlines()
-        if line.startswith("{") and '"pod started"' in line
-    ]
+    started = [line for line in lines if line["event"] == "pod started"]
     assert started and started[0]["mode"] == "population"
 
 

@@ -11,8 +11,6 @@ names no listed algorithm has, algorithms the env's action space does not fit.
 from __future__ import annotations
 
 import json
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from tests.pod.harness import (
     make_spec,
     register,
     runtime,
+    sigterm_pod_when,
     start_pod,
     stop_after,
 )
@@ -262,18 +261,12 @@ def test_pod_process_in_processes_mode_trains_sac_fused_and_reports_on_sigterm(
     pod_dir.mkdir()
     log_path = tmp_path / "pod.log"
     proc = start_pod(lb, "e4", "p0", spec, pod_dir, log_path, PODIUM_POD_MODE="processes")
-    try:
-        deadline = time.monotonic() + 90
-        with lb.api() as api:
-            while api.get("/experiments/e4").json()["submissions"] < 2:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    with lb.api() as api:
+
+        def submitted_twice() -> bool:
+            return api.get("/experiments/e4").json()["submissions"] >= 2
+
+        lines = sigterm_pod_when(proc, log_path, submitted_twice)
     events = [line["event"] for line in lines]
     assert "off-policy agents train fused: worker, learner and evaluator in this process" in events
     reports = [line for line in lines if line["event"] == "reported"]
