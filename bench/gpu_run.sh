@@ -14,6 +14,14 @@
 #    envs. c: the pod's roles fused vs three processes on cuda (CUDA tensors between processes).
 # d: MuJoCo Warp's Ant and Humanoid (bench/gpu_physics.py). Each step has its own time limit, so
 # one that hangs leaves the others' results.
+#
+#   device run carry=[".gpuwheels/part-a"] command="bash bench/gpu_run.sh quick"  # ~5 min
+#
+# quick: what a 15-minute lease affords in one call: part a's install, the `gpu` tests, two fused
+#    learners on cuda, and a tournament of GPU pods end to end (`podium run` on the embedded
+#    platform, examples/pendulum.yaml with one GPU per pod: the orchestrator gives the pod the GPU
+#    through CUDA_VISIBLE_DEVICES and PODIUM_GPUS, the pod trains on cuda, the updater ranks it),
+#    then the same with population pods of 16 agents (`pop` runs that alone).
 set -uo pipefail
 stage=$1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -27,12 +35,42 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, its output to $
     echo "== $name: exit $? after $SECONDS s in this call"
     tail -n 12 "$OUT/$name.log"
 }
-case $stage in
-a)
+install_a() {
     pip_install .gpuwheels/part-a/*.whl || exit 1
     cp -r .gpuwheels/part-a/podium-*.dist-info /tmp/site/
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
     $py -c "import torch; print(torch.__version__, torch.cuda.get_device_name(), torch.version.cuda)"
+}
+# examples/pendulum.yaml with one GPU per pod through `podium run` (the embedded platform), extra
+# sed expressions applied to the spec; then which device each pod trained on, from its log lines.
+gpu_tournament() {
+    local name=$1
+    shift
+    sed -e 's/^  gpus: 0$/  gpus: 1/' "$@" examples/pendulum.yaml >"/tmp/$name.yaml"
+    grep -q '^  gpus: 1$' "/tmp/$name.yaml" || exit 1
+    step "$name" 200 $py -m services.cli run "/tmp/$name.yaml" --out "/tmp/$name" --timeout 180
+    grep -h -o '"device": *"[a-z:0-9]*"' /tmp/"$name"/data/experiments/*/pods/*.log | sort | uniq -c
+}
+# A population pod of 16 agents (shared network shape, so update_epochs fixed, gSDE off).
+POPULATION=(-e 's/^  max_pods: 4$/  max_pods: 4\n  agents_per_pod: 16/' -e '/^  update_epochs:/d'
+    -e 's/^search_space:$/search_space:\n  sde_sample_freq: {type: choice, values: [0]}/')
+case $stage in
+pop)
+    install_a
+    gpu_tournament podium_run_gpu_pop "${POPULATION[@]}"
+    ;;
+quick)
+    install_a
+    step gpu_tests 240 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_compiled.py \
+        tests/pod/envs/test_env_protocol.py tests/pod/test_multiprocess.py tests/pod/test_fusion.py
+    step train-ppo-fused2 90 $py -m services.cli train Pendulum-v1 --set device=cuda \
+        --set learners=2 --quiet --out /tmp/train/fused2
+    ls /dev/nvidia*  # the local backend counts GPUs by these device nodes
+    gpu_tournament podium_run_gpu
+    gpu_tournament podium_run_gpu_pop "${POPULATION[@]}"
+    ;;
+a)
+    install_a
     step gpu_tests 240 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_compiled.py \
         tests/pod/envs/test_env_protocol.py tests/pod/test_multiprocess.py tests/pod/test_fusion.py
     for run in "ppo CartPole-v1" "dqn CartPole-v1" "ppo Pendulum-v1" "sac Pendulum-v1" \

@@ -146,12 +146,19 @@ SearchSpace = dict[str, Distribution]
 NUMERIC = (Uniform, LogUniform, IntUniform)
 
 
+def pinned_values(space: SearchSpace) -> dict[str, Any]:
+    """Name → value for the names the space sets to one value for every draw (a one-value
+    choice): run settings every agent shares, not searched."""
+    return {
+        name: dist.values[0]
+        for name, dist in space.items()
+        if isinstance(dist, Choice) and len(dist.values) == 1
+    }
+
+
 def pinned_names(space: SearchSpace) -> frozenset[str]:
-    """Names the space sets to one value for every draw (a one-value choice): run settings
-    every agent shares, not searched."""
-    return frozenset(
-        name for name, dist in space.items() if isinstance(dist, Choice) and len(dist.values) == 1
-    )
+    """The names of ``pinned_values``."""
+    return frozenset(pinned_values(space))
 
 
 def sample_space(space: SearchSpace, rng: random.Random) -> dict[str, Any]:

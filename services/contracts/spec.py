@@ -27,7 +27,7 @@ from services import registry
 from services.contracts.action_spaces import misfits
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
-from services.contracts.search_space import SearchSpace, pinned_names
+from services.contracts.search_space import SearchSpace, pinned_values
 from services.contracts.strategies import options_model
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -240,14 +240,27 @@ class ExperimentSpec(InputModel):
         # Population pods (services/pod/population_trainer.py) stack their agents' weights:
         # refused here, by the pods' own torch-free check, rather than by every pod at start.
         if self.population.agents_per_pod > 1:
-            from services.pod.algorithms.hyperparameters import check_population
-
-            check_population(
-                self.population.agents_per_pod,
-                self.algorithms,
-                self.search_space,
-                pinned_names(self.search_space),
+            from services.pod.algorithms.hyperparameters import (
+                POPULATION_UNSUPPORTED,
+                check_population,
+                check_population_settings,
+                preset_data,
             )
+
+            pins = pinned_values(self.search_space)
+            check_population(
+                self.population.agents_per_pod, self.algorithms, self.search_space, pins
+            )
+            # A preset that turns gSDE on (Pendulum's) is refused here too, not by the pod.
+            preset = preset_data("ppo", self.env.name).get("ppo", {})
+            task = self.env.name.removeprefix(ENVPOOL_PREFIX)
+            from_preset = any(preset.get(k) and k not in pins for k in POPULATION_UNSUPPORTED)
+            source = (
+                f"the preset services/pod/presets/ppo/{task}.yaml"
+                if from_preset
+                else "the search space"
+            )
+            check_population_settings(self.env.name, {**preset, **pins}, source)
         return self
 
     @model_validator(mode="after")

@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 
 from services.logs import get_logger
-from services.pod.algorithms.hyperparameters import HyperparameterError
+from services.pod.algorithms.hyperparameters import check_population_settings
 from services.pod.algorithms.ppo import PPO
 from services.pod.evaluator import EvalResult
 from services.pod.learner import RolloutLearner
@@ -40,19 +40,8 @@ log = get_logger(__name__)
 
 def check_population_config(config: PPORunConfig) -> None:
     """Refuse PPO settings a population cannot train, naming them and the env's preset."""
-    unsupported = {
-        "sde_sample_freq": config.ppo.sde_sample_freq,
-        "target_kl": config.ppo.target_kl,
-    }
-    used = {k: v for k, v in unsupported.items() if v}
-    if used:
-        settings = ", ".join(f"ppo.{k} = {v}" for k, v in used.items())
-        raise HyperparameterError(
-            f"population pods (population.agents_per_pod > 1) train PPO without gSDE and "
-            f"target_kl; the config for {config.env} uses {settings} (from the preset "
-            f"services/pod/presets/ppo/{config.env}.yaml): pin them off in the search space "
-            f"(e.g. sde_sample_freq: {{type: choice, values: [0]}}) or train one agent per pod"
-        )
+    source = f"the preset services/pod/presets/ppo/{config.env}.yaml"
+    check_population_settings(config.env, config.ppo.model_dump(), source)
 
 
 class PopulationTrainer(Trainer[PPORunConfig]):

@@ -16,10 +16,8 @@ from __future__ import annotations
 import functools
 import zlib
 from collections.abc import Iterable, Mapping
-from importlib import resources
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
@@ -27,6 +25,7 @@ from services.contracts.spec import ExperimentSpec, describe_errors
 from services.pod.algorithms.hyperparameters import (
     HyperparameterError,
     check_hyperparameter_names,
+    preset_data,
 )
 from services.pod.trainer import RunConfig, algorithm_class, trainer_class
 
@@ -57,28 +56,13 @@ def merge(base: Mapping[str, Any], *layers: Mapping[str, Any]) -> dict[str, Any]
     return functools.reduce(two, layers, dict(base))
 
 
-@functools.cache
-def preset_files() -> dict[tuple[str, str], str]:
-    """(algorithm, env) → the preset's YAML text, for every file shipped."""
-    root = resources.files("services.pod") / "presets"
-    return {
-        (folder.name, item.name.removesuffix(".yaml")): item.read_text()
-        for folder in root.iterdir()
-        if folder.is_dir()
-        for item in folder.iterdir()
-        if item.name.endswith(".yaml")
-    }
-
-
 def preset(algorithm: str, env: str) -> dict[str, Any]:
     """The preset for (``algorithm``, ``env``), with the env's solve threshold as target.
 
     An ``envpool:<task>`` env reads the preset of ``<task>``: its transitions are the same
     (tests/pod/envs/test_envpool_adapter.py)."""
-    task = env.removeprefix(ENVPOOL_PREFIX)
-    text = preset_files().get((algorithm, env)) or preset_files().get((algorithm, task))
-    data = yaml.safe_load(text) if text else {}
-    target = SOLVED_AT.get(env, SOLVED_AT.get(task))
+    target = SOLVED_AT.get(env, SOLVED_AT.get(env.removeprefix(ENVPOOL_PREFIX)))
+    data = preset_data(algorithm, env)
     return {"algorithm": algorithm, "env": env, "target_return": target, **data}
 
 

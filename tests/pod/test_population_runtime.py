@@ -25,8 +25,16 @@ from services.pod.fit import build
 from services.pod.metrics import PodMetrics
 from services.pod.onpolicy import PPORunConfig
 from services.pod.presets import eval_seed, pod_config
-from services.pod.runtime import HyperparameterError, PodRuntime
-from tests.pod.harness import TOKEN, Leaderboard, download, register, runtime, stop_after
+from services.pod.runtime import HyperparameterError, PodRuntime, RuntimeSettings
+from tests.pod.harness import (
+    TOKEN,
+    Leaderboard,
+    client,
+    download,
+    register,
+    runtime,
+    stop_after,
+)
 
 P = 4
 
@@ -218,8 +226,10 @@ def test_stop_makes_a_final_report_of_every_member(
 
 
 def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: Path) -> None:
-    """Pendulum's preset explores with gSDE, which populations lack: the pod refuses to train
-    it (naming the setting and the preset) instead of training something else silently."""
+    """Pendulum's preset explores with gSDE, which populations lack: the spec is refused at
+    submission (a 422 naming the setting and the preset; it used to be accepted, and every
+    pod then exited "bad input"), and a pod refuses to train it should one reach it
+    unvalidated, instead of training something else silently."""
     spec = make_spec(
         name="population-pendulum",
         env={"name": "Pendulum-v1"},
@@ -228,8 +238,23 @@ def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: P
         round={"env_steps": 2048},
         evaluation={"episodes": 2},
     )
+    refusal = (
+        r"without gSDE.*ppo\.sde_sample_freq = 4 "
+        r"\(from the preset services/pod/presets/ppo/Pendulum-v1\.yaml\)"
+    )
+    with pytest.raises(ValidationError, match=refusal):
+        ExperimentSpec.model_validate(spec)
+    # Pinned on in the search space: refused too, naming the search space.
+    pinned_on = {**spec["search_space"], "sde_sample_freq": {"type": "choice", "values": [8]}}
+    with pytest.raises(ValidationError, match=r"sde_sample_freq = 8 \(from the search space\)"):
+        ExperimentSpec.model_validate({**spec, "search_space": pinned_on})
     register(leaderboard, "e4", spec)
-    rt = runtime(leaderboard, "e4", spec, "pop-d", tmp_path)
+    model = ExperimentSpec.model_validate({**spec, "population": {"agents_per_pod": 1}})
+    model = model.model_copy(
+        update={"population": model.population.model_copy(update={"agents_per_pod": 2})}
+    )
+    settings = RuntimeSettings(work_dir=tmp_path / "pop-d", grace_s=10)
+    rt = PodRuntime("e4", "pop-d", model, client(leaderboard, "e4"), settings)
     with pytest.raises(HyperparameterError, match=r"without gSDE.*ppo\.sde_sample_freq = 4"):
         rt.start()
     rt.close()

@@ -218,7 +218,7 @@ def test_an_algorithm_that_does_not_declare_how_it_trains_is_refused() -> None:
 def test_every_preset_file_is_a_valid_run_config() -> None:
     """The presets are data (services/pod/presets/<algorithm>/<env>.yaml): each one validates
     against its algorithm's run config, a typo in one is caught here, not by a user."""
-    from services.pod.presets import preset_files
+    from services.pod.algorithms.hyperparameters import preset_files
 
     shipped = sorted(preset_files())
     assert ("ppo", "CartPole-v1") in shipped and ("sac", "Pendulum-v1") in shipped

@@ -5,14 +5,21 @@ A spec's ``search_space`` and a generator's hyperparameters are flat names. For 
 off-policy loop's (``ReplayLoopConfig``: ``num_envs``, ``batch_size``, ``buffer_size``,
 ``learning_starts``, ``updates_per_step``). The control plane (services/contracts/spec.py) and
 the pod (services/pod/runtime.py, presets.py) check names with the one set of checks here.
+The presets' data (services/pod/presets/<algorithm>/<env>.yaml) is read here too, torch-free,
+so the spec check knows what a pod would train with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from typing import Any
 
+import yaml
 from pydantic import BaseModel
 
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.pod.algorithms.offpolicy_config import AGENT_CONFIGS, ReplayLoopConfig
 from services.pod.algorithms.ppo_config import POPULATION_HYPERPARAMETERS, PPOConfig
 
@@ -30,6 +37,28 @@ def hyperparameter_names(algorithm: str) -> frozenset[str] | None:
     if models is None:
         return None
     return frozenset(name for model in models for name in model.model_fields)
+
+
+@functools.cache
+def preset_files() -> dict[tuple[str, str], str]:
+    """(algorithm, env) → the preset's YAML text, for every file shipped."""
+    root = resources.files("services.pod") / "presets"
+    return {
+        (folder.name, item.name.removesuffix(".yaml")): item.read_text()
+        for folder in root.iterdir()
+        if folder.is_dir()
+        for item in folder.iterdir()
+        if item.name.endswith(".yaml")
+    }
+
+
+def preset_data(algorithm: str, env: str) -> dict[str, Any]:
+    """The preset file's fields for (``algorithm``, ``env``); {} where none ships. An
+    ``envpool:<task>`` env reads the preset of ``<task>``: its transitions are the same
+    (tests/pod/envs/test_envpool_adapter.py)."""
+    files = preset_files()
+    text = files.get((algorithm, env)) or files.get((algorithm, env.removeprefix(ENVPOOL_PREFIX)))
+    return yaml.safe_load(text) if text else {}
 
 
 class HyperparameterError(ValueError):
@@ -87,4 +116,23 @@ def check_population(
             f"cannot vary within a population (its {size} agents share one network and rollout "
             f"shape); it may vary {', '.join(POPULATION_HYPERPARAMETERS)}, and pin any PPO "
             f"setting with a one-value choice"
+        )
+
+
+#: PPO settings a population pod has no batched form of (gSDE's noise, the KL early stop, which
+#: would end one agent's epochs and not the others').
+POPULATION_UNSUPPORTED = ("sde_sample_freq", "target_kl")
+
+
+def check_population_settings(env: str, ppo: Mapping[str, Any], source: str) -> None:
+    """Refuse PPO settings ``ppo`` (the config a population pod would train, or what ``source``
+    sets) that population pods do not train, naming them and how to pin them off."""
+    used = {k: ppo[k] for k in POPULATION_UNSUPPORTED if ppo.get(k)}
+    if used:
+        settings = ", ".join(f"ppo.{k} = {v}" for k, v in used.items())
+        raise HyperparameterError(
+            f"population pods (population.agents_per_pod > 1) train PPO without gSDE and "
+            f"target_kl; the config for {env} uses {settings} (from {source}): pin them off "
+            f"in the search space (e.g. sde_sample_freq: {{type: choice, values: [0]}}) or "
+            f"train one agent per pod"
         )
