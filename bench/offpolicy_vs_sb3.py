@@ -120,7 +120,7 @@ def main() -> None:
             f"{algorithm} {env_id}",
             functools.partial(run_sb3, algorithm, env_id),
             functools.partial(run_podium, algorithm, env_id),
-            args.seeds,
+            range(args.seeds),
             args.sb3_threads,
             load=True,
         )

@@ -1,7 +1,14 @@
 """Time-to-solve: Podium PPO vs Stable-Baselines3 PPO (rl-baselines3-zoo tuned hyperparameters).
 
-    python bench/ppo_time_to_solve.py [--envs CartPole-v1 Pendulum-v1] [--seeds 5]
+    python bench/ppo_time_to_solve.py [--envs CartPole-v1 Pendulum-v1 HalfCheetah-v5]
+                                      [--seeds 5] [--first-seed 0]
                                       [--compile auto|on|off] [--baseline sb3|eager]
+
+HalfCheetah-v5 isolates the implementations rather than racing tuned settings: both sides
+train Podium's preset as a tournament's pod does (constant learning rate; SB3 gets it mapped by
+bench/tournament_vs_raytune.py's ``sb3_ppo_kwargs``, ``VecNormalize`` included), Podium on
+EnvPool's HalfCheetah-v5 and SB3 on gymnasium's (the same transitions), 5 evaluation episodes
+every 20,480 env steps.
 
 ``--compile`` sets Podium's ``ppo.compile`` (services/pod/compiled.py); ``--baseline eager``
 compares Podium compiled (``--compile``, default on) against Podium eager instead of SB3; the
@@ -24,10 +31,12 @@ import functools
 import torch
 from sb3_timing import compare, machine, timed_learn, timed_podium
 
-EVAL_EVERY = 4096
-EVAL_EPISODES = 10
-THRESHOLD = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0}
-SB3_BUDGET = {"CartPole-v1": 200_000, "Pendulum-v1": 300_000}
+EVAL_EVERY = {"CartPole-v1": 4096, "Pendulum-v1": 4096, "HalfCheetah-v5": 20_480}
+EVAL_EPISODES = {"CartPole-v1": 10, "Pendulum-v1": 10, "HalfCheetah-v5": 5}
+THRESHOLD = {"CartPole-v1": 475.0, "Pendulum-v1": -200.0, "HalfCheetah-v5": 3000.0}
+SB3_BUDGET = {"CartPole-v1": 200_000, "Pendulum-v1": 300_000, "HalfCheetah-v5": 1_000_000}
+#: Envs whose SB3 side trains Podium's preset (no zoo entry), and the env Podium trains.
+SAME_SETTINGS = {"HalfCheetah-v5": "envpool:HalfCheetah-v5"}
 
 # rl-baselines3-zoo hyperparams/ppo.yml ("Tuned" entries).
 ZOO = {
@@ -67,15 +76,28 @@ def run_sb3(env_id: str, seed: int) -> tuple[float, int | None]:
             return lambda progress: progress * start
         return value
 
-    params = dict(ZOO[env_id])
-    n_envs = params.pop("n_envs")
-    params = {k: schedule(v) for k, v in params.items()}
-    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     eval_env = make_vec_env(env_id, n_envs=1, seed=seed + 10_000)
-    threshold = THRESHOLD[env_id]
+    if env_id in SAME_SETTINGS:
+        from stable_baselines3.common.vec_env import VecNormalize
+        from tournament_vs_raytune import sb3_model
 
-    model = PPO("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **params)
-    return timed_learn(model, eval_env, SB3_BUDGET[env_id], threshold, EVAL_EVERY, EVAL_EPISODES)
+        model, env = sb3_model("ppo", SAME_SETTINGS[env_id], {}, seed)
+        if isinstance(env, VecNormalize):  # timed_learn syncs its statistics before each eval
+            eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
+    else:
+        params = dict(ZOO[env_id])
+        n_envs = params.pop("n_envs")
+        params = {k: schedule(v) for k, v in params.items()}
+        env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+        model = PPO("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **params)
+    return timed_learn(
+        model,
+        eval_env,
+        SB3_BUDGET[env_id],
+        THRESHOLD[env_id],
+        EVAL_EVERY[env_id],
+        EVAL_EPISODES[env_id],
+    )
 
 
 def run_podium(env_id: str, seed: int, compile: str = "auto") -> tuple[float, int | None]:
@@ -84,17 +106,26 @@ def run_podium(env_id: str, seed: int, compile: str = "auto") -> tuple[float, in
     from services.pod.presets import preset
 
     torch._dynamo.reset()  # compile time counts in every run
-    settings = preset("ppo", env_id)
+    settings = preset("ppo", SAME_SETTINGS.get(env_id, env_id))
     settings["ppo"] = {**settings["ppo"], "compile": compile}
+    if env_id in SAME_SETTINGS:  # as a pod trains it (and sb3_ppo_kwargs maps it)
+        settings["ppo"]["anneal_lr"] = False
     return timed_podium(
-        PPORunConfig, train, settings, seed, EVAL_EVERY, EVAL_EPISODES, THRESHOLD[env_id]
+        PPORunConfig,
+        train,
+        settings,
+        seed,
+        EVAL_EVERY[env_id],
+        EVAL_EPISODES[env_id],
+        THRESHOLD[env_id],
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--envs", nargs="+", default=list(THRESHOLD))
+    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Pendulum-v1"])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--compile", choices=("auto", "on", "off"), default=None)
     parser.add_argument("--baseline", choices=("sb3", "eager"), default="sb3")
     args = parser.parse_args()
@@ -111,7 +142,15 @@ def main() -> None:
             sb3 = functools.partial(run_sb3, env_id)
             podium = functools.partial(run_podium, env_id, compile=args.compile or "auto")
         names = ("eager", "compiled") if args.baseline == "eager" else ("sb3", "podium")
-        cells = compare(env_id, sb3, podium, args.seeds, default_threads, load=True, names=names)
+        cells = compare(
+            env_id,
+            sb3,
+            podium,
+            range(args.first_seed, args.first_seed + args.seeds),
+            default_threads,
+            load=True,
+            names=names,
+        )
         rows.append(f"| {env_id} {cells}")
     if args.baseline == "eager":
         print("\n(baseline: Podium eager; Podium: compiled, compile time included)")

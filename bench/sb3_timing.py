@@ -15,7 +15,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ def timed_learn(
     """Train an SB3 ``model``; return (wall time excluding evaluation, env steps at solve)."""
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import sync_envs_normalization
 
     class StopWhenSolved(BaseCallback):
         def __init__(self) -> None:
@@ -56,6 +57,8 @@ def timed_learn(
                 return True
             self.next_eval += every
             start = time.perf_counter()
+            # A VecNormalize eval env scores with the training env's current statistics.
+            sync_envs_normalization(self.model.get_env(), eval_env)
             mean, _ = evaluate_policy(
                 self.model, eval_env, n_eval_episodes=episodes, deterministic=True
             )
@@ -99,7 +102,7 @@ def compare(
     label: str,
     sb3: Run,
     podium: Run,
-    seeds: int,
+    seeds: Iterable[int],
     threads: int,
     load: bool,
     names: tuple[str, str] = ("sb3", "podium"),
@@ -111,7 +114,8 @@ def compare(
 
     times: dict[str, list[float]] = {"sb3": [], "podium": []}
     steps: dict[str, list[float]] = {"sb3": [], "podium": []}
-    for seed in range(seeds):
+    seeds = list(seeds)
+    for seed in seeds:
         for name, fn in (("sb3", sb3), ("podium", podium)):
             shown = names[0] if name == "sb3" else names[1]
             # Podium's loops set their own threads (1); SB3 gets ``threads``.
@@ -125,10 +129,17 @@ def compare(
                 flush=True,
             )
     med = {k: statistics.median(v) for k, v in times.items()}
+    # Both medians unsolved: no ratio (inf / inf); one side unsolved: the other is faster.
+    if np.isinf(med["podium"]):
+        speed_up = "-"
+    elif np.isinf(med["sb3"]):
+        speed_up = f"{names[0]} unsolved"
+    else:
+        speed_up = f"{med['sb3'] / med['podium']:.1f}x"
     return (
         f"| {med['sb3']:.2f} | {statistics.median(steps['sb3']):,.0f} "
         f"| {med['podium']:.2f} | {statistics.median(steps['podium']):,.0f} "
-        f"| {med['sb3'] / med['podium']:.1f}x | "
-        f"{sum(np.isfinite(times['sb3']))}/{seeds}, "
-        f"{sum(np.isfinite(times['podium']))}/{seeds} |"
+        f"| {speed_up} | "
+        f"{sum(np.isfinite(times['sb3']))}/{len(seeds)}, "
+        f"{sum(np.isfinite(times['podium']))}/{len(seeds)} |"
     )
