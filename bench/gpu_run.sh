@@ -41,6 +41,14 @@ install_a() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
     $py -c "import torch; print(torch.__version__, torch.cuda.get_device_name(), torch.version.cuda)"
 }
+gpu_tests() {
+    step gpu_tests 240 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_compiled.py \
+        tests/pod/envs/test_env_protocol.py tests/pod/test_multiprocess.py tests/pod/test_fusion.py
+}
+fused_learners() {  # two learners fused on one GPU (gloo)
+    step train-ppo-fused2 90 $py -m services.cli train Pendulum-v1 --set device=cuda \
+        --set learners=2 --quiet --out /tmp/train/fused2
+}
 # examples/pendulum.yaml with one GPU per pod through `podium run` (the embedded platform), extra
 # sed expressions applied to the spec; then which device each pod trained on, from its log lines.
 gpu_tournament() {
@@ -61,26 +69,22 @@ pop)
     ;;
 quick)
     install_a
-    step gpu_tests 240 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_compiled.py \
-        tests/pod/envs/test_env_protocol.py tests/pod/test_multiprocess.py tests/pod/test_fusion.py
-    step train-ppo-fused2 90 $py -m services.cli train Pendulum-v1 --set device=cuda \
-        --set learners=2 --quiet --out /tmp/train/fused2
+    gpu_tests
+    fused_learners
     ls /dev/nvidia*  # the local backend counts GPUs by these device nodes
     gpu_tournament podium_run_gpu
     gpu_tournament podium_run_gpu_pop "${POPULATION[@]}"
     ;;
 a)
     install_a
-    step gpu_tests 240 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_compiled.py \
-        tests/pod/envs/test_env_protocol.py tests/pod/test_multiprocess.py tests/pod/test_fusion.py
+    gpu_tests
     for run in "ppo CartPole-v1" "dqn CartPole-v1" "ppo Pendulum-v1" "sac Pendulum-v1" \
         "td3 Pendulum-v1" "ddpg Pendulum-v1"; do
         set -- $run
         step "train-$1-$2" 90 $py -m services.cli train "$2" --set algorithm="$1" \
             --set device=cuda --quiet --out "/tmp/train/$1_$2"
     done
-    step train-ppo-fused2 90 $py -m services.cli train Pendulum-v1 --set device=cuda \
-        --set learners=2 --quiet --out /tmp/train/fused2
+    fused_learners
     step population 150 $py bench/population_vmap.py --device cuda --sizes 1 32 128 \
         --hidden 64 256 --seeds 3 --repeats 3
     cat "$OUT"/train-*.log >"$OUT/train.log" && rm "$OUT"/train-*.log  # 8 files come back

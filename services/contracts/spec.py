@@ -241,7 +241,6 @@ class ExperimentSpec(InputModel):
         # refused here, by the pods' own torch-free check, rather than by every pod at start.
         if self.population.agents_per_pod > 1:
             from services.pod.algorithms.hyperparameters import (
-                POPULATION_UNSUPPORTED,
                 check_population,
                 check_population_settings,
                 preset_data,
@@ -253,14 +252,7 @@ class ExperimentSpec(InputModel):
             )
             # A preset that turns gSDE on (Pendulum's) is refused here too, not by the pod.
             preset = preset_data("ppo", self.env.name).get("ppo", {})
-            task = self.env.name.removeprefix(ENVPOOL_PREFIX)
-            from_preset = any(preset.get(k) and k not in pins for k in POPULATION_UNSUPPORTED)
-            source = (
-                f"the preset services/pod/presets/ppo/{task}.yaml"
-                if from_preset
-                else "the search space"
-            )
-            check_population_settings(self.env.name, {**preset, **pins}, source)
+            check_population_settings(self.env.name, {**preset, **pins}, pins)
         return self
 
     @model_validator(mode="after")

@@ -26,7 +26,6 @@ from typing import ClassVar
 
 import torch
 
-from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.logs import get_logger
 from services.pod.algorithms.hyperparameters import check_population_settings
 from services.pod.algorithms.ppo import PPO
@@ -41,9 +40,7 @@ log = get_logger(__name__)
 
 def check_population_config(config: PPORunConfig) -> None:
     """Refuse PPO settings a population cannot train, naming them and the env's preset."""
-    task = config.env.removeprefix(ENVPOOL_PREFIX)  # envpool:<task> reads <task>'s preset
-    source = f"the preset services/pod/presets/ppo/{task}.yaml"
-    check_population_settings(config.env, config.ppo.model_dump(), source)
+    check_population_settings(config.env, config.ppo.model_dump())
 
 
 class PopulationTrainer(Trainer[PPORunConfig]):

@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.pod.algorithms.hyperparameters import HyperparameterError
 from services.pod.algorithms.ppo import PPO, PPOConfig
 from services.pod.envs import make_env
 from services.pod.evaluator import Evaluator
 from services.pod.learner import RolloutLearner
 from services.pod.onpolicy import PPORunConfig, load_ppo_files, save_ppo_files
 from services.pod.population import PopulationPPO, build_population
+from services.pod.population_trainer import check_population_config
 
 HPS = [
     {"learning_rate": 1e-3, "ent_coef": 0.01, "clip_coef": 0.2, "gamma": 0.99},
@@ -161,6 +163,14 @@ def test_bad_population_arguments_are_refused() -> None:
         PopulationPPO(env, config.model_copy(update={"sde_sample_freq": 4}), [{}, {}], [0, 1])
     with pytest.raises(ValueError, match="learning_rate"):
         PopulationPPO(env, config, [{"learning_rate": -1.0}, {}], [0, 1])
+
+
+def test_a_gsde_refusal_names_the_preset_file_an_envpool_task_reads() -> None:
+    """``envpool:<task>`` trains with ``<task>``'s preset, so the refusal names that file
+    (it named ``presets/ppo/envpool:HalfCheetah-v5.yaml``, which does not exist)."""
+    config = PPORunConfig(env="envpool:HalfCheetah-v5", ppo={"sde_sample_freq": 4})
+    with pytest.raises(HyperparameterError, match=r"from the preset \S*/ppo/HalfCheetah-v5\.yaml"):
+        check_population_config(config)
 
 
 @pytest.mark.slow

@@ -58,6 +58,16 @@ def make_spec(**over: Any) -> dict[str, Any]:
     return spec
 
 
+def unvalidated(spec: dict[str, Any]) -> ExperimentSpec:
+    """``spec`` as a pod could receive it without the API's validation: validated with one
+    agent per pod, then given its population size back."""
+    size = spec["population"]["agents_per_pod"]
+    model = ExperimentSpec.model_validate({**spec, "population": {"agents_per_pod": 1}})
+    return model.model_copy(
+        update={"population": model.population.model_copy(update={"agents_per_pod": size})}
+    )
+
+
 def test_members_are_candidates_whose_files_load_into_a_single_agent(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:
@@ -249,12 +259,8 @@ def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: P
     with pytest.raises(ValidationError, match=r"sde_sample_freq = 8 \(from the search space\)"):
         ExperimentSpec.model_validate({**spec, "search_space": pinned_on})
     register(leaderboard, "e4", spec)
-    model = ExperimentSpec.model_validate({**spec, "population": {"agents_per_pod": 1}})
-    model = model.model_copy(
-        update={"population": model.population.model_copy(update={"agents_per_pod": 2})}
-    )
     settings = RuntimeSettings(work_dir=tmp_path / "pop-d", grace_s=10)
-    rt = PodRuntime("e4", "pop-d", model, client(leaderboard, "e4"), settings)
+    rt = PodRuntime("e4", "pop-d", unvalidated(spec), client(leaderboard, "e4"), settings)
     with pytest.raises(HyperparameterError, match=r"without gSDE.*ppo\.sde_sample_freq = 4"):
         rt.start()
     rt.close()
@@ -318,14 +324,7 @@ def test_what_a_population_cannot_vary_is_refused(change: dict, message: str) ->
     with pytest.raises(ValidationError, match=message):
         ExperimentSpec.model_validate(make_spec(**change))
     # ... and the pod refuses it too, should one reach it unvalidated.
-    valid = make_spec(**change)
-    size = valid["population"]["agents_per_pod"]
-    valid["population"] = {**valid["population"], "agents_per_pod": 1}
-    spec = ExperimentSpec.model_validate(valid)
-    spec = spec.model_copy(
-        update={"population": spec.population.model_copy(update={"agents_per_pod": size})}
-    )
     unreachable = LeaderboardClient("http://127.0.0.1:9", "e", TOKEN)
     with pytest.raises(HyperparameterError, match=message):
-        PodRuntime("e", "p", spec, unreachable)
+        PodRuntime("e", "p", unvalidated(make_spec(**change)), unreachable)
     unreachable.close()

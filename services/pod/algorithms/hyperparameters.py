@@ -12,7 +12,7 @@ so the spec check knows what a pod would train with.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -124,12 +124,21 @@ def check_population(
 POPULATION_UNSUPPORTED = ("sde_sample_freq", "target_kl")
 
 
-def check_population_settings(env: str, ppo: Mapping[str, Any], source: str) -> None:
-    """Refuse PPO settings ``ppo`` (the config a population pod would train, or what ``source``
-    sets) that population pods do not train, naming them and how to pin them off."""
+def check_population_settings(
+    env: str, ppo: Mapping[str, Any], pinned: Collection[str] = ()
+) -> None:
+    """Refuse PPO settings ``ppo`` (what a population pod would train: ``env``'s preset with the
+    search space's ``pinned`` names on top) that population pods do not train, naming them,
+    where they come from and how to pin them off."""
     used = {k: ppo[k] for k in POPULATION_UNSUPPORTED if ppo.get(k)}
     if used:
         settings = ", ".join(f"ppo.{k} = {v}" for k, v in used.items())
+        task = env.removeprefix(ENVPOOL_PREFIX)  # envpool:<task> reads <task>'s preset
+        source = (
+            "the search space"
+            if set(used) <= set(pinned)
+            else f"the preset services/pod/presets/ppo/{task}.yaml"
+        )
         raise HyperparameterError(
             f"population pods (population.agents_per_pod > 1) train PPO without gSDE and "
             f"target_kl; the config for {env} uses {settings} (from {source}): pin them off "
