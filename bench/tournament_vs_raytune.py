@@ -19,6 +19,9 @@ Each arm is launched the way its user launches it, as a process (tree) of its ow
 - ``podium-pop``: as ``podium``, but one pod training the P agents as one batched population
   (``population.agents_per_pod: P``); ``podium-pairs``: P/2 pods of two batched agents each
   (``resources.cpu: 2 cores / (P/2)``), so a population pod's one busy thread has a core each.
+- ``podium-exec``: as ``podium``, with the local backend's pod launcher off
+  (``PODIUM_POD_LAUNCHER=false``): every pod a new interpreter that imports torch itself, as
+  before the launcher (services/pod/launcher.py).
 
 Both arms get the same hyperparameters: SB3's are mapped from Podium's preset for the
 (algorithm, env) (``sb3_kwargs``) with the trial's draw from the spec's search space on top; PBT's
@@ -537,8 +540,10 @@ class TreeSampler(threading.Thread):
         return self.series[-1][1]
 
 
-def launch(cmd: list[str], log: Path) -> tuple[subprocess.Popen, TreeSampler, float]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+def launch(
+    cmd: list[str], log: Path, **extra_env: str
+) -> tuple[subprocess.Popen, TreeSampler, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", **extra_env}
     launched = time.time()
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
@@ -595,14 +600,15 @@ def via_copy(nodes: list[dict], subs: list[dict], target: float) -> bool | None:
 def run_podium(
     args: argparse.Namespace, rep: int, cores: int, work: Path, arm: str = "podium"
 ) -> dict[str, Any]:
-    agents_per_pod = {"podium": 1, "podium-pairs": 2, "podium-pop": args.pods}[arm]
+    agents_per_pod = {"podium-pairs": 2, "podium-pop": args.pods}.get(arm, 1)
     spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s, agents_per_pod)
     spec_file, out = work / "spec.yaml", work / "out"
     spec_file.write_text(yaml.safe_dump(spec))
     podium = Path(sys.executable).with_name("podium")
     cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet"]
     ports = ["--port", "0", "--leaderboard-port", "0"]
-    proc, sampler, launched = launch([*cmd, *ports], work / "log")
+    launcher = {"PODIUM_POD_LAUNCHER": "false"} if arm == "podium-exec" else {}
+    proc, sampler, launched = launch([*cmd, *ports], work / "log", **launcher)
     wall = finish(proc, sampler, args.cap_s)
     exp = json.loads((out / "experiment.json").read_text())
     subs = json.loads((out / "submissions.json").read_text())
@@ -671,9 +677,10 @@ def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[
 
 # The arms: Podium with P pods (a PBT tournament, as Ray's P trials), Podium with one pod
 # training the P agents as one batched population (the same PBT among them) or with P/2 pods of
-# two, Ray Tune + SB3.
+# two, Podium without its pod launcher, Ray Tune + SB3.
 RUNNERS = {
     "podium": run_podium,
+    "podium-exec": functools.partial(run_podium, arm="podium-exec"),
     "podium-pop": functools.partial(run_podium, arm="podium-pop"),
     "podium-pairs": functools.partial(run_podium, arm="podium-pairs"),
     "ray": run_ray,
@@ -780,9 +787,11 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         print(f"| {a} | {solved} | " + " | ".join(cells) + " |")
     podium_arms = [a for a in arms if a != "ray"] if "ray" in arms else []
     for a in podium_arms:
+        # A score is no quantity to divide (Pendulum's are negative, an idle
+        # MountainCar's ~0): its column gets no ratio.
         ratio = [
             f"{medians[a][k] / medians['ray'][k]:.2f}x"
-            if medians[a][k] and medians["ray"][k]
+            if medians[a][k] and medians["ray"][k] and k != "best"
             else "-"
             for k, _, _ in cols
         ]

@@ -86,6 +86,11 @@ class OrchestratorSettings(PodiumSettings):
 
     # Local backend: argv template; {experiment_id}, {pod_id} and {spec_path} are substituted.
     pod_command: list[str] | None = None
+    pod_launcher: bool = Field(
+        default=True,
+        description="Local backend, default pod command: start CPU pods as forks of one process "
+        "that imported torch once (services/pod/launcher.py), not as new interpreters.",
+    )
     # Kubernetes backend.
     pod_image: str = "ghcr.io/podium-rl/podium-pod:0.1.0"  # release.yml publishes it (appVersion)
     k8s_namespace: str | None = Field(

@@ -154,7 +154,10 @@ def live_pods(data_dir: Path, exp_id: str = "*") -> dict[str, int]:
         with contextlib.suppress(OSError, ValueError, psutil.Error):
             rec = json.loads(path.read_text())
             p = psutil.Process(rec["pid"])
-            if p.status() != psutil.STATUS_ZOMBIE and "services.pod" in p.cmdline():
+            # A pod is `python -m services.pod`, or a fork of the local backend's pod launcher
+            # (`python -m services.pod.launcher`, its process name "podium-pod").
+            pod = "services.pod" in p.cmdline() or p.name() == "podium-pod"
+            if p.status() != psutil.STATUS_ZOMBIE and pod:
                 out[path.stem] = rec["pid"]
     return out
 

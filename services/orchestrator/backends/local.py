@@ -39,6 +39,11 @@ from services.orchestrator.backends.base import (
     PodRequest,
     pod_credential,
 )
+from services.orchestrator.backends.pod_launcher import (
+    LaunchedPod,
+    LauncherUnavailableError,
+    PodLauncher,
+)
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
 
@@ -79,10 +84,14 @@ class LocalBackend(Backend):
         self.root = Path(settings.data_dir) / "experiments"
         self.root.mkdir(parents=True, exist_ok=True)
         self.command = settings.pod_command or default_pod_command()
+        # Started now, so that it has imported torch by the time the first pods are asked for.
+        # Linux only: forking a process that loaded torch is not safe everywhere (macOS).
+        launcher = settings.pod_launcher and settings.pod_command is None
+        self.launcher = PodLauncher() if launcher and sys.platform == "linux" else None
         cpu, gpus, mem = settings.local_capacity()
         self._capacity = Res(cpu, gpus, mem)
         self._lock = threading.RLock()
-        self._children: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
+        self._children: dict[tuple[str, str], subprocess.Popen[bytes] | LaunchedPod] = {}
         self._watched: set[tuple[str, str]] = set()
         self._reserved: dict[tuple[str, str], list[int]] = {}  # GPUs of pods being started
         self._closed = False
@@ -150,15 +159,7 @@ class LocalBackend(Backend):
         if credential := pod_credential(self.settings, req.experiment_id):
             env["PODIUM_API_TOKEN"] = credential
         try:
-            with open(self.log_path(req.experiment_id, req.pod_id), "ab") as logf:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
+            proc = self._start(argv, env, self.log_path(req.experiment_id, req.pod_id), gpu_ids)
         except BaseException:
             with self._lock:
                 self._reserved.pop(key, None)
@@ -200,6 +201,26 @@ class LocalBackend(Backend):
         ).start()
         log.info("pod started", experiment=req.experiment_id, pod=req.pod_id, pid=proc.pid)
 
+    def _start(
+        self, argv: list[str], env: dict[str, str], log_path: Path, gpu_ids: list[int]
+    ) -> subprocess.Popen[bytes] | LaunchedPod:
+        """A CPU pod of the default command from the launcher; any other as a new process."""
+        if self.launcher is not None and not gpu_ids:
+            try:
+                # argv is [python, -m, services.pod, ...]: the launcher runs the module itself.
+                return self.launcher.launch(argv[3:], env, str(log_path))
+            except LauncherUnavailableError as exc:
+                log.warning("pod launcher unavailable: starting a new interpreter", error=str(exc))
+        with open(log_path, "ab") as logf:
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
     def _free_gpus(self, n: int) -> list[int]:
         """The first ``n`` GPU indices no live pod holds (call with the lock held)."""
         if n == 0:
@@ -214,14 +235,18 @@ class LocalBackend(Backend):
             raise RuntimeError(f"needs {n} GPUs; free: {free}")
         return free[:n]
 
-    def _reap_child(self, exp: str, pod: str, proc: subprocess.Popen[bytes]) -> None:
+    def _reap_child(self, exp: str, pod: str, proc: subprocess.Popen[bytes] | LaunchedPod) -> None:
         code = proc.wait()
         with self._lock:
             self._children.pop((exp, pod), None)
             self._watched.discard((exp, pod))
             if self._closed:
                 return  # a newer orchestrator owns the records now
-            self._update(exp, pod, exit_code=code, reason=_exit_reason(code), ended=time.time())
+            if code is None:  # its launcher died before it ended: nobody can read its status
+                reason = "exited (its pod launcher stopped first; status unknown)"
+                self._update(exp, pod, reason=reason, ended=time.time())
+            else:
+                self._update(exp, pod, exit_code=code, reason=_exit_reason(code), ended=time.time())
         self.changed.set()
 
     def _watch_adopted(self, exp: str, pod: str, p: psutil.Process) -> None:
@@ -344,3 +369,5 @@ class LocalBackend(Backend):
     def close(self) -> None:
         with self._lock:
             self._closed = True
+        if self.launcher is not None:
+            self.launcher.close()  # the pods it started run on, for the next orchestrator
