@@ -57,9 +57,10 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def _child(request: dict[str, Any], channels: list[int]) -> int:
+def _child(request: dict[str, Any], channels: list[int], started: int) -> int:
     """In the forked pod: become what ``python -m services.pod ARGV`` with ENV would be."""
     os.setsid()  # its own session and process group: the backend signals the group
+    os.close(started)  # now the launcher may hand out the pid (its group exists)
     with contextlib.suppress(OSError):  # what ps and top show for it (its cmdline is ours)
         Path("/proc/self/comm").write_text("podium-pod")
     # The handlers a new interpreter starts with.
@@ -90,14 +91,24 @@ def _child(request: dict[str, Any], channels: list[int]) -> int:
 
 
 def _fork(request: dict[str, Any], channels: list[int]) -> int:
+    """Fork the pod; return its pid once it leads its own process group, as a Popen with
+    ``start_new_session`` returns after the child's setsid."""
+    started_r, started_w = os.pipe()
     pid = os.fork()
     if pid:
+        os.close(started_w)
+        os.read(started_r, 1)  # b"" once the child closed its end (or died)
+        os.close(started_r)
         return pid
+    os.close(started_r)
     code = 1
     try:
-        code = _child(request, channels)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = _child(request, channels, started_w)
+    except SystemExit as exc:  # what the interpreter makes of it
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt:  # an interpreter dies of the SIGINT it did not handle
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -117,7 +128,7 @@ def serve(requests: int, answers: TextIO) -> None:
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    channels = [requests, answers.fileno(), wake_r, wake_w]
+    channels = [requests, answers.fileno(), wake_r, wake_w, selector.fileno()]
 
     def answer(message: dict[str, Any]) -> None:
         answers.write(json.dumps(message) + "\n")

@@ -49,17 +49,23 @@ def kill_recorded_pods(tmp_path: Path) -> Iterator[None]:
 
 
 def test_a_cpu_pod_is_a_fork_of_the_launcher_in_its_own_session_and_its_exit_is_recorded(
-    tmp_path: Path, make_settings: Callable[..., OrchestratorSettings]
+    tmp_path: Path,
+    make_settings: Callable[..., OrchestratorSettings],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("PODIUM_LEADERBOARD_TOKEN", "hunter2")  # the orchestrator's secret
     backend = LocalBackend(make_settings(pod_command=None))
     assert backend.launcher is not None
     try:
         backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
         pid = record(tmp_path, "e1", "p1")["pid"]
+        # Its own group as soon as the backend knows its pid (a signal may follow at once).
+        assert os.getpgid(pid) == pid
         pod = psutil.Process(pid)
         assert pod.ppid() == backend.launcher.pid
         assert pod.name() == "podium-pod"
-        assert os.getpgid(pid) == pid  # its own group: the backend signals the group
+        # A fork's /proc environ is its launcher's: the platform's secrets are not in it.
+        assert b"hunter2" not in Path(f"/proc/{pid}/environ").read_bytes()
         # It runs the pod: its log is the pod's structured log.
         wait_for(lambda: "leaderboard unavailable" in backend.pod_log_tail("e1", "p1", 50))
         os.killpg(pid, signal.SIGKILL)
@@ -75,26 +81,35 @@ def test_a_cpu_pod_is_a_fork_of_the_launcher_in_its_own_session_and_its_exit_is_
         backend.close()
 
 
-def test_requests_that_arrive_together_are_all_answered() -> None:
+def test_requests_that_arrive_together_are_all_answered(tmp_path: Path) -> None:
     # The reconciler creates an experiment's pods in parallel; a buffered read of the
     # launcher's stdin once left all but the first of such requests unread (the fourth pod
-    # of a four-pod experiment never started).
+    # of a four-pod experiment never started). Each pod here dies of its own signal, so a
+    # pid or an exit code handed to the wrong request shows.
     launcher = PodLauncher()
-    launched: list[LaunchedPod] = []
+    signals = [signal.SIGKILL, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2]
+    launched: dict[int, LaunchedPod] = {}
+    env = {"PATH": os.environ["PATH"], "PODIUM_SPEC": SPEC, **UNREACHABLE}
 
     def launch(i: int) -> None:
         argv = ["--experiment", "e1", "--pod-id", f"p{i}"]
-        launched.append(launcher.launch(argv, {"PATH": os.environ["PATH"]}, os.devnull))
+        launched[i] = launcher.launch(argv, env, str(tmp_path / f"p{i}.log"))
 
     try:
-        threads = [threading.Thread(target=launch, args=(i,)) for i in range(6)]
+        threads = [threading.Thread(target=launch, args=(i,)) for i in range(len(signals))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(PodLauncher.ANSWER_TIMEOUT_S + 30)
-        assert len(launched) == 6
-        assert [pod.wait() for pod in launched] == [2] * 6  # each refused its (empty) env
+        assert sorted(launched) == list(range(len(signals)))
+        for i, sig in enumerate(signals):
+            wait_for(lambda i=i: "leaderboard unavailable" in (tmp_path / f"p{i}.log").read_text())
+            os.kill(launched[i].pid, sig)
+        assert [launched[i].wait() for i in range(len(signals))] == [-s for s in signals]
     finally:
+        for pod in launched.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.pid, signal.SIGKILL)
         launcher.close()
 
 
@@ -132,3 +147,46 @@ def test_closing_the_backend_leaves_the_launchers_pods_running(
         assert (pod.pod_id, pod.phase) == ("p1", "Running")
     finally:
         again.close()
+
+
+def test_a_pod_whose_launcher_died_ends_with_an_unknown_status(
+    tmp_path: Path, make_settings: Callable[..., OrchestratorSettings]
+) -> None:
+    backend = LocalBackend(make_settings(pod_command=None))
+    assert backend.launcher is not None
+    try:
+        backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+        pid = record(tmp_path, "e1", "p1")["pid"]
+        backend.launcher._proc.kill()  # its pods run on, no longer anyone's children
+        backend.launcher._proc.wait()
+        assert psutil.Process(pid).is_running()
+        os.killpg(pid, signal.SIGKILL)
+        rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
+        assert rec["exit_code"] is None
+        assert "status unknown" in rec["reason"]
+    finally:
+        backend.close()
+
+
+def test_a_launcher_that_hangs_is_killed_and_pods_start_as_new_interpreters(
+    tmp_path: Path,
+    make_settings: Callable[..., OrchestratorSettings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(PodLauncher, "ANSWER_TIMEOUT_S", 2.0)
+    backend = LocalBackend(make_settings(pod_command=None))
+    assert backend.launcher is not None
+    launcher = backend.launcher
+    try:
+        launcher._ready.wait(PodLauncher.READY_TIMEOUT_S)
+        os.kill(launcher.pid, signal.SIGSTOP)  # hangs: reads no request, answers nothing
+        backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+        assert launcher._proc.wait(10) == -signal.SIGKILL
+        pid = record(tmp_path, "e1", "p1")["pid"]
+        assert "services.pod" in psutil.Process(pid).cmdline()  # a new interpreter
+        wait_for(lambda: "leaderboard unavailable" in backend.pod_log_tail("e1", "p1", 50))
+        os.killpg(pid, signal.SIGKILL)
+        rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
+        assert rec["exit_code"] == -9
+    finally:
+        backend.close()

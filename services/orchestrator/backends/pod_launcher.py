@@ -6,11 +6,13 @@ backend gets back is a ``LaunchedPod``: a pid and a ``wait()`` for the exit code
 ``subprocess.Popen`` would give. The launcher starts importing when the backend is built, so
 that by the time the first experiment's pods are scheduled it is usually ready.
 
-When the launcher cannot start, dies, or refuses a request, ``launch`` raises
+When the launcher cannot start, dies, refuses a request or does not answer in time (then it is
+killed: a launcher that hangs must not hold pod creation), ``launch`` raises
 ``LauncherUnavailableError`` and the backend starts that pod as a new interpreter instead: the
-launcher only ever makes pods start sooner. A pod whose launcher died before it ended has an
-exit status nobody can read (it is no longer anyone's child); its ``wait()`` returns None once
-the process is gone.
+launcher only ever makes pods start sooner. The launcher's environment is the orchestrator's
+without the platform's secrets: a fork's ``/proc/<pid>/environ`` is its launcher's. A pod
+whose launcher died before it ended has an exit status nobody can read (it is no longer
+anyone's child); its ``wait()`` returns None once the process is gone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import psutil
 
 from services.logs import get_logger
+from services.orchestrator.backends.base import PLATFORM_SECRETS
 
 log = get_logger(__name__)
 
@@ -66,16 +69,18 @@ class PodLauncher:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._next_id = 0
+        # Request id -> (answered, answer); the reader puts the LaunchedPod into the answer.
         self._pending: dict[int, tuple[threading.Event, dict[str, Any]]] = {}
-        self._pods: dict[int, LaunchedPod] = {}
-        self._early: dict[int, int] = {}  # exits read before the launch answer (fast pods)
+        self._pods: dict[int, LaunchedPod] = {}  # running, by pid
         self._ready = threading.Event()
         self._gone = threading.Event()
         self._closing = False
+        env = {k: v for k, v in os.environ.items() if k not in PLATFORM_SECRETS}
         self._proc = subprocess.Popen(
             [python, "-m", "services.pod.launcher"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env=env,
             text=True,
             encoding="utf-8",
             start_new_session=True,  # a Ctrl-C to the orchestrator's group is not for it
@@ -96,22 +101,24 @@ class PodLauncher:
                 continue
             if message.get("ready"):
                 self._ready.set()
-            elif "exit_code" in message:
+            elif "exit_code" in message:  # always after the answer that announced the pod
                 with self._lock:
                     pod = self._pods.pop(message["pid"], None)
-                    if pod is None:
-                        self._early[message["pid"]] = message["exit_code"]
                 if pod is not None:
                     pod._exited(message["exit_code"])
             elif (n := message.get("id")) is not None:
                 with self._lock:
                     waiter = self._pending.pop(n, None)
+                    if "pid" in message:
+                        # Registered here, in the answers' order, so that its exit line (which
+                        # comes later on this stream) always finds it.
+                        pod = self._pods[message["pid"]] = LaunchedPod(message["pid"])
+                        message["pod"] = pod
                 if waiter is not None:
                     waiter[1].update(message)
                     waiter[0].set()
                 elif "pid" in message:  # forked after its request timed out: nobody's pod
-                    with contextlib.suppress(OSError):
-                        os.killpg(message["pid"], signal.SIGKILL)
+                    self._kill(message["pid"])
         # EOF: the launcher is gone. Pending requests fail; running pods' codes are lost.
         self._gone.set()
         self._ready.set()
@@ -125,10 +132,26 @@ class PodLauncher:
         if not self._closing:
             log.warning("the pod launcher stopped; pods start as new interpreters")
 
+    @staticmethod
+    def _kill(pid: int) -> None:
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(pid, signal.SIGKILL)
+
+    def _give_up(self, why: str) -> LauncherUnavailableError:
+        """Stop using (and kill) a launcher that hangs; its pods run on."""
+        log.warning("the pod launcher does not answer: killing it", why=why)
+        self._gone.set()
+        with contextlib.suppress(OSError):
+            self._proc.kill()
+        return LauncherUnavailableError(why)
+
     def launch(self, argv: list[str], env: dict[str, str], log_path: str) -> LaunchedPod:
         """Fork a pod running ``python -m services.pod ARGV`` with ``env``, output to
         ``log_path``. Raises ``LauncherUnavailableError``."""
-        if not self._ready.wait(self.READY_TIMEOUT_S) or self._gone.is_set():
+        if not self._ready.wait(self.READY_TIMEOUT_S):
+            raise self._give_up("not ready after importing for READY_TIMEOUT_S")
+        if self._gone.is_set():
             raise LauncherUnavailableError("the pod launcher is not running")
         event, answer = threading.Event(), {}
         with self._lock:
@@ -148,22 +171,21 @@ class PodLauncher:
             raise LauncherUnavailableError(f"the pod launcher is gone: {exc}") from None
         if not event.wait(self.ANSWER_TIMEOUT_S):
             with self._lock:
-                self._pending.pop(n, None)
-            raise LauncherUnavailableError("the pod launcher did not answer")
-        if "pid" not in answer:
+                timed_out = self._pending.pop(n, None) is not None
+            if timed_out:
+                raise self._give_up("no answer within ANSWER_TIMEOUT_S")
+            event.wait()  # the reader took the answer just now: it is being handed over
+        if "pod" not in answer:
             raise LauncherUnavailableError(answer.get("error", "the pod launcher is gone"))
-        pod = LaunchedPod(answer["pid"])
-        with self._lock:
-            code = self._early.pop(pod.pid, None)
-            if code is None:
-                self._pods[pod.pid] = pod
-        if code is not None:
-            pod._exited(code)
+        pod: LaunchedPod = answer["pod"]
         return pod
 
     def close(self) -> None:
         """Let the launcher go (its stdin closes, it exits); the pods it started run on."""
         self._closing = True
+        if self._gone.is_set():
+            with contextlib.suppress(OSError):
+                self._proc.kill()
         with contextlib.suppress(OSError, ValueError):
             if self._proc.stdin is not None:
                 self._proc.stdin.close()
