@@ -120,8 +120,14 @@ def test_compose_stack_runs_an_experiment_with_prometheus_scraping_the_pod(stack
     r = httpx.post(f"{orch}/api/v1/experiments", json=watched, timeout=30)
     assert r.status_code == 201, r.text
     watched_id = r.json()["id"]
+
+    def first_entry() -> bool:
+        # 404 until the orchestrator's reconcile pass has registered the experiment there.
+        r = httpx.get(f"{lb}/api/v1/experiments/{watched_id}", timeout=5)
+        return r.status_code == 200 and r.json()["size"] >= 1
+
     wait_for(
-        lambda: httpx.get(f"{lb}/api/v1/experiments/{watched_id}", timeout=5).json()["size"] >= 1,
+        first_entry,
         600,
         "a first leaderboard entry",
         stack.logs,
