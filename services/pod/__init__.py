@@ -5,7 +5,8 @@ Read it top-down:
 
 * ``runtime.py`` — the pod's round loop over its slots (train a round, evaluate, report to the
   leaderboard, PBT's exploit); ``__main__.py`` runs it as the orchestrator starts a pod;
-  ``lineage.py`` — who each slot's agent is on the leaderboard.
+  ``launcher.py`` forks CPU pods for the local backend from one process that imported torch
+  once; ``lineage.py`` — who each slot's agent is on the leaderboard.
 * ``fit.py`` — ``podium train``'s loop (budget, target, evaluate, save latest and best).
 * ``trainer.py`` — the interface both loops drive, and the registry lookup of the trainer
   that trains an algorithm. Trainers: ``onpolicy.py`` (PPO), ``offpolicy.py`` (SAC, TD3,
