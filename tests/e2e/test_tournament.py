@@ -169,10 +169,17 @@ def test_a_restarted_orchestrator_resumes_without_duplicate_pods(
     data = tmp_path / "orchestrator"
     exp_id = create(orch, spec("cartpole-orch"))
     pods = wait_for(lambda: len(p := live_pods(data, exp_id)) == 2 and p)
+    # Paused while the orchestrator is down: pods that start at once (the pod launcher) could
+    # otherwise reach the target before the new orchestrator is up, and there would be no
+    # running pods left to adopt.
+    for pid in pods.values():
+        os.killpg(pid, signal.SIGSTOP)
     orch.stop(signal.SIGKILL)  # a crash: no shutdown at all
     orch.start()
     wait_for(lambda: experiment(orch, exp_id)["state"] == "running")
     assert live_pods(data, exp_id) == pods  # the same processes, adopted
+    for pid in pods.values():
+        os.killpg(pid, signal.SIGCONT)
     finished(orch, exp_id, data)
     every = events(orch, exp_id)
     assert sorted(e["pod_id"] for e in every if e["type"] == "pod_started") == sorted(pods)
