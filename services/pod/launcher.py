@@ -37,6 +37,9 @@ from services.logs import configure, get_logger
 
 log = get_logger("services.pod.launcher")
 
+#: What ``ps`` and ``top`` show for a forked pod (its command line is the launcher's).
+POD_PROCESS_NAME = "podium-pod"
+
 PRELOAD = (
     "torch",
     "torch._dynamo",
@@ -61,8 +64,8 @@ def _child(request: dict[str, Any], channels: list[int], started: int) -> int:
     """In the forked pod: become what ``python -m services.pod ARGV`` with ENV would be."""
     os.setsid()  # its own session and process group: the backend signals the group
     os.close(started)  # now the launcher may hand out the pid (its group exists)
-    with contextlib.suppress(OSError):  # what ps and top show for it (its cmdline is ours)
-        Path("/proc/self/comm").write_text("podium-pod")
+    with contextlib.suppress(OSError):
+        Path("/proc/self/comm").write_text(POD_PROCESS_NAME)
     # The handlers a new interpreter starts with.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -21,6 +21,7 @@ from services.orchestrator.backends.local import LocalBackend
 from services.orchestrator.backends.pod_launcher import LaunchedPod, PodLauncher
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
+from services.pod.launcher import POD_PROCESS_NAME
 from tests.orchestrator.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,37 +49,50 @@ def kill_recorded_pods(tmp_path: Path) -> Iterator[None]:
             os.killpg(json.loads(path.read_text())["pid"], signal.SIGKILL)
 
 
+@pytest.fixture
+def launching_backend(
+    make_settings: Callable[..., OrchestratorSettings],
+) -> Iterator[Callable[[], LocalBackend]]:
+    """Local backends of the default pod command (so with a launcher), closed after the test."""
+    made: list[LocalBackend] = []
+
+    def make() -> LocalBackend:
+        made.append(LocalBackend(make_settings(pod_command=None)))
+        assert made[-1].launcher is not None
+        return made[-1]
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
 def test_a_cpu_pod_is_a_fork_of_the_launcher_in_its_own_session_and_its_exit_is_recorded(
     tmp_path: Path,
-    make_settings: Callable[..., OrchestratorSettings],
+    launching_backend: Callable[[], LocalBackend],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PODIUM_LEADERBOARD_TOKEN", "hunter2")  # the orchestrator's secret
-    backend = LocalBackend(make_settings(pod_command=None))
-    assert backend.launcher is not None
-    try:
-        backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
-        pid = record(tmp_path, "e1", "p1")["pid"]
-        # Its own group as soon as the backend knows its pid (a signal may follow at once).
-        assert os.getpgid(pid) == pid
-        pod = psutil.Process(pid)
-        assert pod.ppid() == backend.launcher.pid
-        assert pod.name() == "podium-pod"
-        # A fork's /proc environ is its launcher's: the platform's secrets are not in it.
-        assert b"hunter2" not in Path(f"/proc/{pid}/environ").read_bytes()
-        # It runs the pod: its log is the pod's structured log.
-        wait_for(lambda: "leaderboard unavailable" in backend.pod_log_tail("e1", "p1", 50))
-        os.killpg(pid, signal.SIGKILL)
-        rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
-        assert (rec["exit_code"], rec["reason"]) == (-9, "killed by SIGKILL")
+    backend = launching_backend()
+    backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+    pid = record(tmp_path, "e1", "p1")["pid"]
+    # Its own group as soon as the backend knows its pid (a signal may follow at once).
+    assert os.getpgid(pid) == pid
+    pod = psutil.Process(pid)
+    assert pod.ppid() == backend.launcher.pid
+    assert pod.name() == POD_PROCESS_NAME
+    # A fork's /proc environ is its launcher's: the platform's secrets are not in it.
+    assert b"hunter2" not in Path(f"/proc/{pid}/environ").read_bytes()
+    # It runs the pod: its log is the pod's structured log.
+    wait_for(lambda: "leaderboard unavailable" in backend.pod_log_tail("e1", "p1", 50))
+    os.killpg(pid, signal.SIGKILL)
+    rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
+    assert (rec["exit_code"], rec["reason"]) == (-9, "killed by SIGKILL")
 
-        # Bad input: exit code 2 and its message, as from `python -m services.pod`.
-        backend.create_pod(PodRequest("e1", "p2", "{}", Res(1, 0, 1 << 30), UNREACHABLE))
-        rec = wait_for(lambda: ended(tmp_path, "e1", "p2"))
-        assert rec["exit_code"] == 2
-        assert "bad input" in backend.pod_log_tail("e1", "p2", 50)
-    finally:
-        backend.close()
+    # Bad input: exit code 2 and its message, as from `python -m services.pod`.
+    backend.create_pod(PodRequest("e1", "p2", "{}", Res(1, 0, 1 << 30), UNREACHABLE))
+    rec = wait_for(lambda: ended(tmp_path, "e1", "p2"))
+    assert rec["exit_code"] == 2
+    assert "bad input" in backend.pod_log_tail("e1", "p2", 50)
 
 
 def test_requests_that_arrive_together_are_all_answered(tmp_path: Path) -> None:
@@ -114,25 +128,21 @@ def test_requests_that_arrive_together_are_all_answered(tmp_path: Path) -> None:
 
 
 def test_without_its_launcher_the_backend_starts_pods_as_new_interpreters(
-    tmp_path: Path, make_settings: Callable[..., OrchestratorSettings]
+    tmp_path: Path, launching_backend: Callable[[], LocalBackend]
 ) -> None:
-    backend = LocalBackend(make_settings(pod_command=None))
-    assert backend.launcher is not None
-    try:
-        backend.launcher._proc.kill()  # the launcher dies
-        backend.launcher._proc.wait()
-        backend.create_pod(PodRequest("e1", "p1", "{}", Res(1, 0, 1 << 30), UNREACHABLE))
-        rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
-        assert rec["exit_code"] == 2
-        assert "bad input" in backend.pod_log_tail("e1", "p1", 50)
-    finally:
-        backend.close()
+    backend = launching_backend()
+    backend.launcher._proc.kill()  # the launcher dies
+    backend.launcher._proc.wait()
+    backend.create_pod(PodRequest("e1", "p1", "{}", Res(1, 0, 1 << 30), UNREACHABLE))
+    rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
+    assert rec["exit_code"] == 2
+    assert "bad input" in backend.pod_log_tail("e1", "p1", 50)
 
 
 def test_closing_the_backend_leaves_the_launchers_pods_running(
-    tmp_path: Path, make_settings: Callable[..., OrchestratorSettings]
+    tmp_path: Path, launching_backend: Callable[[], LocalBackend]
 ) -> None:
-    backend = LocalBackend(make_settings(pod_command=None))
+    backend = launching_backend()
     backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
     pid = record(tmp_path, "e1", "p1")["pid"]
     assert backend.launcher is not None
@@ -141,52 +151,40 @@ def test_closing_the_backend_leaves_the_launchers_pods_running(
     assert not psutil.pid_exists(launcher)
     assert psutil.Process(pid).is_running()
     # A new orchestrator's backend adopts it from its record.
-    again = LocalBackend(make_settings(pod_command=None))
-    try:
-        [pod] = again.list_pods()
-        assert (pod.pod_id, pod.phase) == ("p1", "Running")
-    finally:
-        again.close()
+    [pod] = launching_backend().list_pods()
+    assert (pod.pod_id, pod.phase) == ("p1", "Running")
 
 
 def test_a_pod_whose_launcher_died_ends_with_an_unknown_status(
-    tmp_path: Path, make_settings: Callable[..., OrchestratorSettings]
+    tmp_path: Path, launching_backend: Callable[[], LocalBackend]
 ) -> None:
-    backend = LocalBackend(make_settings(pod_command=None))
-    assert backend.launcher is not None
-    try:
-        backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
-        pid = record(tmp_path, "e1", "p1")["pid"]
-        backend.launcher._proc.kill()  # its pods run on, no longer anyone's children
-        backend.launcher._proc.wait()
-        assert psutil.Process(pid).is_running()
-        os.killpg(pid, signal.SIGKILL)
-        rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
-        assert rec["exit_code"] is None
-        assert "status unknown" in rec["reason"]
-    finally:
-        backend.close()
+    backend = launching_backend()
+    backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+    pid = record(tmp_path, "e1", "p1")["pid"]
+    backend.launcher._proc.kill()  # its pods run on, no longer anyone's children
+    backend.launcher._proc.wait()
+    assert psutil.Process(pid).is_running()
+    os.killpg(pid, signal.SIGKILL)
+    rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
+    assert rec["exit_code"] is None
+    assert "status unknown" in rec["reason"]
 
 
 def test_a_launcher_that_hangs_is_killed_and_pods_start_as_new_interpreters(
     tmp_path: Path,
-    make_settings: Callable[..., OrchestratorSettings],
+    launching_backend: Callable[[], LocalBackend],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(PodLauncher, "ANSWER_TIMEOUT_S", 2.0)
-    backend = LocalBackend(make_settings(pod_command=None))
-    assert backend.launcher is not None
+    backend = launching_backend()
     launcher = backend.launcher
-    try:
-        launcher._ready.wait(PodLauncher.READY_TIMEOUT_S)
-        os.kill(launcher.pid, signal.SIGSTOP)  # hangs: reads no request, answers nothing
-        backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
-        assert launcher._proc.wait(10) == -signal.SIGKILL
-        pid = record(tmp_path, "e1", "p1")["pid"]
-        assert "services.pod" in psutil.Process(pid).cmdline()  # a new interpreter
-        wait_for(lambda: "leaderboard unavailable" in backend.pod_log_tail("e1", "p1", 50))
-        os.killpg(pid, signal.SIGKILL)
-        rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
-        assert rec["exit_code"] == -9
-    finally:
-        backend.close()
+    launcher._ready.wait(PodLauncher.READY_TIMEOUT_S)
+    os.kill(launcher.pid, signal.SIGSTOP)  # hangs: reads no request, answers nothing
+    backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+    assert launcher._proc.wait(10) == -signal.SIGKILL
+    pid = record(tmp_path, "e1", "p1")["pid"]
+    assert "services.pod" in psutil.Process(pid).cmdline()  # a new interpreter
+    wait_for(lambda: "leaderboard unavailable" in backend.pod_log_tail("e1", "p1", 50))
+    os.killpg(pid, signal.SIGKILL)
+    rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
+    assert rec["exit_code"] == -9

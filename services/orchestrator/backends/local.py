@@ -242,11 +242,13 @@ class LocalBackend(Backend):
             self._watched.discard((exp, pod))
             if self._closed:
                 return  # a newer orchestrator owns the records now
-            if code is None:  # its launcher died before it ended: nobody can read its status
-                reason = "exited (its pod launcher stopped first; status unknown)"
-                self._update(exp, pod, reason=reason, ended=time.time())
-            else:
-                self._update(exp, pod, exit_code=code, reason=_exit_reason(code), ended=time.time())
+            # None: its launcher died before it ended, and nobody can read its status.
+            status = (
+                {"exit_code": code, "reason": _exit_reason(code)}
+                if code is not None
+                else {"reason": "exited (its pod launcher stopped first; status unknown)"}
+            )
+            self._update(exp, pod, ended=time.time(), **status)
         self.changed.set()
 
     def _watch_adopted(self, exp: str, pod: str, p: psutil.Process) -> None:
