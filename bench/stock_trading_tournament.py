@@ -33,7 +33,7 @@ import torch
 from services.cli.overrides import ConfigError, deep_merge, parse_set
 from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import metrics
-from services.pod.envs.market import REGIMES, synthetic_market
+from services.pod.envs.market import REGIMES, MarketData, synthetic_market
 from services.pod.presets import preset
 from services.pod.trading_tournament import (
     TournamentPlan,
@@ -52,26 +52,41 @@ KEYS = ("cumulative_return", "annual_return", "annual_volatility", "max_drawdown
 STRATEGIES = ("agent", "single agent", "buy-and-hold", "equal weight")
 
 
-def run_market(
-    regime: str, seed: int, pods: int, rounds: int, round_steps: int, config: dict = PRESET
-) -> dict:
+def market(
+    regime: str, seed: int, config: dict = PRESET
+) -> tuple[MarketData, dict, list[MarketData]]:
+    """The synthetic market (``regime``, market ``seed``) with the preset's number of stocks,
+    StockTradingEnv's other arguments of the preset, and the simulated markets it asks for."""
     env_kwargs = {
         k: v for k, v in config["env_kwargs"].items() if k not in ("market_seed", "regime")
     }
     num_stocks = int(env_kwargs.pop("num_stocks", 5))
-    data = synthetic_market(seed, num_stocks, regime=regime)
     simulated = [
         synthetic_market(seed, num_stocks, regime=regime, replica=k)
         for k in range(int(env_kwargs.pop("simulated_markets", 0)))
     ]
-    start = time.perf_counter()
-    plan = TournamentPlan(
+    return synthetic_market(seed, num_stocks, regime=regime), env_kwargs, simulated
+
+
+def plan_of(
+    seed: int, pods: int, rounds: int, round_steps: int, config: dict = PRESET
+) -> TournamentPlan:
+    """The tournament of ``pods`` agents whose hyperparameters are drawn from SPACE."""
+    return TournamentPlan(
         PPOConfig.model_validate(config["ppo"]),
         sample_hyperparameters(SPACE, pods, seed),
         rounds=rounds,
         round_env_steps=round_steps,
         seed=seed,
     )
+
+
+def run_market(
+    regime: str, seed: int, pods: int, rounds: int, round_steps: int, config: dict = PRESET
+) -> dict:
+    data, env_kwargs, simulated = market(regime, seed, config)
+    start = time.perf_counter()
+    plan = plan_of(seed, pods, rounds, round_steps, config)
     report = evaluate_market(data, env_kwargs, plan, simulated)
     seconds = time.perf_counter() - start
     result = report.tournament

@@ -195,16 +195,19 @@ def sb3_env(env_id: str, n_envs: int, seed: int) -> Any:
     return make_vec_env(env_id.removeprefix(ENVPOOL_PREFIX), n_envs=n_envs, seed=seed)
 
 
-def sb3_model(algorithm: str, env_id: str, hyper: dict[str, Any], seed: int) -> tuple[Any, Any]:
+def sb3_model(
+    algorithm: str, env_id: str, hyper: dict[str, Any], seed: int, make_env: Any = None
+) -> tuple[Any, Any]:
     """An SB3 model with the settings of ``sb3_kwargs`` on its vector env, and the env (PPO:
-    wrapped in ``VecNormalize`` where the preset normalises)."""
+    wrapped in ``VecNormalize`` where the preset normalises). ``make_env(env_id, n_envs,
+    seed)`` builds the vector env (default ``sb3_env``)."""
     import numpy as np
     import stable_baselines3 as sb3
     from stable_baselines3.common.noise import NormalActionNoise
     from stable_baselines3.common.vec_env import VecNormalize
 
     kwargs = sb3_kwargs(algorithm, env_id, hyper)
-    env = sb3_env(env_id, kwargs.pop("n_envs"), seed)
+    env = (make_env or sb3_env)(env_id, kwargs.pop("n_envs"), seed)
     if algorithm == "ppo":
         norm = {"norm_obs": kwargs.pop("norm_obs"), "norm_reward": kwargs.pop("norm_reward")}
         if any(norm.values()):
@@ -320,8 +323,19 @@ def clamp(search_space: dict[str, Any], config: dict[str, Any]) -> dict[str, Any
 # --- the Ray side ----------------------------------------------------------------------------
 
 
-def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int) -> Any:
-    """A Tune class trainable: SB3 ``algorithm`` on ``env_id``, one round per ``step``."""
+def make_trainable(
+    algorithm: str,
+    env_id: str,
+    round_steps: int,
+    episodes: int,
+    make_env: Any = None,
+    evaluate: Any = None,
+) -> Any:
+    """A Tune class trainable: SB3 ``algorithm`` on ``env_id``, one round per ``step``.
+
+    ``make_env``: as ``sb3_model``'s. ``evaluate(model, train_env) -> dict``: the round's
+    result, its ``score`` the one PBT ranks by (default: the mean return of ``episodes``
+    deterministic episodes on an env of ``make_env``)."""
     from ray import tune
 
     class SB3Trainable(tune.Trainable):
@@ -331,11 +345,13 @@ def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int)
 
             torch.set_num_threads(1)
             hyper = {k: v for k, v in config.items() if k != "seed"}
-            self.model, self.env = sb3_model(algorithm, env_id, hyper, int(config["seed"]))
+            seed = int(config["seed"])
+            self.model, self.env = sb3_model(algorithm, env_id, hyper, seed, make_env)
             self.cls = type(self.model)
-            self.eval_env = sb3_env(env_id, episodes, int(config["seed"]) + 10_000)
             self.normalized = isinstance(self.env, VecNormalize)
-            if self.normalized:  # the training env's observation statistics, frozen
+            if evaluate is None:
+                self.eval_env = (make_env or sb3_env)(env_id, episodes, seed + 10_000)
+            if evaluate is None and self.normalized:  # the training statistics, frozen
                 self.eval_env = VecNormalize(self.eval_env, training=False, norm_reward=False)
             self.copied = False  # whether these weights came from another trial (exploit)
 
@@ -366,13 +382,17 @@ def make_trainable(algorithm: str, env_id: str, round_steps: int, episodes: int)
 
             before = self.model.num_timesteps
             self.model.learn(round_steps, reset_num_timesteps=False)
-            if self.normalized:
-                sync_envs_normalization(self.env, self.eval_env)
-            mean, _ = evaluate_policy(
-                self.model, self.eval_env, n_eval_episodes=episodes, deterministic=True
-            )
+            if evaluate is not None:
+                scores = evaluate(self.model, self.env)
+            else:
+                if self.normalized:
+                    sync_envs_normalization(self.env, self.eval_env)
+                mean, _ = evaluate_policy(
+                    self.model, self.eval_env, n_eval_episodes=episodes, deterministic=True
+                )
+                scores = {"score": float(mean)}
             return {
-                "score": float(mean),
+                **scores,
                 "steps_this_iter": self.model.num_timesteps - before,
                 "agent_env_steps": self.model.num_timesteps,
                 "copied": self.copied,

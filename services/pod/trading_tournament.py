@@ -15,7 +15,7 @@ scoring, exploiting, keeping) can read the backtest period.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +90,7 @@ def run_tournament(
     validation: MarketData,
     env_kwargs: Mapping[str, Any],
     plan: TournamentPlan,
+    on_round: Callable[[int, list[float]], None] | None = None,
 ) -> TournamentResult:
     """Train the plan's agents on ``train`` (one market's train period, or several markets'
     whose episodes are drawn from all), keep the snapshot with the best Sharpe on
@@ -97,6 +98,8 @@ def run_tournament(
 
     ``env_kwargs``: StockTradingEnv's account and observation settings (costs, action mode,
     features, episode length); the periods come from ``train`` and ``validation``.
+    ``on_round(round, scores)``: called with every agent's validation Sharpe after each round
+    (a benchmark's clock).
     """
     ppo, hyperparameters, rounds, seed = plan.ppo, plan.hyperparameters, plan.rounds, plan.seed
     if rounds < 1 or plan.round_env_steps < 1:
@@ -120,6 +123,8 @@ def run_tournament(
             population.update(population.collect())
         scores = validation_sharpes(population, validation, kwargs)
         history.append(scores)
+        if on_round is not None:
+            on_round(round_, scores)
         leader = int(np.argmax(scores))
         if best is None or scores[leader] > best.validation_sharpe:
             best = TournamentResult(population.agent(leader), leader, round_, scores[leader])
@@ -156,11 +161,26 @@ class MarketReport:
     backtest_dates: np.ndarray
 
 
+def split_market(
+    data: MarketData, env_kwargs: Mapping[str, Any]
+) -> tuple[dict[str, MarketData], dict[str, Any]]:
+    """``data`` cut in time by ``env_kwargs``' split settings into train, validation and
+    backtest periods (a validation period is required), and the rest of ``env_kwargs``: the
+    account and observation settings every period's StockTradingEnv takes."""
+    kwargs = {k: v for k, v in env_kwargs.items() if k not in PERIOD_KWARGS}
+    split = {k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs}
+    periods = split_periods(data, **split)
+    if "validation" not in periods:
+        raise ValueError("selection needs a validation period: set validation_fraction > 0")
+    return periods, kwargs
+
+
 def evaluate_market(
     data: MarketData,
     env_kwargs: Mapping[str, Any],
     plan: TournamentPlan,
     simulated: Sequence[MarketData] = (),
+    on_round: Callable[[int, list[float]], None] | None = None,
 ) -> MarketReport:
     """Split ``data`` in time (``env_kwargs``' split settings; a validation period is
     required), run the tournament on train + validation, then backtest the kept snapshot and
@@ -168,14 +188,12 @@ def evaluate_market(
 
     ``simulated``: other markets of the same kind (``synthetic_market(replica=k)``) whose
     train periods, cut at the same dates, the agents also train on; nothing else reads them.
+    ``on_round``: as ``run_tournament``'s.
     """
-    kwargs = {k: v for k, v in env_kwargs.items() if k not in PERIOD_KWARGS}
+    periods, kwargs = split_market(data, env_kwargs)
     split = {k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs}
-    periods = split_periods(data, **split)
-    if "validation" not in periods:
-        raise ValueError("selection needs a validation period: set validation_fraction > 0")
     train = [periods["train"], *(split_periods(m, **split)["train"] for m in simulated)]
-    result = run_tournament(train, periods["validation"], kwargs, plan)
+    result = run_tournament(train, periods["validation"], kwargs, plan, on_round)
     # From here on the backtest period is read, and only to report.
     backtest = periods["backtest"]
     env = StockTradingEnv(num_envs=1, mode="backtest", data=backtest, **kwargs)

@@ -80,6 +80,33 @@ def _easy_market(days: int = 1000, stocks: int = 3) -> MarketData:
 
 
 @pytest.mark.slow
+def test_on_round_reports_every_round_as_it_ends() -> None:
+    """A benchmark's clock: ``on_round`` gets each round's validation Sharpe ratios, the
+    leaderboard the tournament keeps, before the next round trains."""
+    data = synthetic_market(2, num_stocks=3, num_days=600, regime="crash")
+    ppo = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)
+    seen: list[tuple[int, list[float], int]] = []
+    updates = 0
+
+    def count(*_: object) -> None:
+        nonlocal updates
+        updates += 1
+
+    plan = TournamentPlan(ppo, HPS, rounds=3, round_env_steps=128, seed=1)
+    with pytest.MonkeyPatch.context() as mp:
+        from services.pod.population import PopulationPPO
+
+        update = PopulationPPO.update
+        mp.setattr(PopulationPPO, "update", lambda self, batch: (count(), update(self, batch))[1])
+        report = evaluate_market(
+            data, ENV, plan, on_round=lambda r, scores: seen.append((r, scores, updates))
+        )
+    history = report.tournament.history
+    assert [(r, s) for r, s, _ in seen] == list(enumerate(history)) and len(history) == 3
+    per_round = 128 // (4 * 16)
+    assert [u for _, _, u in seen] == [per_round, 2 * per_round, 3 * per_round]
+
+
 def test_tournament_beats_buy_and_hold_on_an_easy_market() -> None:
     """On a strongly mean-reverting market a small tournament's kept agent has a higher
     held-out Sharpe than buy-and-hold and equal weight, costs paid (env-step budget:

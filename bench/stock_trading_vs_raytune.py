@@ -1,0 +1,431 @@
+"""The peer on the stock-trading task: Podium's trading tournament vs Ray Tune's
+PopulationBasedTraining driving Stable-Baselines3 PPO, on the same markets, cores, population,
+settings and selection rule.
+
+    python bench/stock_trading_vs_raytune.py [--markets crash:0,trend:0,mean_reversion:0]
+                                             [--pods 4] [--rounds 6] [--cpus 0,1]
+
+The task is bench/stock_trading_tournament.py's (docs/benchmarks.md "Stock trading"): one
+synthetic market cut in time into train, validation and backtest periods; P PPO agents with
+hyperparameters drawn from that bench's SPACE (the same P draws on both sides) train
+``--rounds`` rounds of ``--round-steps`` env steps each on the train period; after every round
+each agent is scored by its Sharpe ratio over one deterministic pass of the validation period,
+and the worst quarter restarts from the best with its learning rate and entropy coefficient
+multiplied by 0.8 or 1.25 (PBT's exploit/explore). The kept agent is the best (agent, round) by
+validation Sharpe; its Sharpe on the backtest period is reported, never used.
+
+- ``podium``: ``services.pod.trading_tournament`` (the P agents as one batched population in
+  one process, one torch thread: how Podium runs this task today; ``podium run`` scores pods
+  on training windows, not on a validation period).
+- ``ray``: ``ray.init`` then ``tune.Tuner`` with ``PopulationBasedTraining`` (synchronous, as
+  the tournament's rounds; quantile 0.25; no resampling; factors 0.8 / 1.25 on the learning
+  rate and entropy coefficient) over P trials of bench/tournament_vs_raytune.py's SB3
+  trainable (PPO with Podium's preset mapped by ``sb3_ppo_kwargs``, ``VecNormalize``,
+  checkpoints that carry the normaliser). SB3 steps the very same torch env through a thin
+  ``VecEnv`` view (``SB3View``), so the market, the costs and the observations are identical.
+
+The target of "time to target" is buy-and-hold's Sharpe on the validation period (the goal
+"beat buy-and-hold", judged where selection may look). Measured per run: wall time from launch
+to the first round in which an agent beats it and to the end, CPU seconds and peak RSS of the
+process tree, env steps to the target, the kept agent's validation and backtest Sharpe, and
+buy-and-hold's backtest Sharpe. Repetitions interleave the arms (the order alternates), one
+market per repetition. Needs the bench extra: pip install -e ".[bench]".
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sb3_timing import cpu_model
+from stable_baselines3.common.vec_env import VecEnv as SB3VecEnv
+from stock_trading_tournament import PRESET, market, plan_of
+from tournament_vs_raytune import finish, launch, make_trainable, measured
+
+from services.pod.backtest import buy_and_hold
+from services.pod.envs.base import VecEnv
+from services.pod.envs.stock_trading import StockTradingEnv
+from services.pod.trading_tournament import sharpe_of, split_market
+
+TASK = "StockTrading-v0"
+BENCH = Path(__file__).resolve().parent
+
+
+class SB3View(SB3VecEnv):
+    """Stable-Baselines3's ``VecEnv`` over a Podium ``VecEnv``: numpy in and out, SB3's info
+    keys (``terminal_observation``, ``TimeLimit.truncated``, ``episode``) where an episode
+    ended. The Podium env autoresets as SB3 expects."""
+
+    def __init__(self, env: VecEnv) -> None:
+        self.env = env
+        super().__init__(env.num_envs, env.single_observation_space, env.single_action_space)
+        self._actions: np.ndarray | None = None
+
+    def reset(self) -> np.ndarray:
+        obs, _ = self.env.reset()
+        self._reset_seeds()
+        return obs.numpy()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = actions
+
+    def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+        import torch
+
+        assert self._actions is not None
+        obs, reward, terminated, truncated, info = self.env.step(
+            torch.as_tensor(self._actions, dtype=torch.float32)
+        )
+        done = (terminated | truncated).numpy()
+        infos: list[dict] = [{} for _ in range(self.num_envs)]
+        for i in np.flatnonzero(done):
+            infos[i] = {
+                "terminal_observation": info["final_obs"][i].numpy(),
+                "TimeLimit.truncated": bool(truncated[i] and not terminated[i]),
+                "episode": {
+                    "r": float(info["episode_return"][i]),
+                    "l": int(info["episode_length"][i]),
+                },
+            }
+        return obs.numpy(), reward.numpy().astype(np.float32), done, infos
+
+    def close(self) -> None:
+        self.env.close()
+
+    def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
+        return [getattr(self.env, attr_name, None)] * len(self._get_indices(indices))
+
+    def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
+        raise NotImplementedError("SB3View: the Podium env has no per-sub-env attributes")
+
+    def env_method(self, method_name: str, *args: Any, indices: Any = None, **kw: Any) -> list:
+        raise NotImplementedError("SB3View: the Podium env has no per-sub-env methods")
+
+    def env_is_wrapped(self, wrapper_class: type, indices: Any = None) -> list[bool]:
+        return [False] * len(self._get_indices(indices))
+
+
+def trading_env(regime: str, seed: int, _env_id: str, n_envs: int, env_seed: int) -> SB3View:
+    """``make_env`` of the SB3 trainable: the market's train period, as the tournament's."""
+    data, env_kwargs, _ = market(regime, seed)
+    periods, kwargs = split_market(data, env_kwargs)
+    env = StockTradingEnv(n_envs, mode="train", data=periods["train"], seed=env_seed, **kwargs)
+    return SB3View(env)
+
+
+def trading_scores(regime: str, seed: int, model: Any, env: Any) -> dict[str, float]:
+    """``evaluate`` of the SB3 trainable: the policy's Sharpe over one deterministic pass of
+    the validation period (the score PBT ranks by) and, to report only, of the backtest
+    period; observations normalised by the training env's statistics."""
+    import torch
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from services.pod.backtest import run_backtest
+
+    data, env_kwargs, _ = market(regime, seed)
+    periods, kwargs = split_market(data, env_kwargs)
+    normalize = env.normalize_obs if isinstance(env, VecNormalize) else (lambda o: o)
+
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        action, _ = model.predict(normalize(obs.numpy()), deterministic=True)
+        return torch.as_tensor(action, dtype=torch.float32)
+
+    out = {}
+    for name, key in (("validation", "score"), ("backtest", "backtest_sharpe")):
+        env_ = StockTradingEnv(1, mode=name, data=periods[name], **kwargs)
+        out[key] = sharpe_of(run_backtest(env_, act))
+    return out
+
+
+def targets(regime: str, seed: int) -> dict[str, float]:
+    """Buy-and-hold's Sharpe on the validation period (the target) and on the backtest."""
+    data, env_kwargs, _ = market(regime, seed)
+    periods, kwargs = split_market(data, env_kwargs)
+    cost = float(kwargs.get("transaction_cost", 0.001))
+    return {
+        name: sharpe_of(buy_and_hold(periods[name].close, transaction_cost=cost))
+        for name in ("validation", "backtest")
+    }
+
+
+# --- the drivers (each its own process, launched by ``run_arm``) ------------------------------
+
+
+def podium_driver(job: dict[str, Any]) -> None:
+    import torch
+
+    from services.pod.trading_tournament import evaluate_market
+
+    torch.set_num_threads(1)
+    launched, events = job["launched"], []
+    data, env_kwargs, simulated = market(job["regime"], job["seed"])
+    plan = plan_of(job["seed"], job["pods"], job["rounds"], job["round_steps"])
+    batch = plan.ppo.num_envs * plan.ppo.num_steps
+    steps = max(batch, plan.round_env_steps - plan.round_env_steps % batch)
+
+    def on_round(round_: int, scores: list[float]) -> None:
+        # The agents train in lock-step: a round's scores come after all of its env steps.
+        events.append(
+            {"t": time.time() - launched, "score": max(scores), "steps": steps * len(scores)}
+        )
+
+    report = evaluate_market(data, env_kwargs, plan, simulated, on_round)
+    kept = report.tournament
+    out = {
+        "events": events,
+        "kept_validation": kept.validation_sharpe,
+        "kept_backtest": sharpe_of(report.backtest_values["agent"]),
+    }
+    Path(job["out"]).write_text(json.dumps(out))
+
+
+def ray_driver(job: dict[str, Any]) -> None:
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    launched, events = job["launched"], []
+    regime, seed, pods = job["regime"], job["seed"], job["pods"]
+    draws = plan_of(seed, pods, job["rounds"], job["round_steps"]).hyperparameters
+    ray.init(
+        num_cpus=job["cores"],
+        include_dashboard=False,
+        object_store_memory=200 * 1024**2,
+        logging_level="ERROR",
+        log_to_driver=False,
+    )
+
+    class Watch(tune.Callback):
+        def on_trial_result(self, iteration: int, trials: Any, trial: Any, result: dict) -> None:
+            events.append(
+                {
+                    "t": time.time() - launched,
+                    "score": result["score"],
+                    "backtest": result["backtest_sharpe"],
+                    "steps": result["steps_this_iter"],
+                    "copied": result["copied"],
+                }
+            )
+
+    def draw(name: str, spec: Any) -> float:
+        return float(draws[spec.config.seed % 1000][name])
+
+    space: dict[str, Any] = {"seed": tune.grid_search([seed * 1000 + i for i in range(pods)])}
+    space.update({name: tune.sample_from(functools.partial(draw, name)) for name in draws[0]})
+    scheduler = PopulationBasedTraining(
+        time_attr="training_iteration",
+        metric="score",
+        mode="max",
+        perturbation_interval=1,
+        quantile_fraction=0.25,
+        resample_probability=0.0,
+        perturbation_factors=(1.25, 0.8),
+        hyperparam_mutations={
+            "learning_rate": tune.loguniform(1e-6, 1e-1),
+            "ent_coef": tune.uniform(0.0, 1.0),
+        },
+        synch=True,
+    )
+    trainable = make_trainable(
+        "ppo",
+        TASK,
+        job["round_steps"],
+        1,
+        make_env=functools.partial(trading_env, regime, seed),
+        evaluate=functools.partial(trading_scores, regime, seed),
+    )
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": job["cores"] / pods}),
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            scheduler=scheduler,
+            num_samples=1,
+            reuse_actors=True,
+            time_budget_s=job["cap_s"],
+            search_alg=tune.search.BasicVariantGenerator(random_state=seed),
+        ),
+        run_config=tune.RunConfig(
+            name=f"trading-{regime}-{seed}",
+            storage_path=job["storage"],
+            stop={"training_iteration": job["rounds"]},
+            callbacks=[Watch()],
+            verbose=0,
+        ),
+    )
+    grid = tuner.fit()
+    ray.shutdown()
+    kept = max(events, key=lambda e: e["score"], default=None)
+    out = {
+        "events": events,
+        "kept_validation": kept["score"] if kept else None,
+        "kept_backtest": kept["backtest"] if kept else None,
+        "trial_errors": grid.num_errors,
+        "exploits": scheduler._num_perturbations,  # no public counter
+    }
+    Path(job["out"]).write_text(json.dumps(out))
+
+
+DRIVERS = {"podium": podium_driver, "ray": ray_driver}
+
+
+def run_arm(arm: str, args: argparse.Namespace, rep: int, regime: str, seed: int) -> dict:
+    cores = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix=f"trading-{arm}-") as tmp:
+        work = Path(tmp)
+        job = {
+            "regime": regime,
+            "seed": seed,
+            "pods": args.pods,
+            "rounds": args.rounds,
+            "round_steps": args.round_steps,
+            "cores": cores,
+            "cap_s": args.cap_s,
+            "storage": str(work / "tune"),
+            "out": str(work / "out.json"),
+            "launched": 0.0,
+        }
+        job_file = work / "job.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--driver", arm, str(job_file)]
+        # Ray's workers unpickle the trainable, which refers to these bench modules.
+        proc, sampler, launched = launch(cmd, work / "log", PYTHONPATH=str(BENCH))
+        job["launched"] = launched
+        job_file.write_text(json.dumps(job))  # read by the driver after its imports
+        wall = finish(proc, sampler, args.cap_s)
+        if not Path(job["out"]).exists():
+            tail = (work / "log").read_text(errors="replace")[-3000:]
+            raise SystemExit(f"{arm} run failed (exit {proc.returncode}):\n{tail}")
+        res = json.loads(Path(job["out"]).read_text())
+    goal = targets(regime, seed)
+    events = sorted(res["events"], key=lambda e: e["t"])
+    steps, reached, steps_at = 0, None, None
+    for e in events:
+        steps += e["steps"]
+        if reached is None and e["score"] > goal["validation"]:
+            reached, steps_at = e["t"], steps
+    return measured(
+        arm,
+        rep,
+        sampler,
+        wall,
+        market=f"{regime}:{seed}",
+        to_target_s=reached,
+        first_score_s=events[0]["t"] if events else None,
+        env_steps=steps_at,
+        env_steps_in_all=steps,
+        target=goal["validation"],
+        kept_validation=res["kept_validation"],
+        kept_backtest=res["kept_backtest"],
+        buy_and_hold_backtest=goal["backtest"],
+        exploits=res.get("exploits"),
+        trial_errors=res.get("trial_errors"),
+        exit_code=proc.returncode,
+    )
+
+
+COLUMNS = [
+    ("to_target_s", "wall to target s"),
+    ("wall_total_s", "wall in all s"),
+    ("cpu_total_s", "CPU s in all"),
+    ("first_score_s", "launch to first score s"),
+    ("env_steps", "env steps to target"),
+    ("peak_rss_mb", "peak RSS MB"),
+    ("kept_validation", "kept: validation Sharpe"),
+    ("kept_backtest", "kept: backtest Sharpe"),
+]
+
+
+def summarize(results: list[dict], cap_s: float) -> None:
+    """Markdown table of medians per arm (a run that never beats the target counts as the cap:
+    the median is then a lower bound) and Ray / Podium per market."""
+    arms = [a for a in DRIVERS if any(r["arm"] == a for r in results)]
+    print("\n| arm | beat buy-and-hold on validation | " + " | ".join(c for _, c in COLUMNS) + " |")
+    print("|---|---|" + "---:|" * len(COLUMNS))
+    for a in arms:
+        runs = [r for r in results if r["arm"] == a]
+        cells = []
+        for key, _ in COLUMNS:
+            fill = cap_s if key == "to_target_s" else None
+            got = [v for r in runs if (v := r[key] if r[key] is not None else fill) is not None]
+            cells.append(f"{statistics.median(got):,.2f}" if got else "-")
+        solved = f"{sum(r['to_target_s'] is not None for r in runs)}/{len(runs)}"
+        print(f"| {a} | {solved} | " + " | ".join(cells) + " |")
+    bh = statistics.median(r["buy_and_hold_backtest"] for r in results if r["arm"] == arms[0])
+    print(f"buy-and-hold backtest Sharpe (median over the markets): {bh:.2f}")
+    for a in arms:
+        runs = [r for r in results if r["arm"] == a and r["kept_backtest"] is not None]
+        wins = sum(r["kept_backtest"] > r["buy_and_hold_backtest"] for r in runs)
+        each = ", ".join(
+            f"{r['market']} {r['kept_backtest']:.2f} ({r['buy_and_hold_backtest']:.2f})"
+            for r in runs
+        )
+        print(
+            f"{a}: kept agent's backtest Sharpe (buy-and-hold's) {each}; above: {wins}/{len(runs)}"
+        )
+    if set(arms) == {"podium", "ray"}:
+        by = {(r["arm"], r["market"]): r for r in results}
+        markets = [m for m in dict.fromkeys(r["market"] for r in results) if ("ray", m) in by]
+        for key in ("to_target_s", "wall_total_s", "cpu_total_s"):
+            ratios = [
+                (by["ray", m][key] or cap_s) / (by["podium", m][key] or cap_s)
+                for m in markets
+                if ("podium", m) in by
+            ]
+            print(
+                f"Ray / Podium {key} per market: {', '.join(f'{x:.1f}x' for x in ratios)} "
+                f"(median {statistics.median(ratios):.1f}x)"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markets", default="crash:0,trend:0,mean_reversion:0")
+    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--round-steps", type=int, default=32768, help="env steps per agent")
+    parser.add_argument("--cpus", default=None, help="CPU set of both arms, e.g. 0,1 (default all)")
+    parser.add_argument("--cap-s", type=float, default=1200.0)
+    parser.add_argument("--arms", nargs="+", default=list(DRIVERS), choices=list(DRIVERS))
+    parser.add_argument("--summarize", nargs="+", type=Path, default=None)
+    parser.add_argument("--driver", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.driver:
+        arm, job_file = args.driver[0], Path(args.driver[1])
+        while not job_file.exists() or not job_file.stat().st_size:
+            time.sleep(0.01)
+        DRIVERS[arm](json.loads(job_file.read_text()))
+        return
+    if args.summarize:
+        lines = [line for p in args.summarize for line in p.read_text().splitlines()]
+        results = [json.loads(line) for line in lines if line.startswith("{")]
+        summarize(results, args.cap_s)
+        return
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    print(
+        f"# {cpu_model()}, CPUs {sorted(os.sched_getaffinity(0))}, load {os.getloadavg()[0]:.1f}; "
+        f"P = {args.pods}, {args.rounds} rounds of {args.round_steps} env steps per agent; "
+        f"preset {PRESET['ppo']}",
+        flush=True,
+    )
+    results = []
+    for rep, item in enumerate(args.markets.split(",")):
+        regime, seed = item.split(":")
+        arms = args.arms if rep % 2 == 0 else list(reversed(args.arms))
+        for arm in arms:
+            r = run_arm(arm, args, rep, regime, int(seed))
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    summarize(results, args.cap_s)
+
+
+if __name__ == "__main__":
+    main()
