@@ -488,6 +488,7 @@ def test_run_interrupted_cancels_saves_results_and_stops_every_pod(tmp_path: Pat
         "examples/pendulum.yaml",
         "examples/ant.yaml",
         "examples/halfcheetah.yaml",
+        "examples/stock_trading.yaml",
     ],
 )
 def test_examples_are_valid_specs_the_pod_can_train(example: str) -> None:

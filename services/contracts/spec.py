@@ -215,6 +215,11 @@ class Evaluation(InputModel):
         description="Seed of the evaluation episodes' start states, the same for every pod so "
         "that scores are comparable (default: derived from the experiment's name).",
     )
+    env_kwargs: JsonObject = Field(
+        default_factory=dict,
+        description="The evaluation env's arguments on top of env.kwargs, e.g. a trading "
+        "env's held-out period and score: {mode: validation, score: sharpe}.",
+    )
     higher_is_better: bool = True
 
 

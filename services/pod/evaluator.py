@@ -35,7 +35,8 @@ def evaluate_groups(
     env: VecEnv, act: Act, groups: int = 1, seed: int = 0, max_steps: int | None = None
 ) -> list[EvalResult]:
     """One episode per sub-environment; group g (of ``groups``) owns the g-th equal slice of
-    ``env`` and gets its own result.
+    ``env`` and gets its own result: the episodes' returns, or their ``episode_score`` where
+    the env reports one (services/pod/envs/base.py).
 
     Every evaluation starts from the same states (``seed``), so candidates compare on equal
     terms. With several groups on a torch-native env, every group starts from the states an
@@ -59,7 +60,10 @@ def evaluate_groups(
         obs, _, term, trunc, info = env.step(act(obs))
         steps += per_group
         done = (term | trunc) & ~finished
-        returns = torch.where(done, info["episode_return"].float(), returns)
+        # An env whose episodes are judged by something other than their return (a trading
+        # env's Sharpe ratio) reports it as ``episode_score``.
+        score = info.get("episode_score", info["episode_return"])
+        returns = torch.where(done, score.float(), returns)
         finished |= done
         # Checking every step would sync a GPU each step; every 32 is plenty.
         if t % 32 == 31 and bool(finished.all()):

@@ -713,13 +713,18 @@ def build_population(
     eval_episodes: int = 10,
     device: str = "cpu",
     env_kwargs: Mapping[str, object] | None = None,
+    eval_env_kwargs: Mapping[str, object] | None = None,
 ) -> PopulationPPO:
     """A population on ``env_name``: one batched env of ``P * config.num_envs`` for training
-    and one of ``P * eval_episodes`` for scoring; agent i is seeded ``seed + i``."""
+    and one of ``P * eval_episodes`` for scoring (``eval_env_kwargs`` on top of
+    ``env_kwargs``); agent i is seeded ``seed + i``."""
     p = len(hyperparameters)
     kwargs = dict(env_kwargs or {})
     env = make_env(env_name, p * config.num_envs, device=device, seed=seed, **kwargs)
-    eval_env = make_env(env_name, p * eval_episodes, device=device, seed=seed + 10_000, **kwargs)
+    eval_kwargs = {**kwargs, **(eval_env_kwargs or {})}
+    eval_env = make_env(
+        env_name, p * eval_episodes, device=device, seed=seed + 10_000, **eval_kwargs
+    )
     return PopulationPPO(
         env,
         config,

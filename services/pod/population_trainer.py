@@ -66,6 +66,7 @@ class PopulationTrainer(Trainer[PPORunConfig]):
             eval_episodes=first.eval_episodes,
             device=first.device,
             env_kwargs=first.env_kwargs,
+            eval_env_kwargs=first.eval_env_kwargs,
         )
         self.eval_seed = first.evaluation_seed
         # Each slot's counters minus the population's (a loaded parent's go on).

@@ -113,6 +113,7 @@ def pod_config(
                 **base,
                 "env_kwargs": {**base.get("env_kwargs", {}), **spec.env.kwargs},
                 "eval_episodes": spec.evaluation.episodes,
+                "eval_env_kwargs": spec.evaluation.env_kwargs,
                 "device": device,
                 "seed": seed,
                 "eval_seed": eval_seed(spec),

@@ -47,6 +47,11 @@ class RunConfig(BaseModel):
     total_env_steps: int = Field(500_000, ge=1, description="Training budget in env steps.")
     eval_every_steps: int = Field(20_000, ge=1)
     eval_episodes: int = Field(10, ge=1)
+    eval_env_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The evaluation env's arguments on top of env_kwargs (e.g. a held-out "
+        "period to score on).",
+    )
     target_return: float | None = Field(None, description="Stop once the evaluation reaches it.")
     device: str = "cpu"
     seed: int = 0
@@ -89,7 +94,7 @@ class RunConfig(BaseModel):
             slots * self.eval_episodes,
             device=self.device,
             seed=self.evaluation_seed,
-            **self.env_kwargs,
+            **{**self.env_kwargs, **self.eval_env_kwargs},
         )
         return train_env, eval_env
 

@@ -62,6 +62,11 @@ def _metric(client: TestClient, name: str) -> float:
             ("body", "env", "kwargs"),
         ),
         (
+            {"evaluation": {"env_kwargs": {"x": "@v"}}},
+            "Infinity",
+            ("body", "evaluation", "env_kwargs"),
+        ),
+        (
             {"generator": {"strategy": "cem", "options": {"min_std_fraction": "@v"}}},
             "Infinity",
             ("body", "generator", "options"),

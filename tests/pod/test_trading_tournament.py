@@ -107,6 +107,41 @@ def test_on_round_reports_every_round_as_it_ends() -> None:
     assert [u for _, _, u in seen] == [per_round, 2 * per_round, 3 * per_round]
 
 
+def test_a_pod_of_the_spec_scores_on_the_validation_period_as_the_tournament() -> None:
+    """``evaluation.env_kwargs`` {mode: validation, score: sharpe}: a pod trains on the train
+    period and its evaluator ranks agents by their validation Sharpe ratio, the very score the
+    in-process tournament keeps snapshots by (``validation_sharpes``)."""
+    from services.contracts.spec import ExperimentSpec
+    from services.pod.population import build_population
+    from services.pod.presets import pod_config
+    from services.pod.trading_tournament import PERIOD_KWARGS, validation_sharpes
+    from tests.pod.harness import make_spec
+
+    on_validation = {"mode": "validation", "score": "sharpe"}
+    spec = ExperimentSpec.model_validate(
+        make_spec(
+            env={"name": "StockTrading-v0", "kwargs": {"regime": "crash", "num_stocks": 3}},
+            evaluation={"episodes": 1, "env_kwargs": on_validation},
+        )
+    )
+    config = pod_config(spec, {}, seed=1)
+    assert config.eval_env_kwargs == on_validation
+    train_env, eval_env = config.make_envs(2)
+    assert (train_env.mode, eval_env.mode, eval_env.score) == ("train", "validation", "sharpe")
+    assert eval_env.data.dates[0] > train_env.data.dates[-1]
+    ppo = config.ppo.model_copy(update={"num_envs": 4, "num_steps": 16, "num_minibatches": 2})
+    population = build_population(
+        config.env, ppo, HPS, seed=1, eval_episodes=1,
+        env_kwargs=config.env_kwargs, eval_env_kwargs=config.eval_env_kwargs,
+    )  # fmt: skip
+    population.update(population.collect())
+    scores = [r.mean for r in population.evaluate()]
+    kwargs = {k: v for k, v in config.env_kwargs.items() if k not in PERIOD_KWARGS}
+    expected = validation_sharpes(population, eval_env.data, kwargs)
+    assert scores == pytest.approx(expected, rel=1e-6)  # the evaluator sums in float32
+    assert len(set(scores)) == 2  # two agents, two scores
+
+
 def test_tournament_beats_buy_and_hold_on_an_easy_market() -> None:
     """On a strongly mean-reverting market a small tournament's kept agent has a higher
     held-out Sharpe than buy-and-hold and equal weight, costs paid (env-step budget:

@@ -17,6 +17,9 @@ takes or returns has the batch dimension first. Its contract:
   - ``info["episode_return"]`` / ``info["episode_length"]``: return and length of the episode
     that just finished, valid where ``terminated | truncated`` (zero elsewhere). Dense tensors,
     no Python lists, so nothing forces a device sync.
+  - ``info["episode_score"]`` (optional): where an episode is judged by something other than
+    its return (a trading env's Sharpe ratio), that score, valid where an episode finished;
+    evaluators rank by it instead of the return.
   - Every returned tensor is new: the env never writes into a tensor it handed out, so a
     rollout buffer may keep references.
 * ``single_observation_space`` / ``single_action_space`` are gymnasium spaces of one

@@ -62,6 +62,14 @@ are the validation period instead of training data: what selects agents and snap
 tournament's score, early stopping) reads it, and the backtest period is read by nothing but
 the final report.
 
+Score (``score="sharpe"``): each finished episode also reports its Sharpe ratio as
+``info["episode_score"]``, ``mean(r) / std(r, ddof=1) * sqrt(252)`` over the episode's daily
+returns ``r`` of the account value (0 where they do not vary, e.g. all cash), the metric of
+``services.pod.backtest``; evaluators rank by it instead of the return. With the evaluation
+env's ``mode="validation"`` (the spec's ``evaluation.env_kwargs``) a tournament ranks pods by
+their Sharpe ratio on the validation period, as bench/stock_trading_tournament.py does in one
+process.
+
 Simulated history (``simulated_markets`` = N > 0, synthetic markets only, train mode): one
 market's train period is a few years, a handful of trends and crashes to learn from. With N
 the training episodes also start in the train periods of N other markets of the same regime
@@ -80,7 +88,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from services.pod.envs.base import TorchVecEnv
+from services.pod.envs.base import Info, TorchVecEnv
 from services.pod.envs.market import (
     INDICATORS,
     MOMENTUM_WINDOWS,
@@ -230,9 +238,12 @@ class StockTradingEnv(TorchVecEnv):
         risk_aversion: float = 0.0,
         shuffle_stocks: bool = False,
         simulated_markets: int = 0,
+        score: Literal["return", "sharpe"] = "return",
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if score not in ("return", "sharpe"):
+            raise ValueError(f"score must be 'return' or 'sharpe', got {score!r}")
         if action_mode not in ("shares", "weights"):
             raise ValueError(f"action_mode must be 'shares' or 'weights', got {action_mode!r}")
         if not 0 <= simulated_markets <= 256:  # each one built and held by the env
@@ -357,6 +368,11 @@ class StockTradingEnv(TorchVecEnv):
         self.last_account_value = torch.full(
             (num_envs,), self.initial_amount, device=self.device, dtype=dtype
         )
+        #: Per sub-environment, the running episode's sums of daily returns and of their
+        #: squares (``score="sharpe"``); the day's return of the last step.
+        self.score = score
+        self._return_sums = torch.zeros(num_envs, 2, device=self.device, dtype=dtype)
+        self._day_return = torch.zeros(num_envs, device=self.device, dtype=dtype)
 
     @property
     def balance(self) -> torch.Tensor:
@@ -434,10 +450,35 @@ class StockTradingEnv(TorchVecEnv):
         value_after = balance + (holdings * self.prices.index_select(0, day.long())).sum(1)
         self.last_account_value = value_after
         gain = value_after - value_before
+        self._day_return = gain / value_before
         if self.risk_aversion:  # (x - λ/2 x²) times the value before, x = gain / value before
             gain = gain - 0.5 * self.risk_aversion * gain * gain / value_before
         reward = gain * self.reward_scaling
         return reward, torch.zeros(self.num_envs, device=self.device, dtype=torch.bool)
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
+        self._return_sums.zero_()
+        return super().reset(seed)
+
+    def _advance(
+        self, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Info]:
+        out = super()._advance(actions)
+        if self.score == "sharpe":
+            done, info = out[4], out[5]
+            r = self._day_return
+            self._return_sums += torch.stack([r, r * r], dim=1)
+            n = self._episode_length.to(self.dtype)  # days so far, this step's included
+            total, squares = self._return_sums.unbind(1)
+            mean = total / n
+            var = (squares - n * mean * mean).clamp(min=0.0) / (n - 1).clamp(min=1.0)
+            std = var.sqrt()
+            sharpe = torch.where(
+                std > 0, mean / std.clamp(min=1e-300) * TRADING_DAYS_PER_YEAR**0.5, 0.0
+            )
+            info["episode_score"] = sharpe * done
+            self._return_sums.masked_fill_(done.unsqueeze(1), 0.0)
+        return out
 
     def _rebalance_shares(
         self,

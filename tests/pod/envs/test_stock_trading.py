@@ -154,6 +154,55 @@ def test_backtest_mode_is_one_pass_and_rewards_sum_to_the_pnl() -> None:
     torch.testing.assert_close(info["episode_return"], pnl)
 
 
+def _policy(obs: torch.Tensor, step: int) -> torch.Tensor:
+    """Weights-mode actions that differ per sub-environment and change over time: sub-env 0
+    stays in cash (a flat account), the others trade."""
+    n, dim = obs.shape[0], 6
+    action = torch.linspace(-1.0, 1.0, dim).repeat(n, 1) * torch.cos(
+        torch.arange(n, dtype=torch.float32).unsqueeze(1) + 0.1 * step
+    )
+    action[0] = -1.0  # invested fraction 0: all cash
+    return action
+
+
+@pytest.mark.parametrize("mode", ["validation", "train"])
+def test_sharpe_score_is_the_backtest_metric_of_each_episode(mode: str) -> None:
+    """``score="sharpe"``: every finished episode reports the Sharpe ratio of its account
+    values, as services.pod.backtest computes it (0 for the account that stays in cash), also
+    across autoresets (train mode: several episodes per sub-environment)."""
+    from services.pod.trading_tournament import sharpe_of
+
+    n = 3
+    kwargs = {"validation_fraction": 0.2, "action_mode": "weights", "episode_length": 40}
+    env = StockTradingEnv(n, mode=mode, seed=3, score="sharpe", **kwargs)
+    plain = StockTradingEnv(n, mode=mode, seed=3, **kwargs)
+    obs, _ = env.reset()
+    plain.reset()
+    values = [[env.initial_amount] for _ in range(n)]
+    checked = 0
+    for t in range(2 * env.max_episode_steps):
+        action = _policy(obs, t)
+        obs, _, _, truncated, info = env.step(action)
+        _, _, _, _, plain_info = plain.step(action)
+        assert "episode_score" not in plain_info  # the default env reports returns only
+        for i in range(n):
+            values[i].append(float(env.last_account_value[i]))
+            if truncated[i]:
+                expected = sharpe_of(np.array(values[i]))
+                assert float(info["episode_score"][i]) == pytest.approx(expected, abs=1e-9)
+                assert (expected == 0.0) == (i == 0)
+                values[i] = [env.initial_amount]
+                checked += 1
+            else:
+                assert float(info["episode_score"][i]) == 0.0
+    assert checked == 2 * n
+
+
+def test_a_bad_score_is_refused() -> None:
+    with pytest.raises(ValueError, match="score must be 'return' or 'sharpe'"):
+        StockTradingEnv(1, score="sortino")  # type: ignore[arg-type]
+
+
 # -- market data -----------------------------------------------------------------------------
 def test_synthetic_market_is_deterministic_and_split_by_date() -> None:
     a, b, c = synthetic_market(5), synthetic_market(5), synthetic_market(6)
