@@ -79,7 +79,6 @@ def _easy_market(days: int = 1000, stocks: int = 3) -> MarketData:
     )
 
 
-@pytest.mark.slow
 def test_on_round_reports_every_round_as_it_ends() -> None:
     """A benchmark's clock: ``on_round`` gets each round's validation Sharpe ratios, the
     leaderboard the tournament keeps, before the next round trains."""
@@ -112,7 +111,7 @@ def test_a_pod_of_the_spec_scores_on_the_validation_period_as_the_tournament() -
     period and its evaluator ranks agents by their validation Sharpe ratio, the very score the
     in-process tournament keeps snapshots by (``validation_sharpes``)."""
     from services.contracts.spec import ExperimentSpec
-    from services.pod.population import build_population
+    from services.pod.population_trainer import PopulationTrainer
     from services.pod.presets import pod_config
     from services.pod.trading_tournament import PERIOD_KWARGS, validation_sharpes
     from tests.pod.harness import make_spec
@@ -124,24 +123,25 @@ def test_a_pod_of_the_spec_scores_on_the_validation_period_as_the_tournament() -
             evaluation={"episodes": 1, "env_kwargs": on_validation},
         )
     )
-    config = pod_config(spec, {}, seed=1)
-    assert config.eval_env_kwargs == on_validation
-    train_env, eval_env = config.make_envs(2)
+    small = {"num_envs": 4, "num_steps": 16, "num_minibatches": 2}
+    configs = [pod_config(spec, {**small, **hps}, seed=1 + i) for i, hps in enumerate(HPS)]
+    assert configs[0].eval_env_kwargs == on_validation
+    train_env, eval_env = configs[0].make_envs(2)
     assert (train_env.mode, eval_env.mode, eval_env.score) == ("train", "validation", "sharpe")
     assert eval_env.data.dates[0] > train_env.data.dates[-1]
-    ppo = config.ppo.model_copy(update={"num_envs": 4, "num_steps": 16, "num_minibatches": 2})
-    population = build_population(
-        config.env, ppo, HPS, seed=1, eval_episodes=1,
-        env_kwargs=config.env_kwargs, eval_env_kwargs=config.eval_env_kwargs,
-    )  # fmt: skip
-    population.update(population.collect())
-    scores = [r.mean for r in population.evaluate()]
-    kwargs = {k: v for k, v in config.env_kwargs.items() if k not in PERIOD_KWARGS}
-    expected = validation_sharpes(population, eval_env.data, kwargs)
+    # A population pod of two agents: its trainer builds the population's evaluation env.
+    trainer = PopulationTrainer(configs)
+    trainer.step()
+    scores = [r.mean for r in trainer.evaluate()]
+    env_kwargs = configs[0].env_kwargs
+    kwargs = {k: v for k, v in env_kwargs.items() if k not in PERIOD_KWARGS}
+    expected = validation_sharpes(trainer.population, eval_env.data, kwargs)
     assert scores == pytest.approx(expected, rel=1e-6)  # the evaluator sums in float32
     assert len(set(scores)) == 2  # two agents, two scores
+    trainer.close()
 
 
+@pytest.mark.slow
 def test_tournament_beats_buy_and_hold_on_an_easy_market() -> None:
     """On a strongly mean-reverting market a small tournament's kept agent has a higher
     held-out Sharpe than buy-and-hold and equal weight, costs paid (env-step budget:

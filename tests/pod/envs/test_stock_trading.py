@@ -198,6 +198,26 @@ def test_sharpe_score_is_the_backtest_metric_of_each_episode(mode: str) -> None:
     assert checked == 2 * n
 
 
+def test_reset_starts_the_sharpe_sums_afresh() -> None:
+    """An evaluator resets an env whose previous episodes ran on past their end (it checks
+    for finished episodes every 32 steps): what they added must not leak into the next."""
+    from services.pod.trading_tournament import sharpe_of
+
+    kwargs = {"validation_fraction": 0.2, "action_mode": "weights", "score": "sharpe"}
+    env = StockTradingEnv(2, mode="validation", **kwargs)
+    obs, _ = env.reset()
+    for t in range(7):
+        obs, *_ = env.step(_policy(obs, t))
+    obs, _ = env.reset()
+    values = [env.initial_amount]
+    for t in range(env.max_episode_steps):
+        obs, _, _, truncated, info = env.step(_policy(obs, t))
+        values.append(float(env.last_account_value[1]))
+    assert bool(truncated[1])
+    expected = sharpe_of(np.array(values))
+    assert float(info["episode_score"][1]) == pytest.approx(expected, abs=1e-9)
+
+
 def test_a_bad_score_is_refused() -> None:
     with pytest.raises(ValueError, match="score must be 'return' or 'sharpe'"):
         StockTradingEnv(1, score="sortino")  # type: ignore[arg-type]
