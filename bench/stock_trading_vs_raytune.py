@@ -4,6 +4,7 @@ settings and selection rule.
 
     python bench/stock_trading_vs_raytune.py [--markets crash:0,trend:0,mean_reversion:0]
                                              [--pods 4] [--rounds 6] [--cpus 0,1]
+                                             [--arms podium ray podium-run podium-run-pop]
 
 The task is bench/stock_trading_tournament.py's (docs/benchmarks.md "Stock trading"): one
 synthetic market cut in time into train, validation and backtest periods; P PPO agents with
@@ -16,6 +17,11 @@ validation Sharpe; its Sharpe on the backtest period is reported, never used.
 
 - ``podium``: ``services.pod.trading_tournament`` (the P agents as one batched population in
   one process, one torch thread), the tournament bench/stock_trading_tournament.py reports.
+- ``podium-run`` / ``podium-run-pop``: ``podium run`` (the embedded platform, real pods) of
+  examples/stock_trading.yaml on the market with P pods of one agent / one pod of P agents,
+  pods scored by their validation Sharpe, PBT replacing the bottom quarter; the kept agent is
+  the leaderboard's best, backtested as ``podium backtest`` does. Its search space is the
+  example's (continuous ranges), not the grid.
 - ``ray``: ``ray.init`` then ``tune.Tuner`` with ``PopulationBasedTraining`` (synchronous, as
   the tournament's rounds; quantile 0.25; no resampling; factors 0.8 / 1.25 on the learning
   rate and entropy coefficient) over P trials of bench/tournament_vs_raytune.py's SB3
@@ -50,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from sb3_timing import cpu_model
 from stable_baselines3.common.vec_env import VecEnv as SB3VecEnv
 from stock_trading_tournament import PRESET, market, plan_of
@@ -62,6 +69,7 @@ from services.pod.trading_tournament import sharpe_of, split_market
 
 TASK = "StockTrading-v0"
 BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
 
 
 class SB3View(SB3VecEnv):
@@ -257,13 +265,17 @@ def ray_driver(job: dict[str, Any]) -> None:
         },
         synch=True,
     )
+    # By module name, so that Ray's workers import the module (its per-process caches work)
+    # rather than unpickle copies of this script's functions.
+    import stock_trading_vs_raytune as bench
+
     trainable = make_trainable(
         "ppo",
         TASK,
         job["round_steps"],
         1,
-        make_env=functools.partial(trading_env, regime, seed),
-        evaluate=functools.partial(trading_scores, regime, seed),
+        make_env=functools.partial(bench.trading_env, regime, seed),
+        evaluate=functools.partial(bench.trading_scores, regime, seed),
     )
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": job["cores"] / pods}),
@@ -299,9 +311,95 @@ def ray_driver(job: dict[str, Any]) -> None:
 
 
 DRIVERS = {"podium": podium_driver, "ray": ray_driver}
+#: The arms: the in-process tournament, Ray Tune + SB3, and ``podium run`` (real pods: P of
+#: one agent, or one population pod of P).
+ARMS = ["podium", "ray", "podium-run", "podium-run-pop"]
+
+
+def platform_spec(
+    args: argparse.Namespace, regime: str, seed: int, cores: int, agents_per_pod: int = 1
+) -> dict:
+    """examples/stock_trading.yaml on the market, as P / ``agents_per_pod`` pods (each
+    training that many agents as one batched population), the budget of the other arms (P
+    agents x rounds x round steps), PBT's bottom quarter replaced by a perturbed copy of a
+    top one after each round."""
+    spec = yaml.safe_load((ROOT / "examples" / "stock_trading.yaml").read_text())
+    spec["name"] = f"trading-{regime.replace('_', '-')}-{seed}"
+    spec["env"]["kwargs"].update(market_seed=seed, regime=regime)
+    pods = args.pods // agents_per_pod
+    spec["population"] = {"min_pods": pods, "max_pods": pods, "agents_per_pod": agents_per_pod}
+    spec["resources"] = {**spec["resources"], "cpu": cores / pods}
+    spec["round"] = {"env_steps": args.round_steps}
+    spec["budget"] = {
+        "total_env_steps": args.pods * args.rounds * args.round_steps,
+        "wall_time_s": args.cap_s,
+    }
+    spec["evaluation"]["seed"] = seed
+    spec["generator"]["options"] = {
+        "seed": seed,
+        "truncation": 0.25,
+        "ready_reports": 1,
+        "ready_env_steps": args.round_steps,
+        "perturb_factors": [0.8, 1.25],
+        "resample_probability": 0.0,
+    }
+    return spec
+
+
+def run_platform(
+    args: argparse.Namespace, rep: int, regime: str, seed: int, arm: str = "podium-run"
+) -> dict:
+    """The ``podium-run`` arms: ``podium run`` of ``platform_spec`` (the embedded platform,
+    real pods; ``podium-run-pop``: one pod of P agents), then ``backtest_candidate`` of the
+    leaderboard's best (``OUT/best``)."""
+    from services.pod.backtest import backtest_candidate
+
+    cores = len(os.sched_getaffinity(0))
+    goal = targets(regime, seed)
+    with tempfile.TemporaryDirectory(prefix="trading-podium-run-") as tmp:
+        work = Path(tmp)
+        spec_file, out = work / "spec.yaml", work / "out"
+        agents_per_pod = args.pods if arm == "podium-run-pop" else 1
+        spec = platform_spec(args, regime, seed, cores, agents_per_pod)
+        spec_file.write_text(yaml.safe_dump(spec))
+        podium = Path(sys.executable).with_name("podium")
+        cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet"]
+        proc, sampler, launched = launch(
+            [*cmd, "--port", "0", "--leaderboard-port", "0"], work / "log"
+        )
+        wall = finish(proc, sampler, args.cap_s)
+        subs = json.loads((out / "submissions.json").read_text())
+        scored = sorted((s for s in subs if s["score"] is not None), key=lambda s: s["decided_at"])
+        if not scored:
+            tail = (work / "log").read_text(errors="replace")[-3000:]
+            raise SystemExit(f"podium-run scored nothing (exit {proc.returncode}):\n{tail}")
+        hits = [s["decided_at"] - launched for s in scored if s["score"] > goal["validation"]]
+        kept = backtest_candidate(out / "best")
+        progress = json.loads((out / "experiment.json").read_text()).get("progress") or {}
+    return measured(
+        arm,
+        rep,
+        sampler,
+        wall,
+        market=f"{regime}:{seed}",
+        to_target_s=hits[0] if hits else None,
+        first_score_s=scored[0]["decided_at"] - launched,
+        env_steps=None,
+        env_steps_in_all=progress.get("env_steps"),
+        target=goal["validation"],
+        kept_validation=max(s["score"] for s in scored),
+        kept_backtest=sharpe_of(kept.values["agent"]),
+        buy_and_hold_backtest=goal["backtest"],
+        exploits=None,
+        trial_errors=None,
+        report_cpu_s=None,
+        exit_code=proc.returncode,
+    )
 
 
 def run_arm(arm: str, args: argparse.Namespace, rep: int, regime: str, seed: int) -> dict:
+    if arm.startswith("podium-run"):
+        return run_platform(args, rep, regime, seed, arm)
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix=f"trading-{arm}-") as tmp:
         work = Path(tmp)
@@ -324,10 +422,10 @@ def run_arm(arm: str, args: argparse.Namespace, rep: int, regime: str, seed: int
         job["launched"] = launched
         job_file.write_text(json.dumps(job))  # read by the driver after its imports
         wall = finish(proc, sampler, args.cap_s)
-        if not Path(job["out"]).exists():
+        res = json.loads(Path(job["out"]).read_text()) if Path(job["out"]).exists() else {}
+        if not res.get("events"):  # Tune reports a failed trial, it does not raise
             tail = (work / "log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"{arm} run failed (exit {proc.returncode}):\n{tail}")
-        res = json.loads(Path(job["out"]).read_text())
+            raise SystemExit(f"{arm} run failed (exit {proc.returncode}, {res}):\n{tail}")
     goal = targets(regime, seed)
     events = sorted(res["events"], key=lambda e: e["t"])
     steps, reached, steps_at = 0, None, None
@@ -370,7 +468,7 @@ COLUMNS = [
 def summarize(results: list[dict], cap_s: float) -> None:
     """Markdown table of medians per arm (a run that never beats the target counts as the cap:
     the median is then a lower bound) and Ray / Podium per market."""
-    arms = [a for a in DRIVERS if any(r["arm"] == a for r in results)]
+    arms = [a for a in ARMS if any(r["arm"] == a for r in results)]
     print("\n| arm | beat buy-and-hold on validation | " + " | ".join(c for _, c in COLUMNS) + " |")
     print("|---|---|" + "---:|" * len(COLUMNS))
     for a in arms:
@@ -394,19 +492,24 @@ def summarize(results: list[dict], cap_s: float) -> None:
         print(
             f"{a}: kept agent's backtest Sharpe (buy-and-hold's) {each}; above: {wins}/{len(runs)}"
         )
-    if set(arms) == {"podium", "ray"}:
-        by = {(r["arm"], r["market"]): r for r in results}
-        markets = [m for m in dict.fromkeys(r["market"] for r in results) if ("ray", m) in by]
+    by = {(r["arm"], r["market"]): r for r in results}
+    for a in (a for a in arms if a != "ray" and "ray" in arms):
+        markets = [m for m in dict.fromkeys(r["market"] for r in results) if (a, m) in by]
         for key in ("to_target_s", "wall_total_s", "cpu_total_s"):
             ratios = [
-                (by["ray", m][key] or cap_s) / (by["podium", m][key] or cap_s)
+                (by["ray", m][key] or cap_s) / (by[a, m][key] or cap_s)
                 for m in markets
-                if ("podium", m) in by
+                if ("ray", m) in by
             ]
-            print(
-                f"Ray / Podium {key} per market: {', '.join(f'{x:.1f}x' for x in ratios)} "
-                f"(median {statistics.median(ratios):.1f}x)"
-            )
+            if ratios:
+                print(
+                    f"Ray / {a} {key} per market: {', '.join(f'{x:.1f}x' for x in ratios)} "
+                    f"(median {statistics.median(ratios):.1f}x)"
+                )
+    report = [r["report_cpu_s"] for r in results if r["arm"] == "ray" and r.get("report_cpu_s")]
+    if report:
+        median = statistics.median(report)
+        print(f"Ray's per-round backtest passes (report only): median {median:.1f} CPU s a run")
 
 
 def main() -> None:
@@ -417,7 +520,7 @@ def main() -> None:
     parser.add_argument("--round-steps", type=int, default=32768, help="env steps per agent")
     parser.add_argument("--cpus", default=None, help="CPU set of both arms, e.g. 0,1 (default all)")
     parser.add_argument("--cap-s", type=float, default=1200.0)
-    parser.add_argument("--arms", nargs="+", default=list(DRIVERS), choices=list(DRIVERS))
+    parser.add_argument("--arms", nargs="+", default=["podium", "ray"], choices=ARMS)
     parser.add_argument("--summarize", nargs="+", type=Path, default=None)
     parser.add_argument("--driver", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

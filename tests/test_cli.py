@@ -173,3 +173,68 @@ def test_a_config_file_that_is_not_utf8_is_refused(tmp_path):
     proc = run("train", "CartPole-v1", "--config", str(bad), "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "not UTF-8 text" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# -- podium backtest: a trading agent's files against the baselines, held out ------------------
+def test_backtest_a_trained_trading_agent(tmp_path):
+    """The user's path after training on StockTrading-v0: the agent's verified files run over
+    the held-out period beside buy-and-hold and equal weight; the agent's Sharpe is the one
+    its env's own evaluation reports (``score="sharpe"``), buy-and-hold's the baseline's."""
+    from services.pod.backtest import buy_and_hold, load_policy
+    from services.pod.envs.stock_trading import StockTradingEnv
+    from services.pod.evaluator import evaluate_groups
+
+    out = tmp_path / "trader"
+    proc = run(
+        "train", "StockTrading-v0", "--out", str(out), "--quiet",
+        "--set", "total_env_steps=2048", "--set", "eval_every_steps=1024",
+        "--set", "env_kwargs.regime=crash", "--set", "ppo.num_envs=4",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    files, png = out / "checkpoints" / "best", tmp_path / "values.png"
+    proc = run("backtest", str(files), "--json", "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["period"] == "backtest" and set(report["metrics"]) == {
+        "agent", "buy-and-hold", "equal weight",
+    }  # fmt: skip
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+    config, policy = load_policy(files)
+    env = StockTradingEnv(1, mode="backtest", score="sharpe", **config.env_kwargs)
+    [own] = evaluate_groups(env, policy.act_deterministic)
+    assert report["metrics"]["agent"]["sharpe"] == pytest.approx(own.mean, rel=1e-5)
+    held = buy_and_hold(env.data.close, env.initial_amount, env.transaction_cost)
+    assert report["metrics"]["buy-and-hold"]["cumulative_return"] == pytest.approx(
+        held[-1] / held[0] - 1
+    )
+
+    table = run("backtest", str(files), "--period", "validation")
+    assert table.returncode == 0, table.stderr
+    assert "validation period" in table.stdout and "buy-and-hold" in table.stdout
+
+
+def test_backtest_refuses_what_it_cannot_run(tmp_path):
+    out = tmp_path / "cartpole"
+    proc = run(
+        "train", "CartPole-v1", "--out", str(out), "--quiet",
+        "--set", "total_env_steps=1024", "--set", "eval_every_steps=1024",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    files = out / "checkpoints" / "latest"
+    cases = [
+        (files, "trained on CartPole-v1; a backtest needs StockTrading-v0"),
+        (tmp_path / "nowhere", "no such directory"),
+    ]
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    for f in files.iterdir():
+        (tampered / f.name).write_bytes(f.read_bytes())
+    (tampered / "actor.safetensors").write_bytes(b"\0" * 64)
+    cases.append((tampered, "actor.safetensors"))
+    for directory, message in cases:
+        proc = run("backtest", str(directory))
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr
+    bad = run("backtest", str(files), "--period", "train")
+    assert bad.returncode == 2 and "'train' is not one of" in bad.stderr

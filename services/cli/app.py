@@ -11,6 +11,7 @@ failure is a ``CliError``: one line on stderr and a documented exit code (``erro
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import math
 from collections.abc import Iterator
@@ -136,6 +137,38 @@ def train(
 
     with reported():
         train_agent(env, config, set_ or [], out, quiet)
+
+
+# -- a trading agent, held out --------------------------------------------------------------------
+class Period(enum.StrEnum):
+    backtest = "backtest"
+    validation = "validation"
+
+
+@app.command()
+def backtest(
+    files: Annotated[
+        Path,
+        typer.Argument(
+            help="A trading agent's training files: `podium export`'s directory, `podium "
+            "run`'s OUT/best or `podium train`'s OUT/checkpoints/best.",
+            show_default=False,
+        ),
+    ],
+    period: Annotated[
+        Period,
+        typer.Option(help="backtest: the held-out days; validation: the days selection read."),
+    ] = Period.backtest,
+    plot: Annotated[
+        Path | None, typer.Option(help="PNG of the account values.", show_default=False)
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the metrics as JSON.")] = False,
+) -> None:
+    """Backtest a StockTrading-v0 agent against buy-and-hold and equal weight (five metrics)."""
+    from services.cli.backtest import backtest as run_backtest
+
+    with reported():
+        run_backtest(files, period.value, plot, json_)
 
 
 # -- the embedded platform ------------------------------------------------------------------------

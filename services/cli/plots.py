@@ -55,6 +55,25 @@ def learning_curve(
     return path
 
 
+def account_values(
+    dates: Sequence[Any], values: Mapping[str, Sequence[float]], path: Path, title: str = ""
+) -> Path:
+    """Account value per day of each strategy (``podium backtest``)."""
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    days = np.asarray(dates, dtype="datetime64[D]")
+    for name, series in values.items():
+        ax.plot(days, np.asarray(series) / 1e6, lw=1.2, label=name)
+    ax.set_ylabel("account value ($M)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

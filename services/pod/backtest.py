@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -140,3 +142,67 @@ def run_backtest_batch(
 def run_backtest(env: StockTradingEnv, act: Callable[[torch.Tensor], torch.Tensor]) -> np.ndarray:
     """Account values of sub-environment 0 over one episode of ``env``."""
     return run_backtest_batch(env, act)[:, 0]
+
+
+#: Evaluation settings of the env, not the market or the account: a backtest sets its own.
+_SCORING_KWARGS = ("mode", "score")
+
+
+@dataclass
+class CandidateBacktest:
+    """A trained agent and the baselines over one period of its market."""
+
+    period: str
+    dates: np.ndarray
+    #: Strategy → account values (one per day, the first day's value included): ``agent``,
+    #: ``buy-and-hold``, ``equal weight``, all paying the agent's env's transaction cost.
+    values: dict[str, np.ndarray]
+    config: dict[str, Any]  # the agent's run config (hyperparameters.json)
+
+
+def load_policy(directory: Path) -> tuple[Any, torch.nn.Module]:
+    """A candidate's training files (``podium export``, ``podium run``'s ``best/``, ``podium
+    train``'s checkpoints): its run config and its policy, verified and parsed from
+    safetensors and JSON only. The algorithm is looked up by its registered name."""
+    from services.contracts.training_files import CheckpointError
+    from services.pod.checkpoint import load_into, read_files
+    from services.pod.envs.registry import make_env
+    from services.pod.trainer import algorithm_class, trainer_class
+
+    files = read_files(directory)
+    hyper = files.documents.get("hyperparameters")
+    if not isinstance(hyper, dict) or "actor" not in files.tensors:
+        raise CheckpointError(f"{directory}: no hyperparameters.json or actor.safetensors")
+    algorithm = str(files.manifest.get("algorithm") or hyper.get("algorithm"))
+    config = trainer_class(algorithm).config_class.model_validate({**hyper, "device": "cpu"})
+    env = make_env(config.env, 1, **config.env_kwargs)
+    try:
+        agent_config = getattr(config, "agent_config", None) or getattr(config, algorithm)
+        agent = algorithm_class(algorithm)(
+            env.single_observation_space, env.single_action_space, agent_config
+        )
+    finally:
+        env.close()
+    load_into(agent.policy, files.tensors["actor"], "actor.safetensors")
+    return config, agent.policy.eval()
+
+
+def backtest_candidate(directory: Path, period: str = "backtest") -> CandidateBacktest:
+    """Run a trading agent's training files deterministically over ``period`` (``backtest``,
+    the held-out days; or ``validation``) of the market its env was configured with, beside
+    buy-and-hold and equal weight. ``ValueError`` for an agent of another env."""
+    config, policy = load_policy(directory)
+    if config.env != StockTradingEnv.spec_id:
+        raise ValueError(
+            f"{directory}: the agent was trained on {config.env}; a backtest needs "
+            f"{StockTradingEnv.spec_id}"
+        )
+    kwargs = {k: v for k, v in config.env_kwargs.items() if k not in _SCORING_KWARGS}
+    env = StockTradingEnv(num_envs=1, mode=period, **kwargs)  # type: ignore[arg-type]
+    cost, close = env.transaction_cost, env.data.close
+    values = {
+        "agent": run_backtest(env, policy.act_deterministic),
+        "buy-and-hold": buy_and_hold(close, env.initial_amount, cost),
+        "equal weight": equal_weight(close, env.initial_amount, cost),
+    }
+    return CandidateBacktest(period, env.data.dates, values, config.model_dump(mode="json"))
