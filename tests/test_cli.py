@@ -201,6 +201,8 @@ def test_backtest_a_trained_trading_agent(tmp_path):
     assert png.read_bytes().startswith(b"\x89PNG")
 
     config, policy = load_policy(files)
+    for name, tensor in read_files(files).tensors["actor"].items():  # the trained weights
+        assert torch.equal(policy.state_dict()[name], tensor), name
     env = StockTradingEnv(1, mode="backtest", score="sharpe", **config.env_kwargs)
     [own] = evaluate_groups(env, policy.act_deterministic)
     assert report["metrics"]["agent"]["sharpe"] == pytest.approx(own.mean, rel=1e-5)
@@ -236,5 +238,39 @@ def test_backtest_refuses_what_it_cannot_run(tmp_path):
         proc = run("backtest", str(directory))
         assert proc.returncode == 2, proc.stderr
         assert message in proc.stderr and "Traceback" not in proc.stderr
-    bad = run("backtest", str(files), "--period", "train")
-    assert bad.returncode == 2 and "'train' is not one of" in bad.stderr
+    # Files from another version, complete and verified: env arguments this env does not
+    # take, a config field this Podium does not know.
+    from services.pod.checkpoint import write_files
+
+    trader = tmp_path / "trader"
+    proc = run(
+        "train", "StockTrading-v0", "--out", str(trader), "--quiet",
+        "--set", "total_env_steps=1024", "--set", "eval_every_steps=1024",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    good = read_files(trader / "checkpoints" / "latest")
+    raw = {f.name: f.read_bytes() for f in (trader / "checkpoints" / "latest").iterdir()}
+    raw.pop("manifest.json")
+    hyper = good.documents["hyperparameters"]
+    for k, (edit, message) in enumerate(
+        [
+            ({"env_kwargs": {**hyper["env_kwargs"], "bogus": 1}}, "'bogus'"),
+            ({"learning_rate_of_old": 1}, "learning_rate_of_old"),
+        ]
+    ):
+        other = tmp_path / f"other{k}"
+        files_ = {**raw, "hyperparameters.json": json.dumps({**hyper, **edit}).encode()}
+        write_files(other, files_, {"algorithm": "ppo"})
+        proc = run("backtest", str(other))
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr
+    good_dir = str(trader / "checkpoints" / "latest")
+    (tmp_path / "taken.png").mkdir()
+    for args, message in [
+        (["--period", "train"], "'train' is not one of"),
+        (["--plot", str(tmp_path / "x.txt")], "a .png file"),
+        (["--plot", str(tmp_path / "taken.png")], "taken.png"),  # a directory
+    ]:
+        bad = run("backtest", good_dir, *args)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr

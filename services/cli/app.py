@@ -150,6 +150,7 @@ def backtest(
     files: Annotated[
         Path,
         typer.Argument(
+            metavar="DIR",
             help="A trading agent's training files: `podium export`'s directory, `podium "
             "run`'s OUT/best or `podium train`'s OUT/checkpoints/best.",
             show_default=False,

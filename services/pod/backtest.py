@@ -18,13 +18,20 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 
 from services.pod.envs.market import TRADING_DAYS_PER_YEAR
 from services.pod.envs.stock_trading import StockTradingEnv
+
+if TYPE_CHECKING:
+    from services.pod.algorithms.policies import Policy
+    from services.pod.trainer import RunConfig
+
+#: The periods an agent is backtested on (train is where it learned).
+Period = Literal["backtest", "validation"]
 
 
 @dataclass(frozen=True)
@@ -160,13 +167,15 @@ class CandidateBacktest:
     config: dict[str, Any]  # the agent's run config (hyperparameters.json)
 
 
-def load_policy(directory: Path) -> tuple[Any, torch.nn.Module]:
-    """A candidate's training files (``podium export``, ``podium run``'s ``best/``, ``podium
-    train``'s checkpoints): its run config and its policy, verified and parsed from
-    safetensors and JSON only. The algorithm is looked up by its registered name."""
+def load_policy(directory: Path) -> tuple[RunConfig, Policy]:
+    """A trading agent's training files (``podium export``, ``podium run``'s ``best/``,
+    ``podium train``'s checkpoints): its run config and its policy, verified and parsed from
+    safetensors and JSON only. The algorithm is looked up by its registered name. Raises
+    ``CheckpointError`` for defective files, ``ValueError`` for an agent of another env,
+    ``pydantic.ValidationError`` / ``HyperparameterError`` for a config this Podium refuses,
+    ``TypeError`` for env arguments the env does not take."""
     from services.contracts.training_files import CheckpointError
     from services.pod.checkpoint import load_into, read_files
-    from services.pod.envs.registry import make_env
     from services.pod.trainer import algorithm_class, trainer_class
 
     files = read_files(directory)
@@ -175,30 +184,38 @@ def load_policy(directory: Path) -> tuple[Any, torch.nn.Module]:
         raise CheckpointError(f"{directory}: no hyperparameters.json or actor.safetensors")
     algorithm = str(files.manifest.get("algorithm") or hyper.get("algorithm"))
     config = trainer_class(algorithm).config_class.model_validate({**hyper, "device": "cpu"})
-    env = make_env(config.env, 1, **config.env_kwargs)
-    try:
-        agent_config = getattr(config, "agent_config", None) or getattr(config, algorithm)
-        agent = algorithm_class(algorithm)(
-            env.single_observation_space, env.single_action_space, agent_config
-        )
-    finally:
-        env.close()
-    load_into(agent.policy, files.tensors["actor"], "actor.safetensors")
-    return config, agent.policy.eval()
-
-
-def backtest_candidate(directory: Path, period: str = "backtest") -> CandidateBacktest:
-    """Run a trading agent's training files deterministically over ``period`` (``backtest``,
-    the held-out days; or ``validation``) of the market its env was configured with, beside
-    buy-and-hold and equal weight. ``ValueError`` for an agent of another env."""
-    config, policy = load_policy(directory)
-    if config.env != StockTradingEnv.spec_id:
+    if config.env != StockTradingEnv.spec_id:  # before anything of that env is built
         raise ValueError(
             f"{directory}: the agent was trained on {config.env}; a backtest needs "
             f"{StockTradingEnv.spec_id}"
         )
-    kwargs = {k: v for k, v in config.env_kwargs.items() if k not in _SCORING_KWARGS}
-    env = StockTradingEnv(num_envs=1, mode=period, **kwargs)  # type: ignore[arg-type]
+    # The spaces do not depend on the period: the backtest period's env gives them.
+    env = period_env(config, "backtest")
+    agent = algorithm_class(algorithm)(
+        env.single_observation_space,
+        env.single_action_space,
+        getattr(config, "agent_config", None) or getattr(config, algorithm),
+    )
+    load_into(agent.policy, files.tensors["actor"], "actor.safetensors")
+    return config, agent.policy.eval()
+
+
+def period_env(config: RunConfig, period: Period) -> StockTradingEnv:
+    """One account on ``period`` of the market ``config``'s env was configured with; the
+    validation period as the agent's evaluation saw it (``eval_env_kwargs`` on top)."""
+    if period not in ("backtest", "validation"):
+        raise ValueError(f"period must be 'backtest' or 'validation', got {period!r}")
+    kwargs = {**config.env_kwargs, **(config.eval_env_kwargs if period == "validation" else {})}
+    kwargs = {k: v for k, v in kwargs.items() if k not in _SCORING_KWARGS}
+    return StockTradingEnv(num_envs=1, mode=period, **kwargs)
+
+
+def backtest_candidate(directory: Path, period: Period = "backtest") -> CandidateBacktest:
+    """Run a trading agent's training files deterministically over ``period`` (``backtest``,
+    the held-out days; or ``validation``) of the market its env was configured with, beside
+    buy-and-hold and equal weight (errors: ``load_policy``'s)."""
+    config, policy = load_policy(directory)
+    env = period_env(config, period)
     cost, close = env.transaction_cost, env.data.close
     values = {
         "agent": run_backtest(env, policy.act_deterministic),
