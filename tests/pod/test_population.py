@@ -150,6 +150,31 @@ def test_every_agent_is_evaluated_like_a_single_pod() -> None:
     assert len(set(single.episodes)) > 1  # different start states within an evaluation
 
 
+def test_a_population_trains_without_building_optimisers_it_never_steps() -> None:
+    """The population steps its agents with one batched Adam of its own: building and training
+    it in a fresh process builds no torch.optim optimiser, so it never imports torch._dynamo
+    (a process's first optimiser does, ~1 CPU s of a tournament's start-up)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from services.pod.algorithms.ppo import PPOConfig\n"
+        "from services.pod.population import build_population\n"
+        "cfg = PPOConfig(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1)\n"
+        "pop = build_population('CartPole-v1', cfg, [{}, {}], eval_episodes=2)\n"
+        "pop.update(pop.collect())\n"
+        "pop.evaluate()\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
+        "agent = pop.agent(0)  # a standalone agent with its Adam state: now it has one\n"
+        "assert agent.optimizer.state and 'torch._dynamo' in sys.modules\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_bad_population_arguments_are_refused() -> None:
     config = PPOConfig(num_envs=2)
     env = make_env("CartPole-v1", 4)

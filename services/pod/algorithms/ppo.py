@@ -135,11 +135,21 @@ class PPO(nn.Module):
         self.return_rms = RunningMeanStd(())
         #: Compile the update's loss (services/pod/compiled.py); the trainer decides.
         self.compiled = False
-        # Fused Adam: one kernel for all parameters; with small networks the optimiser step is
-        # per-tensor overhead, and this cuts the update's time by about a sixth on CPU.
-        self.optimizer = torch.optim.Adam(
-            self.parameters(), lr=config.learning_rate, eps=1e-5, fused=True
-        )
+        self._optimizer: torch.optim.Adam | None = None
+
+    @property
+    def optimizer(self) -> torch.optim.Adam:
+        """Built on first use: an agent read for its weights alone (a population's initial
+        agents, a backtest) never needs one, and a process's first optimiser imports
+        torch._dynamo (~1 CPU s: docs/benchmarks.md, "Session 13")."""
+        if self._optimizer is None:
+            # Fused Adam: one kernel for all parameters; with small networks the optimiser
+            # step is per-tensor overhead, and this cuts the update's time by about a sixth
+            # on CPU.
+            self._optimizer = torch.optim.Adam(
+                self.parameters(), lr=self.config.learning_rate, eps=1e-5, fused=True
+            )
+        return self._optimizer
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
