@@ -53,14 +53,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import yaml
 from sb3_timing import cpu_model
 from stable_baselines3.common.vec_env import VecEnv as SB3VecEnv
 from stock_trading_tournament import PRESET, market, plan_of
-from tournament_vs_raytune import finish, launch, make_trainable, measured
+from tournament_vs_raytune import (
+    finish,
+    fit_population,
+    launch,
+    make_trainable,
+    measured,
+    start_ray,
+)
 
 from services.pod.backtest import buy_and_hold
 from services.pod.envs.base import VecEnv
@@ -197,8 +204,7 @@ def podium_driver(job: dict[str, Any]) -> None:
     launched, events = job["launched"], []
     data, env_kwargs, simulated = market(job["regime"], job["seed"])
     plan = plan_of(job["seed"], job["pods"], job["rounds"], job["round_steps"])
-    batch = plan.ppo.num_envs * plan.ppo.num_steps
-    steps = max(batch, plan.round_env_steps - plan.round_env_steps % batch)
+    steps = plan.iterations * plan.ppo.num_envs * plan.ppo.num_steps  # per agent and round
 
     def on_round(round_: int, scores: list[float]) -> None:
         # The agents train in lock-step: a round's scores come after all of its env steps.
@@ -225,13 +231,7 @@ def ray_driver(job: dict[str, Any]) -> None:
     regime, seed, pods = job["regime"], job["seed"], job["pods"]
     draws = plan_of(seed, pods, job["rounds"], job["round_steps"]).hyperparameters
     random.seed(seed)  # PBT's choices of parent and perturbation
-    ray.init(
-        num_cpus=job["cores"],
-        include_dashboard=False,
-        object_store_memory=200 * 1024**2,
-        logging_level="ERROR",
-        log_to_driver=False,
-    )
+    start_ray(job["cores"])
 
     class Watch(tune.Callback):
         def on_trial_result(self, iteration: int, trials: Any, trial: Any, result: dict) -> None:
@@ -277,25 +277,16 @@ def ray_driver(job: dict[str, Any]) -> None:
         make_env=functools.partial(bench.trading_env, regime, seed),
         evaluate=functools.partial(bench.trading_scores, regime, seed),
     )
-    tuner = tune.Tuner(
-        tune.with_resources(trainable, {"cpu": job["cores"] / pods}),
-        param_space=space,
-        tune_config=tune.TuneConfig(
-            scheduler=scheduler,
-            num_samples=1,
-            reuse_actors=True,
-            time_budget_s=job["cap_s"],
-            search_alg=tune.search.BasicVariantGenerator(random_state=seed),
-        ),
-        run_config=tune.RunConfig(
-            name=f"trading-{regime}-{seed}",
-            storage_path=job["storage"],
-            stop={"training_iteration": job["rounds"]},
-            callbacks=[Watch()],
-            verbose=0,
-        ),
+    grid = fit_population(
+        trainable,
+        space,
+        scheduler,
+        job,
+        seed=seed,
+        name=f"trading-{regime}-{seed}",
+        stop={"training_iteration": job["rounds"]},
+        callback=Watch(),
     )
-    grid = tuner.fit()
     ray.shutdown()
     kept = max(events, key=lambda e: e["score"], default=None)
     out = {
@@ -314,6 +305,41 @@ DRIVERS = {"podium": podium_driver, "ray": ray_driver}
 #: The arms: the in-process tournament, Ray Tune + SB3, and ``podium run`` (real pods: P of
 #: one agent, or one population pod of P).
 ARMS = ["podium", "ray", "podium-run", "podium-run-pop"]
+
+
+def failed(message: str, work: Path) -> NoReturn:
+    """End the bench with ``message`` and the tail of the run's log."""
+    tail = (work / "log").read_text(errors="replace")[-3000:]
+    raise SystemExit(f"{message}:\n{tail}")
+
+
+#: What only some arms report (None where an arm has no such thing).
+OPTIONAL = ("env_steps", "exploits", "trial_errors", "report_cpu_s")
+
+
+def trading_record(
+    arm: str,
+    rep: int,
+    sampler: Any,
+    wall: float,
+    proc: Any,
+    market_name: str,
+    goal: dict[str, float],
+    **fields: Any,
+) -> dict:
+    """``measured`` of a finished run (its sampler, wall time and process) with what every arm
+    reports: the market, the target, buy-and-hold's backtest Sharpe, the exit code."""
+    return measured(
+        arm,
+        rep,
+        sampler,
+        wall,
+        market=market_name,
+        target=goal["validation"],
+        buy_and_hold_backtest=goal["backtest"],
+        exit_code=proc.returncode,
+        **{**dict.fromkeys(OPTIONAL), **fields},
+    )
 
 
 def platform_spec(
@@ -371,29 +397,23 @@ def run_platform(
         subs = json.loads((out / "submissions.json").read_text())
         scored = sorted((s for s in subs if s["score"] is not None), key=lambda s: s["decided_at"])
         if not scored:
-            tail = (work / "log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"podium-run scored nothing (exit {proc.returncode}):\n{tail}")
+            failed(f"{arm} scored nothing (exit {proc.returncode})", work)
         hits = [s["decided_at"] - launched for s in scored if s["score"] > goal["validation"]]
         kept = backtest_candidate(out / "best")
         progress = json.loads((out / "experiment.json").read_text()).get("progress") or {}
-    return measured(
+    return trading_record(
         arm,
         rep,
         sampler,
         wall,
-        market=f"{regime}:{seed}",
+        proc,
+        f"{regime}:{seed}",
+        goal,
         to_target_s=hits[0] if hits else None,
         first_score_s=scored[0]["decided_at"] - launched,
-        env_steps=None,
         env_steps_in_all=progress.get("env_steps"),
-        target=goal["validation"],
         kept_validation=max(s["score"] for s in scored),
         kept_backtest=sharpe_of(kept.values["agent"]),
-        buy_and_hold_backtest=goal["backtest"],
-        exploits=None,
-        trial_errors=None,
-        report_cpu_s=None,
-        exit_code=proc.returncode,
     )
 
 
@@ -424,8 +444,7 @@ def run_arm(arm: str, args: argparse.Namespace, rep: int, regime: str, seed: int
         wall = finish(proc, sampler, args.cap_s)
         res = json.loads(Path(job["out"]).read_text()) if Path(job["out"]).exists() else {}
         if not res.get("events"):  # Tune reports a failed trial, it does not raise
-            tail = (work / "log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"{arm} run failed (exit {proc.returncode}, {res}):\n{tail}")
+            failed(f"{arm} run failed (exit {proc.returncode}, {res})", work)
     goal = targets(regime, seed)
     events = sorted(res["events"], key=lambda e: e["t"])
     steps, reached, steps_at = 0, None, None
@@ -433,24 +452,23 @@ def run_arm(arm: str, args: argparse.Namespace, rep: int, regime: str, seed: int
         steps += e["steps"]
         if reached is None and e["score"] > goal["validation"]:
             reached, steps_at = e["t"], steps
-    return measured(
+    return trading_record(
         arm,
         rep,
         sampler,
         wall,
-        market=f"{regime}:{seed}",
+        proc,
+        f"{regime}:{seed}",
+        goal,
         to_target_s=reached,
         first_score_s=events[0]["t"] if events else None,
         env_steps=steps_at,
         env_steps_in_all=steps,
-        target=goal["validation"],
         kept_validation=res["kept_validation"],
         kept_backtest=res["kept_backtest"],
-        buy_and_hold_backtest=goal["backtest"],
         exploits=res.get("exploits"),
         trial_errors=res.get("trial_errors"),
         report_cpu_s=res.get("report_cpu_s"),
-        exit_code=proc.returncode,
     )
 
 

@@ -433,6 +433,53 @@ def make_trainable(
     return SB3Trainable
 
 
+def start_ray(cores: int) -> None:
+    """A local Ray of ``cores`` CPUs, as small as it runs: no dashboard, a small object store,
+    the workers' logs kept from the driver."""
+    import ray
+
+    ray.init(
+        num_cpus=cores,
+        include_dashboard=False,
+        object_store_memory=200 * 1024**2,
+        logging_level="ERROR",
+        log_to_driver=False,
+    )
+
+
+def fit_population(
+    trainable: Any,
+    space: dict[str, Any],
+    scheduler: Any,
+    job: dict[str, Any],
+    *,
+    seed: int,
+    name: str,
+    stop: Any,
+    callback: Any,
+) -> Any:
+    """``job["pods"]`` trials of ``trainable`` (each ``job["cores"] / pods`` CPUs) under
+    ``scheduler``, actors reused, the search seeded, within ``job["cap_s"]``; Tune's
+    ResultGrid (a failed trial is counted there, not raised)."""
+    from ray import tune
+
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": job["cores"] / job["pods"]}),
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            scheduler=scheduler,
+            num_samples=1,
+            reuse_actors=True,
+            time_budget_s=job["cap_s"],
+            search_alg=tune.search.BasicVariantGenerator(random_state=seed),
+        ),
+        run_config=tune.RunConfig(
+            name=name, storage_path=job["storage"], stop=stop, callbacks=[callback], verbose=0
+        ),
+    )
+    return tuner.fit()
+
+
 def ray_driver(job: dict[str, Any]) -> None:
     """One Ray Tune PBT run (this process is the Ray driver); writes its timings to
     ``job["out"]``."""
@@ -444,13 +491,7 @@ def ray_driver(job: dict[str, Any]) -> None:
     marks["imported"] = time.time() - launched
     spec, target = job["spec"], job["spec"]["target_reward"]
     random.seed(job["rep"])  # PBT's choices of parent and mutation
-    ray.init(
-        num_cpus=job["cores"],
-        include_dashboard=False,
-        object_store_memory=200 * 1024**2,
-        logging_level="ERROR",
-        log_to_driver=False,
-    )
+    start_ray(job["cores"])
     marks["ray_up"] = time.time() - launched
     state: dict[str, Any] = {
         "steps": 0,
@@ -488,25 +529,16 @@ def ray_driver(job: dict[str, Any]) -> None:
         spec["round"]["env_steps"],
         spec["evaluation"]["episodes"],
     )
-    tuner = tune.Tuner(
-        tune.with_resources(trainable, {"cpu": job["cores"] / pods}),
-        param_space=space,
-        tune_config=tune.TuneConfig(
-            scheduler=scheduler,
-            num_samples=1,
-            reuse_actors=True,
-            time_budget_s=job["cap_s"],
-            search_alg=tune.search.BasicVariantGenerator(random_state=job["rep"]),
-        ),
-        run_config=tune.RunConfig(
-            name=spec["name"],
-            storage_path=job["storage"],
-            stop=StopAtTarget(),
-            callbacks=[Watch()],
-            verbose=0,
-        ),
+    grid = fit_population(
+        trainable,
+        space,
+        scheduler,
+        job,
+        seed=job["rep"],
+        name=spec["name"],
+        stop=StopAtTarget(),
+        callback=Watch(),
     )
-    grid = tuner.fit()
     ray.shutdown()
     state["trial_errors"] = grid.num_errors  # Tune reports a failed trial, it does not raise
     state["exploits"] = scheduler._num_perturbations  # no public counter

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,7 +177,28 @@ def test_a_config_file_that_is_not_utf8_is_refused(tmp_path):
 
 
 # -- podium backtest: a trading agent's files against the baselines, held out ------------------
-def test_backtest_a_trained_trading_agent(tmp_path):
+def train_agent(out: Path, env: str, *sets: str) -> Path:
+    """``podium train ENV`` of 2,048 env steps (and ``sets``) into ``out``; its checkpoints."""
+    overrides = ["total_env_steps=2048", "eval_every_steps=1024", *sets]
+    proc = run("train", env, "--out", str(out), "--quiet", *(f"--set={o}" for o in overrides))
+    assert proc.returncode == 0, proc.stderr
+    return out / "checkpoints"
+
+
+def assert_refused(proc: subprocess.CompletedProcess, message: str) -> None:
+    """A usage error: exit 2, ``message`` on stderr, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def trader(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A StockTrading-v0 agent's checkpoints, trained once for the backtest tests."""
+    out = tmp_path_factory.mktemp("trader")
+    return train_agent(out, "StockTrading-v0", "env_kwargs.regime=crash", "ppo.num_envs=4")
+
+
+def test_backtest_a_trained_trading_agent(tmp_path, trader):
     """The user's path after training on StockTrading-v0: the agent's verified files run over
     the held-out period beside buy-and-hold and equal weight; the agent's Sharpe is the one
     its env's own evaluation reports (``score="sharpe"``), buy-and-hold's the baseline's."""
@@ -184,14 +206,7 @@ def test_backtest_a_trained_trading_agent(tmp_path):
     from services.pod.envs.stock_trading import StockTradingEnv
     from services.pod.evaluator import evaluate_groups
 
-    out = tmp_path / "trader"
-    proc = run(
-        "train", "StockTrading-v0", "--out", str(out), "--quiet",
-        "--set", "total_env_steps=2048", "--set", "eval_every_steps=1024",
-        "--set", "env_kwargs.regime=crash", "--set", "ppo.num_envs=4",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    files, png = out / "checkpoints" / "best", tmp_path / "values.png"
+    files, png = trader / "best", tmp_path / "values.png"
     proc = run("backtest", str(files), "--json", "--plot", str(png))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -216,61 +231,40 @@ def test_backtest_a_trained_trading_agent(tmp_path):
     assert "validation period" in table.stdout and "buy-and-hold" in table.stdout
 
 
-def test_backtest_refuses_what_it_cannot_run(tmp_path):
-    out = tmp_path / "cartpole"
-    proc = run(
-        "train", "CartPole-v1", "--out", str(out), "--quiet",
-        "--set", "total_env_steps=1024", "--set", "eval_every_steps=1024",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    files = out / "checkpoints" / "latest"
-    cases = [
-        (files, "trained on CartPole-v1; a backtest needs StockTrading-v0"),
-        (tmp_path / "nowhere", "no such directory"),
-    ]
-    tampered = tmp_path / "tampered"
-    tampered.mkdir()
-    for f in files.iterdir():
-        (tampered / f.name).write_bytes(f.read_bytes())
-    (tampered / "actor.safetensors").write_bytes(b"\0" * 64)
-    cases.append((tampered, "actor.safetensors"))
-    for directory, message in cases:
-        proc = run("backtest", str(directory))
-        assert proc.returncode == 2, proc.stderr
-        assert message in proc.stderr and "Traceback" not in proc.stderr
-    # Files from another version, complete and verified: env arguments this env does not
-    # take, a config field this Podium does not know.
+def test_backtest_refuses_what_it_cannot_run(tmp_path, trader):
     from services.pod.checkpoint import write_files
 
-    trader = tmp_path / "trader"
-    proc = run(
-        "train", "StockTrading-v0", "--out", str(trader), "--quiet",
-        "--set", "total_env_steps=1024", "--set", "eval_every_steps=1024",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    good = read_files(trader / "checkpoints" / "latest")
-    raw = {f.name: f.read_bytes() for f in (trader / "checkpoints" / "latest").iterdir()}
-    raw.pop("manifest.json")
-    hyper = good.documents["hyperparameters"]
-    for k, (edit, message) in enumerate(
-        [
-            ({"env_kwargs": {**hyper["env_kwargs"], "bogus": 1}}, "'bogus'"),
-            ({"learning_rate_of_old": 1}, "learning_rate_of_old"),
-        ]
-    ):
+    cartpole = train_agent(tmp_path / "cartpole", "CartPole-v1") / "latest"
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    for f in cartpole.iterdir():
+        (tampered / f.name).write_bytes(f.read_bytes())
+    (tampered / "actor.safetensors").write_bytes(b"\0" * 64)
+    cases = [
+        (cartpole, "trained on CartPole-v1; a backtest needs StockTrading-v0"),
+        (tmp_path / "nowhere", "no such directory"),
+        (tampered, "actor.safetensors"),
+    ]
+    # Files from another version, complete and verified: env arguments this env does not
+    # take, a config field this Podium does not know.
+    good = trader / "latest"
+    raw = {f.name: f.read_bytes() for f in good.iterdir() if f.name != "manifest.json"}
+    hyper = read_files(good).documents["hyperparameters"]
+    edits = [
+        ({"env_kwargs": {**hyper["env_kwargs"], "bogus": 1}}, "'bogus'"),
+        ({"learning_rate_of_old": 1}, "learning_rate_of_old"),
+    ]
+    for k, (edit, message) in enumerate(edits):
         other = tmp_path / f"other{k}"
-        files_ = {**raw, "hyperparameters.json": json.dumps({**hyper, **edit}).encode()}
-        write_files(other, files_, {"algorithm": "ppo"})
-        proc = run("backtest", str(other))
-        assert proc.returncode == 2, proc.stderr
-        assert message in proc.stderr and "Traceback" not in proc.stderr
-    good_dir = str(trader / "checkpoints" / "latest")
+        files = {**raw, "hyperparameters.json": json.dumps({**hyper, **edit}).encode()}
+        write_files(other, files, {"algorithm": "ppo"})
+        cases.append((other, message))
+    for directory, message in cases:
+        assert_refused(run("backtest", str(directory)), message)
     (tmp_path / "taken.png").mkdir()
     for args, message in [
         (["--period", "train"], "'train' is not one of"),
         (["--plot", str(tmp_path / "x.txt")], "a .png file"),
         (["--plot", str(tmp_path / "taken.png")], "taken.png"),  # a directory
     ]:
-        bad = run("backtest", good_dir, *args)
-        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
-        assert "Traceback" not in bad.stderr
+        assert_refused(run("backtest", str(good), *args), message)

@@ -49,6 +49,12 @@ class TournamentPlan:
     seed: int = 0
     exploit: bool = True
 
+    @property
+    def iterations(self) -> int:
+        """Rollouts and updates per round: the round's env steps per agent in whole rollouts
+        of ``num_envs * num_steps`` (at least one)."""
+        return max(1, self.round_env_steps // (self.ppo.num_envs * self.ppo.num_steps))
+
 
 @dataclass
 class TournamentResult:
@@ -107,7 +113,7 @@ def run_tournament(
     p = len(hyperparameters)
     kwargs = {k: v for k, v in env_kwargs.items() if k != "mode"}
     env = StockTradingEnv(num_envs=p * ppo.num_envs, mode="train", data=train, seed=seed, **kwargs)
-    iterations = max(1, plan.round_env_steps // (ppo.num_envs * ppo.num_steps))
+    iterations = plan.iterations
     population = PopulationPPO(
         env,
         ppo,

@@ -39,6 +39,19 @@ def ended(data_dir: Path, exp: str, pod: str) -> dict | None:
     return rec if rec.get("ended") is not None else None
 
 
+def create(backend: LocalBackend, pod: str, spec: str = SPEC) -> None:
+    """Pod ``pod`` of experiment e1 (CartPole's spec, a leaderboard nobody serves)."""
+    backend.create_pod(PodRequest("e1", pod, spec, Res(1, 0, 1 << 30), UNREACHABLE))
+
+
+def assert_bad_input_ends_with_exit_2(backend: LocalBackend, data_dir: Path, pod: str) -> None:
+    """A pod of a bad spec ends as ``python -m services.pod`` does: exit 2 and its message."""
+    create(backend, pod, "{}")
+    rec = wait_for(lambda: ended(data_dir, "e1", pod))
+    assert rec["exit_code"] == 2
+    assert "bad input" in backend.pod_log_tail("e1", pod, 50)
+
+
 @pytest.fixture(autouse=True)
 def kill_recorded_pods(tmp_path: Path) -> Iterator[None]:
     """Whatever a test leaves running: a forked pod's environment in /proc is its launcher's,
@@ -73,7 +86,7 @@ def test_a_cpu_pod_is_a_fork_of_the_launcher_in_its_own_session_and_its_exit_is_
 ) -> None:
     monkeypatch.setenv("PODIUM_LEADERBOARD_TOKEN", "hunter2")  # the orchestrator's secret
     backend = launching_backend()
-    backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+    create(backend, "p1")
     pid = record(tmp_path, "e1", "p1")["pid"]
     # Its own group as soon as the backend knows its pid (a signal may follow at once).
     assert os.getpgid(pid) == pid
@@ -88,11 +101,7 @@ def test_a_cpu_pod_is_a_fork_of_the_launcher_in_its_own_session_and_its_exit_is_
     rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
     assert (rec["exit_code"], rec["reason"]) == (-9, "killed by SIGKILL")
 
-    # Bad input: exit code 2 and its message, as from `python -m services.pod`.
-    backend.create_pod(PodRequest("e1", "p2", "{}", Res(1, 0, 1 << 30), UNREACHABLE))
-    rec = wait_for(lambda: ended(tmp_path, "e1", "p2"))
-    assert rec["exit_code"] == 2
-    assert "bad input" in backend.pod_log_tail("e1", "p2", 50)
+    assert_bad_input_ends_with_exit_2(backend, tmp_path, "p2")
 
 
 def test_requests_that_arrive_together_are_all_answered(tmp_path: Path) -> None:
@@ -133,17 +142,14 @@ def test_without_its_launcher_the_backend_starts_pods_as_new_interpreters(
     backend = launching_backend()
     backend.launcher._proc.kill()  # the launcher dies
     backend.launcher._proc.wait()
-    backend.create_pod(PodRequest("e1", "p1", "{}", Res(1, 0, 1 << 30), UNREACHABLE))
-    rec = wait_for(lambda: ended(tmp_path, "e1", "p1"))
-    assert rec["exit_code"] == 2
-    assert "bad input" in backend.pod_log_tail("e1", "p1", 50)
+    assert_bad_input_ends_with_exit_2(backend, tmp_path, "p1")
 
 
 def test_closing_the_backend_leaves_the_launchers_pods_running(
     tmp_path: Path, launching_backend: Callable[[], LocalBackend]
 ) -> None:
     backend = launching_backend()
-    backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+    create(backend, "p1")
     pid = record(tmp_path, "e1", "p1")["pid"]
     assert backend.launcher is not None
     launcher = backend.launcher.pid
@@ -159,7 +165,7 @@ def test_a_pod_whose_launcher_died_ends_with_an_unknown_status(
     tmp_path: Path, launching_backend: Callable[[], LocalBackend]
 ) -> None:
     backend = launching_backend()
-    backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+    create(backend, "p1")
     pid = record(tmp_path, "e1", "p1")["pid"]
     backend.launcher._proc.kill()  # its pods run on, no longer anyone's children
     backend.launcher._proc.wait()
@@ -180,7 +186,7 @@ def test_a_launcher_that_hangs_is_killed_and_pods_start_as_new_interpreters(
     launcher = backend.launcher
     launcher._ready.wait(PodLauncher.READY_TIMEOUT_S)
     os.kill(launcher.pid, signal.SIGSTOP)  # hangs: reads no request, answers nothing
-    backend.create_pod(PodRequest("e1", "p1", SPEC, Res(1, 0, 1 << 30), UNREACHABLE))
+    create(backend, "p1")
     assert launcher._proc.wait(10) == -signal.SIGKILL
     pid = record(tmp_path, "e1", "p1")["pid"]
     assert "services.pod" in psutil.Process(pid).cmdline()  # a new interpreter

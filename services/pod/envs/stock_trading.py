@@ -450,7 +450,8 @@ class StockTradingEnv(TorchVecEnv):
         value_after = balance + (holdings * self.prices.index_select(0, day.long())).sum(1)
         self.last_account_value = value_after
         gain = value_after - value_before
-        self._day_return = gain / value_before
+        if self.score == "sharpe":  # the episode's Sharpe ratio is kept only when asked for
+            self._day_return = gain / value_before
         if self.risk_aversion:  # (x - λ/2 x²) times the value before, x = gain / value before
             gain = gain - 0.5 * self.risk_aversion * gain * gain / value_before
         reward = gain * self.reward_scaling
