@@ -23,6 +23,7 @@ import psutil
 import pytest
 import yaml
 
+from services import redis_client
 from services.cli.platform import Platform, read_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -392,6 +393,9 @@ def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> Non
     assert "SIGTERM: final report made" in log.read_text()
     assert read_session(data) is None and not (data / "platform.json").exists()
     assert (data / "redis" / "podium.rdb").exists()  # Redis saved on the way out
+    # The services stop together; whichever leaves Redis last stops it: none is left behind.
+    db = data / redis_client.EMBEDDED_SUBDIR / redis_client.DB_FILENAME
+    assert not redis_client._running_elsewhere(db.resolve())
     assert "Traceback" not in err
 
 

@@ -72,6 +72,14 @@ def bind_listener(host: str, port: int, strict: bool = False) -> socket.socket:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def url_of(sock: socket.socket, host: str) -> str:
+    """The URL a client uses for a listener bound to ``host`` (a wildcard: this machine)."""
+    url_host = f"[{host}]" if ":" in host else host
+    if host in ("0.0.0.0", "::"):
+        url_host = "127.0.0.1"
+    return f"http://{url_host}:{sock.getsockname()[1]}"
+
+
 class ThreadedServer:
     """One ASGI app served by uvicorn in a thread, on a socket we bound ourselves (see
     ``bind_listener``); the benchmarks use it too."""
@@ -80,11 +88,7 @@ class ThreadedServer:
         self.name = name
         self.app = app
         self.sock = sock
-        port = sock.getsockname()[1]
-        url_host = f"[{host}]" if ":" in host else host
-        if host in ("0.0.0.0", "::"):
-            url_host = "127.0.0.1"
-        self.url = f"http://{url_host}:{port}"
+        self.url = url_of(sock, host)
         config = uvicorn.Config(
             app,
             log_config=None,  # structlog (services.logs) is the process's logging
@@ -107,6 +111,10 @@ class ThreadedServer:
             if time.monotonic() > deadline:
                 raise PlatformError(f"the {self.name} did not start within {timeout:g}s")
             time.sleep(0.02)
+
+    @property
+    def started(self) -> bool:
+        return bool(self.server.started)
 
     def stop(self, timeout: float = 15.0) -> None:
         self.server.should_exit = True
@@ -181,14 +189,24 @@ class Platform:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Platform:
-        from services.leaderboard.app import create_app as leaderboard_app
-        from services.leaderboard.settings import LeaderboardSettings
-        from services.orchestrator.app import create_app as orchestrator_app
+        from services.orchestrator.backends import make_backend
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock()
+        backend = None
         try:
             lb_sock = bind_listener(self.host, self.leaderboard_port, self.strict_ports)
+            orch_sock = bind_listener(self.host, self.orchestrator_port, self.strict_ports)
+            settings = self.orchestrator_settings(url_of(lb_sock, self.host))
+            settings.port = orch_sock.getsockname()[1]
+            # The backend first: the local one starts its pod launcher, whose imports (seconds
+            # of torch) then overlap the services' start instead of following it, and the
+            # first pod starts that much sooner.
+            backend = make_backend(settings)
+            from services.leaderboard.app import create_app as leaderboard_app
+            from services.leaderboard.settings import LeaderboardSettings
+            from services.orchestrator.app import create_app as orchestrator_app
+
             lb_settings = LeaderboardSettings(
                 data_dir=self.data_dir,
                 api_token=self.token,
@@ -199,17 +217,16 @@ class Platform:
             self._leaderboard = ThreadedServer(
                 "leaderboard", leaderboard_app(lb_settings), lb_sock, self.host
             )
-            self._leaderboard.start()
-            orch_sock = bind_listener(self.host, self.orchestrator_port, self.strict_ports)
-            settings = self.orchestrator_settings(self._leaderboard.url)
-            settings.port = orch_sock.getsockname()[1]
             self._orchestrator = ThreadedServer(
-                "orchestrator", orchestrator_app(settings), orch_sock, self.host
+                "orchestrator", orchestrator_app(settings, backend=backend), orch_sock, self.host
             )
+            self._leaderboard.start()
             self._orchestrator.start()
             self._wait_ready()
             self._write_session()
         except BaseException:
+            if backend is not None and not (self._orchestrator and self._orchestrator.started):
+                backend.close()  # the orchestrator's shutdown closes it once it has started
             self.stop()
             raise
         log.info(
@@ -243,7 +260,7 @@ class Platform:
         """Stop the reconciler (nothing new starts) and every pod, gracefully; returns how many
         pods were running. Pods get SIGTERM (final report, then exit) and SIGKILL after the
         orchestrator's termination grace."""
-        if self._orchestrator is None or not self._orchestrator.server.started:
+        if self._orchestrator is None or not self._orchestrator.started:
             return 0
         state = self._orchestrator.app.state
         reconciler = getattr(state, "reconciler", None)
@@ -266,17 +283,21 @@ class Platform:
         return len(live)
 
     def stop(self) -> None:
-        """Stop every pod, then the orchestrator, then the leaderboard (and Redis). Idempotent."""
+        """Stop every pod, then the orchestrator and the leaderboard (and Redis). Idempotent."""
         if self._stopped:
             return
         self._stopped = True
         try:
             self.stop_pods()
         finally:
-            if self._orchestrator is not None:
-                self._orchestrator.stop()
-            if self._leaderboard is not None:
-                self._leaderboard.stop()
+            servers = [s for s in (self._orchestrator, self._leaderboard) if s is not None]
+            # Both at once: each one's shutdown gives the embedded Redis's other clients a
+            # moment to leave before it decides who stops the server, so one after the other
+            # the orchestrator would wait that moment for a leaderboard still serving.
+            for server in servers:
+                server.server.should_exit = True
+            for server in servers:
+                server.stop()
             self._stop_redis()
             with contextlib.suppress(OSError):
                 self.session_file.unlink(missing_ok=True)

@@ -197,4 +197,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Nothing is left to clean up (answers flushed, the pods run on their own): skip the
+    # interpreter's teardown of torch's modules, about a CPU second that the orchestrator's
+    # shutdown would wait for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
