@@ -353,6 +353,37 @@ def test_unreachable_url_and_wrong_token(platform: Platform, tmp_path: Path) -> 
 # -- podium up / podium run ----------------------------------------------------------------------
 
 
+def test_a_platform_that_fails_to_start_leaves_no_pod_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local backend (and its pod launcher process) is built before the services start;
+    when a service then fails to start, the launcher goes too."""
+    import services.leaderboard.app
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the leaderboard cannot start")
+
+    monkeypatch.setattr(services.leaderboard.app, "create_app", broken)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    platform = Platform(
+        data_dir=tmp_path / "data",
+        orchestrator_port=0,
+        leaderboard_port=0,
+        orchestrator_overrides={"pod_launcher": True, "pod_command": None},
+    )
+    with pytest.raises(RuntimeError, match="the leaderboard cannot start"):
+        platform.start()
+
+    def left() -> list[psutil.Process]:
+        kids = psutil.Process().children(recursive=True)
+        return [p for p in kids if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left()
+
+
 def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> None:
     data = tmp_path / "data"
     env = clean_env(PODIUM_POD_COMMAND=json.dumps(POD_COMMAND), PODIUM_TERMINATION_GRACE_S="3")

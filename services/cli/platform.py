@@ -116,8 +116,12 @@ class ThreadedServer:
     def started(self) -> bool:
         return bool(self.server.started)
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def request_stop(self) -> None:
+        """Ask the server to shut down (its lifespan's shutdown runs), without waiting."""
         self.server.should_exit = True
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.request_stop()
         if self.thread.is_alive():
             self.thread.join(timeout)
         with contextlib.suppress(OSError):
@@ -295,7 +299,7 @@ class Platform:
             # moment to leave before it decides who stops the server, so one after the other
             # the orchestrator would wait that moment for a leaderboard still serving.
             for server in servers:
-                server.server.should_exit = True
+                server.request_stop()
             for server in servers:
                 server.stop()
             self._stop_redis()
