@@ -108,9 +108,11 @@ def test_requests_that_arrive_together_are_all_answered(tmp_path: Path) -> None:
     # The reconciler creates an experiment's pods in parallel; a buffered read of the
     # launcher's stdin once left all but the first of such requests unread (the fourth pod
     # of a four-pod experiment never started). Each pod here dies of its own signal, so a
-    # pid or an exit code handed to the wrong request shows.
+    # pid or an exit code handed to the wrong request shows. Not SIGHUP or SIGQUIT: under
+    # nohup, or as a background job of a script, they are ignored, and a pod inherits that
+    # as a new interpreter would (it would not die, and the test would hang).
     launcher = PodLauncher()
-    signals = [signal.SIGKILL, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2]
+    signals = [signal.SIGKILL, signal.SIGALRM, signal.SIGVTALRM, signal.SIGUSR1, signal.SIGUSR2]
     launched: dict[int, LaunchedPod] = {}
     env = {"PATH": os.environ["PATH"], "PODIUM_SPEC": SPEC, **UNREACHABLE}
 
