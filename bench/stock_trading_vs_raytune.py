@@ -317,31 +317,6 @@ def failed(message: str, work: Path) -> NoReturn:
 OPTIONAL = ("env_steps", "exploits", "trial_errors", "report_cpu_s")
 
 
-def trading_record(
-    arm: str,
-    rep: int,
-    sampler: Any,
-    wall: float,
-    proc: Any,
-    market_name: str,
-    goal: dict[str, float],
-    **fields: Any,
-) -> dict:
-    """``measured`` of a finished run (its sampler, wall time and process) with what every arm
-    reports: the market, the target, buy-and-hold's backtest Sharpe, the exit code."""
-    return measured(
-        arm,
-        rep,
-        sampler,
-        wall,
-        market=market_name,
-        target=goal["validation"],
-        buy_and_hold_backtest=goal["backtest"],
-        exit_code=proc.returncode,
-        **{**dict.fromkeys(OPTIONAL), **fields},
-    )
-
-
 def platform_spec(
     args: argparse.Namespace, regime: str, seed: int, cores: int, agents_per_pod: int = 1
 ) -> dict:
@@ -372,16 +347,19 @@ def platform_spec(
     return spec
 
 
+#: A finished run: its process, its CPU and memory sampler, its wall time.
+Run = tuple[Any, Any, float]
+
+
 def run_platform(
-    args: argparse.Namespace, rep: int, regime: str, seed: int, arm: str = "podium-run"
-) -> dict:
+    arm: str, args: argparse.Namespace, regime: str, seed: int, goal: dict[str, float]
+) -> tuple[Run, dict[str, Any]]:
     """The ``podium-run`` arms: ``podium run`` of ``platform_spec`` (the embedded platform,
     real pods; ``podium-run-pop``: one pod of P agents), then ``backtest_candidate`` of the
     leaderboard's best (``OUT/best``)."""
     from services.pod.backtest import backtest_candidate
 
     cores = len(os.sched_getaffinity(0))
-    goal = targets(regime, seed)
     with tempfile.TemporaryDirectory(prefix="trading-podium-run-") as tmp:
         work = Path(tmp)
         spec_file, out = work / "spec.yaml", work / "out"
@@ -401,25 +379,19 @@ def run_platform(
         hits = [s["decided_at"] - launched for s in scored if s["score"] > goal["validation"]]
         kept = backtest_candidate(out / "best")
         progress = json.loads((out / "experiment.json").read_text()).get("progress") or {}
-    return trading_record(
-        arm,
-        rep,
-        sampler,
-        wall,
-        proc,
-        f"{regime}:{seed}",
-        goal,
-        to_target_s=hits[0] if hits else None,
-        first_score_s=scored[0]["decided_at"] - launched,
-        env_steps_in_all=progress.get("env_steps"),
-        kept_validation=max(s["score"] for s in scored),
-        kept_backtest=sharpe_of(kept.values["agent"]),
-    )
+    return (proc, sampler, wall), {
+        "to_target_s": hits[0] if hits else None,
+        "first_score_s": scored[0]["decided_at"] - launched,
+        "env_steps_in_all": progress.get("env_steps"),
+        "kept_validation": max(s["score"] for s in scored),
+        "kept_backtest": sharpe_of(kept.values["agent"]),
+    }
 
 
-def run_arm(arm: str, args: argparse.Namespace, rep: int, regime: str, seed: int) -> dict:
-    if arm.startswith("podium-run"):
-        return run_platform(args, rep, regime, seed, arm)
+def run_driver(
+    arm: str, args: argparse.Namespace, regime: str, seed: int, goal: dict[str, float]
+) -> tuple[Run, dict[str, Any]]:
+    """The ``podium`` and ``ray`` arms: their driver (``DRIVERS``) in a process of its own."""
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix=f"trading-{arm}-") as tmp:
         work = Path(tmp)
@@ -445,30 +417,41 @@ def run_arm(arm: str, args: argparse.Namespace, rep: int, regime: str, seed: int
         res = json.loads(Path(job["out"]).read_text()) if Path(job["out"]).exists() else {}
         if not res.get("events"):  # Tune reports a failed trial, it does not raise
             failed(f"{arm} run failed (exit {proc.returncode}, {res})", work)
-    goal = targets(regime, seed)
     events = sorted(res["events"], key=lambda e: e["t"])
     steps, reached, steps_at = 0, None, None
     for e in events:
         steps += e["steps"]
         if reached is None and e["score"] > goal["validation"]:
             reached, steps_at = e["t"], steps
-    return trading_record(
+    return (proc, sampler, wall), {
+        "to_target_s": reached,
+        "first_score_s": events[0]["t"] if events else None,
+        "env_steps": steps_at,
+        "env_steps_in_all": steps,
+        "kept_validation": res["kept_validation"],
+        "kept_backtest": res["kept_backtest"],
+        "exploits": res.get("exploits"),
+        "trial_errors": res.get("trial_errors"),
+        "report_cpu_s": res.get("report_cpu_s"),
+    }
+
+
+def run_arm(arm: str, args: argparse.Namespace, rep: int, regime: str, seed: int) -> dict:
+    """One arm on one market: ``measured`` of its run with what every arm reports (the
+    market, the target, buy-and-hold's backtest Sharpe, the exit code)."""
+    goal = targets(regime, seed)
+    run = run_platform if arm.startswith("podium-run") else run_driver
+    (proc, sampler, wall), fields = run(arm, args, regime, seed, goal)
+    return measured(
         arm,
         rep,
         sampler,
         wall,
-        proc,
-        f"{regime}:{seed}",
-        goal,
-        to_target_s=reached,
-        first_score_s=events[0]["t"] if events else None,
-        env_steps=steps_at,
-        env_steps_in_all=steps,
-        kept_validation=res["kept_validation"],
-        kept_backtest=res["kept_backtest"],
-        exploits=res.get("exploits"),
-        trial_errors=res.get("trial_errors"),
-        report_cpu_s=res.get("report_cpu_s"),
+        market=f"{regime}:{seed}",
+        target=goal["validation"],
+        buy_and_hold_backtest=goal["backtest"],
+        exit_code=proc.returncode,
+        **{**dict.fromkeys(OPTIONAL), **fields},
     )
 
 

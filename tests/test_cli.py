@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -235,10 +236,7 @@ def test_backtest_refuses_what_it_cannot_run(tmp_path, trader):
     from services.pod.checkpoint import write_files
 
     cartpole = train_agent(tmp_path / "cartpole", "CartPole-v1") / "latest"
-    tampered = tmp_path / "tampered"
-    tampered.mkdir()
-    for f in cartpole.iterdir():
-        (tampered / f.name).write_bytes(f.read_bytes())
+    tampered = shutil.copytree(cartpole, tmp_path / "tampered")
     (tampered / "actor.safetensors").write_bytes(b"\0" * 64)
     cases = [
         (cartpole, "trained on CartPole-v1; a backtest needs StockTrading-v0"),

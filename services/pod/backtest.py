@@ -192,9 +192,7 @@ def load_policy(directory: Path) -> tuple[RunConfig, Policy]:
     # The spaces do not depend on the period: the backtest period's env gives them.
     env = period_env(config, "backtest")
     agent = algorithm_class(algorithm)(
-        env.single_observation_space,
-        env.single_action_space,
-        getattr(config, "agent_config", None) or getattr(config, algorithm),
+        env.single_observation_space, env.single_action_space, config.agent_config
     )
     load_into(agent.policy, files.tensors["actor"], "actor.safetensors")
     return config, agent.policy.eval()

@@ -87,10 +87,6 @@ class OffPolicyConfig(RunConfig, ReplayLoopConfig):
             )
         return self
 
-    @property
-    def agent_config(self) -> BaseModel:
-        return getattr(self, self.algorithm)
-
 
 def _is_agent_field(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)

@@ -79,6 +79,11 @@ class RunConfig(BaseModel):
         return value
 
     @property
+    def agent_config(self) -> BaseModel:
+        """The algorithm's hyperparameters (the field named after the algorithm)."""
+        return getattr(self, self.algorithm)
+
+    @property
     def evaluation_seed(self) -> int:
         return self.seed + 10_000 if self.eval_seed is None else self.eval_seed
 
