@@ -128,7 +128,10 @@ def test_requests_that_arrive_together_are_all_answered(tmp_path: Path) -> None:
             t.join(PodLauncher.ANSWER_TIMEOUT_S + 30)
         assert sorted(launched) == list(range(len(signals)))
         for i, sig in enumerate(signals):
-            wait_for(lambda i=i: "leaderboard unavailable" in (tmp_path / f"p{i}.log").read_text())
+            # The launcher answers once the pod leads its process group, before the pod has
+            # opened its log: the log may not exist yet.
+            log = tmp_path / f"p{i}.log"
+            wait_for(lambda log=log: log.exists() and "leaderboard unavailable" in log.read_text())
             os.kill(launched[i].pid, sig)
         assert [launched[i].wait() for i in range(len(signals))] == [-s for s in signals]
     finally:
