@@ -66,13 +66,18 @@ def report() -> None:
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
         method="POST",
     )
+    lines = []
     try:
         urllib.request.urlopen(req, timeout=5).read()
     except OSError as e:
-        print(f"report failed: {e}", flush=True)
+        lines.append(f"report failed: {e}")
     if cfg.get("info_lines"):
         line = {"event": "round reported", "level": "info", "pod": pod_id, "score": score}
-        print(json.dumps(line), flush=True)
+        lines.append(json.dumps(line))
+    # One write per report, so that a pod killed at any moment has its info line last
+    # (printed one by one, a kill could fall between a failure and its info line).
+    sys.stdout.write("".join(f"{x}\n" for x in lines))
+    sys.stdout.flush()
 
 
 def on_term(signum, frame):
