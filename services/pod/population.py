@@ -626,8 +626,10 @@ class PopulationPPO:
     def config(self, i: int) -> PPOConfig:
         return self.configs[i]
 
-    def agent(self, i: int) -> PPO:
-        """Agent i as a standalone ``PPO`` module: weights, statistics and Adam state."""
+    def agent(self, i: int, adam_state: bool = True) -> PPO:
+        """Agent i as a standalone ``PPO`` module: weights, statistics and (``adam_state``)
+        Adam state. Without it (an agent to act, e.g. to backtest) no optimiser is built:
+        a process's first one imports torch._dynamo (~1 CPU s)."""
         obs_space: gym.Space = self.env.single_observation_space
         agent = PPO(obs_space, self.env.single_action_space, self.configs[i]).to(self.device)
         state = {}
@@ -642,7 +644,7 @@ class PopulationPPO:
                 state[f"{key}.{field}"] = tensor[i].clone()
         agent.load_state_dict(state)
         steps = float(self.adam_steps[i])
-        if steps:
+        if steps and adam_state:
             named = dict(agent.named_parameters())
             offset = 0
             for name, shape in zip(self._names, self._shapes, strict=True):
@@ -671,20 +673,7 @@ class PopulationPPO:
         hyperparameters on top of slot i's (explore). Its Adam moments and step count come
         along."""
         if hyperparameters:
-            unknown = sorted(set(hyperparameters) - set(HYPERPARAMETERS))
-            if unknown:
-                raise ValueError(f"per-agent hyperparameters can be {', '.join(HYPERPARAMETERS)}")
-            config = self.configs[i].model_copy(update=dict(hyperparameters))
-            self.configs[i] = PPOConfig.model_validate(config.model_dump())
-            for name, column in (
-                ("learning_rate", self.lr),
-                ("ent_coef", self.ent_coef),
-                ("clip_coef", self.clip_coef),
-                ("vf_coef", self.vf_coef),
-                ("gamma", self.gamma),
-                ("gae_lambda", self.gae_lambda),
-            ):
-                column[i] = float(getattr(self.configs[i], name))
+            self._set_hyperparameters(i, hyperparameters)
         state = agent.state_dict()
         named = dict(agent.named_parameters())
         offset, steps = 0, 0.0
@@ -702,6 +691,38 @@ class PopulationPPO:
         for key, stats in (("policy.obs_rms", self.obs_rms), ("return_rms", self.return_rms)):
             for k, field in enumerate(("mean", "var", "count")):
                 stats[k][i] = state[f"{key}.{field}"]
+
+    @torch.no_grad()
+    def copy_agent(
+        self, dst: int, src: int, hyperparameters: Mapping[str, float] | None = None
+    ) -> None:
+        """``set_agent(dst, self.agent(src), hyperparameters)`` without the standalone agent
+        between (PBT's exploit within the population): slot ``src``'s weights, statistics,
+        Adam moments and step count into slot ``dst``, with new hyperparameters on top of
+        slot ``dst``'s. ``dst`` keeps its own hyperparameters otherwise, as with
+        ``set_agent``."""
+        if hyperparameters:
+            self._set_hyperparameters(dst, hyperparameters)
+        for tensor in (self.flat, self._exp_avg, self._exp_avg_sq, self.adam_steps):
+            tensor[dst] = tensor[src]
+        for tensor in (*self.buffers.values(), *self.obs_rms, *self.return_rms):
+            tensor[dst] = tensor[src]
+
+    def _set_hyperparameters(self, i: int, hyperparameters: Mapping[str, float]) -> None:
+        unknown = sorted(set(hyperparameters) - set(HYPERPARAMETERS))
+        if unknown:
+            raise ValueError(f"per-agent hyperparameters can be {', '.join(HYPERPARAMETERS)}")
+        config = self.configs[i].model_copy(update=dict(hyperparameters))
+        self.configs[i] = PPOConfig.model_validate(config.model_dump())
+        for name, column in (
+            ("learning_rate", self.lr),
+            ("ent_coef", self.ent_coef),
+            ("clip_coef", self.clip_coef),
+            ("vf_coef", self.vf_coef),
+            ("gamma", self.gamma),
+            ("gae_lambda", self.gae_lambda),
+        ):
+            column[i] = float(getattr(self.configs[i], name))
 
 
 def build_population(

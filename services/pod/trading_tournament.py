@@ -133,20 +133,20 @@ def run_tournament(
             on_round(round_, scores)
         leader = int(np.argmax(scores))
         if best is None or scores[leader] > best.validation_sharpe:
-            best = TournamentResult(population.agent(leader), leader, round_, scores[leader])
+            kept = population.agent(leader, adam_state=False)  # to backtest, not to train
+            best = TournamentResult(kept, leader, round_, scores[leader])
         if plan.exploit and p >= 4 and round_ < rounds - 1:
             order = np.argsort(scores)
             for loser in order[: p // 4]:
-                parent = population.agent(leader)
                 explore = {
                     name: float(getattr(population.config(leader), name))
                     * float(rng.choice([0.8, 1.25]))
                     for name in ("learning_rate", "ent_coef")
                 }
-                population.set_agent(int(loser), parent, explore)
+                population.copy_agent(int(loser), leader, explore)
     assert best is not None
     best.history = history
-    best.final_agents = [population.agent(i) for i in range(p)]
+    best.final_agents = [population.agent(i, adam_state=False) for i in range(p)]
     env.close()
     return best
 

@@ -132,6 +132,35 @@ def test_candidates_round_trip_through_training_files(tmp_path: Path) -> None:
     assert float(other.agent(0).optimizer.state_dict()["state"][0]["step"]) == 4.0
 
 
+def test_copying_a_slot_is_putting_that_slots_agent_there() -> None:
+    """PBT's exploit inside the population (``copy_agent``) leaves the population exactly as
+    ``set_agent`` of the standalone agent would: weights, statistics, Adam moments and step
+    count from the source, the new hyperparameters on the destination's own; and the two
+    train on identically."""
+    config = PPOConfig(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1)
+    pops = [build_population("CartPole-v1", config, HPS, seed=5) for _ in range(2)]
+    for pop in pops:
+        for _ in range(2):
+            pop.update(pop.collect())
+    by_agent, by_copy = pops
+    by_agent.set_agent(2, by_agent.agent(0), {"ent_coef": 0.02})
+    by_copy.copy_agent(2, 0, {"ent_coef": 0.02})
+    assert by_copy.adam_steps.tolist() == [4.0, 4.0, 4.0]
+    assert by_copy.hyperparameters == by_agent.hyperparameters
+    assert by_copy.hyperparameters[2]["learning_rate"] == HPS[2]["learning_rate"]
+    assert by_copy.hyperparameters[2]["ent_coef"] == 0.02
+    torch.testing.assert_close(by_copy.flat[2], by_copy.flat[0])
+    for pop in pops:
+        pop.update(pop.collect())
+    for mine, theirs in (
+        (by_copy.flat, by_agent.flat),
+        (by_copy._exp_avg_sq, by_agent._exp_avg_sq),
+        (by_copy.obs_rms[0], by_agent.obs_rms[0]),
+        (by_copy.return_rms[1], by_agent.return_rms[1]),
+    ):
+        torch.testing.assert_close(mine, theirs)
+
+
 def test_every_agent_is_evaluated_like_a_single_pod() -> None:
     """The same weights in every slot score the same, on the start states that a single
     pod's ``Evaluator`` (same episodes, same seed) uses, so a member's score is the one a pod

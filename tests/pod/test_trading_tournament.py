@@ -167,3 +167,31 @@ def test_simulated_markets_are_trained_on() -> None:
     plan = TournamentPlan(ppo, HPS, rounds=1, round_env_steps=256, seed=1)
     alone, simulated = (evaluate_market(data, ENV, plan, m) for m in ([], [replica]))
     assert alone.tournament.history != simulated.tournament.history
+
+
+def test_a_tournament_builds_no_optimiser_it_never_steps() -> None:
+    """The population steps its agents with its own batched Adam, exploits by copying slots
+    and keeps its snapshots to backtest: a whole tournament with PBT in a fresh process
+    builds no torch.optim optimiser, so it never imports torch._dynamo (~1 CPU s: a
+    tournament's own wall time, docs/benchmarks.md)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from services.pod.algorithms.ppo_config import PPOConfig\n"
+        "from services.pod.envs.market import synthetic_market\n"
+        "from services.pod.trading_tournament import TournamentPlan, evaluate_market\n"
+        f"env = {ENV!r}\n"
+        "data = synthetic_market(2, num_stocks=3, num_days=600, regime='crash')\n"
+        "ppo = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)\n"
+        "hps = [{'learning_rate': 1e-4 * (i + 1)} for i in range(4)]\n"
+        "plan = TournamentPlan(ppo, hps, rounds=3, round_env_steps=128, seed=1)\n"
+        "report = evaluate_market(data, env, plan)\n"
+        "assert len(report.tournament.history) == 3\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
