@@ -4,7 +4,8 @@ settings and selection rule.
 
     python bench/stock_trading_vs_raytune.py [--markets crash:0,trend:0,mean_reversion:0]
                                              [--pods 4] [--rounds 6] [--cpus 0,1]
-                                             [--arms podium ray podium-run podium-run-pop]
+                                             [--arms podium ray podium-run podium-run-pop
+                                                     podium-run-pop2]
 
 The task is bench/stock_trading_tournament.py's (docs/benchmarks.md "Stock trading"): one
 synthetic market cut in time into train, validation and backtest periods; P PPO agents with
@@ -17,8 +18,9 @@ validation Sharpe; its Sharpe on the backtest period is reported, never used.
 
 - ``podium``: ``services.pod.trading_tournament`` (the P agents as one batched population in
   one process, one torch thread), the tournament bench/stock_trading_tournament.py reports.
-- ``podium-run`` / ``podium-run-pop``: ``podium run`` (the embedded platform, real pods) of
-  examples/stock_trading.yaml on the market with P pods of one agent / one pod of P agents,
+- ``podium-run`` / ``podium-run-pop`` / ``podium-run-pop2``: ``podium run`` (the embedded
+  platform, real pods) of examples/stock_trading.yaml on the market with P pods of one agent
+  / one pod of P agents / P / 2 pods of two agents (one batched population each),
   pods scored by their validation Sharpe, PBT replacing the bottom quarter; the kept agent is
   the leaderboard's best, backtested as ``podium backtest`` does. Its search space is the
   example's (continuous ranges), not the grid.
@@ -303,8 +305,8 @@ def ray_driver(job: dict[str, Any]) -> None:
 
 DRIVERS = {"podium": podium_driver, "ray": ray_driver}
 #: The arms: the in-process tournament, Ray Tune + SB3, and ``podium run`` (real pods: P of
-#: one agent, or one population pod of P).
-ARMS = ["podium", "ray", "podium-run", "podium-run-pop"]
+#: one agent, one population pod of P, or P / 2 population pods of two).
+ARMS = ["podium", "ray", "podium-run", "podium-run-pop", "podium-run-pop2"]
 
 
 def failed(message: str, work: Path) -> NoReturn:
@@ -355,15 +357,15 @@ def run_platform(
     arm: str, args: argparse.Namespace, regime: str, seed: int, goal: dict[str, float]
 ) -> tuple[Run, dict[str, Any]]:
     """The ``podium-run`` arms: ``podium run`` of ``platform_spec`` (the embedded platform,
-    real pods; ``podium-run-pop``: one pod of P agents), then ``backtest_candidate`` of the
-    leaderboard's best (``OUT/best``)."""
+    real pods; ``podium-run-pop``: one pod of P agents; ``podium-run-pop2``: pods of two),
+    then ``backtest_candidate`` of the leaderboard's best (``OUT/best``)."""
     from services.pod.backtest import backtest_candidate
 
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="trading-podium-run-") as tmp:
         work = Path(tmp)
         spec_file, out = work / "spec.yaml", work / "out"
-        agents_per_pod = args.pods if arm == "podium-run-pop" else 1
+        agents_per_pod = {"podium-run-pop": args.pods, "podium-run-pop2": 2}.get(arm, 1)
         spec = platform_spec(args, regime, seed, cores, agents_per_pod)
         spec_file.write_text(yaml.safe_dump(spec))
         podium = Path(sys.executable).with_name("podium")
