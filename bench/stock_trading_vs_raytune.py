@@ -29,7 +29,7 @@ validation Sharpe; its Sharpe on the backtest period is reported, never used.
   rate and entropy coefficient) over P trials of bench/tournament_vs_raytune.py's SB3
   trainable (PPO with Podium's preset mapped by ``sb3_ppo_kwargs``, ``VecNormalize``,
   checkpoints that carry the normaliser). SB3 steps the very same torch env through a thin
-  ``VecEnv`` view (``SB3View``), so the market, the costs and the observations are identical.
+  ``VecEnv`` view (``SB3View``, bench/trading_sb3.py), so the market, the costs and the observations are identical.
 
 Two differences in the rule remain, neither a matter of speed: the tournament anneals the
 learning rate linearly over its rounds (SB3: constant, as a pod trains), and its exploit keeps
@@ -57,10 +57,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
 import yaml
 from sb3_timing import cpu_model
-from stable_baselines3.common.vec_env import VecEnv as SB3VecEnv
 from stock_trading_tournament import PRESET, market, plan_of
 from tournament_vs_raytune import (
     finish,
@@ -72,67 +70,12 @@ from tournament_vs_raytune import (
 )
 
 from services.pod.backtest import buy_and_hold
-from services.pod.envs.base import VecEnv
 from services.pod.envs.stock_trading import StockTradingEnv
 from services.pod.trading_tournament import sharpe_of, split_market
 
 TASK = "StockTrading-v0"
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-
-
-class SB3View(SB3VecEnv):
-    """Stable-Baselines3's ``VecEnv`` over a Podium ``VecEnv``: numpy in and out, SB3's info
-    keys (``terminal_observation``, ``TimeLimit.truncated``, ``episode``) where an episode
-    ended. The Podium env autoresets as SB3 expects."""
-
-    def __init__(self, env: VecEnv) -> None:
-        self.env = env
-        super().__init__(env.num_envs, env.single_observation_space, env.single_action_space)
-        self._actions: np.ndarray | None = None
-
-    def reset(self) -> np.ndarray:
-        obs, _ = self.env.reset()
-        self._reset_seeds()
-        return obs.numpy()
-
-    def step_async(self, actions: np.ndarray) -> None:
-        self._actions = actions
-
-    def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
-        import torch
-
-        assert self._actions is not None
-        obs, reward, terminated, truncated, info = self.env.step(
-            torch.as_tensor(self._actions, dtype=torch.float32)
-        )
-        done = (terminated | truncated).numpy()
-        infos: list[dict] = [{} for _ in range(self.num_envs)]
-        for i in np.flatnonzero(done):
-            infos[i] = {
-                "terminal_observation": info["final_obs"][i].numpy(),
-                "TimeLimit.truncated": bool(truncated[i] and not terminated[i]),
-                "episode": {
-                    "r": float(info["episode_return"][i]),
-                    "l": int(info["episode_length"][i]),
-                },
-            }
-        return obs.numpy(), reward.numpy().astype(np.float32), done, infos
-
-    def close(self) -> None:
-        self.env.close()
-
-    def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
-        return [getattr(self.env, attr_name, None)] * len(self._get_indices(indices))
-
-    def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
-        raise NotImplementedError("SB3View: the Podium env has no per-sub-env attributes")
-
-    def env_method(self, method_name: str, *args: Any, indices: Any = None, **kw: Any) -> list:
-        raise NotImplementedError("SB3View: the Podium env has no per-sub-env methods")
-
-    def env_is_wrapped(self, wrapper_class: type, indices: Any = None) -> list[bool]:
-        return [False] * len(self._get_indices(indices))
 
 
 @functools.cache
@@ -148,40 +91,6 @@ def scoring_env(regime: str, seed: int, period: str) -> StockTradingEnv:
     starts with a reset)."""
     periods, kwargs = market_split(regime, seed)
     return StockTradingEnv(1, mode=period, data=periods[period], **kwargs)
-
-
-def trading_env(regime: str, seed: int, _env_id: str, n_envs: int, env_seed: int) -> SB3View:
-    """``make_env`` of the SB3 trainable: the market's train period, as the tournament's."""
-    periods, kwargs = market_split(regime, seed)
-    env = StockTradingEnv(n_envs, mode="train", data=periods["train"], seed=env_seed, **kwargs)
-    return SB3View(env)
-
-
-def trading_scores(regime: str, seed: int, model: Any, env: Any) -> dict[str, float]:
-    """``evaluate`` of the SB3 trainable: the policy's Sharpe over one deterministic pass of
-    the validation period (the score PBT ranks by) and, to report only, of the backtest
-    period; observations normalised by the training env's statistics."""
-    import torch
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    from services.pod.backtest import run_backtest
-
-    normalize = env.normalize_obs if isinstance(env, VecNormalize) else (lambda o: o)
-
-    def act(obs: torch.Tensor) -> torch.Tensor:
-        action, _ = model.predict(normalize(obs.numpy()), deterministic=True)
-        return torch.as_tensor(action, dtype=torch.float32)
-
-    score = sharpe_of(run_backtest(scoring_env(regime, seed, "validation"), act))
-    # The backtest pass is for the report only (Podium's arm makes it once, after the
-    # tournament): timed, so its cost can be taken out of Ray's clock.
-    start = time.process_time()
-    backtest = sharpe_of(run_backtest(scoring_env(regime, seed, "backtest"), act))
-    return {
-        "score": score,
-        "backtest_sharpe": backtest,
-        "report_cpu_s": time.process_time() - start,
-    }
 
 
 def targets(regime: str, seed: int) -> dict[str, float]:
@@ -267,17 +176,17 @@ def ray_driver(job: dict[str, Any]) -> None:
         },
         synch=True,
     )
-    # By module name, so that Ray's workers import the module (its per-process caches work)
-    # rather than unpickle copies of this script's functions.
-    import stock_trading_vs_raytune as bench
+    # By module name, so that Ray's workers import the modules (their per-process caches
+    # work) rather than unpickle copies of this script's functions.
+    import trading_sb3
 
     trainable = make_trainable(
         "ppo",
         TASK,
         job["round_steps"],
         1,
-        make_env=functools.partial(bench.trading_env, regime, seed),
-        evaluate=functools.partial(bench.trading_scores, regime, seed),
+        make_env=functools.partial(trading_sb3.trading_env, regime, seed),
+        evaluate=functools.partial(trading_sb3.trading_scores, regime, seed),
     )
     grid = fit_population(
         trainable,
