@@ -36,9 +36,11 @@ stop some agents' epochs early and break the lock-step); networks other than the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import torch
@@ -71,17 +73,35 @@ class _ActorCritic(nn.Module):
         self.critic = critic
 
 
-def _tanh_(x: torch.Tensor) -> torch.Tensor:
-    """tanh in place, as 2·sigmoid(2x) − 1 on CPU.
+def slow_tanh_cpu(cpuinfo: str) -> bool:
+    """Whether torch's float32 tanh is the slow kernel on the CPU that ``cpuinfo`` (the text
+    of /proc/cpuinfo) describes: on AMD (an EPYC) it took 290 µs on a (32, 64, 64) tensor
+    against its sigmoid's 60 µs; on an Intel Xeon it is about twice as fast as the sigmoid
+    form below (docs/benchmarks.md, "Vectorized populations"). Decided by the vendor, not
+    timed, so that a machine always trains the same agents from the same seeds."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("vendor_id"):
+            return "GenuineIntel" not in line
+    return False  # not x86 (e.g. ARM): torch's own kernel
 
-    torch's float32 tanh kernel on CPU is several times slower than its sigmoid. A single agent
-    hardly notices (its step is per-op overhead), but once the population pays that overhead
-    once for all P agents the activations were the largest cost of a gradient step
-    (docs/benchmarks.md, "Vectorized populations"). Agrees with ``torch.tanh`` to float
-    precision.
+
+@functools.cache
+def _slow_tanh() -> bool:
+    try:
+        return slow_tanh_cpu(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return False
+
+
+def _tanh_(x: torch.Tensor) -> torch.Tensor:
+    """tanh in place; as 2·sigmoid(2x) − 1 on a CPU whose tanh kernel is slow.
+
+    A single agent hardly notices (its step is per-op overhead), but once the population pays
+    that overhead once for all P agents, the activations of a slow tanh were the largest cost
+    of a gradient step. The sigmoid form agrees with ``torch.tanh`` to float precision.
     """
-    if x.device.type != "cpu":
-        return x.tanh_()  # GPUs' tanh is fast
+    if x.device.type != "cpu" or not _slow_tanh():
+        return x.tanh_()
     return x.mul_(2).sigmoid_().mul_(2).sub_(1)
 
 

@@ -204,6 +204,20 @@ def test_a_population_trains_without_building_optimisers_it_never_steps() -> Non
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_tanh_takes_the_cpus_faster_kernel_and_agrees_with_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.pod import population
+
+    assert population.slow_tanh_cpu("processor\t: 0\nvendor_id\t: AuthenticAMD\n")
+    assert not population.slow_tanh_cpu("processor\t: 0\nvendor_id\t: GenuineIntel\n")
+    assert not population.slow_tanh_cpu("processor\t: 0\nBogoMIPS\t: 50.00\n")  # ARM
+    x = torch.randn(4, 256, 64, generator=torch.Generator().manual_seed(0)) * 3
+    for slow in (False, True):
+        monkeypatch.setattr(population, "_slow_tanh", lambda slow=slow: slow)
+        torch.testing.assert_close(population._tanh_(x.clone()), torch.tanh(x), atol=1e-6, rtol=0)
+
+
 def test_bad_population_arguments_are_refused() -> None:
     config = PPOConfig(num_envs=2)
     env = make_env("CartPole-v1", 4)
