@@ -29,7 +29,8 @@ validation Sharpe; its Sharpe on the backtest period is reported, never used.
   rate and entropy coefficient) over P trials of bench/tournament_vs_raytune.py's SB3
   trainable (PPO with Podium's preset mapped by ``sb3_ppo_kwargs``, ``VecNormalize``,
   checkpoints that carry the normaliser). SB3 steps the very same torch env through a thin
-  ``VecEnv`` view (``SB3View``, bench/trading_sb3.py), so the market, the costs and the observations are identical.
+  ``VecEnv`` view (``SB3View``, bench/trading_sb3.py), so the market, the costs and the
+  observations are identical.
 
 Two differences in the rule remain, neither a matter of speed: the tournament anneals the
 learning rate linearly over its rounds (SB3: constant, as a pod trains), and its exploit keeps
