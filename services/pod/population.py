@@ -75,10 +75,10 @@ class _ActorCritic(nn.Module):
 
 def slow_tanh_cpu(cpuinfo: str) -> bool:
     """Whether torch's float32 tanh is the slow kernel on the CPU that ``cpuinfo`` (the text
-    of /proc/cpuinfo) describes: on AMD (an EPYC) it took 290 µs on a (32, 64, 64) tensor
-    against its sigmoid's 60 µs; on an Intel Xeon it is about twice as fast as the sigmoid
-    form below (docs/benchmarks.md, "Vectorized populations"). Decided by the vendor, not
-    timed, so that a machine always trains the same agents from the same seeds."""
+    of /proc/cpuinfo) describes: on AMD (an EPYC) it was several times slower than the
+    sigmoid form below, on an Intel Xeon the sigmoid form is the slower one
+    (docs/benchmarks.md, "Vectorized populations"). Decided by the vendor, not timed, so
+    that a machine always trains the same agents from the same seeds."""
     for line in cpuinfo.splitlines():
         if line.startswith("vendor_id"):
             return "GenuineIntel" not in line
@@ -649,7 +649,7 @@ class PopulationPPO:
     def agent(self, i: int, adam_state: bool = True) -> PPO:
         """Agent i as a standalone ``PPO`` module: weights, statistics and (``adam_state``)
         Adam state. Without it (an agent to act, e.g. to backtest) no optimiser is built:
-        a process's first one imports torch._dynamo (~1 CPU s)."""
+        a process's first one imports torch._dynamo, a start-up cost of its own."""
         obs_space: gym.Space = self.env.single_observation_space
         agent = PPO(obs_space, self.env.single_action_space, self.configs[i]).to(self.device)
         state = {}
