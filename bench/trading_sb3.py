@@ -2,8 +2,8 @@
 over the Podium trading env, and the trainable's env and scoring functions.
 
 A module of its own so that the Podium arm's driver (the same script) never imports
-Stable-Baselines3: that import (~0.3-0.6 s) is no part of Podium's start-up. Ray's workers
-import it by name (``PYTHONPATH=bench``).
+Stable-Baselines3, which is no part of Podium's start-up. Ray's workers import it by name
+(``PYTHONPATH=bench``).
 """
 
 from __future__ import annotations
