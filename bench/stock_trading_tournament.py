@@ -22,6 +22,7 @@ of the account values on the backtest period (``--plot``, needs the ``plots`` ex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -82,11 +83,17 @@ def plan_of(
 
 
 def run_market(
-    regime: str, seed: int, pods: int, rounds: int, round_steps: int, config: dict = PRESET
+    regime: str,
+    seed: int,
+    pods: int,
+    rounds: int,
+    round_steps: int,
+    config: dict = PRESET,
+    exploit: bool = True,
 ) -> dict:
     data, env_kwargs, simulated = market(regime, seed, config)
     start = time.perf_counter()
-    plan = plan_of(seed, pods, rounds, round_steps, config)
+    plan = dataclasses.replace(plan_of(seed, pods, rounds, round_steps, config), exploit=exploit)
     report = evaluate_market(data, env_kwargs, plan, simulated)
     seconds = time.perf_counter() - start
     result = report.tournament
@@ -186,6 +193,12 @@ def main() -> None:
         help="override the preset as `podium train --set` does (repeatable), "
         "e.g. --set env_kwargs.momentum=true",
     )
+    parser.add_argument(
+        "--no-exploit",
+        action="store_true",
+        help="no PBT exploit: the P agents train apart, the best snapshot is kept (best of P, "
+        "batched as the tournament is)",
+    )
     parser.add_argument("--out", type=Path, help="write the records (JSON) here")
     parser.add_argument("--summarize", type=Path, nargs="+", help="merge records, no training")
     parser.add_argument("--plot", type=Path, help="PNG of the account values")
@@ -207,7 +220,15 @@ def main() -> None:
             else [(r, s) for r in args.regimes.split(",") for s in args.seeds.split(",")]
         )
         records = [
-            run_market(regime, int(seed), args.pods, args.rounds, args.round_steps, config)
+            run_market(
+                regime,
+                int(seed),
+                args.pods,
+                args.rounds,
+                args.round_steps,
+                config,
+                exploit=not args.no_exploit,
+            )
             for regime, seed in markets
         ]
         if args.out:
