@@ -22,7 +22,6 @@ of the account values on the backtest period (``--plot``, needs the ``plots`` ex
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
@@ -70,15 +69,22 @@ def market(
 
 
 def plan_of(
-    seed: int, pods: int, rounds: int, round_steps: int, config: dict = PRESET
+    seed: int,
+    pods: int,
+    rounds: int,
+    round_steps: int,
+    config: dict = PRESET,
+    exploit: bool = True,
 ) -> TournamentPlan:
-    """The tournament of ``pods`` agents whose hyperparameters are drawn from SPACE."""
+    """The tournament of ``pods`` agents whose hyperparameters are drawn from SPACE (without
+    ``exploit``: best of ``pods``)."""
     return TournamentPlan(
         PPOConfig.model_validate(config["ppo"]),
         sample_hyperparameters(SPACE, pods, seed),
         rounds=rounds,
         round_env_steps=round_steps,
         seed=seed,
+        exploit=exploit,
     )
 
 
@@ -93,7 +99,7 @@ def run_market(
 ) -> dict:
     data, env_kwargs, simulated = market(regime, seed, config)
     start = time.perf_counter()
-    plan = dataclasses.replace(plan_of(seed, pods, rounds, round_steps, config), exploit=exploit)
+    plan = plan_of(seed, pods, rounds, round_steps, config, exploit)
     report = evaluate_market(data, env_kwargs, plan, simulated)
     seconds = time.perf_counter() - start
     result = report.tournament

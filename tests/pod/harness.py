@@ -227,3 +227,12 @@ def ppo_roles(config: PPORunConfig) -> tuple[RolloutWorker, RolloutLearner, Eval
     roles = trainer.roles
     assert isinstance(roles, LocalRoles) and roles.worker and roles.evaluator
     return roles.worker, trainer.learner, roles.evaluator
+
+
+def run_fresh_python(code: str, timeout: float = 120.0) -> None:
+    """Run ``code`` in a new interpreter (what a process imports is then its own) and fail
+    with its stderr unless it exits 0."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -15,6 +15,7 @@ from services.pod.learner import RolloutLearner
 from services.pod.onpolicy import PPORunConfig, load_ppo_files, save_ppo_files
 from services.pod.population import PopulationPPO, build_population
 from services.pod.population_trainer import check_population_config
+from tests.pod.harness import run_fresh_python
 
 HPS = [
     {"learning_rate": 1e-3, "ent_coef": 0.01, "clip_coef": 0.2, "gamma": 0.99},
@@ -183,9 +184,6 @@ def test_a_population_trains_without_building_optimisers_it_never_steps() -> Non
     """The population steps its agents with one batched Adam of its own: building and training
     it in a fresh process builds no torch.optim optimiser, so it never imports torch._dynamo
     (a process's first optimiser does, ~1 CPU s of a tournament's start-up)."""
-    import subprocess
-    import sys
-
     code = (
         "import sys\n"
         "from services.pod.algorithms.ppo import PPOConfig\n"
@@ -198,10 +196,7 @@ def test_a_population_trains_without_building_optimisers_it_never_steps() -> Non
         "agent = pop.agent(0)  # a standalone agent with its Adam state: now it has one\n"
         "assert agent.optimizer.state and 'torch._dynamo' in sys.modules\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_fresh_python(code)
 
 
 def test_tanh_takes_the_cpus_faster_kernel_and_agrees_with_torch(

@@ -10,6 +10,7 @@ from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import metrics
 from services.pod.envs.market import MarketData, synthetic_market
 from services.pod.trading_tournament import TournamentPlan, evaluate_market
+from tests.pod.harness import run_fresh_python
 
 ENV = {
     "validation_fraction": 0.2,
@@ -174,9 +175,6 @@ def test_a_tournament_builds_no_optimiser_it_never_steps() -> None:
     and keeps its snapshots to backtest: a whole tournament with PBT in a fresh process
     builds no torch.optim optimiser, so it never imports torch._dynamo (~1 CPU s: a
     tournament's own wall time, docs/benchmarks.md)."""
-    import subprocess
-    import sys
-
     code = (
         "import sys\n"
         "from services.pod.algorithms.ppo_config import PPOConfig\n"
@@ -191,7 +189,4 @@ def test_a_tournament_builds_no_optimiser_it_never_steps() -> None:
         "assert len(report.tournament.history) == 3\n"
         "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_fresh_python(code)
