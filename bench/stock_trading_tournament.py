@@ -13,6 +13,10 @@ agent trained alone for the same budget (slot 0's final policy: no selection, no
 stopping), buy-and-hold and equal weight rebalanced monthly; per-seed Sharpe ratios; and a plot
 of the account values on the backtest period (``--plot``, needs the ``plots`` extra).
 
+With ``--algorithm portfolio_gradient`` the agents are services/pod/algorithms/
+portfolio_gradient.py's (a shared linear scorer per stock, trained by the exact gradient of the
+train period's Sharpe ratio; the preset's env plus ``PORTFOLIO_ENV``), in the same tournament.
+
     python bench/stock_trading_tournament.py --out /tmp/st.json          # 3 regimes x 3 seeds
     python bench/stock_trading_tournament.py --regimes crash --seeds 0 --rounds 2   # quick look
     python bench/stock_trading_tournament.py --summarize /tmp/a.json /tmp/b.json \
@@ -31,6 +35,7 @@ import numpy as np
 import torch
 
 from services.cli.overrides import ConfigError, deep_merge, parse_set
+from services.pod.algorithms.portfolio_gradient import PortfolioPlan
 from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import metrics
 from services.pod.envs.market import REGIMES, MarketData, synthetic_market
@@ -48,6 +53,13 @@ SPACE = {
     "ent_coef": [0.0, 0.001, 0.01],
     "gamma": [0.9, 0.97, 0.99],
 }
+#: ``--algorithm portfolio_gradient`` (services/pod/algorithms/portfolio_gradient.py): its
+#: search space, and what it changes in the preset's env (the trailing-return features that
+#: the trend markets reward; docs/benchmarks.md "Session 17").
+PORTFOLIO_SPACE = {"learning_rate": [0.02, 0.05, 0.1], "l2": [1e-4, 1e-3, 1e-2]}
+PORTFOLIO_ENV = {"momentum": True}
+#: Per algorithm: rounds, and env steps (PPO, per agent) or full-batch gradient steps a round.
+ROUNDS = {"ppo": (6, 32768), "portfolio_gradient": (30, 10)}
 KEYS = ("cumulative_return", "annual_return", "annual_volatility", "max_drawdown", "sharpe")
 STRATEGIES = ("agent", "single agent", "buy-and-hold", "equal weight")
 
@@ -96,16 +108,23 @@ def run_market(
     round_steps: int,
     config: dict = PRESET,
     exploit: bool = True,
+    algorithm: str = "ppo",
 ) -> dict:
     data, env_kwargs, simulated = market(regime, seed, config)
     start = time.perf_counter()
-    plan = plan_of(seed, pods, rounds, round_steps, config, exploit)
+    plan: TournamentPlan | PortfolioPlan
+    if algorithm == "portfolio_gradient":
+        draws = sample_hyperparameters(PORTFOLIO_SPACE, pods, seed)
+        plan = PortfolioPlan(draws, rounds, round_steps, exploit, seed)
+    else:
+        plan = plan_of(seed, pods, rounds, round_steps, config, exploit)
     report = evaluate_market(data, env_kwargs, plan, simulated)
     seconds = time.perf_counter() - start
     result = report.tournament
     record = {
         "regime": regime,
         "seed": seed,
+        "algorithm": algorithm,
         "seconds": seconds,
         "kept": {"slot": result.slot, "round": result.round, "sharpe": result.validation_sharpe},
         "validation_history": result.history,
@@ -189,8 +208,19 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="market seeds, comma-separated")
     parser.add_argument("--markets", help="regime:seed,... (instead of regimes x seeds)")
     parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--round-steps", type=int, default=32768, help="env steps per agent")
+    parser.add_argument(
+        "--algorithm",
+        choices=sorted(ROUNDS),
+        default="ppo",
+        help="PPO agents (the preset), or the portfolio gradient's (with PORTFOLIO_ENV)",
+    )
+    parser.add_argument("--rounds", type=int, help="default: 6 (ppo), 30 (portfolio_gradient)")
+    parser.add_argument(
+        "--round-steps",
+        type=int,
+        help="env steps per agent (ppo, default 32768) or gradient steps (portfolio_gradient, "
+        "default 10) a round",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -214,12 +244,16 @@ def main() -> None:
     else:
         torch.set_num_threads(1)
         config = PRESET
+        if args.algorithm == "portfolio_gradient":
+            config = deep_merge(config, {"env_kwargs": PORTFOLIO_ENV})
+        rounds, round_steps = ROUNDS[args.algorithm]
         try:
             for item in args.set:
                 config = deep_merge(config, parse_set(item))
         except ConfigError as e:
             parser.error(str(e))
-        print(f"torch {torch.__version__}; preset {config}; space {SPACE}", flush=True)
+        space = PORTFOLIO_SPACE if args.algorithm == "portfolio_gradient" else SPACE
+        print(f"torch {torch.__version__}; {args.algorithm}; {config}; {space}", flush=True)
         markets = (
             [tuple(m.split(":")) for m in args.markets.split(",")]
             if args.markets
@@ -230,10 +264,11 @@ def main() -> None:
                 regime,
                 int(seed),
                 args.pods,
-                args.rounds,
-                args.round_steps,
+                args.rounds or rounds,
+                args.round_steps or round_steps,
                 config,
                 exploit=not args.no_exploit,
+                algorithm=args.algorithm,
             )
             for regime, seed in markets
         ]

@@ -22,6 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from services.pod.algorithms.portfolio_gradient import (
+    PortfolioPlan,
+    PortfolioResult,
+    run_portfolio_tournament,
+)
 from services.pod.algorithms.ppo import PPO
 from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import (
@@ -159,7 +164,7 @@ PERIOD_KWARGS = ("split_date", "validation_fraction", "validation_date")
 class MarketReport:
     """A tournament on one market and the backtest of what it kept."""
 
-    tournament: TournamentResult
+    tournament: TournamentResult | PortfolioResult
     #: Strategy → account values over the backtest period (one per day, the first day's
     #: value included): ``agent`` (the kept snapshot), ``single agent`` (slot 0's final
     #: policy: one pod of the same budget, no selection), ``buy-and-hold``, ``equal weight``.
@@ -184,13 +189,15 @@ def split_market(
 def evaluate_market(
     data: MarketData,
     env_kwargs: Mapping[str, Any],
-    plan: TournamentPlan,
+    plan: TournamentPlan | PortfolioPlan,
     simulated: Sequence[MarketData] = (),
     on_round: Callable[[int, list[float]], None] | None = None,
 ) -> MarketReport:
     """Split ``data`` in time (``env_kwargs``' split settings; a validation period is
-    required), run the tournament on train + validation, then backtest the kept snapshot and
-    the baselines, all paying the same transaction cost, on the backtest period.
+    required), run the tournament on train + validation (PPO agents for a ``TournamentPlan``,
+    services/pod/algorithms/portfolio_gradient.py's for a ``PortfolioPlan``), then backtest
+    the kept snapshot and the baselines, all paying the same transaction cost, on the backtest
+    period.
 
     ``simulated``: other markets of the same kind (``synthetic_market(replica=k)``) whose
     train periods, cut at the same dates, the agents also train on; nothing else reads them.
@@ -199,14 +206,24 @@ def evaluate_market(
     periods, kwargs = split_market(data, env_kwargs)
     split = {k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs}
     train = [periods["train"], *(split_periods(m, **split)["train"] for m in simulated)]
-    result = run_tournament(train, periods["validation"], kwargs, plan, on_round)
+    result: TournamentResult | PortfolioResult
+    if isinstance(plan, PortfolioPlan):
+        if simulated:
+            raise ValueError("the portfolio gradient trains on the market's own train period")
+        result = run_portfolio_tournament(train[0], periods["validation"], kwargs, plan, on_round)
+        assert result.final is not None
+        kept, single = result.policy.act, result.final.agent(0).act
+    else:
+        result = run_tournament(train, periods["validation"], kwargs, plan, on_round)
+        kept = result.agent.policy.act_deterministic
+        single = result.final_agents[0].policy.act_deterministic
     # From here on the backtest period is read, and only to report.
     backtest = periods["backtest"]
     env = StockTradingEnv(num_envs=1, mode="backtest", data=backtest, **kwargs)
     cost = env.transaction_cost
     values = {
-        "agent": run_backtest(env, result.agent.policy.act_deterministic),
-        "single agent": run_backtest(env, result.final_agents[0].policy.act_deterministic),
+        "agent": run_backtest(env, kept),
+        "single agent": run_backtest(env, single),
         "buy-and-hold": buy_and_hold(backtest.close, env.initial_amount, cost),
         "equal weight": equal_weight(backtest.close, env.initial_amount, cost),
     }

@@ -178,7 +178,7 @@ def _synthetic(seed: int, num_stocks: int, num_days: int, regime: str) -> Market
     return synthetic_market(seed, num_stocks, num_days, regime=regime)
 
 
-def _market_features(data: MarketData, turbulence: bool, momentum: bool) -> np.ndarray:
+def market_features(data: MarketData, turbulence: bool, momentum: bool) -> np.ndarray:
     """(T, D): per day, the observation's market columns (module docstring), in its order."""
     # Prices relative to their 30-day mean: stationary, so a policy learnt on the train
     # period reads the backtest period's prices on the same scale (raw or
@@ -337,7 +337,7 @@ class StockTradingEnv(TorchVecEnv):
         self.prices = as_t(np.concatenate([m.close for m in segments])).to(dtype)  # (T, S)
         # Per day, everything of the observation that does not depend on the account.
         self._market_obs = as_t(
-            np.concatenate([_market_features(m, turbulence, momentum) for m in segments])
+            np.concatenate([market_features(m, turbulence, momentum) for m in segments])
         ).to(torch.float32)
         # The observation's blocks (module docstring): (columns, whether per stock). Per
         # column: the stock it describes (-1: none) and the distance to the next stock's
