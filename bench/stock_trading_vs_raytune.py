@@ -18,6 +18,11 @@ validation Sharpe; its Sharpe on the backtest period is reported, never used.
 
 - ``podium``: ``services.pod.trading_tournament`` (the P agents as one batched population in
   one process, one torch thread), the tournament bench/stock_trading_tournament.py reports.
+- ``podium-pg``: the same in-process tournament with services/pod/algorithms/
+  portfolio_gradient.py's agents instead of PPO (bench/stock_trading_tournament.py
+  ``--algorithm portfolio_gradient``: its own rounds, search space and ``momentum``
+  features): another learner on the same task, market, target and selection rule; its
+  "env steps" are the train days its gradient steps read.
 - ``podium-run`` / ``podium-run-pop`` / ``podium-run-pop2``: ``podium run`` (the embedded
   platform, real pods) of examples/stock_trading.yaml on the market with P pods of one agent
   / one pod of P agents / P / 2 pods of two agents (one batched population each),
@@ -60,7 +65,14 @@ from typing import Any, NoReturn
 
 import yaml
 from sb3_timing import cpu_model
-from stock_trading_tournament import PRESET, market, plan_of
+from stock_trading_tournament import (
+    PORTFOLIO_ENV,
+    PORTFOLIO_SPACE,
+    PRESET,
+    ROUNDS,
+    market,
+    plan_of,
+)
 from tournament_vs_raytune import (
     finish,
     fit_population,
@@ -70,9 +82,16 @@ from tournament_vs_raytune import (
     start_ray,
 )
 
+from services.cli.overrides import deep_merge
+from services.pod.algorithms.portfolio_gradient import PortfolioPlan
 from services.pod.backtest import buy_and_hold
 from services.pod.envs.stock_trading import StockTradingEnv
-from services.pod.trading_tournament import sharpe_of, split_market
+from services.pod.trading_tournament import (
+    TournamentPlan,
+    sample_hyperparameters,
+    sharpe_of,
+    split_market,
+)
 
 TASK = "StockTrading-v0"
 BENCH = Path(__file__).resolve().parent
@@ -114,9 +133,19 @@ def podium_driver(job: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     launched, events = job["launched"], []
-    data, env_kwargs, simulated = market(job["regime"], job["seed"])
-    plan = plan_of(job["seed"], job["pods"], job["rounds"], job["round_steps"])
-    steps = plan.iterations * plan.ppo.num_envs * plan.ppo.num_steps  # per agent and round
+    plan: TournamentPlan | PortfolioPlan
+    if job["arm"] == "podium-pg":
+        config = deep_merge(PRESET, {"env_kwargs": PORTFOLIO_ENV})
+        data, env_kwargs, simulated = market(job["regime"], job["seed"], config)
+        draws = sample_hyperparameters(PORTFOLIO_SPACE, job["pods"], job["seed"])
+        plan = PortfolioPlan(draws, *ROUNDS["portfolio_gradient"], True, job["seed"])
+        # Each gradient step reads the policy's action on every train day.
+        train_days = split_market(data, env_kwargs)[0]["train"].num_days
+        steps = train_days * plan.round_steps
+    else:
+        data, env_kwargs, simulated = market(job["regime"], job["seed"])
+        plan = plan_of(job["seed"], job["pods"], job["rounds"], job["round_steps"])
+        steps = plan.iterations * plan.ppo.num_envs * plan.ppo.num_steps  # per agent, round
 
     def on_round(round_: int, scores: list[float]) -> None:
         # The agents train in lock-step: a round's scores come after all of its env steps.
@@ -213,10 +242,11 @@ def ray_driver(job: dict[str, Any]) -> None:
     Path(job["out"]).write_text(json.dumps(out))
 
 
-DRIVERS = {"podium": podium_driver, "ray": ray_driver}
-#: The arms: the in-process tournament, Ray Tune + SB3, and ``podium run`` (real pods: P of
-#: one agent, one population pod of P, or P / 2 population pods of two).
-ARMS = ["podium", "ray", "podium-run", "podium-run-pop", "podium-run-pop2"]
+DRIVERS = {"podium": podium_driver, "podium-pg": podium_driver, "ray": ray_driver}
+#: The arms: the in-process tournament (PPO, or the portfolio gradient's agents), Ray Tune +
+#: SB3, and ``podium run`` (real pods: P of one agent, one population pod of P, or P / 2
+#: population pods of two).
+ARMS = ["podium", "podium-pg", "ray", "podium-run", "podium-run-pop", "podium-run-pop2"]
 
 
 def failed(message: str, work: Path) -> NoReturn:
@@ -308,6 +338,7 @@ def run_driver(
     with tempfile.TemporaryDirectory(prefix=f"trading-{arm}-") as tmp:
         work = Path(tmp)
         job = {
+            "arm": arm,
             "regime": regime,
             "seed": seed,
             "pods": args.pods,

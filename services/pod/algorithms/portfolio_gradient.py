@@ -40,6 +40,8 @@ import torch
 from services.pod.envs.market import INDICATORS, MOMENTUM_WINDOWS, MarketData
 from services.pod.envs.stock_trading import market_features
 
+#: What an agent of the tournament may set (``learning_rate`` required, ``l2`` default 0).
+HYPERPARAMETERS = ("learning_rate", "l2")
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-8
 #: The invested fraction of a fresh agent, sigmoid(3) = 95%: buy-and-hold's exposure, split
 #: equally (the scores start at zero).
@@ -206,6 +208,9 @@ def run_portfolio_tournament(
     p = len(plan.hyperparameters)
     if p < 1 or plan.rounds < 1 or plan.round_steps < 1:
         raise ValueError("need agents, rounds >= 1 and round_steps >= 1")
+    for h in plan.hyperparameters:
+        if "learning_rate" not in h or not set(h) <= set(HYPERPARAMETERS):
+            raise ValueError(f"an agent's hyperparameters are {HYPERPARAMETERS}, got {dict(h)}")
     layout = FeatureLayout.of(train.num_stocks, env_kwargs)
     cost = float(env_kwargs.get("transaction_cost", 0.001))  # type: ignore[arg-type]
     data, held_out = PeriodData.of(train, layout), PeriodData.of(validation, layout)

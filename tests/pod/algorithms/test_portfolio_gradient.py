@@ -130,6 +130,8 @@ def test_bad_settings_are_refused() -> None:
         run_portfolio_tournament(*args, {**ENV, "shuffle_stocks": True}, PortfolioPlan(HPS))
     with pytest.raises(ValueError, match="rounds"):
         run_portfolio_tournament(*args, ENV, PortfolioPlan(HPS, rounds=0))
+    with pytest.raises(ValueError, match="ent_coef"):
+        run_portfolio_tournament(*args, ENV, PortfolioPlan([{"learning_rate": 0.1, "ent_coef": 0}]))
     replica = synthetic_market(0, num_stocks=5, num_days=600, regime="trend", replica=0)
     with pytest.raises(ValueError, match="own train period"):
         evaluate_market(data, ENV, PortfolioPlan(HPS), [replica])
