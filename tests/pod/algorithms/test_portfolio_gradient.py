@@ -140,20 +140,20 @@ def test_bad_settings_are_refused() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("regime", ["trend", "mean_reversion", "crash"])
 def test_the_kept_agent_beats_buy_and_hold_held_out(regime: str) -> None:
-    """The learning result of docs/benchmarks.md ("Session 17"), on market seeds 0-4 of each
+    """The learning result of docs/benchmarks.md ("Session 17"), on market seeds 0-9 of each
     regime: the kept agent's Sharpe on the backtest period (read by nothing but this report)
-    beats buy-and-hold's by the median and on most markets. Budget: 4 agents x 300 full-batch
-    gradient steps over the train period."""
+    beats buy-and-hold's by the median, by a margin, and on at least half of the markets.
+    Budget: 4 agents x 300 full-batch gradient steps over the train period."""
     torch.set_num_threads(1)
+    hps = [*HPS, {"learning_rate": 0.1, "l2": 1e-4}, {"learning_rate": 0.05}]
     ours, theirs = [], []
-    for seed in range(5):
+    for seed in range(10):
         data = synthetic_market(seed, num_stocks=5, regime=regime)
-        hps = [HPS[0], HPS[1], {"learning_rate": 0.1, "l2": 1e-4}, {"learning_rate": 0.05}]
         report = evaluate_market(data, ENV, PortfolioPlan(hps, rounds=30, round_steps=10))
         ours.append(metrics(report.backtest_values["agent"]).sharpe)
         theirs.append(metrics(report.backtest_values["buy-and-hold"]).sharpe)
-    assert np.median(ours) > np.median(theirs), (ours, theirs)
-    assert sum(a > b for a, b in zip(ours, theirs, strict=True)) >= 3, (ours, theirs)
+    assert np.median(ours) > np.median(theirs) + 0.2, (ours, theirs)
+    assert sum(a > b for a, b in zip(ours, theirs, strict=True)) >= 5, (ours, theirs)
 
 
 def test_period_data_reads_the_envs_features() -> None:
