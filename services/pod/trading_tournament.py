@@ -1,4 +1,5 @@
-"""A stock-trading tournament in one process: P PPO agents, scored on the validation period.
+"""A stock-trading tournament in one process: P PPO agents, scored on the validation period
+(``evaluate_market`` also runs services/pod/algorithms/portfolio_gradient.py's tournament).
 
 The leaderboard's rule, in process: P agents (each its own hyperparameters and seed) train in
 lock-step (``services.pod.population.PopulationPPO``) on the train period; after every round
