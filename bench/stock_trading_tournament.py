@@ -80,6 +80,14 @@ def market(
     return synthetic_market(seed, num_stocks, regime=regime), env_kwargs, simulated
 
 
+def config_of(algorithm: str) -> dict:
+    """The preset the ``algorithm``'s tournament runs on (``PORTFOLIO_ENV`` added for the
+    portfolio gradient)."""
+    if algorithm == "portfolio_gradient":
+        return deep_merge(PRESET, {"env_kwargs": PORTFOLIO_ENV})
+    return PRESET
+
+
 def plan_of(
     seed: int,
     pods: int,
@@ -87,9 +95,13 @@ def plan_of(
     round_steps: int,
     config: dict = PRESET,
     exploit: bool = True,
-) -> TournamentPlan:
-    """The tournament of ``pods`` agents whose hyperparameters are drawn from SPACE (without
-    ``exploit``: best of ``pods``)."""
+    algorithm: str = "ppo",
+) -> TournamentPlan | PortfolioPlan:
+    """The tournament of ``pods`` agents whose hyperparameters are drawn from SPACE, or
+    PORTFOLIO_SPACE for the portfolio gradient (without ``exploit``: best of ``pods``)."""
+    if algorithm == "portfolio_gradient":
+        draws = sample_hyperparameters(PORTFOLIO_SPACE, pods, seed)
+        return PortfolioPlan(draws, rounds, round_steps, exploit, seed)
     return TournamentPlan(
         PPOConfig.model_validate(config["ppo"]),
         sample_hyperparameters(SPACE, pods, seed),
@@ -112,12 +124,7 @@ def run_market(
 ) -> dict:
     data, env_kwargs, simulated = market(regime, seed, config)
     start = time.perf_counter()
-    plan: TournamentPlan | PortfolioPlan
-    if algorithm == "portfolio_gradient":
-        draws = sample_hyperparameters(PORTFOLIO_SPACE, pods, seed)
-        plan = PortfolioPlan(draws, rounds, round_steps, exploit, seed)
-    else:
-        plan = plan_of(seed, pods, rounds, round_steps, config, exploit)
+    plan = plan_of(seed, pods, rounds, round_steps, config, exploit, algorithm)
     report = evaluate_market(data, env_kwargs, plan, simulated)
     seconds = time.perf_counter() - start
     result = report.tournament
@@ -243,9 +250,7 @@ def main() -> None:
         records = [r for p in args.summarize for r in json.loads(p.read_text())]
     else:
         torch.set_num_threads(1)
-        config = PRESET
-        if args.algorithm == "portfolio_gradient":
-            config = deep_merge(config, {"env_kwargs": PORTFOLIO_ENV})
+        config = config_of(args.algorithm)
         rounds, round_steps = ROUNDS[args.algorithm]
         try:
             for item in args.set:

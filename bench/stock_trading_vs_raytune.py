@@ -65,14 +65,7 @@ from typing import Any, NoReturn
 
 import yaml
 from sb3_timing import cpu_model
-from stock_trading_tournament import (
-    PORTFOLIO_ENV,
-    PORTFOLIO_SPACE,
-    PRESET,
-    ROUNDS,
-    market,
-    plan_of,
-)
+from stock_trading_tournament import PRESET, ROUNDS, config_of, market, plan_of
 from tournament_vs_raytune import (
     finish,
     fit_population,
@@ -82,16 +75,10 @@ from tournament_vs_raytune import (
     start_ray,
 )
 
-from services.cli.overrides import deep_merge
 from services.pod.algorithms.portfolio_gradient import PortfolioPlan
 from services.pod.backtest import buy_and_hold
 from services.pod.envs.stock_trading import StockTradingEnv
-from services.pod.trading_tournament import (
-    TournamentPlan,
-    sample_hyperparameters,
-    sharpe_of,
-    split_market,
-)
+from services.pod.trading_tournament import sharpe_of, split_market
 
 TASK = "StockTrading-v0"
 BENCH = Path(__file__).resolve().parent
@@ -133,18 +120,17 @@ def podium_driver(job: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     launched, events = job["launched"], []
-    plan: TournamentPlan | PortfolioPlan
-    if job["arm"] == "podium-pg":
-        config = deep_merge(PRESET, {"env_kwargs": PORTFOLIO_ENV})
-        data, env_kwargs, simulated = market(job["regime"], job["seed"], config)
-        draws = sample_hyperparameters(PORTFOLIO_SPACE, job["pods"], job["seed"])
-        plan = PortfolioPlan(draws, *ROUNDS["portfolio_gradient"], True, job["seed"])
+    algorithm = "portfolio_gradient" if job["arm"] == "podium-pg" else "ppo"
+    config = config_of(algorithm)
+    data, env_kwargs, simulated = market(job["regime"], job["seed"], config)
+    # The portfolio gradient's rounds are its own; PPO's are the job's (Ray's too).
+    ppo_rounds = (job["rounds"], job["round_steps"])
+    rounds, round_steps = ppo_rounds if algorithm == "ppo" else ROUNDS[algorithm]
+    plan = plan_of(job["seed"], job["pods"], rounds, round_steps, config, True, algorithm)
+    if isinstance(plan, PortfolioPlan):
         # Each gradient step reads the policy's action on every train day.
-        train_days = split_market(data, env_kwargs)[0]["train"].num_days
-        steps = train_days * plan.round_steps
+        steps = split_market(data, env_kwargs)[0]["train"].num_days * plan.round_steps
     else:
-        data, env_kwargs, simulated = market(job["regime"], job["seed"])
-        plan = plan_of(job["seed"], job["pods"], job["rounds"], job["round_steps"])
         steps = plan.iterations * plan.ppo.num_envs * plan.ppo.num_steps  # per agent, round
 
     def on_round(round_: int, scores: list[float]) -> None:

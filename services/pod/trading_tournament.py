@@ -212,7 +212,6 @@ def evaluate_market(
         if simulated:
             raise ValueError("the portfolio gradient trains on the market's own train period")
         result = run_portfolio_tournament(train[0], periods["validation"], kwargs, plan, on_round)
-        assert result.final is not None
         kept, single = result.policy.act, result.final.agent(0).act
     else:
         result = run_tournament(train, periods["validation"], kwargs, plan, on_round)

@@ -32,12 +32,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from services.pod.envs.market import INDICATORS, MOMENTUM_WINDOWS, MarketData
+from services.pod.envs.market import (
+    INDICATORS,
+    MOMENTUM_WINDOWS,
+    TRADING_DAYS_PER_YEAR,
+    MarketData,
+)
 from services.pod.envs.stock_trading import market_features
 
 #: What an agent of the tournament may set (``learning_rate`` required, ``l2`` default 0).
@@ -106,53 +111,45 @@ class PeriodData:
 
 @dataclass
 class PortfolioPolicy:
-    """P agents' (or one agent's) parameters and the train period's feature statistics:
-    ``stock_weights`` (P, F), ``market_weights`` (P, G + 1, the last a bias)."""
+    """P agents' (or one agent's) parameters ``params`` (P, F + G + 1): the stock scorer's F
+    weights, then the invested fraction's G weights and bias; and the train period's feature
+    statistics."""
 
     layout: FeatureLayout
-    stock_weights: torch.Tensor
-    market_weights: torch.Tensor
+    params: torch.Tensor
     stock_mean: torch.Tensor
     stock_std: torch.Tensor
     market_mean: torch.Tensor
     market_std: torch.Tensor
 
-    def weights(self, stock: torch.Tensor, market: torch.Tensor) -> torch.Tensor:
-        """Each agent's target weights (P, ..., S) for raw features (..., S, F), (..., G)."""
-        x = (stock - self.stock_mean) / self.stock_std
-        g = (market - self.market_mean) / self.market_std
-        lead = (-1,) + (1,) * (x.dim() - 2)  # broadcast the agent axis over the day axes
-        scores = (x.unsqueeze(0) * self.stock_weights.view(*lead, 1, x.shape[-1])).sum(-1)
-        w, bias = self.market_weights[:, :-1], self.market_weights[:, -1]
-        invested = torch.sigmoid(
-            (g.unsqueeze(0) * w.view(*lead, g.shape[-1])).sum(-1) + bias.view(lead)
-        )
-        return invested.unsqueeze(-1) * torch.softmax(scores, -1)
+    @property
+    def stock_weights(self) -> torch.Tensor:
+        return self.params[:, : self.layout.per_stock]
 
-    def use(self, params: torch.Tensor) -> torch.Tensor:
-        """Read the weights from ``params`` (P, F + G + 1), as views; returns ``params``."""
-        self.stock_weights = params[:, : self.layout.per_stock]
-        self.market_weights = params[:, self.layout.per_stock :]
-        return params
+    def normalize(
+        self, stock: torch.Tensor, market: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw features (T, S, F), (T, G) on the scale the parameters read."""
+        x = (stock - self.stock_mean) / self.stock_std
+        return x, (market - self.market_mean) / self.market_std
+
+    def weights(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """Each agent's target weights (P, T, S) for normalised features (T, S, F), (T, G)."""
+        f = self.layout.per_stock
+        scores = (x * self.params[:, None, None, :f]).sum(-1)
+        invested = torch.sigmoid((g * self.params[:, None, f:-1]).sum(-1) + self.params[:, -1:])
+        return invested.unsqueeze(-1) * torch.softmax(scores, -1)
 
     def agent(self, i: int) -> PortfolioPolicy:
         """Agent ``i`` alone (a copy)."""
-        return PortfolioPolicy(
-            self.layout,
-            self.stock_weights[i : i + 1].detach().clone(),
-            self.market_weights[i : i + 1].detach().clone(),
-            self.stock_mean,
-            self.stock_std,
-            self.market_mean,
-            self.market_std,
-        )
+        return replace(self, params=self.params[i : i + 1].detach().clone())
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         """StockTradingEnv's action (weights mode) for observations (N, D), one agent: the
         invested fraction ``f`` as ``2f - 1``, each stock's share ``u`` of it as ``2u - 1``."""
         stock, market = self.layout.split(self.layout.market_of_observation(obs.double()))
-        w = self.weights(stock, market)[0]
+        w = self.weights(*self.normalize(stock, market))[0]
         invested = w.sum(-1, keepdim=True)
         return torch.cat([2 * invested - 1, 2 * w / invested - 1], -1).float()
 
@@ -168,7 +165,7 @@ def net_returns(weights: torch.Tensor, close: torch.Tensor, cost: float) -> torc
 
 def sharpe(returns: torch.Tensor) -> torch.Tensor:
     """Annualised Sharpe ratio of each row of daily returns (services.pod.backtest's)."""
-    return returns.mean(-1) / returns.std(-1).clamp_min(1e-12) * math.sqrt(252)
+    return returns.mean(-1) / returns.std(-1).clamp_min(1e-12) * math.sqrt(TRADING_DAYS_PER_YEAR)
 
 
 @dataclass(frozen=True)
@@ -191,8 +188,8 @@ class PortfolioResult:
     slot: int
     round: int
     validation_sharpe: float
-    history: list[list[float]] = field(default_factory=list)
-    final: PortfolioPolicy | None = None
+    history: list[list[float]]
+    final: PortfolioPolicy
 
 
 def run_portfolio_tournament(
@@ -219,43 +216,41 @@ def run_portfolio_tournament(
     params[:, -1] = _INITIAL_INVESTED_LOGIT
     policy = PortfolioPolicy(
         layout,
-        params[:, : layout.per_stock],
-        params[:, layout.per_stock :],
+        params,  # Adam updates it in place
         flat.mean(0),
         flat.std(0).clamp_min(1e-8),
         data.market.mean(0),
         data.market.std(0).clamp_min(1e-8),
     )
+    x, g = policy.normalize(data.stock, data.market)  # once: the features do not change
+    held_x, held_g = policy.normalize(held_out.stock, held_out.market)
     lr = torch.tensor([float(h["learning_rate"]) for h in plan.hyperparameters]).double()
     l2 = torch.tensor([float(h.get("l2", 0.0)) for h in plan.hyperparameters]).double()
     adam = BatchedAdam(params, lr)
     rng = np.random.default_rng(plan.seed)
-    best: PortfolioResult | None = None
+    kept: tuple[float, int, int, PortfolioPolicy] | None = None  # Sharpe, slot, round, policy
     history: list[list[float]] = []
     for round_ in range(plan.rounds):
         for _ in range(plan.round_steps):
-            tracked = policy.use(params.detach().requires_grad_(True))
-            returns = net_returns(policy.weights(data.stock, data.market), data.close, cost)
-            penalty = l2 * policy.stock_weights.square().sum(-1)
-            (grad,) = torch.autograd.grad((penalty - sharpe(returns)).sum(), tracked)
+            tracked = replace(policy, params=params.detach().requires_grad_(True))
+            returns = net_returns(tracked.weights(x, g), data.close, cost)
+            penalty = l2 * tracked.stock_weights.square().sum(-1)
+            (grad,) = torch.autograd.grad((penalty - sharpe(returns)).sum(), tracked.params)
             adam.step(grad)
-        policy.use(params)
         with torch.no_grad():
-            held = policy.weights(held_out.stock, held_out.market)
-            scores = sharpe(net_returns(held, held_out.close, cost)).tolist()
-        history.append(scores)
+            scores = sharpe(net_returns(policy.weights(held_x, held_g), held_out.close, cost))
+        history.append(scores.tolist())
         if on_round is not None:
-            on_round(round_, scores)
-        leader = int(np.argmax(scores))
-        if best is None or scores[leader] > best.validation_sharpe:
-            best = PortfolioResult(policy.agent(leader), leader, round_, scores[leader])
+            on_round(round_, history[-1])
+        leader = int(np.argmax(history[-1]))
+        if kept is None or history[-1][leader] > kept[0]:
+            kept = (history[-1][leader], leader, round_, policy.agent(leader))
         if plan.exploit and p >= 4 and round_ < plan.rounds - 1:
-            for loser in np.argsort(scores)[: p // 4]:
+            for loser in np.argsort(history[-1])[: p // 4]:
                 adam.copy(int(loser), leader, lr_factor=float(rng.choice([0.8, 1.25])))
-    assert best is not None
-    best.history = history
-    best.final = policy
-    return best
+    assert kept is not None
+    score, slot, round_, snapshot = kept
+    return PortfolioResult(snapshot, slot, round_, score, history, policy)
 
 
 class BatchedAdam:

@@ -54,13 +54,13 @@ def test_the_env_holds_what_the_policy_asks_for() -> None:
     kwargs = {**kwargs, "rebalance_band": 0.0}
     plan = PortfolioPlan(HPS[:1], rounds=1, round_steps=5)
     policy = run_portfolio_tournament(periods["train"], periods["validation"], kwargs, plan).policy
-    policy.stock_weights = torch.tensor([[0.5, -0.3, 0.2, 0.1, -0.2, 0.4, 0.8, 1.2]]).double()
-    policy.market_weights = torch.tensor([[0.3, -0.4, 0.5]]).double()
+    scorer, invested = [0.5, -0.3, 0.2, 0.1, -0.2, 0.4, 0.8, 1.2], [0.3, -0.4, 0.5]
+    policy.params = torch.tensor([scorer + invested], dtype=torch.float64)
     env = StockTradingEnv(1, mode="backtest", data=periods["backtest"], **kwargs)
     obs, _ = env.reset()
     layout = FeatureLayout.of(5, kwargs)
     stock, market = layout.split(layout.market_of_observation(obs.double()))
-    wanted = policy.weights(stock, market)[0, 0]
+    wanted = policy.weights(*policy.normalize(stock, market))[0, 0]
     assert wanted.max() - wanted.min() > 0.05  # a real tilt, not equal weights
     obs, *_ = env.step(policy.act(obs))
     held = obs[0, 1 + 5 : 1 + 10].double()  # the account's weights after the trade
