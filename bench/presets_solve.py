@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from services.cli.overrides import parse_set
-from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS, env_action_kind
+from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS, misfits
 from services.pod.fit import train
 from services.pod.presets import SOLVED_AT, train_config
 
@@ -36,12 +36,12 @@ ENVS = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0")
 
 
 def all_pairs() -> list[tuple[str, str]]:
-    """(algorithm, env) for every built-in algorithm that fits each env's action space."""
+    """(algorithm, env) for every built-in algorithm that fits each env."""
     return [
         (algorithm, env)
         for env in ENVS
-        for algorithm, kinds in ALGORITHM_ACTION_KINDS.items()
-        if env_action_kind(env) in kinds
+        for algorithm in ALGORITHM_ACTION_KINDS
+        if not misfits(env, [algorithm])
     ]
 
 

@@ -232,6 +232,20 @@ def test_backtest_a_trained_trading_agent(tmp_path, trader):
     assert "validation period" in table.stdout and "buy-and-hold" in table.stdout
 
 
+def test_train_and_backtest_a_portfolio_gradient_agent(tmp_path):
+    """``podium train StockTrading-v0 --set algorithm=portfolio_gradient``: its preset (a step
+    reads the 1,512 train days, so 2,048 env steps are two steps), files a backtest runs."""
+    files = train_agent(tmp_path, "StockTrading-v0", "algorithm=portfolio_gradient") / "best"
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["env_steps"], r["updates"]) for r in records] == [(1512, 1), (3024, 2)]
+    assert "eval_return" in records[-1] and "train_sharpe" in records[-1]
+    proc = run("backtest", str(files), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["period"] == "backtest" and report["metrics"]["agent"]["days"] > 400
+    assert read_files(files).manifest["algorithm"] == "portfolio_gradient"
+
+
 def test_backtest_refuses_what_it_cannot_run(tmp_path, trader):
     from services.pod.checkpoint import write_files
 

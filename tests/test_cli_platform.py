@@ -524,6 +524,7 @@ def test_run_interrupted_cancels_saves_results_and_stops_every_pod(tmp_path: Pat
         "examples/ant.yaml",
         "examples/halfcheetah.yaml",
         "examples/stock_trading.yaml",
+        "examples/stock_trading_portfolio_gradient.yaml",
     ],
 )
 def test_examples_are_valid_specs_the_pod_can_train(example: str) -> None:
@@ -538,7 +539,7 @@ def test_examples_are_valid_specs_the_pod_can_train(example: str) -> None:
         hyperparameters = {k: d.sample(rng) for k, d in spec.search_space.items()}
         config = pod_config(spec, hyperparameters, seed=seed)
         assert config.env == spec.env.name
-        assert config.ppo.learning_rate == hyperparameters["learning_rate"]
+        assert config.agent_config.learning_rate == hyperparameters["learning_rate"]
 
 
 @pytest.mark.slow
@@ -570,6 +571,33 @@ def test_run_example_tournament_end_to_end(
     assert files.documents["hyperparameters"]["env"] == env_name
     for png in ("best_score.png", "candidates.png", "lineage.png"):
         assert (out / png).read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_run_the_portfolio_gradient_tournament_and_backtest_its_best(tmp_path: Path) -> None:
+    """The stock-trading tournament of portfolio-gradient pods (PBT among them) until its
+    env-step budget is spent; the best agent's files, exported, beat buy-and-hold's Sharpe
+    over the held-out backtest period of the trend market (docs/benchmarks.md "Stock
+    trading": every agent of its search space does on this market)."""
+    from services.pod.checkpoint import read_files
+
+    out = tmp_path / "pg"
+    example = "examples/stock_trading_portfolio_gradient.yaml"
+    proc = podium(
+        "run", example, "--out", str(out), "--port", "0", "--leaderboard-port", "0",
+        env=clean_env(), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "env-step budget spent" in proc.stderr
+    files = read_files(out / "best")
+    assert files.manifest["algorithm"] == "portfolio_gradient"
+    candidates = json.loads((out / "candidates.json").read_text())
+    assert len(candidates) >= 8 and {c["algorithm"] for c in candidates} == {"portfolio_gradient"}
+    backtest = podium("backtest", str(out / "best"), "--json", env=clean_env())
+    assert backtest.returncode == 0, backtest.stderr
+    sharpe = {k: v["sharpe"] for k, v in json.loads(backtest.stdout)["metrics"].items()}
+    assert sharpe["agent"] > sharpe["buy-and-hold"] + 0.5, sharpe
+    no_traceback(proc)
 
 
 def test_the_experiment_list_follows_the_orchestrators_pages(platform: Platform) -> None:

@@ -28,7 +28,13 @@ ALGORITHM_ACTION_KINDS: dict[str, tuple[ActionKind, ...]] = {
     "td3": (CONTINUOUS,),
     "ddpg": (CONTINUOUS,),
     "dqn": (DISCRETE,),
+    "portfolio_gradient": (CONTINUOUS,),
 }
+
+#: Registered algorithm name → the only env families it trains (an algorithm not listed trains
+#: any env of its action kinds): the portfolio gradient differentiates a trading account's
+#: returns through the market's closes, which only StockTrading-v0 has.
+ALGORITHM_ENV_FAMILIES: dict[str, tuple[str, ...]] = {"portfolio_gradient": ("StockTrading",)}
 
 #: Env family (the id without ``gym:``/``envpool:`` and ``-v<N>``) → its action-space kind: Podium's
 #: registered envs and gymnasium's own (classic control, Box2D, toy text, MuJoCo).
@@ -78,22 +84,28 @@ ENV_ACTION_KINDS: dict[str, ActionKind] = {
 _VERSION = re.compile(r"-v\d+$")
 
 
+def env_family(env: str) -> str:
+    """A spec's ``env.name`` without ``gym:``/``envpool:`` and its version."""
+    return _VERSION.sub("", env.removeprefix("gym:").removeprefix(ENVPOOL_PREFIX))
+
+
 def env_action_kind(env: str) -> ActionKind | None:
     """The action-space kind of env ``env`` (a spec's ``env.name``), None when not known."""
-    family = _VERSION.sub("", env.removeprefix("gym:").removeprefix(ENVPOOL_PREFIX))
-    return ENV_ACTION_KINDS.get(family)
+    return ENV_ACTION_KINDS.get(env_family(env))
 
 
 def misfits(env: str, algorithms: list[str]) -> list[str]:
-    """The algorithms among ``algorithms`` that cannot train on ``env``'s action space, each
-    with the reason; empty when they all fit or a kind is not known here."""
+    """The algorithms among ``algorithms`` that cannot train on ``env`` (its action space, or
+    an algorithm made for other envs), each with the reason; empty when they all fit or a kind
+    is not known here."""
     kind = env_action_kind(env)
-    if kind is None:
-        return []
     out = []
     for name in algorithms:
         kinds = ALGORITHM_ACTION_KINDS.get(name)
-        if kinds is not None and kind not in kinds:
+        families = ALGORITHM_ENV_FAMILIES.get(name)
+        if families is not None and env_family(env) not in families:
+            out.append(f"cannot train {name} on {env}: {name} trains {' or '.join(families)} only")
+        elif kind is not None and kinds is not None and kind not in kinds:
             out.append(
                 f"cannot train {name} on {env}: {name} trains {' or '.join(sorted(kinds))} "
                 f"actions, {env} has {kind} actions"

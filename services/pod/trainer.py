@@ -1,11 +1,11 @@
 """The trainer interface: every way the pod trains, behind one contract.
 
 A *trainer* trains ``size`` agents ("slots") of one algorithm on one env: PPO on-policy
-(services/pod/onpolicy.py), the off-policy algorithms (services/pod/offpolicy.py) and a
-population of P PPO agents in one process (services/pod/population_trainer.py); a single agent
-is one slot. ``podium train``'s fit loop (services/pod/fit.py) and the pod's round loop
-(services/pod/runtime.py) see nothing else of an algorithm: they step, evaluate, save and load
-slots, and read counters.
+(services/pod/onpolicy.py), the off-policy algorithms (services/pod/offpolicy.py), the
+portfolio gradient (services/pod/portfolio_trainer.py) and a population of P PPO agents in one
+process (services/pod/population_trainer.py); a single agent is one slot. ``podium train``'s
+fit loop (services/pod/fit.py) and the pod's round loop (services/pod/runtime.py) see nothing
+else of an algorithm: they step, evaluate, save and load slots, and read counters.
 
 Which trainer trains an algorithm is a registry lookup: the class registered under its name
 (entry points ``podium.algorithms``, services/registry.py) declares its hyperparameters

@@ -71,6 +71,7 @@ def test_what_no_pod_can_train_is_refused_at_submission(
     for env, algorithm, kinds in [
         ("Pendulum-v1", "dqn", "dqn trains discrete actions, Pendulum-v1 has continuous"),
         ("gym:CartPole-v1", "sac", "sac trains continuous actions, gym:CartPole-v1 has discrete"),
+        ("Pendulum-v1", "portfolio_gradient", "portfolio_gradient trains StockTrading only"),
     ]:
         r = client.post(API, json=spec(env={"name": env}, algorithms={algorithm: 1.0}))
         assert r.status_code == 422, r.text
@@ -95,7 +96,8 @@ def test_what_no_pod_can_train_is_refused_at_submission(
     detail = r.json()["detail"]
     assert [tuple(e["loc"]) for e in detail] == [("body", "algorithms")]
     assert "'a2c' is registered but no pod can train it" in detail[0]["msg"]
-    assert "podium.algorithm_configs); pods train: ddpg, dqn, ppo, sac, td3" in detail[0]["msg"]
+    pods_train = "pods train: ddpg, dqn, portfolio_gradient, ppo, sac, td3"
+    assert f"podium.algorithm_configs); {pods_train}" in detail[0]["msg"]
     assert client.get(API).json() == []
 
 

@@ -226,6 +226,7 @@ def test_hyperparameter_names_are_checked_against_the_listed_algorithms() -> Non
     [
         ("Pendulum-v1", "dqn", "cannot train dqn on Pendulum-v1: dqn needs a Discrete"),
         ("CartPole-v1", "sac", "cannot train sac on CartPole-v1: sac needs a continuous"),
+        ("Pendulum-v1", "portfolio_gradient", "portfolio_gradient trains StockTrading-v0 only"),
     ],
 )
 def test_an_algorithm_the_env_cannot_take_is_a_clear_error(

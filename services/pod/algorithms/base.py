@@ -21,12 +21,17 @@ class OffPolicyAlgorithm:
 
     @classmethod
     def trainer(cls, slots: int) -> type[Trainer]:
-        if slots != 1:
-            raise HyperparameterError(
-                f"{cls.name} trains one agent per pod: population pods "
-                f"(population.agents_per_pod > 1) train PPO only"
-            )
+        one_agent_per_pod(cls.name, slots)
         # Imported here: the trainer imports the algorithms' shared machinery, not this.
         from services.pod.offpolicy import offpolicy_trainer
 
         return offpolicy_trainer(cls.name)
+
+
+def one_agent_per_pod(algorithm: str, slots: int) -> None:
+    """Refuse a population pod (``slots`` > 1) for an algorithm that trains one agent a pod."""
+    if slots != 1:
+        raise HyperparameterError(
+            f"{algorithm} trains one agent per pod: population pods "
+            f"(population.agents_per_pod > 1) train PPO only"
+        )

@@ -21,12 +21,14 @@ from pydantic import BaseModel
 
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.pod.algorithms.offpolicy_config import AGENT_CONFIGS, ReplayLoopConfig
+from services.pod.algorithms.portfolio_gradient_config import PortfolioGradientConfig
 from services.pod.algorithms.ppo_config import POPULATION_HYPERPARAMETERS, PPOConfig
 
 #: Registered algorithm name → the config models whose fields are its hyperparameters.
 HYPERPARAMETER_MODELS: dict[str, tuple[type[BaseModel], ...]] = {
     "ppo": (PPOConfig,),
     **{name: (config, ReplayLoopConfig) for name, config in AGENT_CONFIGS.items()},
+    "portfolio_gradient": (PortfolioGradientConfig,),
 }
 
 

@@ -26,17 +26,28 @@ best (agent, round) snapshot is kept, and the worst quarter restart from the rou
 with its learning rate times 0.8 or 1.25 (PBT's exploit and explore), as
 ``services.pod.trading_tournament`` does for PPO. The kept policy acts in StockTradingEnv
 (``PortfolioPolicy.act``), where a backtest pays whole shares and the env's costs.
+
+The same agent trains in a pod (``PortfolioGradient``, registered as ``portfolio_gradient``;
+its trainer is services/pod/portfolio_trainer.py), where the experiment's tournament, not this
+module's loop, scores, keeps and copies the agents.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
+import gymnasium as gym
 import numpy as np
 import torch
+from torch import nn
 
+from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
+from services.pod.algorithms.base import one_agent_per_pod
+from services.pod.algorithms.portfolio_gradient_config import PortfolioGradientConfig
 from services.pod.envs.market import (
     INDICATORS,
     MOMENTUM_WINDOWS,
@@ -45,8 +56,11 @@ from services.pod.envs.market import (
 )
 from services.pod.envs.stock_trading import market_features
 
+if TYPE_CHECKING:
+    from services.pod.trainer import Trainer
+
 #: What an agent of the tournament may set (``learning_rate`` required, ``l2`` default 0).
-HYPERPARAMETERS = ("learning_rate", "l2")
+HYPERPARAMETERS = tuple(PortfolioGradientConfig.model_fields)
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-8
 #: The invested fraction of a fresh agent, sigmoid(3) = 95%: buy-and-hold's exposure, split
 #: equally (the scores start at zero).
@@ -68,6 +82,22 @@ class FeatureLayout:
         if env_kwargs.get("shuffle_stocks"):
             raise ValueError("the portfolio gradient's scorer is shared by the stocks already")
         return cls(num_stocks, bool(env_kwargs.get("turbulence")), bool(env_kwargs.get("momentum")))
+
+    @classmethod
+    def of_spaces(cls, observation_space: gym.Space, action_space: gym.Space) -> FeatureLayout:
+        """The layout of a weights-mode StockTradingEnv with these spaces: its action is the
+        invested fraction and one share per stock, its observation ``1 + (2 + indicators) S``
+        entries plus 2 with ``turbulence`` and ``3 S`` with ``momentum`` (all four sums
+        differ). What rebuilds a trained policy from its spaces (services/pod/backtest.py)."""
+        (obs_dim,), (act_dim,) = observation_space.shape, action_space.shape  # type: ignore[misc]
+        s = act_dim - 1
+        rest = obs_dim - 1 - (2 + len(INDICATORS)) * s
+        for turbulence, momentum in itertools.product((False, True), repeat=2):
+            if 2 * turbulence + len(MOMENTUM_WINDOWS) * s * momentum == rest and s >= 1:
+                return cls(s, turbulence, momentum)
+        raise ValueError(
+            f"spaces {observation_space}, {action_space} are not a weights-mode StockTrading-v0's"
+        )
 
     @property
     def per_stock(self) -> int:
@@ -109,18 +139,38 @@ class PeriodData:
         return cls(stock, market, torch.as_tensor(data.close, dtype=torch.float64))
 
 
-@dataclass
-class PortfolioPolicy:
+class PortfolioPolicy(nn.Module):
     """P agents' (or one agent's) parameters ``params`` (P, F + G + 1): the stock scorer's F
     weights, then the invested fraction's G weights and bias; and the train period's feature
-    statistics."""
+    statistics. All buffers, not ``nn.Parameter``: the portfolio gradient steps them with its
+    own Adam (``BatchedAdam``), and a checkpoint's ``actor.safetensors`` is this state."""
 
-    layout: FeatureLayout
     params: torch.Tensor
     stock_mean: torch.Tensor
     stock_std: torch.Tensor
     market_mean: torch.Tensor
     market_std: torch.Tensor
+
+    def __init__(self, layout: FeatureLayout, agents: int = 1) -> None:
+        super().__init__()
+        self.layout = layout
+        f, g = layout.per_stock, layout.market_wide
+        params = torch.zeros(agents, f + g + 1, dtype=torch.float64)
+        params[:, -1] = _INITIAL_INVESTED_LOGIT
+        self.register_buffer("params", params)
+        self.register_buffer("stock_mean", torch.zeros(f, dtype=torch.float64))
+        self.register_buffer("stock_std", torch.ones(f, dtype=torch.float64))
+        self.register_buffer("market_mean", torch.zeros(g, dtype=torch.float64))
+        self.register_buffer("market_std", torch.ones(g, dtype=torch.float64))
+
+    def fit_statistics(self, data: PeriodData) -> None:
+        """Read the features' scale off ``data`` (the train period)."""
+        flat = data.stock.reshape(-1, self.layout.per_stock)
+        self.stock_mean.copy_(flat.mean(0))
+        self.stock_std.copy_(flat.std(0).clamp_min(1e-8))
+        if self.layout.market_wide:
+            self.market_mean.copy_(data.market.mean(0))
+            self.market_std.copy_(data.market.std(0).clamp_min(1e-8))
 
     @property
     def stock_weights(self) -> torch.Tensor:
@@ -133,16 +183,22 @@ class PortfolioPolicy:
         x = (stock - self.stock_mean) / self.stock_std
         return x, (market - self.market_mean) / self.market_std
 
-    def weights(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """Each agent's target weights (P, T, S) for normalised features (T, S, F), (T, G)."""
+    def weights(
+        self, x: torch.Tensor, g: torch.Tensor, params: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Each agent's target weights (P, T, S) for normalised features (T, S, F), (T, G);
+        with ``params`` (P, F + G + 1) instead of the policy's own (to differentiate)."""
+        p = self.params if params is None else params
         f = self.layout.per_stock
-        scores = (x * self.params[:, None, None, :f]).sum(-1)
-        invested = torch.sigmoid((g * self.params[:, None, f:-1]).sum(-1) + self.params[:, -1:])
+        scores = (x * p[:, None, None, :f]).sum(-1)
+        invested = torch.sigmoid((g * p[:, None, f:-1]).sum(-1) + p[:, -1:])
         return invested.unsqueeze(-1) * torch.softmax(scores, -1)
 
     def agent(self, i: int) -> PortfolioPolicy:
         """Agent ``i`` alone (a copy)."""
-        return replace(self, params=self.params[i : i + 1].detach().clone())
+        alone = PortfolioPolicy(self.layout).to(self.params.device)
+        alone.load_state_dict({**self.state_dict(), "params": self.params[i : i + 1]})
+        return alone
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
@@ -152,6 +208,44 @@ class PortfolioPolicy:
         w = self.weights(*self.normalize(stock, market))[0]
         invested = w.sum(-1, keepdim=True)
         return torch.cat([2 * invested - 1, 2 * w / invested - 1], -1).float()
+
+    #: What an evaluator and a backtest call (services/pod/algorithms/policies.py's name): the
+    #: policy is deterministic.
+    act_deterministic = act
+
+
+class PortfolioLearner:
+    """Full-batch Adam on the train period's Sharpe (minus an L2 penalty on the scorer's
+    weights) for every agent of ``policy``, each its own learning rate and L2 (P,)."""
+
+    def __init__(
+        self,
+        policy: PortfolioPolicy,
+        train: PeriodData,
+        cost: float,
+        lr: torch.Tensor,
+        l2: torch.Tensor,
+    ) -> None:
+        self.policy, self.train, self.cost, self.l2 = policy, train, cost, l2
+        self.adam = BatchedAdam(policy.params, lr)  # updates the policy's params in place
+        self.features_changed()
+
+    def features_changed(self) -> None:
+        """The policy's feature statistics changed (fitted, or loaded): normalise once, not on
+        every step, since the train period does not change."""
+        self.x, self.g = self.policy.normalize(self.train.stock, self.train.market)
+
+    def step(self) -> torch.Tensor:
+        """One Adam step; returns each agent's train Sharpe before it."""
+        params = self.policy.params.detach().requires_grad_(True)
+        returns = net_returns(
+            self.policy.weights(self.x, self.g, params), self.train.close, self.cost
+        )
+        train_sharpe = sharpe(returns)
+        penalty = self.l2 * params[:, : self.policy.layout.per_stock].square().sum(-1)
+        (grad,) = torch.autograd.grad((penalty - train_sharpe).sum(), params)
+        self.adam.step(grad)
+        return train_sharpe.detach()
 
 
 def net_returns(weights: torch.Tensor, close: torch.Tensor, cost: float) -> torch.Tensor:
@@ -211,32 +305,18 @@ def run_portfolio_tournament(
     layout = FeatureLayout.of(train.num_stocks, env_kwargs)
     cost = float(env_kwargs.get("transaction_cost", 0.001))  # type: ignore[arg-type]
     data, held_out = PeriodData.of(train, layout), PeriodData.of(validation, layout)
-    flat = data.stock.reshape(-1, layout.per_stock)
-    params = torch.zeros(p, layout.per_stock + layout.market_wide + 1, dtype=torch.float64)
-    params[:, -1] = _INITIAL_INVESTED_LOGIT
-    policy = PortfolioPolicy(
-        layout,
-        params,  # Adam updates it in place
-        flat.mean(0),
-        flat.std(0).clamp_min(1e-8),
-        data.market.mean(0),
-        data.market.std(0).clamp_min(1e-8),
-    )
-    x, g = policy.normalize(data.stock, data.market)  # once: the features do not change
-    held_x, held_g = policy.normalize(held_out.stock, held_out.market)
+    policy = PortfolioPolicy(layout, p)
+    policy.fit_statistics(data)
     lr = torch.tensor([float(h["learning_rate"]) for h in plan.hyperparameters]).double()
     l2 = torch.tensor([float(h.get("l2", 0.0)) for h in plan.hyperparameters]).double()
-    adam = BatchedAdam(params, lr)
+    learner = PortfolioLearner(policy, data, cost, lr, l2)
+    held_x, held_g = policy.normalize(held_out.stock, held_out.market)
     rng = np.random.default_rng(plan.seed)
     kept: tuple[float, int, int, PortfolioPolicy] | None = None  # Sharpe, slot, round, policy
     history: list[list[float]] = []
     for round_ in range(plan.rounds):
         for _ in range(plan.round_steps):
-            tracked = replace(policy, params=params.detach().requires_grad_(True))
-            returns = net_returns(tracked.weights(x, g), data.close, cost)
-            penalty = l2 * tracked.stock_weights.square().sum(-1)
-            (grad,) = torch.autograd.grad((penalty - sharpe(returns)).sum(), tracked.params)
-            adam.step(grad)
+            learner.step()
         with torch.no_grad():
             scores = sharpe(net_returns(policy.weights(held_x, held_g), held_out.close, cost))
         history.append(scores.tolist())
@@ -247,7 +327,7 @@ def run_portfolio_tournament(
             kept = (history[-1][leader], leader, round_, policy.agent(leader))
         if plan.exploit and p >= 4 and round_ < plan.rounds - 1:
             for loser in np.argsort(history[-1])[: p // 4]:
-                adam.copy(int(loser), leader, lr_factor=float(rng.choice([0.8, 1.25])))
+                learner.adam.copy(int(loser), leader, lr_factor=float(rng.choice([0.8, 1.25])))
     assert kept is not None
     score, slot, round_, snapshot = kept
     return PortfolioResult(snapshot, slot, round_, score, history, policy)
@@ -278,3 +358,28 @@ class BatchedAdam:
         self.moments[:, loser] = self.moments[:, leader]
         self.steps[loser] = self.steps[leader]
         self.lr[loser] = self.lr[leader] * lr_factor
+
+
+class PortfolioGradient:
+    """What the registry finds under ``portfolio_gradient`` (services/pod/trainer.py's
+    ``Algorithm``): one agent per pod, trained by services/pod/portfolio_trainer.py. Built from
+    a weights-mode StockTrading-v0's spaces, ``policy`` is the agent that acts (a backtest
+    loads its ``actor.safetensors`` into it, services/pod/backtest.py)."""
+
+    name: ClassVar[str] = "portfolio_gradient"
+    config_class = PortfolioGradientConfig
+    action_spaces = ALGORITHM_ACTION_KINDS["portfolio_gradient"]
+
+    def __init__(
+        self, observation_space: gym.Space, action_space: gym.Space, config: PortfolioGradientConfig
+    ) -> None:
+        self.config = config
+        self.policy = PortfolioPolicy(FeatureLayout.of_spaces(observation_space, action_space))
+
+    @classmethod
+    def trainer(cls, slots: int) -> type[Trainer]:
+        one_agent_per_pod(cls.name, slots)
+        # Imported here: the trainer imports this module, not the other way round.
+        from services.pod.portfolio_trainer import PortfolioTrainer
+
+        return PortfolioTrainer
