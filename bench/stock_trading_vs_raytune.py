@@ -28,7 +28,9 @@ validation Sharpe; its Sharpe on the backtest period is reported, never used.
   / one pod of P agents / P / 2 pods of two agents (one batched population each),
   pods scored by their validation Sharpe, PBT replacing the bottom quarter; the kept agent is
   the leaderboard's best, backtested as ``podium backtest`` does. Its search space is the
-  example's (continuous ranges), not the grid.
+  example's (continuous ranges), not the grid. ``podium-run-pg``: the same with P pods of
+  the portfolio gradient (examples/stock_trading_portfolio_gradient.yaml; ``podium-pg``'s
+  rounds): the platform path of ``podium-pg``.
 - ``ray``: ``ray.init`` then ``tune.Tuner`` with ``PopulationBasedTraining`` (synchronous, as
   the tournament's rounds; quantile 0.25; no resampling; factors 0.8 / 1.25 on the learning
   rate and entropy coefficient) over P trials of bench/tournament_vs_raytune.py's SB3
@@ -230,9 +232,17 @@ def ray_driver(job: dict[str, Any]) -> None:
 
 DRIVERS = {"podium": podium_driver, "podium-pg": podium_driver, "ray": ray_driver}
 #: The arms: the in-process tournament (PPO, or the portfolio gradient's agents), Ray Tune +
-#: SB3, and ``podium run`` (real pods: P of one agent, one population pod of P, or P / 2
-#: population pods of two).
-ARMS = ["podium", "podium-pg", "ray", "podium-run", "podium-run-pop", "podium-run-pop2"]
+#: SB3, and ``podium run`` (real pods: P of one agent, one population pod of P, P / 2
+#: population pods of two, or P portfolio-gradient pods).
+ARMS = [
+    "podium",
+    "podium-pg",
+    "ray",
+    "podium-run",
+    "podium-run-pop",
+    "podium-run-pop2",
+    "podium-run-pg",
+]
 
 
 def failed(message: str, work: Path) -> NoReturn:
@@ -246,21 +256,33 @@ OPTIONAL = ("env_steps", "exploits", "trial_errors", "report_cpu_s")
 
 
 def platform_spec(
-    args: argparse.Namespace, regime: str, seed: int, cores: int, agents_per_pod: int = 1
+    args: argparse.Namespace,
+    regime: str,
+    seed: int,
+    cores: int,
+    agents_per_pod: int = 1,
+    algorithm: str = "ppo",
 ) -> dict:
     """examples/stock_trading.yaml on the market, as P / ``agents_per_pod`` pods (each
     training that many agents as one batched population), the budget of the other arms (P
     agents x rounds x round steps), PBT's bottom quarter replaced by a perturbed copy of a
-    top one after each round."""
-    spec = yaml.safe_load((ROOT / "examples" / "stock_trading.yaml").read_text())
+    top one after each round. The portfolio gradient: examples/
+    stock_trading_portfolio_gradient.yaml, P pods, ``podium-pg``'s rounds (``ROUNDS``; a
+    gradient step counts the train period's days as env steps)."""
+    example = "stock_trading" if algorithm == "ppo" else f"stock_trading_{algorithm}"
+    spec = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
     spec["name"] = f"trading-{regime.replace('_', '-')}-{seed}"
     spec["env"]["kwargs"].update(market_seed=seed, regime=regime)
     pods = args.pods // agents_per_pod
     spec["population"] = {"min_pods": pods, "max_pods": pods, "agents_per_pod": agents_per_pod}
     spec["resources"] = {**spec["resources"], "cpu": cores / pods}
-    spec["round"] = {"env_steps": args.round_steps}
+    rounds, round_steps = args.rounds, args.round_steps
+    if algorithm != "ppo":
+        rounds, steps = ROUNDS[algorithm]
+        round_steps = steps * market_split(regime, seed)[0]["train"].num_days
+    spec["round"] = {"env_steps": round_steps}
     spec["budget"] = {
-        "total_env_steps": args.pods * args.rounds * args.round_steps,
+        "total_env_steps": args.pods * rounds * round_steps,
         "wall_time_s": args.cap_s,
     }
     spec["evaluation"]["seed"] = seed
@@ -292,7 +314,8 @@ def run_platform(
         work = Path(tmp)
         spec_file, out = work / "spec.yaml", work / "out"
         agents_per_pod = {"podium-run-pop": args.pods, "podium-run-pop2": 2}.get(arm, 1)
-        spec = platform_spec(args, regime, seed, cores, agents_per_pod)
+        algorithm = "portfolio_gradient" if arm == "podium-run-pg" else "ppo"
+        spec = platform_spec(args, regime, seed, cores, agents_per_pod, algorithm)
         spec_file.write_text(yaml.safe_dump(spec))
         podium = Path(sys.executable).with_name("podium")
         cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet"]
