@@ -15,7 +15,8 @@ of the account values on the backtest period (``--plot``, needs the ``plots`` ex
 
 With ``--algorithm portfolio_gradient`` the agents are services/pod/algorithms/
 portfolio_gradient.py's (a shared linear scorer per stock, trained by the exact gradient of the
-train period's Sharpe ratio; the preset's env plus ``PORTFOLIO_ENV``), in the same tournament.
+train period's Sharpe ratio; the env of its preset, services/pod/presets/portfolio_gradient/),
+in the same tournament.
 
     python bench/stock_trading_tournament.py --out /tmp/st.json          # 3 regimes x 3 seeds
     python bench/stock_trading_tournament.py --regimes crash --seeds 0 --rounds 2   # quick look
@@ -54,10 +55,9 @@ SPACE = {
     "gamma": [0.9, 0.97, 0.99],
 }
 #: ``--algorithm portfolio_gradient`` (services/pod/algorithms/portfolio_gradient.py): its
-#: search space, and what it changes in the preset's env (the trailing-return features that
-#: the trend markets reward; docs/benchmarks.md "Session 17").
+#: search space; its env is its own preset's (the PPO preset's plus the trailing-return
+#: features that the trend markets reward; docs/benchmarks.md "Session 17").
 PORTFOLIO_SPACE = {"learning_rate": [0.02, 0.05, 0.1], "l2": [1e-4, 1e-3, 1e-2]}
-PORTFOLIO_ENV = {"momentum": True}
 #: Per algorithm: rounds, and env steps (PPO, per agent) or full-batch gradient steps a round.
 ROUNDS = {"ppo": (6, 32768), "portfolio_gradient": (30, 10)}
 KEYS = ("cumulative_return", "annual_return", "annual_volatility", "max_drawdown", "sharpe")
@@ -81,11 +81,8 @@ def market(
 
 
 def config_of(algorithm: str) -> dict:
-    """The preset the ``algorithm``'s tournament runs on (``PORTFOLIO_ENV`` added for the
-    portfolio gradient)."""
-    if algorithm == "portfolio_gradient":
-        return deep_merge(PRESET, {"env_kwargs": PORTFOLIO_ENV})
-    return PRESET
+    """The preset the ``algorithm``'s tournament runs on (services/pod/presets/)."""
+    return PRESET if algorithm == "ppo" else preset(algorithm, "StockTrading-v0")
 
 
 def plan_of(
@@ -219,7 +216,7 @@ def main() -> None:
         "--algorithm",
         choices=sorted(ROUNDS),
         default="ppo",
-        help="PPO agents (the preset), or the portfolio gradient's (with PORTFOLIO_ENV)",
+        help="PPO agents, or the portfolio gradient's (each on its preset)",
     )
     parser.add_argument("--rounds", type=int, help="default: 6 (ppo), 30 (portfolio_gradient)")
     parser.add_argument(

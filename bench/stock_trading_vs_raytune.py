@@ -290,7 +290,7 @@ def platform_spec(
         "seed": seed,
         "truncation": 0.25,
         "ready_reports": 1,
-        "ready_env_steps": args.round_steps,
+        "ready_env_steps": round_steps,  # every round, as the in-process tournaments
         "perturb_factors": [0.8, 1.25],
         "resample_probability": 0.0,
     }

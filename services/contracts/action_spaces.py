@@ -31,10 +31,10 @@ ALGORITHM_ACTION_KINDS: dict[str, tuple[ActionKind, ...]] = {
     "portfolio_gradient": (CONTINUOUS,),
 }
 
-#: Registered algorithm name → the only env families it trains (an algorithm not listed trains
-#: any env of its action kinds): the portfolio gradient differentiates a trading account's
-#: returns through the market's closes, which only StockTrading-v0 has.
-ALGORITHM_ENV_FAMILIES: dict[str, tuple[str, ...]] = {"portfolio_gradient": ("StockTrading",)}
+#: Registered algorithm name → the only envs (spec ``env.name``) it trains; an algorithm not
+#: listed trains any env of its action kinds. The portfolio gradient differentiates a trading
+#: account's returns through the market's closes, which only StockTrading-v0 has.
+ALGORITHM_ENVS: dict[str, tuple[str, ...]] = {"portfolio_gradient": ("StockTrading-v0",)}
 
 #: Env family (the id without ``gym:``/``envpool:`` and ``-v<N>``) → its action-space kind: Podium's
 #: registered envs and gymnasium's own (classic control, Box2D, toy text, MuJoCo).
@@ -84,27 +84,23 @@ ENV_ACTION_KINDS: dict[str, ActionKind] = {
 _VERSION = re.compile(r"-v\d+$")
 
 
-def env_family(env: str) -> str:
-    """A spec's ``env.name`` without ``gym:``/``envpool:`` and its version."""
-    return _VERSION.sub("", env.removeprefix("gym:").removeprefix(ENVPOOL_PREFIX))
-
-
 def env_action_kind(env: str) -> ActionKind | None:
     """The action-space kind of env ``env`` (a spec's ``env.name``), None when not known."""
-    return ENV_ACTION_KINDS.get(env_family(env))
+    family = _VERSION.sub("", env.removeprefix("gym:").removeprefix(ENVPOOL_PREFIX))
+    return ENV_ACTION_KINDS.get(family)
 
 
 def misfits(env: str, algorithms: list[str]) -> list[str]:
-    """The algorithms among ``algorithms`` that cannot train on ``env`` (its action space, or
-    an algorithm made for other envs), each with the reason; empty when they all fit or a kind
-    is not known here."""
+    """The algorithms among ``algorithms`` that cannot train on ``env``, each with the reason:
+    an algorithm made for other envs (``ALGORITHM_ENVS``), or one whose action kinds do not
+    include the env's (not checked where either kind is not known here)."""
     kind = env_action_kind(env)
     out = []
     for name in algorithms:
         kinds = ALGORITHM_ACTION_KINDS.get(name)
-        families = ALGORITHM_ENV_FAMILIES.get(name)
-        if families is not None and env_family(env) not in families:
-            out.append(f"cannot train {name} on {env}: {name} trains {' or '.join(families)} only")
+        envs = ALGORITHM_ENVS.get(name)
+        if envs is not None and env not in envs:
+            out.append(f"cannot train {name} on {env}: {name} trains {' or '.join(envs)} only")
         elif kind is not None and kinds is not None and kind not in kinds:
             out.append(
                 f"cannot train {name} on {env}: {name} trains {' or '.join(sorted(kinds))} "

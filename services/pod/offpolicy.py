@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, Field, create_model, model_validator
 
-from services.logs import get_logger
 from services.pod.algorithms.offpolicy_config import (
     DDPGConfig,
     DQNConfig,
@@ -56,10 +55,9 @@ from services.pod.trainer import (
     Trainer,
     algorithm_class,
     check_action_space,
+    train_in_process,
 )
 from services.pod.worker import ReplayWorker
-
-log = get_logger(__name__)
 
 
 class OffPolicyConfig(RunConfig, ReplayLoopConfig):
@@ -127,13 +125,11 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
 
     def __init__(self, configs: Sequence[OffPolicyConfig], roles: Roles | None = None) -> None:
         [config] = configs
-        if roles is not None and not roles.in_process:
-            log.warning(
-                "off-policy agents train fused: worker, learner and evaluator in this process",
-                algorithm=config.algorithm,
-                asked=type(roles).__name__,
-            )
-            roles.close()  # not needed: let their processes or containers go
+        train_in_process(
+            roles,
+            "off-policy agents train fused: worker, learner and evaluator in this process",
+            algorithm=config.algorithm,
+        )
         self.size = 1
         self._stats: dict[str, torch.Tensor] = {}
         self._built = False

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from services.logs import get_logger
 from services.pod.algorithms.portfolio_gradient import (
     FeatureLayout,
     PeriodData,
@@ -37,16 +36,23 @@ from services.pod.checkpoint import (
     tensor_bytes,
     write_files,
 )
-from services.pod.envs.registry import make_env
 from services.pod.envs.stock_trading import StockTradingEnv
 from services.pod.evaluator import EvalResult, Evaluator
-from services.pod.trainer import Counters, Roles, RunConfig, Trainer, check_action_space
-
-log = get_logger(__name__)
+from services.pod.trainer import (
+    Counters,
+    Roles,
+    RunConfig,
+    Trainer,
+    check_action_space,
+    train_in_process,
+)
 
 
 class PortfolioRunConfig(RunConfig):
     """One portfolio-gradient run: the run's fields and the agent's (``portfolio_gradient``)."""
+
+    # Validated when left out too: the default (no env arguments) is not a market it trains.
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
     env: str = StockTradingEnv.spec_id
     algorithm: str = PortfolioGradient.name
@@ -70,7 +76,7 @@ class PortfolioRunConfig(RunConfig):
             )
         return value
 
-    @field_validator("env_kwargs")
+    @field_validator("env_kwargs", mode="after")
     @classmethod
     def _a_weights_market(cls, value: dict[str, Any]) -> dict[str, Any]:
         FeatureLayout.of(0, value)  # target weights, stocks in their own slots
@@ -79,6 +85,20 @@ class PortfolioRunConfig(RunConfig):
                 f"{PortfolioGradient.name} trains on the market's own train period "
                 f"(simulated_markets: 0)"
             )
+        return value
+
+    @field_validator("eval_env_kwargs", mode="after")
+    @classmethod
+    def _the_same_features(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # The policy reads the evaluation env's observations with the train env's layout.
+        train = info.data.get("env_kwargs")
+        if train is not None:
+            both = {**train, **value}
+            if FeatureLayout.of(0, both) != FeatureLayout.of(0, train):
+                raise ValueError(
+                    "the evaluation env must show the train env's features (turbulence, "
+                    "momentum as in env_kwargs)"
+                )
         return value
 
 
@@ -91,12 +111,7 @@ class PortfolioTrainer(Trainer[PortfolioRunConfig]):
 
     def __init__(self, configs: Sequence[PortfolioRunConfig], roles: Roles | None = None) -> None:
         [config] = configs
-        if roles is not None and not roles.in_process:
-            log.warning(
-                "the portfolio gradient trains in this process: no worker rolls out",
-                asked=type(roles).__name__,
-            )
-            roles.close()  # not needed: let their processes or containers go
+        train_in_process(roles, "the portfolio gradient trains in its process: no worker rolls out")
         self.size = 1
         self._built = False
         self.reset(0, config)
@@ -105,34 +120,23 @@ class PortfolioTrainer(Trainer[PortfolioRunConfig]):
         """A fresh agent on ``config``'s market: zero scores (equal split), 95% invested."""
         self.close()
         self._config = config
-        train_env = make_env(config.env, 1, device=config.device, **config.env_kwargs)
+        train_env, eval_env = config.make_envs(1)
         try:
             assert isinstance(train_env, StockTradingEnv)  # the config's validator saw to it
             check_action_space(PortfolioGradient, train_env.single_action_space)
             layout = FeatureLayout.of(train_env.num_stocks, config.env_kwargs)
             train = PeriodData.of(train_env.data, layout)
             cost = train_env.transaction_cost
+        except BaseException:
+            eval_env.close()
+            raise
         finally:
-            train_env.close()
+            train_env.close()  # it ran no episode: the gradient reads its market
         device = torch.device(config.device)
         train = PeriodData(*(t.to(device) for t in (train.stock, train.market, train.close)))
         self.policy = PortfolioPolicy(layout).to(device)
         self.policy.fit_statistics(train)
-        agent = config.portfolio_gradient
-        self.learner = PortfolioLearner(
-            self.policy,
-            train,
-            cost,
-            torch.tensor([agent.learning_rate], dtype=torch.float64, device=device),
-            torch.tensor([agent.l2], dtype=torch.float64, device=device),
-        )
-        eval_env = make_env(
-            config.env,
-            config.eval_episodes,
-            device=config.device,
-            seed=config.evaluation_seed,
-            **{**config.env_kwargs, **config.eval_env_kwargs},
-        )
+        self.learner = PortfolioLearner.of(self.policy, train, cost, [config.portfolio_gradient])
         self.evaluator = Evaluator(eval_env, seed=config.evaluation_seed)
         self._env_steps = self._updates = 0
         self._train_sharpe: float | None = None

@@ -28,10 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services import registry
 from services.contracts.action_spaces import ActionKind
+from services.logs import get_logger
 from services.pod.algorithms.hyperparameters import HyperparameterError
 from services.pod.envs.base import VecEnv
 from services.pod.envs.registry import make_env
 from services.pod.evaluator import EvalResult
+
+log = get_logger(__name__)
 
 
 class RunConfig(BaseModel):
@@ -123,6 +126,14 @@ class Roles(Protocol):
     in_process: bool
 
     def close(self) -> None: ...
+
+
+def train_in_process(roles: Roles | None, why: str, **fields: object) -> None:
+    """For a trainer that cannot use roles apart: when ``roles`` were started apart, say
+    ``why`` (a warning) and close them, so that their processes or containers exit."""
+    if roles is not None and not roles.in_process:
+        log.warning(why, asked=type(roles).__name__, **fields)
+        roles.close()
 
 
 class Trainer(ABC, Generic[C]):

@@ -71,7 +71,7 @@ def test_what_no_pod_can_train_is_refused_at_submission(
     for env, algorithm, kinds in [
         ("Pendulum-v1", "dqn", "dqn trains discrete actions, Pendulum-v1 has continuous"),
         ("gym:CartPole-v1", "sac", "sac trains continuous actions, gym:CartPole-v1 has discrete"),
-        ("Pendulum-v1", "portfolio_gradient", "portfolio_gradient trains StockTrading only"),
+        ("Pendulum-v1", "portfolio_gradient", "portfolio_gradient trains StockTrading-v0 only"),
     ]:
         r = client.post(API, json=spec(env={"name": env}, algorithms={algorithm: 1.0}))
         assert r.status_code == 422, r.text

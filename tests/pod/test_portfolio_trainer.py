@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from services.contracts.spec import ExperimentSpec
 from services.contracts.training_files import CheckpointError
 from services.pod.algorithms.portfolio_gradient import (
+    BatchedAdam,
     FeatureLayout,
     PortfolioPlan,
     run_portfolio_tournament,
@@ -22,7 +23,7 @@ from services.pod.algorithms.portfolio_gradient import (
 from services.pod.backtest import backtest_candidate, metrics, run_backtest
 from services.pod.envs.stock_trading import StockTradingEnv, market_periods
 from services.pod.fit import build, train
-from services.pod.portfolio_trainer import PortfolioTrainer
+from services.pod.portfolio_trainer import PortfolioRunConfig, PortfolioTrainer
 from services.pod.presets import train_config
 
 #: A short trend market: 600 days, so a step reads 360 train days.
@@ -48,7 +49,7 @@ def test_a_pods_agent_is_the_tournaments_and_its_score_is_its_validation_sharpe(
     assert trainer.counters(0).updates == 7 and "train_sharpe" in trainer.progress()
     plan = PortfolioPlan([{"learning_rate": 0.07, "l2": 0.01}], rounds=1, round_steps=7)
     alone = run_portfolio_tournament(periods["train"], periods["validation"], cfg.env_kwargs, plan)
-    torch.testing.assert_close(trainer.policy.params, alone.final.params)
+    torch.testing.assert_close(trainer.policy.params, alone.final.params, rtol=0, atol=0)
     # The pod's score (the preset: one pass of the validation period, scored by its Sharpe)
     # is the Sharpe of that period's backtest: whole shares, the env's costs.
     [score] = trainer.evaluate()
@@ -82,10 +83,21 @@ def test_training_files_round_trip_and_take_the_new_hyperparameters(tmp_path: Pa
     torch.testing.assert_close(
         (c.policy.params - before) / 0.1, (a.policy.params - before) / 0.05, rtol=1e-6, atol=0
     )
+    # And its own L2 penalty: a step of the same agent with another penalty is another step.
+    penalised = config(portfolio_gradient={"l2": 0.5})
+    d = build(penalised)
+    d.load(0, tmp_path / "a", penalised)
+    d.step()
+    a.load(0, tmp_path / "a", cfg)
+    a.step()
+    assert not torch.equal(d.policy.params, a.policy.params)
+    torch.testing.assert_close(  # the invested fraction's weights are not penalised
+        d.policy.params[:, -3:], a.policy.params[:, -3:], rtol=0, atol=0
+    )
     assert json.loads((tmp_path / "a" / "manifest.json").read_text())["algorithm"] == (
         "portfolio_gradient"
     )
-    for trainer in (a, b, c):
+    for trainer in (a, b, c, d):
         trainer.close()
 
 
@@ -123,6 +135,26 @@ def test_a_backtest_runs_the_agents_files(tmp_path: Path) -> None:
     trainer.close()
 
 
+def test_the_optimiser_state_lives_with_the_parameters() -> None:
+    """Adam's moments are made where the parameters are (a pod on ``device=cuda`` steps them
+    there): on the meta device here, which any machine has."""
+    params = torch.zeros(2, 5, dtype=torch.float64, device="meta")
+    adam = BatchedAdam(params, torch.ones(2, dtype=torch.float64, device="meta"))
+    assert adam.moments.device == adam.steps.device == params.device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_pod_trains_on_cuda_as_on_the_cpu() -> None:
+    on = {device: build(config(device=device)) for device in ("cpu", "cuda")}
+    for trainer in on.values():
+        for _ in range(3):
+            trainer.step()
+    torch.testing.assert_close(on["cuda"].policy.params.cpu(), on["cpu"].policy.params)
+    cuda, cpu = (on[d].evaluate()[0].mean for d in ("cuda", "cpu"))
+    assert cuda == pytest.approx(cpu, rel=1e-4)
+
+
 def test_the_layout_is_read_back_from_the_spaces() -> None:
     for turbulence in (False, True):
         for momentum in (False, True):
@@ -149,13 +181,22 @@ def test_what_it_cannot_train_is_a_named_error(env: str, layer: dict, message: s
     assert message in str(info.value)
 
 
+def test_settings_that_would_fail_later_are_refused_now() -> None:
+    # No env arguments (the default): no target weights, not a market it trains.
+    with pytest.raises(ValidationError, match="env_kwargs\n  Value error, .*action_mode=weights"):
+        PortfolioRunConfig()
+    # An evaluation env that shows other features than the policy reads.
+    with pytest.raises(ValidationError, match="eval_env_kwargs\n  Value error, the evaluation env"):
+        config(eval_env_kwargs={"momentum": False})
+
+
 def test_the_spec_refuses_it_on_other_envs_and_other_names() -> None:
     base = {"name": "x", "algorithms": {"portfolio_gradient": 1.0}}
     assert ExperimentSpec.model_validate({**base, "env": {"name": "StockTrading-v0"}})
     for env, message in [
         ("Pendulum-v1", "cannot train portfolio_gradient on Pendulum-v1: portfolio_gradient "
-         "trains StockTrading only"),
-        ("CartPole-v1", "trains StockTrading only"),
+         "trains StockTrading-v0 only"),
+        ("CartPole-v1", "trains StockTrading-v0 only"),
     ]:  # fmt: skip
         with pytest.raises(ValidationError, match=message):
             ExperimentSpec.model_validate({**base, "env": {"name": env}})

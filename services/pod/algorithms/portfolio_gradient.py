@@ -59,8 +59,6 @@ from services.pod.envs.stock_trading import market_features
 if TYPE_CHECKING:
     from services.pod.trainer import Trainer
 
-#: What an agent of the tournament may set (``learning_rate`` required, ``l2`` default 0).
-HYPERPARAMETERS = tuple(PortfolioGradientConfig.model_fields)
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-8
 #: The invested fraction of a fresh agent, sigmoid(3) = 95%: buy-and-hold's exposure, split
 #: equally (the scores start at zero).
@@ -88,7 +86,9 @@ class FeatureLayout:
         """The layout of a weights-mode StockTradingEnv with these spaces: its action is the
         invested fraction and one share per stock, its observation ``1 + (2 + indicators) S``
         entries plus 2 with ``turbulence`` and ``3 S`` with ``momentum`` (all four sums
-        differ). What rebuilds a trained policy from its spaces (services/pod/backtest.py)."""
+        differ). What rebuilds a trained policy from its spaces (services/pod/backtest.py,
+        after the run config's ``action_mode=weights`` is checked: a shares-mode env's
+        spaces can read as another weights-mode layout)."""
         (obs_dim,), (act_dim,) = observation_space.shape, action_space.shape  # type: ignore[misc]
         s = act_dim - 1
         rest = obs_dim - 1 - (2 + len(INDICATORS)) * s
@@ -230,6 +230,22 @@ class PortfolioLearner:
         self.adam = BatchedAdam(policy.params, lr)  # updates the policy's params in place
         self.features_changed()
 
+    @classmethod
+    def of(
+        cls,
+        policy: PortfolioPolicy,
+        train: PeriodData,
+        cost: float,
+        agents: Sequence[PortfolioGradientConfig],
+    ) -> PortfolioLearner:
+        """The learner of ``policy``'s agents, agent i with ``agents[i]``'s hyperparameters."""
+
+        def column(name: str) -> torch.Tensor:
+            values = [getattr(a, name) for a in agents]
+            return torch.tensor(values, dtype=torch.float64, device=policy.params.device)
+
+        return cls(policy, train, cost, column("learning_rate"), column("l2"))
+
     def features_changed(self) -> None:
         """The policy's feature statistics changed (fitted, or loaded): normalise once, not on
         every step, since the train period does not change."""
@@ -264,7 +280,8 @@ def sharpe(returns: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PortfolioPlan:
-    """A tournament of ``len(hyperparameters)`` agents (each ``learning_rate`` and ``l2``)."""
+    """A tournament of ``len(hyperparameters)`` agents (each ``PortfolioGradientConfig``'s
+    fields: ``learning_rate`` and ``l2``, with a pod's defaults)."""
 
     hyperparameters: Sequence[Mapping[str, float]]
     rounds: int = 30
@@ -299,17 +316,14 @@ def run_portfolio_tournament(
     p = len(plan.hyperparameters)
     if p < 1 or plan.rounds < 1 or plan.round_steps < 1:
         raise ValueError("need agents, rounds >= 1 and round_steps >= 1")
-    for h in plan.hyperparameters:
-        if "learning_rate" not in h or not set(h) <= set(HYPERPARAMETERS):
-            raise ValueError(f"an agent's hyperparameters are {HYPERPARAMETERS}, got {dict(h)}")
+    # A pod's agent takes the same fields and defaults (a pydantic error is a ValueError).
+    agents = [PortfolioGradientConfig.model_validate(h) for h in plan.hyperparameters]
     layout = FeatureLayout.of(train.num_stocks, env_kwargs)
     cost = float(env_kwargs.get("transaction_cost", 0.001))  # type: ignore[arg-type]
     data, held_out = PeriodData.of(train, layout), PeriodData.of(validation, layout)
     policy = PortfolioPolicy(layout, p)
     policy.fit_statistics(data)
-    lr = torch.tensor([float(h["learning_rate"]) for h in plan.hyperparameters]).double()
-    l2 = torch.tensor([float(h.get("l2", 0.0)) for h in plan.hyperparameters]).double()
-    learner = PortfolioLearner(policy, data, cost, lr, l2)
+    learner = PortfolioLearner.of(policy, data, cost, agents)
     held_x, held_g = policy.normalize(held_out.stock, held_out.market)
     rng = np.random.default_rng(plan.seed)
     kept: tuple[float, int, int, PortfolioPolicy] | None = None  # Sharpe, slot, round, policy
@@ -339,8 +353,8 @@ class BatchedAdam:
 
     def __init__(self, params: torch.Tensor, lr: torch.Tensor) -> None:
         self.params, self.lr = params, lr
-        self.moments = torch.zeros(2, *params.shape, dtype=params.dtype)
-        self.steps = torch.zeros(len(params), dtype=params.dtype)
+        self.moments = torch.zeros(2, *params.shape, dtype=params.dtype, device=params.device)
+        self.steps = torch.zeros(len(params), dtype=params.dtype, device=params.device)
 
     def step(self, grad: torch.Tensor) -> None:
         (b1, b2), m, v = _ADAM_BETAS, self.moments[0], self.moments[1]
