@@ -50,7 +50,10 @@ def configure(level: str | None = None, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
+        # One write per record, newline included (PrintLogger writes the newline apart): a
+        # pod's role processes share its stderr, unbuffered in the image, and a line written
+        # in two parts can be split by another process's line.
+        logger_factory=structlog.WriteLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=False,
     )
     _configured = True
