@@ -189,8 +189,10 @@ class PortfolioTrainer(Trainer[PortfolioRunConfig]):
         load_into(self.policy, files.tensors["actor"], "actor.safetensors")
         adam, state = self.learner.adam, files.tensors["optimizer"]
         try:
-            adam.moments.copy_(state["moments"])
-            adam.steps.copy_(state["steps"])
+            for name, mine in (("moments", adam.moments), ("steps", adam.steps)):
+                if state[name].shape != mine.shape:  # copy_ would broadcast a smaller one
+                    raise ValueError(f"{name} of shape {tuple(state[name].shape)}")
+                mine.copy_(state[name])
             counters: dict[str, Any] = files.documents["counters"]
             self._env_steps, self._updates = int(counters["env_steps"]), int(counters["updates"])
         except (KeyError, RuntimeError, TypeError, ValueError) as exc:

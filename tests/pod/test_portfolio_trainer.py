@@ -21,6 +21,7 @@ from services.pod.algorithms.portfolio_gradient import (
     run_portfolio_tournament,
 )
 from services.pod.backtest import backtest_candidate, metrics, run_backtest
+from services.pod.checkpoint import read_files, tensor_bytes, write_files
 from services.pod.envs.stock_trading import StockTradingEnv, market_periods
 from services.pod.fit import build, train
 from services.pod.portfolio_trainer import PortfolioRunConfig, PortfolioTrainer
@@ -111,10 +112,19 @@ def test_files_that_are_not_the_portfolio_gradients_are_refused(tmp_path: Path) 
     (tampered / "actor.safetensors").write_bytes(b"\0" * 64)
     other_market = build(config(env_kwargs={"turbulence": False}))
     other_market.save(0, tmp_path / "other")
+    # Verified files whose Adam moments would broadcast into the agent's (one column).
+    good = read_files(tmp_path / "good")
+    raw = {f.name: f.read_bytes() for f in (tmp_path / "good").iterdir()}
+    raw.pop("manifest.json")
+    moments = good.tensors["optimizer"]["moments"][..., :1].contiguous()
+    steps = good.tensors["optimizer"]["steps"]
+    raw["optimizer.safetensors"] = tensor_bytes({"moments": moments, "steps": steps})
+    write_files(tmp_path / "narrow", raw, {"algorithm": "portfolio_gradient"})
     for directory, message in [
         (tmp_path / "ppo" / "checkpoints" / "latest", "checkpoint of 'ppo'"),
         (tampered, "actor.safetensors"),
         (tmp_path / "other", "actor.safetensors does not fit"),  # other features
+        (tmp_path / "narrow", "moments of shape"),
     ]:
         with pytest.raises(CheckpointError, match=message):
             trainer.load(0, directory, trainer.config(0))
