@@ -112,16 +112,13 @@ def plan_of(
 def run_market(
     regime: str,
     seed: int,
-    pods: int,
-    rounds: int,
-    round_steps: int,
+    plan: TournamentPlan | PortfolioPlan,
     config: dict = PRESET,
-    exploit: bool = True,
     algorithm: str = "ppo",
 ) -> dict:
+    """``plan``'s tournament on the market (its ``config``'s env), the kept agent backtested."""
     data, env_kwargs, simulated = market(regime, seed, config)
     start = time.perf_counter()
-    plan = plan_of(seed, pods, rounds, round_steps, config, exploit, algorithm)
     report = evaluate_market(data, env_kwargs, plan, simulated)
     seconds = time.perf_counter() - start
     result = report.tournament
@@ -254,6 +251,8 @@ def main() -> None:
                 config = deep_merge(config, parse_set(item))
         except ConfigError as e:
             parser.error(str(e))
+        rounds, round_steps = args.rounds or rounds, args.round_steps or round_steps
+        plan_args = (args.pods, rounds, round_steps, config, not args.no_exploit, args.algorithm)
         space = PORTFOLIO_SPACE if args.algorithm == "portfolio_gradient" else SPACE
         print(f"torch {torch.__version__}; {args.algorithm}; {config}; {space}", flush=True)
         markets = (
@@ -262,16 +261,7 @@ def main() -> None:
             else [(r, s) for r in args.regimes.split(",") for s in args.seeds.split(",")]
         )
         records = [
-            run_market(
-                regime,
-                int(seed),
-                args.pods,
-                args.rounds or rounds,
-                args.round_steps or round_steps,
-                config,
-                exploit=not args.no_exploit,
-                algorithm=args.algorithm,
-            )
+            run_market(regime, int(seed), plan_of(int(seed), *plan_args), config, args.algorithm)
             for regime, seed in markets
         ]
         if args.out:

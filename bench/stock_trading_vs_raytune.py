@@ -102,6 +102,22 @@ def scoring_env(regime: str, seed: int, period: str) -> StockTradingEnv:
     return StockTradingEnv(1, mode=period, data=periods[period], **kwargs)
 
 
+#: The arms that train the portfolio gradient's agents (the others: PPO).
+ALGORITHM_OF_ARM = {"podium-pg": "portfolio_gradient", "podium-run-pg": "portfolio_gradient"}
+
+
+def rounds_of(algorithm: str, rounds: int, round_steps: int) -> tuple[int, int]:
+    """Rounds and steps a round: PPO's are the run's (Ray's too); the portfolio gradient's
+    its own (``ROUNDS``, in gradient steps)."""
+    return (rounds, round_steps) if algorithm == "ppo" else ROUNDS[algorithm]
+
+
+def gradient_round_env_steps(regime: str, seed: int, gradient_steps: int) -> int:
+    """A portfolio-gradient round's env steps per agent: each gradient step reads every day
+    of the train period (what a pod counts, services/pod/portfolio_trainer.py)."""
+    return market_split(regime, seed)[0]["train"].num_days * gradient_steps
+
+
 def targets(regime: str, seed: int) -> dict[str, float]:
     """Buy-and-hold's Sharpe on the validation period (the target) and on the backtest."""
     periods, kwargs = market_split(regime, seed)
@@ -122,16 +138,13 @@ def podium_driver(job: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     launched, events = job["launched"], []
-    algorithm = "portfolio_gradient" if job["arm"] == "podium-pg" else "ppo"
+    algorithm = ALGORITHM_OF_ARM.get(job["arm"], "ppo")
     config = config_of(algorithm)
     data, env_kwargs, simulated = market(job["regime"], job["seed"], config)
-    # The portfolio gradient's rounds are its own; PPO's are the job's (Ray's too).
-    ppo_rounds = (job["rounds"], job["round_steps"])
-    rounds, round_steps = ppo_rounds if algorithm == "ppo" else ROUNDS[algorithm]
+    rounds, round_steps = rounds_of(algorithm, job["rounds"], job["round_steps"])
     plan = plan_of(job["seed"], job["pods"], rounds, round_steps, config, True, algorithm)
     if isinstance(plan, PortfolioPlan):
-        # Each gradient step reads the policy's action on every train day.
-        steps = split_market(data, env_kwargs)[0]["train"].num_days * plan.round_steps
+        steps = gradient_round_env_steps(job["regime"], job["seed"], plan.round_steps)
     else:
         steps = plan.iterations * plan.ppo.num_envs * plan.ppo.num_steps  # per agent, round
 
@@ -276,10 +289,9 @@ def platform_spec(
     pods = args.pods // agents_per_pod
     spec["population"] = {"min_pods": pods, "max_pods": pods, "agents_per_pod": agents_per_pod}
     spec["resources"] = {**spec["resources"], "cpu": cores / pods}
-    rounds, round_steps = args.rounds, args.round_steps
+    rounds, round_steps = rounds_of(algorithm, args.rounds, args.round_steps)
     if algorithm != "ppo":
-        rounds, steps = ROUNDS[algorithm]
-        round_steps = steps * market_split(regime, seed)[0]["train"].num_days
+        round_steps = gradient_round_env_steps(regime, seed, round_steps)
     spec["round"] = {"env_steps": round_steps}
     spec["budget"] = {
         "total_env_steps": args.pods * rounds * round_steps,
@@ -314,7 +326,7 @@ def run_platform(
         work = Path(tmp)
         spec_file, out = work / "spec.yaml", work / "out"
         agents_per_pod = {"podium-run-pop": args.pods, "podium-run-pop2": 2}.get(arm, 1)
-        algorithm = "portfolio_gradient" if arm == "podium-run-pg" else "ppo"
+        algorithm = ALGORITHM_OF_ARM.get(arm, "ppo")
         spec = platform_spec(args, regime, seed, cores, agents_per_pod, algorithm)
         spec_file.write_text(yaml.safe_dump(spec))
         podium = Path(sys.executable).with_name("podium")

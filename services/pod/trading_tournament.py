@@ -23,11 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.pod.algorithms.portfolio_gradient import (
-    PortfolioPlan,
-    PortfolioResult,
-    run_portfolio_tournament,
-)
+from services.pod.algorithms.portfolio_gradient import PortfolioPlan, PortfolioResult
 from services.pod.algorithms.ppo import PPO
 from services.pod.algorithms.ppo_config import PPOConfig
 from services.pod.backtest import (
@@ -61,6 +57,16 @@ class TournamentPlan:
         of ``num_envs * num_steps`` (at least one)."""
         return max(1, self.round_env_steps // (self.ppo.num_envs * self.ppo.num_steps))
 
+    def run(
+        self,
+        train: Sequence[MarketData],
+        validation: MarketData,
+        env_kwargs: Mapping[str, Any],
+        on_round: Callable[[int, list[float]], None] | None = None,
+    ) -> TournamentResult:
+        """``run_tournament`` of this plan (``evaluate_market`` runs any plan this way)."""
+        return run_tournament(train, validation, env_kwargs, self, on_round)
+
 
 @dataclass
 class TournamentResult:
@@ -74,6 +80,15 @@ class TournamentResult:
     history: list[list[float]] = field(default_factory=list)
     #: Every agent's final policy (after the last round), for reports only.
     final_agents: list[PPO] = field(default_factory=list)
+
+    @property
+    def kept_act(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.agent.policy.act_deterministic
+
+    @property
+    def single_act(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Slot 0 as it ended: one agent of the same budget, no selection."""
+        return self.final_agents[0].policy.act_deterministic
 
 
 def sharpe_of(values: np.ndarray) -> float:
@@ -207,23 +222,14 @@ def evaluate_market(
     periods, kwargs = split_market(data, env_kwargs)
     split = {k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs}
     train = [periods["train"], *(split_periods(m, **split)["train"] for m in simulated)]
-    result: TournamentResult | PortfolioResult
-    if isinstance(plan, PortfolioPlan):
-        if simulated:
-            raise ValueError("the portfolio gradient trains on the market's own train period")
-        result = run_portfolio_tournament(train[0], periods["validation"], kwargs, plan, on_round)
-        kept, single = result.policy.act, result.final.agent(0).act
-    else:
-        result = run_tournament(train, periods["validation"], kwargs, plan, on_round)
-        kept = result.agent.policy.act_deterministic
-        single = result.final_agents[0].policy.act_deterministic
+    result = plan.run(train, periods["validation"], kwargs, on_round)
     # From here on the backtest period is read, and only to report.
     backtest = periods["backtest"]
     env = StockTradingEnv(num_envs=1, mode="backtest", data=backtest, **kwargs)
     cost = env.transaction_cost
     values = {
-        "agent": run_backtest(env, kept),
-        "single agent": run_backtest(env, single),
+        "agent": run_backtest(env, result.kept_act),
+        "single agent": run_backtest(env, result.single_act),
         "buy-and-hold": buy_and_hold(backtest.close, env.initial_amount, cost),
         "equal weight": equal_weight(backtest.close, env.initial_amount, cost),
     }

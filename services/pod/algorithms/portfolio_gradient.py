@@ -34,6 +34,7 @@ module's loop, scores, keeps and copies the agents.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -49,12 +50,10 @@ from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
 from services.pod.algorithms.base import one_agent_per_pod
 from services.pod.algorithms.portfolio_gradient_config import PortfolioGradientConfig
 from services.pod.envs.market import (
-    INDICATORS,
-    MOMENTUM_WINDOWS,
     TRADING_DAYS_PER_YEAR,
     MarketData,
 )
-from services.pod.envs.stock_trading import market_features
+from services.pod.envs.stock_trading import ACCOUNT_BLOCKS, market_features, observation_blocks
 
 if TYPE_CHECKING:
     from services.pod.trainer import Trainer
@@ -84,16 +83,16 @@ class FeatureLayout:
     @classmethod
     def of_spaces(cls, observation_space: gym.Space, action_space: gym.Space) -> FeatureLayout:
         """The layout of a weights-mode StockTradingEnv with these spaces: its action is the
-        invested fraction and one share per stock, its observation ``1 + (2 + indicators) S``
-        entries plus 2 with ``turbulence`` and ``3 S`` with ``momentum`` (all four sums
-        differ). What rebuilds a trained policy from its spaces (services/pod/backtest.py,
-        after the run config's ``action_mode=weights`` is checked: a shares-mode env's
-        spaces can read as another weights-mode layout)."""
+        invested fraction and one share per stock, and the observation's width tells
+        ``turbulence`` and ``momentum`` apart (the four widths differ). What rebuilds a trained
+        policy from its spaces (services/pod/backtest.py, after the run config's
+        ``action_mode=weights`` is checked: a shares-mode env's spaces can read as another
+        weights-mode layout)."""
         (obs_dim,), (act_dim,) = observation_space.shape, action_space.shape  # type: ignore[misc]
         s = act_dim - 1
-        rest = obs_dim - 1 - (2 + len(INDICATORS)) * s
         for turbulence, momentum in itertools.product((False, True), repeat=2):
-            if 2 * turbulence + len(MOMENTUM_WINDOWS) * s * momentum == rest and s >= 1:
+            blocks = observation_blocks(turbulence, momentum)
+            if s >= 1 and sum(w * (s if per else 1) for _, w, per in blocks) == obs_dim:
                 return cls(s, turbulence, momentum)
         raise ValueError(
             f"spaces {observation_space}, {action_space} are not a weights-mode StockTrading-v0's"
@@ -101,27 +100,54 @@ class FeatureLayout:
 
     @property
     def per_stock(self) -> int:
-        return 1 + len(INDICATORS) + len(MOMENTUM_WINDOWS) * self.momentum
+        """F: each stock's features."""
+        return self._market_width(per_stock=True)
 
     @property
     def market_wide(self) -> int:
-        return 2 * self.turbulence
+        """G: the market-wide features."""
+        return self._market_width(per_stock=False)
+
+    def _market_width(self, per_stock: bool) -> int:
+        blocks = observation_blocks(self.turbulence, self.momentum)
+        return sum(w for name, w, per in blocks if per == per_stock and name not in ACCOUNT_BLOCKS)
+
+    @functools.cached_property
+    def _market_columns(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._columns(account=False)
+
+    @functools.cached_property
+    def _observation_columns(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._columns(account=True)
+
+    def _columns(self, account: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the per-stock features (S, F) and the market-wide ones (G,) sit among the
+        observation's columns (``account``) or the market's (``market_features``: the same
+        without the account's blocks), read off the env's ``observation_blocks``."""
+        s = self.num_stocks
+        stock: list[list[int]] = [[] for _ in range(s)]
+        market: list[int] = []
+        at = 0
+        for name, width, per_stock in observation_blocks(self.turbulence, self.momentum):
+            if name in ACCOUNT_BLOCKS and not account:
+                continue
+            if name not in ACCOUNT_BLOCKS and per_stock:
+                for j, features in enumerate(stock):
+                    features.extend(range(at + j * width, at + (j + 1) * width))
+            elif name not in ACCOUNT_BLOCKS:
+                market.extend(range(at, at + width))
+            at += width * s if per_stock else width
+        return torch.tensor(stock, dtype=torch.long), torch.tensor(market, dtype=torch.long)
 
     def split(self, market: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Market columns (..., D) -> per-stock features (..., S, F) and market-wide (..., G)."""
-        s, k = self.num_stocks, len(INDICATORS)
-        lead = market.shape[:-1]
-        parts = [market[..., :s].unsqueeze(-1), market[..., s : s + k * s].reshape(*lead, s, k)]
-        end = s + k * s + self.market_wide
-        if self.momentum:
-            parts.append(market[..., end:].reshape(*lead, s, len(MOMENTUM_WINDOWS)))
-        return torch.cat(parts, -1), market[..., s + k * s : end]
+        stock, wide = self._market_columns
+        return market[..., stock], market[..., wide]
 
-    def market_of_observation(self, obs: torch.Tensor) -> torch.Tensor:
-        """The market columns of StockTradingEnv's observation ``[cash, close / mean (S),
-        weights (S), the rest]``: without the account's own entries."""
-        s = self.num_stocks
-        return torch.cat([obs[..., 1 : 1 + s], obs[..., 1 + 2 * s :]], -1)
+    def observed(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """StockTradingEnv's observations (..., D) -> the same features as ``split``'s."""
+        stock, wide = self._observation_columns
+        return obs[..., stock], obs[..., wide]
 
 
 @dataclass
@@ -204,7 +230,7 @@ class PortfolioPolicy(nn.Module):
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         """StockTradingEnv's action (weights mode) for observations (N, D), one agent: the
         invested fraction ``f`` as ``2f - 1``, each stock's share ``u`` of it as ``2u - 1``."""
-        stock, market = self.layout.split(self.layout.market_of_observation(obs.double()))
+        stock, market = self.layout.observed(obs.double())
         w = self.weights(*self.normalize(stock, market))[0]
         invested = w.sum(-1, keepdim=True)
         return torch.cat([2 * invested - 1, 2 * w / invested - 1], -1).float()
@@ -289,6 +315,19 @@ class PortfolioPlan:
     exploit: bool = True
     seed: int = 0
 
+    def run(
+        self,
+        train: Sequence[MarketData],
+        validation: MarketData,
+        env_kwargs: Mapping[str, object],
+        on_round: Callable[[int, list[float]], None] | None = None,
+    ) -> PortfolioResult:
+        """``run_portfolio_tournament`` of this plan on the one train period it reads
+        (services.pod.trading_tournament's ``evaluate_market`` runs any plan this way)."""
+        if len(train) != 1:
+            raise ValueError("the portfolio gradient trains on the market's own train period")
+        return run_portfolio_tournament(train[0], validation, env_kwargs, self, on_round)
+
 
 @dataclass
 class PortfolioResult:
@@ -301,6 +340,15 @@ class PortfolioResult:
     validation_sharpe: float
     history: list[list[float]]
     final: PortfolioPolicy
+
+    @property
+    def kept_act(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return self.policy.act
+
+    @property
+    def single_act(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Slot 0 as it ended: one agent of the same budget, no selection."""
+        return self.final.agent(0).act
 
 
 def run_portfolio_tournament(

@@ -178,6 +178,20 @@ def _synthetic(seed: int, num_stocks: int, num_days: int, regime: str) -> Market
     return synthetic_market(seed, num_stocks, num_days, regime=regime)
 
 
+#: The observation's blocks that the account fills; the others are ``market_features``'.
+ACCOUNT_BLOCKS = ("cash", "weights")
+
+
+def observation_blocks(turbulence: bool, momentum: bool) -> list[tuple[str, int, bool]]:
+    """The observation's blocks in order (module docstring): name, columns per entry, and
+    whether there is an entry per stock (then stock 0's columns come first, then stock 1's)."""
+    blocks = [("cash", 1, False), ("close", 1, True), ("weights", 1, True)]
+    blocks += [("indicators", len(INDICATORS), True)]
+    blocks += [("turbulence", 2, False)] * turbulence
+    blocks += [("momentum", len(MOMENTUM_WINDOWS), True)] * momentum
+    return blocks
+
+
 def market_features(data: MarketData, turbulence: bool, momentum: bool) -> np.ndarray:
     """(T, D): per day, the observation's market columns (module docstring), in its order."""
     # Prices relative to their 30-day mean: stationary, so a policy learnt on the train
@@ -342,10 +356,8 @@ class StockTradingEnv(TorchVecEnv):
         # The observation's blocks (module docstring): (columns, whether per stock). Per
         # column: the stock it describes (-1: none) and the distance to the next stock's
         # column of its block, so a stock order maps every column at once.
-        blocks = [(1, False), (1, True), (1, True), (len(INDICATORS), True)]
-        blocks += [(2, False)] * turbulence + [(len(MOMENTUM_WINDOWS), True)] * momentum
         stock_of, stride = [], []
-        for width, per_stock in blocks:
+        for _, width, per_stock in observation_blocks(turbulence, momentum):
             n = width * s if per_stock else width
             stock_of += [c // width if per_stock else -1 for c in range(n)]
             stride += [width if per_stock else 0] * n

@@ -59,7 +59,7 @@ def test_the_env_holds_what_the_policy_asks_for() -> None:
     env = StockTradingEnv(1, mode="backtest", data=periods["backtest"], **kwargs)
     obs, _ = env.reset()
     layout = FeatureLayout.of(5, kwargs)
-    stock, market = layout.split(layout.market_of_observation(obs.double()))
+    stock, market = layout.observed(obs.double())
     wanted = policy.weights(*policy.normalize(stock, market))[0, 0]
     assert wanted.max() - wanted.min() > 0.05  # a real tilt, not equal weights
     obs, *_ = env.step(policy.act(obs))
@@ -165,7 +165,7 @@ def test_period_data_reads_the_envs_features() -> None:
     period = PeriodData.of(periods["validation"], layout)
     env = StockTradingEnv(1, mode="validation", data=periods["validation"], **kwargs)
     obs, _ = env.reset()
-    stock, market = layout.split(layout.market_of_observation(obs.double()))
+    stock, market = layout.observed(obs.double())
     torch.testing.assert_close(stock[0], period.stock[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(market[0], period.market[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(period.close, torch.as_tensor(periods["validation"].close))
