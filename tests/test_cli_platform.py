@@ -238,6 +238,7 @@ def test_status_leaderboard_export_cancel(cli: Any, tmp_path: Path, platform: Pl
             "score": 1e6,
             "eval": {"mean": 1e6, "std": 0.5, "episodes": 4},
             "env_steps": 10,
+            "trained_env_steps": 123_456,
             "files": {n: hashlib.sha256(b).hexdigest() for n, b in files.items()},
         }
         parts: dict[str, Any] = {"result": (None, json.dumps(result), "application/json")}
@@ -254,6 +255,7 @@ def test_status_leaderboard_export_cancel(cli: Any, tmp_path: Path, platform: Pl
     board = cli("leaderboard", exp_id)
     assert board.returncode == 0, board.stderr
     assert "1e+06" in board.stdout and "p-files" in board.stdout
+    assert "123,456" in board.stdout  # the agent's env steps, not its report's 10
     top = json.loads(cli("leaderboard", exp_id, "--json", "--top", "1").stdout)
     assert [c["pod_id"] for c in top["candidates"]] == ["p-files"]
 

@@ -190,7 +190,7 @@ def board_table(board: Leaderboard, top: int, title: str | None = None) -> Any:
         ("algorithm", {"no_wrap": True, "min_width": 9}),
         ("gen", {"justify": "right", "no_wrap": True}),
         ("pod", {"no_wrap": True, "min_width": 8}),
-        ("env steps", {"justify": "right", "no_wrap": True, "min_width": 9}),
+        ("trained", {"justify": "right", "no_wrap": True, "min_width": 9}),
         ("hyperparameters", {"overflow": "fold", "ratio": 1}),
     ):
         table.add_column(col, **kw)
@@ -207,7 +207,7 @@ def board_table(board: Leaderboard, top: int, title: str | None = None) -> Any:
             c.algorithm,
             str(c.generation),
             c.pod_id,
-            f"{c.env_steps:,}",
+            "" if c.trained_env_steps is None else f"{c.trained_env_steps:,}",
             hp,
         )
     return table

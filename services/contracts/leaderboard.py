@@ -77,7 +77,15 @@ class SubmissionResult(InputModel):
     parent_id: str | None = Field(default=None, pattern=ID_PATTERN)
     # Bounded so no single submission can overflow the experiment's running totals.
     generation: int = Field(default=0, ge=0, le=10**9)
-    env_steps: int = Field(default=0, ge=0, le=10**15)
+    env_steps: int = Field(
+        default=0, ge=0, le=10**15, description="Env steps trained since the pod's previous report."
+    )
+    trained_env_steps: int | None = Field(
+        default=None,
+        ge=0,
+        le=10**15,
+        description="The agent's own env steps, its parents' included (its learner's count).",
+    )
     score: float = Field(allow_inf_nan=False, description="The evaluator's mean return.")
     eval: EvalStats
     files: dict[str, str] = Field(
@@ -131,7 +139,11 @@ class Candidate(BaseModel):
     generation: int
     pod_id: str
     submission_id: str
-    env_steps: int
+    env_steps: int = Field(description="Env steps the pod trained since its previous report.")
+    trained_env_steps: int | None = Field(
+        default=None,
+        description="The agent's own env steps, its parents' included (None: not reported).",
+    )
     score: float
     eval: dict[str, float]
     files: dict[str, CandidateFile]

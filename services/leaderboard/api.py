@@ -253,6 +253,7 @@ def _candidate(experiment_id: str, cid: str, h: dict[str, str], rank: int | None
         pod_id=h["pod_id"],
         submission_id=h["submission_id"],
         env_steps=int(h["env_steps"]),
+        trained_env_steps=int(h["trained_env_steps"]) if h.get("trained_env_steps") else None,
         score=float(h["score"]),
         eval={
             "mean": float(h["eval_mean"]),

@@ -335,6 +335,7 @@ def _candidate_fields(r: SubmissionResult) -> dict[str, str]:
         "pod_id": r.pod_id,
         "submission_id": r.submission_id,
         "env_steps": str(r.env_steps),
+        "trained_env_steps": "" if r.trained_env_steps is None else str(r.trained_env_steps),
         "score": repr(r.score),
         "eval_mean": repr(r.eval.mean),
         "eval_std": repr(r.eval.std),

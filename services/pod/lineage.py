@@ -35,8 +35,12 @@ class Lineage:
     env_steps_at_start: int = 0  # the slot's env steps when it was built
     unreported_steps: int = 0
 
-    def submission(self, env_steps: int, evaluation: EvalResult) -> dict[str, Any]:
-        """The updater's submission for this agent's latest evaluation (without files)."""
+    def submission(
+        self, env_steps: int, evaluation: EvalResult, trained_env_steps: int
+    ) -> dict[str, Any]:
+        """The updater's submission for this agent's latest evaluation (without files):
+        ``env_steps`` since the previous report (the experiment's budget), ``trained_env_steps``
+        the agent's own (its learner's count, its parents' included)."""
         return {
             "submission_id": uuid.uuid4().hex,  # the same for every retry of this report
             "pod_id": self.pod_id,
@@ -45,6 +49,7 @@ class Lineage:
             "parent_id": self.parent_id,
             "generation": self.generation,
             "env_steps": env_steps,
+            "trained_env_steps": trained_env_steps,
             "score": evaluation.mean,
             "eval": {
                 "mean": evaluation.mean,

@@ -299,7 +299,9 @@ class PodRuntime:
             directory = self.slot_dir(i, "latest")
             trainer.save(i, directory)
             files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
-            result = slot.submission(slot.unreported_steps, evaluation)
+            result = slot.submission(
+                slot.unreported_steps, evaluation, trainer.counters(i).env_steps
+            )
             answer = self.client.submit(result, files)
             self.metrics.submissions.inc()
             self.submissions.append(

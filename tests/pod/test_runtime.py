@@ -8,6 +8,7 @@ contract, its /metrics, and bad input.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -76,8 +77,9 @@ def test_ready_rule_and_lineage_bookkeeping() -> None:
 
     agent = Lineage("pod-a", hyperparameters={"learning_rate": 1e-3}, env_steps_at_start=100)
     evaluation = EvalResult(mean=10.0, std=1.0, episodes=[9.0, 11.0])
-    sent = agent.submission(2048, evaluation)
+    sent = agent.submission(2048, evaluation, trained_env_steps=100 + 2048)
     assert sent["pod_id"] == "pod-a" and sent["env_steps"] == 2048 and sent["score"] == 10.0
+    assert sent["trained_env_steps"] == 2148
     assert sent["eval"] == {"mean": 10.0, "std": 1.0, "episodes": 2}
     assert (sent["parent_id"], sent["generation"]) == (None, 0)
 
@@ -193,6 +195,13 @@ def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: 
     assert summary["submissions"] == len(rt.submissions) >= 4
     assert summary["env_steps"] == sum(s["env_steps"] for s in rt.submissions) >= 3 * 1024
     assert board and all(c["pod_id"] == "pod-a" for c in board)
+    # A candidate's own env steps are the pod's up to its report, not that report's share.
+    so_far = itertools.accumulate(s["env_steps"] for s in rt.submissions)
+    trained = dict(zip((s["candidate_id"] for s in rt.submissions), so_far, strict=True))
+    assert {c["candidate_id"]: c["trained_env_steps"] for c in board} == {
+        c["candidate_id"]: trained[c["candidate_id"]] for c in board
+    }
+    assert max(c["trained_env_steps"] for c in board) > board[0]["env_steps"] > 0
     best = board[0]
     assert best["hyperparameters"] == rt.slots[0].hyperparameters
     assert set(best["hyperparameters"]) == {"learning_rate"}
