@@ -227,7 +227,8 @@ class ExperimentSpec(InputModel):
     name: str = Field(description="DNS-1123 label: lower-case letters, digits, '-'.")
     env: EnvSpec
     algorithms: dict[str, float] = Field(
-        min_length=1, description="Algorithm name → sampling weight (> 0)."
+        min_length=1,
+        description="Algorithm name → weight (> 0): its share of the experiment's pods.",
     )
     search_space: SearchSpace = Field(default_factory=dict)
     generator: GeneratorSpec = Field(default_factory=GeneratorSpec)

@@ -40,7 +40,14 @@ from services.orchestrator import store as st
 from services.orchestrator.backends.base import BAD_INPUT_EXIT, Backend, PodInfo, PodRequest
 from services.orchestrator.leaderboard_client import Progress, ProgressSource
 from services.orchestrator.progress_calls import ProgressCalls, make_breaker
-from services.orchestrator.scheduler import Demand, Res, allocate, backoff_delay, launchable
+from services.orchestrator.scheduler import (
+    Demand,
+    Res,
+    allocate,
+    assign_algorithms,
+    backoff_delay,
+    launchable,
+)
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Experiment, Store
 
@@ -541,16 +548,23 @@ class Reconciler:
         env = self._pod_env()
         if allowance is not None:
             env["PODIUM_MAX_ENV_STEPS"] = str(allowance)
+        # An ensemble's pods are each told their algorithm, so every algorithm keeps its
+        # share of the running pods (the generator keeps a pod on it when PBT exploits).
+        ensemble = sum(w > 0 for w in exp.spec.algorithms.values()) > 1
+        assigned = status.get("algorithms") or {}
+        algorithms = assign_algorithms(
+            exp.spec.algorithms, [assigned[p.pod_id] for p in active if p.pod_id in assigned], n
+        )
         reqs = [
             PodRequest(
                 experiment_id=exp.id,
                 pod_id=secrets.token_hex(4),
                 spec_json=spec_json,
                 resources=per_pod,
-                env=env,
+                env={**env, "PODIUM_ALGORITHM": algorithm} if ensemble else env,
                 grace_s=self.settings.termination_grace_s,
             )
-            for _ in range(n)
+            for algorithm in algorithms
         ]
         # Creates are independent API calls (or fork/execs): issue them concurrently, since
         # against a real API server each one is a round trip.
@@ -568,16 +582,21 @@ class Reconciler:
             status["pods_launched"] = status.get("pods_launched", 0) + 1
             if allowance is not None:
                 status["allowances"] = {**status.get("allowances", {}), req.pod_id: allowance}
+            algorithm = req.env.get("PODIUM_ALGORITHM")
+            if algorithm is not None:
+                status["algorithms"] = {**status.get("algorithms", {}), req.pod_id: algorithm}
             self._created.setdefault(exp.id, []).append(
                 PodInfo(exp.id, req.pod_id, "Pending", time.time(), per_pod)
             )
+            trains = f" ({algorithm})" if algorithm else ""
             replacing = status.get("to_replace") or []
             if replacing:
                 old = replacing.pop(0)
                 status["to_replace"] = replacing
-                self.store.event(exp.id, "pod_replaced", f"replaces failed pod {old}", req.pod_id)
+                why = f"replaces failed pod {old}{trains}"
+                self.store.event(exp.id, "pod_replaced", why, req.pod_id)
             else:
-                self.store.event(exp.id, "pod_started", "pod started", req.pod_id)
+                self.store.event(exp.id, "pod_started", f"pod started{trains}", req.pod_id)
             free = free - per_pod
         n = created
         if len(active) + n < target and not status.get("launch_reason"):
@@ -648,9 +667,10 @@ class Reconciler:
         return env
 
     def _save(self, exp: Experiment, status: dict[str, Any], ps: list[PodInfo]) -> None:
-        if status.get("allowances"):  # held by live pods only
-            live = {p.pod_id for p in ps if p.live}
-            status["allowances"] = {k: v for k, v in status["allowances"].items() if k in live}
+        live = {p.pod_id for p in ps if p.live}
+        for held in ("allowances", "algorithms"):  # of live pods only
+            if status.get(held):
+                status[held] = {k: v for k, v in status[held].items() if k in live}
         status["pods"] = [
             {
                 "pod_id": p.pod_id,

@@ -150,3 +150,22 @@ def backoff_delay(failures: int, initial: float, maximum: float) -> float:
     if failures <= 1:
         return 0.0
     return min(maximum, initial * 2 ** (failures - 2))
+
+
+def assign_algorithms(weights: dict[str, float], running: list[str], n: int) -> list[str]:
+    """The algorithms of ``n`` new pods of an ensemble: each the one furthest below its share
+    of the pods (``weights``, normalised) among those ``running`` and those assigned before
+    it; ties go to the heavier weight, then the name. Every algorithm of weight w gets its
+    w-share of the pods (a population of two with ``{ppo: 1, sac: 1}`` runs one of each),
+    where drawing each pod's algorithm at random would leave one out as often as not, and a
+    failed pod is replaced by one of its own algorithm."""
+    names = sorted(a for a, w in weights.items() if w > 0)
+    total = sum(weights[a] for a in names)
+    counts = {a: sum(r == a for r in running) for a in names}
+    out: list[str] = []
+    for _ in range(n):
+        pods = sum(counts.values()) + 1  # with this one
+        pick = max(names, key=lambda a: (weights[a] / total * pods - counts[a], weights[a]))
+        counts[pick] += 1
+        out.append(pick)
+    return out

@@ -98,6 +98,12 @@ class PodSettings(RoleSettings):
         description="Env steps this pod may still take (all its agents together) before the "
         "experiment's budget is spent; unset: no limit.",
     )
+    algorithm: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The algorithm of the experiment's ensemble this pod trains (the "
+        "orchestrator keeps each one's share of the pods); unset: the generator draws it.",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -149,6 +155,11 @@ def _settings(args: argparse.Namespace) -> tuple[PodSettings, ExperimentSpec, st
     except ValidationError as exc:
         fields = "; ".join(line.strip() for line in describe_errors(exc))
         raise BadInputError(f"PODIUM_SPEC is not a valid experiment spec: {fields}") from exc
+    if settings.algorithm is not None and spec.algorithms.get(settings.algorithm, 0) <= 0:
+        raise BadInputError(
+            f"PODIUM_ALGORITHM {settings.algorithm!r} is not in the spec's algorithms "
+            f"({', '.join(sorted(spec.algorithms))})"
+        )
     return settings, spec, experiment, pod_id
 
 
@@ -229,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=threads,
         grace_s=settings.termination_grace_s,
         max_env_steps=settings.max_env_steps,
+        algorithm=settings.algorithm,
     )
     runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, roles)
 

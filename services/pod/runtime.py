@@ -71,6 +71,8 @@ class RuntimeSettings:
     #: Env steps this pod may still take (summed over its slots) before the experiment's
     #: budget is spent; None: no limit. The pod stops before a step that would exceed it.
     max_env_steps: int | None = None
+    #: The ensemble algorithm the orchestrator gave this pod; None: the generator draws one.
+    algorithm: str | None = None
 
 
 def fetch_parent(
@@ -177,7 +179,7 @@ class PodRuntime:
         manifests = list(manifests or [])
         try:
             for slot in self.slots[len(manifests) :]:
-                manifests.append(self.client.generate(slot.pod_id))
+                manifests.append(self.client.generate(slot.pod_id, self.settings.algorithm))
             configs = [self.slot_config(m) for m in manifests]
             if self.trainer is not None:
                 self.trainer.close()

@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 from fastapi.testclient import TestClient
 
 from tests.orchestrator.conftest import live_pods, spec, started, wait_for
@@ -55,6 +56,36 @@ def test_replaces_a_pod_killed_with_sigkill(client: TestClient) -> None:
     assert exp["state"] == "running" and exp["progress"]["pods_launched"] == 3
     assert exp["last_failure"]["pod_id"] == victim
     assert exp["last_failure"]["reason"] == "killed by SIGKILL"
+
+
+def _algorithms(pods: dict[str, int]) -> dict[str, str | None]:
+    """pod id -> the PODIUM_ALGORITHM its process was started with."""
+    return {pod: psutil.Process(pid).environ().get("PODIUM_ALGORITHM") for pod, pid in pods.items()}
+
+
+def test_an_ensemble_keeps_each_algorithms_share_of_the_pods(client: TestClient) -> None:
+    # Three pods, PPO weighted twice DQN's: two PPO pods and one DQN pod, every time (each pod
+    # drawing its algorithm would give no DQN pod in 8 of 27 launches), and a failed pod
+    # comes back as its own algorithm.
+    body = spec(algorithms={"ppo": 2.0, "dqn": 1.0}, population={"min_pods": 3, "max_pods": 3})
+    exp_id = _create(client, body)
+    d = _data_dir(client)
+    pods = wait_for(lambda: len(p := live_pods(d, exp_id)) == 3 and p)
+    algorithms = _algorithms(pods)
+    assert sorted(algorithms.values()) == ["dqn", "ppo", "ppo"]
+    [victim] = [pod for pod, algorithm in algorithms.items() if algorithm == "dqn"]
+    os.killpg(pods[victim], signal.SIGKILL)
+    after = wait_for(lambda: (p := live_pods(d, exp_id)) and len(p) == 3 and victim not in p and p)
+    [new] = set(after) - set(pods)
+    assert _algorithms({new: after[new]}) == {new: "dqn"}
+    replaced = [e for e in _events(client, exp_id) if e["type"] == "pod_replaced"]
+    assert replaced and replaced[0]["message"] == f"replaces failed pod {victim} (dqn)"
+
+
+def test_a_single_algorithm_leaves_the_choice_to_the_generator(client: TestClient) -> None:
+    exp_id = _create(client, spec(population={"min_pods": 1, "max_pods": 1}))
+    pods = wait_for(lambda: len(p := live_pods(_data_dir(client), exp_id)) == 1 and p)
+    assert list(_algorithms(pods).values()) == [None]
 
 
 def test_cancel_stops_every_pod_gracefully(client: TestClient) -> None:

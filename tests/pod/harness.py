@@ -127,10 +127,13 @@ def runtime(
     tmp: Path,
     max_env_steps: int | None = None,
     metrics: PodMetrics | None = None,
+    algorithm: str | None = None,
 ) -> PodRuntime:
     """A pod's runtime (one agent, or the spec's population) wired to ``lb``."""
     model = ExperimentSpec.model_validate(spec)
-    settings = RuntimeSettings(work_dir=tmp / pod, grace_s=10, max_env_steps=max_env_steps)
+    settings = RuntimeSettings(
+        work_dir=tmp / pod, grace_s=10, max_env_steps=max_env_steps, algorithm=algorithm
+    )
     return PodRuntime(exp, pod, model, client(lb, exp), settings, metrics)
 
 

@@ -249,6 +249,20 @@ def test_restart_from_a_better_parent(leaderboard: Leaderboard, tmp_path: Path) 
     assert lease.status_code == 404  # the pod released it once the files were loaded
 
 
+def test_a_pod_trains_the_ensemble_algorithm_it_was_given(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """The orchestrator's PODIUM_ALGORITHM (RuntimeSettings.algorithm) is what the pod asks
+    the generator for, whatever the generator would draw."""
+    spec = make_spec(algorithms={"ppo": 1.0, "dqn": 1.0}, search_space={})
+    register(leaderboard, "given", spec)
+    for pod in ("p0", "p1", "p2", "p3"):
+        rt = runtime(leaderboard, "given", spec, pod, tmp_path, algorithm="dqn")
+        rt.start()
+        assert rt.slots[0].algorithm == rt.trainer.config(0).algorithm == "dqn"
+        rt.close()
+
+
 def test_truncation_keeps_a_pod_that_is_not_among_the_worst(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:
@@ -389,6 +403,7 @@ def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(
         ),
         ({"PODIUM_LEADERBOARD_URL": None}, "PODIUM_LEADERBOARD_URL"),
         ({"PODIUM_CPU": "lots"}, "PODIUM_CPU"),
+        ({"PODIUM_ALGORITHM": "sac"}, "PODIUM_ALGORITHM 'sac' is not in the spec's algorithms"),
     ],
 )
 def test_bad_input_is_a_clear_error(
