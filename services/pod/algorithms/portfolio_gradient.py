@@ -98,12 +98,12 @@ class FeatureLayout:
             f"spaces {observation_space}, {action_space} are not a weights-mode StockTrading-v0's"
         )
 
-    @property
+    @functools.cached_property  # read on every step of an evaluation
     def per_stock(self) -> int:
         """F: each stock's features."""
         return self._market_width(per_stock=True)
 
-    @property
+    @functools.cached_property
     def market_wide(self) -> int:
         """G: the market-wide features."""
         return self._market_width(per_stock=False)
