@@ -6,6 +6,7 @@ from services.orchestrator.scheduler import (
     Demand,
     Res,
     allocate,
+    assign_algorithms,
     backoff_delay,
     launchable,
 )
@@ -91,3 +92,14 @@ def test_launchable_only_into_free_resources() -> None:
 
 def test_backoff_doubles_up_to_the_cap() -> None:
     assert [backoff_delay(n, 0.5, 3.0) for n in range(7)] == [0, 0, 0.5, 1, 2, 3, 3]
+
+
+def test_an_ensembles_pods_follow_the_weights() -> None:
+    assert assign_algorithms({"ppo": 1.0, "sac": 1.0}, [], 2) == ["ppo", "sac"]
+    assert sorted(assign_algorithms({"a": 3.0, "b": 1.0}, [], 8)) == ["a"] * 6 + ["b"] * 2
+    # Running pods count: the new pods make up what the running ones lack.
+    assert assign_algorithms({"ppo": 1.0, "sac": 1.0}, ["sac", "sac"], 2) == ["ppo", "ppo"]
+    # The furthest below its share first: a fresh experiment's first pod is its heaviest.
+    assert assign_algorithms({"a": 1.0, "b": 2.0}, [], 1) == ["b"]
+    # A weight of 0 gets no pod; a running pod of another algorithm takes no one's share.
+    assert assign_algorithms({"a": 1.0, "b": 0.0}, ["c"], 2) == ["a", "a"]
