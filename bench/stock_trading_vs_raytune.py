@@ -280,8 +280,10 @@ def platform_spec(
     training that many agents as one batched population), the budget of the other arms (P
     agents x rounds x round steps), PBT's bottom quarter replaced by a perturbed copy of a
     top one after each round. The portfolio gradient: examples/
-    stock_trading_portfolio_gradient.yaml, P pods, ``podium-pg``'s rounds (``ROUNDS``; a
-    gradient step counts the train period's days as env steps)."""
+    stock_trading_portfolio_gradient.yaml, P pods, ``podium-pg``'s gradient steps per agent
+    (``ROUNDS``; a gradient step counts the train period's days as env steps) in the example's
+    rounds (a pod's evaluation, not its Adam steps, is most of its CPU: the in-process
+    tournament evaluates its agents as one batch every 10 steps, a pod alone every round)."""
     example = "stock_trading" if algorithm == "ppo" else f"stock_trading_{algorithm}"
     spec = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
     spec["name"] = f"trading-{regime.replace('_', '-')}-{seed}"
@@ -290,13 +292,13 @@ def platform_spec(
     spec["population"] = {"min_pods": pods, "max_pods": pods, "agents_per_pod": agents_per_pod}
     spec["resources"] = {**spec["resources"], "cpu": cores / pods}
     rounds, round_steps = rounds_of(algorithm, args.rounds, args.round_steps)
+    total = args.pods * rounds * round_steps
     if algorithm != "ppo":
-        round_steps = gradient_round_env_steps(regime, seed, round_steps)
+        total = args.pods * gradient_round_env_steps(regime, seed, rounds * round_steps)
+        days = gradient_round_env_steps(regime, seed, 1)
+        round_steps = days * (spec["round"]["env_steps"] // days)  # the example's, whole steps
     spec["round"] = {"env_steps": round_steps}
-    spec["budget"] = {
-        "total_env_steps": args.pods * rounds * round_steps,
-        "wall_time_s": args.cap_s,
-    }
+    spec["budget"] = {"total_env_steps": total, "wall_time_s": args.cap_s}
     spec["evaluation"]["seed"] = seed
     spec["generator"]["options"] = {
         "seed": seed,
@@ -461,14 +463,16 @@ def summarize(results: list[dict], cap_s: float) -> None:
     for a in (a for a in arms if a != "ray" and "ray" in arms):
         markets = [m for m in dict.fromkeys(r["market"] for r in results) if (a, m) in by]
         for key in ("to_target_s", "wall_total_s", "cpu_total_s"):
-            ratios = [
-                (by["ray", m][key] or cap_s) / (by[a, m][key] or cap_s)
-                for m in markets
-                if ("ray", m) in by
+            pairs = [(by["ray", m][key], by[a, m][key]) for m in markets if ("ray", m) in by]
+            ratios = [(ray or cap_s) / (mine or cap_s) for ray, mine in pairs]
+            # A run that never reached the target counts as the cap in the median; shown apart.
+            shown = [
+                "unsolved" if mine is None else f"{x:.1f}x"
+                for x, (_, mine) in zip(ratios, pairs, strict=True)
             ]
             if ratios:
                 print(
-                    f"Ray / {a} {key} per market: {', '.join(f'{x:.1f}x' for x in ratios)} "
+                    f"Ray / {a} {key} per market: {', '.join(shown)} "
                     f"(median {statistics.median(ratios):.1f}x)"
                 )
     report = [r["report_cpu_s"] for r in results if r["arm"] == "ray" and r.get("report_cpu_s")]
