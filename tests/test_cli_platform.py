@@ -209,6 +209,38 @@ def test_live_panel_follows_the_experiment_to_its_end(platform: Platform) -> Non
     assert bests == sorted(bests) and bests[-1] >= 50  # the best score only ever rises
 
 
+def test_live_panel_shows_each_algorithms_pods(platform: Platform) -> None:
+    """An ensemble's pods, counted by the algorithm the orchestrator gave each."""
+    import io
+
+    from rich.console import Console
+
+    from services.cli.client import PodiumClient, resolve
+    from services.cli.live import Watch
+
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=140, color_system=None)
+    ends = resolve(platform.orchestrator_url, platform.token, platform.leaderboard_url)
+    body = spec("ens", report_interval_s=0.2, score_step=1.0, env_steps_per_report=100)
+    body.update(algorithms={"ppo": 1.0, "dqn": 1.0}, population={"min_pods": 2, "max_pods": 2})
+    with PodiumClient(ends) as client:
+        exp = client.submit(body)
+        try:
+            watch = Watch(client, exp["id"], console, top=3)
+            running = wait_for(
+                lambda: (
+                    (e := watch.poll())
+                    and sum(p["phase"] == "Running" for p in e["pods"]) == 2
+                    and e
+                )
+            )
+            assert sorted(p["algorithm"] for p in running["pods"]) == ["dqn", "ppo"]
+            console.print(watch.render(running))
+        finally:
+            client.cancel(exp["id"])
+    assert "2 running (1 dqn, 1 ppo)" in screen.getvalue()
+
+
 # -- the other commands --------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
 from services.cli.client import TERMINAL, ApiError
@@ -147,8 +147,12 @@ class Watch:
         launched = f"{prog.get('pods_launched', 0)}" + (
             f"/{prog['pods_budget']}" if prog.get("pods_budget") else ""
         )
+        kinds = Counter(p["algorithm"] for p in live if p.get("algorithm"))
+        trains = ", ".join(f"{n} {a}" for a, n in sorted(kinds.items()))
         grid.add_row(
-            "pods", f"{len(live)} running, {exp.get('desired_pods', 0)} wanted, {launched} launched"
+            "pods",
+            f"{len(live)} running{f' ({trains})' if trains else ''}, "
+            f"{exp.get('desired_pods', 0)} wanted, {launched} launched",
         )
         wall = prog.get("wall_time_s")
         grid.add_row(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from services.contracts.spec import ExperimentSpec
 from services.orchestrator.store import Experiment
@@ -32,6 +32,9 @@ class PodOut(BaseModel):
     phase: str
     created_at: float
     reason: str | None = None
+    algorithm: str | None = Field(
+        default=None, description="The ensemble algorithm it trains (None: a single algorithm)."
+    )
 
 
 class ProgressOut(BaseModel):

@@ -677,6 +677,7 @@ class Reconciler:
                 "phase": "Terminating" if p.live and p.terminating else p.phase,
                 "created_at": p.created_at,
                 "reason": p.reason,
+                "algorithm": (status.get("algorithms") or {}).get(p.pod_id),
             }
             for p in ps
             if p.live

@@ -73,6 +73,9 @@ def test_an_ensemble_keeps_each_algorithms_share_of_the_pods(client: TestClient)
     pods = wait_for(lambda: len(p := live_pods(d, exp_id)) == 3 and p)
     algorithms = _algorithms(pods)
     assert sorted(algorithms.values()) == ["dqn", "ppo", "ppo"]
+    # The API shows each pod's algorithm.
+    shown = wait_for(lambda: len((e := _get(client, exp_id))["pods"]) == 3 and e)
+    assert {p["pod_id"]: p["algorithm"] for p in shown["pods"]} == algorithms
     [victim] = [pod for pod, algorithm in algorithms.items() if algorithm == "dqn"]
     os.killpg(pods[victim], signal.SIGKILL)
     after = wait_for(lambda: (p := live_pods(d, exp_id)) and len(p) == 3 and victim not in p and p)
