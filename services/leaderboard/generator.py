@@ -16,8 +16,9 @@ built-ins:
   hyperparameters of the top K (in log space for log-uniform ones), new ones are drawn from it;
   categorical ones from the elite's smoothed frequencies.
 
-An experiment may list several algorithms with weights (an ensemble): each new pod gets one,
-drawn by weight, and a strategy only ever sees, and copies from, candidates of that algorithm.
+An experiment may list several algorithms with weights (an ensemble): each new pod asks for
+the one the orchestrator gave it (its weight's share of the pods), else one is drawn by weight,
+and a strategy only ever sees, and copies from, candidates of that algorithm.
 
 Why one file of this size: the three built-in strategies are short and share the context,
 proposal and lease code of the service that runs them; a strategy read beside that code is

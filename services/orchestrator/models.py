@@ -33,7 +33,9 @@ class PodOut(BaseModel):
     created_at: float
     reason: str | None = None
     algorithm: str | None = Field(
-        default=None, description="The ensemble algorithm it trains (None: a single algorithm)."
+        default=None,
+        description="The ensemble algorithm the orchestrator gave it (None: a single "
+        "algorithm, or a pod started before the orchestrator assigned them).",
     )
 
 

@@ -47,6 +47,7 @@ from services.orchestrator.scheduler import (
     assign_algorithms,
     backoff_delay,
     launchable,
+    scale_in,
 )
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import Experiment, Store
@@ -514,8 +515,12 @@ class Reconciler:
             )
             status["desired_pods"] = target
         if len(active) > target:
-            # Newest first: they have trained least. SIGTERM lets each report before exiting.
-            for p in active[target:][::-1]:
+            # Newest first: they have trained least; in an ensemble, of the algorithm furthest
+            # above its share. SIGTERM lets each report before exiting.
+            assigned = status.get("algorithms") or {}
+            running = [assigned.get(p.pod_id) for p in active]
+            for i in scale_in(exp.spec.algorithms, running, len(active) - target):
+                p = active[i]
                 self._terminate(p, exp.id)
                 self.store.event(exp.id, "pod_scaled_in", "pod stopped to free capacity", p.pod_id)
             return free

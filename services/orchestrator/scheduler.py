@@ -169,3 +169,30 @@ def assign_algorithms(weights: dict[str, float], running: list[str], n: int) -> 
         counts[pick] += 1
         out.append(pick)
     return out
+
+
+def scale_in(weights: dict[str, float], running: list[str | None], n: int) -> list[int]:
+    """Which ``n`` of the ``running`` pods to stop (their algorithms, oldest first; None: not
+    known), newest first: each the newest pod of the algorithm furthest above its weight's
+    share of the pods that stay (unknown ones first), so an ensemble scaled in keeps every
+    algorithm its share, as ``assign_algorithms`` gave it out. Indices into ``running``."""
+    names = sorted(a for a, w in weights.items() if w > 0)
+    if len(names) <= 1:
+        return list(range(len(running) - 1, len(running) - 1 - n, -1))
+    total = sum(weights[a] for a in names)
+    left = list(range(len(running)))
+    out: list[int] = []
+    for _ in range(n):
+        stay = len(left) - 1
+        newest: dict[str | None, int] = {}  # per algorithm, its newest pod left
+        surplus: dict[str | None, float] = {}  # pods above its share of those that stay
+        for i in left:
+            a = running[i]
+            newest[a] = i
+            share = weights[a] / total if a in names else 0.0
+            surplus[a] = surplus.get(a, -share * stay) + 1
+        # The furthest above its share; of equals, the one whose newest pod is newest.
+        pick = max(surplus, key=lambda a: (surplus[a], newest[a]))
+        out.append(newest[pick])
+        left.remove(newest[pick])
+    return out

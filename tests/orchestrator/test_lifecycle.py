@@ -85,6 +85,31 @@ def test_an_ensemble_keeps_each_algorithms_share_of_the_pods(client: TestClient)
     assert replaced and replaced[0]["message"] == f"replaces failed pod {victim} (dqn)"
 
 
+def test_an_ensemble_scaled_in_keeps_each_algorithms_share(client: TestClient) -> None:
+    # DQN, PPO, DQN; the PPO pod fails and its replacement (PPO) is the newest pod. A
+    # higher-priority experiment then takes a CPU: the newest DQN pod stops, not the PPO one.
+    d = _data_dir(client)  # capacity: 4 CPUs, 1 CPU per pod
+    pods3 = {"min_pods": 1, "max_pods": 3}
+    body = spec("ens", algorithms={"ppo": 1.0, "dqn": 1.0}, population=pods3)
+    low = _create(client, body)
+    pods = wait_for(lambda: len(p := live_pods(d, low)) == 3 and p)
+    [victim] = [pod for pod, algorithm in _algorithms(pods).items() if algorithm == "ppo"]
+    os.killpg(pods[victim], signal.SIGKILL)
+    after = wait_for(lambda: (p := live_pods(d, low)) and len(p) == 3 and victim not in p and p)
+    wait_for(lambda: started(d, low, after))
+    high = _create(client, spec("high", priority=10, population={"min_pods": 2, "max_pods": 2}))
+    wait_for(lambda: len(live_pods(d, high)) == 2)
+    remaining = wait_for(lambda: len(p := live_pods(d, low)) == 2 and p)
+    assert sorted(_algorithms(remaining).values()) == ["dqn", "ppo"]
+    [stopped] = set(after) - set(remaining)
+    dqn_started = {
+        e["pod_id"]
+        for e in _events(client, low)
+        if e["type"] == "pod_started" and e["message"] == "pod started (dqn)"
+    }
+    assert len(dqn_started) == 2 and stopped in dqn_started  # (both started in one pass)
+
+
 def test_a_single_algorithm_leaves_the_choice_to_the_generator(client: TestClient) -> None:
     exp_id = _create(client, spec(population={"min_pods": 1, "max_pods": 1}))
     pods = wait_for(lambda: len(p := live_pods(_data_dir(client), exp_id)) == 1 and p)

@@ -9,6 +9,7 @@ from services.orchestrator.scheduler import (
     assign_algorithms,
     backoff_delay,
     launchable,
+    scale_in,
 )
 
 GI = 2**30
@@ -103,3 +104,13 @@ def test_an_ensembles_pods_follow_the_weights() -> None:
     assert assign_algorithms({"a": 1.0, "b": 2.0}, [], 1) == ["b"]
     # A weight of 0 gets no pod; a running pod of another algorithm takes no one's share.
     assert assign_algorithms({"a": 1.0, "b": 0.0}, ["c"], 2) == ["a", "a"]
+
+
+def test_an_ensemble_scales_in_by_its_surplus() -> None:
+    # The newest pod of the algorithm furthest above its share of the pods that stay.
+    assert scale_in({"ppo": 1.0, "sac": 1.0}, ["ppo", "sac", "ppo"], 1) == [2]
+    assert scale_in({"ppo": 1.0, "sac": 1.0}, ["ppo", "ppo", "sac"], 1) == [1]  # not the newest
+    assert scale_in({"ppo": 1.0, "sac": 1.0}, ["ppo", "ppo", "sac"], 2) == [1, 2]
+    # A pod whose algorithm is not known goes first; one algorithm: the newest pods.
+    assert scale_in({"a": 1.0, "b": 1.0}, ["a", None, "b", "a"], 1) == [1]
+    assert scale_in({"ppo": 1.0}, ["ppo", "ppo", "ppo"], 2) == [2, 1]

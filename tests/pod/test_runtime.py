@@ -254,13 +254,19 @@ def test_a_pod_trains_the_ensemble_algorithm_it_was_given(
 ) -> None:
     """The orchestrator's PODIUM_ALGORITHM (RuntimeSettings.algorithm) is what the pod asks
     the generator for, whatever the generator would draw."""
-    spec = make_spec(algorithms={"ppo": 1.0, "dqn": 1.0}, search_space={})
+    # Seeded so that the generator's own draw for the pod is known: PPO for p0.
+    spec = make_spec(
+        algorithms={"ppo": 1.0, "dqn": 1.0},
+        search_space={},
+        generator={"strategy": "pbt", "options": {"seed": 0}},
+    )
     register(leaderboard, "given", spec)
-    for pod in ("p0", "p1", "p2", "p3"):
-        rt = runtime(leaderboard, "given", spec, pod, tmp_path, algorithm="dqn")
-        rt.start()
-        assert rt.slots[0].algorithm == rt.trainer.config(0).algorithm == "dqn"
-        rt.close()
+    drawn = runtime(leaderboard, "given", spec, "p0", tmp_path).client.generate("p0")
+    assert drawn.algorithm == "ppo"
+    rt = runtime(leaderboard, "given", spec, "p0", tmp_path, algorithm="dqn")
+    rt.start()
+    assert rt.slots[0].algorithm == rt.trainer.config(0).algorithm == "dqn"
+    rt.close()
 
 
 def test_truncation_keeps_a_pod_that_is_not_among_the_worst(
