@@ -517,8 +517,7 @@ class Reconciler:
         if len(active) > target:
             # Newest first: they have trained least; in an ensemble, of the algorithm furthest
             # above its share. SIGTERM lets each report before exiting.
-            assigned = status.get("algorithms") or {}
-            running = [assigned.get(p.pod_id) for p in active]
+            running = [p.algorithm for p in active]
             for i in scale_in(exp.spec.algorithms, running, len(active) - target):
                 p = active[i]
                 self._terminate(p, exp.id)
@@ -556,18 +555,17 @@ class Reconciler:
         # An ensemble's pods are each told their algorithm, so every algorithm keeps its
         # share of the running pods (the generator keeps a pod on it when PBT exploits).
         ensemble = sum(w > 0 for w in exp.spec.algorithms.values()) > 1
-        assigned = status.get("algorithms") or {}
-        algorithms = assign_algorithms(
-            exp.spec.algorithms, [assigned[p.pod_id] for p in active if p.pod_id in assigned], n
-        )
+        running = [p.algorithm for p in active if p.algorithm]
+        algorithms = assign_algorithms(exp.spec.algorithms, running, n)
         reqs = [
             PodRequest(
                 experiment_id=exp.id,
                 pod_id=secrets.token_hex(4),
                 spec_json=spec_json,
                 resources=per_pod,
-                env={**env, "PODIUM_ALGORITHM": algorithm} if ensemble else env,
+                env=env,
                 grace_s=self.settings.termination_grace_s,
+                algorithm=algorithm if ensemble else None,
             )
             for algorithm in algorithms
         ]
@@ -587,13 +585,11 @@ class Reconciler:
             status["pods_launched"] = status.get("pods_launched", 0) + 1
             if allowance is not None:
                 status["allowances"] = {**status.get("allowances", {}), req.pod_id: allowance}
-            algorithm = req.env.get("PODIUM_ALGORITHM")
-            if algorithm is not None:
-                status["algorithms"] = {**status.get("algorithms", {}), req.pod_id: algorithm}
-            self._created.setdefault(exp.id, []).append(
-                PodInfo(exp.id, req.pod_id, "Pending", time.time(), per_pod)
+            pod = PodInfo(
+                exp.id, req.pod_id, "Pending", time.time(), per_pod, algorithm=req.algorithm
             )
-            trains = f" ({algorithm})" if algorithm else ""
+            self._created.setdefault(exp.id, []).append(pod)
+            trains = f" ({req.algorithm})" if req.algorithm else ""
             replacing = status.get("to_replace") or []
             if replacing:
                 old = replacing.pop(0)
@@ -672,17 +668,16 @@ class Reconciler:
         return env
 
     def _save(self, exp: Experiment, status: dict[str, Any], ps: list[PodInfo]) -> None:
-        live = {p.pod_id for p in ps if p.live}
-        for held in ("allowances", "algorithms"):  # of live pods only
-            if status.get(held):
-                status[held] = {k: v for k, v in status[held].items() if k in live}
+        if status.get("allowances"):  # held by live pods only
+            live = {p.pod_id for p in ps if p.live}
+            status["allowances"] = {k: v for k, v in status["allowances"].items() if k in live}
         status["pods"] = [
             {
                 "pod_id": p.pod_id,
                 "phase": "Terminating" if p.live and p.terminating else p.phase,
                 "created_at": p.created_at,
                 "reason": p.reason,
-                "algorithm": (status.get("algorithms") or {}).get(p.pod_id),
+                "algorithm": p.algorithm,
             }
             for p in ps
             if p.live

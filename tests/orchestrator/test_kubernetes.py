@@ -4,6 +4,7 @@ manifest it generates validated against the Kubernetes schemas."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -243,6 +244,21 @@ def test_create_list_watch_terminate(
     backend.remove_pod("e1", "p2")
     assert backend.list_pods() == [] and fc.pod_names(NS) == []
     assert [m["kind"] for m in fc.manifests] == ["ConfigMap", "Secret", "Pod", "Pod"]  # one owner
+
+
+def test_an_ensemble_pods_algorithm_is_kept_on_the_pod(
+    backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
+) -> None:
+    """The orchestrator reads a pod's algorithm off the pod (an annotation), so a restarted
+    one counts each algorithm's pods; the pod itself gets it as PODIUM_ALGORITHM."""
+    fc, _ = cluster
+    backend.create_pod(dataclasses.replace(request("e1", "p1"), algorithm="sac"))
+    backend.create_pod(request("e1", "p2"))
+    [pod] = [m for m in fc.manifests if m["kind"] == "Pod" and m["metadata"]["name"].endswith("p1")]
+    validate(pod)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["PODIUM_ALGORITHM"] == "sac"
+    assert {p.pod_id: p.algorithm for p in backend.list_pods()} == {"p1": "sac", "p2": None}
 
 
 def test_pods_that_can_never_start_are_failed_and_unschedulable_ones_say_why(

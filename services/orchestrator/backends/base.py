@@ -58,6 +58,13 @@ class PodRequest:
     resources: Res
     env: dict[str, str] = field(default_factory=dict)  # extra environment for the pod
     grace_s: float = 30.0
+    #: An ensemble's algorithm for this pod (PODIUM_ALGORITHM), kept with the pod so that a
+    #: pass (or a restarted orchestrator) reads it off the pods it lists.
+    algorithm: str | None = None
+
+    def pod_env(self) -> dict[str, str]:
+        """``env`` with the pod's algorithm, where it has one."""
+        return {**self.env, "PODIUM_ALGORITHM": self.algorithm} if self.algorithm else self.env
 
 
 @dataclass
@@ -70,6 +77,7 @@ class PodInfo:
     terminating: bool = False  # asked to stop (SIGTERM sent / deletionTimestamp set)
     exit_code: int | None = None
     reason: str | None = None
+    algorithm: str | None = None  # PodRequest.algorithm
     #: Stopped from outside, not by its own fault (Kubernetes eviction, preemption, node
     #: shutdown): what happened, for the event. Such a failure is never counted as a crash.
     disruption: str | None = None

@@ -71,6 +71,7 @@ NEVER_STARTS = frozenset(
 
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
 RESOURCES_ANNOTATION = "podium.dev/resources"
+ALGORITHM_ANNOTATION = "podium.dev/algorithm"
 ROLES = ("worker", "learner", "evaluator")
 #: Share of the pod's CPU and memory each container requests in the processes mode: the
 #: worker steps the envs, the learner and the evaluator wait for it half of the time.
@@ -170,7 +171,7 @@ def pod_manifest(
         {"name": "PODIUM_SPEC", "value": req.spec_json},
         {"name": "PODIUM_GPUS", "value": str(r.gpus)},
     ]
-    for k, v in sorted(req.env.items()):
+    for k, v in sorted(req.pod_env().items()):
         if k not in PLATFORM_SECRETS:
             env.append({"name": k, "value": v})
     if settings.leaderboard_token_value():
@@ -260,7 +261,10 @@ def pod_manifest(
             "namespace": namespace,
             "labels": labels(req.experiment_id, req.pod_id),
             "annotations": {
-                RESOURCES_ANNOTATION: json.dumps({"cpu": r.cpu, "gpus": r.gpus, "memory": r.memory})
+                RESOURCES_ANNOTATION: json.dumps(
+                    {"cpu": r.cpu, "gpus": r.gpus, "memory": r.memory}
+                ),
+                **({ALGORITHM_ANNOTATION: req.algorithm} if req.algorithm else {}),
             },
             "ownerReferences": [_owner_reference(req.experiment_id, owner_uid)],
         },
@@ -475,6 +479,7 @@ class KubernetesBackend(Backend):
             exit_code=exit_code,
             reason=reason,
             disruption=disruption,
+            algorithm=(meta.get("annotations") or {}).get(ALGORITHM_ANNOTATION),
         )
 
     def _owner_uid(self, experiment_id: str, spec_json: str) -> str:

@@ -144,7 +144,7 @@ class LocalBackend(Backend):
         with self._lock:
             gpu_ids = self._free_gpus(req.resources.gpus)
             self._reserved[key] = gpu_ids  # held until the record (which lists them) is written
-        inherited = {**os.environ, **req.env}
+        inherited = {**os.environ, **req.pod_env()}
         env = {
             **{k: v for k, v in inherited.items() if k not in PLATFORM_SECRETS},
             "PODIUM_EXPERIMENT_ID": req.experiment_id,
@@ -187,6 +187,7 @@ class LocalBackend(Backend):
             "kill_at": None,
             "exit_code": None,
             "reason": None,
+            "algorithm": req.algorithm,
         }
         with self._lock:
             _write_json(self._record_path(req.experiment_id, req.pod_id), rec)
@@ -328,6 +329,7 @@ class LocalBackend(Backend):
                     terminating=bool(rec.get("terminating")),
                     exit_code=code,
                     reason=rec.get("reason"),
+                    algorithm=rec.get("algorithm"),
                 )
             )
         return out
