@@ -608,6 +608,33 @@ def test_run_example_tournament_end_to_end(
 
 
 @pytest.mark.slow
+def test_run_an_ensemble_trains_each_algorithm_in_its_own_pod(tmp_path: Path) -> None:
+    """`podium run` of a PPO + DQN ensemble on two pods: real pods, each told its algorithm by
+    the orchestrator, and both algorithms' agents reach the leaderboard."""
+    body = {
+        "name": "ensemble",
+        "env": {"name": "CartPole-v1"},
+        "algorithms": {"ppo": 1.0, "dqn": 1.0},
+        "population": {"min_pods": 2, "max_pods": 2},
+        "resources": {"cpu": 1, "gpus": 0, "memory": "1Gi"},
+        "round": {"env_steps": 2048},
+        "budget": {"total_env_steps": 16384, "wall_time_s": 300},
+        "top_k": 16,
+    }
+    out = tmp_path / "out"
+    proc = podium(
+        "run", write_spec(tmp_path, body), "--out", str(out), "--port", "0",
+        "--leaderboard-port", "0", env=clean_env(), timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    candidates = json.loads((out / "candidates.json").read_text())
+    by_pod: dict[str, set[str]] = {}
+    for c in candidates:
+        by_pod.setdefault(c["pod_id"], set()).add(c["algorithm"])
+    assert sorted(a for algorithms in by_pod.values() for a in algorithms) == ["dqn", "ppo"]
+
+
+@pytest.mark.slow
 def test_run_the_portfolio_gradient_tournament_and_backtest_its_best(tmp_path: Path) -> None:
     """The stock-trading tournament of portfolio-gradient pods (PBT among them) until its
     env-step budget is spent; the best agent's files, exported, beat buy-and-hold's Sharpe
