@@ -607,9 +607,16 @@ async def metrics(request: Request, svc: Svc) -> PlainTextResponse:
     try:
         ranks = svc.settings.metrics_top_ranks
         for exp in await svc.store.experiments():
-            _, rows = await svc.store.top(exp, limit=ranks)
+            config, rows = await svc.store.top(exp)  # the whole board (top_k), best first
             size = await svc.store.board_size(exp)
-            svc.metrics.set_board(exp, size, [float(h["score"]) for _, h in rows])
+            # Labelled by the experiment's own algorithms only (a bounded set).
+            ensemble = config.get("algorithms") or {}
+            by_algorithm: dict[str, float] = {}
+            for _, h in rows:
+                if h["algorithm"] in ensemble:
+                    by_algorithm.setdefault(h["algorithm"], float(h["score"]))
+            scores = [float(h["score"]) for _, h in rows[:ranks]]
+            svc.metrics.set_board(exp, size, scores, by_algorithm)
     except Exception as e:  # a scrape still returns the counters when Redis is down
         log.debug("board gauges not refreshed", error=describe_error(e))
     return PlainTextResponse(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

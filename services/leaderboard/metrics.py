@@ -27,6 +27,12 @@ class LeaderboardMetrics:
         self.size = Gauge(
             "podium_leaderboard_size", "Candidates on the board.", ["experiment"], registry=r
         )
+        self.algorithm_top_score = Gauge(
+            "podium_leaderboard_algorithm_top_score",
+            "Best score on the board of each algorithm of the experiment (an ensemble's).",
+            ["experiment", "algorithm"],
+            registry=r,
+        )
         self.rank_score = Gauge(
             "podium_leaderboard_rank_score",
             "Score at each of the best ranks (rank <= metrics_top_ranks).",
@@ -68,9 +74,22 @@ class LeaderboardMetrics:
     def record_decision(self, experiment: str, strategy: str, decision: str) -> None:
         self.decisions.labels(experiment, strategy, decision).inc()
 
-    def set_board(self, experiment: str, size: int, scores: list[float]) -> None:
-        """Board gauges: its size and the best-first scores of its top ranks (at scrape time)."""
+    def set_board(
+        self,
+        experiment: str,
+        size: int,
+        scores: list[float],
+        by_algorithm: dict[str, float] | None = None,
+    ) -> None:
+        """Board gauges: its size, the best-first scores of its top ranks and each
+        algorithm's best (at scrape time)."""
         self.size.labels(experiment).set(size)
+        best = by_algorithm or {}
+        for algorithm, score in best.items():
+            self.algorithm_top_score.labels(experiment, algorithm).set(score)
+        for labels in self._children(self.algorithm_top_score):
+            if labels[0] == experiment and labels[1] not in best:
+                self.algorithm_top_score.remove(*labels)
         if scores:
             self.top_score.labels(experiment).set(scores[0])
         elif (experiment,) in self._children(self.top_score):
@@ -86,7 +105,12 @@ class LeaderboardMetrics:
         for metric in (self.top_score, self.size, self.evictions):
             if (experiment,) in self._children(metric):
                 metric.remove(experiment)
-        for metric in (self.rank_score, self.submissions, self.decisions):
+        for metric in (
+            self.rank_score,
+            self.algorithm_top_score,
+            self.submissions,
+            self.decisions,
+        ):
             for labels in list(self._children(metric)):
                 if labels[0] == experiment:
                     metric.remove(*labels)

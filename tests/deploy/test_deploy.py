@@ -643,6 +643,7 @@ def test_dashboard_queries_only_series_the_services_export() -> None:
         "eval return distribution",
         "updater inserts / rejections",
         "generator decisions",
+        "best score by algorithm",
         "api latency",
         "api errors",
     ]:

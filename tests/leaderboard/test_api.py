@@ -337,6 +337,29 @@ def test_metrics_exposed_with_bounded_labels(client: TestClient) -> None:
     assert value("podium_leaderboard_top_score", experiment="m") == 3.0
     assert value("podium_leaderboard_size", experiment="m") == 2.0
     assert value("podium_leaderboard_rank_score", experiment="m", rank="2") == 2.0
+    top = "podium_leaderboard_algorithm_top_score"
+    assert value(top, experiment="m", algorithm="ppo") == 3.0
+    # An ensemble: each algorithm's best on the board, however low it ranks.
+    client.put(f"{API}/ens", json=experiment(top_k=3, algorithms={"ppo": 1.0, "sac": 1.0}))
+    for i, (s, algorithm) in enumerate([(5.0, "ppo"), (4.0, "ppo"), (3.0, "ppo"), (1.0, "sac")]):
+        client.post(f"{API}/ens/submissions", json=result(f"e{i}", s, algorithm=algorithm))
+    text = client.get("/metrics", headers={"Authorization": ""}).text
+    ens = {
+        s.labels["algorithm"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == top and s.labels["experiment"] == "ens"
+    }
+    assert ens == {"ppo": 5.0}  # the SAC candidate did not make the top 3
+    client.post(f"{API}/ens/submissions", json=result("e9", 4.5, algorithm="sac"))
+    text = client.get("/metrics", headers={"Authorization": ""}).text
+    ens = {
+        s.labels["algorithm"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == top and s.labels["experiment"] == "ens"
+    }
+    assert ens == {"ppo": 5.0, "sac": 4.5}
     sub = "podium_leaderboard_submissions_total"
     assert value(sub, experiment="m", outcome="inserted") == 3
     assert value(sub, experiment="m", outcome="rejected") == 1
@@ -354,6 +377,7 @@ def test_metrics_exposed_with_bounded_labels(client: TestClient) -> None:
         "strategy",
         "decision",
         "rank",
+        "algorithm",
         "method",
         "route",
         "status",
