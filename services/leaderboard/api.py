@@ -78,6 +78,8 @@ class Services:
 
 
 BOARD_CACHE_SIZE = 256
+#: Rows of an ensemble's board a scrape reads for each algorithm's best (bounds its cost).
+ENSEMBLE_SCAN_ROWS = 1024
 
 
 # Dependencies are async: FastAPI runs a plain ``def`` dependency in a worker thread, which
@@ -607,10 +609,13 @@ async def metrics(request: Request, svc: Svc) -> PlainTextResponse:
     try:
         ranks = svc.settings.metrics_top_ranks
         for exp in await svc.store.experiments():
-            config, rows = await svc.store.top(exp)  # the whole board (top_k), best first
-            size = await svc.store.board_size(exp)
-            # Labelled by the experiment's own algorithms only (a bounded set).
+            config, rows = await svc.store.top(exp, limit=ranks)  # best first
+            # Labelled by the experiment's own algorithms only (a bounded set); an ensemble's
+            # best of each may rank low: read further down its board (at most 1,024 rows).
             ensemble = config.get("algorithms") or {}
+            if len(ensemble) > 1 and len(rows) == ranks:
+                config, rows = await svc.store.top(exp, limit=max(ranks, ENSEMBLE_SCAN_ROWS))
+            size = await svc.store.board_size(exp)
             by_algorithm: dict[str, float] = {}
             for _, h in rows:
                 if h["algorithm"] in ensemble:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.leaderboard.conftest import AUTH, experiment, multipart, result
+from services.leaderboard.app import create_app
+from tests.leaderboard.conftest import AUTH, experiment, multipart, result, settings_for
 
 API = "/api/v1/experiments"
 
@@ -315,6 +317,28 @@ def test_board_stats_are_mean_variance_covariance(client: TestClient) -> None:
     np.testing.assert_allclose(
         [stats["variance"][n] for n in stats["names"]], x.var(axis=0), rtol=1e-9
     )
+
+
+def test_an_ensembles_best_of_each_algorithm_below_the_exported_ranks(tmp_path: Path) -> None:
+    """With fewer ranks exported than the board holds, each algorithm's best is still read
+    (further down an ensemble's board), and only the experiment's own algorithms label it."""
+    settings = settings_for(tmp_path / "data", metrics_top_ranks=1)
+    with TestClient(create_app(settings), headers=AUTH) as c:
+        c.put(f"{API}/ens", json=experiment(top_k=8, algorithms={"ppo": 1.0, "sac": 1.0}))
+        for i, (score, algorithm) in enumerate(
+            [(5.0, "ppo"), (4.0, "ppo"), (3.0, "sac"), (2.0, "td3")]
+        ):
+            c.post(f"{API}/ens/submissions", json=result(f"e{i}", score, algorithm=algorithm))
+        text = c.get("/metrics", headers={"Authorization": ""}).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    best = {
+        s.labels["algorithm"]: s.value
+        for s in samples
+        if s.name == "podium_leaderboard_algorithm_top_score"
+    }
+    assert best == {"ppo": 5.0, "sac": 3.0}  # not td3: no algorithm of this experiment
+    ranks = [s.labels["rank"] for s in samples if s.name == "podium_leaderboard_rank_score"]
+    assert ranks == ["1"]
 
 
 def test_metrics_exposed_with_bounded_labels(client: TestClient) -> None:
