@@ -610,16 +610,15 @@ async def metrics(request: Request, svc: Svc) -> PlainTextResponse:
         ranks = svc.settings.metrics_top_ranks
         for exp in await svc.store.experiments():
             config, rows = await svc.store.top(exp, limit=ranks)  # best first
-            # Labelled by the experiment's own algorithms only (a bounded set); an ensemble's
-            # best of each may rank low: read further down its board (at most 1,024 rows).
-            ensemble = config.get("algorithms") or {}
-            if len(ensemble) > 1 and len(rows) == ranks:
+            # An ensemble's best of each algorithm may rank low: read further down its board
+            # (at most 1,024 rows). The labels are the experiment's own algorithms (a bounded
+            # set): the updater refuses a submission of any other.
+            if len(config.get("algorithms") or {}) > 1 and len(rows) == ranks:
                 config, rows = await svc.store.top(exp, limit=max(ranks, ENSEMBLE_SCAN_ROWS))
             size = await svc.store.board_size(exp)
             by_algorithm: dict[str, float] = {}
             for _, h in rows:
-                if h["algorithm"] in ensemble:
-                    by_algorithm.setdefault(h["algorithm"], float(h["score"]))
+                by_algorithm.setdefault(h["algorithm"], float(h["score"]))
             scores = [float(h["score"]) for _, h in rows[:ranks]]
             svc.metrics.set_board(exp, size, scores, by_algorithm)
     except Exception as e:  # a scrape still returns the counters when Redis is down

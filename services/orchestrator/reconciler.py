@@ -554,8 +554,7 @@ class Reconciler:
             env["PODIUM_MAX_ENV_STEPS"] = str(allowance)
         # An ensemble's pods are each told their algorithm, so every algorithm keeps its
         # share of the running pods (the generator keeps a pod on it when PBT exploits).
-        ensemble = sum(w > 0 for w in exp.spec.algorithms.values()) > 1
-        running = [p.algorithm for p in active if p.algorithm]
+        running = [p.algorithm for p in active]
         algorithms = assign_algorithms(exp.spec.algorithms, running, n)
         reqs = [
             PodRequest(
@@ -565,7 +564,7 @@ class Reconciler:
                 resources=per_pod,
                 env=env,
                 grace_s=self.settings.termination_grace_s,
-                algorithm=algorithm if ensemble else None,
+                algorithm=algorithm,
             )
             for algorithm in algorithms
         ]

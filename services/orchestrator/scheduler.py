@@ -152,20 +152,31 @@ def backoff_delay(failures: int, initial: float, maximum: float) -> float:
     return min(maximum, initial * 2 ** (failures - 2))
 
 
-def assign_algorithms(weights: dict[str, float], running: list[str], n: int) -> list[str]:
-    """The algorithms of ``n`` new pods of an ensemble: each the one furthest below its share
-    of the pods (``weights``, normalised) among those ``running`` and those assigned before
-    it; ties go to the heavier weight, then the name. Every algorithm of weight w gets its
-    w-share of the pods (a population of two with ``{ppo: 1, sac: 1}`` runs one of each),
-    where drawing each pod's algorithm at random would leave one out as often as not, and a
-    failed pod is replaced by one of its own algorithm."""
+def ensemble_shares(weights: dict[str, float]) -> dict[str, float]:
+    """Each algorithm's share of an ensemble's pods (its weight, normalised), by name; empty
+    for a single algorithm, whose pods need no algorithm of their own."""
     names = sorted(a for a, w in weights.items() if w > 0)
     total = sum(weights[a] for a in names)
-    counts = {a: sum(r == a for r in running) for a in names}
-    out: list[str] = []
+    return {a: weights[a] / total for a in names} if len(names) > 1 else {}
+
+
+def assign_algorithms(
+    weights: dict[str, float], running: list[str | None], n: int
+) -> list[str | None]:
+    """The algorithms of ``n`` new pods of an ensemble: each the one furthest below its share
+    of the pods among those ``running`` and those assigned before it; ties go to the heavier
+    weight, then the name (None each for a single algorithm). Every algorithm of weight w
+    gets its w-share of the pods (a population of two with ``{ppo: 1, sac: 1}`` runs one of
+    each), where drawing each pod's algorithm at random would leave one out as often as not,
+    and a failed pod is replaced by one of its own algorithm."""
+    shares = ensemble_shares(weights)
+    if not shares:
+        return [None] * n
+    counts = {a: sum(r == a for r in running) for a in shares}
+    out: list[str | None] = []
     for _ in range(n):
         pods = sum(counts.values()) + 1  # with this one
-        pick = max(names, key=lambda a: (weights[a] / total * pods - counts[a], weights[a]))
+        pick = max(shares, key=lambda a: (shares[a] * pods - counts[a], shares[a]))
         counts[pick] += 1
         out.append(pick)
     return out
@@ -176,10 +187,9 @@ def scale_in(weights: dict[str, float], running: list[str | None], n: int) -> li
     known), newest first: each the newest pod of the algorithm furthest above its weight's
     share of the pods that stay (unknown ones first), so an ensemble scaled in keeps every
     algorithm its share, as ``assign_algorithms`` gave it out. Indices into ``running``."""
-    names = sorted(a for a, w in weights.items() if w > 0)
-    if len(names) <= 1:
+    shares = ensemble_shares(weights)
+    if not shares:
         return list(range(len(running) - 1, len(running) - 1 - n, -1))
-    total = sum(weights[a] for a in names)
     left = list(range(len(running)))
     out: list[int] = []
     for _ in range(n):
@@ -189,8 +199,7 @@ def scale_in(weights: dict[str, float], running: list[str | None], n: int) -> li
         for i in left:
             a = running[i]
             newest[a] = i
-            share = weights[a] / total if a in names else 0.0
-            surplus[a] = surplus.get(a, -share * stay) + 1
+            surplus[a] = surplus.get(a, -shares.get(a, 0.0) * stay) + 1
         # The furthest above its share; of equals, the one whose newest pod is newest.
         pick = max(surplus, key=lambda a: (surplus[a], newest[a]))
         out.append(newest[pick])

@@ -319,24 +319,32 @@ def test_board_stats_are_mean_variance_covariance(client: TestClient) -> None:
     )
 
 
+def algorithm_bests(client: TestClient, experiment_id: str) -> dict[str, float]:
+    """The experiment's ``podium_leaderboard_algorithm_top_score`` series, as scraped."""
+    text = client.get("/metrics", headers={"Authorization": ""}).text
+    return {
+        s.labels["algorithm"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "podium_leaderboard_algorithm_top_score"
+        and s.labels["experiment"] == experiment_id
+    }
+
+
 def test_an_ensembles_best_of_each_algorithm_below_the_exported_ranks(tmp_path: Path) -> None:
     """With fewer ranks exported than the board holds, each algorithm's best is still read
     (further down an ensemble's board), and only the experiment's own algorithms label it."""
     settings = settings_for(tmp_path / "data", metrics_top_ranks=1)
     with TestClient(create_app(settings), headers=AUTH) as c:
         c.put(f"{API}/ens", json=experiment(top_k=8, algorithms={"ppo": 1.0, "sac": 1.0}))
-        for i, (score, algorithm) in enumerate(
-            [(5.0, "ppo"), (4.0, "ppo"), (3.0, "sac"), (2.0, "td3")]
-        ):
+        for i, (score, algorithm) in enumerate([(5.0, "ppo"), (4.0, "ppo"), (3.0, "sac")]):
             c.post(f"{API}/ens/submissions", json=result(f"e{i}", score, algorithm=algorithm))
+        # An algorithm of no experiment's ensemble is refused, so it labels no series.
+        refused = c.post(f"{API}/ens/submissions", json=result("e3", 2.0, algorithm="td3"))
+        assert refused.status_code == 422 and "algorithm" in refused.text
+        assert algorithm_bests(c, "ens") == {"ppo": 5.0, "sac": 3.0}
         text = c.get("/metrics", headers={"Authorization": ""}).text
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
-    best = {
-        s.labels["algorithm"]: s.value
-        for s in samples
-        if s.name == "podium_leaderboard_algorithm_top_score"
-    }
-    assert best == {"ppo": 5.0, "sac": 3.0}  # not td3: no algorithm of this experiment
     ranks = [s.labels["rank"] for s in samples if s.name == "podium_leaderboard_rank_score"]
     assert ranks == ["1"]
 
@@ -367,23 +375,9 @@ def test_metrics_exposed_with_bounded_labels(client: TestClient) -> None:
     client.put(f"{API}/ens", json=experiment(top_k=3, algorithms={"ppo": 1.0, "sac": 1.0}))
     for i, (s, algorithm) in enumerate([(5.0, "ppo"), (4.0, "ppo"), (3.0, "ppo"), (1.0, "sac")]):
         client.post(f"{API}/ens/submissions", json=result(f"e{i}", s, algorithm=algorithm))
-    text = client.get("/metrics", headers={"Authorization": ""}).text
-    ens = {
-        s.labels["algorithm"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == top and s.labels["experiment"] == "ens"
-    }
-    assert ens == {"ppo": 5.0}  # the SAC candidate did not make the top 3
+    assert algorithm_bests(client, "ens") == {"ppo": 5.0}  # SAC's did not make the top 3
     client.post(f"{API}/ens/submissions", json=result("e9", 4.5, algorithm="sac"))
-    text = client.get("/metrics", headers={"Authorization": ""}).text
-    ens = {
-        s.labels["algorithm"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == top and s.labels["experiment"] == "ens"
-    }
-    assert ens == {"ppo": 5.0, "sac": 4.5}
+    assert algorithm_bests(client, "ens") == {"ppo": 5.0, "sac": 4.5}
     sub = "podium_leaderboard_submissions_total"
     assert value(sub, experiment="m", outcome="inserted") == 3
     assert value(sub, experiment="m", outcome="rejected") == 1

@@ -103,7 +103,9 @@ def test_an_ensembles_pods_follow_the_weights() -> None:
     # The furthest below its share first: a fresh experiment's first pod is its heaviest.
     assert assign_algorithms({"a": 1.0, "b": 2.0}, [], 1) == ["b"]
     # A weight of 0 gets no pod; a running pod of another algorithm takes no one's share.
-    assert assign_algorithms({"a": 1.0, "b": 0.0}, ["c"], 2) == ["a", "a"]
+    assert assign_algorithms({"a": 1.0, "b": 0.0, "d": 1.0}, ["c", None], 2) == ["a", "d"]
+    # One algorithm: no pod is given one (the generator's only choice).
+    assert assign_algorithms({"a": 1.0, "b": 0.0}, ["c"], 2) == [None, None]
 
 
 def test_an_ensemble_scales_in_by_its_surplus() -> None:

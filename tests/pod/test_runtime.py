@@ -37,6 +37,7 @@ from tests.pod.harness import (
     ROOT,
     InThread,
     Leaderboard,
+    client,
     make_spec,
     pod_env,
     register,
@@ -261,7 +262,7 @@ def test_a_pod_trains_the_ensemble_algorithm_it_was_given(
         generator={"strategy": "pbt", "options": {"seed": 0}},
     )
     register(leaderboard, "given", spec)
-    drawn = runtime(leaderboard, "given", spec, "p0", tmp_path).client.generate("p0")
+    drawn = client(leaderboard, "given").generate("p0")
     assert drawn.algorithm == "ppo"
     rt = runtime(leaderboard, "given", spec, "p0", tmp_path, algorithm="dqn")
     rt.start()
