@@ -1,7 +1,8 @@
 """Do the presets generalise? Every built-in torch-native env with every algorithm that fits
 its action space, trained from its defaults exactly as ``podium train ENV --set algorithm=X``
 builds its config (services/pod/presets.py ``train_config``, then services/pod/fit.py), over
-several seeds: env steps to the solve threshold (``SOLVED_AT``).
+several seeds: env steps to the solve threshold (``SOLVED_AT``). MuJoCo HalfCheetah-v5 through
+EnvPool is in the default pairs when the ``envpool`` extra is installed.
 
     python bench/presets_solve.py [--pairs ppo:CartPole-v1 sac:MountainCarContinuous-v0 ...]
                                   [--seeds 0 1 2] [--set key=value ...] [--jsonl FILE]
@@ -15,6 +16,7 @@ never: the median is "—" when half or more never solve), and the budget.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -28,11 +30,13 @@ import torch
 from services.cli.overrides import parse_set
 from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS, misfits
 from services.pod.fit import train
-from services.pod.presets import SOLVED_AT, train_config
+from services.pod.presets import train_config
 
 #: The built-in torch-native envs with a solve threshold (StockTrading-v0 has none: it is
-#: judged by a backtest, bench/stock_trading_backtest.py).
-ENVS = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0")
+#: judged by a backtest, bench/stock_trading_backtest.py), and the MuJoCo task with presets.
+ENVS = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0") + (
+    ("envpool:HalfCheetah-v5",) if importlib.util.find_spec("envpool") else ()
+)
 
 
 def all_pairs() -> list[tuple[str, str]]:
@@ -64,6 +68,7 @@ def run(algorithm: str, env: str, seed: int, layers: list[dict], progress: bool)
         "env": env,
         "seed": seed,
         "budget": config.total_env_steps,
+        "target": config.target_return,
         "solved_at": result.solved_at_env_steps,
         "best": result.best.mean if result.best else None,
         "train_seconds": round(result.train_seconds, 1),
@@ -103,7 +108,7 @@ def main() -> None:
         median = median_steps(steps)
         solved = sum(s is not None for s in steps)
         rows.append(
-            f"| {algorithm} | {env} | {SOLVED_AT[env]:g} | {records[0]['budget']:,} "
+            f"| {algorithm} | {env} | {records[0]['target']:g} | {records[0]['budget']:,} "
             f"| {solved}/{len(steps)} | {'—' if median is None else f'{median:,.0f}'} "
             f"| {', '.join('—' if s is None else f'{s:,}' for s in steps)} |"
         )

@@ -552,14 +552,7 @@ def test_run_interrupted_cancels_saves_results_and_stops_every_pod(tmp_path: Pat
 
 @pytest.mark.parametrize(
     "example",
-    [
-        "examples/cartpole.yaml",
-        "examples/pendulum.yaml",
-        "examples/ant.yaml",
-        "examples/halfcheetah.yaml",
-        "examples/stock_trading.yaml",
-        "examples/stock_trading_portfolio_gradient.yaml",
-    ],
+    sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").glob("*.yaml")),
 )
 def test_examples_are_valid_specs_the_pod_can_train(example: str) -> None:
     import random
