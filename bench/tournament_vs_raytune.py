@@ -84,6 +84,26 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     # the same version (the same transitions, tests/pod/envs/test_envpool_adapter.py), each as
     # its users run it.
     "HalfCheetah-v5": ("examples/halfcheetah.yaml", {}),
+    # SAC on the same task: the off-policy preset (services/pod/presets/sac/HalfCheetah-v5.yaml)
+    # reaches 3,000 in a fraction of PPO's env steps; PBT over its learning rate, soft-update
+    # rate and batch size, judged after two rounds, bottom quarter replaced.
+    "HalfCheetah-v5-sac": (
+        "examples/halfcheetah.yaml",
+        {
+            "name": "halfcheetah-sac",
+            "algorithms": {"sac": 1.0},
+            "search_space": {
+                "learning_rate": {"type": "log_uniform", "low": 3.0e-4, "high": 3.0e-3},
+                "tau": {"type": "uniform", "low": 0.002, "high": 0.02},
+                "batch_size": {"type": "choice", "values": [256, 512]},
+            },
+            "generator": {
+                "strategy": "pbt",
+                "options": {"ready_env_steps": 20480, "truncation": 0.25},
+            },
+            "round": {"env_steps": 10240},
+        },
+    ),
 }
 
 
@@ -753,6 +773,7 @@ def agent_speed(args: argparse.Namespace) -> None:
 
     spec = podium_spec(args.env, 1, 1, 0, args.cap_s)
     algorithm, n = next(iter(spec["algorithms"])), args.speed_steps
+    env = spec["env"]["name"]  # Podium's name (SB3 runs gymnasium's task of it: sb3_env)
     if algorithm not in ("sac", "td3"):
         raise SystemExit(f"--speed-steps times off-policy agents only, not {algorithm}")
     never = 1e9  # a threshold no evaluation reaches: train the whole budget
@@ -760,21 +781,21 @@ def agent_speed(args: argparse.Namespace) -> None:
     extra: dict[str, list[float]] = {"eval_s": [], "checkpoint_s": []}
     for seed in range(args.reps):
         torch.set_num_threads(1)
-        model, _ = sb3_model(algorithm, args.env, {}, seed)
-        seconds, _ = timed_learn(model, sb3_env(args.env, 1, seed), n, never, n, 1)
+        model, _ = sb3_model(algorithm, env, {}, seed)
+        seconds, _ = timed_learn(model, sb3_env(env, 1, seed), n, never, n, 1)
         rates["sb3"].append(n / seconds)
         # What a trial adds to each round: the evaluation (as many episodes as the spec's, on
         # one Python env each) and the checkpoint PBT may ask for.
         episodes = spec["evaluation"]["episodes"]
         start = time.perf_counter()
-        evaluate_policy(model, sb3_env(args.env, episodes, seed), episodes, deterministic=True)
+        evaluate_policy(model, sb3_env(env, episodes, seed), episodes, deterministic=True)
         extra["eval_s"].append(time.perf_counter() - start)
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             model.save(Path(tmp) / "model.zip")
             model.save_replay_buffer(Path(tmp) / "replay_buffer.pkl")
             extra["checkpoint_s"].append(time.perf_counter() - start)
-        cfg = {**preset(algorithm, args.env), "total_env_steps": n}
+        cfg = {**preset(algorithm, env), "total_env_steps": n}
         seconds, _ = timed_podium(OffPolicyConfig, train, cfg, seed, n, 1, never)
         rates["podium"].append(n / seconds)
         print(
