@@ -292,10 +292,11 @@ def platform_spec(
     spec["population"] = {"min_pods": pods, "max_pods": pods, "agents_per_pod": agents_per_pod}
     spec["resources"] = {**spec["resources"], "cpu": cores / pods}
     rounds, round_steps = rounds_of(algorithm, args.rounds, args.round_steps)
-    total = args.pods * rounds * round_steps
-    if algorithm != "ppo":
-        total = args.pods * gradient_round_env_steps(regime, seed, rounds * round_steps)
+    if algorithm == "ppo":
+        total = args.pods * rounds * round_steps
+    else:  # round_steps counts gradient steps, each the train period's days in env steps
         days = gradient_round_env_steps(regime, seed, 1)
+        total = args.pods * rounds * round_steps * days
         round_steps = days * (spec["round"]["env_steps"] // days)  # the example's, whole steps
         assert round_steps, f"the example's round is shorter than one gradient step ({days})"
     spec["round"] = {"env_steps": round_steps}

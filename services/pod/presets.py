@@ -56,14 +56,19 @@ def merge(base: Mapping[str, Any], *layers: Mapping[str, Any]) -> dict[str, Any]
     return functools.reduce(two, layers, dict(base))
 
 
+def solved_at(env: str) -> float | None:
+    """``env``'s solve threshold (``SOLVED_AT``), None if it has none; an ``envpool:<task>``
+    env has ``<task>``'s."""
+    return SOLVED_AT.get(env, SOLVED_AT.get(env.removeprefix(ENVPOOL_PREFIX)))
+
+
 def preset(algorithm: str, env: str) -> dict[str, Any]:
     """The preset for (``algorithm``, ``env``), with the env's solve threshold as target.
 
     An ``envpool:<task>`` env reads the preset of ``<task>``: its transitions are the same
     (tests/pod/envs/test_envpool_adapter.py)."""
-    target = SOLVED_AT.get(env, SOLVED_AT.get(env.removeprefix(ENVPOOL_PREFIX)))
     data = preset_data(algorithm, env)
-    return {"algorithm": algorithm, "env": env, "target_return": target, **data}
+    return {"algorithm": algorithm, "env": env, "target_return": solved_at(env), **data}
 
 
 def train_config(env: str, layers: Iterable[Mapping[str, Any]] = ()) -> RunConfig:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.pod.fit import train
-from services.pod.presets import SOLVED_AT, train_config
+from services.pod.presets import solved_at, train_config
 
 #: (algorithm, env) → the env-step budget to the solve threshold (docs/benchmarks.md).
 BUDGETS = {
@@ -45,8 +44,8 @@ def test_podium_train_solves_env_with_defaults(algorithm: str, env: str) -> None
     seed = SEEDS.get((algorithm, env), 1)
     config = train_config(env, [{"algorithm": algorithm, "seed": seed}])
     budget = BUDGETS[algorithm, env]
-    target = SOLVED_AT[env.removeprefix(ENVPOOL_PREFIX)]
-    assert config.target_return == target
+    target = solved_at(env)
+    assert target is not None and config.target_return == target
     assert config.total_env_steps <= budget, "the preset's budget exceeds the documented one"
     result = train(config)
     assert result.best is not None
