@@ -9,8 +9,8 @@ processes lands on both arms alike):
 
 * env: ``env.step`` (eager; on CPU the finished sub-environments reset by index) against
   ``torch.compile`` of ``env.step_masked`` (the compiled loop's env step: masked reset with the
-  fresh initial states drawn eagerly outside the graph, as services/pod/worker.py does);
-* rollout: services/pod/worker.py ``FusedRolloutWorker.collect`` eager (``RolloutWorker``) and
+  fresh initial states drawn eagerly outside the graph, as services/pod/roles/worker.py does);
+* rollout: services/pod/roles/worker.py ``FusedRolloutWorker.collect`` eager (``RolloutWorker``) and
   compiled (act + env step + storage write as one compiled function per vector step), PPO's
   preset networks, env steps per second of collection.
 
@@ -35,10 +35,11 @@ from collections.abc import Callable
 
 import torch
 
+from services.pod.config import PPORunConfig
 from services.pod.envs import make_env
-from services.pod.onpolicy import PPORunConfig, build_agent
-from services.pod.presets import preset
-from services.pod.worker import FusedRolloutWorker, RolloutWorker
+from services.pod.roles.rollout_roles import build_agent
+from services.pod.roles.worker import FusedRolloutWorker, RolloutWorker
+from services.pod.training.presets import preset
 
 POOL = 16  # pre-drawn action batches, cycled
 
@@ -85,7 +86,8 @@ def bench_env(env_id: str, n: int, args) -> tuple[float, float, float, float]:
     comp_env.reset(seed=0)
     pool = [eager_env.action_space.sample() for _ in range(POOL)]
     actions = [torch.as_tensor(a, device=args.device) for a in pool]
-    # On CUDA as services/pod/compiled.py compiles it: CUDA graphs replay the step's kernels.
+    # On CUDA as services/pod/algorithms/compiled.py compiles it: CUDA graphs replay the step's
+    # kernels.
     cuda = comp_env.device.type == "cuda"
     step_masked = torch.compile(
         type(comp_env).step_masked, fullgraph=True, mode="reduce-overhead" if cuda else None
@@ -125,8 +127,8 @@ def bench_rollout(env_id: str, n: int, args) -> tuple[float, float, float, float
 
 def pod_start_child(env_id: str) -> None:
     """Run in a fresh process with an empty inductor cache: what a pod pays at start."""
-    from services.pod.compiled import compile_counters
-    from services.pod.fit import train
+    from services.pod.algorithms.compiled import compile_counters
+    from services.pod.training.fit import train
 
     settings = preset("ppo", env_id)
     base = {**settings, "env": env_id, "total_env_steps": 1, "eval_every_steps": 10**9}

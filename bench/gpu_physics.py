@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
+from services.pod.config import PPORunConfig
 from services.pod.envs import make_env
-from services.pod.fit import train
-from services.pod.onpolicy import PPORunConfig
+from services.pod.training.fit import train
 
 TASKS = ("MjWarp-Ant-v0", "MjWarp-Humanoid-v0")
 

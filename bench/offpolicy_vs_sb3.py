@@ -81,9 +81,9 @@ def run_sb3(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:
 
 
 def run_podium(algorithm: str, env_id: str, seed: int) -> tuple[float, int | None]:
-    from services.pod.fit import train
-    from services.pod.offpolicy import OffPolicyConfig
-    from services.pod.presets import preset
+    from services.pod.training.fit import train
+    from services.pod.training.offpolicy import OffPolicyConfig
+    from services.pod.training.presets import preset
 
     return timed_podium(
         OffPolicyConfig,

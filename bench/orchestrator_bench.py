@@ -308,7 +308,7 @@ def bench_stored(n: int, repeat: int, budget_s: float) -> dict[str, float]:
                     exp_id,
                     {
                         "state": "succeeded",
-                        "reason": "target reward 475 reached",
+                        "reason": "target return 475 reached",
                         "finished_at": time.time(),
                         "finalized": True,
                         "best": {"score": 500.0, "candidate_id": f"c{i}"},

@@ -7,7 +7,7 @@
 Per env and seed, the modes run one after the other in this process (the order rotates by
 seed) on the env's preset with one torch thread per process:
 
-- fused: ``LocalRoles`` (services/pod/onpolicy.py), all three roles in this process;
+- fused: ``LocalRoles`` (services/pod/training/onpolicy.py), all three roles in this process;
 - processes: ``ProcessRoles``, worker and evaluator as spawned child processes;
 - containers: ``RemoteRoles`` here with ``python -m services.pod --role worker`` and
   ``--role evaluator`` as two separate programs, as the Kubernetes Pod's containers run them
@@ -38,10 +38,11 @@ from pathlib import Path
 
 import torch
 
-from services.pod.multiprocess import ProcessRoles, RemoteRoles
-from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
-from services.pod.presets import preset
-from services.pod.trainer import Roles
+from services.pod.config import PPORunConfig
+from services.pod.roles.multiprocess import ProcessRoles, RemoteRoles
+from services.pod.training.onpolicy import OnPolicyTrainer
+from services.pod.training.presets import preset
+from services.pod.training.trainer import Roles
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,9 +10,9 @@ bench/tournament_vs_raytune.py's ``sb3_ppo_kwargs``, ``VecNormalize`` included),
 EnvPool's HalfCheetah-v5 and SB3 on gymnasium's (the same transitions), 5 evaluation episodes
 every 20,480 env steps.
 
-``--compile`` sets Podium's ``ppo.compile`` (services/pod/compiled.py); ``--baseline eager``
-compares Podium compiled (``--compile``, default on) against Podium eager instead of SB3; the
-compiled arm starts from a reset dynamo cache every seed, so its time includes compiling
+``--compile`` sets Podium's ``ppo.compile`` (services/pod/algorithms/compiled.py); ``--baseline
+eager`` compares Podium compiled (``--compile``, default on) against Podium eager instead of SB3;
+the compiled arm starts from a reset dynamo cache every seed, so its time includes compiling
 (with this process's warm inductor caches after the first seed; a cold pod start is
 bench/compiled_loop.py --pod-start).
 
@@ -101,9 +101,9 @@ def run_sb3(env_id: str, seed: int) -> tuple[float, int | None]:
 
 
 def run_podium(env_id: str, seed: int, compile: str = "auto") -> tuple[float, int | None]:
-    from services.pod.fit import train
-    from services.pod.onpolicy import PPORunConfig
-    from services.pod.presets import preset
+    from services.pod.config import PPORunConfig
+    from services.pod.training.fit import train
+    from services.pod.training.presets import preset
 
     torch._dynamo.reset()  # compile time counts in every run
     settings = preset("ppo", SAME_SETTINGS.get(env_id, env_id))

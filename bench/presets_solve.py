@@ -1,7 +1,8 @@
 """Do the presets generalise? Every built-in torch-native env with every algorithm that fits
 its action space, trained from its defaults exactly as ``podium train ENV --set algorithm=X``
-builds its config (services/pod/presets.py ``train_config``, then services/pod/fit.py), over
-several seeds: env steps to the solve threshold (``SOLVED_AT``). MuJoCo HalfCheetah-v5 through
+builds its config (services/pod/training/presets.py ``train_config``, then
+services/pod/training/fit.py), over
+several seeds: env steps to the solve threshold (``TARGET_RETURNS``). MuJoCo HalfCheetah-v5 through
 EnvPool is in the default pairs when the ``envpool`` extra is installed.
 
     python bench/presets_solve.py [--pairs ppo:CartPole-v1 sac:MountainCarContinuous-v0 ...]
@@ -28,9 +29,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from services.cli.overrides import parse_set
-from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS, misfits
-from services.pod.fit import train
-from services.pod.presets import train_config
+from services.contracts.algorithms.card import card_names
+from services.contracts.algorithms.hyperparameters import misfits
+from services.pod.training.fit import train
+from services.pod.training.presets import train_config
 
 #: The built-in torch-native envs with a solve threshold (StockTrading-v0 has none: it is
 #: judged by a backtest, bench/stock_trading_backtest.py), and the MuJoCo task with presets.
@@ -44,7 +46,7 @@ def all_pairs() -> list[tuple[str, str]]:
     return [
         (algorithm, env)
         for env in ENVS
-        for algorithm in ALGORITHM_ACTION_KINDS
+        for algorithm in card_names()
         if not misfits(env, [algorithm])
     ]
 
@@ -69,7 +71,7 @@ def run(algorithm: str, env: str, seed: int, layers: list[dict], progress: bool)
         "seed": seed,
         "budget": config.total_env_steps,
         "target": config.target_return,
-        "solved_at": result.solved_at_env_steps,
+        "default_target_return": result.solved_at_env_steps,
         "best": result.best.mean if result.best else None,
         "train_seconds": round(result.train_seconds, 1),
         "wall_seconds": round(time.perf_counter() - start, 1),
@@ -104,7 +106,7 @@ def main() -> None:
                 with open(args.jsonl, "a") as out:
                     out.write(json.dumps(record) + "\n")
             records.append(record)
-        steps = [r["solved_at"] for r in records]
+        steps = [r["default_target_return"] for r in records]
         median = median_steps(steps)
         solved = sum(s is not None for s in steps)
         rows.append(

@@ -3,7 +3,7 @@ the per-seed SB3-vs-Podium comparison (bench/ppo_time_to_solve.py, bench/offpoli
 
 SB3 is evaluated deterministically every ``every`` env steps on its own env; the clock stops
 while it evaluates and training stops at the first evaluation that reaches ``threshold``, as
-Podium's own loop does (services/pod/fit.py).
+Podium's own loop does (services/pod/training/fit.py).
 
 torch is imported inside the functions that need it: bench/leaderboard_bench.py (torch-free,
 like the control plane it measures) uses ``cpu_model`` too.

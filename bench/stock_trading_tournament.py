@@ -1,8 +1,8 @@
 """Stock trading: a tournament's best agent against buy-and-hold and equal weight, held out.
 
-For each synthetic market (regime x market seed; services/pod/envs/market.py) the days are cut
+For each synthetic market (regime x market seed; services/pod/trading/market.py) the days are cut
 in time into train (60%), validation (20%) and backtest (20%). A tournament of P PPO agents
-(services/pod/trading_tournament.py: hyperparameters drawn from SPACE, PBT's exploit/explore
+(services/pod/trading/tournament.py: hyperparameters drawn from SPACE, PBT's exploit/explore
 after every round) trains on the train period; after every round each agent is scored by its
 Sharpe on the validation period and the best (agent, round) snapshot is kept. Only that
 snapshot, and the baselines, are then run on the backtest period, which neither training nor
@@ -15,7 +15,8 @@ of the account values on the backtest period (``--plot``, needs the ``plots`` ex
 
 With ``--algorithm portfolio_gradient`` the agents are services/pod/algorithms/
 portfolio_gradient.py's (a shared linear scorer per stock, trained by the exact gradient of the
-train period's Sharpe ratio; the env of its preset, services/pod/presets/portfolio_gradient/),
+train period's Sharpe ratio; the env of its preset,
+services/contracts/algorithms/portfolio_gradient/presets/),
 in the same tournament.
 
     python bench/stock_trading_tournament.py --out /tmp/st.json          # 3 regimes x 3 seeds
@@ -36,16 +37,16 @@ import numpy as np
 import torch
 
 from services.cli.overrides import ConfigError, deep_merge, parse_set
-from services.pod.algorithms.portfolio_gradient import PortfolioPlan
-from services.pod.algorithms.ppo_config import PPOConfig
-from services.pod.backtest import metrics
-from services.pod.envs.market import REGIMES, MarketData, synthetic_market
-from services.pod.presets import preset
-from services.pod.trading_tournament import (
+from services.contracts.algorithms.ppo.config import PPOConfig
+from services.pod.trading.backtest import metrics
+from services.pod.trading.market import REGIMES, MarketData, synthetic_market
+from services.pod.trading.portfolio_gradient import PortfolioPlan
+from services.pod.trading.tournament import (
     TournamentPlan,
     evaluate_market,
     sample_hyperparameters,
 )
+from services.pod.training.presets import preset
 
 PRESET = preset("ppo", "StockTrading-v0")
 #: The tournament's search space (each agent draws one value of each list).
@@ -54,7 +55,7 @@ SPACE = {
     "ent_coef": [0.0, 0.001, 0.01],
     "gamma": [0.9, 0.97, 0.99],
 }
-#: ``--algorithm portfolio_gradient`` (services/pod/algorithms/portfolio_gradient.py): its
+#: ``--algorithm portfolio_gradient`` (services/pod/trading/portfolio_gradient.py): its
 #: search space; its env is its own preset's (the PPO preset's plus the trailing-return
 #: features that the trend markets reward; docs/benchmarks.md "Session 17").
 PORTFOLIO_SPACE = {"learning_rate": [0.02, 0.05, 0.1], "l2": [1e-4, 1e-3, 1e-2]}
@@ -81,7 +82,8 @@ def market(
 
 
 def config_of(algorithm: str) -> dict:
-    """The preset the ``algorithm``'s tournament runs on (services/pod/presets/)."""
+    """The preset the ``algorithm``'s tournament runs on
+    (services/contracts/algorithms/*/presets/)."""
     return PRESET if algorithm == "ppo" else preset(algorithm, "StockTrading-v0")
 
 

@@ -13,12 +13,14 @@ hyperparameters drawn from that bench's SPACE (the same P draws on both sides) t
 ``--rounds`` rounds of ``--round-steps`` env steps each on the train period; after every round
 each agent is scored by its Sharpe ratio over one deterministic pass of the validation period,
 and the worst quarter restarts from the best with its learning rate and entropy coefficient
-multiplied by 0.8 or 1.25 (PBT's exploit/explore). The kept agent is the best (agent, round) by
-validation Sharpe; its Sharpe on the backtest period is reported, never used.
+multiplied by 0.8 or 1.2 (PBT's exploit/explore: the leaderboard's ``PBTOptions`` factors,
+services/pod/trading/local_tournament.py ``LOCAL_PBT``, which every arm here takes; sessions
+16-17 measured with 0.8 / 1.25). The kept agent is the best (agent, round) by validation
+Sharpe; its Sharpe on the backtest period is reported, never used.
 
-- ``podium``: ``services.pod.trading_tournament`` (the P agents as one batched population in
+- ``podium``: ``services.pod.trading.tournament`` (the P agents as one batched population in
   one process, one torch thread), the tournament bench/stock_trading_tournament.py reports.
-- ``podium-pg``: the same in-process tournament with services/pod/algorithms/
+- ``podium-pg``: the same in-process tournament with services/pod/trading/
   portfolio_gradient.py's agents instead of PPO (bench/stock_trading_tournament.py
   ``--algorithm portfolio_gradient``: its own rounds, search space and ``momentum``
   features): another learner on the same task, market, target and selection rule; its
@@ -32,16 +34,17 @@ validation Sharpe; its Sharpe on the backtest period is reported, never used.
   the portfolio gradient (examples/stock_trading_portfolio_gradient.yaml; ``podium-pg``'s
   rounds): the platform path of ``podium-pg``.
 - ``ray``: ``ray.init`` then ``tune.Tuner`` with ``PopulationBasedTraining`` (synchronous, as
-  the tournament's rounds; quantile 0.25; no resampling; factors 0.8 / 1.25 on the learning
+  the tournament's rounds; quantile 0.25; no resampling; factors 0.8 / 1.2 on the learning
   rate and entropy coefficient) over P trials of bench/tournament_vs_raytune.py's SB3
   trainable (PPO with Podium's preset mapped by ``sb3_ppo_kwargs``, ``VecNormalize``,
   checkpoints that carry the normaliser). SB3 steps the very same torch env through a thin
   ``VecEnv`` view (``SB3View``, bench/trading_sb3.py), so the market, the costs and the
   observations are identical.
 
-Two differences in the rule remain, neither a matter of speed: the tournament anneals the
-learning rate linearly over its rounds (SB3: constant, as a pod trains), and its exploit keeps
-the replaced agent's gamma where Tune's copies the parent's whole config.
+One difference in the rule remains, not a matter of speed: the tournament anneals the learning
+rate linearly over its rounds (SB3: constant, as a pod trains). (Until the tournaments shared
+the leaderboard's PBT decision, their exploit also kept the replaced agent's gamma where Tune's
+copies the parent's whole config; now both copy it.)
 
 The target of "time to target" is buy-and-hold's Sharpe on the validation period (the goal
 "beat buy-and-hold", judged where selection may look). Measured per run: wall time from launch
@@ -77,10 +80,11 @@ from tournament_vs_raytune import (
     start_ray,
 )
 
-from services.pod.algorithms.portfolio_gradient import PortfolioPlan
-from services.pod.backtest import buy_and_hold
-from services.pod.envs.stock_trading import StockTradingEnv
-from services.pod.trading_tournament import sharpe_of, split_market
+from services.pod.trading.backtest import buy_and_hold
+from services.pod.trading.env import StockTradingEnv
+from services.pod.trading.local_tournament import LOCAL_PBT
+from services.pod.trading.portfolio_gradient import PortfolioPlan
+from services.pod.trading.tournament import sharpe_of, split_market
 
 TASK = "StockTrading-v0"
 BENCH = Path(__file__).resolve().parent
@@ -114,7 +118,7 @@ def rounds_of(algorithm: str, rounds: int, round_steps: int) -> tuple[int, int]:
 
 def gradient_round_env_steps(regime: str, seed: int, gradient_steps: int) -> int:
     """A portfolio-gradient round's env steps per agent: each gradient step reads every day
-    of the train period (what a pod counts, services/pod/portfolio_trainer.py)."""
+    of the train period (what a pod counts, services/pod/trading/portfolio_trainer.py)."""
     return market_split(regime, seed)[0]["train"].num_days * gradient_steps
 
 
@@ -134,7 +138,7 @@ def targets(regime: str, seed: int) -> dict[str, float]:
 def podium_driver(job: dict[str, Any]) -> None:
     import torch
 
-    from services.pod.trading_tournament import evaluate_market
+    from services.pod.trading.tournament import evaluate_market
 
     torch.set_num_threads(1)
     launched, events = job["launched"], []
@@ -198,9 +202,9 @@ def ray_driver(job: dict[str, Any]) -> None:
         metric="score",
         mode="max",
         perturbation_interval=1,
-        quantile_fraction=0.25,
+        quantile_fraction=LOCAL_PBT.quantile,
         resample_probability=0.0,
-        perturbation_factors=(1.25, 0.8),
+        perturbation_factors=tuple(LOCAL_PBT.perturb_factors),
         hyperparam_mutations={
             "learning_rate": tune.loguniform(1e-6, 1e-1),
             "ent_coef": tune.uniform(0.0, 1.0),
@@ -304,10 +308,10 @@ def platform_spec(
     spec["evaluation"]["seed"] = seed
     spec["generator"]["options"] = {
         "seed": seed,
-        "truncation": 0.25,
+        "truncation": LOCAL_PBT.truncation,
         "ready_reports": 1,
         "ready_env_steps": round_steps,  # every round, as the in-process tournaments
-        "perturb_factors": [0.8, 1.25],
+        "perturb_factors": list(LOCAL_PBT.perturb_factors),
         "resample_probability": 0.0,
     }
     return spec
@@ -323,7 +327,7 @@ def run_platform(
     """The ``podium-run`` arms: ``podium run`` of ``platform_spec`` (the embedded platform,
     real pods; ``podium-run-pop``: one pod of P agents; ``podium-run-pop2``: pods of two),
     then ``backtest_candidate`` of the leaderboard's best (``OUT/best``)."""
-    from services.pod.backtest import backtest_candidate
+    from services.pod.trading.backtest import backtest_candidate
 
     cores = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="trading-podium-run-") as tmp:

@@ -20,7 +20,7 @@ Hyperparameters come from a wide search space (below), so which ones a pod gets 
 - ``random-ensemble``: as ``random`` over the ensemble's algorithms (best of P);
 - ``single``: 1 pod, random generator, the task's one algorithm;
 - ``pop-pbt``: ONE population pod (``population.agents_per_pod = P``: P PPO agents trained
-  batched in one process, services/pod/population_trainer.py), PBT between its agents;
+  batched in one process, services/pod/training/population_trainer.py), PBT between its agents;
 - ``pop-random``: one population pod, random generator (each agent keeps its draw): the
   batched best of P, which splits ``pop-pbt``'s gain over ``random`` into batching
   (``pop-random`` / ``random``) and selection (``pop-pbt`` / ``pop-random``).
@@ -56,9 +56,9 @@ from typing import Any
 import httpx
 
 from services.cli.platform import ThreadedServer, bind_listener
+from services.contracts.algorithms.hyperparameters import hyperparameter_names
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
-from services.pod.algorithms.hyperparameters import hyperparameter_names
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-token"
@@ -393,7 +393,7 @@ def run_round_robin(
 
     from services.api_client import LeaderboardClient
     from services.contracts.spec import ExperimentSpec
-    from services.pod.runtime import PodRuntime, RuntimeSettings
+    from services.pod.runtime.rounds import PodRuntime, RuntimeSettings
 
     torch.set_num_threads(1)
     model = ExperimentSpec.model_validate(spec)

@@ -21,7 +21,7 @@ Each arm is launched the way its user launches it, as a process (tree) of its ow
   (``resources.cpu: 2 cores / (P/2)``), so a population pod's one busy thread has a core each.
 - ``podium-exec``: as ``podium``, with the local backend's pod launcher off
   (``PODIUM_POD_LAUNCHER=false``): every pod a new interpreter that imports torch itself, as
-  before the launcher (services/pod/launcher.py).
+  before the launcher (services/pod/runtime/launcher.py).
 
 Both arms get the same hyperparameters: SB3's are mapped from Podium's preset for the
 (algorithm, env) (``sb3_kwargs``) with the trial's draw from the spec's search space on top; PBT's
@@ -70,7 +70,7 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
         {
             "name": "mountaincar-sac",
             "env": {"name": "MountainCarContinuous-v0"},
-            "target_reward": 90.0,
+            "target_return": 90.0,
             # An exploring agent scores below the idle ones (the action cost): without a
             # margin PBT's exploit overwrites it with a copy of an idle one (docs/
             # benchmarks.md, "Tournament learning quality"). Ray's PBT has no such option.
@@ -84,7 +84,8 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     # the same version (the same transitions, tests/pod/envs/test_envpool_adapter.py), each as
     # its users run it.
     "HalfCheetah-v5": ("examples/halfcheetah.yaml", {}),
-    # SAC on the same task: the off-policy preset (services/pod/presets/sac/HalfCheetah-v5.yaml)
+    # SAC on the same task: the off-policy preset
+    # (services/contracts/algorithms/sac/presets/HalfCheetah-v5.yaml)
     # reaches 3,000 in a fraction of PPO's env steps; PBT over its learning rate, soft-update
     # rate and batch size, judged after two rounds, bottom quarter replaced.
     "HalfCheetah-v5-sac": (
@@ -135,15 +136,16 @@ def sb3_kwargs(algorithm: str, env: str, hyper: dict[str, Any]) -> dict[str, Any
     ``gradient_steps`` per vector step. PPO: ``sb3_ppo_kwargs``."""
     if algorithm == "ppo":
         return sb3_ppo_kwargs(env, hyper)
-    from services.pod.algorithms.offpolicy_config import AGENT_CONFIGS, ReplayLoopConfig
-    from services.pod.presets import preset
+    from services.contracts.algorithms.card import card
+    from services.contracts.algorithms.offpolicy import ReplayLoopConfig
+    from services.pod.training.presets import preset
 
     data = preset(algorithm, env)
     loop_fields = set(ReplayLoopConfig.model_fields)
     loop = ReplayLoopConfig.model_validate(
         {k: v for k, v in {**data, **hyper}.items() if k in loop_fields}
     )
-    agent = AGENT_CONFIGS[algorithm].model_validate(
+    agent = card(algorithm).config.model_validate(
         {**data.get(algorithm, {}), **{k: v for k, v in hyper.items() if k not in loop_fields}}
     )
     kwargs: dict[str, Any] = {
@@ -177,9 +179,9 @@ def sb3_ppo_kwargs(env: str, hyper: dict[str, Any]) -> dict[str, Any]:
     (no LR annealing: a pod has no fixed horizon) with ``hyper`` on top, plus ``n_envs`` and
     the ``VecNormalize`` switches. SB3's defaults already match the rest: Adam's eps 1e-5,
     advantages normalised per minibatch, no value clipping, bootstrapping at truncation."""
+    from services.contracts.algorithms.ppo.config import PPOConfig
     from services.pod.algorithms.policies import ACTIVATIONS
-    from services.pod.algorithms.ppo_config import PPOConfig
-    from services.pod.presets import preset
+    from services.pod.training.presets import preset
 
     cfg = PPOConfig.model_validate({**preset("ppo", env).get("ppo", {}), **hyper})
     if cfg.target_kl is not None or cfg.clip_vloss or cfg.sde_sample_freq:
@@ -246,7 +248,7 @@ def sb3_model(
 
 def pink_noise(algorithm: str, env_id: str) -> bool:
     """Whether Podium's preset for (``algorithm``, ``env_id``) explores with pink noise."""
-    from services.pod.presets import preset
+    from services.pod.training.presets import preset
 
     return algorithm == "sac" and preset(algorithm, env_id).get("sac", {}).get("action_noise") == (
         "pink"
@@ -509,7 +511,7 @@ def ray_driver(job: dict[str, Any]) -> None:
     from ray import tune
 
     marks["imported"] = time.time() - launched
-    spec, target = job["spec"], job["spec"]["target_reward"]
+    spec, target = job["spec"], job["spec"]["target_return"]
     random.seed(job["rep"])  # PBT's choices of parent and mutation
     start_ray(job["cores"])
     marks["ray_up"] = time.time() - launched
@@ -684,7 +686,7 @@ def run_podium(
     wall = finish(proc, sampler, args.cap_s)
     exp = json.loads((out / "experiment.json").read_text())
     subs = json.loads((out / "submissions.json").read_text())
-    target = spec["target_reward"]
+    target = spec["target_return"]
     hits = [s["decided_at"] for s in subs if s["score"] is not None and s["score"] >= target]
     first = min((s["decided_at"] for s in subs), default=None)
     reached = min(hits) - launched if hits else None
@@ -767,9 +769,9 @@ def agent_speed(args: argparse.Namespace) -> None:
     from sb3_timing import timed_learn, timed_podium
     from stable_baselines3.common.evaluation import evaluate_policy
 
-    from services.pod.fit import train
-    from services.pod.offpolicy import OffPolicyConfig
-    from services.pod.presets import preset
+    from services.pod.training.fit import train
+    from services.pod.training.offpolicy import OffPolicyConfig
+    from services.pod.training.presets import preset
 
     spec = podium_spec(args.env, 1, 1, 0, args.cap_s)
     algorithm, n = next(iter(spec["algorithms"])), args.speed_steps

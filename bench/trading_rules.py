@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from services.pod.backtest import buy_and_hold, metrics, rebalanced
-from services.pod.envs.market import synthetic_market
-from services.pod.envs.stock_trading import split_periods
-from services.pod.presets import preset
+from services.pod.trading.backtest import buy_and_hold, metrics, rebalanced
+from services.pod.trading.env import split_periods
+from services.pod.trading.market import synthetic_market
+from services.pod.training.presets import preset
 
 PRESET = preset("ppo", "StockTrading-v0")
 COST = float(PRESET["env_kwargs"]["transaction_cost"])

@@ -16,8 +16,8 @@ from stable_baselines3.common.vec_env import VecEnv as SB3VecEnv
 from stock_trading_vs_raytune import market_split, scoring_env
 
 from services.pod.envs.base import VecEnv
-from services.pod.envs.stock_trading import StockTradingEnv
-from services.pod.trading_tournament import sharpe_of
+from services.pod.trading.env import StockTradingEnv
+from services.pod.trading.tournament import sharpe_of
 
 
 class SB3View(SB3VecEnv):
@@ -88,7 +88,7 @@ def trading_scores(regime: str, seed: int, model: Any, env: Any) -> dict[str, fl
     import torch
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from services.pod.backtest import run_backtest
+    from services.pod.trading.backtest import run_backtest
 
     normalize = env.normalize_obs if isinstance(env, VecNormalize) else (lambda o: o)
 

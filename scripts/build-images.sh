@@ -14,6 +14,13 @@
 #   (it reaches whatever indexes and proxies the host is configured for) and the build installs
 #   from there with --no-index; PODIUM_PIP_OFFLINE=0 lets the build's pip go online (PyPI and
 #   the PyTorch index; a proxy's CA certificate goes in wheelhouse/ca.pem).
+# - What the builds leave: the classic builder keeps each build stage as an untagged image, the
+#   layer cache of the next build; the `deps` and `pod-deps` stages (the venvs, ~0.7 and
+#   ~1.65 GB) are tagged podium-build/<stage>:<tag> so that they are named, not "dangling".
+#   Images this run replaced (the previous podium-*:<tag> and podium-build/*:<tag>) are removed;
+#   with PODIUM_PRUNE_DANGLING=1 (the private engines of this script and the container tests,
+#   whose data-root only Podium uses) every dangling image is. PODIUM_KEEP_BUILD_CACHE=0 drops
+#   the stage images too (disk back; the next build installs everything again).
 # Environment: PODIUM_IMAGE_TAG (default latest), PODIUM_TORCH_VERSION (2.13.0),
 # PODIUM_TORCH_VARIANT (cpu), PODIUM_DOCKER_ROOT (/var/lib/podium-docker), DOCKER (docker).
 # Prints one "[build-images] NAME: SIZE, built in Ns" line per image.
@@ -66,6 +73,7 @@ if ! "$docker" info >/dev/null 2>&1; then
   dockerd_pid=$!
   for _ in $(seq 120); do "$docker" info >/dev/null 2>&1 && break; sleep 0.5; done
   "$docker" info >/dev/null 2>&1 || { tail -20 "$run/dockerd.log" >&2; exit 1; }
+  PODIUM_PRUNE_DANGLING=1  # our own engine and data-root: nobody else's images are there
 fi
 
 have() { "$docker" image inspect "$1" >/dev/null 2>&1; }
@@ -132,12 +140,58 @@ PY
 }
 
 # ---- build -------------------------------------------------------------------------------
+replaced=()  # ids of the images the names this run (re)tags pointed at before
+remember() {  # $1: a name about to be (re)tagged
+  local id
+  if id="$("$docker" image inspect -f '{{.Id}}' "$1" 2>/dev/null)"; then replaced+=("$id"); fi
+}
+stage_leaves() {  # $1: a classic builder's log -> "stage id" per stage (BuildKit's log: none)
+  awk '/^Step [0-9]+\/[0-9]+ : FROM .* [Aa][Ss] / { stage = $NF }
+       /^ ---> [0-9a-f]+$/ && stage != "" { leaf[stage] = $2 }
+       END { for (s in leaf) print s, leaf[s] }' "$1"
+}
 build() {  # $1: image name, rest: docker build arguments
-  local name="$1" start
+  local name="$1" start log stage id
   shift
   start=$(date +%s)
-  "$docker" build --network host -t "$name" "$@" >&2
+  remember "$name"
+  log="$(mktemp)"
+  "$docker" build --network host -t "$name" "$@" 2>&1 | tee "$log" >&2
   say "$name: $("$docker" image inspect -f '{{.Size}}' "$name" | awk '{printf "%.0f MB", $1 / 1e6}'), built in $(($(date +%s) - start))s"
+  # The venv stages, which only `COPY --from` reads: untagged, nothing would hold them.
+  while read -r stage id; do
+    case "$stage" in
+      deps | pod-deps)
+        remember "podium-build/$stage:$tag"
+        "$docker" tag "$id" "podium-build/$stage:$tag"
+        ;;
+    esac
+  done < <(stage_leaves "$log")
+  rm -f "$log"
+}
+tidy() {  # leave no untagged image behind (see the header)
+  local id before after
+  before="$("$docker" images -q -f dangling=true | wc -l)"
+  if [ "${PODIUM_KEEP_BUILD_CACHE:-1}" = 0 ]; then
+    for stage in deps pod-deps; do
+      if "$docker" image inspect "podium-build/$stage:$tag" >/dev/null 2>&1; then
+        remember "podium-build/$stage:$tag"
+        "$docker" rmi "podium-build/$stage:$tag" >/dev/null
+      fi
+    done
+  fi
+  for id in "${replaced[@]}"; do
+    # Untagged now (an unchanged rebuild gives the same id, and it keeps its tag). A stopped
+    # container still using it keeps it: said, not fatal.
+    if [ "$("$docker" image inspect -f '{{len .RepoTags}}' "$id" 2>/dev/null)" = 0 ]; then
+      "$docker" rmi "$id" >/dev/null 2>&1 || say "kept the replaced image $id (a container uses it)"
+    fi
+  done
+  if [ "${PODIUM_PRUNE_DANGLING:-0}" = 1 ]; then
+    "$docker" image prune -f >/dev/null
+  fi
+  after="$("$docker" images -q -f dangling=true | wc -l)"
+  say "dangling images: $before after the builds, $after now"
 }
 py_base=""
 for target in "${targets[@]}"; do
@@ -159,3 +213,4 @@ for target in "${targets[@]}"; do
     *) say "unknown target $target (control-plane, pod, redis, prometheus)"; exit 2 ;;
   esac
 done
+tidy

@@ -117,6 +117,13 @@ def _limited(receive: Receive, limit: int) -> Receive:
     return limited
 
 
+# What FastAPI's bare 400 "error parsing the body" was caused by, in words.
+_UNPARSABLE: dict[type[Exception], str] = {
+    UnicodeDecodeError: "body is not UTF-8",
+    RecursionError: "JSON nested too deep",
+}
+
+
 class ApiRoute(APIRoute):
     """Route class of every /api/v1 router.
 
@@ -159,11 +166,14 @@ class ApiRoute(APIRoute):
             try:
                 return await handler(Request(request.scope, _limited(request.receive, limit)))
             except StarletteHTTPException as e:
-                # FastAPI answers a body that is not even text (invalid UTF-8) with a bare 400;
-                # it is invalid input like any malformed JSON: 422 naming the body.
-                if e.status_code == 400 and isinstance(e.__cause__, UnicodeDecodeError):
+                # FastAPI answers a body its JSON parser gives up on with a bare 400: one that
+                # is not even text (invalid UTF-8), or one nested deeper than the parser's
+                # recursion limit. Both are invalid input like any malformed JSON: 422 naming
+                # the body (the status docs and clients expect).
+                why = next((m for t, m in _UNPARSABLE.items() if isinstance(e.__cause__, t)), None)
+                if e.status_code == 400 and why is not None:
                     raise RequestValidationError(
-                        [{"type": "json_invalid", "loc": ("body",), "msg": "body is not UTF-8"}]
+                        [{"type": "json_invalid", "loc": ("body",), "msg": why}]
                     ) from e
                 raise
 

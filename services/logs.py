@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 import structlog
 
 _configured = False
+_log_file: _File | None = None  # the file the last configure opened, closed by the next
 
 
 class _Stderr:
@@ -25,18 +27,53 @@ class _Stderr:
         sys.stderr.flush()
 
 
-def configure(level: str | None = None, json: bool | None = None) -> None:
-    """Configure structlog once per process.
+class _File:
+    """A log file, appended to line by line (one write per record, as on stderr)."""
 
-    JSON lines when stderr is not a terminal (containers, pods) so log shippers can parse them;
-    a readable console renderer otherwise. ``PODIUM_LOG_LEVEL`` / ``PODIUM_LOG_JSON`` override.
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", buffering=1, encoding="utf-8")
+
+    def write(self, text: str) -> int:
+        return self._file.write(text)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def configure(
+    level: str | None = None, json: bool | None = None, file: str | Path | None = None
+) -> None:
+    """Configure structlog (and the standard library's logging) for this process.
+
+    To stderr, JSON lines when stderr is not a terminal (containers, pods) so log shippers can
+    parse them, a readable console renderer otherwise; ``PODIUM_LOG_LEVEL`` /
+    ``PODIUM_LOG_JSON`` override. With ``file``, JSON lines appended to that file instead: the
+    command line keeps its terminal for people (``podium up`` logs to DATA_DIR/podium.log).
     """
     global _configured
     level = (level or os.environ.get("PODIUM_LOG_LEVEL", "INFO")).upper()
-    if json is None:
+    global _log_file
+    stream: _Stderr | _File = _Stderr() if file is None else _File(Path(file))
+    if _log_file is not None:
+        _log_file.close()
+    _log_file = stream if isinstance(stream, _File) else None
+    if file is not None:
+        json = True
+    elif json is None:
         env = os.environ.get("PODIUM_LOG_JSON")
         json = env == "1" if env is not None else not sys.stderr.isatty()
-    logging.basicConfig(format="%(message)s", stream=_Stderr(), level=level, force=True)
+    logging.basicConfig(format="%(message)s", stream=stream, level=level, force=True)
+    # The web server's loggers go where this process logs: a uvicorn started earlier in the
+    # process with its own logging config left handlers on them that would bypass the root.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        server_log = logging.getLogger(name)
+        server_log.handlers.clear()
+        server_log.propagate = True
+        server_log.setLevel(logging.NOTSET)
     renderer = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     )
@@ -53,7 +90,7 @@ def configure(level: str | None = None, json: bool | None = None) -> None:
         # One write per record, newline included (PrintLogger writes the newline apart): a
         # pod's role processes share its stderr, unbuffered in the image, and a line written
         # in two parts can be split by another process's line.
-        logger_factory=structlog.WriteLoggerFactory(file=_Stderr()),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
     _configured = True

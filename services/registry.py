@@ -15,9 +15,11 @@ from typing import Any
 
 ENVS = "podium.envs"
 ALGORITHMS = "podium.algorithms"
-# An algorithm's config model (pydantic, torch-free), registered beside the algorithm itself so
-# that the control plane can tell, without importing torch, that a pod can train it.
-ALGORITHM_CONFIGS = "podium.algorithm_configs"
+# An algorithm's card (services/contracts/algorithms/card.py, torch-free), registered beside the
+# algorithm itself so that the control plane can tell, without importing torch, what it trains.
+ALGORITHM_CARDS = "podium.algorithm_cards"
+# A family's trainer (services/pod/training/trainer.py), by the family's name.
+TRAINERS = "podium.trainers"
 GENERATORS = "podium.generators"
 
 

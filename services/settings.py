@@ -31,6 +31,41 @@ class PodiumSettings(BaseSettings):
         default=None, description="File holding the token (a mounted Kubernetes Secret)."
     )
 
+    # Bounds on slow and idle clients, enforced by services.http_server for every service (see
+    # docs/reliability.md): without them a few hundred idle or trickling connections take every
+    # file descriptor and the service accepts no one.
+    http_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request head must arrive whole within this many seconds of the "
+        "connection opening (or of the previous response); else 408 and closed.",
+    )
+    http_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest wait for the next bytes of a request body the server is reading; "
+        "else 408 and closed.",
+    )
+    http_min_body_rate: int = Field(
+        default=1024,
+        ge=0,
+        description="Bytes/s a request body must average once it has taken longer than "
+        "http_body_timeout_s (0: no minimum).",
+    )
+    http_keep_alive_s: float = Field(
+        default=5.0, gt=0, description="An idle keep-alive connection is closed after this."
+    )
+    http_max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Client connections per service; one more closes the one waiting longest "
+        "for a request, or is answered 503. Unset: a quarter of the open-file limit, at most "
+        "4,096.",
+    )
+    http_max_header_bytes: int = Field(
+        default=64 << 10, ge=1024, description="Largest request head (line and headers), 431."
+    )
+
     def token(self) -> str | None:
         """The API token, or None when none is configured (an open, local-only API)."""
         return read_secret(self.api_token, self.api_token_file, "PODIUM_API_TOKEN")

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
-from services import redis_client
+from services import logs, redis_client
 from services.settings import PodiumSettings
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Logging as it was before the test: a test that configures it (the CLI run in-process
+    sets level ERROR for people) must not silence the logs the tests after it read."""
+    saved, handlers, level = structlog.get_config(), logging.root.handlers[:], logging.root.level
+    flag = logs._configured
+    yield
+    structlog.configure(**saved)
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+    logs._configured = flag
 
 
 @pytest.fixture(scope="session")

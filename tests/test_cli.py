@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.pod.checkpoint import read_files
+from services.pod.training.checkpoint import read_files
 
 PODIUM = [sys.executable, "-m", "services.cli"]
 
@@ -128,7 +128,7 @@ SPEC = "name: x\nenv: {name: CartPole-v1}\nalgorithms: {ppo: 1}\n"
     ("content", "message"),
     [
         (b"name: caf\xe9\n" + SPEC.encode(), "not UTF-8 text"),
-        (SPEC.encode() + b"target_reward: .nan\n", "target_reward: must be a finite number"),
+        (SPEC.encode() + b"target_return: .nan\n", "target_return: must be a finite number"),
         (SPEC.encode() + b"round: {seconds: .inf}\n", "round.seconds: must be a finite number"),
         (
             b"name: x\nenv: {name: CartPole-v1, kwargs: {x: -.inf}}\nalgorithms: {ppo: 1}\n",
@@ -203,9 +203,9 @@ def test_backtest_a_trained_trading_agent(tmp_path, trader):
     """The user's path after training on StockTrading-v0: the agent's verified files run over
     the held-out period beside buy-and-hold and equal weight; the agent's Sharpe is the one
     its env's own evaluation reports (``score="sharpe"``), buy-and-hold's the baseline's."""
-    from services.pod.backtest import buy_and_hold, load_policy
-    from services.pod.envs.stock_trading import StockTradingEnv
-    from services.pod.evaluator import evaluate_groups
+    from services.pod.roles.evaluator import evaluate_groups
+    from services.pod.trading.backtest import buy_and_hold, load_policy
+    from services.pod.trading.env import StockTradingEnv
 
     files, png = trader / "best", tmp_path / "values.png"
     proc = run("backtest", str(files), "--json", "--plot", str(png))
@@ -247,7 +247,7 @@ def test_train_and_backtest_a_portfolio_gradient_agent(tmp_path):
 
 
 def test_backtest_refuses_what_it_cannot_run(tmp_path, trader):
-    from services.pod.checkpoint import write_files
+    from services.pod.training.checkpoint import write_files
 
     cartpole = train_agent(tmp_path / "cartpole", "CartPole-v1") / "latest"
     tampered = shutil.copytree(cartpole, tmp_path / "tampered")

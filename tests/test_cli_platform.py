@@ -74,7 +74,7 @@ def spec(name: str = "t", target: float | None = 50.0, **standin: Any) -> dict[s
         "budget": {"wall_time_s": 120},
     }
     if target is not None:
-        out["target_reward"] = target
+        out["target_return"] = target
     return out
 
 
@@ -142,7 +142,7 @@ def test_gate_passes_when_the_best_score_reaches_min_reward(cli: Any, tmp_path: 
     assert proc.returncode == 0, proc.stderr
     exp_id = proc.stdout.strip()
     assert len(exp_id) == 12  # the id alone on stdout, for scripts
-    assert ">= min reward 40" in proc.stderr and "target reward 50 reached" in proc.stderr
+    assert ">= min reward 40" in proc.stderr and "target return 50 reached" in proc.stderr
     status = json.loads(cli("status", exp_id, "--json", leaderboard=False).stdout)
     assert status["state"] == "succeeded" and status["result"]["best"]["score"] >= 50
 
@@ -298,6 +298,13 @@ def test_status_leaderboard_export_cancel(cli: Any, tmp_path: Path, platform: Pl
     for name, data in files.items():
         assert (out / name).read_bytes() == data
     assert json.loads((out / "candidate.json").read_text())["pod_id"] == "p-files"
+    # Issue 35: against a deployment (--url, no session file) export needed --leaderboard-url;
+    # the orchestrator says where its leaderboard is.
+    found = cli("export", exp_id, "--out", str(tmp_path / "found"), leaderboard=False)
+    assert found.returncode == 0, found.stderr
+    assert (tmp_path / "found" / "actor.safetensors").read_bytes() == files["actor.safetensors"]
+    board_found = cli("leaderboard", exp_id, leaderboard=False)
+    assert board_found.returncode == 0 and "p-files" in board_found.stdout, board_found.stderr
 
     # A blob changed on the server's disk: the export refuses it and leaves the old one intact.
     actor_sha = result["files"]["actor.safetensors"]
@@ -340,6 +347,34 @@ def test_logs_of_the_embedded_platform(cli: Any, tmp_path: Path, platform: Platf
     assert missing.returncode != 0 and "not found" in missing.stderr
 
 
+def test_logs_of_an_ended_experiment_show_its_ended_pods_last_lines(
+    cli: Any, tmp_path: Path, platform: Platform
+) -> None:
+    """Issue 35 item 9: against a deployment, `podium logs` of an ended experiment answered
+    "has no pods now" (exit 1), so a CI gate that had just failed could not show why."""
+    body = spec(target=None, crash_after_s=0.3)  # crash-loops: failed after crash_loop_limit
+    exp_id = cli("submit", write_spec(tmp_path, body)).stdout.strip()
+    with api(platform) as c:
+        wait_for(lambda: c.get(f"/experiments/{exp_id}").json()["state"] == "failed")
+        events = c.get(f"/experiments/{exp_id}/events").json()
+    pods = [e["pod_id"] for e in events if e["type"] == "pod_failed"]
+    assert len(pods) == FAST["crash_loop_limit"], events
+
+    logs = cli("logs", exp_id, leaderboard=False)  # no DATA_DIR: through the orchestrator
+    assert logs.returncode == 0, logs.stderr
+    no_traceback(logs)
+    assert "ended pods" in logs.stderr, logs.stderr
+    for pod in pods:  # each pod labelled, how it ended, then its last lines
+        head = f"==> pod {pod} (ended: failed, exit code 3) <=="
+        assert head in logs.stdout, logs.stdout
+        own = logs.stdout.split(head, 1)[1].split("==> pod", 1)[0]
+        assert f"pod {pod} of {exp_id} started" in own
+        assert own.rstrip().endswith("simulated crash: CUDA error: out of memory")
+    one = cli("logs", exp_id, pods[0], "--tail", "1", leaderboard=False)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == "simulated crash: CUDA error: out of memory\n"
+
+
 # -- bad input -----------------------------------------------------------------------------------
 
 
@@ -369,13 +404,17 @@ def test_unreachable_url_and_wrong_token(platform: Platform, tmp_path: Path) -> 
     down = podium("status", "--url", "http://127.0.0.1:9", "--token", "x")
     assert down.returncode == 3
     assert "cannot reach the orchestrator at http://127.0.0.1:9" in down.stderr
+    # Issue 35: the client's retry warnings were printed as JSON lines before the error.
+    assert down.stderr.strip().splitlines() == [down.stderr.strip()], down.stderr
+    assert down.stdout == ""
     wrong = podium("status", "--url", platform.orchestrator_url, "--token", "wrong")
     assert wrong.returncode == 3 and "401" in wrong.stderr and "refused" in wrong.stderr
     missing = podium("status", "--url", platform.orchestrator_url)
     assert missing.returncode == 3 and "needs a token" in missing.stderr
     lb_wrong = podium(
         "leaderboard", "x", "--url", platform.orchestrator_url, "--token", "wrong",
-        "--leaderboard-url", platform.leaderboard_url,
+        "--leaderboard-url",
+        platform.leaderboard_url,
     )  # fmt: skip
     assert (
         lb_wrong.returncode == 3 and "leaderboard" in lb_wrong.stderr and "401" in lb_wrong.stderr
@@ -447,12 +486,19 @@ def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> Non
         log = wait_for(lambda: next(pods_dir.glob("*.log"), None))
         wait_for(lambda: "started" in log.read_text())
         up.send_signal(signal.SIGINT)
-        _, err = up.communicate(timeout=30)
+        out, err = up.communicate(timeout=30)
     finally:
         if up.poll() is None:
             up.kill()
     assert up.returncode == 0, err
     assert "Podium is up" in err and f"{session['orchestrator_url']}/api/v1/docs" in err
+    # Issue 35: the services' JSON log lines were printed beside the banner; they go to a
+    # file the banner names (``--verbose`` shows them instead).
+    assert out == "" and '{"' not in err, (out, err)
+    log_file = data / "podium.log"
+    assert str(log_file) in err
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert {"platform started", "platform stopped"} <= {r["event"] for r in records}
     assert f"{session['leaderboard_url']}/metrics" in err and "stopped." in err
     assert not pod.is_running() or pod.status() == psutil.STATUS_ZOMBIE
     assert "SIGTERM: final report made" in log.read_text()
@@ -488,7 +534,7 @@ def test_run_to_the_target_writes_results(tmp_path: Path) -> None:
         "--leaderboard-port", "0", env=env, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "succeeded: target reward 50 reached" in proc.stderr
+    assert "succeeded: target return 50 reached" in proc.stderr
     assert f"cancelled unfinished experiment {stale} of an earlier run" in proc.stderr
     assert "final leaderboard of standin-run" in proc.stderr
     # Stand-in pods report scores only: there are no training files to export.
@@ -558,7 +604,7 @@ def test_examples_are_valid_specs_the_pod_can_train(example: str) -> None:
     import random
 
     from services.contracts.spec import load_spec
-    from services.pod.runtime import pod_config
+    from services.pod.runtime.rounds import pod_config
 
     spec = load_spec(ROOT / example)
     rng = random.Random(0)
@@ -582,7 +628,7 @@ def test_run_example_tournament_end_to_end(
     tmp_path: Path, example: str, env_name: str, target: float
 ) -> None:
     """The real thing (the README's command): pods train PPO, PBT among them, to the target."""
-    from services.pod.checkpoint import read_files
+    from services.pod.training.checkpoint import read_files
 
     out = tmp_path / example
     proc = podium(
@@ -591,7 +637,7 @@ def test_run_example_tournament_end_to_end(
         env=clean_env(), timeout=700,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"succeeded: target reward {target:g} reached" in proc.stderr
+    assert f"succeeded: target return {target:g} reached" in proc.stderr
     best = json.loads((out / "best" / "candidate.json").read_text())
     assert best["score"] >= target
     files = read_files(out / "best")  # a complete, verified set of training files
@@ -633,7 +679,7 @@ def test_run_the_portfolio_gradient_tournament_and_backtest_its_best(tmp_path: P
     env-step budget is spent; the best agent's files, exported, beat buy-and-hold's Sharpe
     over the held-out backtest period of the trend market (docs/benchmarks.md "Stock
     trading": every agent of its search space does on this market)."""
-    from services.pod.checkpoint import read_files
+    from services.pod.training.checkpoint import read_files
 
     out = tmp_path / "pg"
     example = "examples/stock_trading_portfolio_gradient.yaml"

@@ -36,7 +36,7 @@ def experiment(state: str, best: float | None, target: float | None = 100.0, **k
         "reason": kw.get("reason", "why"),
         "result": {"best": None if best is None else {"score": best}},
         "spec": {
-            "target_reward": target,
+            "target_return": target,
             "evaluation": {"higher_is_better": kw.get("higher", True)},
         },
     }
@@ -46,7 +46,7 @@ def experiment(state: str, best: float | None, target: float | None = 100.0, **k
     ("exp", "min_reward", "ok", "words"),
     [
         (experiment("succeeded", 120.0), None, True, "succeeded"),
-        (experiment("budget_exhausted", 50.0), None, False, "target reward not reached"),
+        (experiment("budget_exhausted", 50.0), None, False, "target return not reached"),
         (experiment("budget_exhausted", 50.0, target=None), None, True, "finished"),
         (experiment("failed", 500.0), None, False, "experiment failed"),
         (experiment("failed", 500.0), 10.0, False, "experiment failed"),
@@ -108,10 +108,10 @@ def test_resolve_explicit_then_running_platform_then_defaults(tmp_path: Path) ->
     assert resolve(data_dir=tmp_path).url == "http://127.0.0.1:8000"
 
 
-def test_leaderboard_url_is_required_for_leaderboard_calls() -> None:
+def test_without_a_leaderboard_url_the_orchestrator_is_asked_for_it() -> None:
     client = PodiumClient(Endpoints("http://127.0.0.1:9", None, None, None, "test"))
-    with pytest.raises(ApiError, match="no leaderboard URL: pass --leaderboard-url"):
-        client.best("x")
+    with pytest.raises(ApiError, match="cannot reach the orchestrator at http://127.0.0.1:9"):
+        client.best("x")  # the orchestrator says where its leaderboard is (issue 35)
     with pytest.raises(ApiError, match="cannot reach the orchestrator at http://127.0.0.1:9") as e:
         client.experiment("x")
     assert e.value.exit_code == EXIT_API
@@ -214,7 +214,7 @@ def test_the_pod_checks_training_files_with_the_cli_s_checks() -> None:
     """`podium export` runs on machines without torch (tests/test_layers.py): the manifest
     check it shares with the pod is the torch-free one, not a copy."""
     import services.contracts.training_files as t
-    import services.pod.checkpoint as c
+    import services.pod.training.checkpoint as c
 
     assert c.read_manifest is t.read_manifest and c.CheckpointError is t.CheckpointError
     assert c.write_files is t.write_files and c.MANIFEST == t.MANIFEST

@@ -259,6 +259,8 @@ ROUTE_STATUSES = {
         ("DELETE", "/api/v1/experiments/{exp_id}"): {204, 404},
         ("GET", "/api/v1/experiments/{exp_id}/events"): {200, 404},
         ("GET", "/api/v1/experiments/{exp_id}/pods/{pod_id}/logs"): {200, 404},
+        ("GET", "/api/v1/experiments/{exp_id}/ended-pods"): {200, 404},
+        ("GET", "/api/v1/platform"): {200},
     },
     # 409 on GET experiment, leaderboard and generate: a stored config that no longer validates.
     "leaderboard": {
@@ -340,6 +342,25 @@ def test_a_body_that_is_not_text_is_422_naming_the_body(
         headers={"Content-Type": "application/json", **auth(services)},
     )
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"]
+
+
+@pytest.mark.parametrize(("service", "method", "path"), MUTATING[:3])
+def test_json_nested_too_deep_is_422_naming_the_body(
+    services: Platform, service: str, method: str, path: str
+) -> None:
+    """Issue 35, item 5: JSON nested 10,000 deep was a bare 400 (the parser's recursion limit).
+    Every body is within the smallest JSON limit (64 KiB)."""
+    deep = [b"[" * d + b"]" * d for d in (10_000, 30_000)]
+    for body in (*deep, b'{"a":' * 10_000 + b"1" + b"}" * 10_000):
+        r = httpx.request(
+            method,
+            base(services, service) + path,
+            content=body,
+            headers={"Content-Type": "application/json", **auth(services)},
+        )
+        assert r.status_code == 422, r.text
+        problem = r.json()["detail"][0]
+        assert problem["loc"] == ["body"] and "deep" in problem["msg"]
 
 
 def test_the_routers_own_credential_check_runs_before_the_body() -> None:

@@ -4,9 +4,11 @@ registry read) or in a package's ``__init__``."""
 
 from __future__ import annotations
 
+import graphlib
 import subprocess
 import sys
 
+import grimp
 import pytest
 
 SPEC = (
@@ -44,3 +46,17 @@ def test_a_spec_is_checked_without_the_services(module: str) -> None:
         f"assert {module!r} not in sys.modules, {module!r} + ' imported'"
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_no_import_cycle_in_services() -> None:
+    """No module of services/ imports itself through others, also by an import inside a
+    function (the kind that hid ppo -> onpolicy -> learner -> ppo): layers have a direction."""
+    graph = grimp.build_graph("services", exclude_type_checking_imports=True)
+    imports = {
+        module: {m for m in graph.find_modules_directly_imported_by(module) if m in graph.modules}
+        for module in graph.modules
+    }
+    try:
+        graphlib.TopologicalSorter(imports).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
@@ -18,8 +19,7 @@ from services.logs import configure, get_logger
 def restored() -> Iterator[None]:
     """The test configures logging for this process: put back what the others run with."""
     saved, handlers, flag = structlog.get_config(), logging.root.handlers[:], logs._configured
-    yield
-    structlog.configure(**saved)
+    yield structlog.configure(**saved)
     logging.root.handlers[:] = handlers
     logs._configured = flag
 
@@ -48,3 +48,18 @@ def test_a_record_is_one_write(monkeypatch: pytest.MonkeyPatch, restored: None) 
     get_logger("test").info("not needed", role="worker")
     [line] = stream.writes
     assert line.endswith("\n") and json.loads(line)["role"] == "worker"
+
+
+def test_a_log_file_takes_json_lines_and_the_terminal_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restored: None
+) -> None:
+    """``podium up`` logs to a file so its terminal shows only the banner (issue 35)."""
+    stream = Recorder()
+    monkeypatch.setattr(sys, "stderr", stream)
+    path = tmp_path / "data" / "podium.log"
+    configure(level="INFO", file=path)
+    get_logger("test").info("platform started", port=1)
+    logging.getLogger("uvicorn.error").warning("from the standard library")
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["event"] == "platform started" and len(lines) == 2
+    assert stream.writes == []

@@ -110,7 +110,7 @@ def test_quantities() -> None:
             "bogus: Extra inputs are not permitted",
         ),
         ({"algorithms": {"ppo": float("inf")}}, "algorithms", "finite number"),
-        ({"target_reward": float("nan")}, "target_reward", "finite number"),
+        ({"target_return": float("nan")}, "target_return", "finite number"),
         (
             {"search_space": {"lr": {"type": "uniform", "low": 0.1, "high": 0.2}}},
             "search_space",  # the pods would refuse it: PPO's field is learning_rate
@@ -177,7 +177,10 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"algorithms": {"ppo": 0.5, "sac": 0.5}}, "population pods train PPO only, not sac"),
+        (
+            {"algorithms": {"ppo": 0.5, "dqn": 0.5}},
+            "population pods train DDPG and PPO and SAC and TD3 only, not dqn",
+        ),
         (
             {"search_space": {"num_envs": {"type": "choice", "values": [8, 16]}}},
             "search_space 'num_envs' cannot vary within a population",
@@ -198,7 +201,7 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
 def test_population_pods_refuse_what_their_agents_cannot_vary(change, message) -> None:
     base = {
         "name": "pop",
-        # Continuous actions, so that SAC fits the env and only the population rule refuses it.
+        # Continuous actions (DQN does not fit them, but the population rule is checked first).
         "env": {"name": "Pendulum-v1"},
         "algorithms": {"ppo": 1.0},
         "population": {"agents_per_pod": 8},
@@ -232,3 +235,13 @@ def test_spec_files_hold_only_what_json_carries(tmp_path: Path, content: bytes, 
     with pytest.raises(SpecError, match=re.escape(message)) as info:
         load_spec(path)
     assert str(info.value).startswith(f"{path}: ")
+
+
+def test_the_target_has_one_name_and_the_old_one_is_still_accepted() -> None:
+    """``target_return``, as in a run config and the presets; specs written with the older
+    ``target_reward`` still load (stored experiments, CI pipelines), to the same field."""
+    base = {"name": "t", "env": {"name": "CartPole-v1"}, "algorithms": {"ppo": 1}}
+    new = ExperimentSpec.model_validate({**base, "target_return": 475})
+    old = ExperimentSpec.model_validate({**base, "target_reward": 475})
+    assert new.target_return == old.target_return == 475
+    assert "target_return" in old.model_dump() and "target_reward" not in old.model_dump()

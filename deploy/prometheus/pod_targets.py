@@ -1,14 +1,14 @@
 """Write a Prometheus file_sd target list of the local backend's training pods.
 
-With the local backend (docker compose, one machine) every pod is a process that serves its
-metrics on an ephemeral port (``PODIUM_METRICS_PORT=0``) and writes the bound port to
+With the local backend (docker compose, one machine) every pod is a process that serves its metrics
+on an ephemeral port (``PODIUM_METRICS_PORT=0``) and writes the bound port to
 ``<data_dir>/experiments/<experiment>/pods/<pod>.metrics_port``. Prometheus cannot discover those
-ports itself, so this loop turns the files into ``file_sd_configs`` targets
-(``<host>:<port>`` labelled ``experiment`` and ``pod``), rewriting the file atomically whenever
-the set changes. Stdlib only: it runs in the control-plane image.
+ports itself, so this loop turns the files into ``file_sd_configs`` targets (``<host>:<port>``
+labelled ``experiment`` and ``pod``) for the pods whose record says they still run, rewriting the
+file atomically whenever the set changes. Stdlib only: it runs in the control-plane image.
 
     python deploy/prometheus/pod_targets.py --data-dir /data --host orchestrator \
-        --out /sd/pods.json [--interval 5] [--once]
+        --out /sd/pods.json [--interval 1] [--once]
 """
 
 from __future__ import annotations
@@ -22,6 +22,18 @@ import time
 from pathlib import Path
 
 
+def _running(record: Path) -> bool:
+    """Whether the local backend's record says the pod still runs. The record outlives the
+    process until the reconciler's next pass removes it, but the backend marks it `ended` (and
+    `exit_code` for its own children) the moment the process exits: a target listed until the
+    removal is scraped `down` for those seconds."""
+    try:
+        rec = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return False  # gone (the pod was removed); records are replaced atomically
+    return rec.get("ended") is None and rec.get("exit_code") is None
+
+
 def targets(data_dir: Path, host: str) -> list[dict[str, object]]:
     """One file_sd group per live pod metrics endpoint, sorted for stable output."""
     out = []
@@ -30,9 +42,8 @@ def targets(data_dir: Path, host: str) -> list[dict[str, object]]:
             port = int(path.read_text().strip())
         except (OSError, ValueError):
             continue  # being replaced or removed: the next pass sees it
-        # The record beside it disappears when the pod is gone; skip ports of finished pods.
         pod = path.name.removesuffix(".metrics_port")
-        if not (path.parent / f"{pod}.json").exists():
+        if not _running(path.parent / f"{pod}.json"):
             continue
         out.append(
             {
@@ -54,7 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", type=Path, required=True, help="The orchestrator's data dir.")
     p.add_argument("--host", default="127.0.0.1", help="Host Prometheus reaches the pods at.")
     p.add_argument("--out", type=Path, required=True, help="file_sd JSON file to write.")
-    p.add_argument("--interval", type=float, default=5.0, help="Seconds between scans.")
+    # A glob and a few small reads per scan: cheap enough to drop an ended pod within a second
+    # (Prometheus watches the file, so it applies the change at once).
+    p.add_argument("--interval", type=float, default=1.0, help="Seconds between scans.")
     p.add_argument("--once", action="store_true", help="Write once and exit.")
     args = p.parse_args(argv)
     # As a container's PID 1 the process gets no default SIGTERM action: exit on it, or every

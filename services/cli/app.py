@@ -1,12 +1,11 @@
 """The ``podium`` command line: each command parses its options and delegates.
 
-Commands import their heavy dependencies (torch, the services) only when they run, so
-``podium --help`` is instant and the control-plane commands never load torch. The work is in
-the modules beside this one: ``train`` (one agent), ``tournament`` (``up``, ``run``,
-``submit``), ``live`` (the live view and tables), ``results`` (what a run writes), ``pod_logs``,
-``client`` (the APIs), ``platform`` (the embedded platform), ``plots``, ``overrides``. Every
-failure is a ``CliError``: one line on stderr and a documented exit code (``errors``).
-"""
+Commands import their heavy dependencies (torch, the services) only when they run, so ``podium
+--help`` is instant and the control-plane commands never load torch. The work is in the modules
+beside this one: ``train`` (one agent), ``algorithms`` (the algorithm cards), ``tournament``
+(``up``, ``run``, ``submit``), ``live`` (the live view and tables), ``results`` (what a run writes),
+``pod_logs``, ``client`` (the APIs), ``platform`` (the embedded platform), ``plots``, ``overrides``.
+Every failure is a ``CliError``: one line on stderr and a documented exit code (``errors``)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import contextlib
 import enum
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -70,7 +70,10 @@ def _main() -> None:
 
     from services import logs
 
-    logs.configure()
+    # The commands print for people; log records are for files and log shippers. Only errors
+    # reach the terminal (not, say, each retry before "cannot reach the orchestrator"), unless
+    # PODIUM_LOG_LEVEL asks for more; `podium up` and `podium run` log to DATA_DIR/podium.log.
+    logs.configure(level=os.environ.get("PODIUM_LOG_LEVEL", "ERROR"))
     # httpx logs every request at INFO: noise under the CLI's own output.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -139,6 +142,19 @@ def train(
         train_agent(env, config, set_ or [], out, quiet)
 
 
+@app.command()
+def algorithms(
+    names: Annotated[
+        bool, typer.Option("--names", help="Also list each one's hyperparameter names.")
+    ] = False,
+) -> None:
+    """The algorithms a pod trains, from their cards: family, actions, population, presets."""
+    from services.cli.algorithms import show
+
+    with reported():
+        show(names)
+
+
 # -- a trading agent, held out --------------------------------------------------------------------
 class Period(enum.StrEnum):
     backtest = "backtest"
@@ -193,6 +209,9 @@ def up(
     strict_ports: Annotated[
         bool, typer.Option(help="Fail instead of using an ephemeral port when one is busy.")
     ] = False,
+    verbose: Annotated[
+        bool, typer.Option(help="Show the services' logs here, not in DATA_DIR/podium.log.")
+    ] = False,
 ) -> None:
     """Run the whole platform here (embedded Redis, leaderboard, orchestrator) until Ctrl-C."""
     from services.cli import tournament
@@ -208,7 +227,7 @@ def up(
         strict_ports=strict_ports,
     )
     with reported():
-        tournament.up(platform)
+        tournament.up(platform, verbose)
 
 
 @app.command()
@@ -232,7 +251,9 @@ def run(
     ] = None,
     top: Annotated[int, typer.Option(help="Rows of the final leaderboard.", min=1)] = 10,
     quiet: QuietOpt = False,
-    verbose: Annotated[bool, typer.Option(help="Show the services' logs.")] = False,
+    verbose: Annotated[
+        bool, typer.Option(help="Show the services' logs here, not in DATA_DIR/podium.log.")
+    ] = False,
 ) -> None:
     """Start the platform, run one experiment to its end with live progress, then print the
     leaderboard, save plots under OUT and export the best agent into OUT/best."""

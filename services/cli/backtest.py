@@ -12,7 +12,7 @@ import typer
 
 from services.cli.errors import CliError
 
-#: The metrics (services/pod/backtest.py) and their column headers.
+#: The metrics (services/pod/trading/backtest.py) and their column headers.
 KEYS = {
     "cumulative_return": "return",
     "annual_return": "annual",
@@ -27,10 +27,10 @@ def backtest(directory: Path, period: str, plot: Path | None, as_json: bool) -> 
     from rich.console import Console
     from rich.table import Table
 
+    from services.contracts.algorithms.hyperparameters import HyperparameterError
     from services.contracts.spec import describe_errors
     from services.contracts.training_files import CheckpointError
-    from services.pod.algorithms.hyperparameters import HyperparameterError
-    from services.pod.backtest import backtest_candidate, metrics
+    from services.pod.trading.backtest import backtest_candidate, metrics
 
     if not directory.is_dir():
         raise CliError(f"{directory}: no such directory (an agent's training files)")

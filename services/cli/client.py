@@ -154,18 +154,32 @@ class PodiumClient:
     @property
     def leaderboard(self) -> LeaderboardClient:
         if self._leaderboard is None:
-            if not self.endpoints.leaderboard_url:
+            url = self.endpoints.leaderboard_url or self._discover_leaderboard()
+            if not url:
                 raise ApiError(
-                    "no leaderboard URL: pass --leaderboard-url or set PODIUM_LEADERBOARD_URL",
+                    "no leaderboard URL (the orchestrator has none configured): pass "
+                    "--leaderboard-url or set PODIUM_LEADERBOARD_URL",
                     EXIT_USAGE,
                 )
             self._leaderboard = LeaderboardClient(
-                self.endpoints.leaderboard_url,
+                url,
                 token=self.endpoints.leaderboard_token,
                 timeout_s=self.timeout,
                 retry_for_s=RETRY_FOR_S,
             )
         return self._leaderboard
+
+    def _discover_leaderboard(self) -> str | None:
+        """The leaderboard's URL as the orchestrator knows it (a deployment given by --url
+        only). It is the URL the pods use: inside a cluster it may not resolve from here, and
+        the error then names it and --leaderboard-url."""
+        try:
+            info = self._orchestrator("GET", "/platform", "platform lookup")
+        except ApiError as exc:
+            if exc.status == 404:  # an orchestrator older than the lookup
+                return None
+            raise
+        return info.get("leaderboard_url") if isinstance(info, dict) else None
 
     @contextmanager
     def _refusals(self, service: ServiceClient, what: str = "request") -> Iterator[None]:
@@ -225,6 +239,11 @@ class PodiumClient:
         path = f"/experiments/{exp_id}/pods/{pod_id}/logs"
         with self._refusals(self.orchestrator, "pod logs"):
             return self.orchestrator.request("GET", path, "pod logs", params={"tail": tail}).text
+
+    def ended_pods(self, exp_id: str, tail: int = 50) -> list[dict[str, Any]]:
+        """The last log lines the orchestrator kept of the experiment's ended pods."""
+        path = f"/experiments/{exp_id}/ended-pods"
+        return self._orchestrator("GET", path, params={"tail": tail})
 
     def events(self, exp_id: str, limit: int = 1000) -> list[dict[str, Any]]:
         return self._orchestrator("GET", f"/experiments/{exp_id}/events", params={"limit": limit})
@@ -303,7 +322,7 @@ class PodiumClient:
 def reached(exp: dict[str, Any], min_reward: float | None) -> tuple[bool, str]:
     """Whether an ended experiment passes the gate, and the sentence that says why.
 
-    Without ``min_reward``: it succeeded (reached its target reward), or it had no target and
+    Without ``min_reward``: it succeeded (reached its target return), or it had no target and
     ran to its budget. With ``min_reward``: it ended normally (succeeded or budget spent) and
     its best score reached ``min_reward`` (at most, when lower is better).
     """
@@ -312,7 +331,7 @@ def reached(exp: dict[str, Any], min_reward: float | None) -> tuple[bool, str]:
     best = (result.get("best") or exp.get("best") or {}).get("score")
     spec = exp.get("spec") or {}
     higher = (spec.get("evaluation") or {}).get("higher_is_better", True)
-    target = spec.get("target_reward")
+    target = spec.get("target_return")
     reason = exp.get("reason") or ""
     best_text = "no evaluated agent" if best is None else f"best score {best:g}"
     if state in ("failed", "cancelled"):
@@ -329,4 +348,4 @@ def reached(exp: dict[str, Any], min_reward: float | None) -> tuple[bool, str]:
         return True, f"succeeded: {reason} ({best_text})"
     if state == "budget_exhausted" and target is None:
         return True, f"finished: {reason} ({best_text})"
-    return False, f"target reward not reached: {reason} ({best_text})"
+    return False, f"target return not reached: {reason} ({best_text})"

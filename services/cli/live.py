@@ -129,7 +129,7 @@ class Watch:
             row.add_row(ProgressBar(total=1.0, completed=max(0.0, min(1.0, frac)), width=30), text)
             grid.add_row(label, row)
 
-        best, target = exp.get("best_score"), prog.get("target_reward")
+        best, target = exp.get("best_score"), prog.get("target_return")
         frac = None
         if best is not None and target is not None and self.first_best is not None:
             # From 0 for positive rewards (CartPole), from the first score otherwise (Pendulum).
@@ -171,7 +171,7 @@ class Watch:
         key = f"{exp['state']}|{live}|{exp.get('best_score')}"
         text = (
             f"[{duration(prog.get('elapsed_s'))}] {exp['state']:<9} pods {live} "
-            f"best {fmt(exp.get('best_score'))}/{fmt(prog.get('target_reward'))} "
+            f"best {fmt(exp.get('best_score'))}/{fmt(prog.get('target_return'))} "
             f"env steps {prog.get('env_steps') or 0:,}"
             + (f" ({rate:,.0f}/s)" if rate is not None else "")
         )
@@ -230,7 +230,7 @@ def experiments_table(exps: list[dict[str, Any]]) -> Any:
             e["name"],
             f"[{STATE_STYLE.get(e['state'], '')}]{e['state']}[/]",
             fmt(e.get("best_score")),
-            fmt(p.get("target_reward")),
+            fmt(p.get("target_return")),
             str(sum(x["phase"] in ("Pending", "Running") for x in e["pods"])),
             f"{p.get('env_steps') or 0:,}",
             duration(p.get("elapsed_s")),

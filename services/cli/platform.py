@@ -35,7 +35,9 @@ from typing import Any
 import httpx
 import uvicorn
 
+from services.http_server import server_config
 from services.logs import get_logger
+from services.settings import PodiumSettings
 
 log = get_logger(__name__)
 
@@ -84,13 +86,22 @@ class ThreadedServer:
     """One ASGI app served by uvicorn in a thread, on a socket we bound ourselves (see
     ``bind_listener``); the benchmarks use it too."""
 
-    def __init__(self, name: str, app: Any, sock: socket.socket, host: str):
+    def __init__(
+        self,
+        name: str,
+        app: Any,
+        sock: socket.socket,
+        host: str,
+        settings: PodiumSettings | None = None,
+    ):
         self.name = name
         self.app = app
         self.sock = sock
         self.url = url_of(sock, host)
-        config = uvicorn.Config(
+        # The service's own bounds on slow and idle clients (services.http_server).
+        config = server_config(
             app,
+            settings or PodiumSettings(),
             log_config=None,  # structlog (services.logs) is the process's logging
             log_level="warning",
             access_log=False,
@@ -219,10 +230,14 @@ class Platform:
                 port=lb_sock.getsockname()[1],
             )
             self._leaderboard = ThreadedServer(
-                "leaderboard", leaderboard_app(lb_settings), lb_sock, self.host
+                "leaderboard", leaderboard_app(lb_settings), lb_sock, self.host, lb_settings
             )
             self._orchestrator = ThreadedServer(
-                "orchestrator", orchestrator_app(settings, backend=backend), orch_sock, self.host
+                "orchestrator",
+                orchestrator_app(settings, backend=backend),
+                orch_sock,
+                self.host,
+                settings,
             )
             self._leaderboard.start()
             self._orchestrator.start()

@@ -280,6 +280,11 @@ def _layout(
     return out, edges
 
 
+def _node_positions(nodes: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """(generation, row) of each node as the lineage plot draws it."""
+    return [(n.get("generation", 0), y) for n, y in _layout(nodes)[0]]
+
+
 def lineage_tree(
     nodes: Sequence[Mapping[str, Any]],
     path: Path,
@@ -291,6 +296,11 @@ def lineage_tree(
     ``generation``, ``score``, ``status``, ``created_at``). Colour is the score; hollow markers
     are candidates since evicted from the board.
     """
+    return _save(lineage_figure(nodes, title), path)
+
+
+def lineage_figure(nodes: Sequence[Mapping[str, Any]], title: str = "") -> Any:
+    """The figure ``lineage_tree`` saves."""
     placed, edges = _layout(nodes)
     where = {n["candidate_id"]: (n.get("generation", 0), y) for n, y in placed}
     height = min(max(4.0, 0.18 * (1 + max((y for _, y in placed), default=0))), 30.0)
@@ -328,11 +338,23 @@ def lineage_tree(
                     fontsize=6,
                 )
         fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="score")
-        ax.legend(loc="upper left", fontsize=7)
+        # Above the axes, beside the title: inside them it covered the top lineage's first
+        # node and its label (every corner of the axes can hold a node).
+        legend = ax.legend(
+            loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=2, fontsize=7, frameon=False
+        )
+        # Grey markers: a marker's colour means a score.
+        for handle, text in zip(legend.legend_handles, legend.get_texts(), strict=True):
+            handle.set_edgecolor("0.35")  # type: ignore[union-attr]
+            if text.get_text() == "on the board":
+                handle.set_facecolor("0.35")  # type: ignore[union-attr]
     gens = [n.get("generation", 0) for n, _ in placed] or [0]
     ax.set_xlim(min(gens) - 0.5, max(gens) + 0.5)
     ax.set_xlabel("generation")
+    # Rows carry no quantity: each leaf (a line of descent's latest candidate) takes a row,
+    # oldest root lowest, and a parent sits between its children.
+    ax.set_ylabel("lineages: one row per leaf, oldest at the bottom", fontsize=8)
     ax.set_yticks([])
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_title(title or "lineage")
-    return _save(fig, path)
+    ax.set_title(title or "lineage", loc="left")
+    return fig

@@ -1,5 +1,6 @@
 """``podium logs``: the embedded platform's pod log files under DATA_DIR (with ``--follow``),
-else the orchestrator's pod-logs endpoint."""
+else the orchestrator's pod-logs endpoint; with no pod running, the last lines the orchestrator kept
+of the experiment's ended pods."""
 
 from __future__ import annotations
 
@@ -52,11 +53,34 @@ def _remote(client: PodiumClient, experiment: str, pod: str | None, tail: int) -
         [pod] if pod is not None else [p["pod_id"] for p in client.experiment(experiment)["pods"]]
     )
     if not pods:
-        raise CliError(f"experiment {experiment} has no pods now", EXIT_NOT_REACHED)
+        _ended(client, experiment, tail)
+        return
     for pod_id in pods:
         if len(pods) > 1:
             typer.secho(f"==> pod {pod_id} <==", bold=True)
         typer.echo(client.pod_logs(experiment, pod_id, tail), nl=False)
+
+
+def _ended(client: PodiumClient, experiment: str, tail: int) -> None:
+    """No pod runs now (the experiment ended, or is between pods): the last lines the
+    orchestrator kept of its ended pods, so that a gate that just failed shows why."""
+    ended = client.ended_pods(experiment, tail)
+    if not ended:
+        raise CliError(
+            f"experiment {experiment} has no pods now, and no logs of ended pods were kept",
+            EXIT_NOT_REACHED,
+        )
+    typer.echo(
+        f"experiment {experiment} has no pods now: the last lines of its {len(ended)} most "
+        "recently ended pods, kept by the orchestrator",
+        err=True,
+    )
+    for p in ended:
+        how = "stopped" if p["stopped"] else str(p["phase"]).lower()
+        if p.get("reason"):
+            how += f", {p['reason']}"
+        typer.secho(f"==> pod {p['pod_id']} (ended: {how}) <==", bold=True)
+        typer.echo(p["log"] + "\n" if p["log"] else "(no log)\n", nl=False)
 
 
 def _follow(pods_dir: Path, pod: str | None, positions: dict[Path, int]) -> None:

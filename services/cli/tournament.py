@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -27,6 +28,8 @@ from services.cli.live import (
 )
 from services.cli.platform import Platform, PlatformError
 from services.cli.results import collect, write_plots
+
+LOG_FILE = "podium.log"  # under the platform's data directory
 
 
 def read_spec(path: Path) -> dict[str, Any]:
@@ -66,9 +69,25 @@ def _start(platform: Platform) -> None:
         raise CliError(str(exc), EXIT_API) from None
 
 
-def up(platform: Platform) -> None:
+def service_logs(data_dir: Path, verbose: bool) -> Path | None:
+    """Send the services' log records (this process runs them) to DATA_DIR/podium.log as JSON
+    lines, keeping the terminal for the banner, the live panel and errors; with ``verbose``, to
+    stderr instead. Returns the file, or None for stderr."""
+    from services import logs
+
+    level = os.environ.get("PODIUM_LOG_LEVEL", "INFO")
+    if verbose:
+        logs.configure(level=level)
+        return None
+    path = Path(data_dir).resolve() / LOG_FILE
+    logs.configure(level=level, file=path)
+    return path
+
+
+def up(platform: Platform, verbose: bool = False) -> None:
     """Run the platform until Ctrl-C or SIGTERM, or until a service stops by itself."""
     console = stderr_console()
+    log_file = service_logs(platform.data_dir, verbose)
     _start(platform)
     try:
         o, lb = platform.orchestrator_url, platform.leaderboard_url
@@ -76,6 +95,8 @@ def up(platform: Platform) -> None:
         console.print(f"  orchestrator  {o}   API docs {o}/api/v1/docs   metrics {o}/metrics")
         console.print(f"  leaderboard   {lb}   API docs {lb}/api/v1/docs   metrics {lb}/metrics")
         console.print(f"  token         {platform.token or '(none: the API is open)'}")
+        if log_file is not None:
+            console.print(f"  logs          {log_file}   (--verbose shows them here)")
         console.print(
             "Commands run in this directory find it by themselves, e.g.\n"
             "  podium submit examples/cartpole.yaml --wait\n"
@@ -108,7 +129,6 @@ def run(
 ) -> int:
     """Start the platform, run one experiment to its end with live progress, then print the
     leaderboard, save plots under OUT and export the best agent into OUT/best."""
-    from services import logs
     from services.contracts.spec import SpecError, load_spec
 
     try:
@@ -118,8 +138,8 @@ def run(
     out = out or Path("runs") / spec.name
     data_dir = data_dir or out / "data"
     console = stderr_console()
-    if not verbose:  # the live panel shows what matters; service logs would tear it
-        logs.configure(level="ERROR")
+    # The live panel shows what matters; service logs on the terminal would tear it.
+    service_logs(data_dir, verbose)
     platform = Platform(data_dir=data_dir, orchestrator_port=ports[0], leaderboard_port=ports[1])
     _start(platform)
     interrupted = timed_out = False
@@ -161,7 +181,7 @@ def run(
         return EXIT_INTERRUPTED
     exp = collected["experiment"]
     higher = spec.evaluation.higher_is_better
-    write_plots(watch.samples, collected, out, spec.name, spec.target_reward, console, higher)
+    write_plots(watch.samples, collected, out, spec.name, spec.target_return, console, higher)
     board = collected.get("board")
     if board and board.candidates:
         console.print(board_table(board, top, title=f"final leaderboard of {spec.name}"))

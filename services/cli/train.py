@@ -19,14 +19,14 @@ def describe_validation(exc: ValidationError) -> str:
 
 def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool) -> None:
     from services.cli.overrides import ConfigError, load_yaml, parse_set
-    from services.pod.algorithms.hyperparameters import HyperparameterError
+    from services.contracts.algorithms.hyperparameters import HyperparameterError
     from services.registry import UnknownNameError
 
     try:
         # The user's layers (YAML, then each --set) are read once and merged in order over the
-        # preset of the algorithm they name (services/pod/presets.py); the algorithm's trainer
-        # is a registry lookup (services/pod/trainer.py).
-        from services.pod.presets import train_config
+        # preset of the algorithm they name (services/pod/training/presets.py); the algorithm's
+        # trainer is a registry lookup (services/pod/training/trainer.py).
+        from services.pod.training.presets import train_config
 
         layers = [load_yaml(config)] if config is not None else []
         layers += [parse_set(assignment) for assignment in sets]
@@ -44,8 +44,9 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from services.cli.plots import learning_curve
-    from services.pod.fit import build
-    from services.pod.fit import train as run_training
+    from services.pod.training.fit import build
+    from services.pod.training.fit import train as run_training
+    from services.pod.training.tensorboard import Board
 
     try:
         trainer = build(cfg)
@@ -55,7 +56,13 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
     console = Console(stderr=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
-    metrics = (out / "metrics.jsonl").open("w")
+    # Line-buffered and flushed per record: the run can be followed while it trains
+    # (`tail -f`), and a killed run keeps every record written so far.
+    metrics = (out / "metrics.jsonl").open("w", buffering=1)
+    # The same records as TensorBoard curves (`tensorboard --logdir <out>/tensorboard`); a
+    # rerun into the same --out replaces them, as it does metrics.jsonl.
+    board = Board(out / "tensorboard", replace=True)
+    board.hyperparameters(cfg.model_dump(mode="json"))
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -70,6 +77,8 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
 
     def on_progress(record: dict[str, float]) -> None:
         metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+        board.record(record)
         if "eval_return" in record:
             latest_eval["value"] = f"{record['eval_return']:.1f}"
         rate = record["env_steps"] / max(record["train_seconds"], 1e-9)
@@ -81,6 +90,7 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
             result = run_training(cfg, out_dir=out, on_progress=on_progress, trainer=trainer)
         finally:
             metrics.close()
+            board.close()
     png = learning_curve(result.history, out / "learning_curve.png", env, cfg.target_return)
     best = result.best.mean if result.best else float("nan")
     steps = result.history[-1]["env_steps"] if result.history else 0

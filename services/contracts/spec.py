@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 from pydantic import (
+    AliasChoices,
     Field,
     ValidationError,
     ValidationInfo,
@@ -24,7 +25,14 @@ from pydantic import (
 )
 
 from services import registry
-from services.contracts.action_spaces import misfits
+from services.contracts.algorithms.card import card_names
+from services.contracts.algorithms.hyperparameters import (
+    check_hyperparameter_names,
+    check_population,
+    check_population_settings,
+    misfits,
+    preset_data,
+)
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
 from services.contracts.search_space import SearchSpace, pinned_values
@@ -235,7 +243,13 @@ class ExperimentSpec(InputModel):
     population: Population = Field(default_factory=Population)
     resources: Resources = Field(default_factory=Resources)
     round: Round = Field(default_factory=lambda: Round(env_steps=100_000))
-    target_reward: float | None = None
+    target_return: float | None = Field(
+        default=None,
+        # The name a run config and the presets use; specs written before it said
+        # target_reward, still accepted (deprecated: docs/orchestrator.md).
+        validation_alias=AliasChoices("target_return", "target_reward"),
+        description="Stop the experiment once the best evaluated agent's return reaches it.",
+    )
     top_k: int = Field(default=8, ge=1, le=1024, description="Leaderboard size.")
     budget: Budget = Field(default_factory=Budget)
     evaluation: Evaluation = Field(default_factory=Evaluation)
@@ -243,22 +257,17 @@ class ExperimentSpec(InputModel):
 
     @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:
-        # Population pods (services/pod/population_trainer.py) stack their agents' weights:
+        # Population pods (services/pod/training/population_trainer.py) stack their agents' weights:
         # refused here, by the pods' own torch-free check, rather than by every pod at start.
         if self.population.agents_per_pod > 1:
-            from services.pod.algorithms.hyperparameters import (
-                check_population,
-                check_population_settings,
-                preset_data,
-            )
-
             pins = pinned_values(self.search_space)
             check_population(
                 self.population.agents_per_pod, self.algorithms, self.search_space, pins
             )
             # A preset that turns gSDE on (Pendulum's) is refused here too, not by the pod.
-            preset = preset_data("ppo", self.env.name).get("ppo", {})
-            check_population_settings(self.env.name, {**preset, **pins}, pins)
+            for algorithm in self.algorithms:
+                preset = preset_data(algorithm, self.env.name).get(algorithm, {})
+                check_population_settings(self.env.name, algorithm, {**preset, **pins}, pins)
         return self
 
     @model_validator(mode="after")
@@ -283,8 +292,6 @@ class ExperimentSpec(InputModel):
     def _hyperparameter_names(cls, v: SearchSpace, info: ValidationInfo) -> SearchSpace:
         # A name the pods would refuse is refused here (422 at submission), instead of an
         # experiment whose pods all exit on start: the pods' own check, torch-free.
-        from services.pod.algorithms.hyperparameters import check_hyperparameter_names
-
         if algorithms := list(info.data.get("algorithms") or {}):  # none: they failed
             check_hyperparameter_names(v, algorithms)
         return v
@@ -293,19 +300,17 @@ class ExperimentSpec(InputModel):
     @classmethod
     def _algorithms(cls, v: dict[str, float]) -> dict[str, float]:
         _check_names("algorithm", registry.ALGORITHMS, list(v))
-        # A plugin registered under podium.algorithms that no pod runtime trains would make
-        # every pod exit on start: refused here, with what pods do train. A pod-trainable
-        # plugin declares its config model under podium.algorithm_configs (torch-free, read
-        # here by name only); the pod still checks the class itself and exits 2 if it lied.
-        from services.pod.algorithms.hyperparameters import HYPERPARAMETER_MODELS
-
-        trainable = set(HYPERPARAMETER_MODELS) | set(registry.names(registry.ALGORITHM_CONFIGS))
+        # A plugin registered under podium.algorithms without a card would make every pod
+        # exit on start: refused here, with what pods do train. A pod-trainable algorithm has
+        # a card under podium.algorithm_cards (torch-free, services/contracts/algorithms/);
+        # the pod still checks the class itself and exits 2 if the card lied.
+        trainable = set(card_names())
         untrainable = [a for a in v if a not in trainable]
         if untrainable:
             raise ValueError(
                 f"algorithm {', '.join(map(repr, untrainable))} is registered but no pod can "
-                f"train it (a plugin declares its config under {registry.ALGORITHM_CONFIGS}); "
-                f"pods train: {', '.join(sorted(trainable))}"
+                f"train it (an algorithm a pod trains has a card under "
+                f"{registry.ALGORITHM_CARDS}); pods train: {', '.join(sorted(trainable))}"
             )
         bad = [k for k, w in v.items() if not (w > 0 and math.isfinite(w))]
         if bad:

@@ -12,7 +12,9 @@ are read in one place.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
@@ -177,6 +179,40 @@ def in_bottom(
     above = sum(sign * s > sign * score for s in standing.values())
     replaced = max(1, math.ceil(truncation * len(standing)))
     return above >= len(standing) - replaced
+
+
+@dataclass(frozen=True)
+class _Entry:
+    pod_id: str
+    score: float
+
+
+def population_exploits(
+    scores: Sequence[float],
+    options: PBTOptions,
+    rng: random.Random,
+    higher_is_better: bool = True,
+) -> list[tuple[int, int]]:
+    """PBT's decision for a population scored all at once (an in-process tournament, whose
+    board is every agent's current score): ``(agent, parent)`` for each agent that restarts from a
+    parent, by the rules the leaderboard and its pods apply: an agent is replaced if it is in the
+    bottom ``truncation`` share (``in_bottom``; unset: any agent below the best), by a parent drawn
+    uniformly from the top ``quantile`` (``parents``), and only if that parent beats it by more than
+    ``exploit_margin`` (``parent_is_better``'s bar). Worst agent first: copied in that order, a
+    parent that is replaced too is copied from before it is overwritten."""
+    sign = 1.0 if higher_is_better else -1.0
+    order = sorted(range(len(scores)), key=lambda i: -sign * scores[i])  # best first, stable
+    board = [_Entry(str(i), scores[i]) for i in order]
+    pairs = []
+    for i in reversed(order):
+        if options.truncation is not None and not in_bottom(
+            board, str(i), scores[i], options.truncation, higher_is_better
+        ):
+            continue
+        parent = int(rng.choice(parents(board, options.quantile)).pod_id)
+        if sign * (scores[parent] - scores[i]) > options.exploit_margin:
+            pairs.append((i, parent))
+    return pairs
 
 
 # -- PBT's decision: the pod's half -------------------------------------------------------------

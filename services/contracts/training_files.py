@@ -1,12 +1,11 @@
 """Podium training files without torch: the manifest, its checks, and the atomic write.
 
-A set of training files is a directory whose ``manifest.json`` names the format and lists
-every file with its sha256 and size (see services/pod/checkpoint.py for what the files hold).
-This module is everything about that directory that needs no tensors, so the pod (which parses
-the files with torch and safetensors) and the CLI's ``podium export`` (which must not import
-torch) verify a download with the same code: a file name that could leave the directory, a
-missing file, a wrong size or sha256 is a ``CheckpointError``, never a silently different agent.
-"""
+A set of training files is a directory whose ``manifest.json`` names the format and lists every file
+with its sha256 and size (see services/pod/training/checkpoint.py for what the files hold). This
+module is everything about that directory that needs no tensors, so the pod (which parses the files
+with torch and safetensors) and the CLI's ``podium export`` (which must not import torch) verify a
+download with the same code: a file name that could leave the directory, a missing file, a wrong
+size or sha256 is a ``CheckpointError``, never a silently different agent."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""``python -m services.leaderboard``: serve the leaderboard with uvicorn (settings from env)."""
+"""``python -m services.leaderboard``: serve the leaderboard with uvicorn (settings from env;
+slow and idle clients bounded by services.http_server)."""
 
 from __future__ import annotations
 
-import uvicorn
-
+from services.http_server import serve
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
 from services.logs import configure
@@ -12,14 +12,12 @@ from services.logs import configure
 def main() -> None:
     configure()
     settings = LeaderboardSettings()
-    uvicorn.run(
+    serve(
         create_app(settings),
-        host=settings.host,
-        port=settings.port,
+        settings,
         log_level="warning",
         access_log=False,
         # Faster HTTP parsing and event loop when installed (they are dependencies).
-        http="auto",
         loop="auto",
         timeout_graceful_shutdown=10,
     )

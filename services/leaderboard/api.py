@@ -210,7 +210,9 @@ async def delete_experiment(experiment_id: ExperimentId, svc: Svc) -> Response:
     "part per entry of `result.files`, named as there, whose sha256 must match (400 otherwise, "
     "nothing stored). A metadata-only result may also be sent as an `application/json` body. "
     "Inserted if it beats the K-th best (evicting it); a retry with the same `submission_id` "
-    "gets the first answer (`duplicate: true`). Bodies over the configured size get 413.",
+    "gets the first answer (`duplicate: true`). A `parent_id` must be a candidate of this "
+    "experiment (422 naming it otherwise: a lineage never points into another experiment). "
+    "Bodies over the configured size get 413.",
     openapi_extra={
         "requestBody": {
             "content": {

@@ -22,10 +22,10 @@ from services.leaderboard.generator import GeneratorService
 from services.leaderboard.metrics import LatencyMiddleware, LeaderboardMetrics
 from services.leaderboard.settings import LeaderboardSettings
 from services.leaderboard.store import (
+    FieldError,
     InvalidConfigError,
     LeaderboardStore,
     StoreBusyError,
-    UnknownAlgorithmError,
     UnknownExperimentError,
 )
 from services.leaderboard.updater import (
@@ -170,8 +170,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def busy(_: Request, exc: StoreBusyError) -> Response:
         return error_response(503, str(exc), {"Retry-After": "1"})
 
-    @app.exception_handler(UnknownAlgorithmError)
-    async def unknown_algorithm(_: Request, exc: UnknownAlgorithmError) -> JSONResponse:
+    @app.exception_handler(FieldError)  # an unknown algorithm or parent
+    async def field_error(_: Request, exc: FieldError) -> JSONResponse:
         return JSONResponse(
             {"detail": [{"type": "value_error", "loc": list(exc.loc), "msg": clip(str(exc))}]},
             status_code=422,

@@ -106,7 +106,8 @@ end
 # ARGV: submission_id candidate_id score cand_prefix now fields_json shas_json
 #       parent_id generation algorithm pod_id env_steps
 # Returns {code, answer_json}: 0 = the stored answer of an earlier try, 1 = new answer,
-# -1 = unknown experiment, -2 = algorithm not in the experiment's ensemble.
+# -1 = unknown experiment, -2 = algorithm not in the experiment's ensemble, -3 = parent_id is
+# not a candidate of this experiment (another's, or none: its lineage would point outside it).
 INSERT_LUA = (
     _EVICT_LUA
     + """
@@ -115,6 +116,7 @@ if prior then return {0, prior} end
 local cfg_k = redis.call('HGET', KEYS[1], 'top_k')
 if not cfg_k then return {-1, ''} end
 if redis.call('HEXISTS', KEYS[1], 'algo:' .. ARGV[10]) == 0 then return {-2, ''} end
+if ARGV[8] ~= '' and redis.call('SISMEMBER', KEYS[7], ARGV[8]) == 0 then return {-3, ''} end
 local k = tonumber(cfg_k)
 -- Every decided submission counts toward the experiment's env-step budget, kept or not.
 redis.call('HINCRBY', KEYS[8], 'submissions', 1)
@@ -338,12 +340,23 @@ class StoreBusyError(Exception):
     """503: a transient conflict (a blob being collected, parents evicted under the generator)."""
 
 
-class UnknownAlgorithmError(ValueError):
+class FieldError(ValueError):
+    """A field that validates on its own but not against the stored state (422 naming it)."""
+
+    def __init__(self, message: str, loc: tuple[str, ...]):
+        super().__init__(message)
+        self.loc = loc
+
+
+class UnknownAlgorithmError(FieldError):
     """A result or request names an algorithm outside the experiment's ensemble (422)."""
 
     def __init__(self, message: str, loc: tuple[str, ...] = ("body", "algorithm")):
-        super().__init__(message)
-        self.loc = loc
+        super().__init__(message, loc)
+
+
+class UnknownParentError(FieldError):
+    """A result's ``parent_id`` is not a candidate of its experiment (422)."""
 
 
 class LeaderboardStore:
@@ -474,6 +487,12 @@ class LeaderboardStore:
             raise UnknownAlgorithmError(
                 f"algorithm {algorithm!r} is not in experiment {experiment_id!r}'s ensemble",
                 ("body", "result", "algorithm"),
+            )
+        if code == -3:
+            raise UnknownParentError(
+                f"parent_id {parent_id!r} is not a candidate of experiment {experiment_id!r}: a "
+                "pod's parent is a candidate the leaderboard generated for this experiment",
+                ("body", "result", "parent_id"),
             )
         return code == 0, json.loads(answer)
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import uvicorn
-
+from services.http_server import serve
 from services.logs import configure
 from services.orchestrator.app import create_app
 from services.orchestrator.settings import OrchestratorSettings
@@ -12,7 +11,7 @@ from services.orchestrator.settings import OrchestratorSettings
 def main() -> None:
     configure()
     settings = OrchestratorSettings()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
+    serve(create_app(settings), settings)  # uvicorn with the slow-client limits (http_server)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ from typing import Annotated
 from fastapi import Header, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, Field
 
 from services.contracts.spec import ExperimentSpec, parse_quantity
 from services.http import SPEC_BODY_LIMIT, api_router, body_limit, problems, require_token
 from services.orchestrator import store as st
-from services.orchestrator.models import EventOut, ExperimentOut, State
+from services.orchestrator.models import EndedPodLogOut, EventOut, ExperimentOut, State
 from services.orchestrator.reconciler import Reconciler
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import (
@@ -235,7 +235,9 @@ def experiment_events(
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(404)},
     summary="The last lines of a pod's log",
-    description="Local backend: the pod's log file; Kubernetes: `pods/log` of its containers.",
+    description="Local backend: the pod's log file; Kubernetes: `pods/log` of its containers. "
+    "A pod that has ended and is gone: the last lines the orchestrator kept of it "
+    "(`ended-pods`).",
 )
 def pod_logs(
     exp_id: str,
@@ -245,6 +247,53 @@ def pod_logs(
 ) -> Response:
     _get(_store(request), exp_id)
     text = request.app.state.backend.pod_log_tail(exp_id, pod_id, tail)
+    if not text and (kept := _store(request).pod_log(exp_id, pod_id)) is not None:
+        text = _last_lines(kept.log, tail)
     if not text:
         raise HTTPException(status_code=404, detail=f"no logs for pod {pod_id!r} of {exp_id!r}")
     return PlainTextResponse(text + "\n")
+
+
+def _last_lines(text: str, n: int) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+@router.get(
+    "/experiments/{exp_id}/ended-pods",
+    response_model=list[EndedPodLogOut],
+    responses=problems(404),
+    summary="The last log lines of the experiment's ended pods",
+    description="Kept by the orchestrator when each pod ended (the newest `ended_pod_logs` "
+    "pods, their last `ended_pod_log_lines` lines), in the order they ended, so that they "
+    "outlive the pods; deleted with the experiment.",
+)
+def ended_pods(
+    exp_id: str,
+    request: Request,
+    tail: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> list[EndedPodLogOut]:
+    store = _store(request)
+    _get(store, exp_id)
+    return [
+        EndedPodLogOut(**{**p.model_dump(), "log": _last_lines(p.log, tail)})
+        for p in store.pod_logs(exp_id)
+    ]
+
+
+class PlatformOut(BaseModel):
+    """Where the rest of the platform is, as this orchestrator is configured."""
+
+    leaderboard_url: str | None = Field(
+        description="The leaderboard's URL the pods use (PODIUM_LEADERBOARD_URL); null if none."
+    )
+
+
+@router.get(
+    "/platform",
+    response_model=PlatformOut,
+    summary="Where the rest of the platform is",
+    description="Lets a client given only the orchestrator's URL find the leaderboard "
+    "(`podium export --url …`). Read-only.",
+)
+def platform_info(request: Request) -> PlatformOut:
+    return PlatformOut(leaderboard_url=request.app.state.settings.leaderboard_url)

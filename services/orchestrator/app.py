@@ -33,7 +33,7 @@ log = get_logger(__name__)
 def make_progress_source(settings: OrchestratorSettings) -> ProgressSource:
     if settings.leaderboard_url:
         return LeaderboardProgress(settings.leaderboard_url, settings.leaderboard_token_value())
-    log.warning("no leaderboard_url: target reward and env-step budgets cannot be checked")
+    log.warning("no leaderboard_url: target return and env-step budgets cannot be checked")
     return NoLeaderboard()
 
 

@@ -15,6 +15,7 @@ the leaderboard service through the shared client:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,8 +46,10 @@ class ProgressSource(Protocol):
 
     def delete(self, experiment_id: str) -> None: ...
 
-    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
-        """Pod ids with a decided report after stream id ``after``, and the new cursor."""
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[dict[str, int], str | None]:
+        """Pod ids with a decided report after stream id ``after`` (each with the greatest
+        common divisor of its reports' env steps, 0 when none had any: a pod trains whole
+        batches, so this is a whole number of them), and the new cursor."""
         ...
 
 
@@ -62,8 +65,8 @@ class NoLeaderboard:
     def delete(self, experiment_id: str) -> None:
         return None
 
-    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
-        return set(), after
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[dict[str, int], str | None]:
+        return {}, after
 
 
 def leaderboard_config(spec: ExperimentSpec) -> ExperimentConfig:
@@ -97,7 +100,7 @@ class LeaderboardProgress:
     def delete(self, experiment_id: str) -> None:
         self.client.delete(experiment_id)
 
-    def reporters(self, experiment_id: str, after: str | None) -> tuple[set[str], str | None]:
+    def reporters(self, experiment_id: str, after: str | None) -> tuple[dict[str, int], str | None]:
         """From the submission log (``GET …/submissions``): the cursor returned is that of the
         last full page read, since the log gives one for full pages only; the caller keeps the
         union, so the partial page read again next time adds nothing twice."""
@@ -105,9 +108,12 @@ class LeaderboardProgress:
             log_, cursor = self.client.submissions_since(experiment_id, after, page=1000)
         except LeaderboardError as exc:
             if exc.status == 404:
-                return set(), after
+                return {}, after
             raise
-        return {s.pod_id for s in log_.submissions}, cursor
+        steps: dict[str, int] = {}
+        for sub in log_.submissions:
+            steps[sub.pod_id] = math.gcd(steps.get(sub.pod_id, 0), sub.env_steps)
+        return steps, cursor
 
     def close(self) -> None:
         self.client.close()

@@ -39,6 +39,23 @@ class PodOut(BaseModel):
     )
 
 
+class EndedPodLogOut(BaseModel):
+    """An ended pod's last log lines, kept by the orchestrator after the pod is gone."""
+
+    pod_id: str
+    phase: str = Field(
+        description="How it ended: Succeeded or Failed; Running: a pod whose lines were read "
+        "as it was asked to stop, on a backend that forgets stopped pods (Kubernetes)."
+    )
+    stopped: bool = Field(
+        description="It was asked to stop (scaled in, or its experiment ended or was paused)."
+    )
+    reason: str | None = Field(default=None, description="e.g. `exit code 3`, `OOMKilled`.")
+    algorithm: str | None = None
+    ended_at: float = Field(description="When the orchestrator saw it end (epoch seconds).")
+    log: str = Field(description="Its last lines (the `tail` asked for, of those kept).")
+
+
 class ProgressOut(BaseModel):
     env_steps: int | None = None
     total_env_steps: int | None = None
@@ -47,7 +64,7 @@ class ProgressOut(BaseModel):
     pods_launched: int = 0
     pods_budget: int | None = None
     best_score: float | None = None
-    target_reward: float | None = None
+    target_return: float | None = None
 
 
 class ExperimentOut(BaseModel):
@@ -82,36 +99,36 @@ class ExperimentOut(BaseModel):
                 spec=exp.spec,
             )
         s = exp.status
-        best = s.get("best")
-        best_score = best.get("score") if isinstance(best, dict) else None
-        started = s.get("started_at")
-        end = s.get("finished_at") or time.time()
+        best = s.best
+        best_score = best.get("score") if best else None
+        started = s.started_at
+        end = s.finished_at or time.time()
         spec = exp.spec
         return cls(
             id=exp.id,
             name=spec.name,
             state=exp.state,  # type: ignore[arg-type]
-            reason=s.get("reason"),
+            reason=s.reason,
             priority=spec.priority,
             created_at=exp.created_at,
             started_at=started,
-            finished_at=s.get("finished_at"),
-            desired_pods=s.get("desired_pods", 0),
-            pods=[PodOut(**p) for p in s.get("pods", [])],
+            finished_at=s.finished_at,
+            desired_pods=s.desired_pods,
+            pods=[PodOut(**p.model_dump()) for p in s.pods],
             best_score=best_score,
             best=best,
             progress=ProgressOut(
-                env_steps=s.get("env_steps"),
+                env_steps=s.env_steps,
                 total_env_steps=spec.budget.total_env_steps,
                 elapsed_s=(end - started) if started else None,
                 wall_time_s=spec.budget.wall_time_s,
-                pods_launched=s.get("pods_launched", 0),
+                pods_launched=s.pods_launched,
                 pods_budget=spec.budget.pods_launched,
                 best_score=best_score,
-                target_reward=spec.target_reward,
+                target_return=spec.target_return,
             ),
-            last_failure=s.get("last_failure"),
-            result=s.get("result"),
+            last_failure=s.last_failure.model_dump() if s.last_failure else None,
+            result=s.result.model_dump(exclude_unset=True) if s.result else None,
             spec=spec,
         )
 

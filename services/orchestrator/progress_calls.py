@@ -5,15 +5,24 @@ A pass asks for what it needs (an experiment's progress, a registration, a delet
 at once what is known; the call itself runs on a small thread pool (one call per experiment
 and kind in flight at most), and its answer wakes the reconciler. So a leaderboard that hangs
 or is down costs a pass nothing: pods are still replaced and scaled, and only what needs the
-leaderboard's answer (the target reward, the env-step budget, the first pods of a new
+leaderboard's answer (the target return, the env-step budget, the first pods of a new
 experiment) waits for it. After ``failure_threshold`` failures in a row the breaker
 (``circuitbreaker``, which unlike pybreaker does not serialise calls under a lock) opens and
 calls fail at once until ``recovery_timeout`` has passed; 4xx answers are answers, not
 failures.
+
+A failed call is not asked again at once: each experiment's calls back off (``retry_delay``:
+doubling from the poll interval up to the breaker's recovery timeout, jittered, and never
+before an open breaker lets calls through), and a failure wakes the reconciler only when a
+pass waits on it. Otherwise a failure, answered at once by an open breaker, would wake a pass
+that asks again at once: the loop would spin (thousands of passes a second) for as long as
+the leaderboard is down, and on after it is back.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -43,11 +52,17 @@ class _Board:
     progress: Progress | None = None
     asked_at: float = 0.0  # when the request behind ``progress`` was sent (monotonic)
     failed_at: float = 0.0  # when the last request that failed was sent
-    reporters: set[str] = field(default_factory=set)  # pods with a decided report
+    #: Pods with a decided report → the gcd of their reports' env steps (whole batches).
+    reporters: dict[str, int] = field(default_factory=dict)
     cursor: str | None = None  # submission-log cursor of ``reporters``
     inflight: bool = False  # a progress request is sent and not answered yet
     awaited: bool = False  # a pass waits for an answer newer than some time: wake it
+    failures: int = 0  # progress requests failed in a row
+    retry_at: float = 0.0  # no progress request before this (monotonic): backing off
     registered: Future[Any] | None = None
+    register_failures: int = 0  # registrations failed in a row
+    register_error: BaseException | None = None  # the last registration's failure
+    register_retry_at: float = 0.0  # no registration request before this (monotonic)
 
 
 class ProgressCalls:
@@ -57,10 +72,15 @@ class ProgressCalls:
         workers: int,
         breaker: circuitbreaker.CircuitBreaker,
         wake: Callable[[], None],
+        min_retry_s: float = 0.1,
+        max_retry_s: float = 10.0,
     ):
         self.source = source
         self.breaker = breaker
         self.wake = wake
+        # A failed call is made again after min_retry_s, doubling up to max_retry_s (the
+        # breaker's recovery timeout), jittered so experiments do not retry in lockstep.
+        self.min_retry_s, self.max_retry_s = min_retry_s, max_retry_s
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="leaderboard")
         self._lock = threading.Lock()
         self._boards: dict[str, _Board] = {}
@@ -72,26 +92,43 @@ class ProgressCalls:
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.breaker.decorate(fn)(*args)  # raises CircuitBreakerError while open
 
+    def retry_delay(self, failures: int) -> float:
+        """Seconds before a call that failed ``failures`` times in a row is made again."""
+        base = min(self.max_retry_s, self.min_retry_s * 2 ** min(failures - 1, 30))
+        delay = base * random.uniform(0.5, 1.0)
+        # While the breaker is open a call fails at once without reaching the leaderboard.
+        return max(delay, self.breaker.open_remaining if self.breaker.opened else 0.0)
+
     # -- progress ----------------------------------------------------------------------------
-    def _fetch(self, exp_id: str, board: _Board, asked_at: float, unknown: bool) -> None:
+    def _fetch(self, exp_id: str, board: _Board, asked_at: float, read_log: bool) -> None:
         try:
             prog = self._call(self.source.progress, exp_id)
-            pods, cursor = set(), board.cursor
-            if unknown:  # the submission log is read only while a live pod has no report
+            pods: dict[str, int] = {}
+            cursor = board.cursor
+            if read_log:
                 pods, cursor = self._call(self.source.reporters, exp_id, board.cursor)
         except Exception as e:
             board.failed_at = asked_at
+            board.failures += 1
+            board.retry_at = time.monotonic() + self.retry_delay(board.failures)
             if not isinstance(e, circuitbreaker.CircuitBreakerError):
                 log.warning("leaderboard progress unavailable", experiment=exp_id, error=str(e))
+            changed = False  # nothing new is known: only a pass waiting for it is woken
         else:
-            changed = prog != board.progress or not pods <= board.reporters
+            merged = {
+                pod: math.gcd(board.reporters.get(pod, 0), steps) for pod, steps in pods.items()
+            }
+            changed = prog != board.progress or any(
+                board.reporters.get(pod) != steps for pod, steps in merged.items()
+            )
             board.progress, board.asked_at = prog, asked_at
-            board.reporters |= pods
+            board.reporters = {**board.reporters, **merged}  # rebound: read by other threads
             board.cursor = cursor
-            if not changed and not board.awaited:
-                return
+            board.failures, board.retry_at = 0, 0.0
         finally:
             board.inflight = False
+        if not changed and not board.awaited:
+            return
         board.awaited = False
         self.wake()
 
@@ -101,13 +138,15 @@ class ProgressCalls:
         max_age_s: float,
         since: float | None = None,
         pods: Iterable[str] = (),
+        batches: bool = False,
     ) -> tuple[Progress, bool]:
         """The last known progress (empty when none yet), and whether it is settled: an answer
         (or a failure) to a request sent at or after ``since`` (monotonic) is in.
 
-        Sends a request when the last answer is older than ``max_age_s`` or than ``since``;
-        it also reads which pods have reported while one of ``pods`` (the live ones) is not
-        known to have.
+        Sends a request when the last answer is older than ``max_age_s`` or than ``since``,
+        unless backing off after a failure; it also reads the submission log (which pods
+        have reported, ``batch``) while one of ``pods`` (the live ones) is not known to have,
+        or always with ``batches`` (an experiment with an env-step budget).
         """
         board = self._board(exp_id)
         now = time.monotonic()
@@ -115,12 +154,18 @@ class ProgressCalls:
         settled = since is None or last >= since
         stale = now - board.asked_at >= max_age_s or not settled
         board.awaited = board.awaited or not settled
-        if stale and not board.inflight:
+        if stale and not board.inflight and now >= board.retry_at:
             # Marked before it is sent: the answer may come before submit returns.
             board.inflight = True
-            unknown = any(not self.reported(exp_id, p) for p in pods)
-            self._pool.submit(self._fetch, exp_id, board, now, unknown)
+            read_log = batches or any(not self.reported(exp_id, p) for p in pods)
+            self._pool.submit(self._fetch, exp_id, board, now, read_log)
         return board.progress or Progress(), settled
+
+    def batch(self, exp_id: str) -> int | None:
+        """Env steps one agent trains per step, as far as the reports show: the largest over
+        the pods of the gcd of each one's reports (at least its batch: every report is a whole
+        number of batches). None before any report with steps."""
+        return max(self._board(exp_id).reporters.values(), default=0) or None
 
     def reported(self, exp_id: str, pod_id: str) -> bool:
         """Whether the pod had a report decided by the leaderboard (as far as known now); a
@@ -135,12 +180,20 @@ class ProgressCalls:
         board = self._board(exp_id)
         fut = board.registered
         if fut is None:
+            if board.register_error is not None and time.monotonic() < board.register_retry_at:
+                raise board.register_error  # backing off: the last failure stands
             board.registered = self._pool.submit(self._register, exp_id, spec)
             return False
         if not fut.done():
             return False
         board.registered = None
-        fut.result()  # raises the call's error
+        error = fut.exception()
+        if error is not None:
+            board.register_failures += 1
+            board.register_error = error
+            board.register_retry_at = time.monotonic() + self.retry_delay(board.register_failures)
+            raise error
+        board.register_failures, board.register_error = 0, None
         return True
 
     def _register(self, exp_id: str, spec: ExperimentSpec) -> None:

@@ -8,7 +8,7 @@ label and adopts them (never starts duplicates), and terminates pods no experime
 1. Hands in finished pods once each (``Store.mark_handled``): a failure raises the experiment's
    consecutive-failure count and schedules the replacement after an exponential backoff; too
    many consecutive failures fail the experiment with the last reason and log lines.
-2. Reads progress from the leaderboard and ends experiments at their target reward, budget,
+2. Reads progress from the leaderboard and ends experiments at their target return, budget,
    cancel or pause (every pod gets SIGTERM, reports, then exits).
 3. Allocates capacity with ``scheduler.allocate`` (strict priority, min pods or nothing, fair
    share) and creates or gracefully terminates pods toward each target.
@@ -23,6 +23,7 @@ in progress_calls.py already.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -30,7 +31,6 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from services.api_client import ServiceError
 from services.contracts.spec import ExperimentSpec
@@ -40,16 +40,16 @@ from services.orchestrator import store as st
 from services.orchestrator.backends.base import BAD_INPUT_EXIT, Backend, PodInfo, PodRequest
 from services.orchestrator.leaderboard_client import Progress, ProgressSource
 from services.orchestrator.progress_calls import ProgressCalls, make_breaker
-from services.orchestrator.scheduler import (
-    Demand,
-    Res,
-    allocate,
-    assign_algorithms,
-    backoff_delay,
-    launchable,
-    scale_in,
-)
+from services.orchestrator.scaling import ScalePlan, plan_scale
+from services.orchestrator.scheduler import Demand, Res, allocate, backoff_delay
 from services.orchestrator.settings import OrchestratorSettings
+from services.orchestrator.status import (
+    EndedPodLog,
+    ExperimentResult,
+    ExperimentStatus,
+    LastFailure,
+    PodStatus,
+)
 from services.orchestrator.store import Experiment, Store
 
 log = get_logger(__name__)
@@ -57,31 +57,21 @@ log = get_logger(__name__)
 #: How long a new pod of an experiment with an env-step budget waits for the leaderboard to
 #: count the steps of the pods that just ended (its allowance is computed from that count).
 STEPS_SETTLE_S = 2.0
+#: Lines of a failed pod's log in its experiment's ``last_failure``.
+FAILURE_TAIL_LINES = 5
 
 
 def pod_resources(spec: ExperimentSpec) -> Res:
     return Res(spec.resources.cpu, spec.resources.gpus, spec.resources.memory_bytes)
 
 
-def env_step_allowance(
-    spec: ExperimentSpec, status: dict[str, Any], active: list[str], target: int
-) -> int | None:
-    """Env steps each pod started now may take (``PODIUM_MAX_ENV_STEPS``); None without an
-    env-step budget, <= 0 when running pods hold all that is left.
-
-    What is left of the budget (total minus what the leaderboard has counted, minus the
-    allowances running pods were given, counted whole since their reports so far are already
-    in the total) is split evenly over the pods still to start toward the target. The pods
-    alive at once can then never take more than the budget together; a pod cuts its round at
-    its allowance, reports and exits 0, and its replacement gets a share of what is left.
-    """
-    total = spec.budget.total_env_steps
-    if total is None:
-        return None
-    held = status.get("allowances") or {}
-    committed = sum(v for k, v in held.items() if k in active)
-    sharing = max(1, target - sum(1 for k in active if k in held))
-    return (total - (status.get("env_steps") or 0) - committed) // sharing
+def last_bytes(text: str, limit: int) -> str:
+    """The end of ``text``, at most ``limit`` bytes of UTF-8, starting at a whole line."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    tail = data[-limit:].decode(errors="ignore")
+    return tail.partition("\n")[2] if "\n" in tail else tail
 
 
 def failure_line(tail: str) -> str | None:
@@ -124,11 +114,14 @@ class Reconciler:
                 settings.leaderboard_breaker_failures, settings.leaderboard_breaker_reset_s
             ),
             self.wake,
+            min_retry_s=max(0.1, settings.progress_poll_s),
+            max_retry_s=settings.leaderboard_breaker_reset_s,
         )
         self._final_since: dict[str, float] = {}  # experiment → when its last pod was gone
         self._ended_at: dict[str, float] = {}  # experiment → when a pod of it last ended
         self._next_launch: float | None = None  # the earliest backoff end seen in a pass
         self._created: dict[str, list[PodInfo]] = {}  # pods created this pass, per experiment
+        self._creates_left = settings.create_per_pass  # pods this pass may still create
         self._pool = ThreadPoolExecutor(settings.create_concurrency, thread_name_prefix="create")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -175,6 +168,7 @@ class Reconciler:
     def reconcile_once(self) -> None:
         now = time.time()
         self._next_launch = None
+        self._creates_left = self.settings.create_per_pass
         # Only experiments with work left (not ended and finalized): finished ones cost nothing.
         exps: dict[str, Experiment] = {}
         invalid: dict[str, Experiment] = {}
@@ -194,11 +188,11 @@ class Reconciler:
                     else:
                         self.backend.remove_pod(exp_id, p.pod_id)
 
-        statuses: dict[str, dict[str, Any]] = {}
+        statuses: dict[str, ExperimentStatus] = {}
         demands: list[Demand] = []
         for exp in exps.values():
             ps = by_exp.get(exp.id, [])
-            status = dict(exp.status)
+            status = exp.status.model_copy(deep=True)
             self._hand_in_finished(exp, ps, status, now)
             live = [p for p in ps if p.live]
             if exp.intent == st.DELETE:
@@ -207,7 +201,8 @@ class Reconciler:
                     self._delete(exp)
                 continue
             self._check_end(exp, status, now, live)
-            if status["state"] in st.TERMINAL or status["state"] == st.PAUSED:
+            if status.state in st.TERMINAL or status.state == st.PAUSED:
+                status.desired_pods = 0  # it wants none now ("0 running, 2 wanted" was wrong)
                 self._stop_all(exp, live)
                 self._finalize(exp, status, live)
                 self._save(exp, status, ps)
@@ -236,19 +231,23 @@ class Reconciler:
         for d in sorted(demands, key=lambda d: (-d.priority, d.created_at)):
             exp, status = exps[d.experiment_id], statuses[d.experiment_id]
             live = [p for p in by_exp.get(exp.id, []) if p.live]
-            free = self._scale(exp, status, live, alloc.pods[exp.id], d.per_pod, free, now)
+            free, why = self._scale(exp, status, live, alloc.pods[exp.id], d.per_pod, free)
+            created = self._created.pop(exp.id, [])
+            ps = by_exp.get(exp.id, []) + created
+            if status.state in st.TERMINAL:  # ended while scaling (the budget, the leaderboard)
+                self._stop_all(exp, [p for p in ps if p.live])
+                self._save(exp, status, ps)
+                continue
             active = [p for p in live if not p.terminating]
-            if status.get("launch_reason"):
-                reason = status.pop("launch_reason")
+            reason = why or alloc.pending_reason.get(exp.id)
+            if active or any(p.live for p in created):
+                status.state, status.reason = st.RUNNING, reason
+                if status.started_at is None:
+                    status.started_at = now
             else:
-                reason = alloc.pending_reason.get(exp.id)
-            if active or any(p.live for p in self._created.get(exp.id, [])):
-                status["state"], status["reason"] = st.RUNNING, reason
-                status.setdefault("started_at", now)
-            else:
-                status["state"] = st.PENDING
-                status["reason"] = reason or "starting pods"
-            self._save(exp, status, by_exp.get(exp.id, []) + self._created.pop(exp.id, []))
+                status.state = st.PENDING
+                status.reason = reason or "starting pods"
+            self._save(exp, status, ps)
 
         self._update_gauges(pods)
         self.passes += 1
@@ -266,7 +265,7 @@ class Reconciler:
             if exp.intent == st.DELETE:
                 for p in live:
                     if not p.terminating:
-                        self._terminate(p, exp.id)
+                        self._terminate(p, exp.id, keep_log=False)
                 if not live:
                     self._delete(exp)
             elif exp.id not in self._invalid_seen:
@@ -274,54 +273,79 @@ class Reconciler:
         self._invalid_seen = set(invalid)
 
     def _hand_in_finished(
-        self, exp: Experiment, ps: list[PodInfo], status: dict[str, Any], now: float
+        self, exp: Experiment, ps: list[PodInfo], status: ExperimentStatus, now: float
     ) -> None:
         # A pod started after the last failure that has stayed up long enough proves the
         # experiment is not crash-looping (older pods prove nothing about the replacements).
         healthy_after = self.settings.pod_healthy_after_s
         # (1 s of slack: Kubernetes creation timestamps have whole-second resolution.)
-        since = status.get("last_failure_at", 0.0) - 1.0
-        if status.get("consecutive_failures") and any(
+        since = (status.last_failure_at or 0.0) - 1.0
+        if status.consecutive_failures and any(
             p.live and p.created_at > since and now - p.created_at >= healthy_after for p in ps
         ):
-            status["consecutive_failures"] = 0
+            status.consecutive_failures = 0
         for p in ps:
             if p.live:
                 continue
+            # Before the backend forgets the pod (and its log); nobody asks for a deleted one's.
+            tail = self._keep_log(exp.id, p) if exp.intent != st.DELETE else ""
             if self.store.mark_handled(exp.id, p.pod_id):
                 if exp.spec.budget.total_env_steps is not None:
                     self._ended_at[exp.id] = time.monotonic()  # see _steps_counted
-                ended = status.get("state") in st.TERMINAL  # possibly earlier in this pass
+                ended = status.state in st.TERMINAL  # possibly earlier in this pass
                 if p.terminating:
                     self.store.event(exp.id, "pod_stopped", f"pod stopped ({p.reason})", p.pod_id)
                 elif p.phase == "Failed" and ended:
                     self.store.event(exp.id, "pod_failed", f"pod failed: {p.reason}", p.pod_id)
                 elif p.phase == "Failed":
-                    self._pod_failed(exp, p, status, now)
+                    self._pod_failed(exp, p, status, now, tail)
                 else:
                     if not ended:
-                        status["consecutive_failures"] = 0
+                        status.consecutive_failures = 0
                     self.store.event(exp.id, "pod_completed", "pod finished", p.pod_id)
             self.backend.remove_pod(exp.id, p.pod_id)
 
-    def _pod_failed(self, exp: Experiment, p: PodInfo, status: dict[str, Any], now: float) -> None:
+    def _keep_log(self, exp_id: str, p: PodInfo) -> str:
+        """An ended pod's last log lines, kept with its experiment (``ended_pod_logs`` pods at
+        most) so that they outlive the pod: `podium logs` of an ended experiment shows them."""
+        s = self.settings
+        if not s.ended_pod_logs:
+            if p.phase != "Failed":
+                return ""
+            return self.backend.pod_log_tail(exp_id, p.pod_id, lines=FAILURE_TAIL_LINES)
+        tail = self.backend.pod_log_tail(exp_id, p.pod_id, lines=s.ended_pod_log_lines)
+        record = EndedPodLog(
+            pod_id=p.pod_id,
+            phase=p.phase,
+            stopped=p.terminating,
+            reason=p.reason,
+            algorithm=p.algorithm,
+            ended_at=time.time(),
+            log=last_bytes(tail, s.ended_pod_log_bytes),
+        )
+        self.store.keep_pod_log(exp_id, record, s.ended_pod_logs)
+        return tail
+
+    def _pod_failed(
+        self, exp: Experiment, p: PodInfo, status: ExperimentStatus, now: float, log_tail: str
+    ) -> None:
         metrics.PODS_FAILED.inc()
-        tail = self.backend.pod_log_tail(exp.id, p.pod_id, lines=5)
+        tail = "\n".join(log_tail.splitlines()[-FAILURE_TAIL_LINES:])
         last = p.reason or "failed"
         line = failure_line(tail)
-        status["last_failure"] = {"pod_id": p.pod_id, "reason": last, "log_tail": tail}
+        status.last_failure = LastFailure(pod_id=p.pod_id, reason=last, log_tail=tail)
         if p.exit_code == BAD_INPUT_EXIT:
             # The pod said its input can never work: another pod would say the same.
             why = line or last
             self.store.event(exp.id, "pod_failed", f"pod refused its input: {why}", p.pod_id)
             self._end(exp, status, st.FAILED, f"a pod refused its input (exit code 2): {why}", now)
             return
-        status["to_replace"] = [*status.get("to_replace", []), p.pod_id]
+        status.to_replace = [*status.to_replace, p.pod_id]
         # An outside stop (eviction, preemption, a node lost, a kill) of a pod that had done
         # its work is not a crash loop: replaced at once and not counted.
         if p.disruption or self.calls.reported(exp.id, p.pod_id):
-            status["consecutive_failures"] = 0
-            status.pop("next_launch_at", None)
+            status.consecutive_failures = 0
+            status.next_launch_at = None
             why = p.disruption or "it had reported to the leaderboard"
             self.store.event(
                 exp.id,
@@ -333,11 +357,11 @@ class Reconciler:
             return
         # A pod that ran long enough before failing starts a new count: it was not crash-looping.
         young = now - p.created_at < self.settings.pod_healthy_after_s
-        n = status.get("consecutive_failures", 0) + 1 if young else 1
-        status["consecutive_failures"] = n
+        n = status.consecutive_failures + 1 if young else 1
+        status.consecutive_failures = n
         delay = backoff_delay(n, self.settings.backoff_initial_s, self.settings.backoff_max_s)
-        status["next_launch_at"] = now + delay
-        status["last_failure_at"] = now
+        status.next_launch_at = now + delay
+        status.last_failure_at = now
         self.store.event(
             exp.id,
             "pod_failed",
@@ -355,16 +379,19 @@ class Reconciler:
                 now,
             )
 
-    def _record_progress(self, exp: Experiment, status: dict[str, Any], prog: Progress) -> None:
+    def _record_progress(self, exp: Experiment, status: ExperimentStatus, prog: Progress) -> None:
         if prog.best is not None:
-            status["best"] = prog.best
+            status.best = prog.best
         if prog.env_steps is not None:
-            status["env_steps"] = prog.env_steps
+            status.env_steps = prog.env_steps
+        batch = self.calls.batch(exp.id)
+        if batch is not None:  # per agent in the reports; a pod steps all its agents at once
+            status.batch_env_steps = batch * exp.spec.population.agents_per_pod
 
     def _check_end(
-        self, exp: Experiment, status: dict[str, Any], now: float, live: list[PodInfo]
+        self, exp: Experiment, status: ExperimentStatus, now: float, live: list[PodInfo]
     ) -> None:
-        state = status.get("state", st.PENDING)
+        state = status.state
         if state in st.TERMINAL:
             return
         if exp.intent == st.CANCEL:
@@ -372,29 +399,32 @@ class Reconciler:
             return
         if exp.intent == st.PAUSE:
             if state != st.PAUSED:
-                status.update(state=st.PAUSED, reason="paused by request")
+                status.state, status.reason = st.PAUSED, "paused by request"
                 self.store.event(exp.id, "paused", "experiment paused; stopping its pods")
             return
         if state == st.PAUSED:  # intent is run again
-            status.update(state=st.PENDING, reason="resumed")
+            status.state, status.reason = st.PENDING, "resumed"
             self.store.event(exp.id, "resumed", "experiment resumed")
         spec = exp.spec
-        if status.get("registered"):
+        if status.registered:
             # The last known progress: a pass never waits on the leaderboard.
             pods = [p.pod_id for p in live]
-            prog, _ = self.calls.progress(exp.id, self.settings.progress_poll_s, pods=pods)
+            budget = spec.budget.total_env_steps is not None  # allowances in whole batches
+            prog, _ = self.calls.progress(
+                exp.id, self.settings.progress_poll_s, pods=pods, batches=budget
+            )
             self._record_progress(exp, status, prog)
         # The target first: met, the experiment succeeded whatever else ran out meanwhile.
         score = self._target_met(exp, status)
         if score is not None:
-            target = spec.target_reward
+            target = spec.target_return
             self.store.event(
                 exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
             )
-            self._end(exp, status, st.SUCCEEDED, f"target reward {target:g} reached", now)
+            self._end(exp, status, st.SUCCEEDED, f"target return {target:g} reached", now)
             return
         budget = spec.budget
-        steps = status.get("env_steps")
+        steps = status.env_steps
         if budget.total_env_steps is not None and (steps or 0) >= budget.total_env_steps:
             self._end(
                 exp,
@@ -404,7 +434,7 @@ class Reconciler:
                 now,
             )
             return
-        started = status.get("started_at")
+        started = status.started_at
         if budget.wall_time_s is not None and now - (started or now) >= budget.wall_time_s:
             self._end(
                 exp,
@@ -414,7 +444,7 @@ class Reconciler:
                 now,
             )
             return
-        launched = status.get("pods_launched", 0)
+        launched = status.pods_launched
         if budget.pods_launched is not None and launched >= budget.pods_launched and not live:
             self._end(
                 exp,
@@ -424,62 +454,62 @@ class Reconciler:
                 now,
             )
 
-    def _target_met(self, exp: Experiment, status: dict[str, Any]) -> float | None:
-        """The best score when it meets the spec's target reward, else None."""
+    def _target_met(self, exp: Experiment, status: ExperimentStatus) -> float | None:
+        """The best score when it meets the spec's target return, else None."""
         spec = exp.spec
-        best = status.get("best")
-        score = best.get("score") if isinstance(best, dict) else None
-        target = spec.target_reward
+        score = status.best_score
+        target = spec.target_return
         if target is None or score is None:
             return None
         reached = score >= target if spec.evaluation.higher_is_better else score <= target
         return float(score) if reached else None
 
-    def _target_met_at_the_end(self, exp: Experiment, status: dict[str, Any]) -> None:
+    def _target_met_at_the_end(self, exp: Experiment, status: ExperimentStatus) -> None:
         """A budget ran out while the report that met the target was still on its way (the
         final reports come in after the end): the experiment met its target, so it says so."""
-        if status["state"] != st.BUDGET_EXHAUSTED:
+        if status.state != st.BUDGET_EXHAUSTED:
             return
         score = self._target_met(exp, status)
         if score is not None:
-            target = exp.spec.target_reward
+            target = exp.spec.target_return
             self.store.event(
                 exp.id, "target_reached", f"best score {score:g} reached target {target:g}"
             )
-            status.update(state=st.SUCCEEDED, reason=f"target reward {target:g} reached")
-            self.store.event(exp.id, st.SUCCEEDED, status["reason"])
+            status.state, status.reason = st.SUCCEEDED, f"target return {target:g} reached"
+            self.store.event(exp.id, st.SUCCEEDED, status.reason)
 
     def _end(
-        self, exp: Experiment, status: dict[str, Any], state: str, reason: str, now: float
+        self, exp: Experiment, status: ExperimentStatus, state: str, reason: str, now: float
     ) -> None:
-        status.update(state=state, reason=reason, finished_at=now, finalized=False)
+        status.state, status.reason = state, reason
+        status.finished_at, status.finalized = now, False
         self.store.event(exp.id, state, reason)
         log.info("experiment ended", experiment=exp.id, state=state, reason=reason)
 
-    def _finalize(self, exp: Experiment, status: dict[str, Any], live: list[PodInfo]) -> None:
+    def _finalize(self, exp: Experiment, status: ExperimentStatus, live: list[PodInfo]) -> None:
         """After the end, keep reading progress until the pods' final reports are in."""
-        if status["state"] not in st.TERMINAL or status.get("finalized"):
+        if status.state not in st.TERMINAL or status.finalized:
             return
         since = None
         if not live:
             since = self._final_since.setdefault(exp.id, time.monotonic())
         settled = True
-        if status.get("registered"):
+        if status.registered:
             # Once the last pod is gone, one answer asked after that (so its final report
             # counts), or a failure to get one.
             prog, settled = self.calls.progress(exp.id, self.settings.progress_poll_s, since)
             self._record_progress(exp, status, prog)
             self._target_met_at_the_end(exp, status)
         if not live and settled:
-            status["finalized"] = True
-            status["result"] = {
-                "state": status["state"],
-                "reason": status.get("reason"),
-                "best": status.get("best"),
-                "env_steps": status.get("env_steps"),
-                "pods_launched": status.get("pods_launched", 0),
-                "finished_at": status.get("finished_at"),
-            }
+            status.finalized = True
+            status.result = ExperimentResult(
+                state=status.state,
+                reason=status.reason,
+                best=status.best,
+                env_steps=status.env_steps,
+                pods_launched=status.pods_launched,
+                finished_at=status.finished_at,
+            )
             self._final_since.pop(exp.id, None)
             self._ended_at.pop(exp.id, None)
             self.calls.forget(exp.id)
@@ -487,9 +517,17 @@ class Reconciler:
     def _stop_all(self, exp: Experiment, live: list[PodInfo]) -> None:
         for p in live:
             if not p.terminating:
-                self._terminate(p, exp.id)
+                self._terminate(p, exp.id, keep_log=exp.intent != st.DELETE)
 
-    def _terminate(self, p: PodInfo, exp_id: str | None) -> None:
+    def _terminate(self, p: PodInfo, exp_id: str | None, keep_log: bool = True) -> None:
+        if keep_log and exp_id and self.backend.forgets_stopped_pods and p.phase == "Running":
+            # Its lines up to the stop: this backend's pod may be gone, log and all, before a
+            # pass sees it ended (then its record is replaced by the full one). Best effort:
+            # a log that cannot be read or kept never delays the stop.
+            try:
+                self._keep_log(exp_id, dataclasses.replace(p, terminating=True))
+            except Exception as e:
+                log.warning("pod log not kept", experiment=exp_id, pod=p.pod_id, error=str(e))
         self.backend.terminate_pod(p.experiment_id, p.pod_id, self.settings.termination_grace_s)
         p.terminating = True
         metrics.PODS_TERMINATED.inc()
@@ -499,63 +537,86 @@ class Reconciler:
     def _scale(
         self,
         exp: Experiment,
-        status: dict[str, Any],
+        status: ExperimentStatus,
         live: list[PodInfo],
         target: int,
         per_pod: Res,
         free: Res,
-        now: float,
-    ) -> Res:
-        active = sorted((p for p in live if not p.terminating), key=lambda p: p.created_at)
-        if target != status.get("desired_pods"):
+    ) -> tuple[Res, str | None]:
+        """Plan (scaling.plan_scale) and apply: the free capacity left, and why fewer pods than
+        the target run (None: no reason of this experiment's own)."""
+        if target != status.desired_pods:
             self.store.event(
                 exp.id,
                 "scaled",
-                f"desired pods {status.get('desired_pods', 0)} -> {target} (capacity and priority)",
+                f"desired pods {status.desired_pods} -> {target} (capacity and priority)",
             )
-            status["desired_pods"] = target
-        if len(active) > target:
-            # Newest first: they have trained least; in an ensemble, of the algorithm furthest
-            # above its share. SIGTERM lets each report before exiting.
-            running = [p.algorithm for p in active]
-            for i in scale_in(exp.spec.algorithms, running, len(active) - target):
-                p = active[i]
-                self._terminate(p, exp.id)
-                self.store.event(exp.id, "pod_scaled_in", "pod stopped to free capacity", p.pod_id)
-            return free
-        if len(active) == target:
-            return free
+            status.desired_pods = target
         # The time now, not the pass's start: a backoff that ended during a slow pass does not
         # wait for another pass (and the loop wakes when the earliest backoff ends).
-        wait = status.get("next_launch_at", 0) - time.time()
-        if wait > 0:
-            status["launch_reason"] = f"backing off {wait:.1f}s after a pod failure"
-            nxt = status["next_launch_at"]
-            self._next_launch = nxt if self._next_launch is None else min(self._next_launch, nxt)
-            return free
-        n = launchable(target, len(active), per_pod, free)
-        budget = exp.spec.budget.pods_launched
-        if budget is not None:
-            n = min(n, max(0, budget - status.get("pods_launched", 0)))
-            if n == 0 and status.get("pods_launched", 0) >= budget:
-                status["launch_reason"] = f"pod budget reached ({budget} launched)"
-                return free
-        if n and not self._steps_counted(exp, status):
-            return free
-        allowance = env_step_allowance(exp.spec, status, [p.pod_id for p in active], target)
-        if n and allowance is not None and allowance <= 0:
-            status["launch_reason"] = "the env-step budget left is held by the running pods"
-            return free
-        if n and not self._register(exp, status):
-            return free
+        plan = plan_scale(exp.spec, status, live, target, per_pod, free, time.time())
+        if plan.create or plan.end:
+            # New pods' allowances (and an end for a budget spent) need the ended pods' steps
+            # counted: wait for that, then plan again with the count.
+            waiting = self._steps_counted(exp, status)
+            if waiting:
+                return free, waiting
+            plan = plan_scale(exp.spec, status, live, target, per_pod, free, time.time())
+        return self._apply(exp, status, plan, live, per_pod, free)
+
+    def _apply(
+        self,
+        exp: Experiment,
+        status: ExperimentStatus,
+        plan: ScalePlan,
+        live: list[PodInfo],
+        per_pod: Res,
+        free: Res,
+    ) -> tuple[Res, str | None]:
+        """The plan's side effects: pods stopped or created, events; see ``_scale``."""
+        if plan.wake_at is not None:
+            self._wake_at(plan.wake_at)
+        if plan.end is not None:
+            self._end(exp, status, *plan.end, time.time())
+            return free, None
+        by_id = {p.pod_id: p for p in live}
+        for pod_id in plan.stop:
+            self._terminate(by_id[pod_id], exp.id)
+            self.store.event(exp.id, "pod_scaled_in", "pod stopped to free capacity", pod_id)
+        if not plan.create:
+            active = sum(1 for p in live if not p.terminating)
+            if plan.reason is None and active < plan.target:
+                return free, f"{active}/{plan.target} pods; waiting for resources to be released"
+            return free, plan.reason
+        registering = self._register(exp, status)
+        if registering:
+            return free, registering
+        # At most ``create_per_pass`` creates per pass, the rest by the next pass, at once: one
+        # pass creating 1,000 pods took 2-5 s, and nothing else was reconciled meanwhile.
+        bounded = len(plan.create) > self._creates_left
+        if bounded:
+            plan = dataclasses.replace(plan, create=plan.create[: self._creates_left])
+        created, failure = self._create(exp, status, plan, per_pod) if plan.create else (0, None)
+        if bounded and failure is None:  # after a failed create, the timer: no retry storm
+            self._wake_at(time.time())
+        free = free - per_pod.times(created)
+        active = sum(1 for p in live if not p.terminating) + created
+        if failure is None and active < plan.target:
+            rest = "creating the rest" if bounded else "waiting for resources to be released"
+            failure = f"{active}/{plan.target} pods; {rest}"
+        return free, failure
+
+    def _create(
+        self, exp: Experiment, status: ExperimentStatus, plan: ScalePlan, per_pod: Res
+    ) -> tuple[int, str | None]:
+        """Create the plan's pods; how many were created, and why creating failed (if so)."""
+        self._creates_left -= len(plan.create)
         spec_json = exp.spec.model_dump_json()
         env = self._pod_env()
-        if allowance is not None:
-            env["PODIUM_MAX_ENV_STEPS"] = str(allowance)
+        if plan.allowance is not None:
+            env["PODIUM_MAX_ENV_STEPS"] = str(plan.allowance)
         # An ensemble's pods are each told their algorithm, so every algorithm keeps its
         # share of the running pods (the generator keeps a pod on it when PBT exploits).
-        running = [p.algorithm for p in active]
-        algorithms = assign_algorithms(exp.spec.algorithms, running, n)
         reqs = [
             PodRequest(
                 experiment_id=exp.id,
@@ -566,74 +627,70 @@ class Reconciler:
                 grace_s=self.settings.termination_grace_s,
                 algorithm=algorithm,
             )
-            for algorithm in algorithms
+            for algorithm in plan.create
         ]
         # Creates are independent API calls (or fork/execs): issue them concurrently, since
         # against a real API server each one is a round trip.
         futures = [self._pool.submit(self.backend.create_pod, req) for req in reqs]
-        created = 0
+        created, failure = 0, None
         for req, fut in zip(reqs, futures, strict=True):
             try:
                 fut.result()
             except Exception as e:
                 log.warning("pod create failed", experiment=exp.id, pod=req.pod_id, error=str(e))
-                status["launch_reason"] = f"creating pods failed: {type(e).__name__}: {e}"
+                failure = f"creating pods failed: {type(e).__name__}: {e}"
                 continue
             created += 1
             metrics.PODS_CREATED.inc()
-            status["pods_launched"] = status.get("pods_launched", 0) + 1
-            if allowance is not None:
-                status["allowances"] = {**status.get("allowances", {}), req.pod_id: allowance}
+            status.pods_launched += 1
+            if plan.allowance is not None:
+                status.allowances = {**status.allowances, req.pod_id: plan.allowance}
             pod = PodInfo(
                 exp.id, req.pod_id, "Pending", time.time(), per_pod, algorithm=req.algorithm
             )
             self._created.setdefault(exp.id, []).append(pod)
             trains = f" ({req.algorithm})" if req.algorithm else ""
-            replacing = status.get("to_replace") or []
-            if replacing:
-                old = replacing.pop(0)
-                status["to_replace"] = replacing
+            if status.to_replace:
+                old, *rest = status.to_replace
+                status.to_replace = rest
                 why = f"replaces failed pod {old}{trains}"
                 self.store.event(exp.id, "pod_replaced", why, req.pod_id)
             else:
                 self.store.event(exp.id, "pod_started", f"pod started{trains}", req.pod_id)
-            free = free - per_pod
-        n = created
-        if len(active) + n < target and not status.get("launch_reason"):
-            status["launch_reason"] = (
-                f"{len(active) + n}/{target} pods; waiting for resources to be released"
-            )
-        return free
+        return created, failure
 
-    def _steps_counted(self, exp: Experiment, status: dict[str, Any]) -> bool:
-        """Whether the env steps of the experiment's ended pods are in the count that new
-        pods' allowances are computed from: a leaderboard answer asked after the last pod
-        ended (a pod exits after its final report is acknowledged). Waited for at most
-        ``STEPS_SETTLE_S``, so a leaderboard that does not answer delays a replacement by that
-        much only (then the last known count is used)."""
+    def _wake_at(self, at: float) -> None:
+        """The loop runs a pass by ``at`` (epoch seconds) at the latest."""
+        self._next_launch = at if self._next_launch is None else min(self._next_launch, at)
+
+    def _steps_counted(self, exp: Experiment, status: ExperimentStatus) -> str | None:
+        """None once the env steps of the experiment's ended pods are in the count that new
+        pods' allowances are computed from (a leaderboard answer asked after the last pod
+        ended: a pod exits after its final report is acknowledged); else why a launch waits.
+        Waited for at most ``STEPS_SETTLE_S``, so a leaderboard that does not answer delays a
+        replacement by that much only (then the last known count is used)."""
         ended = self._ended_at.get(exp.id)
-        if ended is None or not status.get("registered"):
-            return True
+        if ended is None or not status.registered:
+            return None
         prog, settled = self.calls.progress(exp.id, self.settings.progress_poll_s, since=ended)
         self._record_progress(exp, status, prog)
         left = ended + STEPS_SETTLE_S - time.monotonic()
         if settled or left <= 0:
             self._ended_at.pop(exp.id, None)
-            return True
-        status["launch_reason"] = "waiting for the leaderboard to count the ended pods' steps"
-        at = time.time() + left
-        self._next_launch = at if self._next_launch is None else min(self._next_launch, at)
-        return False
+            return None
+        self._wake_at(time.time() + left)
+        return "waiting for the leaderboard to count the ended pods' steps"
 
-    def _register(self, exp: Experiment, status: dict[str, Any]) -> bool:
-        if status.get("registered"):
-            return True
+    def _register(self, exp: Experiment, status: ExperimentStatus) -> str | None:
+        """None once the experiment is registered with the leaderboard; else why pods wait
+        (the experiment is failed when the leaderboard refuses it)."""
+        if status.registered:
+            return None
         try:
             done = self.calls.register(exp.id, exp.spec)
         except ServiceError as e:
             if e.status is None or e.status >= 500:
-                status["launch_reason"] = f"leaderboard unavailable: {e}"
-                return False
+                return f"leaderboard unavailable: {e}"
             # A 4xx is the leaderboard refusing this experiment: retrying cannot help.
             self._end(
                 exp,
@@ -642,15 +699,13 @@ class Reconciler:
                 f"the leaderboard refused the experiment ({e.status}): {str(e.detail)[:500]}",
                 time.time(),
             )
-            return False
+            return status.reason
         except Exception as e:
-            status["launch_reason"] = f"leaderboard unavailable: {e}"
-            return False
+            return f"leaderboard unavailable: {e}"
         if not done:
-            status["launch_reason"] = "registering the experiment with the leaderboard"
-            return False
-        status["registered"] = True
-        return True
+            return "registering the experiment with the leaderboard"
+        status.registered = True
+        return None
 
     def _pod_env(self) -> dict[str, str]:
         env = {
@@ -666,18 +721,18 @@ class Reconciler:
             env["PODIUM_API_TOKEN"] = token
         return env
 
-    def _save(self, exp: Experiment, status: dict[str, Any], ps: list[PodInfo]) -> None:
-        if status.get("allowances"):  # held by live pods only
+    def _save(self, exp: Experiment, status: ExperimentStatus, ps: list[PodInfo]) -> None:
+        if status.allowances:  # held by live pods only
             live = {p.pod_id for p in ps if p.live}
-            status["allowances"] = {k: v for k, v in status["allowances"].items() if k in live}
-        status["pods"] = [
-            {
-                "pod_id": p.pod_id,
-                "phase": "Terminating" if p.live and p.terminating else p.phase,
-                "created_at": p.created_at,
-                "reason": p.reason,
-                "algorithm": p.algorithm,
-            }
+            status.allowances = {k: v for k, v in status.allowances.items() if k in live}
+        status.pods = [
+            PodStatus(
+                pod_id=p.pod_id,
+                phase="Terminating" if p.live and p.terminating else p.phase,
+                created_at=p.created_at,
+                reason=p.reason,
+                algorithm=p.algorithm,
+            )
             for p in ps
             if p.live
         ]

@@ -59,6 +59,12 @@ class OrchestratorSettings(PodiumSettings):
     create_concurrency: int = Field(
         default=16, ge=1, le=128, description="Pod creations issued in parallel."
     )
+    create_per_pass: int = Field(
+        default=64,
+        ge=1,
+        description="Pods one reconcile pass creates at most; the next pass, run at once, "
+        "creates more. Keeps a pass short while a large experiment scales up.",
+    )
     progress_poll_s: float = Field(
         default=2.0, ge=0, description="How often the leaderboard is asked for scores/steps."
     )
@@ -84,15 +90,37 @@ class OrchestratorSettings(PodiumSettings):
         "containers).",
     )
 
+    ended_pod_logs: int = Field(
+        default=8,
+        ge=0,
+        le=100,
+        description="Ended pods per experiment whose last log lines the orchestrator keeps "
+        "(the newest; in Redis, deleted with the experiment) for `podium logs`; 0: none.",
+    )
+    ended_pod_log_lines: int = Field(
+        default=200, ge=1, le=10_000, description="Lines kept of each ended pod's log."
+    )
+    ended_pod_log_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="At most this many bytes kept of each ended pod's log (its last ones).",
+    )
+
     # Local backend: argv template; {experiment_id}, {pod_id} and {spec_path} are substituted.
     pod_command: list[str] | None = None
     pod_launcher: bool = Field(
         default=True,
         description="Local backend, default pod command: start CPU pods as forks of one process "
-        "that imported torch once (services/pod/launcher.py), not as new interpreters.",
+        "that imported torch once (services/pod/runtime/launcher.py), not as new interpreters.",
     )
     # Kubernetes backend.
     pod_image: str = "ghcr.io/podium-rl/podium-pod:0.1.0"  # release.yml publishes it (appVersion)
+    pod_image_cpu: str | None = Field(
+        default=None,
+        description="Image of pods that request no GPU (the release's `-cpu` build: no CUDA "
+        "libraries to pull); None: pod_image for every pod.",
+    )
     k8s_namespace: str | None = Field(
         default=None, description="Default: the service account's namespace, else 'default'."
     )

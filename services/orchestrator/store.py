@@ -13,6 +13,10 @@ Keys (prefix ``podium:orch:``):
   never overwrite each other's fields.
 - ``events:<id>``: stream of events (pod started / failed / replaced, scaled, target reached…).
 - ``handled:<id>``: set of finished pods already accounted for (idempotent across restarts).
+- ``podlogs:<id>``: hash pod id → an ended pod's last log lines (``EndedPodLog`` JSON), and
+  ``podlogs_order:<id>``: sorted set pod id → when it ended; the newest few only (a bound the
+  reconciler passes), deleted with the experiment. The backend forgets an ended pod (a
+  Kubernetes pod's log goes with its object), so these are what ``podium logs`` shows then.
 - ``idem:<key>``: idempotency key → experiment id and request hash (24 h; freed when the
   experiment is deleted, see docs/orchestrator.md).
 
@@ -31,19 +35,18 @@ reader could no longer check one against the other.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 from pydantic import ValidationError
 
 from services.contracts.spec import ExperimentSpec, describe_errors
+from services.orchestrator.status import EndedPodLog, ExperimentStatus
 
 PREFIX = "podium:orch:"
 EVENTS_MAXLEN = 10_000
@@ -79,12 +82,12 @@ class Experiment:
     spec: ExperimentSpec | None  # None when ``invalid``
     created_at: float
     intent: str
-    status: dict[str, Any] = field(default_factory=dict)
+    status: ExperimentStatus = field(default_factory=ExperimentStatus)
     invalid: str | None = None  # why the stored record does not validate
 
     @property
     def state(self) -> str:
-        return self.status.get("state", PENDING)
+        return self.status.state
 
     @property
     def terminal(self) -> bool:
@@ -132,6 +135,7 @@ class Store:
         self._intent = r.register_script(self._INTENT_LUA)
         self._status = r.register_script(self._STATUS_LUA)
         self._delete = r.register_script(self._DELETE_LUA)
+        self._keep_log = r.register_script(self._KEEP_LOG_LUA)
         self._specs: OrderedDict[str, tuple[bytes, ExperimentSpec | str]] = OrderedDict()
         self._specs_lock = threading.Lock()
 
@@ -230,7 +234,8 @@ return 1
 """
     )
 
-    # KEYS: exp events handled experiments active idem_prefix state_prefix; ARGV: id.
+    # KEYS: exp events handled experiments active idem_prefix state_prefix podlogs
+    # podlogs_order; ARGV: id.
     _DELETE_LUA = (
         _STATE_OF_LUA
         + """
@@ -239,12 +244,28 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('ZREM', KEYS[7] .. state, ARGV[1])
   free_key(KEYS[1], KEYS[6], ARGV[1])
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8], KEYS[9])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('SREM', KEYS[5], ARGV[1])
 return 1
 """
     )
+
+    # KEYS: exp podlogs podlogs_order; ARGV: pod_id ended_at record keep.
+    # Kept only while the experiment exists (a pod handed in as it is deleted leaves nothing
+    # behind); then the oldest beyond ``keep`` are dropped. Returns 1 (kept) or 0.
+    _KEEP_LOG_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+local extra = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[4])
+if extra > 0 then
+  local old = redis.call('ZRANGE', KEYS[3], 0, extra - 1)
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, extra - 1)
+  redis.call('HDEL', KEYS[2], unpack(old))
+end
+return 1
+"""
 
     # -- start-up ----------------------------------------------------------------------------
     def migrate(self) -> None:
@@ -257,7 +278,7 @@ return 1
             pipe = self.r.pipeline()
             pipe.hset(self._k("exp", exp.id), "state", state)
             pipe.zadd(self._k("state", state), {exp.id: exp.created_at})
-            if not (exp.terminal and exp.status.get("finalized")) or exp.intent == DELETE:
+            if not (exp.terminal and exp.status.finalized) or exp.intent == DELETE:
                 pipe.sadd(self._k("active"), exp.id)
             pipe.execute()
         self.r.set(self._k("index_version"), INDEX_VERSION)
@@ -276,8 +297,10 @@ return 1
         crash can never see the key without its experiment, nor the experiment twice.
         """
         now = repr(time.time())
-        status = {"state": PENDING, "reason": "waiting for the reconciler", "pods_launched": 0}
-        fields = [spec.model_dump_json(), now, RUN, json.dumps(status)]
+        status = ExperimentStatus(
+            state=PENDING, reason="waiting for the reconciler", pods_launched=0
+        )
+        fields = [spec.model_dump_json(), now, RUN, status.to_json()]
         keys = [self._k("exp", exp_id), self._k("experiments")]
         tail = [self._k("state", PENDING), self._k("active")]
         if not idempotency_key:
@@ -325,12 +348,10 @@ return 1
         except (KeyError, ValueError):
             created_at, _ = 0.0, problems.append("created_at is not a number")
         try:
-            status = json.loads(h.get(b"status", b"{}"))
-            if not isinstance(status, dict) or not isinstance(status.get("state", ""), str):
-                raise ValueError("not an object with a string state")
-        except ValueError as e:
-            status = {}
-            problems.append(f"status is not valid: {e}")
+            status = ExperimentStatus.model_validate_json(h.get(b"status", b"{}"))
+        except ValidationError as e:
+            status = ExperimentStatus()
+            problems.append("status is not valid:" + ";".join(describe_errors(e)))
         spec = self._spec(exp_id, h[b"spec"])
         if isinstance(spec, str):
             problems.append(spec)
@@ -429,14 +450,14 @@ return 1
         if answer.startswith("ended:"):
             raise TransitionError(f"experiment has already ended ({answer[6:]})")
 
-    def set_status(self, exp_id: str, status: dict[str, Any]) -> bool:
+    def set_status(self, exp_id: str, status: ExperimentStatus) -> bool:
         """Write the reconciler's status; False when the experiment is gone or had already
         ended in another state (a terminal state is final; the write is refused)."""
-        state = status.get("state", PENDING)
-        done = state in TERMINAL and bool(status.get("finalized"))
+        state = status.state
+        done = state in TERMINAL and status.finalized
         written = self._status(
             keys=[self._k("exp", exp_id), self._k("active"), self._k("state", "")],
-            args=[exp_id, json.dumps(status), state, "1" if done else "0"],
+            args=[exp_id, status.to_json(), state, "1" if done else "0"],
         )
         return written == 1
 
@@ -450,6 +471,8 @@ return 1
                 self._k("active"),
                 self._k("idem", ""),
                 self._k("state", ""),
+                self._k("podlogs", exp_id),
+                self._k("podlogs_order", exp_id),
             ],
             args=[exp_id],
         )
@@ -460,6 +483,38 @@ return 1
     def mark_handled(self, exp_id: str, pod_id: str) -> bool:
         """True the first time a finished pod is handed in (so it is counted exactly once)."""
         return bool(self.r.sadd(self._k("handled", exp_id), pod_id))
+
+    # -- ended pods' logs -------------------------------------------------------------------
+    def keep_pod_log(self, exp_id: str, record: EndedPodLog, keep: int) -> bool:
+        """Keep an ended pod's last log lines with its experiment (the newest ``keep`` pods'
+        only); False when the experiment is gone."""
+        keys = [
+            self._k("exp", exp_id),
+            self._k("podlogs", exp_id),
+            self._k("podlogs_order", exp_id),
+        ]
+        args = [record.pod_id, repr(record.ended_at), record.model_dump_json(), keep]
+        return self._keep_log(keys=keys, args=args) == 1
+
+    def pod_logs(self, exp_id: str) -> list[EndedPodLog]:
+        """The kept logs of an experiment's ended pods, in the order they ended."""
+        order = [m.decode() for m in self.r.zrange(self._k("podlogs_order", exp_id), 0, -1)]
+        if not order:
+            return []
+        raw = self.r.hmget(self._k("podlogs", exp_id), order)
+        logs = (self._pod_log(v) for v in raw if v is not None)
+        return [x for x in logs if x is not None]
+
+    def pod_log(self, exp_id: str, pod_id: str) -> EndedPodLog | None:
+        raw = self.r.hget(self._k("podlogs", exp_id), pod_id)
+        return None if raw is None else self._pod_log(raw)
+
+    @staticmethod
+    def _pod_log(raw: bytes) -> EndedPodLog | None:
+        try:
+            return EndedPodLog.model_validate_json(raw)
+        except ValidationError:
+            return None  # written by a version that stored something else: not shown
 
     # -- events ------------------------------------------------------------------------------
     def event(self, exp_id: str, type_: str, message: str, pod_id: str | None = None) -> None:

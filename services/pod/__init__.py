@@ -1,25 +1,32 @@
 """The training pod: one agent (or a population of P) in training. The only part of Podium
 that imports torch.
 
-Read it top-down:
+Layers, top to bottom; each imports only those below it (checked by import-linter's ``layers``
+contract in pyproject.toml):
 
-* ``runtime.py`` — the pod's round loop over its slots (train a round, evaluate, report to the
-  leaderboard, PBT's exploit); ``__main__.py`` runs it as the orchestrator starts a pod;
-  ``launcher.py`` forks CPU pods for the local backend from one process that imported torch
-  once; ``lineage.py`` — who each slot's agent is on the leaderboard.
-* ``fit.py`` — ``podium train``'s loop (budget, target, evaluate, save latest and best).
-* ``trainer.py`` — the interface both loops drive, and the registry lookup of the trainer
-  that trains an algorithm. Trainers: ``onpolicy.py`` (PPO), ``offpolicy.py`` (SAC, TD3,
-  DDPG, DQN family), ``population_trainer.py`` (P PPO agents in one process, on
-  ``population.py``).
-* The roles: ``worker.py`` (collects), ``learner.py`` (updates), ``evaluator.py`` (scores);
-  apart in processes or containers through ``multiprocess.py`` (learner side),
-  ``role_process.py`` (worker and evaluator side) and ``transport.py`` (the link).
-* ``presets.py`` + ``presets/<algorithm>/<env>.yaml`` — tuned starting points, as data;
-  ``checkpoint.py`` — training files; ``algorithms/`` — the algorithms; ``envs/`` — the
-  environments; ``fusion.py`` — learner replicas averaged; ``metrics.py``, ``backtest.py``.
+* ``runtime/`` — the pod as a process: ``rounds.py`` (the round loop over its slots: train a
+  round, evaluate, report to the leaderboard, PBT's exploit), ``lineage.py`` (who each slot's
+  agent is on the leaderboard), ``launcher.py`` (CPU pods forked from one process that imported
+  torch once), ``metrics.py``, ``gpu_check.py`` (a pod granted GPUs it cannot use stops at
+  start). ``__main__.py`` starts it as the orchestrator starts a pod.
+* ``trading/`` — FinRL-style stock trading on the platform's parts: the market and the env,
+  the portfolio gradient (its agent and trainer), the backtest, the in-process tournaments.
+* ``training/`` — ``trainer.py`` (the interface every way of training implements, and which
+  trainer trains an algorithm: its card's family), the trainers (``onpolicy.py``, ``offpolicy.py``,
+  ``population_trainer.py`` on ``population.py``), ``fit.py`` (``podium train``'s loop),
+  ``presets.py``, ``checkpoint.py`` (training files), ``fusion.py`` (learner replicas averaged),
+  ``tensorboard.py`` (curves and hyperparameters as TensorBoard event files).
+* ``roles/`` — ``worker.py`` (collects), ``learner.py`` (updates), ``evaluator.py`` (scores);
+  ``rollout_roles.py`` (PPO's roles built from a config, in one process); apart as processes or
+  containers through ``multiprocess.py`` (learner side), ``role_process.py`` (worker and
+  evaluator side) and ``transport.py`` (the link).
+* ``algorithms/`` — the agents (losses and updates) with their shared machinery beside them
+  (policies, normalisation, rollout and replay storage, noise, the compile helper).
+* ``config.py`` — the run config every layer above reads.
+* ``envs/`` — the environments and adapters.
 
-Adding an algorithm: one module in ``algorithms/`` (a class declaring ``config_class``,
-``action_spaces`` and ``trainer``), one config model, one preset file and one entry point in
-the group ``podium.algorithms``.
+Adding an algorithm: its card folder (services/contracts/algorithms/<name>/: card, config,
+presets), its agent class, and the entry points ``podium.algorithm_cards`` and
+``podium.algorithms``; an algorithm of a new family also registers its trainer under
+``podium.trainers``.
 """

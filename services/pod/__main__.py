@@ -11,7 +11,8 @@ experiment spec as JSON), ``PODIUM_LEADERBOARD_URL``, ``PODIUM_API_TOKEN``, ``PO
 free port), ``PODIUM_POD_MODE`` (``fused`` or ``processes``), ``PODIUM_TERMINATION_GRACE_S``,
 ``PODIUM_ROLES_DIR``, ``PODIUM_ROLES_TIMEOUT_S`` and ``PODIUM_MAX_ENV_STEPS`` (the env steps
 this pod may still take before the experiment's budget is spent: it stops before a step that
-would exceed them, makes its final report and exits 0).
+would exceed them, makes its final report and exits 0), ``PODIUM_TENSORBOARD_DIR`` (where it
+writes its TensorBoard event files; services/pod/training/tensorboard.py).
 
 Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made), 2 for bad input (the message
 names what is wrong), 1 when training fails (the error is the last log line).
@@ -22,15 +23,14 @@ names what is wrong), 1 when training fails (the error is the last log line).
   worker and evaluator as child processes (``--mode``).
 - ``learner``, ``worker``, ``evaluator``: one role per process, as the three containers of a
   Kubernetes Pod run them (``PODIUM_POD_MODE=processes``). They meet in ``--roles-dir`` (default
-  ``$PODIUM_ROLES_DIR`` or /dev/shm/podium-roles), a directory all three see: the learner
-  listens on a Unix socket there and runs the pod's round loop; the worker and the evaluator
-  connect, build their env and policy from the config the learner sends, and act on its
-  requests, with weights and rollouts in shared-memory files beside the socket
-  (services/pod/multiprocess.py, services/pod/transport.py). A worker or evaluator needs only
-  the roles directory; it exits 0 when the learner says stop or goes away, and keeps serving
-  after a SIGTERM until then (the learner still needs the evaluator for its final report). The
-  learner fails the pod (exit 1) when a role fails, exits or stops answering for
-  ``PODIUM_ROLES_TIMEOUT_S``.
+  ``$PODIUM_ROLES_DIR`` or /dev/shm/podium-roles), a directory all three see: the learner listens on
+  a Unix socket there and runs the pod's round loop; the worker and the evaluator connect, build
+  their env and policy from the config the learner sends, and act on its requests, with weights and
+  rollouts in shared-memory files beside the socket (services/pod/roles/multiprocess.py,
+  services/pod/roles/transport.py). A worker or evaluator needs only the roles directory; it exits 0
+  when the learner says stop or goes away, and keeps serving after a SIGTERM until then (the learner
+  still needs the evaluator for its final report). The learner fails the pod (exit 1) when a role
+  fails, exits or stops answering for ``PODIUM_ROLES_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -104,6 +104,11 @@ class PodSettings(RoleSettings):
         description="The algorithm of the experiment's ensemble this pod trains (the "
         "orchestrator keeps each one's share of the pods); unset: the generator draws it.",
     )
+    tensorboard_dir: Path | None = Field(
+        default=None,
+        description="Where the pod writes its TensorBoard event files (its curves and "
+        "hyperparameters); unset: none written.",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("bad input", error=str(exc))
         return 2
     # Imported after the environment is checked: torch takes a second or two to import.
-    from services.pod.runtime import HyperparameterError, check_hyperparameter_names
+    from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
 
     try:
         check_hyperparameter_names(list(spec.search_space))
@@ -187,23 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from services.api_client import LeaderboardClient
-    from services.pod.metrics import PodMetrics
-    from services.pod.multiprocess import ProcessRoles, RemoteRoles
-    from services.pod.runtime import PodRuntime, RuntimeSettings
-    from services.pod.trainer import Roles
-    from services.pod.transport import TransportError, retire
+    from services.pod.roles.multiprocess import ProcessRoles, RemoteRoles
+    from services.pod.roles.transport import TransportError, retire
+    from services.pod.runtime.gpu_check import gpu_problem
+    from services.pod.runtime.metrics import PodMetrics
+    from services.pod.runtime.rounds import PodRuntime, RuntimeSettings
+    from services.pod.training.trainer import Roles
 
     threads = settings.torch_threads
     torch.set_num_threads(threads)
-    device = "cuda" if settings.gpus > 0 and torch.cuda.is_available() else "cpu"
-    if settings.gpus > 0 and device == "cpu":
-        # Granted GPUs, but a CPU-only torch or no driver in the container: the pod still
-        # trains, far slower; the operator's only sign is this line.
-        log.warning(
-            "GPUs granted but torch sees no CUDA device: training on the CPU",
-            gpus=settings.gpus,
-            torch=torch.__version__,
-        )
+    # Granted GPUs it cannot use (a CPU build of torch, no driver in the container), a pod
+    # would train far slower on the CPU and hold the GPUs for nobody: it stops and says why.
+    if (problem := gpu_problem(settings.gpus)) is not None:
+        log.error("bad input", error=problem)
+        return 2
+    device = "cuda" if settings.gpus > 0 else "cpu"
     roles_dir = args.roles_dir or settings.roles_dir
     roles: Roles | None = None  # None: worker and evaluator in this process
     population = spec.population.agents_per_pod > 1
@@ -241,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         grace_s=settings.termination_grace_s,
         max_env_steps=settings.max_env_steps,
         algorithm=settings.algorithm,
+        tensorboard_dir=settings.tensorboard_dir,
     )
     runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, roles)
 
@@ -296,7 +300,7 @@ def _serve_role(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     import torch
 
-    from services.pod.role_process import RoleError, serve_role
+    from services.pod.roles.role_process import RoleError, serve_role
 
     torch.set_num_threads(settings.torch_threads)
     log.info("role starting", role=args.role, roles_dir=str(roles_dir))

@@ -135,6 +135,9 @@ def engine() -> Iterator[dict[str, str]]:
     lock = (DATA_ROOT.parent / f"{DATA_ROOT.name}.lock").open("w")
     fcntl.flock(lock, fcntl.LOCK_EX)
     env["DOCKER_HOST"] = f"unix://{run_dir}/docker.sock"
+    # Only Podium uses this data-root: scripts/build-images.sh may prune every dangling image
+    # (the build stages a rebuild replaced), not just the ones it replaced itself.
+    env["PODIUM_PRUNE_DANGLING"] = "1"
     log = run_dir / "dockerd.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -116,7 +116,7 @@ def test_compose_stack_runs_an_experiment_with_prometheus_scraping_the_pod(stack
     # No token: the APIs are open, as the compose file's header says. A first experiment has no
     # target, so its pod lives until it is cancelled: long enough to be scraped whatever the
     # machine's speed (CartPole reaches its target within seconds once a pod runs).
-    watched = {**spec("cartpole-scraped"), "target_reward": None}
+    watched = {**spec("cartpole-scraped"), "target_return": None}
     r = httpx.post(f"{orch}/api/v1/experiments", json=watched, timeout=30)
     assert r.status_code == 201, r.text
     watched_id = r.json()["id"]

@@ -47,7 +47,7 @@ def spec(name: str) -> dict[str, Any]:
         "population": {"min_pods": 1, "max_pods": 1},
         "resources": {"cpu": 1, "gpus": 0, "memory": "1Gi"},
         "round": {"env_steps": 4096},
-        "target_reward": TARGET,
+        "target_return": TARGET,
         "evaluation": {"episodes": 5},
         "budget": {"wall_time_s": 900},
     }

@@ -607,7 +607,7 @@ def _exported_series() -> set[str]:
 
     from services.leaderboard.metrics import LeaderboardMetrics
     from services.orchestrator import metrics as orchestrator_metrics
-    from services.pod.metrics import PodMetrics
+    from services.pod.runtime.metrics import PodMetrics
 
     families = [*LeaderboardMetrics().registry.collect(), *PodMetrics("e", "p").registry.collect()]
     for m in vars(orchestrator_metrics).values():
@@ -682,7 +682,7 @@ def test_retrain_pipeline_is_valid_and_gates_with_the_real_cli(path: Path) -> No
 WORKFLOWS = ROOT / ".github" / "workflows"
 
 
-@pytest.mark.parametrize("name", ["release.yml", "e2e-kind.yml"])
+@pytest.mark.parametrize("name", ["release.yml", "e2e-kind.yml", "nightly.yml"])
 def test_image_workflows_match_the_github_workflow_schema(name: str) -> None:
     schema = "vendor.github-workflows"
     run(tool("check-jsonschema"), "--builtin-schema", schema, str(WORKFLOWS / name))
@@ -701,24 +701,34 @@ def test_published_images_are_the_ones_the_chart_k8s_and_orchestrator_name() -> 
     release = yaml.safe_load((WORKFLOWS / "release.yml").read_text())
     job = release["jobs"]["images"]
     assert release[True]["push"]["tags"] == ["v*"]  # YAML 1.1 reads the key `on` as True
-    targets = job["strategy"]["matrix"]["target"]
-    assert targets == ["control-plane", "pod"] and set(targets) <= set(_stages())
+    entries = job["strategy"]["matrix"]["include"]
+    assert {e["target"] for e in entries} == {"control-plane", "pod"} <= set(_stages())
     steps = job["steps"]
     meta = next(s for s in steps if s.get("id") == "meta")["run"]
-    assert "image=ghcr.io/$owner/podium-${{ matrix.target }}:$version" in meta
+    assert "image=ghcr.io/$owner/podium-${{ matrix.target }}:$version${{ matrix.suffix }}" in meta
     assert "appVersion" in meta and "exit 1" in meta
     push = next(s for s in steps if str(s.get("uses", "")).startswith("docker/build-push-action"))
     assert push["with"]["target"] == "${{ matrix.target }}" and push["with"]["push"] is True
-    published = {t: f"ghcr.io/{owner}/podium-{t}:{version}" for t in targets}
+    # Issue 35: the pod image was built without build arguments, so torch +cpu under the name
+    # the GPU docs and the chart use. Each entry's torch build reaches the Dockerfile.
+    assert push["with"]["build-args"].splitlines() == ["TORCH_VARIANT=${{ matrix.torch }}"]
+    published = {
+        f"{e['target']}{e['suffix']}": (
+            f"ghcr.io/{owner}/podium-{e['target']}:{version}{e['suffix']}"
+        )
+        for e in entries
+    }
+    torch_of = {f"{e['target']}{e['suffix']}": e["torch"] for e in entries}
+    assert torch_of["pod"].startswith("cu") and torch_of["pod-cpu"] == "cpu", torch_of
 
     named = {
-        target: f"{img['repository']}:{img['tag'] or version}"
-        for target, img in (
-            ("control-plane", values["image"]["controlPlane"]),
-            ("pod", values["image"]["pod"]),
-        )
+        "control-plane": values["image"]["controlPlane"],
+        "pod": values["image"]["pod"],
     }
-    assert named == published
+    assert all(not img["tag"] and not img["digest"] for img in named.values())  # appVersion
+    assert {t: f"{img['repository']}:{version}" for t, img in named.items()} == {
+        t: published[t] for t in named
+    }
     assert OrchestratorSettings.model_fields["pod_image"].default == published["pod"]
     k8s_images = set()
     for path in (ROOT / "k8s" / "base").glob("*.yaml"):
@@ -729,9 +739,63 @@ def test_published_images_are_the_ones_the_chart_k8s_and_orchestrator_name() -> 
                     k8s_images.add(c["image"])
                 env = c.get("env", [])
                 k8s_images |= {e["value"] for e in env if e["name"] == "PODIUM_POD_IMAGE"}
-    assert k8s_images == set(published.values())
+    assert k8s_images == {published["control-plane"], published["pod"]}  # k8s/base: GPUs allowed
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["version"] == version
+
+
+def _pod_image(*args: str) -> str:
+    docs = helm_template(*args)
+    orch = by_kind(docs, "Deployment")["podium-orchestrator"]["spec"]["template"]["spec"]
+    return env_of(orch["containers"][0])["PODIUM_POD_IMAGE"]
+
+
+def test_chart_runs_pods_on_the_cuda_image_where_they_may_get_gpus_else_the_cpu_one() -> None:
+    """Issue 35: GPU pods must not run a CPU build of torch. The chart's default pod image is
+    the release's CUDA build where pods may get GPUs (orchestrator.limits.maxPodGpus > 0) and
+    its -cpu build where they may not; an explicit tag or digest wins."""
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    release = yaml.safe_load((WORKFLOWS / "release.yml").read_text())
+    torch_of = {
+        f"ghcr.io/podium-rl/podium-pod:{version}{e['suffix']}": e["torch"]
+        for e in release["jobs"]["images"]["strategy"]["matrix"]["include"]
+        if e["target"] == "pod"
+    }
+    gpus = _pod_image()
+    assert torch_of[gpus].startswith("cu"), (gpus, torch_of)
+    assert _pod_image("-f", str(CHART / "ci" / "gpu-values.yaml")) == gpus
+    cpu_only = _pod_image("--set", "orchestrator.limits.maxPodGpus=0")
+    assert cpu_only == f"{gpus}-cpu" and torch_of[cpu_only] == "cpu"
+    for limit in ("0", "8"):
+        limits = ("--set", f"orchestrator.limits.maxPodGpus={limit}")
+        mine = _pod_image(*limits, "--set", "image.pod.tag=mine")
+        assert mine == "ghcr.io/podium-rl/podium-pod:mine"
+        digest = "sha256:" + "a" * 64
+        pinned = _pod_image(*limits, "--set", f"image.pod.digest={digest}")
+        assert pinned == f"ghcr.io/podium-rl/podium-pod@{digest}"
+
+
+def test_nightly_checks_are_left_out_by_default_and_run_with_m_nightly(tmp_path: Path) -> None:
+    """Issue 35: CI runs the tests without the `nightly` ones (pyproject's addopts); `-m nightly`
+    (what .github/workflows/nightly.yml runs through scripts/test.sh) runs exactly them."""
+    (tmp_path / "test_marked.py").write_text(
+        "import pytest\n\n\n@pytest.mark.nightly\n@pytest.mark.slow\ndef test_long():\n    pass"
+        "\n\n\n@pytest.mark.slow\ndef test_learning():\n    pass\n\n\ndef test_unit():\n    pass\n"
+    )
+
+    def collected(*args: str) -> set[str]:
+        cmd = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml")]
+        cmd += ["--rootdir", str(tmp_path), "-p", "no:cacheprovider", "--collect-only", "-q"]
+        out = run(*cmd, *args, str(tmp_path / "test_marked.py"), cwd=tmp_path).stdout
+        return {ln.split("::")[-1] for ln in out.splitlines() if "::" in ln}
+
+    assert collected() == {"test_learning", "test_unit"}
+    assert collected("-m", "nightly") == {"test_long"}
+    assert collected("-m", "not slow") == {"test_unit"}  # nightly checks are slow ones too
+    nightly = yaml.safe_load((WORKFLOWS / "nightly.yml").read_text())
+    assert "schedule" in nightly[True]
+    steps = [s.get("run", "") for job in nightly["jobs"].values() for s in job["steps"]]
+    assert any(s.startswith("./scripts/test.sh -m nightly") for s in steps), steps
 
 
 def test_kind_workflow_installs_the_chart_and_gates_with_the_real_cli() -> None:

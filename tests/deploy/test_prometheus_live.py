@@ -50,7 +50,7 @@ def spec(name: str, cpu: float = 1, pods: int = 2) -> dict[str, Any]:
         "resources": {"cpu": cpu, "gpus": 0, "memory": "1Gi"},
         "round": {"env_steps": 2048},
         # Not reached in the test's time: the pods keep serving metrics until cancelled.
-        "target_reward": 1e9,
+        "target_return": 1e9,
         "top_k": 2,  # small, so the updater evicts and rejects
         "evaluation": {"episodes": 2},
         "budget": {"wall_time_s": 600},

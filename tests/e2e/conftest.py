@@ -23,7 +23,7 @@ import httpx
 import psutil
 import pytest
 
-from services.pod.launcher import POD_PROCESS_NAME
+from services.pod.runtime.launcher import POD_PROCESS_NAME
 from tests.leaderboard.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def live_pods(data_dir: Path, exp_id: str = "*") -> dict[str, int]:
             rec = json.loads(path.read_text())
             p = psutil.Process(rec["pid"])
             # A pod is `python -m services.pod`, or a fork of the local backend's pod launcher
-            # (`python -m services.pod.launcher`, its process name "podium-pod").
+            # (`python -m services.pod.runtime.launcher`, its process name "podium-pod").
             pod = "services.pod" in p.cmdline() or p.name() == POD_PROCESS_NAME
             if p.status() != psutil.STATUS_ZOMBIE and pod:
                 out[path.stem] = rec["pid"]

@@ -44,7 +44,7 @@ def spec(name: str, pods: int = 2, **over: Any) -> dict[str, Any]:
         "population": {"min_pods": pods, "max_pods": pods},
         "resources": {"cpu": 1, "gpus": 0, "memory": "1Gi"},
         "round": {"env_steps": 4096},
-        "target_reward": TARGET,
+        "target_return": TARGET,
         "top_k": K,
         "evaluation": {"episodes": 5},
         "budget": {"wall_time_s": 240},
@@ -141,7 +141,7 @@ def test_a_killed_pod_is_replaced_and_no_entry_is_lost(
     body = spec(
         "cartpole-kill",
         round={"env_steps": 1024},
-        target_reward=None,
+        target_return=None,
         budget={"total_env_steps": 24 * 1024, "wall_time_s": 240},
     )
     exp_id = create(orch, body)

@@ -464,18 +464,20 @@ def test_lineage_of_a_chain_deeper_than_nested_json_allows(client: TestClient) -
 def test_submission_log_pages_through_every_decided_report(client: TestClient) -> None:
     client.put(f"{API}/log", json=experiment(top_k=2))
     scores = [3.0, 1.0, 5.0, 2.0, 4.0, 0.5, 6.0]
+    parent = ""
     for i, s in enumerate(scores):
-        client.post(
+        answer = client.post(
             f"{API}/log/submissions",
             json=result(
                 f"r{i}",
                 s,
                 pod_id=f"pod-{i % 3}",
                 env_steps=100 * (i + 1),
-                parent_id="c-parent" if i == 3 else None,
+                parent_id=parent if i == 3 else None,
                 generation=i,
             ),
         )
+        parent = parent or answer.json()["candidate_id"]  # a parent of this experiment's
         client.post(f"{API}/log/generate", json={"pod_id": "g"})  # interleaved decisions
     client.post(f"{API}/log/submissions", json=result("r1", 99.0))  # a retry: not logged again
     whole = client.get(f"{API}/log/submissions").json()
@@ -488,7 +490,7 @@ def test_submission_log_pages_through_every_decided_report(client: TestClient) -
     assert sum(s["env_steps"] for s in subs) == client.get(f"{API}/log").json()["env_steps"]
     assert [s["pod_id"] for s in subs] == [f"pod-{i % 3}" for i in range(7)]
     rejected = subs[3]
-    assert rejected["candidate_id"] is None and rejected["parent_id"] == "c-parent"
+    assert rejected["candidate_id"] is None and rejected["parent_id"] == parent
     assert rejected["generation"] == 3
     board = {c["candidate_id"] for c in client.get(f"{API}/log/lineage").json()["nodes"]}
     assert {s["candidate_id"] for s in subs if s["accepted"]} == board
@@ -510,3 +512,38 @@ def test_submission_log_pages_through_every_decided_report(client: TestClient) -
     assert client.get(f"{API}/log/submissions", params={"after": "x"}).status_code == 422
     assert client.get(f"{API}/log/submissions", params={"limit": 0}).status_code == 422
     assert client.get(f"{API}/nope/submissions").status_code == 404
+
+
+def test_a_parent_from_another_experiment_is_refused(client: TestClient) -> None:
+    """Issue 35, item 6: a report whose ``parent_id`` named another experiment's candidate was
+    accepted, so one experiment's lineage pointed into another's."""
+    for exp in ("mine", "theirs"):
+        assert client.put(f"{API}/{exp}", json=experiment(top_k=4)).is_success
+    theirs = client.post(f"{API}/theirs/submissions", json=result("t0", 1.0)).json()
+    mine = client.post(f"{API}/mine/submissions", json=result("m0", 1.0)).json()
+    for parent in (theirs["candidate_id"], "c-never-existed"):
+        r = client.post(
+            f"{API}/mine/submissions", json=result("m1", 2.0, parent_id=parent, generation=1)
+        )
+        assert r.status_code == 422, r.text
+        (problem,) = r.json()["detail"]
+        assert problem["loc"][-1] == "parent_id" and "mine" in problem["msg"]
+    # Nothing was decided: the board, the lineage, the log and the budget are untouched, and
+    # the same report with this experiment's own parent is taken.
+    nodes = client.get(f"{API}/mine/lineage").json()["nodes"]
+    assert [n["candidate_id"] for n in nodes] == [mine["candidate_id"]]
+    assert len(client.get(f"{API}/mine/submissions").json()["submissions"]) == 1
+    assert client.get(f"{API}/mine").json()["env_steps"] == 1000
+    ok = client.post(
+        f"{API}/mine/submissions",
+        json=result("m1", 2.0, parent_id=mine["candidate_id"], generation=1),
+    )
+    assert ok.status_code == 200 and ok.json()["accepted"], ok.text
+    # An evicted candidate is still this experiment's: a parent it may name.
+    for i in range(4):
+        client.post(f"{API}/mine/submissions", json=result(f"m-fill{i}", 10.0 + i))
+    evicted = client.post(
+        f"{API}/mine/submissions",
+        json=result("m2", 0.5, parent_id=mine["candidate_id"], generation=1),
+    )
+    assert evicted.status_code == 200 and not evicted.json()["accepted"]

@@ -190,8 +190,15 @@ class FakeCluster:
                 if cs["name"] == container:
                     cs["state"] = {"terminated": {"exitCode": exit_code, "reason": reason}}
                     cs["ready"] = False
-            self.logs[(ns, name, container)] = log
+            self.logs[(ns, name, container)] = self.logs.get((ns, name, container), "") + log
             self._put_pod(ns, pod, "MODIFIED")
+
+    def write_log(self, ns: str, name: str, container: str, text: str) -> None:
+        """A running container prints ``text`` (served by ``pods/{name}/log``, as the kubelet
+        serves it, until the pod object is gone)."""
+        with self.cond:
+            key = (ns, name, container)
+            self.logs[key] = self.logs.get(key, "") + text
 
     def evict(self, ns: str, name: str, preemption: bool = False) -> None:
         """A pod stopped from outside, as Kubernetes reports it: evicted by the kubelet under
@@ -218,6 +225,17 @@ class FakeCluster:
                 cs["ready"] = False
             self._put_pod(ns, pod, "MODIFIED")
 
+    def lose_node(self, ns: str, name: str) -> None:
+        """The pod's node stops answering: the node controller marks the pod phase Unknown,
+        reason NodeLost (its containers' last known state stays running)."""
+        with self.cond:
+            pod = copy.deepcopy(self.pods[(ns, name)])
+            pod["status"]["phase"] = "Unknown"
+            pod["status"]["reason"] = "NodeLost"
+            pod["status"]["message"] = f"Node {pod['spec'].get('nodeName')} which was running "
+            pod["status"]["message"] += f"pod {name} is unresponsive"
+            self._put_pod(ns, pod, "MODIFIED")
+
     def wait_container(self, ns: str, name: str, container: str, reason: str, msg: str) -> None:
         """A container cannot start (kubelet's waiting state, e.g. ImagePullBackOff)."""
         with self.cond:
@@ -226,7 +244,7 @@ class FakeCluster:
             for cs in pod["status"]["containerStatuses"]:
                 if cs["name"] == container:
                     cs["state"] = {"waiting": {"reason": reason, "message": msg}}
-                    cs["ready"] = False
+                cs["ready"] = False
             self._put_pod(ns, pod, "MODIFIED")
 
     def unschedulable(self, ns: str, name: str, msg: str) -> None:
@@ -301,10 +319,12 @@ class FakeCluster:
                     ],
                 }
                 return
-        pod["status"] = {
-            "phase": "Pending",
-            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
-        }
+            pod["status"] = {
+                "phase": "Pending",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+                ],
+            }
 
     def _container_status(self, ns: str, container: dict[str, Any]) -> dict[str, Any]:
         """The kubelet starting a container: its env's Secrets must exist."""

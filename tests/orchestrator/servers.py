@@ -11,13 +11,13 @@ import uvicorn
 
 
 class ServerThread:
-    """Serve an ASGI app on 127.0.0.1:<free port> until ``stop``."""
+    """Serve an ASGI app on 127.0.0.1:<port> (a free one by default) until ``stop``."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, port: int = 0):
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(("127.0.0.1", port))  # a port again: a server that comes back
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(

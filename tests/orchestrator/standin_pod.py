@@ -6,14 +6,17 @@ Configured through the experiment spec it receives (``PODIUM_SPEC``), under env.
 - ``score_step``: each report's score is ``score_step * report_number``;
 - ``env_steps_per_report``: env steps each report carries;
 - ``crash_after_s``: exit with code ``crash_code`` (default 3) after this long (a crashing
-  pod); code 2 is a pod refusing its input, with the real pod's JSON "bad input" line;
+  pod); code 2 is a pod refusing its input, with the real pod's JSON "bad input" line; with
+  ``crash_signal`` (e.g. "SIGSEGV") it kills itself with that signal instead, without a line;
 - ``info_lines``: print a JSON info line (as the real pod logs) after each report;
 - ``ignore_max_env_steps``: do not cut at ``PODIUM_MAX_ENV_STEPS`` (a pod whose last report
   arrives after the experiment ended).
 
 With ``PODIUM_MAX_ENV_STEPS`` set, a report carries at most the steps left of that allowance,
 and the pod exits 0 once it is spent (the real pod cuts its round there and makes its final
-report).
+report). With ``batch_env_steps`` set it trains whole batches only, as a real pod does: a
+report carries whole batches, and the pod exits 0 once less than a batch is left (a pod whose
+allowance is below one batch reports 0 steps and exits).
 
 On SIGTERM it makes a final report, writes ``<pod>.final`` into ``PODIUM_POD_DIR`` (when set)
 and exits 0, as a real pod does when scaled in or stopped.
@@ -40,6 +43,7 @@ reports = 0
 allowance = os.environ.get("PODIUM_MAX_ENV_STEPS")
 max_steps = None if allowance is None or cfg.get("ignore_max_env_steps") else int(allowance)
 taken = 0
+batch = cfg.get("batch_env_steps") or 1
 
 
 def report() -> None:
@@ -50,7 +54,7 @@ def report() -> None:
     score = cfg.get("score_step", 0.0) * reports
     steps = cfg.get("env_steps_per_report", 0)
     if max_steps is not None:
-        steps = max(0, min(steps, max_steps - taken))
+        steps = max(0, min(steps, (max_steps - taken) // batch * batch))
     taken += steps
     body = {  # a metadata-only SubmissionResult, as the leaderboard's updater takes it
         "submission_id": f"{pod_id}-{reports}",
@@ -101,6 +105,8 @@ crash_after = cfg.get("crash_after_s")
 while True:
     now = time.monotonic()
     if crash_after is not None and now - start >= crash_after:
+        if cfg.get("crash_signal"):
+            os.kill(os.getpid(), getattr(signal, cfg["crash_signal"]))
         code = cfg.get("crash_code", 3)
         if code == 2:
             bad = "cannot train dqn on Pendulum-v1: dqn needs a Discrete action space"
@@ -111,7 +117,7 @@ while True:
     if now >= next_report:
         report()
         next_report = now + interval
-        if max_steps is not None and taken >= max_steps:
+        if max_steps is not None and max_steps - taken < batch:
             print("env-step allowance spent: final report made, exiting", flush=True)
             sys.exit(0)
     time.sleep(0.02)

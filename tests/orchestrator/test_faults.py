@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def test_what_no_pod_can_train_is_refused_at_submission(
     assert [tuple(e["loc"]) for e in detail] == [("body", "algorithms")]
     assert "'a2c' is registered but no pod can train it" in detail[0]["msg"]
     pods_train = "pods train: ddpg, dqn, portfolio_gradient, ppo, sac, td3"
-    assert f"podium.algorithm_configs); {pods_train}" in detail[0]["msg"]
+    assert f"podium.algorithm_cards); {pods_train}" in detail[0]["msg"]
     assert client.get(API).json() == []
 
 
@@ -130,31 +131,55 @@ def test_killing_pods_that_had_reported_is_not_a_crash_loop(client: TestClient) 
     assert all("not counted as a crash" in e["message"] for e in failed)
 
 
+def test_killing_pods_before_they_report_is_not_a_crash_loop(client: TestClient) -> None:
+    # Issue 35 item 3: pods killed from outside (SIGKILL) before their first report, more
+    # times than the crash-loop limit: how they ended says they did not crash.
+    limit = client.app.state.settings.crash_loop_limit
+    body = spec(population={"min_pods": 2, "max_pods": 2}, standin={"info_lines": True})
+    client.app.state.reconciler.calls.source = _Silent()  # no pod ever reports
+    exp_id = _create(client, body)
+    d = _data_dir(client)
+    killed: list[str] = []
+    for _ in range(limit):
+        pods = wait_for(
+            lambda: len(p := live_pods(d, exp_id)) == 2 and not set(p) & set(killed) and p
+        )
+        wait_for(lambda: started(d, exp_id, pods))  # noqa: B023
+        for pod, pid in pods.items():
+            os.killpg(pid, signal.SIGKILL)
+            killed.append(pod)
+    wait_for(lambda: len(p := live_pods(d, exp_id)) == 2 and not set(p) & set(killed))
+    exp = wait_for(lambda: (e := _get(client, exp_id))["progress"]["pods_launched"] >= 10 and e)
+    assert exp["state"] == "running", exp["reason"]
+    assert exp["progress"]["pods_launched"] == 2 + 2 * limit
+    failed = [e for e in _events(client, exp_id) if e["type"] == "pod_failed"]
+    assert len(failed) == 2 * limit
+    assert all(
+        "not counted as a crash: killed by SIGKILL from outside" in e["message"] for e in failed
+    ), failed
+
+
 def test_the_last_log_line_is_left_out_of_a_reason_when_it_is_an_info_line(
     client: TestClient,
 ) -> None:
-    # Pods the orchestrator knows of no report from, killed from outside: a crash loop; the
-    # ordinary info line each logged last is not the reason.
+    # Pods that crash without a word (a segfault) right after an ordinary info line: a crash loop;
+    # that info line is not the reason.
     limit = client.app.state.settings.crash_loop_limit
     body = spec(
         population={"min_pods": 1, "max_pods": 1},
-        standin={"report_interval_s": 0.02, "info_lines": True},
+        standin={
+            "report_interval_s": 0.02,
+            "info_lines": True,
+            "crash_after_s": 0.3,
+            "crash_signal": "SIGSEGV",
+        },
     )
     client.app.state.reconciler.calls.source = _Silent()
     exp_id = _create(client, body)
-    d = _data_dir(client)
-    logs = d / "experiments" / exp_id / "pods"
-    killed: list[str] = []
-    for _ in range(limit):
-        pods = wait_for(lambda: (p := live_pods(d, exp_id)) and not set(p) & set(killed) and p)
-        ((pod, pid),) = pods.items()
-        wait_for(lambda: "round reported" in (logs / f"{pod}.log").read_text())  # noqa: B023
-        os.killpg(pid, signal.SIGKILL)
-        killed.append(pod)
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "failed" and e)
     assert (
         exp["reason"]
-        == f"pods keep crashing: {limit} consecutive failures; last: killed by SIGKILL"
+        == f"pods keep crashing: {limit} consecutive failures; last: killed by SIGSEGV"
     )
     assert "round reported" in exp["last_failure"]["log_tail"]  # still shown, in its place
 
@@ -174,7 +199,7 @@ class _Silent:
         return None
 
     def reporters(self, experiment_id, after):
-        return set(), after
+        return {}, after
 
 
 # -- finding 16: budgets and targets -------------------------------------------------------------
@@ -198,6 +223,63 @@ def test_the_env_step_budget_is_not_overshot(client: TestClient, leaderboard) ->
     assert len(allowances) >= 2 and sum(allowances) <= budget
 
 
+def test_a_budget_the_batches_do_not_divide_is_handed_out_in_whole_batches(
+    client: TestClient, leaderboard
+) -> None:
+    # Issue 35 item 2: 3 pods training 4,096-step batches, a budget of 40,960. The first pods
+    # train 12,288 steps each; the 4,096 left were split 1,365 per pod, each of which trained
+    # nothing, reported, exited and was replaced (27 pods in 8 s).
+    budget, batch = 40_960, 4_096
+    body = spec(
+        population={"min_pods": 3, "max_pods": 3},
+        resources={"cpu": 1},
+        budget={"total_env_steps": budget},
+        standin={
+            "report_interval_s": 0.05,
+            "env_steps_per_report": batch,
+            "batch_env_steps": batch,
+        },
+    )
+    exp_id = _create(client, body)
+    d = _data_dir(client)
+    exp = wait_for(
+        lambda: (e := _get(client, exp_id))["result"] or e["progress"]["pods_launched"] > 8,
+        timeout=30,
+    )
+    exp = _get(client, exp_id)
+    assert exp["progress"]["pods_launched"] == 4, exp  # 3, then 1 for the last batch
+    assert exp["state"] == "budget_exhausted" and exp["result"]["env_steps"] == budget
+    assert _board(leaderboard, exp_id)["env_steps"] == budget
+    wait_for(lambda: not live_pods(d, exp_id))
+    logs = d / "experiments" / exp_id / "pods"
+    lines = [x for log in logs.glob("*.log") for x in log.read_text().splitlines()]
+    allowances = [int(x.split("max_env_steps=")[1]) for x in lines if "max_env_steps=" in x]
+    assert sorted(allowances) == [batch, 13_653, 13_653, 13_653]  # no pod below one batch
+
+
+def test_what_is_left_below_one_batch_ends_the_experiment(client: TestClient, leaderboard) -> None:
+    # 10,000 steps, 4,096-step batches, one pod at a time: 8,192 trained, 1,808 left: no pod
+    # can train a step of them, so none is launched and the experiment ends.
+    body = spec(
+        population={"min_pods": 1, "max_pods": 1},
+        budget={"total_env_steps": 10_000},
+        standin={
+            "report_interval_s": 0.05,
+            "env_steps_per_report": 4_096,
+            "batch_env_steps": 4_096,
+        },
+    )
+    exp_id = _create(client, body)
+    exp = wait_for(
+        lambda: (e := _get(client, exp_id))["result"] or e["progress"]["pods_launched"] > 4,
+        timeout=30,
+    )
+    exp = _get(client, exp_id)
+    assert exp["state"] == "budget_exhausted", exp
+    assert exp["progress"]["pods_launched"] == 1 and exp["result"]["env_steps"] == 8_192
+    assert exp["reason"] == "env-step budget spent: 1808 steps left, below one batch of 4096"
+
+
 def test_a_target_met_by_the_final_reports_wins_over_a_spent_budget(
     client: TestClient, leaderboard
 ) -> None:
@@ -206,7 +288,7 @@ def test_a_target_met_by_the_final_reports_wins_over_a_spent_budget(
     body = spec(
         population={"min_pods": 1, "max_pods": 1},
         budget={"total_env_steps": 1000},
-        target_reward=20.0,
+        target_return=20.0,
         standin={
             "report_interval_s": 0.3,
             "score_step": 10.0,
@@ -218,7 +300,7 @@ def test_a_target_met_by_the_final_reports_wins_over_a_spent_budget(
     exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e, timeout=30)
     assert exp["result"]["best"]["score"] >= 20.0
     assert exp["state"] == "succeeded" and exp["result"]["state"] == "succeeded"
-    assert exp["reason"] == "target reward 20 reached"
+    assert exp["reason"] == "target return 20 reached"
     types = [e["type"] for e in _events(client, exp_id)]
     assert "budget_exhausted" in types and types.index("target_reached") > types.index(
         "budget_exhausted"
@@ -338,21 +420,29 @@ def test_the_circuit_breaker_stops_calling_a_failing_leaderboard_and_tries_again
             LeaderboardProgress(srv.url, LB_TOKEN), 4, make_breaker(3, 3.0), woken.set
         )
         try:
-            for _ in range(3):  # three failures in a row open the breaker
+            for exp in ("e1", "e2", "e3"):  # three failures in a row open the breaker
                 n = len(hits)
-                calls.progress("e1", 0.0)
-                wait_for(lambda: len(hits) == n + 1 and not calls._board("e1").inflight)  # noqa: B023
+                calls.progress(exp, 0.0)
+                wait_for(lambda: len(hits) == n + 1 and not calls._board(exp).inflight)  # noqa: B023
             assert calls.breaker.opened
-            for _ in range(10):  # while open: answered at once, the leaderboard is not called
-                calls.progress("e1", 0.0)
-                wait_for(lambda: not calls._board("e1").inflight)
+            # A failure is not asked again at once (that spun the reconcile loop): not before the
+            # breaker lets calls through again.
+            assert calls._board("e3").retry_at - time.monotonic() > 2.0
+            for i in range(10):  # while open: answered at once, the leaderboard is not called
+                calls.progress(f"x{i}", 0.0)
+                wait_for(lambda: not calls._board(f"x{i}").inflight)  # noqa: B023
+                calls.progress("e3", 0.0)  # backing off: not even sent
+                assert not calls._board("e3").inflight
             assert len(hits) == 3
+            assert not woken.is_set()  # a failure nobody waits for wakes nobody
             # After the recovery time, one call goes through again.
             wait_for(lambda: not calls.breaker.opened, timeout=10)
-            calls.progress("e1", 0.0)
+            calls.progress("e4", 0.0)
             wait_for(lambda: len(hits) == 4)
-            prog, settled = calls.progress("e1", 0.0, since=0.0)
+            prog, settled = calls.progress("e5", 0.0, since=0.0)
             assert prog.best is None and settled  # failures settle a wait; nothing is known
-            assert woken.is_set()  # each answer (a failure too) wakes the reconciler
+            # A pass waiting for an answer newer than now is woken by a failure too.
+            calls.progress("e6", 0.0, since=time.monotonic())
+            wait_for(woken.is_set)
         finally:
             calls.close()

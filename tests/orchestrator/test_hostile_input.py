@@ -16,6 +16,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from services.orchestrator.status import ExperimentStatus
 from services.orchestrator.store import Store
 from tests.orchestrator.conftest import live_pods, spec, wait_for
 
@@ -53,7 +54,7 @@ def _metric(client: TestClient, name: str) -> float:
         ({"round": {"seconds": "@v"}}, "1e309", ("body", "round", "seconds")),
         ({"round": {"seconds": "@v"}}, "-Infinity", ("body", "round", "seconds")),
         ({"budget": {"wall_time_s": "@v"}}, "Infinity", ("body", "budget", "wall_time_s")),
-        ({"target_reward": "@v"}, "NaN", ("body", "target_reward")),
+        ({"target_return": "@v"}, "NaN", ("body", "target_return")),
         ({"algorithms": {"ppo": "@v"}}, "1e309", ("body", "algorithms", "ppo")),
         ({"resources": {"cpu": "@v"}}, "NaN", ("body", "resources", "cpu")),
         (
@@ -238,7 +239,7 @@ def test_an_ended_experiment_stays_ended_in_the_store(client: TestClient) -> Non
     assert client.post(f"{API}/{exp_id}/cancel").status_code == 202
     wait_for(lambda: client.get(f"{API}/{exp_id}").json()["state"] == "cancelled")
     # A status write from a stale reader (it saw the experiment before it ended) is refused.
-    assert store.set_status(exp_id, {"state": "running"}) is False
+    assert store.set_status(exp_id, ExperimentStatus(state="running")) is False
     assert client.get(f"{API}/{exp_id}").json()["state"] == "cancelled"
 
 

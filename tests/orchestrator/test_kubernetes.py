@@ -146,6 +146,33 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
     assert "nodeSelector" not in spec_ and "priorityClassName" not in spec_
 
 
+def test_pods_without_gpus_run_the_cpu_image_when_one_is_configured(
+    k8s_settings: OrchestratorSettings,
+) -> None:
+    """Issue 35: a CPU pod pulled the CUDA image (gigabytes of CUDA libraries it never uses)."""
+    cuda, cpu = "ghcr.io/podium-rl/podium-pod:0.1.0", "ghcr.io/podium-rl/podium-pod:0.1.0-cpu"
+    both = k8s_settings.model_copy(update={"pod_image": cuda, "pod_image_cpu": cpu})
+    for mode in ("fused", "processes"):
+        settings = both.model_copy(update={"pod_mode": mode, "k8s_gpu_claim_template": "gpu"})
+        for gpus, image in ((0, cpu), (1, cuda)):
+            m = pod_manifest(settings, NS, request(gpus=gpus), owner_uid="uid-1")
+            validate(m)
+            assert {c["image"] for c in m["spec"]["containers"]} == {image}, (mode, gpus)
+    # Not configured (the default): one image for every pod.
+    assert OrchestratorSettings.model_fields["pod_image_cpu"].default is None
+    only = k8s_settings.model_copy(update={"pod_image": cuda})
+    for gpus in (0, 1):
+        [c] = pod_manifest(only, NS, request(gpus=gpus), owner_uid="uid-1")["spec"]["containers"]
+        assert c["image"] == cuda
+    # Read from the environment, as the chart passes it.
+    env = {"PODIUM_POD_IMAGE": cuda, "PODIUM_POD_IMAGE_CPU": cpu}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        from_env = OrchestratorSettings(backend="kubernetes")
+    assert (from_env.pod_image, from_env.pod_image_cpu) == (cuda, cpu)
+
+
 def test_processes_mode_runs_each_role_in_its_own_container(
     k8s_settings: OrchestratorSettings,
     make_settings: Callable[..., OrchestratorSettings],
@@ -458,6 +485,51 @@ def test_on_kubernetes_exit_2_fails_at_once_and_evictions_are_not_crashes(
         assert exp["progress"]["pods_launched"] == limit + 2  # not retried
 
 
+def test_on_kubernetes_pods_killed_or_lost_with_their_node_are_not_crashes(
+    cluster: tuple[FakeCluster, ServerThread],
+    k8s_settings: OrchestratorSettings,
+    flush_redis: None,
+) -> None:
+    # Issue 35 item 3: pods that never reported, ended from outside more times than the
+    # crash-loop limit: a container killed by SIGKILL or SIGTERM (exit code 137 / 143, not
+    # OOMKilled) and a node lost. How they ended says they did not crash; an OOM kill did.
+    limit = k8s_settings.crash_loop_limit
+    fc = cluster[0]
+    with orchestrator(k8s_settings, cluster[1].url) as c:
+        body = spec(population={"min_pods": 1, "max_pods": 1})
+        exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
+        for i in range(limit + 1):
+            (name,) = wait_for(lambda: len(n := fc.pod_names(NS)) == 1 and n)
+            if i % 3 == 0:
+                fc.lose_node(NS, name)
+            else:
+                fc.fail_container(NS, name, "pod", 137 if i % 3 == 1 else 143, "Error")
+            wait_for(lambda: fc.pod_names(NS) != [name] and len(fc.pod_names(NS)) == 1)  # noqa: B023
+        exp = wait_for(
+            lambda: (
+                (e := c.get(f"/api/v1/experiments/{exp_id}").json())["progress"]["pods_launched"]
+                == limit + 2
+                and e
+            )
+        )
+        assert exp["state"] == "running", exp["reason"]
+        events = c.get(f"/api/v1/experiments/{exp_id}/events").json()
+        failed = [e["message"] for e in events if e["type"] == "pod_failed"]
+        assert len(failed) == limit + 1
+        assert all("not counted as a crash" in m for m in failed), failed
+        assert "NodeLost" in failed[0] and "killed by SIGKILL" in failed[1], failed
+        assert "killed by SIGTERM" in failed[2], failed
+        # The container's own memory ran out: a crash, counted (replaced after a backoff).
+        (name,) = fc.pod_names(NS)
+        fc.fail_container(NS, name, "pod", 137, "OOMKilled")
+        wait_for(
+            lambda: any(
+                "OOMKilled" in e["message"] and "1 consecutive failures" in e["message"]
+                for e in c.get(f"/api/v1/experiments/{exp_id}/events").json()
+            )
+        )
+
+
 def test_pods_get_their_experiments_credential_from_a_secret_the_orchestrator_owns(
     cluster: tuple[FakeCluster, ServerThread],
     k8s_settings: OrchestratorSettings,
@@ -509,3 +581,42 @@ def _strings(obj: Any) -> list[str]:
     if isinstance(obj, list):
         return [s for v in obj for s in _strings(v)]
     return [obj] if isinstance(obj, str) else []
+
+
+def test_on_kubernetes_ended_pods_last_lines_outlive_their_pod_objects(
+    cluster: tuple[FakeCluster, ServerThread],
+    k8s_settings: OrchestratorSettings,
+    flush_redis: None,
+) -> None:
+    """Issue 35 item 9: a pod's log goes with its object, which the orchestrator deletes once
+    the pod has failed (and Kubernetes deletes once a stopped pod has exited): read through
+    the API before, and kept with the experiment."""
+    fc, srv = cluster
+    with orchestrator(k8s_settings, srv.url) as c:
+        body = spec(population={"min_pods": 1, "max_pods": 1})
+        exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
+        base = f"/api/v1/experiments/{exp_id}"
+        (crashed,) = wait_for(lambda: len(n := fc.pod_names(NS)) == 1 and n)
+        fc.write_log(NS, crashed, "pod", "".join(f"round {i} done\n" for i in range(300)))
+        fc.fail_container(NS, crashed, "pod", 3, "Error", log="CUDA error: out of memory\n")
+        (stopped,) = wait_for(lambda: (n := fc.pod_names(NS)) and n != [crashed] and n)
+        assert crashed not in fc.pod_names(NS, live_only=False)  # its object (and log) is gone
+        fc.write_log(NS, stopped, "pod", "round 0 done\nround 1 done\n")
+        assert c.post(f"{base}/cancel").status_code == 202
+        wait_for(lambda: not fc.pod_names(NS, live_only=False))
+
+        kept = c.get(f"{base}/ended-pods", params={"tail": 1000}).json()
+        by_pod = {p["pod_id"]: p for p in kept}
+        assert [p["pod_id"] for p in kept] == [
+            crashed.removeprefix(f"podium-{exp_id}-"),
+            stopped.removeprefix(f"podium-{exp_id}-"),
+        ]
+        first, second = (by_pod[p["pod_id"]] for p in kept)
+        assert first["phase"] == "Failed" and not first["stopped"]
+        assert first["reason"] == "container pod: exit code 3 (Error)"
+        lines = first["log"].splitlines()
+        assert len(lines) == k8s_settings.ended_pod_log_lines  # the last 200 of 301
+        assert lines[-2:] == ["round 299 done", "CUDA error: out of memory"]
+        assert second["stopped"] and second["log"] == "round 0 done\nround 1 done"
+        one = c.get(f"{base}/pods/{first['pod_id']}/logs", params={"tail": 1})
+        assert one.status_code == 200 and one.text == "CUDA error: out of memory\n"

@@ -139,13 +139,13 @@ def _final_marker(d: Path, exp_id: str, pod_id: str) -> Path:
 def test_stops_at_target_reward_and_records_the_best(client: TestClient) -> None:
     body = spec(
         population={"min_pods": 2, "max_pods": 2},
-        target_reward=50.0,
+        target_return=50.0,
         standin={"report_interval_s": 0.1, "score_step": 10.0},
     )
     exp_id = _create(client, body)
     d = _data_dir(client)
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "succeeded" and e)
-    assert exp["reason"] == "target reward 50 reached"
+    assert exp["reason"] == "target return 50 reached"
     wait_for(lambda: not live_pods(d, exp_id))
     exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e)
     assert exp["result"]["best"]["score"] >= 50.0
@@ -307,7 +307,7 @@ def test_target_reward_with_the_real_leaderboard(
             client.headers["Authorization"] = f"Bearer {TOKEN}"
             body = spec(
                 population={"min_pods": 2, "max_pods": 2},
-                target_reward=30.0,
+                target_return=30.0,
                 standin={"report_interval_s": 0.1, "score_step": 10.0},
             )
             exp_id = _create(client, body)

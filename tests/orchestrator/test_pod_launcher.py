@@ -1,5 +1,5 @@
-"""The local backend's pod launcher (services/pod/launcher.py): CPU pods of the default command
-start as forks of one process that imported torch once, and are what a new interpreter would
+"""The local backend's pod launcher (services/pod/runtime/launcher.py): CPU pods of the default
+command start as forks of one process that imported torch once, and are what a new interpreter would
 be to the backend: own session, own log, exit code recorded. Real pods, a real launcher."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from services.orchestrator.backends.local import LocalBackend
 from services.orchestrator.backends.pod_launcher import LaunchedPod, PodLauncher
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
-from services.pod.launcher import POD_PROCESS_NAME
+from services.pod.runtime.launcher import POD_PROCESS_NAME
 from tests.orchestrator.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,12 +23,14 @@ from services.contracts.leaderboard import Candidate, ManifestCheckpoint
 from services.contracts.spec import ExperimentSpec
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
-from services.pod.evaluator import Evaluator
-from services.pod.learner import RolloutLearner
-from services.pod.metrics import PodMetrics
-from services.pod.onpolicy import LocalRoles, OnPolicyTrainer, PPORunConfig
-from services.pod.runtime import PodRuntime, RuntimeSettings, fetch_parent
-from services.pod.worker import RolloutWorker
+from services.pod.config import PPORunConfig
+from services.pod.roles.evaluator import Evaluator
+from services.pod.roles.learner import RolloutLearner
+from services.pod.roles.rollout_roles import LocalRoles
+from services.pod.roles.worker import RolloutWorker
+from services.pod.runtime.metrics import PodMetrics
+from services.pod.runtime.rounds import PodRuntime, RuntimeSettings, fetch_parent
+from services.pod.training.onpolicy import OnPolicyTrainer
 from tests.leaderboard.conftest import free_port
 
 TOKEN = "pod-test-token"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.pod.backtest import buy_and_hold, equal_weight, metrics, run_backtest
-from services.pod.envs.stock_trading import StockTradingEnv
+from services.pod.trading.backtest import buy_and_hold, equal_weight, metrics, run_backtest
+from services.pod.trading.env import StockTradingEnv
 
 
 def test_metrics_of_a_short_series() -> None:

@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from services.pod.checkpoint import CheckpointError, read_files
-from services.pod.onpolicy import PPORunConfig, load_ppo_files, save_ppo_files
-from services.pod.presets import preset
+from services.pod.config import PPORunConfig
+from services.pod.training.checkpoint import CheckpointError, read_files
+from services.pod.training.onpolicy import load_ppo_files, save_ppo_files
+from services.pod.training.presets import preset
 from tests.pod.harness import ppo_roles
 
 

@@ -1,5 +1,5 @@
-"""The compiled on-device loop (services/pod/compiled.py): the same numbers as eager, eager
-where it cannot compile (logged), and no recompilation when PBT rebuilds the agent.
+"""The compiled on-device loop (services/pod/algorithms/compiled.py): the same numbers as eager,
+eager where it cannot compile (logged), and no recompilation when PBT rebuilds the agent.
 
 Compiling costs tens of seconds on a small shared CPU, so the tests that compile are ``slow``;
 they share one process's dynamo cache (a graph compiled by one is reused by the next).
@@ -18,13 +18,16 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
+from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.spec import ExperimentSpec
-from services.pod.algorithms.hyperparameters import HyperparameterError
-from services.pod.compiled import AUTO_MIN_ENVS, compile_counters, should_compile
+from services.pod.algorithms.compiled import AUTO_MIN_ENVS, compile_counters, should_compile
+from services.pod.algorithms.rollout import Rollout
+from services.pod.config import PPORunConfig
 from services.pod.envs.cartpole import CartPoleEnv
-from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig, build_agent, make_worker
-from services.pod.presets import pod_config
-from services.pod.worker import FusedRolloutWorker, Rollout, RolloutWorker
+from services.pod.roles.rollout_roles import build_agent, make_worker
+from services.pod.roles.worker import FusedRolloutWorker, RolloutWorker
+from services.pod.training.onpolicy import OnPolicyTrainer
+from services.pod.training.presets import pod_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,8 +133,9 @@ def _run_child(code: str, **env: str) -> dict:
 
 _TRAIN_ONE_STEP = """
     import json
-    from services.pod.fit import train
-    from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
+    from services.pod.training.fit import train
+    from services.pod.training.onpolicy import OnPolicyTrainer
+    from services.pod.config import PPORunConfig
     cfg = PPORunConfig.model_validate({"total_env_steps": 64, "eval_every_steps": 10**9,
         "ppo": {"num_envs": 8, "num_steps": 8, "compile": "on"}})
     trainer = OnPolicyTrainer([cfg])

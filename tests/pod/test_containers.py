@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.pod.multiprocess import RemoteRoles
-from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
-from services.pod.presets import preset
-from services.pod.role_process import RoleError, serve_role
-from services.pod.transport import SOCKET, TOKEN, Channel, SharedTensors, TransportError
+from services.pod.config import PPORunConfig
+from services.pod.roles.multiprocess import RemoteRoles
+from services.pod.roles.role_process import RoleError, serve_role
+from services.pod.roles.transport import SOCKET, TOKEN, Channel, SharedTensors, TransportError
+from services.pod.training.onpolicy import OnPolicyTrainer
+from services.pod.training.presets import preset
 from tests.pod.harness import ROOT, Leaderboard, make_spec, pod_env, ppo_roles, register
 
 

@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from services.pod.fit import train
-from services.pod.fusion import ParameterAverager, run_group
-from services.pod.onpolicy import PPORunConfig
-from services.pod.presets import preset
+from services.pod.config import PPORunConfig
+from services.pod.training.fit import train
+from services.pod.training.fusion import ParameterAverager, run_group
+from services.pod.training.presets import preset
 
 
 def _replica_state(rank: int) -> tuple[nn.Module, torch.optim.Optimizer]:

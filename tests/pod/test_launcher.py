@@ -1,5 +1,5 @@
-"""services/pod/launcher.py's fork, in this process: the pid it hands out already leads its own
-process group, as a Popen with ``start_new_session`` returns only after the child's setsid."""
+"""services/pod/runtime/launcher.py's fork, in this process: the pid it hands out already leads its
+own process group, as a Popen with ``start_new_session`` returns only after the child's setsid."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.pod import launcher
+from services.pod.runtime import launcher
 
 
 def test_the_pid_is_handed_out_after_the_pod_leads_its_own_group(

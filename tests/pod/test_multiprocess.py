@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.pod.multiprocess import ProcessRoles, RoleError
-from services.pod.onpolicy import OnPolicyTrainer, PPORunConfig
-from services.pod.presets import preset
+from services.pod.config import PPORunConfig
+from services.pod.roles.multiprocess import ProcessRoles, RoleError
+from services.pod.training.onpolicy import OnPolicyTrainer
+from services.pod.training.presets import preset
 from tests.pod.harness import ppo_roles
 from tests.pod.plugins import register_plugin
 

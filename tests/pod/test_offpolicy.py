@@ -10,11 +10,15 @@ from services.pod.algorithms.ddpg import DDPG, DDPGConfig
 from services.pod.algorithms.dqn import DQN, DQNConfig
 from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.replay_buffer import Batch, ReplayBuffer
-from services.pod.checkpoint import CheckpointError
 from services.pod.envs.registry import make_env
-from services.pod.fit import build, train
-from services.pod.offpolicy import OffPolicyConfig, load_offpolicy_files, save_offpolicy_files
-from services.pod.presets import SOLVED_AT, preset
+from services.pod.training.checkpoint import CheckpointError
+from services.pod.training.fit import build, train
+from services.pod.training.offpolicy import (
+    OffPolicyConfig,
+    load_offpolicy_files,
+    save_offpolicy_files,
+)
+from services.pod.training.presets import TARGET_RETURNS, preset
 
 
 def rows(first: int, n: int) -> tuple[torch.Tensor, ...]:
@@ -188,8 +192,8 @@ def assert_solves(algorithm: str, env: str, budget: int, seed: int, **overrides)
     )
     result = train(cfg)
     assert result.best is not None
-    assert result.best.mean >= SOLVED_AT[env], (
-        f"{algorithm} on {env}: best eval {result.best.mean:.1f} < {SOLVED_AT[env]} "
+    assert result.best.mean >= TARGET_RETURNS[env], (
+        f"{algorithm} on {env}: best eval {result.best.mean:.1f} < {TARGET_RETURNS[env]} "
         f"within {budget} env steps"
     )
     assert result.solved_at_env_steps is not None and result.solved_at_env_steps <= budget

@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.pod.algorithms.hyperparameters import HyperparameterError
+from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.pod.algorithms.ppo import PPO, PPOConfig
+from services.pod.config import PPORunConfig
 from services.pod.envs import make_env
-from services.pod.evaluator import Evaluator
-from services.pod.learner import RolloutLearner
-from services.pod.onpolicy import PPORunConfig, load_ppo_files, save_ppo_files
-from services.pod.population import PopulationPPO, build_population
-from services.pod.population_trainer import check_population_config
+from services.pod.roles.evaluator import Evaluator
+from services.pod.roles.learner import RolloutLearner
+from services.pod.training.onpolicy import load_ppo_files, save_ppo_files
+from services.pod.training.population import PopulationPPO, build_population
+from services.pod.training.population_trainer import check_population_config
 from tests.pod.harness import run_fresh_python
 
 HPS = [
@@ -187,7 +188,7 @@ def test_a_population_trains_without_building_optimisers_it_never_steps() -> Non
     code = (
         "import sys\n"
         "from services.pod.algorithms.ppo import PPOConfig\n"
-        "from services.pod.population import build_population\n"
+        "from services.pod.training.population import build_population\n"
         "cfg = PPOConfig(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1)\n"
         "pop = build_population('CartPole-v1', cfg, [{}, {}], eval_episodes=2)\n"
         "pop.update(pop.collect())\n"
@@ -202,7 +203,7 @@ def test_a_population_trains_without_building_optimisers_it_never_steps() -> Non
 def test_tanh_takes_the_cpus_faster_kernel_and_agrees_with_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from services.pod import population
+    from services.pod.training import population
 
     assert population.slow_tanh_cpu("processor\t: 0\nvendor_id\t: AuthenticAMD\n")
     assert not population.slow_tanh_cpu("processor\t: 0\nvendor_id\t: GenuineIntel\n")
@@ -232,7 +233,9 @@ def test_a_gsde_refusal_names_the_preset_file_an_envpool_task_reads() -> None:
     """``envpool:<task>`` trains with ``<task>``'s preset, so the refusal names that file
     (it named ``presets/ppo/envpool:HalfCheetah-v5.yaml``, which does not exist)."""
     config = PPORunConfig(env="envpool:HalfCheetah-v5", ppo={"sde_sample_freq": 4})
-    with pytest.raises(HyperparameterError, match=r"from the preset \S*/ppo/HalfCheetah-v5\.yaml"):
+    with pytest.raises(
+        HyperparameterError, match=r"from the preset \S*/ppo/presets/HalfCheetah-v5\.yaml"
+    ):
         check_population_config(config)
 
 

@@ -20,12 +20,12 @@ from pydantic import ValidationError
 from services.api_client import LeaderboardClient
 from services.contracts.leaderboard import Manifest
 from services.contracts.spec import ExperimentSpec
-from services.pod.checkpoint import read_files
-from services.pod.fit import build
-from services.pod.metrics import PodMetrics
-from services.pod.onpolicy import PPORunConfig
-from services.pod.presets import eval_seed, pod_config
-from services.pod.runtime import HyperparameterError, PodRuntime, RuntimeSettings
+from services.pod.config import PPORunConfig
+from services.pod.runtime.metrics import PodMetrics
+from services.pod.runtime.rounds import HyperparameterError, PodRuntime, RuntimeSettings
+from services.pod.training.checkpoint import read_files
+from services.pod.training.fit import build
+from services.pod.training.presets import eval_seed, pod_config
 from tests.pod.harness import (
     TOKEN,
     Leaderboard,
@@ -250,7 +250,7 @@ def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: P
     )
     refusal = (
         r"without gSDE.*ppo\.sde_sample_freq = 4 "
-        r"\(from the preset services/pod/presets/ppo/Pendulum-v1\.yaml\)"
+        r"\(from the preset services/contracts/algorithms/ppo/presets/Pendulum-v1\.yaml\)"
     )
     with pytest.raises(ValidationError, match=refusal):
         ExperimentSpec.model_validate(spec)
@@ -311,11 +311,11 @@ def test_a_pinned_shared_setting_lets_a_population_train_a_gsde_preset(
         (
             {
                 # An env both fit, so that only the population rule refuses the mix.
-                "env": {"name": "Pendulum-v1"},
-                "algorithms": {"ppo": 1.0, "sac": 1.0},
+                "env": {"name": "CartPole-v1"},
+                "algorithms": {"ppo": 1.0, "dqn": 1.0},
                 "search_space": {"learning_rate": {"type": "uniform", "low": 1e-4, "high": 1e-3}},
             },
-            "train PPO only",
+            "train DDPG and PPO and SAC and TD3 only, not dqn",
         ),
     ],
 )

@@ -1,6 +1,7 @@
-"""The portfolio gradient as a pod algorithm (services/pod/portfolio_trainer.py): the agent a
-pod trains is the in-process tournament's, its score is its backtest Sharpe on the validation
-period, its training files round-trip (PBT's exploit), and what it cannot train is refused."""
+"""The portfolio gradient as a pod algorithm (services/pod/trading/portfolio_trainer.py): the
+agent a pod trains is the in-process tournament's, its score is its backtest Sharpe on the
+validation period, its training files round-trip (PBT's exploit), and what it cannot train is
+refused."""
 
 from __future__ import annotations
 
@@ -14,18 +15,17 @@ from pydantic import ValidationError
 
 from services.contracts.spec import ExperimentSpec
 from services.contracts.training_files import CheckpointError
-from services.pod.algorithms.portfolio_gradient import (
-    BatchedAdam,
+from services.pod.trading.backtest import backtest_candidate, metrics, run_backtest
+from services.pod.trading.env import StockTradingEnv, market_periods
+from services.pod.trading.portfolio_gradient import (
     FeatureLayout,
     PortfolioPlan,
     run_portfolio_tournament,
 )
-from services.pod.backtest import backtest_candidate, metrics, run_backtest
-from services.pod.checkpoint import read_files, tensor_bytes, write_files
-from services.pod.envs.stock_trading import StockTradingEnv, market_periods
-from services.pod.fit import build, train
-from services.pod.portfolio_trainer import PortfolioRunConfig, PortfolioTrainer
-from services.pod.presets import train_config
+from services.pod.trading.portfolio_trainer import PortfolioRunConfig, PortfolioTrainer
+from services.pod.training.checkpoint import read_files, tensor_bytes, write_files
+from services.pod.training.fit import build, train
+from services.pod.training.presets import train_config
 
 #: A short trend market: 600 days, so a step reads 360 train days.
 MARKET = {"regime": "trend", "market_seed": 2, "num_days": 600}
@@ -145,14 +145,6 @@ def test_a_backtest_runs_the_agents_files(tmp_path: Path) -> None:
     trainer.close()
 
 
-def test_the_optimiser_state_lives_with_the_parameters() -> None:
-    """Adam's moments are made where the parameters are (a pod on ``device=cuda`` steps them
-    there): on the meta device here, which any machine has."""
-    params = torch.zeros(2, 5, dtype=torch.float64, device="meta")
-    adam = BatchedAdam(params, torch.ones(2, dtype=torch.float64, device="meta"))
-    assert adam.moments.device == adam.steps.device == params.device
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_pod_trains_on_cuda_as_on_the_cpu() -> None:
@@ -215,7 +207,9 @@ def test_the_spec_refuses_it_on_other_envs_and_other_names() -> None:
         ExperimentSpec.model_validate(
             {**base, "env": {"name": "StockTrading-v0"}, "search_space": space}
         )
-    with pytest.raises(ValidationError, match="population pods train PPO only"):
+    with pytest.raises(
+        ValidationError, match="population pods train DDPG and PPO and SAC and TD3 only"
+    ):
         ExperimentSpec.model_validate(
             {**base, "env": {"name": "StockTrading-v0"}, "population": {"agents_per_pod": 2}}
         )

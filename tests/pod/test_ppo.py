@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from services.pod.algorithms.ppo import gae
-from services.pod.fit import train
-from services.pod.onpolicy import PPORunConfig
-from services.pod.presets import SOLVED_AT, preset
+from services.pod.config import PPORunConfig
+from services.pod.training.fit import train
+from services.pod.training.presets import TARGET_RETURNS, preset
 
 
 def reference_gae(rewards, values, dones, next_value, gamma, lam):
@@ -57,7 +57,7 @@ def test_ppo_solves_within_env_step_budget(env, budget):
     )
     result = train(cfg)
     assert result.best is not None
-    assert result.best.mean >= SOLVED_AT[env], (
-        f"{env}: best eval {result.best.mean:.1f} < {SOLVED_AT[env]} within {budget} env steps"
+    assert result.best.mean >= TARGET_RETURNS[env], (
+        f"{env}: best eval {result.best.mean:.1f} < {TARGET_RETURNS[env]} within {budget} env steps"
     )
     assert result.solved_at_env_steps is not None and result.solved_at_env_steps <= budget

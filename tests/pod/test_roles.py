@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from services.pod.onpolicy import PPORunConfig
-from services.pod.presets import preset
+from services.pod.config import PPORunConfig
+from services.pod.training.presets import preset
 from tests.pod.harness import ppo_roles
 
 

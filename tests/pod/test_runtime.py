@@ -26,13 +26,13 @@ from pydantic import ValidationError
 from services.contracts.leaderboard import Manifest, SubmissionResponse
 from services.contracts.spec import ExperimentSpec
 from services.contracts.strategies import PBTOptions, parent_is_better
-from services.pod.checkpoint import read_files, write_files
-from services.pod.evaluator import EvalResult
-from services.pod.fit import build
-from services.pod.lineage import Lineage, ReadyRule
-from services.pod.onpolicy import PPORunConfig
-from services.pod.presets import pod_config, preset
-from services.pod.runtime import HyperparameterError, check_hyperparameter_names
+from services.pod.config import PPORunConfig
+from services.pod.roles.evaluator import EvalResult
+from services.pod.runtime.lineage import Lineage, ReadyRule
+from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
+from services.pod.training.checkpoint import read_files, write_files
+from services.pod.training.fit import build
+from services.pod.training.presets import pod_config, preset
 from tests.pod.harness import (
     ROOT,
     InThread,
@@ -337,18 +337,22 @@ def metric(url: str, name: str) -> float:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="GPUs granted where torch sees none")
-def test_a_pod_granted_gpus_torch_cannot_see_says_so(
+def test_a_pod_granted_gpus_torch_cannot_see_refuses_to_start(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:
+    """Granted a GPU it cannot use, a pod would train on the CPU and hold the GPU for nobody
+    (a warning line was the only sign): it exits 2 at start, saying why."""
     spec = make_spec()
     register(leaderboard, "no-gpu", spec)
-    log = tmp_path / "pod.log"
-    proc = start_pod(leaderboard, "no-gpu", "p0", spec, tmp_path, log, PODIUM_GPUS="1")
-    # "pod started" comes once the pod handles SIGTERM (a signal before it kills the pod).
-    lines = sigterm_pod_when(proc, log, lambda: '"pod started"' in log.read_text(), 60)
-    warned = [line for line in lines if "torch sees no CUDA device" in line["event"]]
-    assert len(warned) == 1 and warned[0]["level"] == "warning" and warned[0]["gpus"] == 1
-    assert next(line for line in lines if line["event"] == "pod started")["device"] == "cpu"
+    env = {**pod_env(leaderboard, "no-gpu", "p0", spec, tmp_path), "PODIUM_GPUS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.pod"], cwd=ROOT, env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    last = json.loads(done.stderr.decode().strip().splitlines()[-1])
+    assert last["event"] == "bad input" and "1 GPU granted (PODIUM_GPUS=1)" in last["error"]
+    assert "is a CPU build" in last["error"] or "sees no CUDA device" in last["error"]
+    assert "Traceback" not in done.stderr.decode()
 
 
 def test_pod_process_reports_serves_metrics_and_stops_on_sigterm(

@@ -22,11 +22,11 @@ from pydantic import ValidationError
 
 from services.contracts.leaderboard import Manifest
 from services.contracts.spec import ExperimentSpec
-from services.pod.fit import build
-from services.pod.offpolicy import OffPolicyConfig, OffPolicyTrainer, load_offpolicy_files
-from services.pod.onpolicy import PPORunConfig
-from services.pod.presets import eval_seed, pod_config
-from services.pod.runtime import HyperparameterError, check_hyperparameter_names
+from services.pod.config import PPORunConfig
+from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
+from services.pod.training.fit import build
+from services.pod.training.offpolicy import OffPolicyConfig, OffPolicyTrainer, load_offpolicy_files
+from services.pod.training.presets import eval_seed, pod_config
 from tests.pod.harness import (
     Leaderboard,
     download,

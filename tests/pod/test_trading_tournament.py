@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
 
-from services.pod.algorithms.ppo_config import PPOConfig
-from services.pod.backtest import metrics
-from services.pod.envs.market import MarketData, synthetic_market
-from services.pod.trading_tournament import TournamentPlan, evaluate_market
+from services.contracts.algorithms.ppo.config import PPOConfig
+from services.contracts.strategies import PBTOptions, population_exploits
+from services.pod.trading.backtest import metrics
+from services.pod.trading.local_tournament import LOCAL_PBT
+from services.pod.trading.market import MarketData, synthetic_market
+from services.pod.trading.tournament import TournamentPlan, evaluate_market
 from tests.pod.harness import run_fresh_python
 
 ENV = {
@@ -94,7 +98,7 @@ def test_on_round_reports_every_round_as_it_ends() -> None:
 
     plan = TournamentPlan(ppo, HPS, rounds=3, round_env_steps=128, seed=1)
     with pytest.MonkeyPatch.context() as mp:
-        from services.pod.population import PopulationPPO
+        from services.pod.training.population import PopulationPPO
 
         update = PopulationPPO.update
         mp.setattr(PopulationPPO, "update", lambda self, batch: (count(), update(self, batch))[1])
@@ -112,9 +116,9 @@ def test_a_pod_of_the_spec_scores_on_the_validation_period_as_the_tournament() -
     period and its evaluator ranks agents by their validation Sharpe ratio, the very score the
     in-process tournament keeps snapshots by (``validation_sharpes``)."""
     from services.contracts.spec import ExperimentSpec
-    from services.pod.population_trainer import PopulationTrainer
-    from services.pod.presets import pod_config
-    from services.pod.trading_tournament import PERIOD_KWARGS, validation_sharpes
+    from services.pod.trading.tournament import PERIOD_KWARGS, validation_sharpes
+    from services.pod.training.population_trainer import PopulationTrainer
+    from services.pod.training.presets import pod_config
     from tests.pod.harness import make_spec
 
     on_validation = {"mode": "validation", "score": "sharpe"}
@@ -177,9 +181,9 @@ def test_a_tournament_builds_no_optimiser_it_never_steps() -> None:
     tournament's own wall time, docs/benchmarks.md)."""
     code = (
         "import sys\n"
-        "from services.pod.algorithms.ppo_config import PPOConfig\n"
-        "from services.pod.envs.market import synthetic_market\n"
-        "from services.pod.trading_tournament import TournamentPlan, evaluate_market\n"
+        "from services.contracts.algorithms.ppo.config import PPOConfig\n"
+        "from services.pod.trading.market import synthetic_market\n"
+        "from services.pod.trading.tournament import TournamentPlan, evaluate_market\n"
         f"env = {ENV!r}\n"
         "data = synthetic_market(2, num_stocks=3, num_days=600, regime='crash')\n"
         "ppo = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)\n"
@@ -190,3 +194,52 @@ def test_a_tournament_builds_no_optimiser_it_never_steps() -> None:
         "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
     )
     run_fresh_python(code)
+
+
+def test_pbt_in_process_is_the_leaderboards_decision() -> None:
+    """``population_exploits``: the bottom ``truncation`` share (at least one agent, as the
+    leaderboard's ``in_bottom``) restarts from a parent of the top ``quantile``, only from a
+    better one (by more than ``exploit_margin``), worst agent first."""
+    rng = random.Random(0)
+    scores = [0.1, 0.5, 0.3, -0.2]
+    assert population_exploits(scores, LOCAL_PBT, rng) == [(3, 1)]
+    assert population_exploits(scores[:2], LOCAL_PBT, rng) == [(0, 1)]  # P = 2: one replaced
+    eight = [0.0, 0.7, 0.1, 0.6, -0.3, 0.2, 0.3, -0.1]
+    pairs = population_exploits(eight, LOCAL_PBT, rng)
+    assert [a for a, _ in pairs] == [4, 7] and {p for _, p in pairs} <= {1, 3}
+    every = PBTOptions()  # the leaderboard's default: any agent below the best
+    assert population_exploits(scores, every, rng) == [(3, 1), (0, 1), (2, 1)]
+    assert population_exploits([0.2] * 4, LOCAL_PBT, rng) == []  # no better parent
+    margin = PBTOptions(truncation=0.25, exploit_margin=0.8)
+    assert population_exploits(scores, margin, rng) == []
+    lower = population_exploits([1.0, 3.0, 2.0, 0.5], LOCAL_PBT, rng, higher_is_better=False)
+    assert lower == [(1, 3)]
+    # The in-process default is the leaderboard's PBT with the worst quarter replaced.
+    assert LOCAL_PBT.perturb_factors == PBTOptions().perturb_factors == (0.8, 1.2)
+    assert LOCAL_PBT.quantile == PBTOptions().quantile and LOCAL_PBT.truncation == 0.25
+
+
+@pytest.mark.parametrize("factors", [None, (3.0,)])
+def test_the_tournaments_exploit_copies_the_parent_and_explores_by_the_options(factors) -> None:
+    """After a round the worst agent takes the leader's agent and every per-agent
+    hyperparameter, with the learning rate and entropy coefficient each times one of the plan's
+    ``perturb_factors`` (the leaderboard's 0.8 / 1.2 by default); the others keep theirs."""
+    data = synthetic_market(4, num_stocks=3, num_days=600, regime="trend")
+    ppo = PPOConfig(num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2)
+    hps = [
+        {"learning_rate": 1e-4 * (i + 1), "ent_coef": 0.01 * (i + 1), "gamma": 0.9 + 0.02 * i}
+        for i in range(4)
+    ]
+    pbt = LOCAL_PBT if factors is None else PBTOptions(truncation=0.25, perturb_factors=factors)
+    plan = TournamentPlan(ppo, hps, rounds=2, round_env_steps=128, seed=1, pbt=pbt)
+    result = evaluate_market(data, ENV, plan).tournament
+    first = result.history[0]
+    loser, leader = int(np.argmin(first)), int(np.argmax(first))
+    configs = [agent.config for agent in result.final_agents]
+    assert configs[loser].gamma == hps[leader]["gamma"]
+    for name in ("learning_rate", "ent_coef"):
+        factor = getattr(configs[loser], name) / hps[leader][name]
+        assert any(factor == pytest.approx(f) for f in pbt.perturb_factors), (name, factor)
+    for i in set(range(4)) - {loser}:
+        assert configs[i].learning_rate == hps[i]["learning_rate"]
+        assert configs[i].gamma == hps[i]["gamma"]

@@ -1,7 +1,7 @@
-"""The trainer contract, for every way the pod trains (services/pod/trainer.py), in the style of
-Stable-Baselines3's tests/test_save_load.py: step, evaluate, save every slot, load the files
-into a fresh trainer in a FRESH PROCESS (which scores what this one scored and goes on from the
-saved counters), continue, count. And a plugin algorithm registered through a real entry
+"""The trainer contract, for every way the pod trains (services/pod/training/trainer.py), in the
+style of Stable-Baselines3's tests/test_save_load.py: step, evaluate, save every slot, load the
+files into a fresh trainer in a FRESH PROCESS (which scores what this one scored and goes on from
+the saved counters), continue, count. And a plugin algorithm registered through a real entry
 point trains end to end, spec to trainer; one that does not declare how it trains is refused.
 """
 
@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.spec import ExperimentSpec
-from services.pod.algorithms.hyperparameters import HyperparameterError
-from services.pod.fit import train
-from services.pod.presets import pod_config, preset, train_config
-from services.pod.trainer import RunConfig, Trainer, trainer_class
+from services.pod.training.fit import train
+from services.pod.training.presets import pod_config, preset, train_config
+from services.pod.training.trainer import RunConfig, Trainer, trainer_class
 from tests.pod.harness import ROOT
 from tests.pod.plugins import register_plugin
 
@@ -40,6 +41,13 @@ def configs(kind: str) -> list[dict[str, Any]]:
         return [
             {**ppo, "seed": 5 + i, "ppo": {**ppo["ppo"], "num_envs": 4, "learning_rate": lr}}
             for i, lr in enumerate((3e-3, 5e-3, 8e-3))
+        ]
+    if kind.endswith("-population"):  # sac-population, td3-population
+        name = kind.removesuffix("-population")
+        base = {**preset(name, "Pendulum-v1"), **SMALL_REPLAY, "eval_seed": 1234}
+        return [
+            {**base, "seed": 5 + i, name: {**base[name], "learning_rate": lr, "tau": tau}}
+            for i, (lr, tau) in enumerate(((1e-3, 0.01), (2e-3, 0.02), (3e-3, 0.05)))
         ]
     if kind == "ppo":
         ppo = preset("ppo", "CartPole-v1")
@@ -88,7 +96,18 @@ print(json.dumps({"loaded": loaded, "scores": scores, "stepped": trainer.env_ste
 
 
 @pytest.mark.parametrize(
-    "kind", ["ppo", "sac", "td3", "ddpg", "dqn", "portfolio_gradient", "population"]
+    "kind",
+    [
+        "ppo",
+        "sac",
+        "td3",
+        "ddpg",
+        "dqn",
+        "portfolio_gradient",
+        "population",
+        "sac-population",
+        "td3-population",
+    ],
 )
 def test_step_evaluate_save_load_in_a_fresh_process_continue(tmp_path: Path, kind: str) -> None:
     raw = configs(kind)
@@ -147,6 +166,40 @@ def test_a_population_slot_takes_a_single_agents_files(tmp_path: Path) -> None:
     assert population.evaluate()[1].mean == pytest.approx(expected.mean, rel=1e-5)
 
 
+def test_a_sac_population_slot_and_a_single_sac_agent_take_each_others_files(
+    tmp_path: Path,
+) -> None:
+    """PBT across kinds of off-policy pods: a single SAC agent's files (weights, optimiser,
+    replay buffer, counters) go into a population's slot, and a slot's files into a single SAC
+    agent; either way the agent scores what it scored where it was saved, and trains on."""
+    single = build([{**configs("sac-population")[0], "seed": 9}])
+    steps_to_update(single)
+    single.step()
+    single.save(0, tmp_path / "single")
+    [expected] = single.evaluate()
+    population = build(configs("sac-population"))
+    config = population.config(1).model_copy(update={"sac": single.config(0).sac})
+    population.load(1, tmp_path / "single", config)
+    assert population.counters(1) == single.counters(0)
+    assert population.evaluate()[1].mean == pytest.approx(expected.mean, rel=1e-5)
+    steps_to_update(population)
+    population.step()
+    population.save(1, tmp_path / "slot")
+    [slot_score] = [population.evaluate()[1]]
+    fresh = build([population.config(1).model_dump()])
+    fresh.load(0, tmp_path / "slot", population.config(1))
+    assert fresh.counters(0) == population.counters(1)
+    assert fresh.evaluate()[0].mean == pytest.approx(slot_score.mean, rel=1e-5)
+    buffer = fresh.buffer  # type: ignore[attr-defined]
+    assert len(buffer) == min(population.counters(1).env_steps, buffer.capacity)
+    updates = fresh.updates
+    for _ in range(4):
+        fresh.step()
+    assert fresh.updates > updates
+    for trainer in (single, population, fresh):
+        trainer.close()
+
+
 def test_a_population_refuses_gsde_and_target_kl() -> None:
     raw = configs("population")
     for change in ({"sde_sample_freq": 4}, {"target_kl": 0.02}):
@@ -156,46 +209,215 @@ def test_a_population_refuses_gsde_and_target_kl() -> None:
             build(changed)
 
 
-PLUGIN = """
-from services.pod.algorithms.ddpg import DDPG
-from services.pod.algorithms.offpolicy_config import DDPGConfig
+#: A built-in-style algorithm of a known family, as one folder: its card (torch-free), its
+#: config and a preset beside it, and its agent class.
+NOISY = {
+    "__init__.py": """
+from pydantic import Field
+
+from services.contracts.algorithms.card import OFF_POLICY, AlgorithmCard
+from services.contracts.algorithms.ddpg.config import DDPGConfig
+from services.contracts.algorithms.offpolicy import ReplayLoopConfig
 
 
 class NoisyConfig(DDPGConfig):
     exploration_noise: float = 0.3
-    noise_decay: float = 1.0  # a hyperparameter no built-in algorithm has
+    noise_decay: float = Field(1.0, gt=0)  # a hyperparameter no built-in algorithm has
+
+
+CARD = AlgorithmCard(
+    name="noisy_ddpg",
+    family=OFF_POLICY,
+    config=NoisyConfig,
+    loop_config=ReplayLoopConfig,
+    action_kinds=("continuous",),
+    presets_package=__name__,
+)
+""",
+    "agent.py": """
+from services.pod.algorithms.ddpg import DDPG
 
 
 class NoisyDDPG(DDPG):
     name = "noisy_ddpg"
-    config_class = NoisyConfig
+""",
+}
+
+#: An algorithm of a new family, with its own trainer, as one folder: (1+1) random search on a
+#: linear CartPole policy, a family no built-in trainer trains.
+HILL_CLIMB = {
+    "__init__.py": """
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.contracts.algorithms.card import AlgorithmCard
 
 
-class Undeclared:
-    name = "bare"
-"""
+class HillClimbConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sigma: float = Field(0.5, gt=0)
+    num_envs: int = Field(8, ge=1)
+    horizon: int = Field(50, ge=1)
+
+
+CARD = AlgorithmCard(
+    name="hill_climb",
+    family="random_search",
+    config=HillClimbConfig,
+    action_kinds=("discrete",),
+)
+""",
+    "trainer.py": """
+from pathlib import Path
+
+import torch
+from pydantic import Field
+
+from services.pod.config import RunConfig
+from services.pod.roles.evaluator import Evaluator
+from services.pod.training.checkpoint import json_bytes, read_files, tensor_bytes, write_files
+from services.pod.training.trainer import Counters, Trainer, train_in_process
+
+from podium_hill import HillClimbConfig
+
+
+class HillClimb:
+    name = "hill_climb"
+
+
+class LinearPolicy(torch.nn.Module):
+    def __init__(self, obs: int, actions: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(actions, obs), requires_grad=False)
+
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs @ self.weight.T).argmax(-1)
+
+
+class HillClimbRunConfig(RunConfig):
+    algorithm: str = "hill_climb"
+    hill_climb: HillClimbConfig = Field(default_factory=HillClimbConfig)
+
+
+class HillClimbTrainer(Trainer[HillClimbRunConfig]):
+    config_class = HillClimbRunConfig
+    one_update_per_step = True
+
+    def __init__(self, configs, roles=None) -> None:
+        [config] = configs
+        train_in_process(roles, "hill climbing trains in one process")
+        self.size = 1
+        self.env = None
+        self.reset(0, config)
+
+    def reset(self, slot, config) -> None:
+        self.close()
+        self._config, hc = config, config.hill_climb
+        self.env, eval_env = config.make_envs(hc.num_envs)
+        self.evaluator = Evaluator(eval_env, seed=config.evaluation_seed)
+        space = self.env.single_observation_space
+        self.policy = LinearPolicy(space.shape[0], int(self.env.single_action_space.n))
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.best = float("-inf")
+        self._env_steps = self._updates = 0
+
+    @property
+    def step_env_steps(self) -> int:
+        return self._config.hill_climb.num_envs * self._config.hill_climb.horizon
+
+    def _score(self, weight: torch.Tensor) -> float:
+        obs, _ = self.env.reset(seed=self._config.seed)
+        total = torch.zeros(())
+        for _ in range(self._config.hill_climb.horizon):
+            obs, reward, *_ = self.env.step((obs @ weight.T).argmax(-1))
+            total += reward.sum()
+        return float(total)
+
+    def step(self) -> None:
+        noise = torch.randn(self.policy.weight.shape, generator=self.generator)
+        candidate = self.policy.weight + self._config.hill_climb.sigma * noise
+        score = self._score(candidate)
+        if score >= self.best:
+            self.best = score
+            self.policy.weight.copy_(candidate)
+        self._env_steps += self.step_env_steps
+        self._updates += 1
+
+    def progress(self):
+        return {"best_train_score": self.best}
+
+    def evaluate(self):
+        return [self.evaluator.evaluate(self.policy)]
+
+    def config(self, slot):
+        return self._config
+
+    def counters(self, slot):
+        return Counters(self._env_steps, self._updates)
+
+    def save(self, slot, directory: Path) -> None:
+        files = {
+            "actor.safetensors": tensor_bytes({"weight": self.policy.weight}),
+            "hyperparameters.json": json_bytes(self._config.model_dump(mode="json")),
+            "counters.json": json_bytes({"env_steps": self._env_steps, "updates": self._updates}),
+        }
+        write_files(directory, files, {"algorithm": "hill_climb"})
+
+    def load(self, slot, directory: Path, config) -> None:
+        files = read_files(directory)
+        self.reset(slot, config)
+        self.policy.weight.copy_(files.tensors["actor"]["weight"])
+        counters = files.documents["counters"]
+        self._env_steps, self._updates = counters["env_steps"], counters["updates"]
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+            self.evaluator.env.close()
+            self.env = None
+""",
+}
 
 
 @pytest.fixture
 def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two algorithms registered through the real entry-point mechanism."""
-    algorithms = {"noisy_ddpg": "podium_noisy:NoisyDDPG", "bare": "podium_noisy:Undeclared"}
-    # Its config model torch-free, where the control plane finds it by name (no import).
-    configs = {"noisy_ddpg": "podium_noisy:NoisyConfig"}
+    """Algorithms registered through the real entry-point mechanism, each one folder and its
+    entry points: a built-in-style one of a known family (with a preset), one of a new family
+    with its own trainer, and a name registered as an agent with no card."""
+    (tmp_path / "noisy").mkdir()
+    noisy = {**NOISY, "presets/Pendulum-v1.yaml": "total_env_steps: 96\n"}
     register_plugin(
-        tmp_path,
+        tmp_path / "noisy",
         monkeypatch,
         "podium_noisy",
-        PLUGIN,
-        {"podium.algorithms": algorithms, "podium.algorithm_configs": configs},
+        noisy,
+        {
+            "podium.algorithm_cards": {"noisy_ddpg": "podium_noisy:CARD"},
+            "podium.algorithms": {
+                "noisy_ddpg": "podium_noisy.agent:NoisyDDPG",
+                "bare": "podium_noisy.agent:NoisyDDPG",
+            },
+        },
+    )
+    (tmp_path / "hill").mkdir()
+    register_plugin(
+        tmp_path / "hill",
+        monkeypatch,
+        "podium_hill",
+        HILL_CLIMB,
+        {
+            "podium.algorithm_cards": {"hill_climb": "podium_hill:CARD"},
+            "podium.algorithms": {"hill_climb": "podium_hill.trainer:HillClimb"},
+            "podium.trainers": {"random_search": "podium_hill.trainer:HillClimbTrainer"},
+        },
     )
 
 
 @pytest.mark.usefixtures("plugins")
 def test_a_plugin_algorithm_trains_end_to_end(tmp_path: Path) -> None:
-    # podium train: its preset layers, its own config field, the one fit loop.
-    layers = [{"algorithm": "noisy_ddpg", **SMALL_REPLAY, "total_env_steps": 96}]
+    # podium train: its preset (beside its card), its own config field, the one fit loop.
+    layers = [{"algorithm": "noisy_ddpg", **SMALL_REPLAY}]
     config = train_config("Pendulum-v1", [*layers, {"noisy_ddpg": {"noise_decay": 0.5}}])
+    assert config.total_env_steps == 96  # from the card's preset
     assert config.noisy_ddpg.noise_decay == 0.5  # type: ignore[attr-defined]
     result = train(config, out_dir=tmp_path)
     assert result.history and result.history[-1]["env_steps"] == 96
@@ -213,20 +435,59 @@ def test_a_plugin_algorithm_trains_end_to_end(tmp_path: Path) -> None:
     pod = pod_config(spec, {"noise_decay": 0.9, "batch_size": 32}, seed=3)
     assert isinstance(pod, RunConfig) and pod.algorithm == "noisy_ddpg"
     assert pod.noisy_ddpg.noise_decay == 0.9 and pod.batch_size == 32  # type: ignore[attr-defined]
+    # Its card's action kinds are checked at submission, as a built-in's are.
+    with pytest.raises(ValidationError, match="cannot train noisy_ddpg on CartPole-v1"):
+        ExperimentSpec.model_validate(
+            {"name": "plugin", "env": {"name": "CartPole-v1"}, "algorithms": {"noisy_ddpg": 1}}
+        )
 
 
 @pytest.mark.usefixtures("plugins")
-def test_an_algorithm_that_does_not_declare_how_it_trains_is_refused() -> None:
-    with pytest.raises(HyperparameterError, match="'bare'.*does not declare config_class"):
+def test_an_algorithm_of_a_new_family_trains_with_its_own_trainer(tmp_path: Path) -> None:
+    """A new family: its card names the family, its trainer is registered under that name,
+    and the trunk (``trainer_class``, the fit loop, the spec check) needs nothing else."""
+    config = train_config(
+        "CartPole-v1",
+        [{"algorithm": "hill_climb", "total_env_steps": 4_000, "eval_every_steps": 2_000}],
+    )
+    assert type(config).__name__ == "HillClimbRunConfig"
+    result = train(config, out_dir=tmp_path)
+    assert result.history[-1]["env_steps"] == 4_000
+    # Random search on a linear policy balances CartPole well past a random policy's ~22.
+    assert max(h["eval_return"] for h in result.history if "eval_return" in h) > 60
+    manifest = json.loads((tmp_path / "checkpoints" / "best" / "manifest.json").read_text())
+    assert manifest["algorithm"] == "hill_climb"
+    spec = {"name": "hc", "env": {"name": "CartPole-v1"}, "algorithms": {"hill_climb": 1}}
+    assert ExperimentSpec.model_validate(spec).algorithms == {"hill_climb": 1}
+    with pytest.raises(ValidationError, match="'sigma2' not hyperparameters of 'hill_climb'"):
+        ExperimentSpec.model_validate(
+            {**spec, "search_space": {"sigma2": {"type": "choice", "values": [1.0]}}}
+        )
+    with pytest.raises(
+        ValidationError,
+        match="population pods train DDPG and PPO and SAC and TD3 only, not hill_climb",
+    ):
+        ExperimentSpec.model_validate({**spec, "population": {"agents_per_pod": 2}})
+    with pytest.raises(HyperparameterError, match="hill_climb trains one agent per pod"):
+        trainer_class("hill_climb", 2)
+
+
+@pytest.mark.usefixtures("plugins")
+def test_an_algorithm_without_a_card_is_refused() -> None:
+    with pytest.raises(HyperparameterError, match="'bare' is not trainable by a pod"):
         train_config("Pendulum-v1", [{"algorithm": "bare"}])
     with pytest.raises(HyperparameterError, match="'nope' is not trainable by a pod"):
         train_config("Pendulum-v1", [{"algorithm": "nope"}])
+    spec = {"name": "bare", "env": {"name": "Pendulum-v1"}, "algorithms": {"bare": 1}}
+    with pytest.raises(ValidationError, match="'bare' is registered but no pod can train it"):
+        ExperimentSpec.model_validate(spec)
 
 
 def test_every_preset_file_is_a_valid_run_config() -> None:
-    """The presets are data (services/pod/presets/<algorithm>/<env>.yaml): each one validates
-    against its algorithm's run config, a typo in one is caught here, not by a user."""
-    from services.pod.algorithms.hyperparameters import preset_files
+    """The presets are data (services/contracts/algorithms/<algorithm>/presets/<env>.yaml): each
+    one validates against its algorithm's run config, a typo in one is caught here, not by a user.
+    """
+    from services.contracts.algorithms.hyperparameters import preset_files
 
     shipped = sorted(preset_files())
     assert ("ppo", "CartPole-v1") in shipped and ("sac", "Pendulum-v1") in shipped

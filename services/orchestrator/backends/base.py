@@ -91,6 +91,11 @@ class PodInfo:
 class Backend(ABC):
     """One interface for local processes and Kubernetes pods."""
 
+    #: A pod asked to stop may vanish, log and all, without ever being listed as ended
+    #: (Kubernetes deletes a gracefully deleted pod's object once it exits): the reconciler
+    #: keeps its log lines as it stops it.
+    forgets_stopped_pods: bool = False
+
     def __init__(self) -> None:
         # Set whenever the backend sees a pod change, so the reconciler reacts at once.
         self.changed = threading.Event()

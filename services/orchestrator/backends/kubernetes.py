@@ -5,7 +5,7 @@
   running ``--role all`` with all of the pod's resources; ``processes`` is three containers,
   ``worker``, ``learner`` and ``evaluator``, each running its role (``--role ROLE``), which
   meet in ``PODIUM_ROLES_DIR`` on the shared /dev/shm: a Unix socket for control, rollouts and
-  weights in shared-memory files (services/pod/transport.py).
+  weights in shared-memory files (services/pod/roles/transport.py).
 - /dev/shm is a memory-backed emptyDir (``k8s_shared_memory``; a container's own is 64 MiB).
 - The GPU: ``nvidia.com/gpu`` limits on the fused container with the NVIDIA device plugin, or,
   with ``k8s_gpu_claim_template`` set, one DRA ResourceClaim that every container references.
@@ -195,6 +195,8 @@ def pod_manifest(
     else:
         env.append({"name": "PODIUM_ROLES_DIR", "value": ROLES_DIR})
         roles = {role: (role, ROLE_SHARE[role]) for role in ROLES}
+    # A pod without GPUs has no use for CUDA torch: the CPU build, where one is configured.
+    image = settings.pod_image_cpu if not r.gpus and settings.pod_image_cpu else settings.pod_image
     containers = []
     for name, (role, share) in roles.items():
         mem = _mem(r.memory * share)
@@ -214,7 +216,7 @@ def pod_manifest(
         containers.append(
             {
                 "name": name,
-                "image": settings.pod_image,
+                "image": image,
                 "imagePullPolicy": "IfNotPresent",
                 "command": ["python", "-m", "services.pod"],
                 "args": ["--role", role, "--experiment", req.experiment_id, "--pod-id", req.pod_id],
@@ -297,9 +299,17 @@ def _requests(pod: dict[str, Any]) -> Res:
 DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "Shutdown", "NodeShutdown", "Terminated"})
 
 
-def _disruption(status: dict[str, Any]) -> str | None:
+#: Container exit codes of a process killed by a signal it does not send itself when it
+#: crashes (128 + SIGHUP, SIGINT, SIGKILL, SIGTERM): killed from outside, unless the
+#: container's reason says its memory limit did it (OOMKilled: the pod's own doing).
+OUTSIDE_KILLS = {129: "SIGHUP", 130: "SIGINT", 137: "SIGKILL", 143: "SIGTERM"}
+
+
+def _disruption(status: dict[str, Any], killed: dict[str, Any] | None = None) -> str | None:
     """Why a failed pod was stopped from outside, or None: the pod status reason, or the
-    ``DisruptionTarget`` condition (preemption, API eviction, taint manager, pod GC)."""
+    ``DisruptionTarget`` condition (preemption, API eviction, taint manager, pod GC), or its node
+    lost (phase Unknown), or ``killed``, the terminated state of its failed container, says a signal
+    from outside ended it."""
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             why = cond.get("reason") or "disrupted"
@@ -307,6 +317,12 @@ def _disruption(status: dict[str, Any]) -> str | None:
     if status.get("reason") in DISRUPTION_REASONS:
         why = status["reason"]
         return f"{why}: {status['message']}" if status.get("message") else why
+    if status.get("phase") == "Unknown":
+        return f"node lost ({status.get('reason') or 'phase Unknown'})"
+    if killed and killed.get("reason") != "OOMKilled":
+        sig = OUTSIDE_KILLS.get(killed.get("exitCode", 0))
+        if sig is not None:
+            return f"killed by {sig} from outside"
     return None
 
 
@@ -324,6 +340,9 @@ def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool
 
 
 class KubernetesBackend(Backend):
+    #: A pod deleted with a grace period is gone once it exits: no ``Succeeded`` object is left.
+    forgets_stopped_pods = True
+
     def __init__(
         self,
         settings: OrchestratorSettings,
@@ -439,11 +458,12 @@ class KubernetesBackend(Backend):
             resources = _requests(pod)
         phase = status.get("phase") or "Pending"
         exit_code, reason = None, status.get("reason")
+        killed = None  # the failed container's terminated state
         # A training pod is useless once any of its containers has failed.
         for cs in status.get("containerStatuses") or []:
             term = (cs.get("state") or {}).get("terminated")
             if term and term.get("exitCode", 0) != 0:
-                phase, exit_code = "Failed", term["exitCode"]
+                phase, exit_code, killed = "Failed", term["exitCode"], term
                 why = term.get("reason") or "Error"
                 reason = f"container {cs['name']}: exit code {exit_code} ({why})"
                 break
@@ -465,7 +485,7 @@ class KubernetesBackend(Backend):
             phase, reason = "Failed", reason or "node lost (phase Unknown)"
         if phase == "Failed" and reason is None:
             reason = status.get("message") or "pod failed"
-        disruption = _disruption(status) if phase == "Failed" else None
+        disruption = _disruption(status, killed) if phase == "Failed" else None
         if disruption:  # e.g. a container killed by an eviction: say both
             plain = reason in (None, status.get("reason"), status.get("message"))
             reason = disruption if plain else f"{reason} ({disruption})"

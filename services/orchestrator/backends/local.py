@@ -77,6 +77,37 @@ def _exit_reason(code: int) -> str:
     return f"exit code {code}"
 
 
+#: Signals a process does not send itself when it crashes: a pod that died of one was stopped
+#: from outside (a kill, a shutdown, a closed terminal), not by its own fault. A crash is an
+#: exit code or a signal such as SIGSEGV or SIGABRT. (The kernel's OOM killer also sends
+#: SIGKILL: a pod that outgrows the machine's memory is not counted as crashing here.)
+OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+
+
+def _disruption(code: int | None, terminating: bool) -> str | None:
+    """Why a pod that was not asked to stop was stopped from outside, or None."""
+    if code is None or code >= 0 or terminating or -code not in OUTSIDE_SIGNALS:
+        return None
+    return f"killed by {signal.Signals(-code).name} from outside"
+
+
+def _tail(path: Path, lines: int, block: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of a file, reading it from the end: a pod's log grows for as
+    long as it trains, and its end is read each time a pod ends or its logs are asked for."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = size
+        data = b""
+        # One line more than asked: the first one read may be cut (unless the file starts it).
+        while start > 0 and data.count(b"\n") <= lines:
+            start = max(0, start - block)
+            f.seek(start)
+            data = f.read(size - start)
+            block *= 2
+    text = data.decode(errors="replace")
+    return "".join(deque(text.splitlines(keepends=True), maxlen=lines))
+
+
 class LocalBackend(Backend):
     def __init__(self, settings: OrchestratorSettings):
         super().__init__()
@@ -151,6 +182,10 @@ class LocalBackend(Backend):
             "PODIUM_POD_ID": req.pod_id,
             "PODIUM_SPEC": req.spec_json,
             "PODIUM_POD_DIR": str(d),
+            # Beside the experiments: `tensorboard --logdir <data dir>/tensorboard` shows them all.
+            "PODIUM_TENSORBOARD_DIR": str(
+                self.root.parent / "tensorboard" / req.experiment_id / req.pod_id
+            ),
             "PODIUM_CPU": f"{req.resources.cpu:g}",
             "PODIUM_GPUS": str(req.resources.gpus),
             # Each pod sees only its own GPUs (none for a CPU pod).
@@ -313,6 +348,7 @@ class LocalBackend(Backend):
                     self._signal(rec, signal.SIGKILL)
             res = rec["resources"]
             code = rec.get("exit_code")
+            terminating = bool(rec.get("terminating"))
             if rec.get("ended") is None and code is None:
                 phase = "Running"
             elif code == 0:
@@ -326,10 +362,11 @@ class LocalBackend(Backend):
                     phase=phase,
                     created_at=rec["created_at"],
                     resources=Res(res["cpu"], res["gpus"], res["memory"]),
-                    terminating=bool(rec.get("terminating")),
+                    terminating=terminating,
                     exit_code=code,
                     reason=rec.get("reason"),
                     algorithm=rec.get("algorithm"),
+                    disruption=_disruption(code, terminating),
                 )
             )
         return out
@@ -365,8 +402,7 @@ class LocalBackend(Backend):
 
     def pod_log_tail(self, experiment_id: str, pod_id: str, lines: int = 20) -> str:
         try:
-            with open(self.log_path(experiment_id, pod_id), errors="replace") as f:
-                return "".join(deque(f, maxlen=lines)).strip()
+            return _tail(self.log_path(experiment_id, pod_id), lines).strip()
         except OSError:
             return ""
 

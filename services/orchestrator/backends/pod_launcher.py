@@ -1,6 +1,7 @@
 """The local backend's pod launcher: CPU pods forked from a process that imported torch once.
 
-``PodLauncher`` runs ``python -m services.pod.launcher`` (services/pod/launcher.py, where the
+``PodLauncher`` runs ``python -m services.pod.runtime.launcher``
+(services/pod/runtime/launcher.py, where the
 why and the line protocol are) as a child of the orchestrator and asks it for pods. What the
 backend gets back is a ``LaunchedPod``: a pid and a ``wait()`` for the exit code, as a
 ``subprocess.Popen`` would give. The launcher starts importing when the backend is built, so
@@ -60,7 +61,7 @@ class LaunchedPod:
 
 
 class PodLauncher:
-    """One ``services.pod.launcher`` process and the pods it started."""
+    """One ``services.pod.runtime.launcher`` process and the pods it started."""
 
     READY_TIMEOUT_S = 120.0  # importing torch on a loaded machine; then fall back
     ANSWER_TIMEOUT_S = 30.0  # a fork answers in milliseconds: longer means the launcher hangs
@@ -77,7 +78,7 @@ class PodLauncher:
         self._closing = False
         env = {k: v for k, v in os.environ.items() if k not in PLATFORM_SECRETS}
         self._proc = subprocess.Popen(
-            [python, "-m", "services.pod.launcher"],
+            [python, "-m", "services.pod.runtime.launcher"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

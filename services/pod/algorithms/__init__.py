@@ -1,5 +1,5 @@
-"""Learning algorithms of the pod. Each module holds one algorithm's loss and update; shared
-machinery (policies, normalisation, replay buffer) lives beside them. Their hyperparameter
-models are torch-free (ppo_config.py, offpolicy_config.py; names per algorithm in
-hyperparameters.py) so the control plane can validate a spec without torch. Algorithms are
-found by registered name (entry-point group ``podium.algorithms``)."""
+"""The agents a pod trains: each module holds one algorithm's networks, loss and update; the
+shared machinery (policies, normalisation, rollout and replay storage, exploration noise, the
+compile helper) lives beside them. What is known of each algorithm without torch (its
+hyperparameters, action kinds, family, presets) is its card, services/contracts/algorithms/.
+Agents are found by registered name (entry-point group ``podium.algorithms``)."""

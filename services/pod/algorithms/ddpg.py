@@ -21,10 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
+from services.contracts.algorithms.ddpg.config import DDPGConfig
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.noise import ActionNoise
-from services.pod.algorithms.offpolicy_config import DDPGConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
 
@@ -110,8 +109,6 @@ class DDPG(OffPolicyAlgorithm, nn.Module):
     """The DDPG agent: actor, critic, their targets and one optimiser."""
 
     name = "ddpg"
-    config_class = DDPGConfig
-    action_spaces = ALGORITHM_ACTION_KINDS["ddpg"]
     discrete = False
     n_critics = 1  # TD3 is this agent with two, a smoothed target action and a policy delay
 

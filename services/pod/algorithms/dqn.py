@@ -18,10 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
+from services.contracts.algorithms.dqn.config import DQNConfig
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.ddpg import frozen_copy, polyak_
-from services.pod.algorithms.offpolicy_config import DQNConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
 
@@ -51,8 +50,6 @@ class QNetwork(nn.Module):
 
 class DQN(OffPolicyAlgorithm, nn.Module):
     name = "dqn"
-    config_class = DQNConfig
-    action_spaces = ALGORITHM_ACTION_KINDS["dqn"]
     discrete = True
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config: DQNConfig):

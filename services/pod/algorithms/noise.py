@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from services.pod.algorithms.offpolicy_config import ContinuousAgentConfig, NoiseKind
+from services.contracts.algorithms.offpolicy import ContinuousAgentConfig, NoiseKind
 
 
 def colored_noise(

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.contracts.algorithms.ppo.config import Activation
 from services.pod.algorithms.normalization import RunningMeanStd
-from services.pod.algorithms.ppo_config import Activation
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -57,7 +57,7 @@ class CategoricalActor(nn.Module):
 
     def draw_noise(self, n: int, generator: torch.Generator | None, device: torch.device):
         """The randomness of ``sample`` for ``n`` observations, drawn apart from it: a compiled
-        rollout step (services/pod/compiled.py) cannot take a generator."""
+        rollout step (services/pod/algorithms/compiled.py) cannot take a generator."""
         return torch.rand((n, self.net[-1].out_features), generator=generator, device=device)
 
     def sample(

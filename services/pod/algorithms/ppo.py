@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import torch
 from torch import nn
 
-from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
+from services.contracts.algorithms.ppo.config import PPOConfig
+from services.pod.algorithms.compiled import Compiled
 from services.pod.algorithms.normalization import RunningMeanStd
 from services.pod.algorithms.policies import Actor, Policy, build_actor, build_critic
-from services.pod.algorithms.ppo_config import PPOConfig
-from services.pod.compiled import Compiled
-
-if TYPE_CHECKING:
-    from services.pod.trainer import Trainer
-    from services.pod.worker import Rollout
+from services.pod.algorithms.rollout import Rollout
 
 
 def gae(
@@ -101,20 +96,6 @@ class PPO(nn.Module):
     """The PPO agent as the learner holds it: policy (actor + obs statistics) and critic."""
 
     name = "ppo"
-    config_class = PPOConfig
-    action_spaces = ALGORITHM_ACTION_KINDS["ppo"]
-
-    @classmethod
-    def trainer(cls, slots: int) -> type[Trainer]:
-        """One agent: services/pod/onpolicy.py; P agents in one process:
-        services/pod/population_trainer.py (imported here: they import this module)."""
-        if slots == 1:
-            from services.pod.onpolicy import OnPolicyTrainer
-
-            return OnPolicyTrainer
-        from services.pod.population_trainer import PopulationTrainer
-
-        return PopulationTrainer
 
     def __init__(
         self, obs_space: gym.spaces.Box, action_space: gym.Space, config: PPOConfig
@@ -133,7 +114,7 @@ class PPO(nn.Module):
         self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=config.norm_obs)
         self.critic = build_critic(obs_space, config.hidden_sizes, config.activation)
         self.return_rms = RunningMeanStd(())
-        #: Compile the update's loss (services/pod/compiled.py); the trainer decides.
+        #: Compile the update's loss (services/pod/algorithms/compiled.py); the trainer decides.
         self.compiled = False
         self._optimizer: torch.optim.Adam | None = None
 
@@ -207,7 +188,7 @@ class PPO(nn.Module):
         sums = torch.zeros(5, device=b_obs.device)
         if self.compiled:
             # Tensors, not floats: a float is a constant of the graph, and PBT changing it
-            # would recompile (services/pod/compiled.py).
+            # would recompile (services/pod/algorithms/compiled.py).
             values3 = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef)
             coefs: tuple = tuple(torch.tensor(values3, device=b_obs.device).unbind())
             loss_fn = functools.partial(_compiled_loss, type(actor), b_obs.device)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.contracts.action_spaces import ALGORITHM_ACTION_KINDS
+from services.contracts.algorithms.sac.config import SACConfig
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.ddpg import (
     BoundedActor,
@@ -34,7 +34,6 @@ from services.pod.algorithms.ddpg import (
     uniform_action,
 )
 from services.pod.algorithms.noise import ActionNoise
-from services.pod.algorithms.offpolicy_config import SACConfig
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
 
@@ -83,8 +82,6 @@ class SquashedGaussianActor(BoundedActor):
 
 class SAC(OffPolicyAlgorithm, nn.Module):
     name = "sac"
-    config_class = SACConfig
-    action_spaces = ALGORITHM_ACTION_KINDS["sac"]
     discrete = False
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config: SACConfig):

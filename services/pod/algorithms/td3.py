@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from services.contracts.algorithms.td3.config import TD3Config
 from services.pod.algorithms.ddpg import DDPG
-from services.pod.algorithms.offpolicy_config import TD3Config
 from services.pod.algorithms.replay_buffer import Batch
 
 
@@ -23,7 +23,6 @@ class TD3(DDPG):
     """DDPG with twin critics, target policy smoothing and delayed actor updates."""
 
     name = "td3"
-    config_class = TD3Config
     n_critics = 2
     config: TD3Config
 

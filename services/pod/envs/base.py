@@ -24,7 +24,7 @@ takes or returns has the batch dimension first. Its contract:
     rollout buffer may keep references.
 * ``single_observation_space`` / ``single_action_space`` are gymnasium spaces of one
   sub-environment; ``observation_space`` / ``action_space`` the batched ones.
-* Actions: ``Discrete`` → integer (num_envs,); ``Box`` → float (num_envs, *action_shape).
+* Actions: ``Discrete`` → int32 or int64 (num_envs,); ``Box`` → float (num_envs, *action_shape).
   ``validate_actions`` raises ``ValueError`` on a wrong shape, a wrong dtype, out-of-range
   discrete actions or non-finite values. Actions are detached: the env never builds an
   autograd graph through the policy's output.
@@ -118,6 +118,10 @@ class VecEnv(ABC):
                 or (actions.dtype == torch.bool)
             ):
                 raise ValueError(f"discrete actions must be integers, got {actions.dtype}")
+            # The torch-native envs index with the actions, which torch allows only in these
+            # two types; every env refuses the others, so a policy behaves the same on all.
+            if actions.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"discrete actions must be int32 or int64, got {actions.dtype}")
             actions = actions.to(self.device)
             low, high = torch.aminmax(actions)
             if int(low) < space.start or int(high) >= space.start + space.n:
@@ -305,7 +309,7 @@ class TorchVecEnv(VecEnv):
         """``step`` of checked actions with the masked reset: finished sub-environments take
         their row of ``fresh`` (``_initial_state(num_envs)``, drawn by the caller). Static
         shapes, no host sync and no generator inside, so it is what ``torch.compile`` captures
-        (services/pod/compiled.py) and what non-CPU devices run."""
+        (services/pod/algorithms/compiled.py) and what non-CPU devices run."""
         _, reward, terminated, truncated, done, info = self._advance(actions)
         self.state.copy_(torch.where(done.unsqueeze(1), fresh, self.state))
         self._episode_return.masked_fill_(done, 0)

@@ -5,13 +5,27 @@ thread pool and hands back numpy batches; on a CPU it is the fast way to MuJoCo'
 HalfCheetah, Hopper, Humanoid and Walker2d. Registered as ``envpool:<task id>`` (e.g.
 ``envpool:HalfCheetah-v5``) for the ids in ``services.contracts.envpool_tasks.ENVPOOL_TASKS``.
 
-Episode semantics differ from Podium's protocol and are converted here: EnvPool resets a
-finished sub-environment on the *next* call (that call ignores its action and returns the first
-observation with reward 0), while Podium resets in the same step. So after a step in which some
-sub-environments finished, the adapter steps exactly those ids once more (EnvPool accepts a
-subset of ``env_id``), which performs their reset, and returns those first observations with
-the finished episode's last one in ``info["final_obs"]``. The extra call happens only on steps
-where an episode ended.
+Simulator: EnvPool's MuJoCo tasks run on the MuJoCo built into EnvPool (3.6.0,
+``ENVPOOL_MUJOCO_VERSION``), whatever ``mujoco`` package is installed; gymnasium's (``gym:<id>``)
+run on the installed one. Same task code and models, so the two agree where the MuJoCo versions
+do; with MuJoCo 4.0 installed, ``envpool:Ant-v5`` and ``envpool:Humanoid-v5`` are not gymnasium's
+``Ant-v5`` / ``Humanoid-v5`` (one step differs at most states) while HalfCheetah, Hopper,
+Walker2d, Swimmer and InvertedPendulum stay within 1e-4 (docs/gpu_physics.md). The adapter's
+``simulator`` says which it is (``envpool_simulator``).
+
+Episode semantics differ from Podium's protocol and are converted here:
+
+* EnvPool resets a finished sub-environment on the *next* call (that call ignores its action),
+  while Podium resets in the same step. So after a step in which some sub-environments
+  finished, the adapter resets exactly those ids (EnvPool's ``reset`` takes a subset of ids)
+  and returns their first observations, with the finished episode's last one in
+  ``info["final_obs"]``. The extra call happens only on steps where an episode ended.
+* EnvPool marks every episode that reaches ``max_episode_steps`` as truncated, even one whose
+  last step also ended it (a fallen Hopper): its ``terminated`` is ``done & ~truncated``. The
+  protocol (and gymnasium) call that episode terminated, and the difference matters: a
+  truncated episode is bootstrapped from its final state. So the adapter applies the time limit
+  itself: the pool runs with one step more than the limit, which it never reaches, so its
+  ``terminated`` is the task's own, and the adapter truncates at the limit where that is unset.
 
 Seeding: EnvPool seeds its pool at construction (sub-environment i gets ``seed + i``), so
 ``reset(seed=s)`` rebuilds the pool with seed ``s``; the same seed gives the same episodes.
@@ -26,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS, envpool_simulator
 from services.pod.envs.base import EpisodeStats, Info, StepResult, VecEnv, check_num_envs
 
 # Pool settings the adapter owns: batching and seeding are how it implements the protocol, and
@@ -83,10 +97,13 @@ class EnvPoolVecEnv(VecEnv):
         self.num_envs = check_num_envs(num_envs)
         self.task_id = task_id
         self.spec_id = f"{ENVPOOL_PREFIX}{task_id}"
+        #: What simulates the task: EnvPool's own MuJoCo for the MuJoCo ids (see above).
+        self.simulator = envpool_simulator(task_id)
         self.device = torch.device(device)
         self.check_actions = check_actions
         envpool = _envpool()
-        accepted = set(envpool.make_spec(task_id).config._fields) - _RESERVED
+        config = envpool.make_spec(task_id).config
+        accepted = set(config._fields) - _RESERVED
         unknown = sorted(set(env_kwargs) - accepted)
         if unknown:
             raise TypeError(
@@ -100,6 +117,10 @@ class EnvPoolVecEnv(VecEnv):
             if num_threads is not None
             else max(1, min(self.num_envs, len(os.sched_getaffinity(0))))
         )
+        limit = env_kwargs.pop("max_episode_steps", config.max_episode_steps)
+        if isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit < 1:
+            raise ValueError(f"max_episode_steps must be an integer >= 1, got {limit!r}")
+        self.max_episode_steps = int(limit)
         self._env_kwargs = env_kwargs
         self._seed = seed if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
         self.pool = self._make_pool(self._seed)
@@ -112,14 +133,11 @@ class EnvPoolVecEnv(VecEnv):
         )
         if isinstance(act_space, gym.spaces.Box):
             self._act_dtype = act_space.dtype
-            self._act_shape: tuple[int, ...] = act_space.shape
         elif isinstance(act_space, gym.spaces.Discrete):
             self._act_dtype = np.int32
-            self._act_shape = ()
         else:
             raise ValueError(f"unsupported action space {act_space}")
         self.single_action_space = act_space
-        self.max_episode_steps = int(spec.config.max_episode_steps)
         self._all_ids = np.arange(self.num_envs, dtype=np.int32)
         self._stats = EpisodeStats(self.num_envs, self.device, torch.float64)
 
@@ -130,6 +148,8 @@ class EnvPoolVecEnv(VecEnv):
             batch_size=self.num_envs,
             seed=int(seed),
             num_threads=self._num_threads,
+            # One step past the limit, which the adapter applies itself (see the module doc).
+            max_episode_steps=self.max_episode_steps + 1,
             **self._env_kwargs,
         )
 
@@ -148,20 +168,21 @@ class EnvPoolVecEnv(VecEnv):
         if self.check_actions:
             actions = self.validate_actions(actions)
         act = actions.detach().cpu().numpy().astype(self._act_dtype, copy=False)
-        obs, reward, terminated, truncated, info = self.pool.step(act, self._all_ids)
+        obs, reward, terminated, _, info = self.pool.step(act, self._all_ids)
         ids = info["env_id"]
         obs = in_env_order(obs, ids)
+        # The pool's limit is one step later, so its ``terminated`` is the task's own and the
+        # time limit is ours; termination wins when both hold (no bootstrap from a fall).
         term = in_env_order(np.asarray(terminated, dtype=bool), ids)
-        # Termination wins when both are set: a terminal state is never bootstrapped.
-        trunc = in_env_order(np.asarray(truncated, dtype=bool), ids) & ~term
+        trunc = (in_env_order(info["elapsed_step"], ids) >= self.max_episode_steps) & ~term
         reward = in_env_order(np.asarray(reward, dtype=np.float64), ids)
         done = term | trunc
         obs_t = self._to_obs(obs)
         if done.any():
             finished = np.flatnonzero(done).astype(np.int32)
-            # EnvPool resets a finished sub-environment on its next step, ignoring the action.
-            zeros = np.zeros((len(finished), *self._act_shape), dtype=self._act_dtype)
-            first, _, _, _, reset_info = self.pool.step(zeros, finished)
+            # A reset (of a subset: defined in sync mode, as here), not EnvPool's step after
+            # done, since an episode cut at our limit is not done in the pool.
+            first, reset_info = self.pool.reset(finished)
             fresh = obs.copy()
             fresh[reset_info["env_id"]] = first
             next_obs = self._to_obs(fresh)

@@ -1,4 +1,4 @@
-"""The portfolio gradient (services/pod/algorithms/portfolio_gradient.py): its closed-form
+"""The portfolio gradient (services/pod/trading/portfolio_gradient.py): its closed-form
 account, its policy acting in StockTradingEnv, its batched tournament, and what it learns."""
 
 from __future__ import annotations
@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from services.pod.algorithms.portfolio_gradient import (
-    BatchedAdam,
+from services.contracts.strategies import PBTOptions
+from services.pod.trading.backtest import metrics
+from services.pod.trading.env import StockTradingEnv, split_periods
+from services.pod.trading.market import synthetic_market
+from services.pod.trading.portfolio_gradient import (
     FeatureLayout,
     PeriodData,
     PortfolioPlan,
@@ -16,10 +19,7 @@ from services.pod.algorithms.portfolio_gradient import (
     run_portfolio_tournament,
     sharpe,
 )
-from services.pod.backtest import metrics
-from services.pod.envs.market import synthetic_market
-from services.pod.envs.stock_trading import StockTradingEnv, split_periods
-from services.pod.trading_tournament import evaluate_market, split_market
+from services.pod.trading.tournament import evaluate_market, split_market
 
 ENV = {
     "validation_fraction": 0.2,
@@ -85,24 +85,22 @@ def test_agents_train_apart_without_exploit_and_are_copied_with_it() -> None:
     assert pbt.history[pbt.round][pbt.slot] == pbt.validation_sharpe
 
 
-def test_exploit_restarts_the_loser_from_the_leader() -> None:
-    """PBT's copy: the leader's parameters and Adam state, its learning rate perturbed; the
-    copy then steps exactly as the leader would with that learning rate."""
-    torch.manual_seed(0)
-    lr = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
-    adam = BatchedAdam(torch.randn(3, 4, dtype=torch.float64), lr)
-    for _ in range(3):
-        adam.step(torch.randn(3, 4, dtype=torch.float64))
-    adam.copy(loser=0, leader=2, lr_factor=0.8)
-    torch.testing.assert_close(adam.params[0], adam.params[2])
-    torch.testing.assert_close(adam.moments[:, 0], adam.moments[:, 2])
-    assert adam.steps[0] == adam.steps[2] == 3 and adam.lr[0].item() == pytest.approx(0.24)
-    same = torch.randn(4, dtype=torch.float64)
-    before = adam.params.clone()
-    adam.step(torch.stack([same, torch.zeros(4, dtype=torch.float64), same]))
-    torch.testing.assert_close(
-        (adam.params[0] - before[0]) / 0.24, (adam.params[2] - before[2]) / 0.3
-    )
+def test_exploit_restarts_the_loser_from_a_parent() -> None:
+    """PBT's copy takes the parent's parameters, Adam state, learning rate and L2 penalty: with
+    explore's factor 1, the worst agent of the first round then trains exactly as the leader
+    (the same validation Sharpe every later round); the others train on as they were."""
+    data = synthetic_market(3, num_stocks=5, num_days=1000, regime="crash")
+    periods, kwargs = split_market(data, ENV)
+    args = (periods["train"], periods["validation"], kwargs)
+    hps = [*HPS, {"learning_rate": 0.1, "l2": 1e-4}, {"learning_rate": 0.01, "l2": 0.0}]
+    same = PBTOptions(truncation=0.25, perturb_factors=(1.0,))
+    pbt = run_portfolio_tournament(*args, PortfolioPlan(hps, 2, 5, pbt=same))
+    apart = run_portfolio_tournament(*args, PortfolioPlan(hps, 2, 5, exploit=False))
+    loser, leader = int(np.argmin(pbt.history[0])), int(np.argmax(pbt.history[0]))
+    assert loser != leader and pbt.history[1][loser] == pbt.history[1][leader]
+    others = [i for i in range(4) if i != loser]
+    assert [pbt.history[1][i] for i in others] == [apart.history[1][i] for i in others]
+    torch.testing.assert_close(pbt.final.params[loser], pbt.final.params[leader], rtol=0, atol=0)
 
 
 def test_training_and_selection_never_read_the_backtest_period() -> None:
@@ -137,23 +135,33 @@ def test_bad_settings_are_refused() -> None:
         evaluate_market(data, ENV, PortfolioPlan(HPS), [replica])
 
 
+#: Market seeds nothing was designed on: the method and its preset were chosen on seeds 0-14.
+HELD_OUT_SEEDS = range(50, 65)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("regime", ["trend", "mean_reversion", "crash"])
-def test_the_kept_agent_beats_buy_and_hold_held_out(regime: str) -> None:
-    """The learning result of docs/benchmarks.md ("Session 17"), on market seeds 0-9 of each
-    regime: the kept agent's Sharpe on the backtest period (read by nothing but this report)
-    beats buy-and-hold's by the median, by a margin, and on at least half of the markets.
-    Budget: 4 agents x 300 full-batch gradient steps over the train period."""
+def test_the_kept_agent_beats_buy_and_hold_held_out() -> None:
+    """The learning result of docs/benchmarks.md ("Stock trading"), on the held-out market
+    seeds 50-64 of each regime: the kept agent's Sharpe on the backtest period (read by nothing
+    but this report) beats buy-and-hold's on at least 30 of the 45 markets (33 measured), and
+    by a paired median margin on the trend (+0.31 measured) and mean-reverting (+1.9) markets.
+    Not on the crash markets (paired median +0.01, medians 0.99 against 1.20), which this does
+    not claim. With the optimiser's step removed all three assertions fail (23 markets; +0.16
+    on mean reversion, -0.16 on trend). Budget: 4 agents x 300 full-batch gradient steps."""
     torch.set_num_threads(1)
     hps = [*HPS, {"learning_rate": 0.1, "l2": 1e-4}, {"learning_rate": 0.05}]
-    ours, theirs = [], []
-    for seed in range(10):
-        data = synthetic_market(seed, num_stocks=5, regime=regime)
-        report = evaluate_market(data, ENV, PortfolioPlan(hps, rounds=30, round_steps=10))
-        ours.append(metrics(report.backtest_values["agent"]).sharpe)
-        theirs.append(metrics(report.backtest_values["buy-and-hold"]).sharpe)
-    assert np.median(ours) > np.median(theirs) + 0.2, (ours, theirs)
-    assert sum(a > b for a, b in zip(ours, theirs, strict=True)) >= 5, (ours, theirs)
+    margins: dict[str, list[float]] = {}
+    for regime in ("trend", "mean_reversion", "crash"):
+        for seed in HELD_OUT_SEEDS:
+            data = synthetic_market(seed, num_stocks=5, regime=regime)
+            report = evaluate_market(data, ENV, PortfolioPlan(hps, rounds=30, round_steps=10))
+            ours = metrics(report.backtest_values["agent"]).sharpe
+            theirs = metrics(report.backtest_values["buy-and-hold"]).sharpe
+            margins.setdefault(regime, []).append(ours - theirs)
+    won = sum(m > 0 for regime in margins.values() for m in regime)
+    assert won >= 30, margins
+    assert np.median(margins["trend"]) > 0.1, margins
+    assert np.median(margins["mean_reversion"]) > 0.5, margins
 
 
 def test_period_data_reads_the_envs_features() -> None:

@@ -157,6 +157,36 @@ def test_bad_actions_are_rejected_and_leave_the_state_intact(prefix: str, name: 
         env.close()
 
 
+# Every discrete env: Podium's own, and one per adapter (each takes its own path to the step).
+DISCRETE_ENVS = [
+    "CartPole-v1",
+    "Acrobot-v1",
+    "gym:CartPole-v1",
+    "gym:FrozenLake-v1",
+    "envpool:CartPole-v1",
+    "envpool:MountainCar-v0",
+]
+
+
+@pytest.mark.parametrize("name", DISCRETE_ENVS)
+def test_discrete_actions_of_a_narrow_integer_dtype_get_a_value_error(name: str) -> None:
+    """int32/int64 index a discrete action everywhere; a smaller integer type made the
+    torch-native envs fail deep in their physics (``index_select``'s RuntimeError) while the
+    adapters took it, so the protocol's check names it instead, for every env alike."""
+    env = make_env(name, 4, seed=0)
+    try:
+        assert env.is_discrete
+        env.reset()
+        for dtype in (torch.uint8, torch.int8, torch.int16):
+            with pytest.raises(ValueError, match=f"int32 or int64, got {dtype}"):
+                env.step(torch.zeros(4, dtype=dtype))
+        for dtype in (torch.int32, torch.int64):
+            obs, *_ = env.step(torch.ones(4, dtype=dtype))
+            assert obs.shape[0] == 4
+    finally:
+        env.close()
+
+
 def test_huge_finite_actions_are_not_mistaken_for_inf() -> None:
     env = make_env("Pendulum-v1", 4, seed=0)
     env.reset()

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from services.pod.envs import make_env
-from services.pod.envs.market import (
+from services.pod.trading.env import (
+    StockTradingEnv,
+    market_periods,
+    simulated_train_periods,
+)
+from services.pod.trading.market import (
     CSV_COLUMNS,
     INDICATORS,
     MOMENTUM_WINDOWS,
@@ -18,11 +23,6 @@ from services.pod.envs.market import (
     compute_indicators,
     load_csv,
     synthetic_market,
-)
-from services.pod.envs.stock_trading import (
-    StockTradingEnv,
-    market_periods,
-    simulated_train_periods,
 )
 from tests.pod.envs import test_env_protocol as protocol
 
@@ -168,9 +168,9 @@ def _policy(obs: torch.Tensor, step: int) -> torch.Tensor:
 @pytest.mark.parametrize("mode", ["validation", "train"])
 def test_sharpe_score_is_the_backtest_metric_of_each_episode(mode: str) -> None:
     """``score="sharpe"``: every finished episode reports the Sharpe ratio of its account
-    values, as services.pod.backtest computes it (0 for the account that stays in cash), also
-    across autoresets (train mode: several episodes per sub-environment)."""
-    from services.pod.trading_tournament import sharpe_of
+    values, as services.pod.trading.backtest computes it (0 for the account that stays in cash),
+    also across autoresets (train mode: several episodes per sub-environment)."""
+    from services.pod.trading.tournament import sharpe_of
 
     n = 3
     kwargs = {"validation_fraction": 0.2, "action_mode": "weights", "episode_length": 40}
@@ -201,7 +201,7 @@ def test_sharpe_score_is_the_backtest_metric_of_each_episode(mode: str) -> None:
 def test_reset_starts_the_sharpe_sums_afresh() -> None:
     """An evaluator resets an env whose previous episodes ran on past their end (it checks
     for finished episodes every 32 steps): what they added must not leak into the next."""
-    from services.pod.trading_tournament import sharpe_of
+    from services.pod.trading.tournament import sharpe_of
 
     kwargs = {"validation_fraction": 0.2, "action_mode": "weights", "score": "sharpe"}
     env = StockTradingEnv(2, mode="validation", **kwargs)

@@ -1,0 +1,43 @@
+"""``podium algorithms``: what a pod can train, read from the algorithm cards (torch-free).
+
+One row per registered card (services/contracts/algorithms/; plugins' cards too): its family
+(which trainer trains it), the action kinds and envs it takes, what a population pod may vary,
+the envs it has presets for, and its hyperparameter names (what a spec's ``search_space`` may
+name)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from services.contracts.algorithms.card import AlgorithmCard, card, card_names
+
+
+def rows() -> list[AlgorithmCard]:
+    return [card(name) for name in card_names()]
+
+
+def show(names: bool = False) -> None:
+    table = Table(title="Algorithms a pod trains (podium.algorithm_cards)")
+    for column in ("algorithm", "family", "actions", "population may vary", "presets"):
+        table.add_column(column)
+    if names:
+        table.add_column("hyperparameters (search_space names)")
+    for found in rows():
+        kinds = " or ".join(found.action_kinds)
+        if found.envs is not None:
+            kinds += f" ({', '.join(found.envs)} only)"
+        population = (
+            ", ".join(found.population.hyperparameters) if found.population else "one agent a pod"
+        )
+        cells = [
+            found.name,
+            found.family,
+            kinds,
+            population,
+            ", ".join(sorted(found.preset_files())),
+        ]
+        if names:
+            cells.append(", ".join(sorted(found.hyperparameter_names)))
+        table.add_row(*cells)
+    Console().print(table)

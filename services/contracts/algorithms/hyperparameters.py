@@ -1,0 +1,151 @@
+"""The checks every reader of a card applies: which hyperparameter names an algorithm takes,
+what a population pod can train, what the presets say. Torch-free: the control plane
+(services/contracts/spec.py) and the pod (services/pod/runtime/, training/presets.py) call the same
+checks.
+
+A spec's ``search_space`` and a generator's hyperparameters are flat names: an algorithm's own
+config fields plus its family loop's (the card's ``config`` and ``loop_config``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from services.contracts.action_spaces import env_action_kind
+from services.contracts.algorithms.card import AlgorithmCard, card, card_names, find_card
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX
+
+
+class HyperparameterError(ValueError):
+    """Hyperparameters or an algorithm a pod cannot train: a name the algorithm does not have,
+    an invalid value, an algorithm no pod trains or that the env's action space does not fit.
+    A ValueError, so a spec validator raising it is a pydantic validation error (a 422)."""
+
+
+def hyperparameter_names(algorithm: str) -> frozenset[str] | None:
+    """The hyperparameter names ``algorithm`` takes, or None where no card is registered."""
+    found = find_card(algorithm)
+    return None if found is None else found.hyperparameter_names
+
+
+def preset_files() -> dict[tuple[str, str], str]:
+    """(algorithm, env) → the preset's YAML text, for every preset of every registered card."""
+    return {
+        (name, env): text
+        for name in card_names()
+        for env, text in card(name).preset_files().items()
+    }
+
+
+def preset_data(algorithm: str, env: str) -> dict[str, Any]:
+    """The preset file's fields for (``algorithm``, ``env``); {} where none ships."""
+    found = find_card(algorithm)
+    return {} if found is None else found.preset(env)
+
+
+def check_hyperparameter_names(
+    names: Iterable[str], algorithms: Iterable[str] | None = None
+) -> None:
+    """Refuse names that none of ``algorithms`` takes (default: any algorithm a pod trains).
+
+    An experiment's search space is shared by its algorithms, so a name is valid when at least one
+    of them has it; each pod applies only its own algorithm's names. The spec validator and the pod
+    both call this."""
+    fields = {a: hyperparameter_names(a) for a in sorted(set(algorithms or card_names()))}
+    if any(f is None for f in fields.values()):
+        return  # an algorithm without a card is refused by name elsewhere
+    known = {a: f for a, f in fields.items() if f is not None}
+    unknown = sorted(set(names) - set().union(*known.values()))
+    if unknown:
+        listing = "; ".join(f"{a}: {', '.join(sorted(f))}" for a, f in known.items())
+        raise HyperparameterError(
+            f"{', '.join(map(repr, unknown))} not hyperparameters of "
+            f"{' or '.join(map(repr, known))}; they are: {listing}"
+        )
+
+
+def _population_cards(size: int, algorithms: Iterable[str]) -> list[AlgorithmCard]:
+    cards = [card(a) for a in sorted(set(algorithms))]
+    single = [c.name for c in cards if c.population is None]
+    if single:
+        can = sorted(card(c).label for c in card_names() if card(c).population is not None)
+        raise HyperparameterError(
+            f"population.agents_per_pod = {size}: population pods train "
+            f"{' and '.join(can) or 'no algorithm'} only, not {', '.join(single)}"
+        )
+    return cards
+
+
+def check_population(
+    size: int,
+    algorithms: Iterable[str],
+    names: Iterable[str],
+    pinned: Iterable[str] = (),
+) -> None:
+    """Refuse what a population pod (``population.agents_per_pod`` = ``size``) cannot train:
+    an algorithm whose card has no population, or names (of the search space, or a
+    manifest's) that its population cannot vary, since its agents share one network and
+    rollout shape. A ``pinned`` name (the search space's one-value choice: every agent gets the
+    same value) is a setting the agents share, so any setting may be pinned, e.g.
+    ``sde_sample_freq: 0`` to train a preset that uses gSDE. The spec validator and the
+    population pod both call this."""
+    for found in _population_cards(size, algorithms):
+        assert found.population is not None
+        varied = found.population.hyperparameters
+        shared = sorted(set(names) - set(varied) - set(pinned))
+        if shared:
+            raise HyperparameterError(
+                f"population.agents_per_pod = {size}: search_space "
+                f"{', '.join(map(repr, shared))} cannot vary within a population (its {size} "
+                f"agents share one network and rollout shape); it may vary "
+                f"{', '.join(varied)}, and pin any {found.name} setting with a one-value choice"
+            )
+
+
+def check_population_settings(
+    env: str, algorithm: str, settings: Mapping[str, Any], pinned: Collection[str] = ()
+) -> None:
+    """Refuse ``settings`` (what a population pod would train: ``env``'s preset with the
+    search space's ``pinned`` names on top) that ``algorithm``'s population has no batched form
+    of, naming them, where they come from and how to pin them off."""
+    found = card(algorithm)
+    unsupported = found.population.unsupported if found.population else {}
+    used = {k: settings[k] for k in unsupported if settings.get(k)}
+    if used:
+        named = ", ".join(f"{algorithm}.{k} = {v}" for k, v in used.items())
+        task = env.removeprefix(ENVPOOL_PREFIX)  # envpool:<task> reads <task>'s preset
+        source = (
+            "the search space"
+            if set(used) <= set(pinned)
+            else f"the preset services/contracts/algorithms/{algorithm}/presets/{task}.yaml"
+        )
+        raise HyperparameterError(
+            f"population pods (population.agents_per_pod > 1) train {found.label} without "
+            f"{' and '.join(unsupported.values())}; the config for {env} uses {named} "
+            f"(from {source}): "
+            f"pin them off in the search space (e.g. sde_sample_freq: {{type: choice, values: "
+            f"[0]}}) or train one agent per pod"
+        )
+
+
+def misfits(env: str, algorithms: list[str]) -> list[str]:
+    """The algorithms among ``algorithms`` that cannot train on ``env``, each with the reason:
+    an algorithm made for other envs (its card's ``envs``), or one whose action kinds do not
+    include the env's (not checked where the env's kind or the algorithm's card is unknown)."""
+    kind = env_action_kind(env)
+    out = []
+    for name in algorithms:
+        found = find_card(name)
+        if found is None:
+            continue
+        if found.envs is not None and env not in found.envs:
+            out.append(
+                f"cannot train {name} on {env}: {name} trains {' or '.join(found.envs)} only"
+            )
+        elif kind is not None and kind not in found.action_kinds:
+            out.append(
+                f"cannot train {name} on {env}: {name} trains "
+                f"{' or '.join(sorted(found.action_kinds))} actions, {env} has {kind} actions"
+            )
+    return out

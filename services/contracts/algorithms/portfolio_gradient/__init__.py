@@ -1,0 +1,18 @@
+"""The portfolio gradient's card: FinRL's policy gradient, the exact gradient of a trading
+account's Sharpe ratio through the market's closes, which only StockTrading-v0 has."""
+
+from services.contracts.algorithms.card import AlgorithmCard
+from services.contracts.algorithms.portfolio_gradient.config import PortfolioGradientConfig
+
+#: Its own family: its trainer differentiates through the env (services/pod/trading/).
+PORTFOLIO_GRADIENT = "portfolio_gradient"
+
+CARD = AlgorithmCard(
+    name="portfolio_gradient",
+    family=PORTFOLIO_GRADIENT,
+    config=PortfolioGradientConfig,
+    action_kinds=("continuous",),
+    envs=("StockTrading-v0",),
+    presets_package=__name__,
+    summary="FinRL's portfolio policy gradient (StockTrading-v0 only)",
+)

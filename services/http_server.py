@@ -1,0 +1,244 @@
+"""The HTTP server both services run under: uvicorn, with bounds on slow and idle clients.
+
+uvicorn bounds none of these by itself: a connection that never sends a request, a request
+head sent a few bytes at a time, or a body that stalls after its first bytes holds its socket
+(a file descriptor) for ever; enough of them exhaust the process's open-file limit and the
+service accepts no one (measured: 1,224 idle connections under a limit of 1,024 made both
+services of ``podium up`` unreachable). ``ClientLimits`` (settings ``PODIUM_HTTP_*``, see
+services/settings.py and docs/reliability.md) is enforced by a subclass of uvicorn's own HTTP
+protocol class, so the parser, keep-alive and flow control stay uvicorn's:
+
+- a request head (request line and headers) must arrive whole within ``header_timeout_s`` of
+  the connection opening or of the previous response, and be at most ``max_header_bytes``;
+- a request body must make progress: no ``body_timeout_s`` without a byte, and, once it has
+  taken longer than that, an average of at least ``min_body_rate`` bytes/s. Time the server is
+  not reading (the app is busy, flow control paused reading, or the client waits for
+  ``100 Continue``) does not count against the client;
+- an idle keep-alive connection is closed after ``keep_alive_s`` (uvicorn's own timer);
+- at most ``max_connections`` connections per service: one more closes the connection that has
+  waited longest for a request head (idle or half-sent: it has given the server nothing to
+  do), or, when every connection is busy with a request, is answered 503 and closed.
+
+A client too slow with its head or body is answered 408 (431 for an oversized head) and
+disconnected; a connection that never sent a byte is just closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from services.logs import get_logger
+
+if TYPE_CHECKING:
+    from services.settings import PodiumSettings
+
+log = get_logger(__name__)
+
+# Without a setting, each service takes at most this share of the open-file limit for client
+# connections: ``podium up`` runs two services in one process, and Redis clients, pod logs and
+# checkpoint files need descriptors too.
+_FD_SHARE = 4
+_MAX_DEFAULT_CONNECTIONS = 4096
+
+
+def default_max_connections() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _MAX_DEFAULT_CONNECTIONS
+    return max(16, min(_MAX_DEFAULT_CONNECTIONS, soft // _FD_SHARE))
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    min_body_rate: int = 1024
+    keep_alive_s: float = 5.0
+    max_connections: int = 256
+    max_header_bytes: int = 64 << 10
+
+    @classmethod
+    def from_settings(cls, settings: PodiumSettings) -> ClientLimits:
+        return cls(
+            header_timeout_s=settings.http_header_timeout_s,
+            body_timeout_s=settings.http_body_timeout_s,
+            min_body_rate=settings.http_min_body_rate,
+            keep_alive_s=settings.http_keep_alive_s,
+            max_connections=settings.http_max_connections or default_max_connections(),
+            max_header_bytes=settings.http_max_header_bytes,
+        )
+
+    @property
+    def tick_s(self) -> float:
+        """How often a connection checks its deadlines (a timeout fires up to this late)."""
+        return min(1.0, self.header_timeout_s / 4, self.body_timeout_s / 4)
+
+
+def _raw_response(status: int, reason: str, detail: str) -> bytes:
+    body = json.dumps({"detail": detail}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+# Phases of a connection, as the deadlines see them.
+_HEAD, _BODY, _SERVER = "head", "body", "server"
+
+
+class LimitedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol (httptools, or h11 without it) with ``ClientLimits`` enforced.
+
+    Each connection checks its phase every ``tick_s``: waiting for a request head, receiving a
+    body the app is waiting for, or the server's turn (no deadline: the app may take its time).
+    The phase is read from uvicorn's own request cycle (``self.cycle``), so nothing of the
+    parsing is re-implemented; a new cycle object is a new request, hence a new deadline.
+    """
+
+    limits: ClassVar[ClientLimits] = ClientLimits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._timer: asyncio.TimerHandle | None = None
+        self._received = 0  # bytes since the connection opened
+        self._head_bytes = 0  # bytes received while no request was under way
+        self._last_data = time.monotonic()
+        self._phase: tuple[Any, str] = (None, _HEAD)
+        self._phase_start = self._last_data
+        self._phase_received = 0
+        if len(self.connections) > self.limits.max_connections and not self._evict_one():
+            log.warning("connection limit reached", limit=self.limits.max_connections)
+            self._close(503, "Service Unavailable", "too many connections; retry")
+            return
+        self._timer = self.loop.call_later(self.limits.tick_s, self._check)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if getattr(self, "_timer", None) is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._received += len(data)
+        self._last_data = time.monotonic()
+        if self._awaiting_head():
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if not self._awaiting_head():
+            self._head_bytes = 0  # a head arrived whole: a request is under way
+        elif self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
+            # httptools has no bound on a head's size (h11 has, set from the same limit).
+            self._close(431, "Request Header Fields Too Large", "request head too large")
+
+    # -- phases --------------------------------------------------------------------------------
+    def _awaiting_head(self) -> bool:
+        # uvicorn's own test for "between requests" (see its ``shutdown``).
+        return self.cycle is None or self.cycle.response_complete
+
+    def _current_phase(self) -> str:
+        if self._awaiting_head():
+            return _HEAD
+        cycle = self.cycle
+        client_owes_body = cycle.more_body and not cycle.response_started
+        if (
+            client_owes_body
+            and not self.flow.read_paused
+            and not getattr(cycle, "waiting_for_100_continue", False)
+        ):
+            return _BODY
+        return _SERVER
+
+    def _check(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        now = time.monotonic()
+        phase = (self.cycle, self._current_phase())
+        if phase[0] is not self._phase[0] or phase[1] != self._phase[1]:
+            self._phase, self._phase_start, self._phase_received = phase, now, self._received
+        elapsed = now - self._phase_start
+        limits = self.limits
+        if phase[1] == _HEAD and elapsed > limits.header_timeout_s:
+            if self._received == self._phase_received:
+                self._drop("no request")  # nothing sent: nobody to answer
+                return
+            self._close(408, "Request Timeout", "request head not received in time")
+            return
+        if phase[1] == _BODY:
+            idle = now - max(self._last_data, self._phase_start)
+            rate = (self._received - self._phase_received) / elapsed if elapsed else 0.0
+            too_slow = elapsed > limits.body_timeout_s and rate < limits.min_body_rate
+            if idle > limits.body_timeout_s or too_slow:
+                self._close(408, "Request Timeout", "request body not received in time")
+                return
+        self._timer = self.loop.call_later(limits.tick_s, self._check)
+
+    # -- closing -------------------------------------------------------------------------------
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest for a request head; False if none."""
+        waiting = [
+            c
+            for c in self.connections
+            if c is not self and isinstance(c, LimitedHTTPProtocol) and c._awaiting_head()
+        ]
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda c: c._phase_start)
+        oldest._drop("connection limit reached; closed the longest waiting")
+        return True
+
+    def _drop(self, why: str) -> None:
+        log.info("client connection closed", reason=why, client=self._client_name())
+        self.transport.close()
+
+    def _close(self, status: int, reason: str, detail: str) -> None:
+        """Answer ``status`` (only if no response is under way on this connection) and close."""
+        log.info(
+            "client connection closed", status=status, reason=detail, client=self._client_name()
+        )
+        cycle = self.cycle
+        # Not after an answer whose request is still arriving (a 401 or 413 sent before its
+        # body was read): the client would take a second answer for its next request's.
+        between_requests = cycle is None or (cycle.response_complete and not cycle.more_body)
+        if between_requests or not cycle.response_started:
+            self.transport.write(_raw_response(status, reason, detail))
+        self.transport.close()
+
+    def _client_name(self) -> str:
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+
+
+def limited_protocol(limits: ClientLimits) -> type[LimitedHTTPProtocol]:
+    """``LimitedHTTPProtocol`` bound to ``limits`` (one class per server: two services in one
+    process may have different limits)."""
+    return type("LimitedHTTPProtocol", (LimitedHTTPProtocol,), {"limits": limits})
+
+
+def server_config(app: Any, settings: PodiumSettings, **options: Any) -> uvicorn.Config:
+    """The uvicorn configuration of a Podium service, client limits from ``settings``;
+    ``options`` are further ``uvicorn.Config`` arguments (host, port, log_level, …)."""
+    limits = ClientLimits.from_settings(settings)
+    return uvicorn.Config(
+        app,
+        http=limited_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]  # a float works
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        **options,
+    )
+
+
+def serve(app: Any, settings: PodiumSettings, **options: Any) -> None:
+    """Serve ``app`` on ``settings.host``:``settings.port`` until a signal stops it."""
+    options.setdefault("host", getattr(settings, "host", "127.0.0.1"))
+    options.setdefault("port", getattr(settings, "port", 8000))
+    options.setdefault("log_config", None)  # structlog (services.logs) is the process's logging
+    uvicorn.Server(server_config(app, settings, **options)).run()

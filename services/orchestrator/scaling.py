@@ -1,0 +1,123 @@
+"""How one experiment scales toward its target this pass: a pure plan, applied by the reconciler.
+
+``plan_scale`` decides from the experiment's spec, its status, its live pods, its target and
+the free capacity alone (no backend, no leaderboard, no clock but ``now``): which pods to stop
+(scale in), how many pods to create and with which algorithm, the env steps each new pod may
+take, why it launches fewer than the target, and whether the experiment has ended (no pod
+could train a step of what is left of its env-step budget). The reconciler applies the plan
+(terminates, registers with the leaderboard, creates, records the events), so every decision
+here is tested without either (tests/orchestrator/test_scaling.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.contracts.spec import ExperimentSpec
+from services.orchestrator.backends.base import PodInfo
+from services.orchestrator.scheduler import Res, assign_algorithms, launchable, scale_in
+from services.orchestrator.status import ExperimentStatus
+from services.orchestrator.store import BUDGET_EXHAUSTED
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    target: int
+    #: Pods to stop gracefully (scale in), newest first.
+    stop: list[str] = field(default_factory=list)
+    #: One entry per pod to create: its ensemble algorithm (None: a single algorithm).
+    create: list[str | None] = field(default_factory=list)
+    #: Env steps each created pod may take (``PODIUM_MAX_ENV_STEPS``); None: no budget.
+    allowance: int | None = None
+    #: Why fewer pods than the target are launched (shown as the experiment's reason).
+    reason: str | None = None
+    #: When a launch held back now may happen (epoch seconds): the loop wakes then.
+    wake_at: float | None = None
+    #: The experiment is over: (state, reason).
+    end: tuple[str, str] | None = None
+
+
+def env_steps_left(spec: ExperimentSpec, status: ExperimentStatus, active: list[str]) -> int | None:
+    """What is left of the env-step budget for pods not started yet (None without one): the
+    total, minus what the leaderboard has counted, minus the allowances running pods were
+    given (counted whole: their reports so far are already in the count)."""
+    total = spec.budget.total_env_steps
+    if total is None:
+        return None
+    committed = sum(v for k, v in status.allowances.items() if k in active)
+    return total - (status.env_steps or 0) - committed
+
+
+def env_step_allowance(
+    spec: ExperimentSpec, status: ExperimentStatus, active: list[str], target: int
+) -> int | None:
+    """Env steps each pod started now may take (``PODIUM_MAX_ENV_STEPS``); None without an
+    env-step budget, <= 0 when running pods hold all that is left.
+
+    What is left (``env_steps_left``) is split evenly over the pods still to start toward the
+    target, in whole units of a pod's batch (``status.batch_env_steps``) once it is known: a
+    pod trains whole batches only, so a share that is not a whole number of batches leaves the
+    rest untrained, and a share below one batch trains nothing. The pods alive at once can
+    never take more than the budget together; a pod cuts its round at its allowance, reports
+    and exits 0, and its replacement gets a share of what is left.
+    """
+    left = env_steps_left(spec, status, active)
+    if left is None:
+        return None
+    sharing = max(1, target - sum(1 for k in active if k in status.allowances))
+    unit = status.batch_env_steps or 1
+    batches = left // unit
+    if batches <= 0:
+        return 0
+    # Fewer pods with a whole batch each beat more pods with none.
+    return max(1, batches // sharing) * unit
+
+
+def plan_scale(
+    spec: ExperimentSpec,
+    status: ExperimentStatus,
+    live: list[PodInfo],
+    target: int,
+    per_pod: Res,
+    free: Res,
+    now: float,
+) -> ScalePlan:
+    active = sorted((p for p in live if not p.terminating), key=lambda p: p.created_at)
+    if len(active) > target:
+        # Newest first: they have trained least; in an ensemble, of the algorithm furthest
+        # above its share. SIGTERM lets each report before exiting.
+        running = [p.algorithm for p in active]
+        stop = [active[i].pod_id for i in scale_in(spec.algorithms, running, len(active) - target)]
+        return ScalePlan(target, stop=stop)
+    if len(active) == target:
+        return ScalePlan(target)
+    wait = (status.next_launch_at or 0.0) - now
+    if wait > 0:
+        reason = f"backing off {wait:.1f}s after a pod failure"
+        return ScalePlan(target, reason=reason, wake_at=status.next_launch_at)
+    n = launchable(target, len(active), per_pod, free)
+    budget = spec.budget.pods_launched
+    if budget is not None:
+        n = min(n, max(0, budget - status.pods_launched))
+        if n == 0 and status.pods_launched >= budget:
+            return ScalePlan(target, reason=f"pod budget reached ({budget} launched)")
+    ids = [p.pod_id for p in active]
+    allowance = env_step_allowance(spec, status, ids, target)
+    if allowance is not None and allowance <= 0:
+        unit = status.batch_env_steps
+        left = env_steps_left(spec, status, ids) or 0
+        if unit and not live and left < unit:
+            # Nothing running and no pod could train a step of what is left: launching one
+            # would only see it report nothing and exit (and be replaced, again and again).
+            why = f"env-step budget spent: {left} steps left, below one batch of {unit}"
+            return ScalePlan(target, end=(BUDGET_EXHAUSTED, why))
+        if n:
+            return ScalePlan(target, reason="the env-step budget left is held by the running pods")
+    if allowance is not None and status.batch_env_steps:
+        # Only as many pods as there are whole batches left to give them.
+        left = env_steps_left(spec, status, ids) or 0
+        n = min(n, left // allowance)
+    running = [p.algorithm for p in active]
+    return ScalePlan(
+        target, create=assign_algorithms(spec.algorithms, running, n), allowance=allowance
+    )

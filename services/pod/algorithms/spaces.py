@@ -1,0 +1,28 @@
+"""Does an env's action space fit an algorithm? Its card (services/contracts/algorithms/) says
+which action kinds it trains."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+from services.contracts.action_spaces import ActionKind
+from services.contracts.algorithms.card import card
+
+
+def action_kind(space: gym.Space) -> ActionKind | None:
+    if isinstance(space, gym.spaces.Discrete):
+        return "discrete"
+    if isinstance(space, gym.spaces.Box):
+        return "continuous"
+    return None
+
+
+def check_action_space(algorithm: str, space: gym.Space) -> None:
+    """Refuse an action space ``algorithm``'s card does not declare (a ValueError naming
+    both)."""
+    kinds = card(algorithm).action_kinds
+    if action_kind(space) not in kinds:
+        wanted = " or ".join(
+            "a Discrete" if k == "discrete" else "a continuous (Box)" for k in kinds
+        )
+        raise ValueError(f"{algorithm} needs {wanted} action space, got {space}")

@@ -1,0 +1,424 @@
+"""The training pod's round loop, over P slots.
+
+A pod trains ``spec.population.agents_per_pod`` agents ("slots"; one unless the spec asks for a
+population) with one trainer (services/pod/training/trainer.py). To the leaderboard each slot is a
+pod of its own: the pod's id for a single agent, ``<pod id>.m<i>`` in a population.
+
+* Start: each slot asks the generator where to start (algorithm, hyperparameters, maybe a
+  parent's training files); the trainer is built from the slots' configs (the preset for the
+  algorithm and env with the generator's hyperparameters on top, services/pod/training/presets.py),
+  and each parent's files go into its slot.
+* Round: ``spec.round`` env steps (or seconds) per slot, all slots at once.
+* Report (every ``evaluation.every_rounds`` rounds): one evaluation of every slot, on the
+  experiment's shared evaluation start states, then each slot is submitted with its training
+  files as its own candidate, with its own lineage (services/pod/runtime/lineage.py).
+* PBT: after each report, each slot that is ready asks the generator again; when it proposes a
+  parent (of the same algorithm) that scored better than the slot's agent (exploit), the parent's
+  files with the proposed hyperparameters (explore) replace that slot's agent; the other slots train
+  on.
+* Stop (SIGTERM, or ``max_env_steps`` reached): the update in flight finishes, then one
+  evaluation and a final report of every slot trained since its last report.
+
+In an algorithm mix, a search-space name only some of the algorithms take is applied by those
+algorithms' pods and ignored by the others (it still travels with the candidate, so the
+generator's strategies see every name of the search space).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.api_client import LeaderboardClient
+from services.contracts.algorithms.hyperparameters import (  # torch-free, shared with the spec
+    HyperparameterError,
+    check_hyperparameter_names,
+    check_population,
+    hyperparameter_names,
+)
+from services.contracts.leaderboard import Manifest, ManifestCheckpoint
+from services.contracts.search_space import pinned_names
+from services.contracts.spec import ExperimentSpec
+from services.contracts.strategies import parent_is_better
+from services.logs import get_logger
+from services.pod.runtime.lineage import Lineage, ReadyRule
+from services.pod.runtime.metrics import PodMetrics
+from services.pod.training.checkpoint import MANIFEST, CheckpointError, write_files
+from services.pod.training.presets import pod_config
+from services.pod.training.tensorboard import Board
+from services.pod.training.trainer import Roles, RunConfig, Trainer, build_trainer
+
+log = get_logger(__name__)
+
+__all__ = ["HyperparameterError", "PodRuntime", "RuntimeSettings", "check_hyperparameter_names"]
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """How the orchestrator runs this pod (services/pod/__main__.py reads them)."""
+
+    work_dir: Path | None = None
+    device: str = "cpu"
+    threads: int = 1
+    grace_s: float = 30.0  # the orchestrator's termination grace period
+    #: Env steps this pod may still take (summed over its slots) before the experiment's
+    #: budget is spent; None: no limit. The pod stops before a step that would exceed it.
+    max_env_steps: int | None = None
+    #: The ensemble algorithm the orchestrator gave this pod; None: the generator draws one.
+    algorithm: str | None = None
+    #: Where this pod writes its TensorBoard event files (a population: each agent's in
+    #: ``m<i>/`` below it); None: none written.
+    tensorboard_dir: Path | None = None
+
+
+def fetch_parent(
+    client: LeaderboardClient, directory: Path, checkpoint: ManifestCheckpoint
+) -> Path:
+    """Download a parent's training files into ``directory``, verified against its manifest."""
+    files = client.download(checkpoint)
+    if MANIFEST not in files:
+        raise CheckpointError(f"candidate {checkpoint.candidate_id} has no {MANIFEST}")
+    try:
+        original = json.loads(files.pop(MANIFEST))
+    except ValueError as exc:
+        raise CheckpointError(f"the parent's {MANIFEST} is not JSON: {exc}") from exc
+    meta = {k: v for k, v in original.items() if k not in ("files", "format")}
+    # The bytes are in memory and ``download`` checked them: compare the manifest with what
+    # was written (its own manifest's entries) rather than read and hash them all again.
+    digests = write_files(directory, files, meta)
+    written = {name: {"sha256": digests[name], "bytes": len(data)} for name, data in files.items()}
+    if written != original.get("files"):
+        raise CheckpointError("the parent's files do not match its manifest")
+    return directory
+
+
+class PodRuntime:
+    """One pod: its slots' lineages, its trainer, the round loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        experiment_id: str,
+        pod_id: str,
+        spec: ExperimentSpec,
+        client: LeaderboardClient,
+        settings: RuntimeSettings | None = None,
+        metrics: PodMetrics | None = None,
+        roles: Roles | None = None,
+    ) -> None:
+        size = spec.population.agents_per_pod
+        if size > 1:  # the spec validator's own check, for a spec that reached us raw
+            check_population(
+                size, spec.algorithms, spec.search_space, pinned_names(spec.search_space)
+            )
+        self.pod_id, self.spec = pod_id, spec
+        self.client = client
+        self.settings = settings or RuntimeSettings()
+        self.work_dir = Path(self.settings.work_dir or tempfile.mkdtemp(prefix=f"podium-{pod_id}-"))
+        self.metrics = metrics or PodMetrics(
+            experiment_id, pod_id, spec.evaluation.higher_is_better
+        )
+        self.roles = roles  # where the trainer's worker and evaluator run; None: here
+        self.ready = ReadyRule.of(spec)
+        self.seed = zlib.crc32(pod_id.encode()) % (2**31)
+        self.slots = [
+            Lineage(pod_id=pod_id if size == 1 else f"{pod_id}.m{i}") for i in range(size)
+        ]
+        self.trainer: Trainer | None = None
+        self.stopping = False
+        self.rounds = 0
+        self.env_steps = 0  # taken by this pod, summed over its slots
+        self.submissions: list[dict[str, Any]] = []  # answers of this pod's reports
+        self.train_seconds = 0.0  # spent in rounds (the env-steps/s curve's clock)
+        self.board, self.boards = self.open_boards()
+
+    @property
+    def size(self) -> int:
+        """The slots: agents trained by this pod."""
+        return len(self.slots)
+
+    def slot_dir(self, i: int, name: str) -> Path:
+        """Where slot i's ``name`` files go (``latest``, ``parent``)."""
+        return self.work_dir / (f"m{i}" if self.size > 1 else "") / name
+
+    def open_boards(self) -> tuple[Board, list[Board]]:
+        """The pod's TensorBoard writer (its training curves) and each slot's (its evaluations
+        and hyperparameters): one and the same for a single agent."""
+        root = self.settings.tensorboard_dir
+        # Every round is a point: rounds are seconds apart, no need to thin them out.
+        pod = Board(root, min_interval_s=0.0)
+        if root is None or self.size == 1:
+            return pod, [pod] * self.size
+        return pod, [Board(root / f"m{i}", min_interval_s=0.0) for i in range(self.size)]
+
+    @property
+    def board_step(self) -> int:
+        """The curves' x axis: env steps each slot took in this pod (a parent's files bring
+        their own counters, which would send a curve back or forth)."""
+        return self.env_steps // self.size
+
+    # -- signals ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from a signal handler): report, then return."""
+        self.stopping = True
+        # Leave time for the final evaluation inside the orchestrator's grace period.
+        self.client.deadline = time.monotonic() + 0.7 * self.settings.grace_s
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> None:
+        self.start()
+        while not self.stopping:
+            self.train_round()
+            if self.stopping:
+                break  # the final report comes next
+            if self.rounds % self.spec.evaluation.every_rounds == 0:
+                self.report()
+                if not self.stopping:
+                    self.maybe_exploit()
+        self.finish()
+
+    def finish(self) -> None:
+        """The final report of every slot trained since its last report."""
+        due = [i for i, s in enumerate(self.slots) if s.unreported_steps or not self.submissions]
+        if due:
+            self.report(final=True, due=due)
+        else:  # the last reports already hold these agents: copies would crowd the board
+            log.info("nothing trained since the last report; no final report needed")
+
+    # -- building the slots ----------------------------------------------------------------
+    def start(self, manifests: list[Manifest] | None = None) -> None:
+        """Build the trainer for the generator's manifests (asked once per slot unless given):
+        the slots' configs, then each parent's files into its slot. Every parent's lease is
+        released once its files are loaded (or not wanted)."""
+        torch.set_num_threads(self.settings.threads)
+        manifests = list(manifests or [])
+        try:
+            for slot in self.slots[len(manifests) :]:
+                manifests.append(self.client.generate(slot.pod_id, self.settings.algorithm))
+            configs = [self.slot_config(m) for m in manifests]
+            if self.trainer is not None:
+                self.trainer.close()
+                self.trainer = None
+            try:
+                self.trainer = build_trainer(configs, self.roles)
+            except HyperparameterError:
+                raise
+            except ValueError as exc:  # e.g. DQN on a continuous env, SAC on a discrete one
+                config = configs[0]
+                raise HyperparameterError(
+                    f"cannot train {config.algorithm} on {config.env}: {exc}"
+                ) from exc
+            for i, (manifest, config) in enumerate(zip(manifests, configs, strict=True)):
+                self.place(i, manifest, config, fresh=True)
+        finally:
+            for manifest in manifests:
+                self.release(manifest)
+
+    def slot_config(self, manifest: Manifest) -> RunConfig:
+        """The run config of the manifest's agent, seeded on: every agent built explores with
+        its own random stream."""
+        hyperparameters, algorithm = manifest.hyperparameters, manifest.algorithm
+        if self.size > 1:
+            pinned = pinned_names(self.spec.search_space)
+            check_population(self.size, [algorithm], hyperparameters, pinned)
+        self.seed += 1
+        s = self.settings
+        return pod_config(self.spec, hyperparameters, self.seed, s.device, s.threads, algorithm)
+
+    def place(self, i: int, manifest: Manifest, config: RunConfig, fresh: bool) -> None:
+        """Put the manifest's agent into slot i: the parent's training files with the proposed
+        hyperparameters, or fresh weights (``fresh``: the slot already holds them)."""
+        trainer = self.trainer
+        assert trainer is not None
+        parent_id, generation = None, 0
+        if isinstance(manifest.checkpoint, ManifestCheckpoint):
+            try:
+                parent = self.slot_dir(i, "parent")
+                trainer.load(i, fetch_parent(self.client, parent, manifest.checkpoint), config)
+                parent_id, generation = manifest.parent_id, manifest.generation
+            except CheckpointError as exc:
+                # Hyperparameters that change the network's shape (or a smaller replay
+                # buffer) cannot take the parent's files: train them from scratch.
+                log.warning("parent does not fit; starting fresh", slot=i, error=str(exc))
+                trainer.reset(i, config)
+        elif not fresh:
+            trainer.reset(i, config)
+        algorithm, hyperparameters = manifest.algorithm, dict(manifest.hyperparameters)
+        self.slots[i] = Lineage(
+            pod_id=self.slots[i].pod_id,
+            algorithm=algorithm,
+            hyperparameters=hyperparameters,
+            parent_id=parent_id,
+            generation=generation,
+            env_steps_at_start=trainer.counters(i).env_steps,
+        )
+        self.boards[i].hyperparameters(
+            {
+                "algorithm": algorithm,
+                "parent": str(parent_id),
+                "generation": generation,
+                **hyperparameters,
+            },
+            step=self.board_step,
+        )
+        log.info(
+            "agent built",
+            slot=i,
+            algorithm=algorithm,
+            decision=manifest.decision,
+            parent=parent_id,
+            generation=generation,
+            hyperparameters=hyperparameters,
+            # Search-space names of another algorithm of the mix: carried, not applied.
+            ignored=sorted(set(hyperparameters) - (hyperparameter_names(algorithm) or set())),
+        )
+
+    def release(self, manifest: Manifest) -> None:
+        """Let go of the parent's files the manifest leased, if it leased any."""
+        if manifest.lease_id:
+            self.client.release(manifest.lease_id)
+
+    # -- a round, a report, PBT ------------------------------------------------------------
+    def train_round(self) -> None:
+        """Step until every slot has trained a round (``spec.round``), the pod stops, or the
+        next step would take it past ``max_env_steps`` (then it stops)."""
+        trainer = self.trainer
+        assert trainer is not None
+        start_steps, start_updates = trainer.env_steps, trainer.updates
+        start = time.monotonic()
+        round_steps, round_seconds = self.spec.round.env_steps, self.spec.round.seconds
+        budget = self.settings.max_env_steps
+        while not self.stopping:
+            taken = (trainer.env_steps - start_steps) * self.size
+            if (
+                budget is not None
+                and self.env_steps + taken + self.size * (trainer.step_env_steps) > budget
+            ):
+                log.info("the experiment's env-step budget is spent", max_env_steps=budget)
+                self.stopping = True
+                break
+            trainer.step()
+            steps = trainer.env_steps - start_steps
+            if round_steps is not None and steps >= round_steps:
+                break
+            if round_seconds is not None and time.monotonic() - start >= round_seconds:
+                break
+        self.rounds += 1
+        steps, updates = trainer.env_steps - start_steps, trainer.updates - start_updates
+        for slot in self.slots:  # steps and updates are per slot
+            slot.unreported_steps += steps
+        self.env_steps += steps * self.size
+        seconds = time.monotonic() - start
+        self.metrics.round_done(steps * self.size, updates * self.size, seconds)
+        self.train_seconds += seconds
+        if steps and self.board.enabled:  # the trainer's statistics of its last update
+            record = {"env_steps": self.board_step, "train_seconds": self.train_seconds}
+            self.board.record({**record, **trainer.progress()})
+
+    def report(self, final: bool = False, due: list[int] | None = None) -> None:
+        """One evaluation of every slot, then a submission per slot in ``due`` (all)."""
+        trainer = self.trainer
+        assert trainer is not None
+        results = trainer.evaluate()
+        due = list(range(self.size)) if due is None else due
+        for i in due:
+            if not math.isfinite(results[i].mean):
+                raise RuntimeError(f"slot {i}: the evaluation returned a non-finite mean")
+        self.metrics.evaluated(*(results[i].mean for i in due))
+        for i in due:
+            result = {"eval/return": results[i].mean, "eval/return_std": results[i].std}
+            self.boards[i].scalars(result, self.board_step)
+        for board in (self.board, *self.boards):
+            board.flush()  # a report is the moment the curves should show
+        for i in due:
+            slot, evaluation = self.slots[i], results[i]
+            directory = self.slot_dir(i, "latest")
+            trainer.save(i, directory)
+            files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+            result = slot.submission(
+                slot.unreported_steps, evaluation, trainer.counters(i).env_steps
+            )
+            answer = self.client.submit(result, files)
+            self.metrics.submissions.inc()
+            self.submissions.append(
+                {
+                    **answer.model_dump(),
+                    "submission_id": result["submission_id"],
+                    "env_steps": slot.unreported_steps,
+                    "member": i,
+                    "final": final,
+                }
+            )
+            slot.record(answer, evaluation.mean)
+            log.info(
+                "reported",
+                final=final,
+                slot=i,
+                pod=slot.pod_id,
+                submission=result["submission_id"],
+                score=evaluation.mean,
+                env_steps=slot.unreported_steps,
+                accepted=answer.accepted,
+                candidate=answer.candidate_id,
+                rank=answer.rank,
+                duplicate=answer.duplicate,
+            )
+            slot.unreported_steps = 0
+
+    def better_parent(self, i: int) -> Manifest | None:
+        """PBT's exploit for slot i: once it is ready, ask the generator; its manifest when it
+        proposes a parent that scored better (whose lease the caller releases once it is
+        loaded), else None (the lease released)."""
+        assert self.trainer is not None
+        slot = self.slots[i]
+        if not self.ready.is_ready(slot, self.trainer.counters(i).env_steps):
+            return None  # the best there is, or not trained long enough to be judged
+        manifest = self.client.generate(slot.pod_id, algorithm=slot.algorithm, score=slot.score)
+        if parent_is_better(
+            manifest, slot, self.spec.evaluation.higher_is_better, self.ready.exploit_margin
+        ):
+            return manifest
+        self.release(manifest)
+        return None
+
+    def maybe_exploit(self) -> None:
+        """Per slot: replace its agent by the generator's parent when that one scored better
+        (PBT's exploit, with the explored hyperparameters)."""
+        for i, slot in enumerate(self.slots):
+            if self.stopping:
+                return
+            manifest = self.better_parent(i)
+            if manifest is None:
+                continue
+            try:
+                try:
+                    config = self.slot_config(manifest)
+                except HyperparameterError as exc:  # e.g. a parent from another kind of pod
+                    log.warning("parent does not fit this pod", slot=i, error=str(exc))
+                    continue
+                log.info(
+                    "restarting from a better parent",
+                    slot=i,
+                    parent=manifest.parent_id,
+                    own_score=slot.score,
+                )
+                self.place(i, manifest, config, fresh=False)
+            finally:
+                self.release(manifest)
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+        if self.roles is not None:
+            self.roles.close()
+        self.client.close()
+        self.metrics.close()
+        for board in (self.board, *self.boards):  # closing twice is harmless
+            board.close()

@@ -1,0 +1,1 @@
+"""Trainers and the loops that drive them (services/pod/__init__.py)."""

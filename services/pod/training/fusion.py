@@ -1,0 +1,152 @@
+"""Learner fusion: N learner replicas, each on its own shard of data, averaged every epoch.
+
+Each replica runs its own worker (its own env slice and seed) and learner; at the end of every
+update epoch the replicas all-reduce the mean of their network parameters *and* their Adam moments
+through ``torch.distributed`` (gloo, on CPU and CUDA tensors alike), so they leave each epoch
+identical, as if one learner had taken the averaged step. That is the paper's "several learners
+fused by averaging parameters"; it scales the data per update with the number of learners without a
+parameter server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+
+class ParameterAverager:
+    """Callable that replaces parameters, Adam moments and statistics by their group mean.
+
+    Tensors are packed into one flat buffer per dtype, so a fusion is one all-reduce (two with
+    the float64 normalisation statistics) whatever the number of tensors. Adam's step counters
+    are equal on every replica (same number of minibatches) and are left alone. Running
+    observation statistics are averaged too: with equal counts the mean of means is exact and
+    the mean of variances leaves out the (small) spread between replicas.
+    """
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None):
+        self.module = module
+        self.optimizer = optimizer
+
+    def _groups(self) -> dict[torch.dtype, list[torch.Tensor]]:
+        tensors = [p.data for p in self.module.parameters()]
+        tensors += [b for b in self.module.buffers() if b.dtype.is_floating_point]
+        if self.optimizer is not None:
+            for param in self.module.parameters():
+                state = self.optimizer.state.get(param, {})
+                tensors += [state[k] for k in ("exp_avg", "exp_avg_sq") if k in state]
+        groups: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            groups.setdefault(t.dtype, []).append(t)
+        return groups
+
+    @staticmethod
+    def _unpack(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+        parts = flat.split([t.numel() for t in tensors])
+        torch._foreach_copy_(tensors, [p.view_as(t) for p, t in zip(parts, tensors, strict=True)])
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        world = dist.get_world_size()
+        if world == 1:
+            return
+        for tensors in self._groups().values():
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            self._unpack(flat / world, tensors)
+
+    @torch.no_grad()
+    def broadcast(self, src: int = 0) -> None:
+        """Make every replica start from ``src``'s parameters (and moments, statistics)."""
+        if dist.get_world_size() == 1:
+            return
+        for tensors in self._groups().values():
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            dist.broadcast(flat, src)
+            self._unpack(flat, tensors)
+
+
+def agree(flag: bool, src: int = 0) -> bool:
+    """Every replica gets ``src``'s ``flag`` (e.g. rank 0's decision to stop)."""
+    value = torch.tensor([int(flag)])
+    dist.broadcast(value, src)
+    return bool(value.item())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> Any:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    # gloo whatever the device: a pod's replicas share its device, and NCCL refuses two ranks on
+    # one GPU ("Duplicate GPU detected", seen on an H100) and any CPU tensor (``agree``'s flag);
+    # gloo all-reduces and broadcasts CUDA tensors too.
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        return fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _replica_entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
+    """A spawned replica: ``_entry``, then exit at once. Left to interpreter finalization,
+    gloo's worker threads are sometimes destroyed while still joinable and the process dies
+    by SIGABRT ("terminate called without an active exception") after its work is done."""
+    code = 0
+    try:
+        _entry(rank, world, port, fn, args)
+    except SystemExit as exc:  # sys.exit(n) in the replica: keep its meaning
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    logging.shutdown()  # os._exit skips atexit: flush the log handlers and streams here
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_group(
+    fn: Callable[..., Any],
+    world: int,
+    args: tuple = (),
+    rank0_args: tuple | None = None,
+) -> Any:
+    """Run ``fn(rank, world, *args)`` on ``world`` ranks in one process group; return rank 0's.
+
+    Rank 0 runs in this process (so it can report progress to the caller, with ``rank0_args`` in
+    place of ``args`` for things that cannot be pickled, like callbacks); the others are spawned,
+    not forked, since forking a process that runs torch threads is unsafe. ``fn`` must therefore be
+    importable at module level. A replica that fails makes the call raise."""
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    others = [
+        ctx.Process(target=_replica_entry, args=(rank, world, port, fn, args), daemon=True)
+        for rank in range(1, world)
+    ]
+    for proc in others:
+        proc.start()
+    try:
+        result = _entry(0, world, port, fn, rank0_args if rank0_args else args)
+    finally:
+        for proc in others:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+    failed = [p.exitcode for p in others if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"learner replicas exited with {failed}")
+    return result

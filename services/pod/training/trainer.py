@@ -1,0 +1,209 @@
+"""The trainer interface: every way the pod trains, behind one contract, and which trainer
+trains an algorithm.
+
+A *trainer* trains ``size`` agents ("slots") of one algorithm on one env: PPO on-policy
+(onpolicy.py), the off-policy algorithms (offpolicy.py), a population of P PPO agents in one process
+(population_trainer.py), the portfolio gradient (services/pod/trading/); a single agent is one slot.
+``podium train``'s fit loop (fit.py) and the pod's round loop (services/pod/runtime/rounds.py) see
+nothing else of an algorithm: they step, evaluate, save and load slots, and read counters.
+
+The trunk chooses the trainer, never the algorithm: an algorithm's card
+(services/contracts/algorithms/) declares its *family*, and the trainer registered under that
+family's name (entry points ``podium.trainers``; ``<family>.population`` for P agents in one
+process) trains it. Adding an algorithm of a known family is its card folder (card, config,
+presets), its agent class and two entry points; a new family also registers its trainer."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+from services import registry
+from services.contracts.algorithms.card import AlgorithmCard, CardError, card
+from services.contracts.algorithms.hyperparameters import HyperparameterError
+from services.logs import get_logger
+from services.pod.config import RunConfig
+from services.pod.roles.evaluator import EvalResult
+from services.pod.roles.placement import Roles, train_in_process
+
+__all__ = ["Roles", "RunConfig", "Trainer", "build_trainer", "train_in_process", "trainer_class"]
+
+log = get_logger(__name__)
+
+
+C = TypeVar("C", bound=RunConfig)
+
+
+@dataclass(frozen=True)
+class Counters:
+    """A slot's counters as its training files hold them."""
+
+    env_steps: int
+    updates: int
+
+
+class Trainer(ABC, Generic[C]):
+    """``size`` agents of one algorithm, trained in lock-step (see the module docstring).
+
+    ``env_steps`` and ``updates`` are the trainer's clock, per slot (a single agent's go on
+    from loaded training files); ``step_env_steps`` is what the next ``step`` adds to
+    ``env_steps``.
+    """
+
+    #: The run config this trainer takes (a ``RunConfig`` with the algorithm's fields).
+    config_class: ClassVar[type[RunConfig]]
+    #: True when one ``step`` is a whole rollout and its update (a record per step is
+    #: cheap); False when it is one vector step (records only at evaluations).
+    one_update_per_step: ClassVar[bool]
+    #: Hyperparameter names that are the trainer's own, not the algorithm's (e.g. the
+    #: off-policy loop's batch and replay settings): top-level fields of ``config_class``.
+    loop_hyperparameters: ClassVar[tuple[str, ...]] = ()
+    #: What a pod changes in every preset (a layer under the generator's hyperparameters).
+    pod_defaults: ClassVar[Mapping[str, object]] = {}
+
+    size: int
+
+    @abstractmethod
+    def __init__(self, configs: Sequence[C], roles: Roles | None = None) -> None:
+        """Build ``len(configs)`` slots, slot i from ``configs[i]``; ``roles``: where the
+        worker and evaluator run (default: in this process)."""
+
+    @classmethod
+    def for_algorithm(cls, card: AlgorithmCard) -> type[Trainer]:
+        """The trainer class for ``card``'s algorithm: this one, or a subclass that knows its
+        config (the off-policy trainer makes one per algorithm)."""
+        return cls
+
+    @classmethod
+    def replicas(cls, config: C) -> int:
+        """Learner replicas averaged in a process group (services/pod/training/fusion.py); 1:
+        none."""
+        return 1
+
+    def join_group(self, world: int) -> None:
+        """Make this trainer one of ``world`` replicas (in a process group already)."""
+        raise NotImplementedError(f"{type(self).__name__} trains no replicas")
+
+    @property
+    def env_steps(self) -> int:
+        return self.counters(0).env_steps
+
+    @property
+    def updates(self) -> int:
+        return self.counters(0).updates
+
+    @abstractmethod
+    def step(self) -> None:
+        """Train a little: collect and update (every slot at once)."""
+
+    @abstractmethod
+    def progress(self) -> dict[str, float]:
+        """Statistics since the last call: the last update's losses, and ``train_return``
+        (mean return of the training episodes that ended) where any did."""
+
+    @property
+    @abstractmethod
+    def step_env_steps(self) -> int:
+        """The env steps per slot that the next ``step`` takes."""
+
+    @abstractmethod
+    def evaluate(self) -> list[EvalResult]:
+        """Score every slot on deterministic episodes of the evaluation env."""
+
+    @abstractmethod
+    def config(self, slot: int) -> C:
+        """Slot ``slot``'s run config: its hyperparameters and seed, what its files say."""
+
+    @abstractmethod
+    def counters(self, slot: int) -> Counters: ...
+
+    @abstractmethod
+    def save(self, slot: int, directory: Path) -> None:
+        """Write slot ``slot``'s training files (services/pod/training/checkpoint.py)."""
+
+    @abstractmethod
+    def load(self, slot: int, directory: Path, config: C) -> None:
+        """Make slot ``slot`` the agent in ``directory`` with ``config``'s hyperparameters
+        (PBT's exploit and explore). Raises ``CheckpointError`` when the files do not fit."""
+
+    @abstractmethod
+    def reset(self, slot: int, config: C) -> None:
+        """Put a fresh agent built from ``config`` into slot ``slot``."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Algorithm(Protocol):
+    """What the class registered under an algorithm's name (``podium.algorithms``) is: the
+    agent a trainer of its family builds. Everything else about it is on its card
+    (services/contracts/algorithms/)."""
+
+    name: ClassVar[str]
+
+
+class UnknownAlgorithmError(HyperparameterError, registry.UnknownNameError):
+    """An algorithm name nothing is registered under: bad input to a pod, an unknown name to
+    ``podium train``."""
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        registry.UnknownNameError.__init__(self, kind, name, known)
+        self.args = (f"algorithm {name!r} is not trainable by a pod: {self.args[0]}",)
+
+
+def algorithm_card(name: str) -> AlgorithmCard:
+    """The card registered as ``name``: what a pod trains it with. Looked up by registered
+    name: a config names, never imports."""
+    try:
+        return card(name)
+    except registry.UnknownNameError as exc:
+        raise UnknownAlgorithmError(exc.kind, exc.name, exc.known) from None
+    except CardError as exc:
+        raise HyperparameterError(str(exc)) from None
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The agent class registered as ``name`` (``podium.algorithms``)."""
+    algorithm_card(name)
+    try:
+        return registry.load(registry.ALGORITHMS, name, kind="algorithm")
+    except registry.UnknownNameError as exc:
+        raise HyperparameterError(
+            f"algorithm {name!r} has a card but no agent registered under "
+            f"{registry.ALGORITHMS}: {exc}"
+        ) from None
+
+
+def trainer_class(algorithm: str, slots: int = 1) -> type[Trainer]:
+    """The trainer of ``slots`` agents of ``algorithm``: its card's family decides
+    (``podium.trainers``: the family's name for one agent a pod, ``<family>.population`` for
+    P agents in one process). Raises ``HyperparameterError`` for what no trainer trains."""
+    found = algorithm_card(algorithm)
+    population = slots > 1
+    if population and found.population is None:
+        raise HyperparameterError(
+            f"{algorithm} trains one agent per pod: population pods "
+            f"(population.agents_per_pod > 1) train only algorithms whose card declares a "
+            f"population"
+        )
+    name = f"{found.family}.population" if population else found.family
+    try:
+        trainer = registry.load(registry.TRAINERS, name, kind="trainer")
+    except registry.UnknownNameError as exc:
+        raise HyperparameterError(
+            f"algorithm {algorithm!r} is of family {found.family!r}, which no trainer trains "
+            f"{'as a population' if population else ''}: {exc}"
+        ) from None
+    if not (isinstance(trainer, type) and issubclass(trainer, Trainer)):
+        raise HyperparameterError(
+            f"the trainer registered as {name!r} ({trainer!r}) is not a Trainer subclass"
+        )
+    return trainer.for_algorithm(found)
+
+
+def build_trainer(configs: Sequence[RunConfig], roles: Roles | None = None) -> Trainer:
+    """The trainer of ``configs`` (one per slot, all of one algorithm)."""
+    return trainer_class(configs[0].algorithm, len(configs))(configs, roles)

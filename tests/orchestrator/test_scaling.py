@@ -1,0 +1,115 @@
+"""The scaling plan (services/orchestrator/scaling.py) alone: no backend, no leaderboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.contracts.spec import ExperimentSpec
+from services.orchestrator.backends.base import PodInfo
+from services.orchestrator.scaling import env_step_allowance, plan_scale
+from services.orchestrator.scheduler import Res
+from services.orchestrator.status import ExperimentStatus
+from tests.orchestrator.conftest import spec as spec_dict
+
+NOW = 1_000.0
+POD = Res(1, 0, 1 << 30)
+ROOMY = Res(64, 0, 64 << 30)
+
+
+def _spec(**over: Any) -> ExperimentSpec:
+    return ExperimentSpec.model_validate(spec_dict(**over))
+
+
+def _pod(pod_id: str, created_at: float, algorithm: str | None = None, **kw: Any) -> PodInfo:
+    return PodInfo("e", pod_id, "Running", created_at, POD, algorithm=algorithm, **kw)
+
+
+def test_at_the_target_nothing_is_planned() -> None:
+    plan = plan_scale(_spec(), ExperimentStatus(), [_pod("a", 1)], 1, POD, ROOMY, NOW)
+    assert plan.stop == [] and plan.create == [] and plan.reason is None and plan.end is None
+
+
+def test_scale_in_stops_the_newest_pods() -> None:
+    pods = [_pod("old", 1), _pod("new", 3), _pod("mid", 2)]
+    plan = plan_scale(_spec(), ExperimentStatus(), pods, 1, POD, ROOMY, NOW)
+    assert plan.stop == ["new", "mid"] and plan.create == []
+
+
+def test_scale_in_of_an_ensemble_stops_the_algorithm_above_its_share() -> None:
+    s = _spec(algorithms={"ppo": 1.0, "sac": 1.0}, env={"name": "Pendulum-v1"})
+    pods = [_pod("p1", 1, "ppo"), _pod("p2", 2, "ppo"), _pod("s1", 3, "sac")]
+    plan = plan_scale(s, ExperimentStatus(), pods, 2, POD, ROOMY, NOW)
+    assert plan.stop == ["p2"]
+
+
+def test_terminating_pods_do_not_count_toward_the_target() -> None:
+    pods = [_pod("a", 1, terminating=True)]
+    plan = plan_scale(_spec(), ExperimentStatus(), pods, 1, POD, ROOMY, NOW)
+    assert len(plan.create) == 1
+
+
+def test_an_ensemble_is_created_with_each_algorithms_share() -> None:
+    s = _spec(
+        algorithms={"ppo": 1.0, "sac": 1.0},
+        env={"name": "Pendulum-v1"},
+        population={"min_pods": 1, "max_pods": 4},
+    )
+    plan = plan_scale(s, ExperimentStatus(), [_pod("p1", 1, "ppo")], 4, POD, ROOMY, NOW)
+    assert sorted(plan.create) == ["ppo", "sac", "sac"]
+
+
+def test_capacity_limits_the_pods_created() -> None:
+    plan = plan_scale(_spec(), ExperimentStatus(), [], 2, POD, Res(1.5, 0, 64 << 30), NOW)
+    assert plan.create == [None]
+
+
+def test_a_backoff_holds_launches_and_says_when_to_wake() -> None:
+    status = ExperimentStatus(next_launch_at=NOW + 2.0)
+    plan = plan_scale(_spec(), status, [], 1, POD, ROOMY, NOW)
+    assert plan.create == [] and plan.wake_at == NOW + 2.0
+    assert plan.reason == "backing off 2.0s after a pod failure"
+    assert plan_scale(_spec(), status, [], 1, POD, ROOMY, NOW + 2.1).create == [None]
+
+
+def test_the_pod_budget_caps_launches() -> None:
+    s = _spec(budget={"pods_launched": 3})
+    plan = plan_scale(s, ExperimentStatus(pods_launched=2), [], 2, POD, ROOMY, NOW)
+    assert plan.create == [None]
+    plan = plan_scale(s, ExperimentStatus(pods_launched=3), [], 2, POD, ROOMY, NOW)
+    assert plan.create == [] and plan.reason == "pod budget reached (3 launched)"
+
+
+def test_the_env_step_budget_is_split_over_the_pods_to_start() -> None:
+    s = _spec(budget={"total_env_steps": 10_000})
+    status = ExperimentStatus(env_steps=1_000, allowances={"a": 3_000})
+    plan = plan_scale(s, status, [_pod("a", 1)], 2, POD, ROOMY, NOW)
+    assert plan.create == [None] and plan.allowance == 6_000
+    held = ExperimentStatus(env_steps=1_000, allowances={"a": 9_000})
+    plan = plan_scale(s, held, [_pod("a", 1)], 2, POD, ROOMY, NOW)
+    assert (
+        plan.create == [] and plan.reason == "the env-step budget left is held by the running pods"
+    )
+
+
+# -- allowances in whole batches (issue 35 item 2) ---------------------------------------------
+def test_allowances_are_whole_batches_and_a_remainder_goes_to_fewer_pods() -> None:
+    s = _spec(budget={"total_env_steps": 40_960}, population={"min_pods": 1, "max_pods": 3})
+    # Three pods trained 12,288 steps each in 4,096-step batches; 4,096 are left.
+    status = ExperimentStatus(env_steps=36_864, batch_env_steps=4_096)
+    plan = plan_scale(s, status, [], 3, POD, ROOMY, NOW)
+    assert plan.create == [None] and plan.allowance == 4_096
+    # The first pods: 13,653 each would leave 1,365 untrained per pod: 12,288 each instead.
+    first = plan_scale(s, ExperimentStatus(batch_env_steps=4_096), [], 3, POD, ROOMY, NOW)
+    assert first.create == [None, None, None] and first.allowance == 12_288
+    assert env_step_allowance(s, ExperimentStatus(env_steps=36_864), [], 3) == 1_365
+
+
+def test_what_is_left_below_one_batch_ends_the_experiment_once_no_pod_runs() -> None:
+    s = _spec(budget={"total_env_steps": 40_960})
+    status = ExperimentStatus(env_steps=36_865, batch_env_steps=4_096)
+    plan = plan_scale(s, status, [], 2, POD, ROOMY, NOW)
+    assert plan.create == [] and plan.end is not None
+    assert plan.end[0] == "budget_exhausted" and "below one batch of 4096" in plan.end[1]
+    # A pod still running (or stopping) may still report steps: no end yet, no new pod.
+    running = plan_scale(s, status, [_pod("a", 1, terminating=True)], 2, POD, ROOMY, NOW)
+    assert running.end is None and running.create == []

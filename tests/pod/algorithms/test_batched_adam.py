@@ -1,0 +1,77 @@
+"""The batched Adam (services/pod/algorithms/batched_adam.py): every agent's row steps as
+torch.optim.Adam steps that agent alone, and PBT's copy carries the whole optimiser state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.pod.algorithms.batched_adam import BatchedAdam
+
+
+@pytest.mark.parametrize(
+    ("dtype", "eps", "tol"),
+    [(torch.float64, 1e-8, {"rtol": 1e-12, "atol": 1e-12}), (torch.float32, 1e-5, {})],
+)
+def test_each_row_steps_as_torch_optim_adam_alone(dtype: torch.dtype, eps: float, tol) -> None:
+    """P agents, each its own learning rate, 20 steps, an annealed rate on some: the rows equal
+    P separate torch.optim.Adam (within float rounding), moments and step counts included."""
+    torch.manual_seed(0)
+    p, n = 3, 7
+    start = torch.randn(p, n, dtype=dtype)
+    lr = torch.tensor([0.1, 0.01, 0.003], dtype=dtype)
+    adam = BatchedAdam(start.clone(), lr.clone(), betas=(0.9, 0.99), eps=eps)
+    alone = [torch.nn.Parameter(start[i].clone()) for i in range(p)]
+    optims = [
+        torch.optim.Adam([w], lr=float(lr[i]), betas=(0.9, 0.99), eps=eps)
+        for i, w in enumerate(alone)
+    ]
+    for k in range(20):
+        grads = torch.randn(p, n, dtype=dtype)
+        fraction = 1.0 - k / 40 if k % 2 else 1.0  # the population anneals its rate
+        for i, (w, opt) in enumerate(zip(alone, optims, strict=True)):
+            opt.param_groups[0]["lr"] = float(lr[i]) * fraction
+            w.grad = grads[i].clone()
+            opt.step()
+        adam.step(grads, lr=lr * fraction)
+    for i, (w, opt) in enumerate(zip(alone, optims, strict=True)):
+        torch.testing.assert_close(adam.params[i], w.detach(), **tol)
+        state = opt.state[w]
+        torch.testing.assert_close(adam.exp_avg[i], state["exp_avg"], **tol)
+        torch.testing.assert_close(adam.exp_avg_sq[i], state["exp_avg_sq"], **tol)
+        assert adam.steps[i].item() == state["step"].item() == 20
+
+
+def test_copy_restarts_one_row_from_another() -> None:
+    """PBT's copy: the source's parameters, moments and step count; the copy then steps
+    exactly as the source would with its own learning rate, and the rows stay apart."""
+    torch.manual_seed(0)
+    lr = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    adam = BatchedAdam(torch.randn(3, 4, dtype=torch.float64), lr)
+    for _ in range(3):
+        adam.step(torch.randn(3, 4, dtype=torch.float64))
+    adam.step(torch.randn(3, 4, dtype=torch.float64) * torch.tensor([[1.0], [1.0], [0.0]]))
+    adam.copy(0, 2)
+    lr[0] = 0.24  # explore: the caller's learning rate for the copy
+    torch.testing.assert_close(adam.params[0], adam.params[2])
+    torch.testing.assert_close(adam.moments[:, 0], adam.moments[:, 2])
+    assert adam.steps[0] == adam.steps[2] == 4 and adam.steps[1] == 4
+    same = torch.randn(4, dtype=torch.float64)
+    before = adam.params.clone()
+    adam.step(torch.stack([same, torch.zeros(4, dtype=torch.float64), same]))
+    torch.testing.assert_close(
+        (adam.params[0] - before[0]) / 0.24, (adam.params[2] - before[2]) / 0.3
+    )
+    assert adam.steps.tolist() == [5.0, 5.0, 5.0]
+
+
+def test_the_state_lives_with_the_parameters_and_bad_shapes_are_refused() -> None:
+    """Moments, step counts and the gradient buffer are made where the parameters are (a pod
+    on ``device=cuda`` steps them there): on the meta device here, which any machine has."""
+    params = torch.zeros(2, 5, dtype=torch.float64, device="meta")
+    adam = BatchedAdam(params, torch.ones(2, dtype=torch.float64, device="meta"))
+    assert adam.moments.device == adam.steps.device == adam.grad.device == params.device
+    with pytest.raises(ValueError, match=r"lr \(P,\)"):
+        BatchedAdam(torch.zeros(2, 5), torch.ones(3))
+    with pytest.raises(ValueError, match="contiguous"):
+        BatchedAdam(torch.zeros(5, 2).t(), torch.ones(2))
