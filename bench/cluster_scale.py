@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
+from leaderboard_bench import cpu_seconds  # noqa: E402  (bench/ is sys.path[0])
 
 from services import redis_client  # noqa: E402
 from services.contracts.credentials import pod_token  # noqa: E402
@@ -271,17 +272,6 @@ class TimedPasses:
                     self.times.setdefault(self.phase, []).append(time.perf_counter() - t0)
 
         rec.reconcile_once = timed  # the loop calls self.reconcile_once: this instance's
-
-
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def redis_pid(settings: PodiumSettings) -> int:

@@ -11,8 +11,9 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -103,48 +104,19 @@ def test_what_no_pod_can_train_is_refused_at_submission(
 
 
 # -- finding 14: an outside kill is not a crash loop --------------------------------------------
-def test_killing_pods_that_had_reported_is_not_a_crash_loop(client: TestClient) -> None:
+def _kill_every_pod_limit_times(
+    client: TestClient, exp_id: str, ready: Callable[[dict[str, int]], bool]
+) -> list[dict[str, Any]]:
+    """SIGKILL both pods of ``exp_id`` once ``ready(pods)``, crash-loop-limit times over (a node
+    lost, a preemption): the experiment goes on, every pod replaced. Its pod_failed events."""
     limit = client.app.state.settings.crash_loop_limit
-    body = spec(
-        population={"min_pods": 2, "max_pods": 2},
-        standin={"report_interval_s": 0.05, "info_lines": True},
-    )
-    exp_id = _create(client, body)
-    d = _data_dir(client)
-    calls = client.app.state.reconciler.calls
-    killed: list[str] = []
-    for _ in range(limit):  # every pod killed, `limit` times over (a node lost, a preemption)
-        pods = wait_for(
-            lambda: len(p := live_pods(d, exp_id)) == 2 and not set(p) & set(killed) and p
-        )
-        # Each has trained and reported, and the orchestrator has seen the report.
-        wait_for(lambda: all(calls.reported(exp_id, pod) for pod in pods))  # noqa: B023
-        for pod, pid in pods.items():
-            os.killpg(pid, signal.SIGKILL)
-            killed.append(pod)
-    wait_for(lambda: len(p := live_pods(d, exp_id)) == 2 and not set(p) & set(killed))
-    exp = wait_for(lambda: (e := _get(client, exp_id))["progress"]["pods_launched"] >= 10 and e)
-    assert exp["state"] == "running", exp["reason"]
-    assert exp["progress"]["pods_launched"] == 2 + 2 * limit
-    failed = [e for e in _events(client, exp_id) if e["type"] == "pod_failed"]
-    assert len(failed) == 2 * limit
-    assert all("not counted as a crash" in e["message"] for e in failed)
-
-
-def test_killing_pods_before_they_report_is_not_a_crash_loop(client: TestClient) -> None:
-    # Issue 35 item 3: pods killed from outside (SIGKILL) before their first report, more
-    # times than the crash-loop limit: how they ended says they did not crash.
-    limit = client.app.state.settings.crash_loop_limit
-    body = spec(population={"min_pods": 2, "max_pods": 2}, standin={"info_lines": True})
-    client.app.state.reconciler.calls.source = _Silent()  # no pod ever reports
-    exp_id = _create(client, body)
     d = _data_dir(client)
     killed: list[str] = []
     for _ in range(limit):
         pods = wait_for(
             lambda: len(p := live_pods(d, exp_id)) == 2 and not set(p) & set(killed) and p
         )
-        wait_for(lambda: started(d, exp_id, pods))  # noqa: B023
+        wait_for(lambda: ready(pods))  # noqa: B023
         for pod, pid in pods.items():
             os.killpg(pid, signal.SIGKILL)
             killed.append(pod)
@@ -154,6 +126,31 @@ def test_killing_pods_before_they_report_is_not_a_crash_loop(client: TestClient)
     assert exp["progress"]["pods_launched"] == 2 + 2 * limit
     failed = [e for e in _events(client, exp_id) if e["type"] == "pod_failed"]
     assert len(failed) == 2 * limit
+    return failed
+
+
+def test_killing_pods_that_had_reported_is_not_a_crash_loop(client: TestClient) -> None:
+    body = spec(
+        population={"min_pods": 2, "max_pods": 2},
+        standin={"report_interval_s": 0.05, "info_lines": True},
+    )
+    exp_id = _create(client, body)
+    calls = client.app.state.reconciler.calls
+    # Each has trained and reported, and the orchestrator has seen the report.
+    failed = _kill_every_pod_limit_times(
+        client, exp_id, lambda pods: all(calls.reported(exp_id, pod) for pod in pods)
+    )
+    assert all("not counted as a crash" in e["message"] for e in failed)
+
+
+def test_killing_pods_before_they_report_is_not_a_crash_loop(client: TestClient) -> None:
+    # Issue 35 item 3: pods killed from outside (SIGKILL) before their first report, more
+    # times than the crash-loop limit: how they ended says they did not crash.
+    body = spec(population={"min_pods": 2, "max_pods": 2}, standin={"info_lines": True})
+    client.app.state.reconciler.calls.source = _Silent()  # no pod ever reports
+    exp_id = _create(client, body)
+    d = _data_dir(client)
+    failed = _kill_every_pod_limit_times(client, exp_id, lambda pods: started(d, exp_id, pods))
     assert all(
         "not counted as a crash: killed by SIGKILL from outside" in e["message"] for e in failed
     ), failed

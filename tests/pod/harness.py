@@ -106,6 +106,28 @@ def register(lb: Leaderboard, exp: str, spec: dict[str, Any]) -> None:
         assert api.put(f"/experiments/{exp}", json=config).status_code in (200, 201)
 
 
+def submit_outside_parent(
+    lb_client: LeaderboardClient, directory: Path, algorithm: str, hyperparameters: dict[str, float]
+) -> str:
+    """Put the training files in ``directory`` on the board as a pod from outside would, with
+    a score no slot beats: the parent every slot's next exploit copies. Its candidate id."""
+    files = {p.name: p.read_bytes() for p in directory.iterdir()}
+    answer = lb_client.submit(
+        {
+            "submission_id": "outside-parent",
+            "pod_id": "outside",
+            "algorithm": algorithm,
+            "hyperparameters": hyperparameters,
+            "score": 10_000.0,
+            "eval": {"mean": 10_000.0, "episodes": 4},
+        },
+        files,
+    )
+    assert answer.accepted and answer.rank == 1
+    assert answer.candidate_id is not None
+    return answer.candidate_id
+
+
 def client(lb: Leaderboard, exp: str) -> LeaderboardClient:
     """A pod's client of ``lb``, retrying fast (tests restart the leaderboard)."""
     return LeaderboardClient(lb.url, exp, TOKEN, initial_backoff_s=0.05, max_backoff_s=0.5)

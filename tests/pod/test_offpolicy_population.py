@@ -22,7 +22,7 @@ from services.pod.training.fit import build as build_single
 from services.pod.training.offpolicy_population import OffPolicyPopulationTrainer, PopulationSAC
 from services.pod.training.presets import pod_config, preset
 from services.pod.training.trainer import trainer_class
-from tests.pod.harness import Leaderboard, download, register, runtime
+from tests.pod.harness import Leaderboard, download, register, runtime, submit_outside_parent
 
 HPS = [
     {"learning_rate": 1e-3, "gamma": 0.99, "tau": 0.005, "init_alpha": 1.0},
@@ -300,26 +300,16 @@ def test_a_sac_population_pod_exploits_a_single_sac_pods_files(
     while parent.updates < 3:
         parent.step()
     parent.save(0, tmp_path / "parent")
-    files = {p.name: p.read_bytes() for p in (tmp_path / "parent").iterdir()}
-    answer = rt.client.submit(
-        {
-            "submission_id": "outside-parent",
-            "pod_id": "outside",
-            "algorithm": "sac",
-            "hyperparameters": {"learning_rate": 2e-3, "tau": 0.02},
-            "score": 10_000.0,
-            "eval": {"mean": 10_000.0, "episodes": 4},
-        },
-        files,
+    outside_id = submit_outside_parent(
+        rt.client, tmp_path / "parent", "sac", {"learning_rate": 2e-3, "tau": 0.02}
     )
-    assert answer.accepted and answer.rank == 1
 
     rt.train_round()
     rt.report()
     rt.maybe_exploit()
     want = parent.agent.state_dict()  # type: ignore[attr-defined]
     for i, member in enumerate(rt.slots):
-        assert member.parent_id == answer.candidate_id and member.generation == 1
+        assert member.parent_id == outside_id and member.generation == 1
         copy = SAC(*spaces(), SACConfig(**trainer.config(i).sac.model_dump()))
         trainer.population.get(i, copy)
         for name, value in copy.state_dict().items():
@@ -336,7 +326,7 @@ def test_a_sac_population_pod_exploits_a_single_sac_pods_files(
     parent.close()
     with leaderboard.api() as api:
         board = api.get("/experiments/sp/leaderboard").json()["candidates"]
-    children = [c for c in board if c["parent_id"] == answer.candidate_id]
+    children = [c for c in board if c["parent_id"] == outside_id]
     assert {c["pod_id"] for c in children} == {m.pod_id for m in rt.slots}
     directory = download(leaderboard, children[0], tmp_path / "child")
     counters = read_files(directory).documents["counters"]

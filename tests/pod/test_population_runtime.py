@@ -34,6 +34,7 @@ from tests.pod.harness import (
     register,
     runtime,
     stop_after,
+    submit_outside_parent,
 )
 
 P = 4
@@ -152,19 +153,9 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
         trainer.step()
     trainer.save(0, tmp_path / "parent")
     parent = trainer.learner
-    files = {p.name: p.read_bytes() for p in (tmp_path / "parent").iterdir()}
-    answer = rt.client.submit(
-        {
-            "submission_id": "outside-parent",
-            "pod_id": "outside",
-            "algorithm": "ppo",
-            "hyperparameters": {"learning_rate": 5e-3, "ent_coef": 0.005},
-            "score": 10_000.0,
-            "eval": {"mean": 10_000.0, "episodes": 4},
-        },
-        files,
+    outside_id = submit_outside_parent(
+        rt.client, tmp_path / "parent", "ppo", {"learning_rate": 5e-3, "ent_coef": 0.005}
     )
-    assert answer.accepted and answer.rank == 1
 
     rt.train_round()
     rt.report()
@@ -175,7 +166,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     parent_steps = float(parent.agent.optimizer.state_dict()["state"][0]["step"])
     assert parent_steps == 3 * config.ppo.update_epochs * config.ppo.num_minibatches
     for i, member in enumerate(rt.slots):
-        assert member.parent_id == answer.candidate_id and member.generation == 1
+        assert member.parent_id == outside_id and member.generation == 1
         assert member.reports == 0 and member.unreported_steps == 0
         # The parent's weights, statistics and Adam state, with the explored hyperparameters.
         agent = pop.agent(i)
@@ -196,7 +187,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
         assert len(leases) == P
         for lease in leases:
             assert api.delete(f"/experiments/e2/leases/{lease}").status_code == 404
-    children = [c for c in board if c["parent_id"] == answer.candidate_id]
+    children = [c for c in board if c["parent_id"] == outside_id]
     assert {c["pod_id"] for c in children} == {m.pod_id for m in rt.slots}
     assert all(c["generation"] == 1 for c in children)
     directory = download(leaderboard, children[0], tmp_path / "child")

@@ -12,6 +12,7 @@ import a module of its choosing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -75,16 +76,7 @@ class AlgorithmCard:
 
     def preset_files(self) -> dict[str, str]:
         """Env name → the preset's YAML text, for every preset the card ships."""
-        if self.presets_package is None:
-            return {}
-        root = resources.files(self.presets_package) / "presets"
-        if not root.is_dir():
-            return {}
-        return {
-            item.name.removesuffix(".yaml"): item.read_text()
-            for item in root.iterdir()
-            if item.name.endswith(".yaml")
-        }
+        return {} if self.presets_package is None else dict(_preset_texts(self.presets_package))
 
     def preset(self, env: str) -> dict[str, Any]:
         """The preset's fields for ``env``; {} where none ships. An ``envpool:<task>`` env
@@ -93,6 +85,20 @@ class AlgorithmCard:
         files = self.preset_files()
         text = files.get(env) or files.get(env.removeprefix(ENVPOOL_PREFIX))
         return yaml.safe_load(text) if text else {}
+
+
+@functools.cache
+def _preset_texts(package: str) -> dict[str, str]:
+    """The YAML files in ``package``'s ``presets/``, read once per process: every spec check
+    and every pod config reads them, and package data does not change while it runs."""
+    root = resources.files(package) / "presets"
+    if not root.is_dir():
+        return {}
+    return {
+        item.name.removesuffix(".yaml"): item.read_text()
+        for item in root.iterdir()
+        if item.name.endswith(".yaml")
+    }
 
 
 class CardError(ValueError):
