@@ -19,6 +19,13 @@ call, including the warm-up iteration) is reported apart. One thread (``torch.se
 
     .venv/bin/python bench/anakin_iteration.py --agents 1 8 64 --repeats 3
     .venv/bin/python bench/anakin_iteration.py --agents 8 --sides anakin-steps population
+    .venv/bin/python bench/anakin_iteration.py --recipe cartpole-pod   # a CartPole pod's shape
+    .venv/bin/python bench/anakin_iteration.py --evaluation 40   # compiled vs eager evaluation
+
+``--recipe cartpole-pod`` measures the shape a CartPole PPO pod trains instead (the env's preset
+with the pod defaults: 16 envs x 16 steps, 8 epochs of one minibatch, 32x32, no observation
+normalisation, no annealing): the shape ``compile: auto``'s rules (services/pod/algorithms/
+compiled.py ``ANAKIN_AUTO``) are measured on beside the recipe's.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 # A fresh inductor cache, so that every compile time below is a cold compile (set before
 # torch is imported; the on-disk cache would otherwise serve a rerun's kernels).
@@ -37,13 +45,25 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="anakin
 
 import torch
 
+from services.contracts.algorithms.ppo.config import PPOConfig
 from services.pod.config import PPORunConfig
 from services.pod.training.anakin import PUREJAXRL_CARTPOLE, AnakinPPO
+from services.pod.training.anakin_trainer import AnakinTrainer
 from services.pod.training.onpolicy import OnPolicyTrainer
 from services.pod.training.population_trainer import PopulationTrainer
+from services.pod.training.presets import merge, preset
 
 TOTAL = 500_000
 RECIPE = PUREJAXRL_CARTPOLE
+
+
+def _recipe(name: str) -> PPOConfig:
+    if name == "purejaxrl":
+        return PUREJAXRL_CARTPOLE
+    pod = merge(preset("ppo", "CartPole-v1"), OnPolicyTrainer.pod_defaults)
+    return PPOConfig.model_validate(pod["ppo"])
+
+
 SIDES = ("anakin-iteration", "anakin-steps", "anakin-eager", "population", "onpolicy")
 #: anakin-iteration is left out by default: at 128 steps its compile takes far longer than
 #: this bench should (docs/benchmarks.md, "Anakin iteration"); name it to include it.
@@ -98,10 +118,52 @@ def measure(side: str, agents: int, iterations: int, repeats: int) -> dict[str, 
     return {
         "side": side,
         "agents": agents,
+        "batch": RECIPE.batch_size,
         "build_s": round(built - start, 2),
         "first_iteration_s": round(first - built, 2),
         "env_steps_per_s": round(statistics.median(rates)),
         "spread": [round(r) for r in rates],
+    }
+
+
+def measure_evaluation(agents: int, repeats: int, train_iterations: int) -> dict[str, float]:
+    """The Anakin trainer's compiled evaluation (services/pod/training/anakin_eval.py) against
+    the eager trainer's on the same weights: agents trained ``train_iterations`` iterations by
+    the Anakin trainer, then loaded into ``PopulationTrainer`` (``OnPolicyTrainer`` at P = 1);
+    10 episodes per agent. The first compiled call (its compile) is reported apart."""
+    torch._dynamo.reset()
+    configs = [_run_config(i) for i in range(agents)]
+    anakin = AnakinTrainer(configs)  # compile: auto (the recipes' default) compiles here
+    for _ in range(train_iterations):
+        anakin.step()
+    t0 = time.perf_counter()
+    anakin.evaluate()
+    first = time.perf_counter() - t0
+
+    def timed(evaluate: Callable[[], list]) -> tuple[float, float]:
+        times, means = [], []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            results = evaluate()
+            times.append(time.perf_counter() - t)
+            means = [r.mean for r in results]
+        return statistics.median(times), sum(means) / len(means)
+
+    compiled_s, compiled_mean = timed(anakin.evaluate)
+    eager = (PopulationTrainer if agents > 1 else OnPolicyTrainer)(configs)
+    with tempfile.TemporaryDirectory() as directory:
+        for i in range(agents):
+            anakin.save(i, Path(directory) / str(i))
+            eager.load(i, Path(directory) / str(i), configs[i])
+    eager_s, eager_mean = timed(eager.evaluate)
+    return {
+        "side": "evaluation",
+        "agents": agents,
+        "first_evaluation_s": round(first, 2),
+        "compiled_s": round(compiled_s, 4),
+        "eager_s": round(eager_s, 4),
+        "compiled_mean_return": round(compiled_mean, 1),
+        "eager_mean_return": round(eager_mean, 1),
     }
 
 
@@ -114,10 +176,24 @@ def main() -> None:
         "--env-steps", type=int, default=20_000, help="env steps (all agents) per timing"
     )
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--recipe", choices=["purejaxrl", "cartpole-pod"], default="purejaxrl")
+    parser.add_argument(
+        "--evaluation",
+        type=int,
+        metavar="ITERATIONS",
+        help="instead: time the compiled evaluation against the eager trainer's, on agents "
+        "trained this many iterations (the first call, its compile, apart)",
+    )
     args = parser.parse_args()
+    global RECIPE  # what every side trains (one config per run)
+    RECIPE = _recipe(args.recipe)
     torch.set_num_threads(1)
     results = []
-    for agents in args.agents:
+    for agents in args.agents if args.evaluation else ():
+        row = measure_evaluation(agents, args.repeats, args.evaluation)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    for agents in args.agents if not args.evaluation else ():
         iterations = max(2, args.env_steps // (agents * RECIPE.batch_size))
         for side in args.sides:
             if side == "onpolicy" and agents != 1:

@@ -21,6 +21,18 @@ rate, gamma and tau) against a loop over P ``SAC`` agents (services/pod/algorith
 fused Adam) on the same minibatches, alternating in the same process.
 
     python bench/population_vmap.py --algorithm sac --sizes 1 8 32 --hidden 64 256
+
+K-step rows (``--kstep``, SAC or TD3): one timing = ``--offpolicy-updates`` updates of every
+agent, each drawing its own minibatch of 256 from a replay buffer of 10,000 random transitions:
+eager, as a pod with ``compile: off`` runs them (P = 1: ``SAC.update`` / ``TD3.update`` on
+``ReplayBuffer.sample``; P > 1: the population's ``update`` on ``StackedReplay.sample``), against
+one call of the compiled K-step update (services/pod/algorithms/kstep.py ``KStep``: one compiled
+program per update, the K of a call one CUDA graph on a GPU) on the same stack. Printed per
+update (all P agents); "first call" is the compiled side's first call of K updates, its compile
+included (cold: the bench points inductor at an empty cache unless ``--warm-cache``).
+
+    python bench/population_vmap.py --kstep --algorithm sac --sizes 1 8 32 --hidden 64 256
+    python bench/population_vmap.py --kstep --algorithm td3 --device cuda
 """
 
 from __future__ import annotations
@@ -82,27 +94,10 @@ def measure_offpolicy(
     algorithm: str, p: int, hidden: int, seed: int, device: str, repeats: int, updates: int
 ):
     from services.pod.algorithms.replay_buffer import Batch
-    from services.pod.envs.registry import make_env
     from services.pod.training.offpolicy_population import POPULATIONS
-    from services.pod.training.trainer import algorithm_card, algorithm_class
-
-    env = make_env("Pendulum-v1", 1)
-    spaces = env.single_observation_space, env.single_action_space
-    env.close()
-    agent_class, config_class = algorithm_class(algorithm), algorithm_card(algorithm).config
 
     def agents() -> list:
-        out = []
-        for i in range(p):
-            torch.manual_seed(seed + i)
-            cfg = config_class(
-                hidden_sizes=[hidden, hidden],
-                learning_rate=3e-4 * (1 + i % 4),
-                gamma=0.99 - 0.01 * (i % 3),
-                tau=0.005 * (1 + i % 2),
-            )
-            out.append(agent_class(*spaces, cfg).to(device))
-        return out
+        return _offpolicy_agents(algorithm, p, hidden, seed, device)
 
     pop, loop = POPULATIONS[algorithm](agents()), agents()
     g = torch.Generator(device=device).manual_seed(seed)
@@ -141,6 +136,122 @@ def measure_offpolicy(
     return statistics.median(t_pop), statistics.median(t_loop)
 
 
+def _offpolicy_agents(algorithm: str, p: int, hidden: int, seed: int, device: str) -> list:
+    from services.pod.envs.registry import make_env
+    from services.pod.training.trainer import algorithm_card, algorithm_class
+
+    env = make_env("Pendulum-v1", 1)
+    spaces = env.single_observation_space, env.single_action_space
+    env.close()
+    agent_class, config_class = algorithm_class(algorithm), algorithm_card(algorithm).config
+    out = []
+    for i in range(p):
+        torch.manual_seed(seed + i)
+        cfg = config_class(
+            hidden_sizes=[hidden, hidden],
+            learning_rate=3e-4 * (1 + i % 4),
+            gamma=0.99 - 0.01 * (i % 3),
+            tau=0.005 * (1 + i % 2),
+        )
+        out.append(agent_class(*spaces, cfg).to(device))
+    return out
+
+
+def measure_kstep(
+    algorithm: str, p: int, hidden: int, seed: int, device: str, repeats: int, k: int
+) -> tuple[float, float, float]:
+    """Seconds per update of all P agents, eager and compiled (medians of ``repeats`` calls of
+    ``k`` updates), and the compiled side's first call in seconds."""
+    from services.pod.algorithms.kstep import KStep
+    from services.pod.algorithms.replay_buffer import FIELDS, ReplayBuffer
+    from services.pod.algorithms.stacked import POPULATIONS, StackedReplay
+
+    b, capacity = 256, 10_000
+    g = torch.Generator(device=device).manual_seed(seed)
+    buffer = ReplayBuffer(capacity, (3,), (1,), device=device)
+    replay = StackedReplay(p, buffer)
+    replay.add(
+        torch.randn(p, capacity, 3, generator=g, device=device),
+        torch.rand(p, capacity, 1, generator=g, device=device) * 2 - 1,
+        torch.randn(p, capacity, generator=g, device=device),
+        torch.randn(p, capacity, 3, generator=g, device=device),
+        (torch.rand(p, capacity, generator=g, device=device) < 0.01).float(),
+    )
+    replay.get(0, buffer)
+    eager_agents = _offpolicy_agents(algorithm, p, hidden, seed, device)
+    stack = POPULATIONS[algorithm](_offpolicy_agents(algorithm, p, hidden, seed, device))
+    if p == 1:  # a single agent: its own update on its own buffer; compiled, a stack of one
+        [agent] = eager_agents
+        fields = tuple(getattr(buffer, name).unsqueeze(0) for name in FIELDS)
+        run = KStep(stack, fields, buffer.filled.view(1), b, seed, compile=True)
+    else:
+        pop = POPULATIONS[algorithm](eager_agents)
+        run = KStep(stack, replay.fields, replay.filled, b, seed, compile=True)
+    done = {"eager": 0, "compiled": 0}
+
+    def eager() -> None:
+        for _ in range(k):
+            done["eager"] += 1
+            if p == 1:
+                agent.update(buffer.sample(b, g), g, done["eager"])
+            else:
+                pop.update(replay.sample(b, g), g, done["eager"])
+
+    def compiled() -> None:
+        run(k, done["compiled"] + 1)
+        done["compiled"] += k
+
+    sync(device)
+    start = time.perf_counter()
+    compiled()  # compiles
+    sync(device)
+    first = time.perf_counter() - start
+    for _ in range(2):  # warm-up: allocator; on CUDA the graph's warm-up and capture
+        compiled()
+        eager()
+    t_eager, t_compiled = [], []
+    for _ in range(repeats):
+        for fn, times in ((eager, t_eager), (compiled, t_compiled)):
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times.append((time.perf_counter() - start) / k)
+    return statistics.median(t_eager), statistics.median(t_compiled), first
+
+
+def main_kstep(args: argparse.Namespace) -> None:
+    print(
+        "| algorithm | MLP | P | eager (ms/update) | compiled (ms/update) | eager / compiled "
+        "| median ratio | per seed | first call (s) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
+    for hidden in args.hidden:
+        for p in args.sizes:
+            runs = [
+                measure_kstep(
+                    args.algorithm,
+                    p,
+                    hidden,
+                    s,
+                    args.device,
+                    args.repeats,
+                    args.offpolicy_updates,
+                )
+                for s in range(args.seeds)
+            ]
+            e = statistics.median(r[0] for r in runs)
+            c = statistics.median(r[1] for r in runs)
+            ratios = [r[0] / r[1] for r in runs]
+            listed = " / ".join(f"{r:.2f}" for r in ratios)
+            print(
+                f"| {args.algorithm} | {hidden}x{hidden} | {p} | {e * 1e3:.2f} | {c * 1e3:.2f} | "
+                f"{e / c:.2f}x | **{statistics.median(ratios):.2f}x** | {listed} | "
+                f"{runs[0][2]:.0f} |",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -153,11 +264,30 @@ def main() -> None:
     parser.add_argument(
         "--offpolicy-updates", type=int, default=10, help="SAC/TD3/DDPG steps per timing"
     )
+    parser.add_argument(
+        "--kstep", action="store_true", help="compiled K-step update against eager updates"
+    )
+    parser.add_argument(
+        "--warm-cache", action="store_true", help="--kstep: keep inductor's cache (default: cold)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, device {args.device}, threads {args.threads}, {args.algorithm}"
     )
+    if args.kstep:
+        if args.algorithm not in ("sac", "td3", "ddpg"):
+            parser.error("--kstep times an off-policy algorithm: --algorithm sac, td3 or ddpg")
+        # One process times every size: more programs of one function than a pod compiles
+        # (dynamo's default limit, 8, would turn the later rows eager).
+        torch._dynamo.config.recompile_limit = 64
+        if not args.warm_cache:  # the first call's compile as a new pod's: nothing cached
+            import os
+            import tempfile
+
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kstep-bench-")
+        main_kstep(args)
+        return
     print("| MLP | P | population (ms) | loop (ms) | loop / pop. | median ratio | per seed |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for hidden in args.hidden:

@@ -178,8 +178,9 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
     ("change", "message"),
     [
         (
-            {"algorithms": {"ppo": 0.5, "dqn": 0.5}},
-            "population pods train DDPG and PPO and SAC and TD3 only, not dqn",
+            {"algorithms": {"ppo": 0.5, "portfolio_gradient": 0.5}},
+            "population pods train DDPG and DQN and PPO and SAC and TD3 only, not "
+            "portfolio_gradient",
         ),
         (
             {"search_space": {"num_envs": {"type": "choice", "values": [8, 16]}}},
@@ -201,7 +202,8 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
 def test_population_pods_refuse_what_their_agents_cannot_vary(change, message) -> None:
     base = {
         "name": "pop",
-        # Continuous actions (DQN does not fit them, but the population rule is checked first).
+        # Continuous actions (the portfolio gradient trains only StockTrading-v0, but the
+        # population rule is checked first).
         "env": {"name": "Pendulum-v1"},
         "algorithms": {"ppo": 1.0},
         "population": {"agents_per_pod": 8},

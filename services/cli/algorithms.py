@@ -17,8 +17,17 @@ def rows() -> list[AlgorithmCard]:
     return [card(name) for name in card_names()]
 
 
+def _preset_name(found: AlgorithmCard, env: str) -> str:
+    threshold = found.large_batch_from(env)
+    return env if threshold is None else f"{env} (≥ {threshold:,} envs)"
+
+
 def show(names: bool = False) -> None:
-    table = Table(title="Algorithms a pod trains (podium.algorithm_cards)")
+    table = Table(
+        title="Algorithms a pod trains (podium.algorithm_cards)",
+        caption="presets: env (≥ N envs: the preset's large-batch section from N envs on, "
+        "docs/presets.md)",
+    )
     for column in ("algorithm", "family", "actions", "population may vary", "presets"):
         table.add_column(column)
     if names:
@@ -35,7 +44,7 @@ def show(names: bool = False) -> None:
             found.family,
             kinds,
             population,
-            ", ".join(sorted(found.preset_files())),
+            ", ".join(_preset_name(found, env) for env in sorted(found.preset_files())),
         ]
         if names:
             cells.append(", ".join(sorted(found.hyperparameter_names)))

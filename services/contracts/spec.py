@@ -266,7 +266,10 @@ class ExperimentSpec(InputModel):
             )
             # A preset that turns gSDE on (Pendulum's) is refused here too, not by the pod.
             for algorithm in self.algorithms:
-                preset = preset_data(algorithm, self.env.name).get(algorithm, {})
+                # The pins are flat names: the run's num_envs (which picks a preset's
+                # large-batch section) may be the algorithm's own field or its loop's.
+                run = [pins, {algorithm: pins}]
+                preset = preset_data(algorithm, self.env.name, run).get(algorithm, {})
                 check_population_settings(self.env.name, algorithm, {**preset, **pins}, pins)
         return self
 

@@ -134,6 +134,12 @@ class OrchestratorSettings(PodiumSettings):
         default=5.0, ge=0, description="How long a capacity reading (nodes, pods, quotas) lasts."
     )
     k8s_shared_memory: str = Field(default="2Gi", description="Size of the shared emptyDir.")
+    k8s_compile_cache_claim: str | None = Field(
+        default=None,
+        description="A ReadWriteMany PersistentVolumeClaim mounted into every training pod as "
+        "torch.compile's cache (PODIUM_COMPILE_CACHE_DIR): a replaced pod or a PBT child's pod "
+        "loads what an earlier one compiled. None: each pod compiles into its container's disk.",
+    )
     k8s_gpu_claim_template: str | None = Field(
         default=None,
         description="DRA ResourceClaimTemplate shared by all three containers instead of "

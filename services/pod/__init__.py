@@ -8,12 +8,14 @@ contract in pyproject.toml):
   round, evaluate, report to the leaderboard, PBT's exploit), ``lineage.py`` (who each slot's
   agent is on the leaderboard), ``launcher.py`` (CPU pods forked from one process that imported
   torch once), ``metrics.py``, ``gpu_check.py`` (a pod granted GPUs it cannot use stops at
-  start). ``__main__.py`` starts it as the orchestrator starts a pod.
+  start), ``compile_cache.py`` (torch.compile's cache on a volume that outlives the pod).
+  ``__main__.py`` starts it as the orchestrator starts a pod.
 * ``trading/`` — FinRL-style stock trading on the platform's parts: the market and the env,
   the portfolio gradient (its agent and trainer), the backtest, the in-process tournaments.
 * ``training/`` — ``trainer.py`` (the interface every way of training implements, and which
   trainer trains an algorithm: its card's family), the trainers (``onpolicy.py``, ``offpolicy.py``,
-  ``population_trainer.py`` on ``population.py``), ``fit.py`` (``podium train``'s loop),
+  ``population_trainer.py`` on ``population.py``, ``anakin_trainer.py`` on ``anakin.py`` and
+  ``anakin_eval.py``: PPO compiled, chosen by ``compile``), ``fit.py`` (``podium train``'s loop),
   ``presets.py``, ``checkpoint.py`` (training files), ``fusion.py`` (learner replicas averaged),
   ``tensorboard.py`` (curves and hyperparameters as TensorBoard event files).
 * ``roles/`` — ``worker.py`` (collects), ``learner.py`` (updates), ``evaluator.py`` (scores);
@@ -21,7 +23,10 @@ contract in pyproject.toml):
   containers through ``multiprocess.py`` (learner side), ``role_process.py`` (worker and
   evaluator side) and ``transport.py`` (the link).
 * ``algorithms/`` — the agents (losses and updates) with their shared machinery beside them
-  (policies, normalisation, rollout and replay storage, noise, the compile helper).
+  (policies, normalisation, rollout and replay storage, noise, the compile helper; off-policy
+  agents stacked for a population in ``stacked.py``, their compiled K-step update in
+  ``kstep.py``, the counter-based random draws of the compiled loops in
+  ``counter_random.py``).
 * ``config.py`` — the run config every layer above reads.
 * ``envs/`` — the environments and adapters.
 

@@ -12,7 +12,9 @@ free port), ``PODIUM_POD_MODE`` (``fused`` or ``processes``), ``PODIUM_TERMINATI
 ``PODIUM_ROLES_DIR``, ``PODIUM_ROLES_TIMEOUT_S`` and ``PODIUM_MAX_ENV_STEPS`` (the env steps
 this pod may still take before the experiment's budget is spent: it stops before a step that
 would exceed them, makes its final report and exits 0), ``PODIUM_TENSORBOARD_DIR`` (where it
-writes its TensorBoard event files; services/pod/training/tensorboard.py).
+writes its TensorBoard event files; services/pod/training/tensorboard.py),
+``PODIUM_COMPILE_CACHE_DIR`` (torch.compile's cache, kept across restarts and shared by PBT
+children; default ``<PODIUM_POD_DIR>/compile-cache``; services/pod/runtime/compile_cache.py).
 
 Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made), 2 for bad input (the message
 names what is wrong), 1 when training fails (the error is the last log line).
@@ -109,6 +111,12 @@ class PodSettings(RoleSettings):
         description="Where the pod writes its TensorBoard event files (its curves and "
         "hyperparameters); unset: none written.",
     )
+    compile_cache_dir: Path | None = Field(
+        default=None,
+        description="torch.compile's (inductor's) cache, on a volume that outlives the pod so "
+        "that a restart or a PBT child loads compiled programs instead of compiling; unset: "
+        "<pod_dir>/compile-cache, or torch's default (lost with the container) without one.",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -179,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     except BadInputError as exc:
         log.error("bad input", error=str(exc))
         return 2
+    from services.pod.runtime.compile_cache import use_compile_cache
+
+    # Before torch is imported (its inductor config reads the cache switches at import).
+    cache = settings.compile_cache_dir or (settings.pod_dir and settings.pod_dir / "compile-cache")
+    use_compile_cache(cache)
     # Imported after the environment is checked: torch takes a second or two to import.
     from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
 

@@ -240,6 +240,27 @@ def test_scheduling_settings_dra_and_token_secret(
     validate(credential_secret_manifest(NS, "e1", pod_token(LB_TOKEN, "e1"), "u"))
 
 
+def test_the_compile_cache_claim_is_every_containers_cache(
+    k8s_settings: OrchestratorSettings,
+) -> None:
+    """``k8s_compile_cache_claim``: the claim mounted in every container, where the pod's
+    PODIUM_COMPILE_CACHE_DIR points (services/pod/runtime/compile_cache.py); unset, none."""
+    plain = pod_manifest(k8s_settings, NS, request(), owner_uid="u")
+    assert [v["name"] for v in plain["spec"]["volumes"]] == ["shm"]
+    for mode in ("fused", "processes"):
+        s = k8s_settings.model_copy(
+            update={"k8s_compile_cache_claim": "podium-compile-cache", "pod_mode": mode}
+        )
+        m = pod_manifest(s, NS, request(), owner_uid="u")
+        validate(m)
+        [volume] = [v for v in m["spec"]["volumes"] if v["name"] == "compile-cache"]
+        assert volume["persistentVolumeClaim"] == {"claimName": "podium-compile-cache"}
+        for c in m["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            mount = next(v for v in c["volumeMounts"] if v["name"] == "compile-cache")
+            assert env["PODIUM_COMPILE_CACHE_DIR"] == mount["mountPath"]
+
+
 def test_schema_validation_catches_a_broken_manifest(k8s_settings: OrchestratorSettings) -> None:
     m = pod_manifest(k8s_settings, NS, request(), owner_uid="u")
     m["spec"]["containers"][0]["resources"]["requests"]["cpu"] = {"cores": 2}

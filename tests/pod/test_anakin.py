@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from services.pod.algorithms.normalization import batch_stats
 from services.pod.algorithms.ppo import PPO
@@ -49,6 +51,92 @@ def test_functional_cartpole_step_equals_the_env():
         assert torch.equal(reward, reward_env) and torch.equal(terminated, terminated_env)
         env.state.copy_(torch.where(terminated.unsqueeze(1), env._initial_state(64), env.state))
         state = env.state.clone()
+
+
+class _HostCopies(TorchDispatchMode):
+    """Records each copy out of host memory: what a CUDA graph cannot capture."""
+
+    _COPIES = frozenset({"_to_copy", "copy_", "lift_fresh", "lift_fresh_copy"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in self._COPIES and any(
+            isinstance(a, torch.Tensor) and a.device.type == "cpu"
+            for a in tree_flatten((args, kwargs))[0]
+        ):
+            self.copies.append(str(func))
+        return func(*args, **kwargs)
+
+
+def test_an_iteration_copies_nothing_from_the_host():
+    # The iteration on the meta device: any tensor it makes on the host and moves over (the
+    # functional CartPole's constants did) would be a host-to-device copy inside the CUDA
+    # graph's capture, which CUDA refuses.
+    shape, state, hp = anakin.build(
+        SMALL.model_copy(update={"num_steps": 8}), [0, 1], device="meta"
+    )
+    with _HostCopies() as mode:
+        anakin.ppo_iteration(shape, state, hp)
+    assert mode.copies == []
+
+
+def test_cuda_graph_needs_a_cuda_device():
+    with pytest.raises(ValueError, match="cuda_graph: needs a CUDA device"):
+        AnakinPPO(SMALL, [0], cuda_graph=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replays_the_iteration_and_sees_new_hyperparameters():
+    plain = AnakinPPO(SMALL, range(4), total_env_steps=10**6, device="cuda")
+    graphed = AnakinPPO(SMALL, range(4), total_env_steps=10**6, device="cuda", cuda_graph=True)
+    for _ in range(3):
+        plain.step()
+        graphed.step()
+    for name, value in plain.state["params"].items():
+        assert torch.equal(value, graphed.state["params"][name])
+    assert torch.equal(plain.state["env"], graphed.state["env"])
+    before = {k: v.clone() for k, v in graphed.state["params"].items()}
+    graphed.set_hyperparameters(0, {"learning_rate": 0.0})  # a PBT explore, after capture
+    graphed.step()
+    params = graphed.state["params"]
+    assert all(torch.equal(before[k][0], v[0]) for k, v in params.items())
+    assert any(not torch.equal(before[k][1], v[1]) for k, v in params.items())
+    assert int(graphed.state["iteration"]) == 4
+
+
+def test_gae_as_one_weighted_sum_equals_the_recursion():
+    gen = torch.Generator().manual_seed(0)
+    p, t_, n = 3, 64, 5
+    delta = torch.randn(p, t_, n, generator=gen, dtype=torch.float64)
+    not_done = (torch.rand(p, t_, n, generator=gen) > 0.1).double()
+    not_done[0, :, 0] = 0.0  # every step ends an episode
+    not_done[1, :, 1] = 1.0  # no step does
+    gamma_lambda = torch.tensor([0.9405, 0.5, 0.999], dtype=torch.float64)
+    last, trace = torch.zeros(p, n, dtype=torch.float64), []
+    for t in reversed(range(t_)):
+        last = delta[:, t] + gamma_lambda.view(p, 1) * not_done[:, t] * last
+        trace.append(last)
+    expected = torch.stack(trace[::-1], 1)
+    _close(anakin._gae_matrix(delta, not_done, gamma_lambda), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_failed_capture_runs_on_without_the_graph(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "graph", refuse)
+    run = AnakinPPO(SMALL, [0, 1], total_env_steps=10**6, device="cuda", cuda_graph=True)
+    run.step()
+    run.step()
+    assert run.cuda_graph is False and run.iterations == 2
+    assert int(run.state["iteration"]) == 2
 
 
 def test_rejects_an_env_without_a_functional_step():

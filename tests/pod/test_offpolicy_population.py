@@ -1,7 +1,7 @@
-"""Off-policy populations (services/pod/training/offpolicy_population.py): P SAC agents stacked
-in one process update exactly as P single ``SAC`` agents do, refuse what they cannot train, and
-learn Pendulum. The save/load contract (a slot's files are a single SAC pod's) is in
-tests/pod/test_trainers.py."""
+"""Off-policy populations (services/pod/training/offpolicy_population.py): P SAC (TD3, DDPG, DQN)
+agents stacked in one process update exactly as P single agents do, refuse what they cannot
+train, and learn Pendulum (DQN: CartPole). The save/load contract (a slot's files are a single
+agent pod's) is in tests/pod/test_trainers.py."""
 
 from __future__ import annotations
 
@@ -158,6 +158,76 @@ def test_a_batched_update_equals_p_single_td3_or_ddpg_updates(algorithm: str) ->
                 torch.testing.assert_close(got["state"][index][key], value, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize(("double", "dueling"), [(False, False), (True, True)])
+def test_a_batched_update_equals_p_single_dqn_updates(double: bool, dueling: bool) -> None:
+    """Six updates of three DQN agents with different learning rates, γ, τ, target periods
+    (soft every update, soft every 2nd, hard every 3rd) and gradient clipping (one clipped
+    hard, one not at all), each on its own update count, give each agent the weights, targets
+    and Adam state that ``DQN.update`` gives it on the same batches; each agent's ε is
+    ``DQN.epsilon``."""
+    from services.pod.algorithms.dqn import DQN, DQNConfig
+    from services.pod.training.offpolicy_population import PopulationDQN
+
+    env = make_env("CartPole-v1", 1)
+    obs_space, action_space = env.single_observation_space, env.single_action_space
+    env.close()
+    hps = [
+        {"learning_rate": 1e-3, "gamma": 0.99, "tau": 0.05, "target_update_every": 1},
+        {"learning_rate": 3e-3, "gamma": 0.95, "tau": 0.2, "target_update_every": 2,
+         "max_grad_norm": 0.05, "epsilon_start": 0.8, "exploration_steps": 100},
+        {"learning_rate": 5e-4, "gamma": 0.9, "tau": 1.0, "target_update_every": 3,
+         "max_grad_norm": None, "epsilon_end": 0.2, "exploration_steps": 1000},
+    ]  # fmt: skip
+
+    def make() -> list[DQN]:
+        out = []
+        for i, hp in enumerate(hps):
+            torch.manual_seed(i)
+            config = DQNConfig(hidden_sizes=[32, 32], double=double, dueling=dueling, **hp)
+            out.append(DQN(obs_space, action_space, config))
+        return out
+
+    singles = make()
+    population = PopulationDQN(make())
+    p, b, offsets = len(singles), 64, (5, 1, 0)
+    for k in range(1, 7):
+        g = torch.Generator().manual_seed(k)
+        batch = Batch(
+            obs=torch.randn(p, b, 4, generator=g),
+            action=torch.randint(0, 2, (p, b), generator=g),
+            reward=torch.randn(p, b, generator=g),
+            next_obs=torch.randn(p, b, 4, generator=g),
+            terminated=(torch.rand(p, b, generator=g) < 0.2).float(),
+        )
+        # Each agent's own update count (a slot loaded from files goes on from theirs).
+        stats = population.update(batch, step=torch.tensor([k + o for o in offsets]))
+        for i, agent in enumerate(singles):
+            expected = agent.update(Batch(*(f[i] for f in batch)), g, k + offsets[i])
+            assert float(stats["loss"][i]) == pytest.approx(float(expected["loss"]), rel=1e-4)
+    for i, agent in enumerate(singles):
+        out = make()[i]
+        population.get(i, out)
+        want = agent.state_dict()
+        assert out.state_dict().keys() == want.keys()
+        for name, value in want.items():
+            torch.testing.assert_close(out.state_dict()[name], value, rtol=1e-4, atol=1e-5)
+        got_opt, want_opt = out.optimizer.state_dict(), agent.optimizer.state_dict()
+        assert got_opt["param_groups"] == want_opt["param_groups"]
+        for index, state in want_opt["state"].items():
+            for key, value in state.items():
+                torch.testing.assert_close(
+                    got_opt["state"][index][key], value, rtol=1e-4, atol=1e-6
+                )
+    # The targets moved differently: agent 2 (hard, every 3rd) holds its online weights of
+    # its update 6, agent 1's (soft, every 2nd, last at its update 6 of 7) lag behind.
+    online, target = population.flat, population.targets
+    torch.testing.assert_close(target[2], online[2])
+    assert not torch.allclose(target[1], online[1])
+    for steps in (0, 50, 5000):
+        eps = population.epsilon(torch.full((p,), steps))
+        assert eps.tolist() == [a.epsilon(steps) for a in singles]
+
+
 def small(**change: Any) -> list[dict[str, Any]]:
     base = {
         **preset("sac", "Pendulum-v1"),
@@ -208,7 +278,7 @@ def test_a_population_explores_with_correlated_noise_and_takes_a_fresh_agent(noi
         trainer.close()
 
 
-def test_sac_populations_are_accepted_at_submission_and_what_they_cannot_vary_is_refused() -> None:
+def test_sac_and_dqn_populations_are_accepted_and_what_they_cannot_vary_is_refused() -> None:
     spec: dict[str, Any] = {
         "name": "sacpop",
         "env": {"name": "Pendulum-v1"},
@@ -220,12 +290,20 @@ def test_sac_populations_are_accepted_at_submission_and_what_they_cannot_vary_is
     varied = {**spec["search_space"], "batch_size": {"type": "choice", "values": [64, 256]}}
     with pytest.raises(ValidationError, match="search_space 'batch_size' cannot vary"):
         ExperimentSpec.model_validate({**spec, "search_space": varied})
-    with pytest.raises(
-        ValidationError, match="population pods train DDPG and PPO and SAC and TD3 only, not dqn"
-    ):
-        ExperimentSpec.model_validate(
-            {**spec, "env": {"name": "CartPole-v1"}, "algorithms": {"dqn": 1}, "search_space": {}}
-        )
+    # DQN's population varies its ε schedule and target updates, not what shapes its network.
+    dqn = {
+        **spec,
+        "env": {"name": "CartPole-v1"},
+        "algorithms": {"dqn": 1},
+        "search_space": {
+            "epsilon_end": {"type": "uniform", "low": 0.01, "high": 0.1},
+            "target_update_every": {"type": "choice", "values": [1, 10]},
+        },
+    }
+    assert ExperimentSpec.model_validate(dqn).population.agents_per_pod == 4
+    dueling = {**dqn["search_space"], "dueling": {"type": "choice", "values": [True, False]}}
+    with pytest.raises(ValidationError, match="search_space 'dueling' cannot vary"):
+        ExperimentSpec.model_validate({**dqn, "search_space": dueling})
 
 
 @pytest.mark.slow
@@ -261,6 +339,34 @@ def test_a_population_solves_pendulum_within_the_single_agents_budget(algorithm:
         trainer.close()
         torch.set_num_threads(threads)
     assert min(best) >= -300, f"best evaluations {best} within {trainer.env_steps} env steps"
+
+
+@pytest.mark.slow
+def test_a_dqn_population_solves_cartpole_within_the_presets_budget() -> None:
+    """Two D3QN agents on the CartPole preset, each with its own learning rate and ε floor:
+    within the preset's env-step budget per agent (60,000), one agent's evaluation reaches the
+    preset's target (475)."""
+    base = preset("dqn", "CartPole-v1")
+    budget, target = base["total_env_steps"], base["target_return"]
+    hps = ({"learning_rate": 2.3e-3}, {"learning_rate": 1.5e-3, "epsilon_end": 0.03})
+    raw = [
+        {**base, "seed": 1 + i, "eval_seed": 1234, "dqn": {**base["dqn"], **hp}}
+        for i, hp in enumerate(hps)
+    ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    trainer = build(raw)
+    best = [float("-inf")] * trainer.size
+    try:
+        while trainer.env_steps < budget and max(best) < target:
+            trainer.step()
+            if trainer.env_steps % base["eval_every_steps"] < trainer.step_env_steps:
+                scores = [r.mean for r in trainer.evaluate()]
+                best = [max(b, s) for b, s in zip(best, scores, strict=True)]
+    finally:
+        trainer.close()
+        torch.set_num_threads(threads)
+    assert max(best) >= target, f"best evaluations {best} within {trainer.env_steps} env steps"
 
 
 def test_a_sac_population_pod_exploits_a_single_sac_pods_files(

@@ -302,11 +302,11 @@ def test_a_pinned_shared_setting_lets_a_population_train_a_gsde_preset(
         (
             {
                 # An env both fit, so that only the population rule refuses the mix.
-                "env": {"name": "CartPole-v1"},
-                "algorithms": {"ppo": 1.0, "dqn": 1.0},
+                "env": {"name": "StockTrading-v0"},
+                "algorithms": {"ppo": 1.0, "portfolio_gradient": 1.0},
                 "search_space": {"learning_rate": {"type": "uniform", "low": 1e-4, "high": 1e-3}},
             },
-            "train DDPG and PPO and SAC and TD3 only, not dqn",
+            "train DDPG and DQN and PPO and SAC and TD3 only, not portfolio_gradient",
         ),
     ],
 )

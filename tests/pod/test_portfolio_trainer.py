@@ -208,7 +208,7 @@ def test_the_spec_refuses_it_on_other_envs_and_other_names() -> None:
             {**base, "env": {"name": "StockTrading-v0"}, "search_space": space}
         )
     with pytest.raises(
-        ValidationError, match="population pods train DDPG and PPO and SAC and TD3 only"
+        ValidationError, match="population pods train DDPG and DQN and PPO and SAC and TD3 only"
     ):
         ExperimentSpec.model_validate(
             {**base, "env": {"name": "StockTrading-v0"}, "population": {"agents_per_pod": 2}}

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.spec import ExperimentSpec
+from services.pod.training.anakin_trainer import AnakinTrainer
 from services.pod.training.fit import train
 from services.pod.training.presets import pod_config, preset, train_config
 from services.pod.training.trainer import RunConfig, Trainer, trainer_class
@@ -36,15 +37,19 @@ SMALL_REPLAY = {
 def configs(kind: str) -> list[dict[str, Any]]:
     """Small configs of every trainer (one per slot), as a pod or ``podium train`` makes
     them: the preset with a few fields on top; evaluated on shared start states, as a pod's."""
+    if kind.startswith("anakin"):  # the Anakin trainer, its programs run eagerly (compile off)
+        raw = configs("population" if kind == "anakin-population" else "ppo")
+        return [{**c, "ppo": {**c["ppo"], "compile": "off"}} for c in raw]
     if kind == "population":
         ppo = {**preset("ppo", "CartPole-v1"), "eval_episodes": 2, "eval_seed": 1234}
         return [
             {**ppo, "seed": 5 + i, "ppo": {**ppo["ppo"], "num_envs": 4, "learning_rate": lr}}
             for i, lr in enumerate((3e-3, 5e-3, 8e-3))
         ]
-    if kind.endswith("-population"):  # sac-population, td3-population
+    if kind.endswith("-population"):  # sac-population, td3-population, dqn-population
         name = kind.removesuffix("-population")
-        base = {**preset(name, "Pendulum-v1"), **SMALL_REPLAY, "eval_seed": 1234}
+        env = "CartPole-v1" if name == "dqn" else "Pendulum-v1"
+        base = {**preset(name, env), **SMALL_REPLAY, "eval_seed": 1234}
         return [
             {**base, "seed": 5 + i, name: {**base[name], "learning_rate": lr, "tau": tau}}
             for i, (lr, tau) in enumerate(((1e-3, 0.01), (2e-3, 0.02), (3e-3, 0.05)))
@@ -61,8 +66,11 @@ def configs(kind: str) -> list[dict[str, Any]]:
     return [{**preset(kind, env), **SMALL_REPLAY}]
 
 
-def build(raw: list[dict[str, Any]]) -> Trainer:
-    cls = trainer_class(raw[0]["algorithm"], len(raw))
+def build(raw: list[dict[str, Any]], kind: str = "") -> Trainer:
+    """The family's trainer for ``raw`` (the Anakin trainer for the ``anakin`` kinds)."""
+    cls = (
+        AnakinTrainer if kind.startswith("anakin") else trainer_class(raw[0]["algorithm"], len(raw))
+    )
     return cls([cls.config_class.model_validate(c) for c in raw])
 
 
@@ -107,11 +115,16 @@ print(json.dumps({"loaded": loaded, "scores": scores, "stepped": trainer.env_ste
         "population",
         "sac-population",
         "td3-population",
+        "dqn-population",
+        "anakin",
+        "anakin-population",
     ],
 )
 def test_step_evaluate_save_load_in_a_fresh_process_continue(tmp_path: Path, kind: str) -> None:
+    """The fresh process loads with the family's own trainer: an Anakin slot's files load into
+    a single-agent PPO pod (and a population pod's slot)."""
     raw = configs(kind)
-    trainer = build(raw)
+    trainer = build(raw, kind)
     assert trainer.size == len(raw)
     step = trainer.step_env_steps
     # Step: the clock counts per slot, every step adds what it said it would.
@@ -465,7 +478,7 @@ def test_an_algorithm_of_a_new_family_trains_with_its_own_trainer(tmp_path: Path
         )
     with pytest.raises(
         ValidationError,
-        match="population pods train DDPG and PPO and SAC and TD3 only, not hill_climb",
+        match="population pods train DDPG and DQN and PPO and SAC and TD3 only, not hill_climb",
     ):
         ExperimentSpec.model_validate({**spec, "population": {"agents_per_pod": 2}})
     with pytest.raises(HyperparameterError, match="hill_climb trains one agent per pod"):

@@ -13,7 +13,7 @@ import a module of its choosing.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -24,6 +24,17 @@ from pydantic import BaseModel
 from services import registry
 from services.contracts.action_spaces import ActionKind
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
+
+#: A preset's section for accelerator-sized runs (docs/presets.md): the fields it holds replace
+#: the preset's when the run's ``num_envs`` is at least the section's ``min_num_envs``.
+LARGE_BATCH = "large_batch"
+#: The section's budget rules, per env: the run field each sets, ``num_envs`` times the value.
+#: At large batches PPO's progress is counted in updates, not in samples, so a fixed number of
+#: updates (a budget per env) holds at any env count where a fixed env-step budget does not.
+PER_ENV_FIELDS = {
+    "total_env_steps_per_env": "total_env_steps",
+    "eval_every_steps_per_env": "eval_every_steps",
+}
 
 #: The families the built-in trainers train (services/pod/training/): a plugin may declare any
 #: other family and register its trainer under ``podium.trainers`` by the family's name.
@@ -78,13 +89,92 @@ class AlgorithmCard:
         """Env name → the preset's YAML text, for every preset the card ships."""
         return {} if self.presets_package is None else dict(_preset_texts(self.presets_package))
 
-    def preset(self, env: str) -> dict[str, Any]:
-        """The preset's fields for ``env``; {} where none ships. An ``envpool:<task>`` env
-        reads the preset of ``<task>``: its transitions are the same
-        (tests/pod/envs/test_envpool_adapter.py)."""
+    def preset(self, env: str, num_envs: int | None = None) -> dict[str, Any]:
+        """The preset's fields for ``env`` for a run of ``num_envs`` sub-environments; {} where
+        none ships. From the preset's ``large_batch.min_num_envs`` on, its ``large_batch``
+        section is layered on top (``large_batch_layer``); below it, or with ``num_envs``
+        None, the preset as its file says. An ``envpool:<task>`` env reads the preset of
+        ``<task>``: its transitions are the same (tests/pod/envs/test_envpool_adapter.py)."""
+        data = self._preset_file(env)
+        section = data.pop(LARGE_BATCH, None)
+        layer = large_batch_layer(section, num_envs) if section else {}
+        return merge(data, layer)
+
+    def large_batch_from(self, env: str) -> int | None:
+        """The ``num_envs`` from which ``env``'s preset switches to its large-batch section;
+        None where it has none."""
+        section = self._preset_file(env).get(LARGE_BATCH)
+        return None if not section else int(section["min_num_envs"])
+
+    def _preset_file(self, env: str) -> dict[str, Any]:
         files = self.preset_files()
         text = files.get(env) or files.get(env.removeprefix(ENVPOOL_PREFIX))
         return yaml.safe_load(text) if text else {}
+
+    def num_envs(self, settings: Mapping[str, Any]) -> int | None:
+        """The sub-environments a run of ``settings`` (a preset with layers on top) steps: the
+        algorithm's own ``num_envs`` (PPO) or its loop's (off-policy), else the default; None
+        where the value is not an integer (the config's validation names it)."""
+        own = settings.get(self.name)
+        if isinstance(own, Mapping) and "num_envs" in own:
+            value = own["num_envs"]
+        elif "num_envs" in settings:
+            value = settings["num_envs"]
+        else:
+            models = (self.config, self.loop_config)
+            fields = [
+                m.model_fields["num_envs"] for m in models if m and "num_envs" in m.model_fields
+            ]
+            value = fields[0].default if fields else None
+        return _as_count(value)
+
+    def layered_preset(self, env: str, layers: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """``env``'s preset for the run the ``layers`` describe (their ``num_envs`` picks the
+        large-batch section or not), without the layers themselves: a caller puts them on top,
+        so that what a user sets explicitly always wins over the preset."""
+        layers = list(layers)
+        return self.preset(env, self.num_envs(merge(self.preset(env), *layers)))
+
+
+def _as_count(value: object) -> int | None:
+    """``value`` as the integer pydantic would read it (4096, 4096.0, "4096"), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def large_batch_layer(section: Mapping[str, Any], num_envs: int | None) -> dict[str, Any]:
+    """A preset's ``large_batch`` section as a layer for a run of ``num_envs`` envs: {} below
+    its ``min_num_envs`` (or with ``num_envs`` None), else its fields with each budget rule of
+    ``PER_ENV_FIELDS`` turned into its run field (the value times ``num_envs``)."""
+    threshold = int(section["min_num_envs"])
+    if num_envs is None or num_envs < threshold:
+        return {}
+    layer = {k: v for k, v in section.items() if k != "min_num_envs" and k not in PER_ENV_FIELDS}
+    for rule, name in PER_ENV_FIELDS.items():
+        if rule in section:
+            layer[name] = int(section[rule]) * num_envs
+    return layer
+
+
+def merge(base: Mapping[str, Any], *layers: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with each layer on top; nested mappings merge key by key."""
+
+    def two(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(low)
+        for key, value in high.items():
+            below = out.get(key)
+            both = isinstance(below, Mapping) and isinstance(value, Mapping)
+            out[key] = two(below, value) if both else value
+        return out
+
+    return functools.reduce(two, layers, dict(base))
 
 
 @functools.cache

@@ -38,10 +38,15 @@ def preset_files() -> dict[tuple[str, str], str]:
     }
 
 
-def preset_data(algorithm: str, env: str) -> dict[str, Any]:
-    """The preset file's fields for (``algorithm``, ``env``); {} where none ships."""
+def preset_data(
+    algorithm: str, env: str, layers: Iterable[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """The preset file's fields for (``algorithm``, ``env``), for the run that ``layers``
+    (settings put on top of it by the caller) describe: their ``num_envs`` selects the
+    preset's large-batch section from its threshold on (docs/presets.md). {} where none
+    ships."""
     found = find_card(algorithm)
-    return {} if found is None else found.preset(env)
+    return {} if found is None else found.layered_preset(env, layers)
 
 
 def check_hyperparameter_names(

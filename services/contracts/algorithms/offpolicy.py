@@ -30,6 +30,20 @@ class ReplayLoopConfig(BaseModel):
     updates_per_step: float = Field(
         0.25, gt=0, description="Gradient updates per env step (update-to-data ratio)."
     )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile the gradient update (SAC, TD3, DDPG), paid updates_per_call "
+        "updates at a time (one CUDA graph per call on a GPU); auto: where it measured faster "
+        "over the run's updates (services/pod/algorithms/kstep.py). Falls back to eager, "
+        "logged, where it cannot compile.",
+    )
+    updates_per_call: int = Field(
+        8,
+        ge=1,
+        description="Gradient updates per learner call when the update is compiled: the owed "
+        "updates are paid in chunks of this many, and the actors read the new weights once "
+        "per chunk.",
+    )
 
 
 class AgentConfig(BaseModel):

@@ -7,6 +7,9 @@
   meet in ``PODIUM_ROLES_DIR`` on the shared /dev/shm: a Unix socket for control, rollouts and
   weights in shared-memory files (services/pod/roles/transport.py).
 - /dev/shm is a memory-backed emptyDir (``k8s_shared_memory``; a container's own is 64 MiB).
+- With ``k8s_compile_cache_claim``, a ReadWriteMany PersistentVolumeClaim mounted at
+  ``COMPILE_CACHE_DIR`` in every container holds torch.compile's cache, so a replaced pod or a
+  PBT child's new pod loads compiled programs instead of compiling them again.
 - The GPU: ``nvidia.com/gpu`` limits on the fused container with the NVIDIA device plugin, or,
   with ``k8s_gpu_claim_template`` set, one DRA ResourceClaim that every container references.
   Three containers with GPUs need the claim: the worker and the evaluator build their envs and
@@ -79,6 +82,8 @@ ROLE_SHARE = {"worker": 0.5, "learner": 0.25, "evaluator": 0.25}
 FUSED_CONTAINER = "pod"  # runs --role all
 #: Where the three containers of the processes mode meet (inside the shared /dev/shm).
 ROLES_DIR = "/dev/shm/podium-roles"
+#: Where a training pod mounts the compile cache claim (``k8s_compile_cache_claim``).
+COMPILE_CACHE_DIR = "/var/cache/podium/compile"
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -182,6 +187,15 @@ def pod_manifest(
                 "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}},
             }
         )
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.k8s_shared_memory}}
+    ]
+    if settings.k8s_compile_cache_claim:  # services/pod/runtime/compile_cache.py
+        env.append({"name": "PODIUM_COMPILE_CACHE_DIR", "value": COMPILE_CACHE_DIR})
+        mounts.append({"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR})
+        claim_ref = {"claimName": settings.k8s_compile_cache_claim}
+        volumes.append({"name": "compile-cache", "persistentVolumeClaim": claim_ref})
     mode = settings.pod_mode  # the reconciler tells the pod the same (PODIUM_POD_MODE)
     claim = bool(r.gpus and settings.k8s_gpu_claim_template)
     if mode == "processes" and r.gpus and not claim:
@@ -222,7 +236,7 @@ def pod_manifest(
                 "args": ["--role", role, "--experiment", req.experiment_id, "--pod-id", req.pod_id],
                 "env": [*role_env, {"name": "PODIUM_ROLE", "value": role}],
                 "resources": resources,
-                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                "volumeMounts": mounts,
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "capabilities": {"drop": ["ALL"]},
@@ -233,12 +247,7 @@ def pod_manifest(
         "restartPolicy": "Never",  # the reconciler replaces failed pods, with backoff
         "terminationGracePeriodSeconds": max(1, round(req.grace_s)),
         "containers": containers,
-        "volumes": [
-            {
-                "name": "shm",
-                "emptyDir": {"medium": "Memory", "sizeLimit": settings.k8s_shared_memory},
-            }
-        ],
+        "volumes": volumes,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "enableServiceLinks": False,
     }

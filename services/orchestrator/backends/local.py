@@ -186,6 +186,9 @@ class LocalBackend(Backend):
             "PODIUM_TENSORBOARD_DIR": str(
                 self.root.parent / "tensorboard" / req.experiment_id / req.pod_id
             ),
+            # torch.compile's cache, beside the experiments: every pod's restart and PBT child
+            # loads what an earlier pod compiled (services/pod/runtime/compile_cache.py).
+            "PODIUM_COMPILE_CACHE_DIR": str(self.root.parent / "compile-cache"),
             "PODIUM_CPU": f"{req.resources.cpu:g}",
             "PODIUM_GPUS": str(req.resources.gpus),
             # Each pod sees only its own GPUs (none for a CPU pod).

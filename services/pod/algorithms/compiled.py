@@ -4,9 +4,13 @@ minibatch loss compiled (forward and backward), for torch-native envs.
 
 Whether a run compiles is ``PPOConfig.compile``: ``off``, ``on``, or ``auto`` (the default), which
 compiles only where it measured faster (``AUTO_MIN_ENVS``; docs/compiled-loop.md has the reasons,
-docs/benchmarks.md the numbers). Every way compiling can fail falls back to eager with one log line,
-never a crash: no C++ compiler (inductor's CPU backend builds C++; triton for CUDA), an env that is
-not torch-native (gymnasium, Isaac Gym, a plugin's ``VecEnv``), or code dynamo cannot capture whole
+docs/benchmarks.md the numbers). For PPO, ``compile`` also picks the trainer: the Anakin trainer
+(services/pod/training/anakin_trainer.py) where ``ANAKIN_AUTO``'s measured rules say it wins
+(``anakin_auto``), the eager trainers otherwise.
+
+Every way compiling can fail falls back to eager with one log line, never a crash: no C++
+compiler (inductor's CPU backend builds C++; triton for CUDA), an env that is not torch-native
+(gymnasium, Isaac Gym, a plugin's ``VecEnv``), or code dynamo cannot capture whole
 (``fullgraph=True`` turns a graph break into an error, caught at the first call).
 
 What the compiled functions see never bakes in a value that PBT changes: they are
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -119,3 +124,88 @@ def compile_counters() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
     return {"frames": int(counters["stats"]["unique_graphs"]), **dict(counters["frames"])}
+
+
+# -- the Anakin trainer's auto rule -------------------------------------------------------------
+@dataclass(frozen=True)
+class AnakinRule:
+    """One measured row (docs/benchmarks.md, "Anakin trainer: when `compile: auto` picks it"): PPO
+    with the Anakin trainer (services/pod/training/anakin_trainer.py, two compiled programs
+    per iteration) against the eager trainer a pod uses otherwise, on one device type, for
+    ``agents`` and ``batch`` (env steps per agent per iteration) in the inclusive ranges
+    given.
+    """
+
+    device: str
+    agents: tuple[int, int]
+    batch: tuple[int, int]
+    #: env steps/s of all agents together: the Anakin trainer, and the eager trainer.
+    anakin_rate: float
+    eager_rate: float
+    #: seconds of compiling, cold inductor cache: the iteration's programs and the evaluation's.
+    compile_s: float
+
+    def covers(self, device: str, agents: int, batch: int) -> bool:
+        return (
+            device == self.device
+            and self.agents[0] <= agents <= self.agents[1]
+            and self.batch[0] <= batch <= self.batch[1]
+        )
+
+    def saved_s(self, agents: int, env_steps: int) -> float:
+        """Training seconds the Anakin trainer saves over ``env_steps`` per agent."""
+        return agents * env_steps * (1.0 / self.eager_rate - 1.0 / self.anakin_rate)
+
+
+#: Where ``compile: auto`` uses the Anakin trainer: a row covering the device, P and batch, whose
+#: saved seconds over the run's horizon exceed its compile. Measured on this project's 2-core
+#: CPU, one thread, bench/anakin_iteration.py (``--recipe purejaxrl``: 4 x 128 = 512 env steps
+#: per iteration; ``--recipe cartpole-pod``: 16 x 16 = 256), the eager side being
+#: ``OnPolicyTrainer`` at P = 1 and ``PopulationTrainer`` above; each row covers the sizes
+#: nearer to its measurement than to another's. The CUDA rows are H200 runs: the pod's shape
+#: at P = 1 and 64 without the CUDA graph (bench/anakin_trainer_rows.py; docs/benchmarks.md,
+#: "Anakin trainer: when `compile: auto` picks it"), PureJaxRL's recipe at P = 1, 64 and
+#: 1,024 with it (bench/gpu_rows.py; "Anakin on a GPU"). Other batch sizes and other GPUs
+#: are unmeasured, so ``auto`` leaves them to the eager trainers.
+ANAKIN_AUTO: tuple[AnakinRule, ...] = (
+    # 16 envs x 16 steps (a CartPole pod): first iteration (compile) + first evaluation.
+    AnakinRule("cpu", (1, 1), (1, 383), 11_600, 8_700, 35.5 + 5.7),
+    AnakinRule("cpu", (2, 16), (1, 383), 149_500, 108_400, 34.8 + 6.5),
+    # P = 64 at 256: the update is compute-bound, PopulationTrainer's hand-written backward wins.
+    AnakinRule("cpu", (17, 128), (1, 383), 96_000, 228_900, 16.6 + 4.4),
+    # 4 envs x 128 steps (PureJaxRL's recipe).
+    AnakinRule("cpu", (1, 1), (384, 1024), 40_600, 11_700, 17.9 + 5.7),
+    AnakinRule("cpu", (2, 16), (384, 1024), 76_700, 46_900, 18.9 + 5.8),
+    AnakinRule("cpu", (17, 128), (384, 1024), 40_300, 35_300, 23.3 + 5.3),
+    # One H200 (torch 2.11, CUDA 13), the two programs without a CUDA graph, both sides in one
+    # process; compile_s: the trainer's own count, iteration and evaluation together.
+    AnakinRule("cuda", (1, 1), (1, 383), 19_400, 6_300, 15.4),
+    AnakinRule("cuda", (2, 128), (1, 383), 957_900, 291_600, 19.3),
+    # PureJaxRL's recipe with the iteration replayed as one CUDA graph (what the trainer runs
+    # on CUDA), bench/gpu_rows.py on one H200; eager: the trainers' rates of issue 33's table.
+    AnakinRule("cuda", (1, 1), (384, 1024), 101_200, 2_900, 18.6),
+    AnakinRule("cuda", (2, 128), (384, 1024), 4_691_800, 121_900, 18.6),
+    AnakinRule("cuda", (129, 1024), (384, 1024), 24_397_200, 1_770_000, 23.7),
+)
+
+
+def anakin_auto(
+    device: torch.device | str, agents: int, batch: int, horizon_env_steps: int
+) -> str | None:
+    """None where ``compile: auto`` should train with the Anakin trainer (``ANAKIN_AUTO``), else
+    why not: no measured row, slower, or a compile longer than what it saves over
+    ``horizon_env_steps`` per agent."""
+    kind = torch.device(device).type
+    rule = next((r for r in ANAKIN_AUTO if r.covers(kind, agents, batch)), None)
+    where = f"{kind}, {agents} agent(s), {batch} env steps per iteration"
+    if rule is None:
+        return f"auto: unmeasured ({where})"
+    if rule.anakin_rate <= rule.eager_rate:
+        return f"auto: the eager trainer measured faster ({where})"
+    saved = rule.saved_s(agents, horizon_env_steps)
+    if saved <= rule.compile_s:
+        return (
+            f"auto: compiling ({rule.compile_s:.0f} s cold) costs more than it saves over "
+            f"{horizon_env_steps} env steps per agent ({saved:.0f} s; {where})"
+        )
+    return None

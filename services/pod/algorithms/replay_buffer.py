@@ -50,6 +50,8 @@ class ReplayBuffer:
         # Write position and fill level are host ints: the loop knows them without a sync.
         self.pos = 0
         self.size = 0
+        # The fill level on the device too, for a compiled update that samples by itself.
+        self.filled = torch.zeros((), dtype=torch.int64, device=self.device)
 
     def __len__(self) -> int:
         return self.size
@@ -80,6 +82,7 @@ class ReplayBuffer:
                 store[: n - first] = value[first:]
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
+        self.filled.fill_(self.size)
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
         """``batch_size`` transitions drawn uniformly, with replacement, from the filled slots."""
@@ -115,3 +118,4 @@ class ReplayBuffer:
         if not 0 <= pos < self.capacity or (size < self.capacity and pos != size % self.capacity):
             raise ValueError(f"replay buffer position {pos} does not fit {size} rows")
         self.size, self.pos = size, pos
+        self.filled.fill_(size)

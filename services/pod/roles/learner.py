@@ -7,7 +7,9 @@ learning (services/pod/roles/worker.py has the matching workers):
 
 * ``RolloutLearner`` (on-policy, PPO): one update per rollout.
 * ``ReplayLearner`` (off-policy): ``updates_per_step`` updates per env step (the
-  update-to-data ratio), each on a fresh minibatch sampled from the replay buffer.
+  update-to-data ratio), each on a fresh minibatch sampled from the replay buffer;
+  ``KStepLearner`` pays the same schedule ``updates_per_call`` updates at a time with the
+  compiled update (services/pod/algorithms/kstep.py).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Protocol
 
 import torch
 
+from services.pod.algorithms.kstep import KStep
 from services.pod.algorithms.ppo import PPO
-from services.pod.algorithms.replay_buffer import Batch, ReplayBuffer
+from services.pod.algorithms.replay_buffer import FIELDS, Batch, ReplayBuffer
 from services.pod.algorithms.rollout import Rollout
+from services.pod.algorithms.stacked import POPULATIONS
 
 
 class RolloutLearner:
@@ -108,6 +112,13 @@ class ReplayLearner:
             stats = self.agent.update(batch, self.generator, self.updates)
         return stats
 
+    def sync(self) -> None:
+        """Make the agent hold the whole learning state (before its files are written): it
+        always does here."""
+
+    def reloaded(self, seed: int) -> None:
+        """The agent's state was loaded from files (and is to explore with ``seed``)."""
+
     def counters(self) -> dict[str, int | float]:
         return {
             "env_steps": self.env_steps,
@@ -120,3 +131,54 @@ class ReplayLearner:
         self.updates = int(counters["updates"])
         self.update_debt = float(counters["update_debt"])
         # Older files also hold "agent_updates": it always equalled "updates", so it is ignored.
+
+
+class KStepLearner(ReplayLearner):
+    """``ReplayLearner``'s schedule, paid ``k`` updates at a time by one ``KStep`` call on the
+    agent as a stack of one (services/pod/algorithms/kstep.py). The agent's modules get the new
+    weights and targets once per call (what the worker and evaluator read); its optimiser's
+    state only when ``sync`` writes the whole stack back, before its training files are
+    written. Its minibatches and noise come from the update's own counter-based stream, not
+    ``generator`` (the worker's).
+    """
+
+    def __init__(
+        self,
+        agent: ReplayAgent,
+        buffer: ReplayBuffer,
+        generator: torch.Generator,
+        learning_starts: int,
+        updates_per_step: float,
+        batch_size: int,
+        k: int,
+        seed: int,
+        compile: bool,
+    ) -> None:
+        super().__init__(agent, buffer, generator, learning_starts, updates_per_step, batch_size)
+        self.k = k
+        self.stack = POPULATIONS[agent.name]([agent])  # type: ignore[attr-defined]
+        replay = tuple(getattr(buffer, name).unsqueeze(0) for name in FIELDS)
+        self.kstep = KStep(self.stack, replay, buffer.filled.view(1), batch_size, seed, compile)
+        self._agent_tensors, self._slot_tensors = self.stack.weights(0, agent)
+
+    def learn(self, env_steps: int) -> dict[str, torch.Tensor]:
+        self.env_steps += env_steps
+        if self.env_steps < self.learning_starts:
+            return {}
+        self.update_debt += env_steps * self.updates_per_step
+        stats: dict[str, torch.Tensor] = {}
+        while self.update_debt >= self.k:
+            self.update_debt -= self.k
+            stats = self.kstep(self.k, self.updates + 1)
+            self.updates += self.k
+        if stats:  # the actor reads the new weights once per call
+            with torch.no_grad():
+                torch._foreach_copy_(self._agent_tensors, self._slot_tensors)
+        return {name: value[0] for name, value in stats.items()}
+
+    def sync(self) -> None:
+        self.stack.get(0, self.agent)
+
+    def reloaded(self, seed: int) -> None:
+        self.stack.put(0, self.agent)
+        self.kstep.reseed(seed)

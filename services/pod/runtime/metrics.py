@@ -1,4 +1,5 @@
-"""The pod's Prometheus metrics: env steps/s, updates/s, latest and best eval return, rounds.
+"""The pod's Prometheus metrics: env steps/s, updates/s, latest and best eval return, rounds,
+compile seconds.
 
 Served on ``PODIUM_METRICS_PORT`` when it is set (``0`` = any free port; the bound port is
 written to ``<PODIUM_POD_DIR>/<pod id>.metrics_port``, since the directory is shared by the
@@ -44,8 +45,19 @@ class PodMetrics:
         self.best_eval_return = gauge(
             "podium_pod_best_eval_return", "Best evaluation mean return of this pod."
         )
+        self.compile_seconds = counter(
+            "podium_pod_compile_seconds",
+            "Seconds spent compiling (torch.compile: dynamo and inductor) by this pod.",
+        )
+        self._compiled = 0.0
         self._best: float | None = None
         self.server = None
+
+    def compiled(self, total_seconds: float) -> None:
+        """The trainer's compile seconds so far (``Trainer.compile_seconds``)."""
+        if total_seconds > self._compiled:
+            self.compile_seconds.inc(total_seconds - self._compiled)
+            self._compiled = total_seconds
 
     def round_done(self, env_steps: int, updates: int, seconds: float) -> None:
         self.rounds.inc()

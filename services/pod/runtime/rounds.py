@@ -207,7 +207,7 @@ class PodRuntime:
                 self.trainer.close()
                 self.trainer = None
             try:
-                self.trainer = build_trainer(configs, self.roles)
+                self.trainer = build_trainer(configs, self.roles, self.horizon_env_steps())
             except HyperparameterError:
                 raise
             except ValueError as exc:  # e.g. DQN on a continuous env, SAC on a discrete one
@@ -220,6 +220,17 @@ class PodRuntime:
         finally:
             for manifest in manifests:
                 self.release(manifest)
+
+    def horizon_env_steps(self) -> int | None:
+        """Env steps each slot can expect to train: this pod's share of the experiment's
+        budget (``spec.budget.total_env_steps`` over ``max_pods`` pods of ``size`` agents), at
+        least a round; None without a budget. What a compile must pay for
+        (``Trainer`` selection, services/pod/training/trainer.py ``compiled_trainer``)."""
+        total = self.spec.budget.total_env_steps
+        if not total:
+            return None
+        share = total // (self.spec.population.max_pods * self.size)
+        return max(share, self.spec.round.env_steps or 0, 1)
 
     def slot_config(self, manifest: Manifest) -> RunConfig:
         """The run config of the manifest's agent, seeded on: every agent built explores with
@@ -317,6 +328,7 @@ class PodRuntime:
         self.env_steps += steps * self.size
         seconds = time.monotonic() - start
         self.metrics.round_done(steps * self.size, updates * self.size, seconds)
+        self.metrics.compiled(trainer.compile_seconds)
         self.train_seconds += seconds
         if steps and self.board.enabled:  # the trainer's statistics of its last update
             record = {"env_steps": self.board_step, "train_seconds": self.train_seconds}
@@ -327,6 +339,7 @@ class PodRuntime:
         trainer = self.trainer
         assert trainer is not None
         results = trainer.evaluate()
+        self.metrics.compiled(trainer.compile_seconds)
         due = list(range(self.size)) if due is None else due
         for i in due:
             if not math.isfinite(results[i].mean):

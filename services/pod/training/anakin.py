@@ -1,5 +1,5 @@
 """One PPO iteration as one function over explicit state (Podracer's "Anakin", Hessel et al.
-2021; issue 33, deliverable 1, first step), for P agents at once and a torch-native env.
+2021; issue 33), for P agents at once and a torch-native env.
 
 ``ppo_iteration(shape, state, hp)`` is the whole iteration, a pure function of its inputs:
 
@@ -8,32 +8,34 @@
   ``CategoricalActor.sample``), the env step with same-step autoreset as a functional step of
   the env's state (``cartpole_step``: the equations of ``CartPoleEnv`` out of place, no
   ``self.state`` to mutate), storage into (T, P, N, ...) buffers;
-* GAE(γ, λ), truncated episodes bootstrapped from their final observation (as ``PPO.update``);
+* GAE(γ, λ), truncated episodes bootstrapped from their final observation (as ``PPO.update``),
+  as one weighted sum over the steps while the rollout is small (``_gae_matrix``);
 * ``update_epochs`` x ``num_minibatches`` updates: clipped surrogate, value loss (optionally
   clipped), entropy bonus, per-minibatch advantage normalisation, gradients from
   ``torch.func.vmap(torch.func.grad(loss))`` over the agent axis (P is a batch dimension, not a
   loop), global-norm clipping per agent, Adam (torch's formula) and the annealed learning rate
   as a tensor; the observation statistics merge after the update, as ``PPO.update`` does.
 
-Randomness is counter-based (``uniform_bits``: a 32-bit integer hash of the agent's seed, the
-iteration counter, a stream id and the element's index), so no ``torch.Generator`` enters
-the program, compiled and eager give the same draws, and an iteration is reproducible from
-its state alone. Shuffles are ``argsort`` of such bits (stable, so ties cannot reorder).
+Randomness is counter-based (services/pod/algorithms/counter_random.py: a 32-bit integer hash
+of the agent's seed, the iteration counter, a stream id and the element's index), so no
+``torch.Generator`` enters the program, compiled and eager give the same draws, and an
+iteration is reproducible from its state alone. Shuffles are ``argsort`` of such bits
+(stable, so ties cannot reorder).
 
 Everything PBT changes is a tensor of shape (P,) in ``hp`` (``HYPERPARAMETERS``): new values
 are new inputs of the same graph, not a recompile. What would change the graph (P, env count,
 rollout length, epochs, minibatches, network) is ``AnakinShape``, fixed per program.
 
-``AnakinPPO`` runs it: ``compile="off"`` (eager), ``"iteration"`` (the whole iteration as one
-``torch.compile(fullgraph=True)`` program) or ``"steps"`` (two programs, the rollout step and
-the minibatch update, looped in Python; GAE, the shuffles and the noise stay eager). Both
-compile and give eager's results. ``"steps"`` is the one kept for CPU: the whole iteration
-unrolls T steps and E x M updates into one graph, which runs faster per env step but whose
-compile takes minutes (it grows faster than T), while the two programs compile in seconds
-whatever T; the whole iteration wins only once its compile is paid for by tens of millions of
-env steps or kept in a cache (docs/benchmarks.md, "Anakin iteration", has the numbers).
-Not wired into the trainers yet: ``OnPolicyTrainer`` and ``PopulationTrainer`` are
-unchanged. Only discrete-action ``CartPoleEnv`` has a functional step so far.
+``AnakinPPO`` runs it: ``compile="off"`` (eager), ``"steps"`` (two programs, a chunk of
+``ROLLOUT_CHUNK`` rollout steps and the minibatch update with its gather, looped in Python;
+GAE, the shuffles and the noise stay eager) or ``"iteration"`` (the whole iteration as one
+``torch.compile(fullgraph=True)`` program, whose compile takes minutes on a CPU: it unrolls
+T steps and E x M updates). On a GPU, ``cuda_graph=True`` captures the whole iteration, in
+any of those modes, as one CUDA graph after a first iteration run as usual: every iteration
+after is one replay. The state's tensors are the graph's static buffers (written in place),
+and the hyperparameters are tensors it reads, so a PBT explore needs no capture again.
+docs/benchmarks.md ("Anakin iteration", "Anakin on a GPU") has what each mode measured.
+Only discrete-action ``CartPoleEnv`` has a functional step so far.
 """
 
 from __future__ import annotations
@@ -50,9 +52,13 @@ from torch.func import grad, stack_module_state, vmap
 
 from services.contracts.algorithms.ppo import CARD as PPO_CARD
 from services.contracts.algorithms.ppo.config import PPOConfig
+from services.logs import get_logger
+from services.pod.algorithms.counter_random import uniform, uniform_bits
 from services.pod.algorithms.ppo import PPO
 from services.pod.envs.base import TorchVecEnv
 from services.pod.envs.cartpole import CartPoleEnv
+
+log = get_logger(__name__)
 
 State = dict[str, torch.Tensor | dict[str, torch.Tensor]]
 Hyper = dict[str, torch.Tensor]
@@ -86,8 +92,11 @@ PUREJAXRL_CARTPOLE = PPOConfig(
     activation="tanh",
 )
 STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+#: Rollout steps unrolled into one compiled call. Each call of a compiled program costs tens of
+#: microseconds on the host whatever it computes, so K steps per call cut that K-fold; the
+#: compile grows with K (docs/benchmarks.md, "Anakin iteration": 8 was the knee on a CPU).
+ROLLOUT_CHUNK = 8
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as PPO's optimiser
-_M32 = 0xFFFFFFFF
 # Random streams: one per use, so draws for different purposes never coincide.
 _INIT, _RESET, _ACTION, _SHUFFLE = 0, 1, 2, 3
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -95,40 +104,6 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu,
     "elu": F.elu,
 }
-
-
-# -- counter-based randomness ------------------------------------------------------------------
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (xorshift-multiply rounds) on int64 holding values < 2**32.
-
-    The multipliers are < 2**31, so every product stays below 2**63: no signed overflow,
-    which would be undefined behaviour in the C++ inductor generates.
-    """
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & _M32
-    return x ^ (x >> 16)
-
-
-def uniform_bits(
-    seed: torch.Tensor, counter: torch.Tensor, stream: int, shape: tuple[int, ...]
-) -> torch.Tensor:
-    """(P, *shape) int64 hash values in [0, 2**32) of (seed[p], counter, stream, index)."""
-    p = seed.shape[0]
-    key = _mix32(seed & _M32)
-    key = _mix32((key + _mix32((counter & _M32) ^ (stream * 0x2545F491))) & _M32)
-    index = torch.arange(math.prod(shape), device=seed.device, dtype=torch.int64)
-    bits = _mix32((key.view(p, 1) + index) & _M32)
-    return _mix32(bits ^ key.view(p, 1)).view(p, *shape)
-
-
-def uniform(
-    seed: torch.Tensor, counter: torch.Tensor, stream: int, shape: tuple[int, ...]
-) -> torch.Tensor:
-    """(P, *shape) float32 uniforms in (0, 1), never 0 or 1 (Gumbel noise takes log(-log u))."""
-    bits = uniform_bits(seed, counter, stream, shape)
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
 # -- the functional env ------------------------------------------------------------------------
@@ -144,15 +119,17 @@ def cartpole_step(
     dt = state.dtype
     x, x_dot, theta, theta_dot = state.unbind(-1)
     costheta, sintheta = torch.cos(theta), torch.sin(theta)
-    force_over_mass = torch.tensor([-c.force_mag, c.force_mag], dtype=dt) / c.total_mass
+    # Constants are made on the device (``full``, a fill kernel), never copied from the host:
+    # a host-to-device copy cannot be captured in a CUDA graph.
+    force_over_mass = torch.full((), c.force_mag, dtype=dt, device=state.device) / c.total_mass
     temp = torch.addcmul(
-        force_over_mass.to(state.device)[actions],
+        torch.where(actions.bool(), force_over_mass, -force_over_mass),
         theta_dot * theta_dot,
         sintheta,
         value=c.polemass_length / c.total_mass,
     )
-    neg_gravity = torch.tensor(-c.gravity, dtype=dt, device=state.device)
-    neg_4l_3 = torch.tensor(-c.length * 4.0 / 3.0, dtype=dt, device=state.device)
+    neg_gravity = torch.full((), -c.gravity, dtype=dt, device=state.device)
+    neg_4l_3 = torch.full((), -c.length * 4.0 / 3.0, dtype=dt, device=state.device)
     thetaacc = torch.addcmul(sintheta * neg_gravity, costheta, temp)
     thetaacc = thetaacc / torch.addcmul(
         neg_4l_3, costheta, costheta, value=c.length * c.masspole / c.total_mass
@@ -215,6 +192,14 @@ class AnakinShape:
     @property
     def minibatch(self) -> int:
         return self.batch // self.minibatches
+
+    @property
+    def chunk(self) -> int:
+        """Rollout steps per call of the rollout program: the largest divisor of
+        ``num_steps`` up to ``ROLLOUT_CHUNK``."""
+        return max(
+            k for k in range(1, min(ROLLOUT_CHUNK, self.num_steps) + 1) if not self.num_steps % k
+        )
 
 
 _SHAPES: dict[AnakinShape, AnakinShape] = {}
@@ -409,37 +394,58 @@ def rollout_noise(shape: AnakinShape, state: State) -> tuple[torch.Tensor, torch
     return action_u, reset_u
 
 
-def collect(
-    shape: AnakinShape, state: State, step_fn: Callable[..., tuple[torch.Tensor, ...]] | None = None
-) -> dict[str, torch.Tensor]:
-    """T vector steps into buffers of shape (T, P, N, ...); ``step_fn``: ``rollout_step`` or
-    its compiled program."""
-    step_fn = step_fn or rollout_step
-    t_ = shape.num_steps
-    action_u, reset_u = rollout_noise(shape, state)
-    keys = ("obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs")
-    steps: dict[str, list[torch.Tensor]] = {k: [] for k in ("raw", *keys, "finished_return")}
-    norm_state = {k: state[k] for k in ("obs_mean", "obs_var")}
-    env_state, ep_return, ep_length = state["env"], state["ep_return"], state["ep_length"]
-    for t in range(t_):
-        steps["raw"].append(env_state.to(torch.float32))
-        (env_state, ep_return, ep_length, *out) = step_fn(
-            shape,
-            state["params"],
-            norm_state,
-            env_state,
-            ep_return,
-            ep_length,
-            action_u[t],
-            reset_u[t],
+_STEP_KEYS = ("obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs")
+
+
+def rollout_chunk(
+    shape: AnakinShape,
+    params: Mapping[str, torch.Tensor],
+    norm_state: Mapping[str, torch.Tensor],
+    carry: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    action_u: torch.Tensor,
+    reset_u: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """``rollout_step`` K times, K = ``action_u.shape[0]`` (one compiled call for K steps);
+    ``carry``: (env_state, ep_return, ep_length).
+
+    Returns (env_state, ep_return, ep_length, raw, obs, action, logp, reward, terminated,
+    truncated, final_obs, finished_return), the last nine stacked (K, P, N, ...)."""
+    steps: list[tuple[torch.Tensor, ...]] = []
+    for k in range(action_u.shape[0]):
+        raw = carry[0].to(torch.float32)  # CartPole observes its state
+        env_state, ep_return, ep_length, *out = rollout_step(
+            shape, params, norm_state, *carry, action_u[k], reset_u[k]
         )
-        for key, value in zip((*keys, "finished_return"), out, strict=True):
-            steps[key].append(value)
-    # One stack per quantity at the end rather than a copy per quantity per step: the same
-    # (T, P, N, ...) buffers, for a tenth of the dispatches where this loop runs in Python.
-    buf = {k: torch.stack(v) for k, v in steps.items()}
-    buf["env"], buf["ep_return"], buf["ep_length"] = env_state, ep_return, ep_length
-    buf["next_obs"] = normalize(norm_state, env_state.to(torch.float32), shape)
+        carry = (env_state, ep_return, ep_length)
+        steps.append((raw, *out))
+    stacked = tuple(torch.stack(values) for values in zip(*steps, strict=True))
+    return (*carry, *stacked)
+
+
+def collect(
+    shape: AnakinShape,
+    state: State,
+    chunk_fn: Callable[..., tuple[torch.Tensor, ...]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """T vector steps into buffers of shape (T, P, N, ...), in chunks of ``shape.chunk``
+    steps; ``chunk_fn``: ``rollout_chunk`` or its compiled program."""
+    chunk_fn = chunk_fn or rollout_chunk
+    k = shape.chunk
+    action_u, reset_u = rollout_noise(shape, state)
+    keys = ("raw", *_STEP_KEYS, "finished_return")
+    chunks: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
+    norm_state = {key: state[key] for key in ("obs_mean", "obs_var")}
+    carry = (state["env"], state["ep_return"], state["ep_length"])
+    for t in range(0, shape.num_steps, k):
+        env_state, ep_return, ep_length, *out = chunk_fn(
+            shape, state["params"], norm_state, carry, action_u[t : t + k], reset_u[t : t + k]
+        )
+        carry = (env_state, ep_return, ep_length)
+        for key, value in zip(keys, out, strict=True):
+            chunks[key].append(value)
+    buf = {key: torch.cat(v) if len(v) > 1 else v[0] for key, v in chunks.items()}
+    buf["env"], buf["ep_return"], buf["ep_length"] = carry
+    buf["next_obs"] = normalize(norm_state, carry[0].to(torch.float32), shape)
     return buf
 
 
@@ -484,19 +490,25 @@ def _loss(
 def minibatch_update(
     shape: AnakinShape,
     opt: Mapping[str, torch.Tensor | dict[str, torch.Tensor]],
-    minibatch: tuple[torch.Tensor, ...],
+    data: tuple[torch.Tensor, ...],
+    idx: torch.Tensor,
     hp: Hyper,
     lr: torch.Tensor,
 ) -> tuple[dict, torch.Tensor]:
-    """One gradient step of all P agents: per-agent gradients (vmap of grad), global-norm
-    clipping per agent, Adam. ``opt``: params, exp_avg, exp_avg_sq (dicts), adam_step (P,).
-    Returns the new ``opt`` and the loss statistics (P, 5)."""
+    """One gradient step of all P agents on the samples ``idx`` (P, minibatch) of ``data``
+    (each (P, batch, ...)): per-agent gradients (vmap of grad), global-norm clipping per
+    agent, Adam. ``opt``: params, exp_avg, exp_avg_sq (dicts), adam_step (P,). Returns the
+    new ``opt`` and the loss statistics (P, 5). The gather is inside so that a compiled
+    update is one call, not one per tensor gathered."""
+    p = shape.agents
+    minibatch = tuple(
+        torch.take_along_dim(x, idx.view(p, -1, *([1] * (x.dim() - 2))), dim=1) for x in data
+    )
     params = opt["params"]
     grad_fn = vmap(grad(_loss, has_aux=True), in_dims=(0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     grads, stats = grad_fn(
         params, shape, *minibatch, hp["clip_coef"], hp["ent_coef"], hp["vf_coef"]
     )
-    p = shape.agents
     # clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, per agent.
     sq = sum(g.reshape(p, -1).square().sum(1) for g in grads.values())
     coef = (hp["max_grad_norm"] / (torch.sqrt(sq) + 1e-6)).clamp(max=1.0)
@@ -518,6 +530,29 @@ def minibatch_update(
     return new_opt, stats
 
 
+#: Largest P x N x T x T for which GAE is one weighted sum rather than a T-step loop.
+_GAE_MATRIX_MAX = 1 << 23
+
+
+def _gae_matrix(delta: torch.Tensor, not_done: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """GAE's trace A_t = δ_t + γλ (1 - done_t) A_{t+1} as one weighted sum per env:
+    A_t = Σ_{s >= t} (γλ)^(s-t) [no episode ends in t..s-1] δ_s.
+
+    About ten ops whatever T (the loop is T dependent ops, each a dispatch in eager code and
+    a kernel in a CUDA graph), for a (P, N, T, T) weight tensor: used while that is small.
+    ``delta``, ``not_done``: (P, T, N); ``decay``: γλ, (P,)."""
+    p, t_, _ = delta.shape
+    done = 1.0 - not_done.transpose(1, 2)  # (P, N, T)
+    ended_before = torch.cumsum(done, -1) - done  # episodes ended before step t
+    same_episode = ended_before.unsqueeze(-1) == ended_before.unsqueeze(-2)  # [t, s]
+    steps = torch.arange(t_, device=delta.device)
+    lag = steps.view(1, t_) - steps.view(t_, 1)  # s - t
+    powers = decay.view(p, 1, 1) ** lag.clamp(min=0).to(delta.dtype)  # (P, T, T)
+    weights = torch.where(same_episode & (lag >= 0), powers.unsqueeze(1), 0.0)  # (P, N, T, T)
+    adv = torch.matmul(weights, delta.transpose(1, 2).unsqueeze(-1)).squeeze(-1)  # (P, N, T)
+    return adv.transpose(1, 2)
+
+
 def advantages(
     shape: AnakinShape, params: Mapping[str, torch.Tensor], roll: Mapping, hp: Hyper
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -537,18 +572,19 @@ def advantages(
     # A truncated episode did not end in the MDP: bootstrap it from its final state.
     rewards = torch.where(truncated, rewards + gamma.unsqueeze(-1) * final_values, rewards)
     not_done = (~(roll["terminated"].transpose(0, 1) | truncated)).to(values.dtype)
-    # The TD errors of all steps at once; only the trace itself is sequential, one addcmul
-    # per step (the loop is T ops, not 5T: in eager and in the two-program mode, where this
-    # runs uncompiled, each op is a dispatch).
+    # The TD errors of all steps at once; only the trace is sequential.
     following = torch.cat((values[:, 1:], next_value.unsqueeze(1)), 1)
     delta = rewards + gamma.unsqueeze(-1) * following * not_done - values
-    decay = (gamma * lam).unsqueeze(-1) * not_done
-    last = torch.zeros_like(next_value)
-    trace = []
-    for t in range(t_ - 1, -1, -1):
-        last = torch.addcmul(delta[:, t], decay[:, t], last)
-        trace.append(last)
-    adv = torch.stack(trace[::-1], 1)
+    if p * n * t_ * t_ <= _GAE_MATRIX_MAX:
+        adv = _gae_matrix(delta, not_done, gamma * lam)
+    else:
+        decay = (gamma * lam).unsqueeze(-1) * not_done
+        last = torch.zeros_like(next_value)
+        trace = []
+        for t in range(t_ - 1, -1, -1):  # T ops; each is a dispatch where this runs eager
+            last = torch.addcmul(delta[:, t], decay[:, t], last)
+            trace.append(last)
+        adv = torch.stack(trace[::-1], 1)
     return values, adv, adv + values
 
 
@@ -605,12 +641,7 @@ def learn(
     for epoch in range(shape.epochs):
         order = perms[:, epoch].view(p, shape.minibatches, shape.minibatch)
         for m in range(shape.minibatches):
-            idx = order[:, m]
-            minibatch = tuple(
-                torch.take_along_dim(x, idx.view(p, -1, *([1] * (x.dim() - 2))), dim=1)
-                for x in data
-            )
-            opt, stats = update_fn(shape, opt, minibatch, hp, lr)
+            opt, stats = update_fn(shape, opt, data, order[:, m], hp, lr)
             if epoch == shape.epochs - 1:
                 sums = sums + stats
     new_state: State = dict(state)
@@ -658,32 +689,75 @@ class AnakinPPO:
         total_env_steps: int = 1,
         compile: AnakinCompile = "off",
         device: str | torch.device = "cpu",
+        cuda_graph: bool = False,
+        env: type[TorchVecEnv] = CartPoleEnv,
+        max_episode_steps: int = 500,
     ) -> None:
         iterations = max(1, math.ceil(total_env_steps / config.batch_size))
         self.config = config
         self.shape, self.state, self.hp = build(
-            config, seeds, hyperparameters, iterations, device=device
+            config, seeds, hyperparameters, iterations, env, max_episode_steps, device
         )
         self.compile = compile
         self.iterations = 0
+        if cuda_graph and torch.device(device).type != "cuda":
+            raise ValueError("cuda_graph: needs a CUDA device")
+        self.cuda_graph = cuda_graph
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._graph_metrics: dict[str, torch.Tensor] = {}
 
     @property
     def env_steps(self) -> int:
         """Env steps per agent so far."""
         return self.iterations * self.shape.batch
 
+    def _iteration(self, state: State) -> tuple[State, dict[str, torch.Tensor]]:
+        if self.compile == "iteration":
+            return _PROGRAMS.on(state["seed"].device).iteration(self.shape, state, self.hp)
+        if self.compile == "steps":
+            programs = _PROGRAMS.on(state["seed"].device)
+            roll = collect(self.shape, state, programs.rollout_chunk)
+            return learn(self.shape, state, roll, self.hp, programs.minibatch_update)
+        return ppo_iteration(self.shape, state, self.hp)
+
     def step(self) -> dict[str, torch.Tensor]:
         """One iteration; the metrics stay tensors (read them at a report, not every step)."""
-        if self.compile == "iteration":
-            self.state, metrics = _PROGRAMS.iteration(self.shape, self.state, self.hp)
-        elif self.compile == "steps":
-            roll = collect(self.shape, self.state, _PROGRAMS.rollout_step)
-            self.state, metrics = learn(
-                self.shape, self.state, roll, self.hp, _PROGRAMS.minibatch_update
-            )
+        if not self.cuda_graph:
+            self.state, metrics = self._iteration(self.state)
+        elif self._graph is None:
+            metrics = self._warm_up_and_capture()
         else:
-            self.state, metrics = ppo_iteration(self.shape, self.state, self.hp)
+            self._graph.replay()
+            metrics = {k: v.clone() for k, v in self._graph_metrics.items()}
         self.iterations += 1
+        return metrics
+
+    def _warm_up_and_capture(self) -> dict[str, torch.Tensor]:
+        """The first iteration runs as usual (on a side stream, as torch.cuda.graph asks:
+        the compiled programs compile, cuBLAS makes its handles), then the whole iteration
+        is captured once as one CUDA graph that reads and writes ``self.state`` in place.
+
+        Every iteration after is one ``replay``: the rollout's T steps, GAE and the E x M
+        updates launch from the graph, not from Python. The state's tensors are the graph's
+        static buffers; ``set_hyperparameters`` writes into the ``hp`` tensors in place, so
+        a PBT explore is a new value in the same graph.
+        """
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            new_state, metrics = self._iteration(self.state)
+            _copy_into(self.state, new_state)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                new_state, captured = self._iteration(self.state)
+                _copy_into(self.state, new_state)
+        except RuntimeError as exc:  # an op CUDA cannot capture: run on, launched op by op
+            log.warning("cuda_graph.failed", error=str(exc).splitlines()[0], fallback="no graph")
+            self.cuda_graph = False
+            return metrics
+        self._graph, self._graph_metrics = graph, captured
         return metrics
 
     def set_hyperparameters(self, i: int, values: Mapping[str, float]) -> None:
@@ -711,15 +785,34 @@ class AnakinPPO:
         return agent
 
 
-class _Programs:
-    """The compiled programs, built on first use (importing this module compiles nothing)."""
+def _copy_into(state: State, new: State) -> None:
+    """Write ``new``'s tensors into ``state``'s, in place (a tensor the iteration passed
+    through unchanged is skipped)."""
+    for key, value in new.items():
+        if isinstance(value, dict):
+            _copy_into(state[key], value)  # type: ignore[arg-type]
+        elif value is not state[key]:
+            state[key].copy_(value)  # type: ignore[union-attr]
 
-    def __init__(self) -> None:
+
+class _Programs:
+    """The compiled programs for one device type, built on first use (importing this module
+    compiles nothing)."""
+
+    def __init__(self, device_type: str) -> None:
         self._cache: dict[str, Callable] = {}
+        # On a CPU every call of a program runs inductor's wrapper on the host: its C++ form
+        # takes less of that time than its Python form (docs/benchmarks.md, "Anakin
+        # iteration"). On CUDA the CUDA graph replays without any wrapper.
+        self._options = {"cpp_wrapper": True} if device_type == "cpu" else {}
 
     def _get(self, name: str, fn: Callable) -> Callable:
         if name not in self._cache:
-            self._cache[name] = torch.compile(fn, fullgraph=True)
+            # dynamic=False: a program per shape (P, envs, steps); the shape is fixed for a
+            # pod's life, and a second shape must not turn the first's sizes symbolic.
+            self._cache[name] = torch.compile(
+                fn, fullgraph=True, dynamic=False, options=self._options
+            )
         return self._cache[name]
 
     @property
@@ -727,16 +820,24 @@ class _Programs:
         return self._get("iteration", ppo_iteration)
 
     @property
-    def rollout_step(self) -> Callable:
-        return self._get("rollout_step", rollout_step)
+    def rollout_chunk(self) -> Callable:
+        return self._get("rollout_chunk", rollout_chunk)
 
     @property
     def minibatch_update(self) -> Callable:
         return self._get("minibatch_update", minibatch_update)
 
+
+class _ProgramsByDevice:
+    def __init__(self) -> None:
+        self._by_type: dict[str, _Programs] = {}
+
+    def on(self, device: torch.device) -> _Programs:
+        return self._by_type.setdefault(device.type, _Programs(device.type))
+
     def reset(self) -> None:
         """Forget the programs (tests: a fresh compile to count)."""
-        self._cache.clear()
+        self._by_type.clear()
 
 
-_PROGRAMS = _Programs()
+_PROGRAMS = _ProgramsByDevice()

@@ -34,10 +34,12 @@ from services.contracts.algorithms.dqn.config import DQNConfig
 from services.contracts.algorithms.offpolicy import ReplayLoopConfig
 from services.contracts.algorithms.sac.config import SACConfig
 from services.contracts.algorithms.td3.config import TD3Config
+from services.logs import get_logger
+from services.pod.algorithms.kstep import COMPILED, should_compile_updates
 from services.pod.algorithms.replay_buffer import ReplayBuffer
 from services.pod.algorithms.spaces import check_action_space
 from services.pod.roles.evaluator import EvalResult, Evaluator
-from services.pod.roles.learner import ReplayLearner
+from services.pod.roles.learner import KStepLearner, ReplayLearner
 from services.pod.roles.worker import ReplayWorker
 from services.pod.training.checkpoint import (
     CheckpointError,
@@ -56,6 +58,8 @@ from services.pod.training.trainer import (
     algorithm_class,
     train_in_process,
 )
+
+log = get_logger(__name__)
 
 
 class OffPolicyConfig(RunConfig, ReplayLoopConfig):
@@ -166,14 +170,19 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         self.worker = ReplayWorker(
             env, self.agent, self.buffer, self.generator, config.learning_starts, config.seed
         )
-        self.learner = ReplayLearner(
-            self.agent,
-            self.buffer,
-            self.generator,
-            config.learning_starts,
-            config.updates_per_step,
-            config.batch_size,
-        )
+        schedule = (config.learning_starts, config.updates_per_step, config.batch_size)
+        if compile_updates(config, env.device, 1):
+            self.learner: ReplayLearner = KStepLearner(
+                self.agent,
+                self.buffer,
+                self.generator,
+                *schedule,
+                k=config.updates_per_call,
+                seed=config.seed,
+                compile=True,
+            )
+        else:
+            self.learner = ReplayLearner(self.agent, self.buffer, self.generator, *schedule)
         self.evaluator = Evaluator(eval_env, seed=config.evaluation_seed)
         self._built = True
 
@@ -205,6 +214,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         return Counters(self.learner.env_steps, self.learner.updates)
 
     def save(self, slot: int, directory: Path) -> None:
+        self.learner.sync()
         save_offpolicy_files(directory, self, self._config)
 
     def load(self, slot: int, directory: Path, config: OffPolicyConfig) -> None:
@@ -216,12 +226,32 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         for optimizer in self.agent.optimizers().values():
             for group in optimizer.param_groups:
                 group["lr"] = config.agent_config.learning_rate
+        self.learner.reloaded(config.seed)
 
     def close(self) -> None:
         if self._built:
             self.worker.env.close()
             self.evaluator.env.close()
             self._built = False
+
+
+def compile_updates(config: OffPolicyConfig, device: torch.device | str, agents: int) -> bool:
+    """Whether ``agents`` agents of ``config`` train with the compiled K-step update
+    (``config.compile``, resolved by services/pod/algorithms/kstep.py over the run's updates);
+    an algorithm without one (DQN, a plugin) trains eager, logged where ``on`` asked for it."""
+    if config.compile == "off":
+        return False
+    if config.algorithm not in COMPILED:
+        if config.compile == "on":
+            log.warning(
+                "compile.unavailable",
+                mode=config.compile,
+                reason=f"no compiled K-step update for {config.algorithm}",
+                fallback="eager",
+            )
+        return False
+    updates = config.total_env_steps * config.updates_per_step * agents
+    return should_compile_updates(config.compile, device, updates)
 
 
 # -- training files --------------------------------------------------------------------------

@@ -9,17 +9,22 @@ defaults. Both ways of training layer on the same preset:
 * ``podium train``: preset ← ``--config FILE.yaml`` ← each ``--set`` (``train_config``);
 * a pod: preset ← the trainer's pod defaults ← the spec's run fields ← the generator's
   hyperparameters (``pod_config``).
+
+A preset tuned for a CPU's few envs may also hold a ``large_batch`` section for accelerator-sized
+runs: when the layers on top set ``num_envs`` at or above its ``min_num_envs``, the section's
+fields replace the preset's, and its budgets per env scale with ``num_envs``; what the layers
+set still wins (services/contracts/algorithms/card.py, docs/presets.md).
 """
 
 from __future__ import annotations
 
-import functools
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from services.contracts.algorithms.card import merge
 from services.contracts.algorithms.hyperparameters import (
     HyperparameterError,
     check_hyperparameter_names,
@@ -42,32 +47,21 @@ TARGET_RETURNS: dict[str, float] = {
 }
 
 
-def merge(base: Mapping[str, Any], *layers: Mapping[str, Any]) -> dict[str, Any]:
-    """``base`` with each layer on top; nested mappings merge key by key."""
-
-    def two(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(low)
-        for key, value in high.items():
-            below = out.get(key)
-            both = isinstance(below, Mapping) and isinstance(value, Mapping)
-            out[key] = two(below, value) if both else value
-        return out
-
-    return functools.reduce(two, layers, dict(base))
-
-
 def default_target_return(env: str) -> float | None:
     """``env``'s solve threshold (``TARGET_RETURNS``), None if it has none; an ``envpool:<task>``
     env has ``<task>``'s."""
     return TARGET_RETURNS.get(env, TARGET_RETURNS.get(env.removeprefix(ENVPOOL_PREFIX)))
 
 
-def preset(algorithm: str, env: str) -> dict[str, Any]:
-    """The preset for (``algorithm``, ``env``), with the env's solve threshold as target.
+def preset(algorithm: str, env: str, layers: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The preset for (``algorithm``, ``env``), with the env's solve threshold as target, for
+    the run that ``layers`` describe (the caller puts them on top): from the preset's
+    ``large_batch.min_num_envs`` on, their ``num_envs`` selects its large-batch section
+    (docs/presets.md).
 
     An ``envpool:<task>`` env reads the preset of ``<task>``: its transitions are the same
     (tests/pod/envs/test_envpool_adapter.py)."""
-    data = preset_data(algorithm, env)
+    data = preset_data(algorithm, env, layers)
     return {"algorithm": algorithm, "env": env, "target_return": default_target_return(env), **data}
 
 
@@ -78,7 +72,7 @@ def train_config(env: str, layers: Iterable[Mapping[str, Any]] = ()) -> RunConfi
     layers = list(layers)
     algorithm = str(merge({"algorithm": "ppo"}, *layers)["algorithm"])
     config_class = trainer_class(algorithm).config_class
-    return config_class.model_validate(merge(preset(algorithm, env), *layers))
+    return config_class.model_validate(merge(preset(algorithm, env, layers), *layers))
 
 
 def pod_config(
@@ -107,7 +101,8 @@ def pod_config(
     names = own | set(trainer.loop_hyperparameters)
     agent = {k: v for k, v in hyperparameters.items() if k in own}
     loop = {k: v for k, v in hyperparameters.items() if k in names - own}
-    base = merge(preset(algorithm, spec.env.name), trainer.pod_defaults, loop, {algorithm: agent})
+    layers = (trainer.pod_defaults, loop, {algorithm: agent})
+    base = merge(preset(algorithm, spec.env.name, layers), *layers)
     base.pop("target_return", None)  # the orchestrator ends the experiment, not the pod
     if spec.budget.total_env_steps:
         base["total_env_steps"] = spec.budget.total_env_steps

@@ -11,7 +11,9 @@ The trunk chooses the trainer, never the algorithm: an algorithm's card
 (services/contracts/algorithms/) declares its *family*, and the trainer registered under that
 family's name (entry points ``podium.trainers``; ``<family>.population`` for P agents in one
 process) trains it. Adding an algorithm of a known family is its card folder (card, config,
-presets), its agent class and two entry points; a new family also registers its trainer."""
+presets), its agent class and two entry points; a new family also registers its trainer. A family
+may also register ``<family>.compiled`` (PPO: the Anakin trainer, anakin_trainer.py), which
+``build_trainer`` asks first whether it takes the configs (``compiled_trainer``)."""
 
 from __future__ import annotations
 
@@ -29,12 +31,30 @@ from services.pod.config import RunConfig
 from services.pod.roles.evaluator import EvalResult
 from services.pod.roles.placement import Roles, train_in_process
 
-__all__ = ["Roles", "RunConfig", "Trainer", "build_trainer", "train_in_process", "trainer_class"]
+__all__ = [
+    "Declined",
+    "Roles",
+    "RunConfig",
+    "Trainer",
+    "build_trainer",
+    "compiled_trainer",
+    "train_in_process",
+    "trainer_class",
+]
 
 log = get_logger(__name__)
 
 
 C = TypeVar("C", bound=RunConfig)
+
+
+@dataclass(frozen=True)
+class Declined:
+    """Why a family's compiled trainer does not train some configs (the eager one does);
+    ``warn``: the configs asked for it (``compile: on``), so the fallback is a warning."""
+
+    reason: str
+    warn: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +85,8 @@ class Trainer(ABC, Generic[C]):
     pod_defaults: ClassVar[Mapping[str, object]] = {}
 
     size: int
+    #: Seconds this trainer spent compiling so far (torch.compile); 0 for an eager one.
+    compile_seconds: float = 0.0
 
     @abstractmethod
     def __init__(self, configs: Sequence[C], roles: Roles | None = None) -> None:
@@ -204,6 +226,42 @@ def trainer_class(algorithm: str, slots: int = 1) -> type[Trainer]:
     return trainer.for_algorithm(found)
 
 
-def build_trainer(configs: Sequence[RunConfig], roles: Roles | None = None) -> Trainer:
-    """The trainer of ``configs`` (one per slot, all of one algorithm)."""
-    return trainer_class(configs[0].algorithm, len(configs))(configs, roles)
+def compiled_trainer(
+    eager: type[Trainer],
+    configs: Sequence[RunConfig],
+    roles: Roles | None = None,
+    horizon_env_steps: int | None = None,
+) -> type[Trainer]:
+    """The trainer for ``configs``: the compiled trainer of the algorithm's family (registered
+    as ``<family>.compiled``, e.g. PPO's Anakin trainer) where it takes them, else ``eager``
+    (``trainer_class``'s). Its class method ``declines(configs, roles, horizon_env_steps)``
+    decides (None: it trains them; else a ``Declined``); one log line says which and why.
+    ``horizon_env_steps``: env steps per slot the run is expected to train (a pod's share of
+    the budget), against which a compile must pay; None: the configs' ``total_env_steps``."""
+    name = f"{algorithm_card(configs[0].algorithm).family}.compiled"
+    if name not in registry.names(registry.TRAINERS):
+        return eager
+    compiled = registry.load(registry.TRAINERS, name, kind="trainer")
+    declined = compiled.declines(configs, roles, horizon_env_steps)
+    if declined is None:
+        log.info("trainer.chosen", trainer=compiled.__name__, agents=len(configs))
+        return compiled
+    (log.warning if declined.warn else log.info)(
+        "trainer.chosen",
+        trainer=eager.__name__,
+        declined=compiled.__name__,
+        reason=declined.reason,
+        agents=len(configs),
+    )
+    return eager
+
+
+def build_trainer(
+    configs: Sequence[RunConfig],
+    roles: Roles | None = None,
+    horizon_env_steps: int | None = None,
+) -> Trainer:
+    """The trainer of ``configs`` (one per slot, all of one algorithm): the family's, or its
+    compiled one where that takes them (``compiled_trainer``)."""
+    eager = trainer_class(configs[0].algorithm, len(configs))
+    return compiled_trainer(eager, configs, roles, horizon_env_steps)(configs, roles)

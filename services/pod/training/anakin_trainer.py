@@ -1,0 +1,309 @@
+"""The Anakin trainer: P PPO agents (P >= 1) trained by the Anakin iteration
+(services/pod/training/anakin.py: the rollout on a functional env, GAE and every minibatch update
+of all agents as compiled programs over explicit state) and scored by the compiled greedy
+evaluation (services/pod/training/anakin_eval.py).
+
+Which PPO trainer a pod or ``podium train`` gets is ``PPOConfig.compile``'s (trainer.py
+``build_trainer`` asks ``declines``): ``off`` never this one; ``on`` this one wherever it can
+train the configs; ``auto`` where it can and the measured rules say it wins
+(services/pod/algorithms/compiled.py ``ANAKIN_AUTO``: device type, P, batch size, and the compile
+against what it saves over the run's horizon). Where it cannot (an env without a functional
+step, a plugin env, env arguments, settings the iteration does not have, roles in other
+processes, learner replicas, no C++ compiler) the eager trainer trains, and one log line names
+why (``trainer.chosen``).
+
+Each slot saves and loads the training files a single PPO agent has
+(services/pod/training/onpolicy.py): weights, Adam moments and step, observation statistics,
+config and counters. So a slot's files load into any PPO pod and ``podium export``, and any
+PPO pod's files (a PBT parent) load into a slot. Loading one writes into the state tensors the
+compiled programs take as inputs, and its hyperparameters into the (P,) tensors: no recompile.
+
+Compile seconds (dynamo and inductor, for the iteration's programs and the evaluation's) are
+``compile_seconds``, logged when they grow (``compile.done``) and exported by the pod
+(services/pod/runtime/metrics.py ``podium_pod_compile_seconds``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import ClassVar, TypeVar
+
+import torch
+
+from services import registry
+from services.contracts.algorithms.hyperparameters import HyperparameterError
+from services.logs import get_logger
+from services.pod.algorithms.compiled import anakin_auto, compiler_missing
+from services.pod.algorithms.ppo import PPO
+from services.pod.config import PPORunConfig
+from services.pod.envs.registry import list_envs, make_env
+from services.pod.roles.evaluator import EvalResult
+from services.pod.roles.learner import RolloutLearner
+from services.pod.training import anakin_eval
+from services.pod.training.anakin import (
+    FUNCTIONAL_ENVS,
+    HYPERPARAMETERS,
+    STATS,
+    AnakinCompile,
+    AnakinPPO,
+)
+from services.pod.training.onpolicy import OnPolicyTrainer, load_ppo_files, save_ppo_files
+from services.pod.training.trainer import Counters, Declined, Roles, Trainer
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+#: PPO settings the Anakin iteration does not train (anakin.build refuses them).
+_UNSUPPORTED = {
+    "norm_reward": lambda v: bool(v),
+    "target_kl": lambda v: v is not None,
+    "sde_sample_freq": lambda v: bool(v),
+}
+#: Fields every slot shares (the program's shape and the rest of the recipe): all but the
+#: per-agent hyperparameters and the compile switch.
+_PER_AGENT = {*HYPERPARAMETERS, "compile"}
+
+
+def _shared(config: PPORunConfig) -> dict:
+    return {k: v for k, v in config.ppo.model_dump().items() if k not in _PER_AGENT}
+
+
+def compile_clock() -> float:
+    """Seconds dynamo and inductor spent compiling in this process so far (dynamo's own
+    per-frame timing, which includes inductor's)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", ())))
+
+
+class AnakinTrainer(Trainer[PPORunConfig]):
+    """``len(configs)`` PPO agents on the Anakin iteration; counters are per agent."""
+
+    config_class = PPORunConfig
+    one_update_per_step = True
+    pod_defaults: ClassVar = OnPolicyTrainer.pod_defaults
+
+    # -- choosing it -----------------------------------------------------------------------
+    @classmethod
+    def unsupported(cls, configs: Sequence[PPORunConfig], roles: Roles | None) -> str | None:
+        """Why this trainer cannot train ``configs`` at all (None: it can)."""
+        first = configs[0]
+        if first.algorithm != "ppo":
+            return f"the Anakin iteration trains PPO, not {first.algorithm}"
+        if roles is not None and not roles.in_process and len(configs) == 1:
+            return "the worker and evaluator run in other processes"
+        if first.learners > 1:
+            return "learner replicas (learners > 1)"
+        if first.env not in list_envs():
+            return f"env {first.env!r} is not a torch-native env"
+        factory = registry.load(registry.ENVS, first.env, kind="env")
+        if factory not in FUNCTIONAL_ENVS:
+            return (
+                f"env {first.env!r} has no functional step (services/pod/training/anakin.py "
+                f"FUNCTIONAL_ENVS: {', '.join(e.__name__ for e in FUNCTIONAL_ENVS)})"
+            )
+        for config in configs:
+            if config.env_kwargs or config.eval_env_kwargs:
+                return "env arguments (the functional step has the env's defaults only)"
+            if bad := [k for k, test in _UNSUPPORTED.items() if test(getattr(config.ppo, k))]:
+                return f"PPO settings the Anakin iteration does not have: {', '.join(bad)}"
+            if config.ppo.batch_size % config.ppo.num_minibatches:
+                return "num_minibatches does not divide num_envs * num_steps"
+            if _shared(config) != _shared(first) or config.device != first.device:
+                return "the slots differ in more than their per-agent hyperparameters"
+        return None
+
+    @classmethod
+    def declines(
+        cls,
+        configs: Sequence[PPORunConfig],
+        roles: Roles | None = None,
+        horizon_env_steps: int | None = None,
+    ) -> Declined | None:
+        """None where ``compile`` asks for this trainer and it can train ``configs``; else
+        why the eager trainer trains them (trainer.py ``build_trainer`` logs it)."""
+        first = configs[0]
+        mode = first.ppo.compile
+        if mode == "off":
+            return Declined("compile: off", warn=False)
+        if reason := cls.unsupported(configs, roles):
+            return Declined(reason, warn=mode == "on")
+        if reason := compiler_missing(first.device):
+            return Declined(reason, warn=mode == "on")
+        if mode == "auto":
+            horizon = horizon_env_steps or first.total_env_steps
+            batch = first.ppo.batch_size
+            if reason := anakin_auto(first.device, len(configs), batch, horizon):
+                return Declined(reason, warn=False)
+        return None
+
+    # -- the trainer -----------------------------------------------------------------------
+    def __init__(
+        self,
+        configs: Sequence[PPORunConfig],
+        roles: Roles | None = None,
+        compile: AnakinCompile | None = None,
+    ) -> None:
+        """``compile``: the runner's mode; default ``"steps"`` unless ``ppo.compile`` is
+        ``off`` (then the same functions run eagerly, e.g. for tests)."""
+        if reason := self.unsupported(configs, roles):
+            raise HyperparameterError(f"the Anakin trainer cannot train these configs: {reason}")
+        first = configs[0]
+        self.size = len(configs)
+        self.configs = list(configs)
+        self.device = torch.device(first.device)
+        self.mode: AnakinCompile = compile or ("off" if first.ppo.compile == "off" else "steps")
+        self.run = AnakinPPO(
+            first.ppo,
+            [c.seed for c in configs],
+            [self._hyperparameters(c) for c in configs],
+            total_env_steps=first.total_env_steps,
+            compile=self.mode,
+            device=self.device,
+            # On a GPU the whole iteration replays as one CUDA graph (the slot loads below
+            # write into the state in place, so they reach the graph's buffers).
+            cuda_graph=self.device.type == "cuda" and self.mode != "off",
+        )
+        # Every evaluation starts from the states a single agent's Evaluator starts from.
+        eval_env = make_env(
+            first.env, first.eval_episodes, device=self.device, seed=first.evaluation_seed
+        )
+        self.start = anakin_eval.start_states(eval_env, first.evaluation_seed, self.size)
+        eval_env.close()
+        self.offsets = [Counters(0, 0) for _ in configs]
+        self.compile_seconds = 0.0
+        self._metrics: dict[str, torch.Tensor] | None = None
+
+    @staticmethod
+    def _hyperparameters(config: PPORunConfig) -> dict[str, float]:
+        return {k: float(getattr(config.ppo, k)) for k in HYPERPARAMETERS}
+
+    def _timed(self, program: str, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)``, logging the compile seconds it took (a first call, a recompile)."""
+        before, start = compile_clock(), time.perf_counter()
+        out = fn(*args)
+        spent = compile_clock() - before
+        if spent > 0:
+            self.compile_seconds += spent
+            log.info(
+                "compile.done",
+                program=program,
+                compile_s=round(spent, 2),
+                first_call_s=round(time.perf_counter() - start, 2),
+                total_compile_s=round(self.compile_seconds, 2),
+                agents=self.size,
+            )
+        return out
+
+    @property
+    def env_steps(self) -> int:
+        return self.run.env_steps
+
+    @property
+    def updates(self) -> int:
+        return self.run.iterations
+
+    @property
+    def step_env_steps(self) -> int:
+        return self.run.shape.batch
+
+    def step(self) -> None:
+        self._metrics = self._timed("iteration", self.run.step)
+
+    def progress(self) -> dict[str, float]:
+        """The agents' last-epoch statistics averaged; the mean return of every agent's
+        finished training episodes (the host read at an iteration boundary)."""
+        if self._metrics is None:
+            return {}
+        m = self._metrics
+        record = dict(zip(STATS, m["stats"].mean(0).tolist(), strict=True))
+        record["lr"] = float(m["lr"].mean())
+        episodes = int(m["episodes"].sum())
+        if episodes:
+            record["train_return"] = float(m["return_sum"].sum()) / episodes
+        return record
+
+    def evaluate(self) -> list[EvalResult]:
+        compiled = self.mode != "off"
+        shape, state = self.run.shape, self.run.state
+        return self._timed("evaluation", anakin_eval.evaluate, shape, state, self.start, compiled)
+
+    def config(self, slot: int) -> PPORunConfig:
+        return self.configs[slot]
+
+    def counters(self, slot: int) -> Counters:
+        offset = self.offsets[slot]
+        return Counters(self.env_steps + offset.env_steps, self.updates + offset.updates)
+
+    # -- files -----------------------------------------------------------------------------
+    def learner(self, slot: int) -> RolloutLearner:
+        """Slot ``slot`` as a single PPO agent's learner: weights, observation statistics,
+        Adam moments and step, counters."""
+        agent = self.run.agent(slot).to(self.device)
+        state = self.run.state
+        steps = float(state["adam_step"][slot])
+        if steps:
+            for name, param in agent.named_parameters():
+                key = name.removeprefix("policy.")
+                agent.optimizer.state[param] = {
+                    "step": torch.tensor(steps, device=self.device),
+                    "exp_avg": state["exp_avg"][key][slot].clone(),
+                    "exp_avg_sq": state["exp_avg_sq"][key][slot].clone(),
+                }
+        config, counters = self.configs[slot], self.counters(slot)
+        learner = RolloutLearner(agent, config.total_env_steps)
+        learner.env_steps, learner.updates = counters.env_steps, counters.updates
+        return learner
+
+    def save(self, slot: int, directory: Path) -> None:
+        save_ppo_files(directory, self.learner(slot), self.configs[slot])
+
+    def _fresh(self, config: PPORunConfig) -> RolloutLearner:
+        """A fresh single PPO agent of this trainer's shape, seeded by ``config``."""
+        if _shared(config) != _shared(self.configs[0]):
+            raise HyperparameterError(
+                "a slot of this pod takes only the per-agent hyperparameters "
+                f"({', '.join(HYPERPARAMETERS)}) of another config"
+            )
+        probe = self.run.shape.env(num_envs=1)
+        torch.manual_seed(config.seed)
+        agent = PPO(probe.single_observation_space, probe.single_action_space, config.ppo)
+        return RolloutLearner(agent.to(self.device), config.total_env_steps)
+
+    @torch.no_grad()
+    def _place(self, slot: int, learner: RolloutLearner, config: PPORunConfig) -> None:
+        """Write ``learner``'s agent into slot ``slot`` of the state, in place: the tensors
+        the compiled programs take stay the same objects, so nothing recompiles."""
+        state, agent = self.run.state, learner.agent
+        steps = 0.0
+        for name, param in agent.named_parameters():
+            key = name.removeprefix("policy.")
+            state["params"][key][slot] = param
+            moments = agent.optimizer.state.get(param, {})  # none for a fresh agent
+            steps = max(steps, float(moments.get("step", 0.0)))
+            for which in ("exp_avg", "exp_avg_sq"):
+                state[which][key][slot] = moments.get(which, 0.0)
+        state["adam_step"][slot] = steps
+        rms = agent.policy.obs_rms
+        state["obs_mean"][slot] = rms.mean
+        state["obs_var"][slot] = rms.var
+        state["obs_count"][slot] = rms.count
+        state["seed"][slot] = config.seed  # the slot explores with its own random stream
+        self.run.set_hyperparameters(slot, self._hyperparameters(config))
+        self.configs[slot] = config
+        self.offsets[slot] = Counters(
+            learner.env_steps - self.env_steps, learner.updates - self.updates
+        )
+
+    def load(self, slot: int, directory: Path, config: PPORunConfig) -> None:
+        learner = self._fresh(config)
+        load_ppo_files(directory, learner)
+        self._place(slot, learner, config)
+
+    def reset(self, slot: int, config: PPORunConfig) -> None:
+        self._place(slot, self._fresh(config), config)
+
+    def close(self) -> None:
+        """Nothing to close: the env is a tensor of the state."""
