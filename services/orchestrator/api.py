@@ -15,7 +15,7 @@ from services.contracts.spec import ExperimentSpec, parse_quantity
 from services.http import SPEC_BODY_LIMIT, api_router, body_limit, problems, require_token
 from services.orchestrator import store as st
 from services.orchestrator.models import EndedPodLogOut, EventOut, ExperimentOut, State
-from services.orchestrator.reconciler import Reconciler
+from services.orchestrator.reconciler import Reconciler, last_lines
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import (
     Cursor,
@@ -248,14 +248,10 @@ def pod_logs(
     _get(_store(request), exp_id)
     text = request.app.state.backend.pod_log_tail(exp_id, pod_id, tail)
     if not text and (kept := _store(request).pod_log(exp_id, pod_id)) is not None:
-        text = _last_lines(kept.log, tail)
+        text = last_lines(kept.log, tail)
     if not text:
         raise HTTPException(status_code=404, detail=f"no logs for pod {pod_id!r} of {exp_id!r}")
     return PlainTextResponse(text + "\n")
-
-
-def _last_lines(text: str, n: int) -> str:
-    return "\n".join(text.splitlines()[-n:])
 
 
 @router.get(
@@ -275,7 +271,7 @@ def ended_pods(
     store = _store(request)
     _get(store, exp_id)
     return [
-        EndedPodLogOut(**{**p.model_dump(), "log": _last_lines(p.log, tail)})
+        EndedPodLogOut(**{**p.model_dump(), "log": last_lines(p.log, tail)})
         for p in store.pod_logs(exp_id)
     ]
 

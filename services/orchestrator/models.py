@@ -99,8 +99,7 @@ class ExperimentOut(BaseModel):
                 spec=exp.spec,
             )
         s = exp.status
-        best = s.best
-        best_score = best.get("score") if best else None
+        best, best_score = s.best, s.best_score
         started = s.started_at
         end = s.finished_at or time.time()
         spec = exp.spec

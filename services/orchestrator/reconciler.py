@@ -65,6 +65,11 @@ def pod_resources(spec: ExperimentSpec) -> Res:
     return Res(spec.resources.cpu, spec.resources.gpus, spec.resources.memory_bytes)
 
 
+def last_lines(text: str, n: int) -> str:
+    """The last ``n`` lines of ``text``."""
+    return "\n".join(text.splitlines()[-n:])
+
+
 def last_bytes(text: str, limit: int) -> str:
     """The end of ``text``, at most ``limit`` bytes of UTF-8, starting at a whole line."""
     data = text.encode()
@@ -330,7 +335,7 @@ class Reconciler:
         self, exp: Experiment, p: PodInfo, status: ExperimentStatus, now: float, log_tail: str
     ) -> None:
         metrics.PODS_FAILED.inc()
-        tail = "\n".join(log_tail.splitlines()[-FAILURE_TAIL_LINES:])
+        tail = last_lines(log_tail, FAILURE_TAIL_LINES)
         last = p.reason or "failed"
         line = failure_line(tail)
         status.last_failure = LastFailure(pod_id=p.pod_id, reason=last, log_tail=tail)

@@ -11,6 +11,7 @@ here is tested without either (tests/orchestrator/test_scaling.py).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from services.contracts.spec import ExperimentSpec
@@ -37,7 +38,9 @@ class ScalePlan:
     end: tuple[str, str] | None = None
 
 
-def env_steps_left(spec: ExperimentSpec, status: ExperimentStatus, active: list[str]) -> int | None:
+def env_steps_left(
+    spec: ExperimentSpec, status: ExperimentStatus, active: Collection[str]
+) -> int | None:
     """What is left of the env-step budget for pods not started yet (None without one): the
     total, minus what the leaderboard has counted, minus the allowances running pods were
     given (counted whole: their reports so far are already in the count)."""
@@ -49,7 +52,11 @@ def env_steps_left(spec: ExperimentSpec, status: ExperimentStatus, active: list[
 
 
 def env_step_allowance(
-    spec: ExperimentSpec, status: ExperimentStatus, active: list[str], target: int
+    spec: ExperimentSpec,
+    status: ExperimentStatus,
+    active: Collection[str],
+    target: int,
+    left: int | None = None,
 ) -> int | None:
     """Env steps each pod started now may take (``PODIUM_MAX_ENV_STEPS``); None without an
     env-step budget, <= 0 when running pods hold all that is left.
@@ -59,9 +66,11 @@ def env_step_allowance(
     pod trains whole batches only, so a share that is not a whole number of batches leaves the
     rest untrained, and a share below one batch trains nothing. The pods alive at once can
     never take more than the budget together; a pod cuts its round at its allowance, reports
-    and exits 0, and its replacement gets a share of what is left.
+    and exits 0, and its replacement gets a share of what is left. ``left``: what
+    ``env_steps_left`` returns, where the caller has it already.
     """
-    left = env_steps_left(spec, status, active)
+    if left is None:
+        left = env_steps_left(spec, status, active)
     if left is None:
         return None
     sharing = max(1, target - sum(1 for k in active if k in status.allowances))
@@ -101,11 +110,12 @@ def plan_scale(
         n = min(n, max(0, budget - status.pods_launched))
         if n == 0 and status.pods_launched >= budget:
             return ScalePlan(target, reason=f"pod budget reached ({budget} launched)")
-    ids = [p.pod_id for p in active]
-    allowance = env_step_allowance(spec, status, ids, target)
+    ids = {p.pod_id for p in active}
+    left = env_steps_left(spec, status, ids)
+    allowance = env_step_allowance(spec, status, ids, target, left)
+    left = left or 0
     if allowance is not None and allowance <= 0:
         unit = status.batch_env_steps
-        left = env_steps_left(spec, status, ids) or 0
         if unit and not live and left < unit:
             # Nothing running and no pod could train a step of what is left: launching one
             # would only see it report nothing and exit (and be replaced, again and again).
@@ -115,7 +125,6 @@ def plan_scale(
             return ScalePlan(target, reason="the env-step budget left is held by the running pods")
     if allowance is not None and status.batch_env_steps:
         # Only as many pods as there are whole batches left to give them.
-        left = env_steps_left(spec, status, ids) or 0
         n = min(n, left // allowance)
     running = [p.algorithm for p in active]
     return ScalePlan(

@@ -7,6 +7,7 @@ the pods it finds instead of starting duplicates.
 
 from __future__ import annotations
 
+import signal
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -15,6 +16,10 @@ from typing import Literal
 from services.contracts.credentials import pod_token
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
+
+#: Signals that mean a pod was stopped from outside (a person, an OOM killer, a node going
+#: away), not by its own failure: each backend reports such an end as a disruption.
+OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 # Labels every training pod carries (Kubernetes labels; the local backend keeps the same keys).
 MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -54,6 +54,7 @@ from services.orchestrator.backends.base import (
     EXPERIMENT_LABEL,
     MANAGED_BY,
     MANAGER,
+    OUTSIDE_SIGNALS,
     PLATFORM_SECRETS,
     POD_LABEL,
     Backend,
@@ -311,7 +312,8 @@ DISRUPTION_REASONS = frozenset({"Evicted", "Preempting", "Shutdown", "NodeShutdo
 #: Container exit codes of a process killed by a signal it does not send itself when it
 #: crashes (128 + SIGHUP, SIGINT, SIGKILL, SIGTERM): killed from outside, unless the
 #: container's reason says its memory limit did it (OOMKilled: the pod's own doing).
-OUTSIDE_KILLS = {129: "SIGHUP", 130: "SIGINT", 137: "SIGKILL", 143: "SIGTERM"}
+#: A container killed by signal s exits with 128 + s.
+OUTSIDE_KILLS = {128 + s: s.name for s in OUTSIDE_SIGNALS}
 
 
 def _disruption(status: dict[str, Any], killed: dict[str, Any] | None = None) -> str | None:

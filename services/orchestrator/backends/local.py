@@ -32,6 +32,7 @@ from services.orchestrator.backends.base import (
     EXPERIMENT_LABEL,
     MANAGED_BY,
     MANAGER,
+    OUTSIDE_SIGNALS,
     PLATFORM_SECRETS,
     POD_LABEL,
     Backend,
@@ -81,9 +82,6 @@ def _exit_reason(code: int) -> str:
 #: from outside (a kill, a shutdown, a closed terminal), not by its own fault. A crash is an
 #: exit code or a signal such as SIGSEGV or SIGABRT. (The kernel's OOM killer also sends
 #: SIGKILL: a pod that outgrows the machine's memory is not counted as crashing here.)
-OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-
-
 def _disruption(code: int | None, terminating: bool) -> str | None:
     """Why a pod that was not asked to stop was stopped from outside, or None."""
     if code is None or code >= 0 or terminating or -code not in OUTSIDE_SIGNALS:

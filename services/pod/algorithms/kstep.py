@@ -34,14 +34,14 @@ import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 from torch.func import vmap
 
 from services.logs import get_logger
-from services.pod.algorithms.compiled import Compiled, compiler_missing
+from services.pod.algorithms.compiled import Compiled, CompileMode, compiler_missing
 from services.pod.algorithms.counter_random import normal, uniform
 from services.pod.algorithms.replay_buffer import Batch
 from services.pod.algorithms.stacked import (
@@ -54,7 +54,6 @@ from services.pod.algorithms.stacked import (
 
 log = get_logger(__name__)
 
-CompileMode = Literal["auto", "on", "off"]
 
 #: The algorithms with a compiled K-step update (DQN, a population of it included, and plugins
 #: train eager).

@@ -15,6 +15,24 @@ def batch_stats(
     return flat.mean(0), flat.var(0, unbiased=False), count
 
 
+def merge_batched(
+    old: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    count: torch.Tensor | float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``RunningMeanStd.merge`` (Chan et al.) for P running statistics at once, out of place:
+    ``old`` = (mean, var, count) with a leading agent axis, count of shape (P,); returns the
+    merged (mean, var, count)."""
+    old_mean, old_var, old_count = old
+    delta = mean - old_mean
+    total = old_count + count
+    c = (count / total).view(-1, *([1] * (delta.dim() - 1)))
+    oc = old_count.view_as(c)
+    m2 = old_var * oc + var * count + delta.square() * oc * count / total.view_as(c)
+    return old_mean + delta * c, m2 / total.view_as(c), total
+
+
 class RunningMeanStd(nn.Module):
     """Streaming mean and variance (Chan et al. parallel algorithm), as buffers.
 

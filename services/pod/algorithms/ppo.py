@@ -46,6 +46,12 @@ def gae(
     return advantages, advantages + values
 
 
+#: The statistics ``ppo_objective`` returns, in order.
+PPO_STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+#: PPO's Adam (what every PPO update, one agent or a population, steps with).
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-5
+
+
 def ppo_loss(
     actor: Actor,
     critic: nn.Module,
@@ -66,13 +72,36 @@ def ppo_loss(
     The coefficients are floats (eager) or 0-dim tensors (compiled, so that PBT's new values
     are inputs of the graph, not constants baked into it)."""
     logp, entropy = actor.log_prob_entropy(obs, actions)
+    new_value = critic(obs).squeeze(-1)
+    return ppo_objective(
+        logp, entropy, new_value, old_logp, adv, returns, old_values,
+        clip_coef, ent_coef, vf_coef, norm_adv, clip_vloss,
+    )  # fmt: skip
+
+
+def ppo_objective(
+    logp: torch.Tensor,
+    entropy: torch.Tensor,
+    new_value: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    returns: torch.Tensor,
+    old_values: torch.Tensor,
+    clip_coef: float | torch.Tensor,
+    ent_coef: float | torch.Tensor,
+    vf_coef: float | torch.Tensor,
+    norm_adv: bool,
+    clip_vloss: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ppo_loss`` from the policy's log-probabilities and entropies and the critic's values
+    of the minibatch: what every PPO update shares, whatever computes those (modules here,
+    functional weights of a population in services/pod/training/anakin.py)."""
     log_ratio = logp - old_logp
     ratio = log_ratio.exp()
     if norm_adv:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
     pg_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
-    new_value = critic(obs).squeeze(-1)
     if clip_vloss:
         v_clipped = old_values + (new_value - old_values).clamp(-clip_coef, clip_coef)
         v_loss = (
@@ -128,7 +157,7 @@ class PPO(nn.Module):
             # step is per-tensor overhead, and this cuts the update's time by about a sixth
             # on CPU.
             self._optimizer = torch.optim.Adam(
-                self.parameters(), lr=self.config.learning_rate, eps=1e-5, fused=True
+                self.parameters(), lr=self.config.learning_rate, eps=ADAM_EPS, fused=True
             )
         return self._optimizer
 
@@ -228,7 +257,7 @@ class PPO(nn.Module):
         # was scored under the statistics it was collected with.
         if cfg.norm_obs:
             self.policy.obs_rms.merge(*rollout.obs_stats)
-        names = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+        names = PPO_STATS
         out = dict(zip(names, (sums / n_mb).tolist(), strict=True))
         out["lr"] = self.optimizer.param_groups[0]["lr"]
         return out

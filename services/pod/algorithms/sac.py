@@ -80,6 +80,11 @@ class SquashedGaussianActor(BoundedActor):
         return self.to_env(torch.tanh(mean))
 
 
+def target_entropy(config: SACConfig, action_dim: int) -> float:
+    """The entropy the temperature steers towards: the config's, else -|A| (SAC's default)."""
+    return config.target_entropy if config.target_entropy is not None else -float(action_dim)
+
+
 class SAC(OffPolicyAlgorithm, nn.Module):
     name = "sac"
     discrete = False
@@ -97,9 +102,7 @@ class SAC(OffPolicyAlgorithm, nn.Module):
         self.log_alpha = nn.Parameter(
             torch.tensor(math.log(config.init_alpha)), requires_grad=config.autotune_alpha
         )
-        self.target_entropy = (
-            config.target_entropy if config.target_entropy is not None else -float(act_dim)
-        )
+        self.target_entropy = target_entropy(config, act_dim)
         self._actor_params = list(actor.parameters())
         self._critic_params = list(self.critic.parameters())
         if config.autotune_alpha:

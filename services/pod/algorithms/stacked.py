@@ -237,7 +237,7 @@ class StackedReplay:
         agent's filled rows; each field (P, B, ...)."""
         if min(self.size) == 0:
             raise ValueError("cannot sample from an empty replay buffer")
-        size = torch.tensor(self.size, device=self.device, dtype=torch.float64)
+        size = self.filled.double()  # self.size on the device: no copy from the host a sample
         u = torch.rand((self.p, batch_size), generator=generator, device=self.device)
         idx = (u.double() * size.unsqueeze(1)).long().clamp_max_(size.long().unsqueeze(1) - 1)
         agents = self._agents.unsqueeze(1)
@@ -293,6 +293,11 @@ class PopulationSAC:
         self._sample = _Sampler(template.actor, "logp")
         self._explore = _Sampler(template.actor, "action")
         self._mode = _Sampler(template.actor, "deterministic")
+        # Built once: acting runs them every env step.
+        self._act_explore = vmap(
+            lambda params, o, e: functional_call(self._explore, params, (o, e))
+        )
+        self._act_mode = vmap(lambda params, o: functional_call(self._mode, params, (o,)))
         self.noise = ActionNoise.of(template.config, template.action_shape)
         self.action_shape = template.action_shape
         self._update = vmap(partial(sac_losses, self._sample, template.critic, self.autotune))
@@ -393,14 +398,12 @@ class PopulationSAC:
         unused, SAC's exploration has no schedule)."""
         p, n = obs.shape[:2]
         eps = self.noise.sample(p * n, generator, obs.device).view(p, n, *self.action_shape)
-        run = vmap(lambda params, o, e: functional_call(self._explore, params, (o, e)))
-        return run(self._actor_params(), obs, eps)
+        return self._act_explore(self._actor_params(), obs, eps)
 
     @torch.no_grad()
     def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         """Env actions of the deterministic policies, (P, n, A), for observations (P, n, D)."""
-        run = vmap(lambda params, o: functional_call(self._mode, params, (o,)))
-        return run(self._actor_params(), obs)
+        return self._act_mode(self._actor_params(), obs)
 
     # -- learning ---------------------------------------------------------------------------
     def update(

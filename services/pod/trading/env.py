@@ -263,16 +263,18 @@ class StockTradingEnv(TorchVecEnv):
                 "simulated_markets needs the env's own synthetic market (no csv_path, no data)"
             )
         if data is None:
-            periods = market_periods(
-                market_seed,
-                num_stocks,
-                num_days,
-                csv_path,
-                split_date,
-                regime,
-                validation_fraction,
-                validation_date,
-            )
+            # One set of market settings for both cuts, by keyword: the two functions order
+            # their parameters differently.
+            market = {
+                "market_seed": market_seed,
+                "num_stocks": num_stocks,
+                "num_days": num_days,
+                "split_date": split_date,
+                "regime": regime,
+                "validation_fraction": validation_fraction,
+                "validation_date": validation_date,
+            }
+            periods = market_periods(csv_path=csv_path, **market)
             if mode not in periods:
                 raise ValueError(
                     "mode='validation' needs a validation period: set validation_fraction > 0 "
@@ -282,16 +284,7 @@ class StockTradingEnv(TorchVecEnv):
             if simulated_markets and mode == "train":
                 data = [
                     data,
-                    *simulated_train_periods(
-                        simulated_markets,
-                        market_seed,
-                        num_stocks,
-                        num_days,
-                        regime,
-                        split_date,
-                        validation_fraction,
-                        validation_date,
-                    ),
+                    *simulated_train_periods(simulated_markets, **market),
                 ]
         # The markets episodes run in, one after the other in the env's tensors.
         segments = [data] if isinstance(data, MarketData) else list(data)

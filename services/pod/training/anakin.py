@@ -54,7 +54,8 @@ from services.contracts.algorithms.ppo import CARD as PPO_CARD
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.logs import get_logger
 from services.pod.algorithms.counter_random import uniform, uniform_bits
-from services.pod.algorithms.ppo import PPO
+from services.pod.algorithms.normalization import merge_batched
+from services.pod.algorithms.ppo import ADAM_BETAS, ADAM_EPS, PPO, PPO_STATS, ppo_objective
 from services.pod.envs.base import TorchVecEnv
 from services.pod.envs.cartpole import CartPoleEnv
 
@@ -91,12 +92,10 @@ PUREJAXRL_CARTPOLE = PPOConfig(
     hidden_sizes=[64, 64],
     activation="tanh",
 )
-STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
 #: Rollout steps unrolled into one compiled call. Each call of a compiled program costs tens of
 #: microseconds on the host whatever it computes, so K steps per call cut that K-fold; the
 #: compile grows with K (docs/benchmarks.md, "Anakin iteration": 8 was the knee on a CPU).
 ROLLOUT_CHUNK = 8
-_ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as PPO's optimiser
 # Random streams: one per use, so draws for different purposes never coincide.
 _INIT, _RESET, _ACTION, _SHUFFLE = 0, 1, 2, 3
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -467,24 +466,11 @@ def _loss(
     logp_all = torch.log_softmax(_mlp(params, shape.actor_layers, shape.activation, obs), -1)
     logp = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
-    log_ratio = logp - old_logp
-    ratio = log_ratio.exp()
-    if shape.norm_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    clipped = ratio.clamp(1 - clip_coef, 1 + clip_coef)
-    pg_loss = torch.max(-adv * ratio, -adv * clipped).mean()
     value = _mlp(params, shape.critic_layers, shape.activation, obs).squeeze(-1)
-    if shape.clip_vloss:
-        v_clipped = old_values + (value - old_values).clamp(-clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max((value - returns).square(), (v_clipped - returns).square()).mean()
-    else:
-        v_loss = 0.5 * (value - returns).square().mean()
-    entropy_mean = entropy.mean()
-    loss = pg_loss - ent_coef * entropy_mean + vf_coef * v_loss
-    approx_kl = ((ratio - 1) - log_ratio).mean()
-    clipfrac = ((ratio - 1).abs() > clip_coef).float().mean()
-    stats = torch.stack((pg_loss, v_loss, entropy_mean, approx_kl, clipfrac)).detach()
-    return loss, stats
+    return ppo_objective(
+        logp, entropy, value, old_logp, adv, returns, old_values,
+        clip_coef, ent_coef, vf_coef, shape.norm_adv, shape.clip_vloss,
+    )  # fmt: skip
 
 
 def minibatch_update(
@@ -512,7 +498,7 @@ def minibatch_update(
     # clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, per agent.
     sq = sum(g.reshape(p, -1).square().sum(1) for g in grads.values())
     coef = (hp["max_grad_norm"] / (torch.sqrt(sq) + 1e-6)).clamp(max=1.0)
-    b1, b2 = _ADAM_BETAS
+    b1, b2 = ADAM_BETAS
     step = opt["adam_step"] + 1
     bc1 = 1 - torch.pow(b1, step)
     bc2_sqrt = torch.sqrt(1 - torch.pow(b2, step))
@@ -523,7 +509,7 @@ def minibatch_update(
         g = grads[name] * coef.view(p, *extra)
         m = opt["exp_avg"][name].lerp(g, 1 - b1)
         v = opt["exp_avg_sq"][name] * b2 + (1 - b2) * g * g
-        denom = torch.sqrt(v) / bc2_sqrt.view(p, *extra) + _ADAM_EPS
+        denom = torch.sqrt(v) / bc2_sqrt.view(p, *extra) + ADAM_EPS
         new_params[name] = value - step_size.view(p, *extra) * m / denom
         new_m[name], new_v[name] = m, v
     new_opt = {"params": new_params, "exp_avg": new_m, "exp_avg_sq": new_v, "adam_step": step}
@@ -599,17 +585,9 @@ def _merge_obs_stats(shape: AnakinShape, state: State, raw: torch.Tensor) -> dic
     p = shape.agents
     flat = raw.transpose(0, 1).reshape(p, -1, shape.obs_dim).to(torch.float64)
     mean, var = flat.mean(1), flat.var(1, unbiased=False)
-    count = float(flat.shape[1])
-    old_mean, old_var, old_count = state["obs_mean"], state["obs_var"], state["obs_count"]
-    delta = mean - old_mean
-    total = old_count + count
-    oc = old_count.view(p, 1)
-    m2 = old_var * oc + var * count + delta.square() * oc * count / total.view(p, 1)
-    return {
-        "obs_mean": old_mean + delta * (count / total).view(p, 1),
-        "obs_var": m2 / total.view(p, 1),
-        "obs_count": total,
-    }
+    old = (state["obs_mean"], state["obs_var"], state["obs_count"])
+    merged = merge_batched(old, mean, var, float(flat.shape[1]))
+    return dict(zip(("obs_mean", "obs_var", "obs_count"), merged, strict=True))
 
 
 def learn(
@@ -637,7 +615,7 @@ def learn(
     lr = hp["learning_rate"] * frac
     perms = permutations(shape, state)
     opt = {k: state[k] for k in ("params", "exp_avg", "exp_avg_sq", "adam_step")}
-    sums = torch.zeros(p, len(STATS), device=lr.device)
+    sums = torch.zeros(p, len(PPO_STATS), device=lr.device)
     for epoch in range(shape.epochs):
         order = perms[:, epoch].view(p, shape.minibatches, shape.minibatch)
         for m in range(shape.minibatches):

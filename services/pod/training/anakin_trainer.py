@@ -36,7 +36,7 @@ from services import registry
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
 from services.pod.algorithms.compiled import anakin_auto, compiler_missing
-from services.pod.algorithms.ppo import PPO
+from services.pod.algorithms.ppo import PPO, PPO_STATS
 from services.pod.config import PPORunConfig
 from services.pod.envs.registry import list_envs, make_env
 from services.pod.roles.evaluator import EvalResult
@@ -45,7 +45,6 @@ from services.pod.training import anakin_eval
 from services.pod.training.anakin import (
     FUNCTIONAL_ENVS,
     HYPERPARAMETERS,
-    STATS,
     AnakinCompile,
     AnakinPPO,
 )
@@ -218,7 +217,7 @@ class AnakinTrainer(Trainer[PPORunConfig]):
         if self._metrics is None:
             return {}
         m = self._metrics
-        record = dict(zip(STATS, m["stats"].mean(0).tolist(), strict=True))
+        record = dict(zip(PPO_STATS, m["stats"].mean(0).tolist(), strict=True))
         record["lr"] = float(m["lr"].mean())
         episodes = int(m["episodes"].sum())
         if episodes:

@@ -32,11 +32,10 @@ import torch
 from services.contracts.algorithms.card import AlgorithmCard, card
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.algorithms.offpolicy import ReplayLoopConfig
-from services.contracts.algorithms.sac.config import SACConfig
 from services.logs import get_logger
 from services.pod.algorithms.kstep import KStep
 from services.pod.algorithms.replay_buffer import ReplayBuffer
-from services.pod.algorithms.sac import SAC
+from services.pod.algorithms.sac import SAC, target_entropy
 from services.pod.algorithms.spaces import check_action_space
 from services.pod.algorithms.stacked import (
     POPULATIONS,
@@ -316,7 +315,8 @@ class OffPolicyPopulationTrainer(Trainer[OffPolicyConfig]):
         # The slot trains with ``config``'s hyperparameters (PBT's explore), not its files'.
         view.agent.config = config.agent_config
         if isinstance(view.agent, SAC):
-            view.agent.target_entropy = _target_entropy(config.sac, view.agent.action_shape)
+            dim = math.prod(view.agent.action_shape)
+            view.agent.target_entropy = target_entropy(config.sac, dim)
         self._place(slot, view, config)
 
     def reset(self, slot: int, config: OffPolicyConfig) -> None:
@@ -328,12 +328,6 @@ class OffPolicyPopulationTrainer(Trainer[OffPolicyConfig]):
             if env is not None:
                 env.close()
         self.env = self.eval_env = None  # type: ignore[assignment]
-
-
-def _target_entropy(config: SACConfig, action_shape: tuple[int, ...]) -> float:
-    if config.target_entropy is not None:
-        return config.target_entropy
-    return -float(math.prod(action_shape))
 
 
 class _NoWorker:

@@ -48,8 +48,9 @@ from torch.func import stack_module_state
 
 from services.contracts.algorithms.ppo import CARD
 from services.pod.algorithms.batched_adam import BatchedAdam
+from services.pod.algorithms.normalization import merge_batched
 from services.pod.algorithms.policies import _LOG_SQRT_2PI, ACTIVATIONS, CategoricalActor
-from services.pod.algorithms.ppo import PPO, PPOConfig, gae
+from services.pod.algorithms.ppo import ADAM_BETAS, ADAM_EPS, PPO, PPO_STATS, PPOConfig, gae
 from services.pod.algorithms.rollout import Rollout
 from services.pod.envs.base import VecEnv
 from services.pod.envs.registry import make_env
@@ -58,8 +59,6 @@ from services.pod.roles.learner import RolloutLearner
 
 #: The PPOConfig fields that may differ between the agents (PPO's card's population).
 HYPERPARAMETERS: tuple[str, ...] = CARD.population.hyperparameters if CARD.population else ()
-_ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as PPO's optimiser
-_STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
 
 
 class _ActorCritic(nn.Module):
@@ -170,16 +169,8 @@ class PopulationRollout:
 
 
 def _merge(stats: list[torch.Tensor], mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor):
-    """``RunningMeanStd.merge`` for P running statistics at once (Chan et al.)."""
-    old_mean, old_var, old_count = stats
-    delta = mean - old_mean
-    total = old_count + count
-    c = (count / total).view(-1, *([1] * (delta.dim() - 1)))
-    oc = old_count.view_as(c)
-    m2 = old_var * oc + var * count + delta.square() * oc * count / total.view_as(c)
-    stats[0] = old_mean + delta * c
-    stats[1] = m2 / total.view_as(c)
-    stats[2] = total
+    """``RunningMeanStd.merge`` for P running statistics at once, into ``stats``."""
+    stats[:] = merge_batched((stats[0], stats[1], stats[2]), mean, var, count)
 
 
 class PopulationPPO:
@@ -261,7 +252,7 @@ class PopulationPPO:
         # put into a slot brings its own, and the bias correction must go on from it (a young
         # population's count would shrink a mature parent's steps several times over for hundreds of
         # steps).
-        self.adam = BatchedAdam(self.flat, self.lr, betas=_ADAM_BETAS, eps=_ADAM_EPS)
+        self.adam = BatchedAdam(self.flat, self.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
         self.grad = self.adam.grad
         self.params: dict[str, torch.Tensor] = {}
         self._grads: dict[str, torch.Tensor] = {}
@@ -526,7 +517,7 @@ class PopulationPPO:
         )
         hp = torch.stack((self.clip_coef, self.ent_coef, self.vf_coef), 1)
         rows = torch.arange(p, device=self.device).view(1, p, 1)
-        stats = torch.zeros(p, len(_STATS), device=self.device)
+        stats = torch.zeros(p, len(PPO_STATS), device=self.device)
         for epoch in range(cfg.update_epochs):
             if self._whole_batch:
                 minibatches = [data]
@@ -550,7 +541,8 @@ class PopulationPPO:
         per_agent = (stats / n_mb).tolist()
         lrs = lr.tolist()
         return [
-            {**dict(zip(_STATS, row, strict=True)), "lr": lrs[i]} for i, row in enumerate(per_agent)
+            {**dict(zip(PPO_STATS, row, strict=True)), "lr": lrs[i]}
+            for i, row in enumerate(per_agent)
         ]
 
     @torch.no_grad()
