@@ -22,17 +22,24 @@ fused Adam) on the same minibatches, alternating in the same process.
 
     python bench/population_vmap.py --algorithm sac --sizes 1 8 32 --hidden 64 256
 
-K-step rows (``--kstep``, SAC or TD3): one timing = ``--offpolicy-updates`` updates of every
-agent, each drawing its own minibatch of 256 from a replay buffer of 10,000 random transitions:
-eager, as a pod with ``compile: off`` runs them (P = 1: ``SAC.update`` / ``TD3.update`` on
-``ReplayBuffer.sample``; P > 1: the population's ``update`` on ``StackedReplay.sample``), against
-one call of the compiled K-step update (services/pod/algorithms/kstep.py ``KStep``: one compiled
-program per update, the K of a call one CUDA graph on a GPU) on the same stack. Printed per
-update (all P agents); "first call" is the compiled side's first call of K updates, its compile
-included (cold: the bench points inductor at an empty cache unless ``--warm-cache``).
+DQN rows (``--algorithm dqn``): the same with ``PopulationDQN.update`` (double, dueling: the
+CartPole preset's D3QN; gradient clipping, per-agent target timing) against a loop of P ``DQN``
+agents (services/pod/algorithms/dqn.py), on CartPole-shaped transitions (4 observations, 2
+actions).
+
+K-step rows (``--kstep``, SAC, TD3, DDPG or DQN): one timing = ``--offpolicy-updates``
+updates of every agent, each drawing its own minibatch of 256 from a replay buffer of 10,000
+random transitions: eager, as a pod with ``compile: off`` runs them (P = 1: ``SAC.update`` /
+``TD3.update`` / ``DQN.update`` on ``ReplayBuffer.sample``; P > 1: the population's ``update``
+on ``StackedReplay.sample``), against one call of the compiled K-step update
+(services/pod/algorithms/kstep.py ``KStep``: one compiled program per update, the K of a call
+one CUDA graph on a GPU) on the same stack. Printed per update (all P agents); "first call" is
+the compiled side's first call of K updates, its compile included (cold: the bench points
+inductor at an empty cache unless ``--warm-cache``).
 
     python bench/population_vmap.py --kstep --algorithm sac --sizes 1 8 32 --hidden 64 256
     python bench/population_vmap.py --kstep --algorithm td3 --device cuda
+    python bench/population_vmap.py --kstep --algorithm dqn --sizes 1 8 --hidden 64
 """
 
 from __future__ import annotations
@@ -90,6 +97,26 @@ def measure(p: int, hidden: int, seed: int, device: str, repeats: int) -> tuple[
     return statistics.median(t_pop), statistics.median(t_loop)
 
 
+def _transitions(
+    algorithm: str, p: int, n: int, g: torch.Generator, device: str
+) -> tuple[torch.Tensor, ...]:
+    """``n`` random transitions per agent, (P, n, ...) each field: Pendulum's shapes, or
+    CartPole's (4 observations, 2 discrete actions) for DQN."""
+    obs = 4 if algorithm == "dqn" else 3
+    action = (
+        torch.randint(0, 2, (p, n), generator=g, device=device)
+        if algorithm == "dqn"
+        else torch.rand(p, n, 1, generator=g, device=device) * 2 - 1
+    )
+    return (
+        torch.randn(p, n, obs, generator=g, device=device),
+        action,
+        torch.randn(p, n, generator=g, device=device),
+        torch.randn(p, n, obs, generator=g, device=device),
+        (torch.rand(p, n, generator=g, device=device) < 0.01).float(),
+    )
+
+
 def measure_offpolicy(
     algorithm: str, p: int, hidden: int, seed: int, device: str, repeats: int, updates: int
 ):
@@ -102,16 +129,7 @@ def measure_offpolicy(
     pop, loop = POPULATIONS[algorithm](agents()), agents()
     g = torch.Generator(device=device).manual_seed(seed)
     b = 256
-    batches = [
-        Batch(
-            torch.randn(p, b, 3, generator=g, device=device),
-            torch.rand(p, b, 1, generator=g, device=device) * 2 - 1,
-            torch.randn(p, b, generator=g, device=device),
-            torch.randn(p, b, 3, generator=g, device=device),
-            (torch.rand(p, b, generator=g, device=device) < 0.01).float(),
-        )
-        for _ in range(updates)
-    ]
+    batches = [Batch(*_transitions(algorithm, p, b, g, device)) for _ in range(updates)]
     parts = [[Batch(*(f[i] for f in batch)) for i in range(p)] for batch in batches]
 
     def run_pop() -> None:
@@ -140,18 +158,21 @@ def _offpolicy_agents(algorithm: str, p: int, hidden: int, seed: int, device: st
     from services.pod.envs.registry import make_env
     from services.pod.training.trainer import algorithm_card, algorithm_class
 
-    env = make_env("Pendulum-v1", 1)
+    env = make_env("CartPole-v1" if algorithm == "dqn" else "Pendulum-v1", 1)
     spaces = env.single_observation_space, env.single_action_space
     env.close()
     agent_class, config_class = algorithm_class(algorithm), algorithm_card(algorithm).config
     out = []
     for i in range(p):
         torch.manual_seed(seed + i)
+        # DQN: the CartPole preset's D3QN, each agent its own target period.
+        dqn = {"double": True, "dueling": True, "target_update_every": 1 + i % 3}
         cfg = config_class(
             hidden_sizes=[hidden, hidden],
             learning_rate=3e-4 * (1 + i % 4),
             gamma=0.99 - 0.01 * (i % 3),
             tau=0.005 * (1 + i % 2),
+            **(dqn if algorithm == "dqn" else {}),
         )
         out.append(agent_class(*spaces, cfg).to(device))
     return out
@@ -168,15 +189,12 @@ def measure_kstep(
 
     b, capacity = 256, 10_000
     g = torch.Generator(device=device).manual_seed(seed)
-    buffer = ReplayBuffer(capacity, (3,), (1,), device=device)
+    if algorithm == "dqn":
+        buffer = ReplayBuffer(capacity, (4,), (), torch.int64, device=device)
+    else:
+        buffer = ReplayBuffer(capacity, (3,), (1,), device=device)
     replay = StackedReplay(p, buffer)
-    replay.add(
-        torch.randn(p, capacity, 3, generator=g, device=device),
-        torch.rand(p, capacity, 1, generator=g, device=device) * 2 - 1,
-        torch.randn(p, capacity, generator=g, device=device),
-        torch.randn(p, capacity, 3, generator=g, device=device),
-        (torch.rand(p, capacity, generator=g, device=device) < 0.01).float(),
-    )
+    replay.add(*_transitions(algorithm, p, capacity, g, device))
     replay.get(0, buffer)
     eager_agents = _offpolicy_agents(algorithm, p, hidden, seed, device)
     stack = POPULATIONS[algorithm](_offpolicy_agents(algorithm, p, hidden, seed, device))
@@ -260,9 +278,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--algorithm", choices=["ppo", "sac", "td3", "ddpg"], default="ppo")
+    parser.add_argument("--algorithm", choices=["ppo", "sac", "td3", "ddpg", "dqn"], default="ppo")
     parser.add_argument(
-        "--offpolicy-updates", type=int, default=10, help="SAC/TD3/DDPG steps per timing"
+        "--offpolicy-updates", type=int, default=10, help="SAC/TD3/DDPG/DQN steps per timing"
     )
     parser.add_argument(
         "--kstep", action="store_true", help="compiled K-step update against eager updates"
@@ -276,8 +294,8 @@ def main() -> None:
         f"torch {torch.__version__}, device {args.device}, threads {args.threads}, {args.algorithm}"
     )
     if args.kstep:
-        if args.algorithm not in ("sac", "td3", "ddpg"):
-            parser.error("--kstep times an off-policy algorithm: --algorithm sac, td3 or ddpg")
+        if args.algorithm not in ("sac", "td3", "ddpg", "dqn"):
+            parser.error("--kstep times an off-policy algorithm: --algorithm sac, td3, ddpg or dqn")
         # One process times every size: more programs of one function than a pod compiles
         # (dynamo's default limit, 8, would turn the later rows eager).
         torch._dynamo.config.recompile_limit = 64

@@ -106,6 +106,19 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+# The same, for population pods (arms podium-pop, podium-pairs; issue 34): PBT over the learning
+# rate and soft-update rate only. A population's agents share their batch size (it shapes the
+# minibatch tensors), so a spec whose search space draws it is refused for population pods;
+# every arm of this task, Ray's too, gets the same narrower space.
+_path, _sac = TASKS["HalfCheetah-v5-sac"]
+TASKS["HalfCheetah-v5-sac-pop"] = (
+    _path,
+    {
+        **copy.deepcopy(_sac),
+        "name": "halfcheetah-sac-pop",
+        "search_space": {k: v for k, v in _sac["search_space"].items() if k != "batch_size"},
+    },
+)
 
 
 # --- the shared settings ---------------------------------------------------------------------

@@ -292,9 +292,15 @@ class Reconciler:
         for p in ps:
             if p.live:
                 continue
-            # Before the backend forgets the pod (and its log); nobody asks for a deleted one's.
-            tail = self._keep_log(exp.id, p) if exp.intent != st.DELETE else ""
-            if self.store.mark_handled(exp.id, p.pod_id):
+            # Its log is kept before the pod is marked handled, so that a crash or a failed log
+            # read in between leaves the whole hand-in to the next pass (keeping it again writes
+            # the same record); and before the backend forgets the pod (and its log). Only
+            # while it is not handled: a handed-in pod listed again (Kubernetes' watch shows it
+            # once more while it is deleted, terminating, its log gone) would overwrite its
+            # record with an empty "stopped" one. Nobody asks for a deleted experiment's logs.
+            first = not self.store.handled(exp.id, p.pod_id)
+            tail = self._keep_log(exp.id, p) if first and exp.intent != st.DELETE else ""
+            if first and self.store.mark_handled(exp.id, p.pod_id):
                 if exp.spec.budget.total_env_steps is not None:
                     self._ended_at[exp.id] = time.monotonic()  # see _steps_counted
                 ended = status.state in st.TERMINAL  # possibly earlier in this pass

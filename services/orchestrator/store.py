@@ -484,6 +484,10 @@ return 1
         """True the first time a finished pod is handed in (so it is counted exactly once)."""
         return bool(self.r.sadd(self._k("handled", exp_id), pod_id))
 
+    def handled(self, exp_id: str, pod_id: str) -> bool:
+        """Whether a finished pod was handed in already (``mark_handled``)."""
+        return bool(self.r.sismember(self._k("handled", exp_id), pod_id))
+
     # -- ended pods' logs -------------------------------------------------------------------
     def keep_pod_log(self, exp_id: str, record: EndedPodLog, keep: int) -> bool:
         """Keep an ended pod's last log lines with its experiment (the newest ``keep`` pods'

@@ -29,7 +29,8 @@ names what is wrong), 1 when training fails (the error is the last log line).
   a Unix socket there and runs the pod's round loop; the worker and the evaluator connect, build
   their env and policy from the config the learner sends, and act on its requests, with weights and
   rollouts in shared-memory files beside the socket (services/pod/roles/multiprocess.py,
-  services/pod/roles/transport.py). A worker or evaluator needs only the roles directory; it exits 0
+  services/pod/roles/transport.py). A worker or evaluator needs only the roles directory (and,
+  like the learner, the pod's compile cache: ``PODIUM_COMPILE_CACHE_DIR``); it exits 0
   when the learner says stop or goes away, and keeps serving after a SIGTERM until then (the learner
   still needs the evaluator for its final report). The learner fails the pod (exit 1) when a role
   fails, exits or stops answering for ``PODIUM_ROLES_TIMEOUT_S``.
@@ -51,15 +52,31 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.contracts.spec import ExperimentSpec, describe_errors
 from services.logs import configure, get_logger
+from services.pod.runtime.compile_cache import use_compile_cache  # imports no torch
 
 log = get_logger("services.pod")
 S = TypeVar("S", bound=BaseSettings)
 
 
-class RoleSettings(BaseSettings):
-    """What every role process reads (a worker or evaluator needs nothing else)."""
+class CacheSettings(BaseSettings):
+    """Where every process of a pod (whatever its role) keeps torch.compile's cache."""
 
     model_config = SettingsConfigDict(env_prefix="PODIUM_", extra="ignore")
+
+    pod_dir: Path | None = None
+    compile_cache_dir: Path | None = Field(
+        default=None,
+        description="torch.compile's (inductor's) cache, on a volume that outlives the pod so "
+        "that a restart or a PBT child loads compiled programs instead of compiling; unset: "
+        "<pod_dir>/compile-cache, or torch's default (lost with the container) without one.",
+    )
+
+    def compile_cache(self) -> Path | None:
+        return self.compile_cache_dir or (self.pod_dir and self.pod_dir / "compile-cache")
+
+
+class RoleSettings(CacheSettings):
+    """What every role process reads (a worker or evaluator needs nothing else)."""
 
     roles_dir: Path = Field(
         default=Path("/dev/shm/podium-roles"),
@@ -88,7 +105,6 @@ class PodSettings(RoleSettings):
     spec: str = Field(description="The experiment spec as JSON.")
     leaderboard_url: str = Field(description="http://leaderboard:8001")
     api_token: SecretStr | None = None
-    pod_dir: Path | None = None
     cpu: float = Field(default=1.0, gt=0)
     gpus: int = Field(default=0, ge=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
@@ -110,12 +126,6 @@ class PodSettings(RoleSettings):
         default=None,
         description="Where the pod writes its TensorBoard event files (its curves and "
         "hyperparameters); unset: none written.",
-    )
-    compile_cache_dir: Path | None = Field(
-        default=None,
-        description="torch.compile's (inductor's) cache, on a volume that outlives the pod so "
-        "that a restart or a PBT child loads compiled programs instead of compiling; unset: "
-        "<pod_dir>/compile-cache, or torch's default (lost with the container) without one.",
     )
 
 
@@ -180,6 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    # Before the role branch: a split pod's worker and evaluator containers compile too and
+    # must load what the pod compiled, not fill torch's default under /tmp that dies with
+    # them. Before torch is imported (its inductor config reads the cache switches at import).
+    try:
+        cache = _read_settings(CacheSettings)
+    except BadInputError as exc:
+        log.error("bad input", error=str(exc))
+        return 2
+    use_compile_cache(cache.compile_cache())
     if args.role in ("worker", "evaluator"):
         return _serve_role(args)
     try:
@@ -187,11 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     except BadInputError as exc:
         log.error("bad input", error=str(exc))
         return 2
-    from services.pod.runtime.compile_cache import use_compile_cache
-
-    # Before torch is imported (its inductor config reads the cache switches at import).
-    cache = settings.compile_cache_dir or (settings.pod_dir and settings.pod_dir / "compile-cache")
-    use_compile_cache(cache)
     # Imported after the environment is checked: torch takes a second or two to import.
     from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
 

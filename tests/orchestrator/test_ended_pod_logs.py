@@ -4,15 +4,21 @@ experiment. Local backend, real stand-in pod processes, real Redis, the real lea
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import redis
 from fastapi.testclient import TestClient
 
+from services.contracts.spec import ExperimentSpec
 from services.orchestrator.app import create_app
-from services.orchestrator.reconciler import last_bytes
+from services.orchestrator.backends.base import Backend, PodInfo, PodRequest
+from services.orchestrator.leaderboard_client import NoLeaderboard
+from services.orchestrator.reconciler import Reconciler, last_bytes
+from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
+from services.orchestrator.store import Store
 from tests.orchestrator.conftest import TOKEN, spec, wait_for
 
 CRASH = "simulated crash: CUDA error: out of memory"
@@ -104,3 +110,68 @@ def test_last_bytes_keeps_whole_lines_within_the_limit() -> None:
     assert len(kept.encode()) <= 100 and kept.startswith("line ") and kept.endswith("099 é\n")
     assert kept == "".join(f"line {i:03d} é\n" for i in range(92, 100))
     assert last_bytes("x" * 50, 10) == "x" * 10  # one long line: its end
+
+
+class LingeringBackend(Backend):
+    """Pods in memory; a removed pod is listed once more, its log gone, as Kubernetes' pod
+    watch shows one (a late MODIFIED event, deletionTimestamp set) after the reconciler
+    deleted it, until the DELETED event comes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pods: dict[str, PodInfo] = {}
+        self.logs: dict[str, str] = {}
+        self.lingering: list[PodInfo] = []
+
+    def capacity(self) -> Res:
+        return Res(4.0, 0, 64 * 2**30)
+
+    def list_pods(self) -> list[PodInfo]:
+        lingering, self.lingering = self.lingering, []
+        return [*self.pods.values(), *lingering]
+
+    def create_pod(self, req: PodRequest) -> None:
+        self.pods[req.pod_id] = PodInfo(
+            req.experiment_id, req.pod_id, "Running", time.time(), req.resources
+        )
+
+    def terminate_pod(self, experiment_id: str, pod_id: str, grace_s: float) -> None:
+        self.pods[pod_id].terminating = True
+
+    def remove_pod(self, experiment_id: str, pod_id: str) -> None:
+        if (pod := self.pods.pop(pod_id, None)) is not None:
+            pod.terminating = True  # being deleted
+            self.lingering.append(pod)
+        self.logs.pop(pod_id, None)
+
+    def pod_log_tail(self, experiment_id: str, pod_id: str, lines: int = 20) -> str:
+        return self.logs.get(pod_id, "")
+
+
+def test_a_handed_in_pod_listed_again_keeps_the_log_it_ended_with(
+    make_settings: Callable[..., OrchestratorSettings], redis_url: str, flush_redis: None
+) -> None:
+    """A pod already handed in but listed again (being deleted, its log gone) is not kept
+    again: its kept record still says it crashed, with its last lines, not that it was
+    stopped with an empty log."""
+    r = redis.Redis.from_url(redis_url)
+    store, backend = Store(r), LingeringBackend()
+    rec = Reconciler(make_settings(), store, backend, NoLeaderboard())
+    body = spec(population={"min_pods": 1, "max_pods": 1})
+    exp_id, _ = store.create("linger", ExperimentSpec.model_validate(body))
+    try:
+        wait_for(lambda: rec.reconcile_once() or backend.pods)
+        [pod] = backend.pods.values()
+        pod.phase, pod.exit_code, pod.reason = "Failed", 3, "exit code 3"
+        backend.logs[pod.pod_id] = CRASH
+        rec.reconcile_once()  # handed in: its log kept, the pod removed
+        assert [(k.pod_id, k.log, k.stopped) for k in store.pod_logs(exp_id)] == [
+            (pod.pod_id, CRASH, False)
+        ]
+        rec.reconcile_once()  # listed again, terminating, its log gone
+        assert [(k.pod_id, k.log, k.stopped) for k in store.pod_logs(exp_id)] == [
+            (pod.pod_id, CRASH, False)
+        ]
+    finally:
+        rec.stop()
+        r.close()

@@ -109,6 +109,30 @@ def test_cuda_graph_replays_the_iteration_and_sees_new_hyperparameters():
     assert int(graphed.state["iteration"]) == 4
 
 
+@pytest.mark.parametrize("max_episode_steps", [3, 7, 500])
+def test_values_of_only_the_truncated_final_observations_give_the_same_advantages(
+    monkeypatch, max_episode_steps
+):
+    """The critic runs on ceil(T / max_episode_steps) final observations per env: the
+    advantages equal those from V of every final observation, truncations at every step
+    count (3: most episodes end by truncation) included."""
+    run = AnakinPPO(SMALL, [4, 6], max_episode_steps=max_episode_steps)
+    run.step()  # episodes in flight, some near their step limit
+    roll = anakin.collect(run.shape, run.state)
+    if max_episode_steps < SMALL.num_steps:
+        assert roll["truncated"].any(0).all()  # every env truncated in this rollout
+    got = anakin.advantages(run.shape, run.state["params"], roll, run.hp)
+
+    def every(shape, value, final_obs, truncated):
+        t_, p, n, d = shape.num_steps, shape.agents, shape.num_envs, shape.obs_dim
+        return value(final_obs.transpose(0, 1).reshape(p, t_ * n, d)).view(p, t_, n)
+
+    monkeypatch.setattr(anakin, "truncated_values", every)
+    want = anakin.advantages(run.shape, run.state["params"], roll, run.hp)
+    for a, b in zip(got, want, strict=True):
+        _close(a, b)
+
+
 def test_gae_as_one_weighted_sum_equals_the_recursion():
     gen = torch.Generator().manual_seed(0)
     p, t_, n = 3, 64, 5
@@ -265,6 +289,27 @@ def test_compiled_equals_eager_and_pbt_does_not_recompile(mode, config):
     child.step()
     assert counters["stats"]["unique_graphs"] == graphs
     assert float(compiled.hp["learning_rate"][0]) == pytest.approx(1e-3)
+
+    # From the third iteration on the programs run without dynamo's guards: they must still
+    # read the new hyperparameters, and a runner of another shape sharing the programs must
+    # neither break this one nor be broken.
+    assert compiled._skip_guards
+    eager.set_hyperparameters(0, {"learning_rate": 1e-3, "ent_coef": 0.0, "gamma": 0.95})
+    eager.step()
+    wider = AnakinPPO(
+        config.model_copy(update={"num_envs": 2 * config.num_envs}), [3], compile=mode
+    )
+    for _ in range(3):
+        wider.step()
+    eager.step()
+    compiled.step()
+    for name, value in eager.state["params"].items():
+        _close(compiled.state["params"][name], value, atol=1e-5, rtol=1e-4)
+    alone = AnakinPPO(wider.config, [3])
+    for _ in range(3):
+        alone.step()
+    for name, value in alone.state["params"].items():
+        _close(wider.state["params"][name], value, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.slow

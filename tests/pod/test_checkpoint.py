@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from services.pod.config import PPORunConfig
-from services.pod.training.checkpoint import CheckpointError, read_files
+from services.pod.training.checkpoint import (
+    CheckpointError,
+    read_agent_files,
+    read_files,
+    tensor_bytes,
+    write_files,
+)
 from services.pod.training.onpolicy import load_ppo_files, save_ppo_files
 from services.pod.training.presets import preset
 from tests.pod.harness import ppo_roles
@@ -129,6 +135,18 @@ def test_checkpoint_of_another_architecture_is_rejected(saved, tmp_path):
     _, other, _ = ppo_roles(cfg)
     with pytest.raises(CheckpointError, match="does not fit"):
         load_ppo_files(path, other)
+
+
+def test_files_of_another_algorithm_or_without_a_needed_file_are_refused(tmp_path):
+    """``read_agent_files``, every trainer's load check: the algorithm the files name, then
+    the tensor files the agent needs."""
+    actor = tensor_bytes({"w": torch.zeros(2)})
+    write_files(tmp_path / "a", {"actor.safetensors": actor}, {"algorithm": "ppo"})
+    assert read_agent_files(tmp_path / "a", "ppo", {"actor"}).tensors["actor"]["w"].shape == (2,)
+    with pytest.raises(CheckpointError, match="checkpoint of 'ppo', agent is 'sac'"):
+        read_agent_files(tmp_path / "a", "sac", {"actor", "critic"})  # the algorithm first
+    with pytest.raises(CheckpointError, match=r"missing \['critic', 'optimizer'\]"):
+        read_agent_files(tmp_path / "a", "ppo", {"actor", "critic", "optimizer"})
 
 
 def test_pickle_is_never_loaded(saved):

@@ -23,7 +23,14 @@ import torch
 from services.pod.config import PPORunConfig
 from services.pod.roles.multiprocess import RemoteRoles
 from services.pod.roles.role_process import RoleError, serve_role
-from services.pod.roles.transport import SOCKET, TOKEN, Channel, SharedTensors, TransportError
+from services.pod.roles.transport import (
+    SOCKET,
+    TOKEN,
+    Channel,
+    SharedTensors,
+    TransportError,
+    retire,
+)
 from services.pod.training.onpolicy import OnPolicyTrainer
 from services.pod.training.presets import preset
 from tests.pod.harness import ROOT, Leaderboard, make_spec, pod_env, ppo_roles, register
@@ -283,6 +290,34 @@ def test_roles_waiting_for_a_learner_that_needs_none_exit_cleanly(roles_dir: Pat
         assert not (roles_dir / "retired").exists()
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("role", ["worker", "evaluator"])
+def test_worker_and_evaluator_containers_use_the_pods_compile_cache(
+    roles_dir: Path, tmp_path: Path, role: str
+) -> None:
+    """A split pod's worker and evaluator containers compile too (a compiled policy, the
+    compiled evaluation): they point inductor at the pod's cache (PODIUM_COMPILE_CACHE_DIR,
+    services/pod/runtime/compile_cache.py) as the learner does, not at torch's default under
+    /tmp that dies with the container."""
+    retire(roles_dir)  # no learner will come: the role exits 0 at once
+    cache = tmp_path / "compile-cache"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR")},
+        "PODIUM_COMPILE_CACHE_DIR": str(cache),
+        "PODIUM_LOG_JSON": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "services.pod", "--role", role, "--roles-dir", str(roles_dir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    lines = [json.loads(line) for line in done.stderr.decode().strip().splitlines()]
+    [line] = [entry for entry in lines if entry["event"] == "compile cache"]
+    assert line["dir"] == str(cache) and cache.is_dir()
 
 
 def test_a_population_pod_as_three_containers_trains_in_the_learner(

@@ -1,8 +1,8 @@
 """The K-step update of off-policy agents (services/pod/algorithms/kstep.py): K updates per call
 give the weights the batched eager update gives on the same minibatches and noise (itself
-checked against single agents in test_offpolicy_population.py), compiled or not; changing a
-hyperparameter or rebuilding the agents compiles nothing new; where it cannot compile, the run
-goes on eager with one log line.
+checked against single agents in test_offpolicy_population.py), compiled or not, DQN's targets
+moving on each agent's own update count; changing a hyperparameter or rebuilding the agents
+compiles nothing new; where it cannot compile, the run goes on eager with one log line.
 
 Compiling one update costs minutes on a loaded 2-core CPU, so the tests that compile are
 ``slow``; they share one process's dynamo cache and inductor's on-disk cache.
@@ -19,9 +19,10 @@ from structlog.testing import capture_logs
 from services.pod.algorithms import kstep
 from services.pod.algorithms.compiled import compile_counters
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
+from services.pod.algorithms.dqn import DQN, DQNConfig
 from services.pod.algorithms.kstep import KStep, draw_batch, normal, should_compile_updates
 from services.pod.algorithms.sac import SAC, SACConfig
-from services.pod.algorithms.stacked import PopulationSAC, PopulationTD3
+from services.pod.algorithms.stacked import POPULATIONS, PopulationDQN, PopulationSAC, PopulationTD3
 from services.pod.algorithms.td3 import TD3, TD3Config
 from services.pod.envs.registry import make_env
 from services.pod.roles.learner import KStepLearner
@@ -38,17 +39,28 @@ TD3_HPS = [
     {"learning_rate": 3e-3, "gamma": 0.95, "tau": 0.02, "policy_noise": 0.5, "noise_clip": 0.3},
     {"learning_rate": 5e-4, "gamma": 0.9, "tau": 0.1, "policy_noise": 0.1},
 ]
+#: Soft every update, soft every 2nd and clipped hard, a hard copy every 3rd and not clipped.
+DQN_HPS = [
+    {"learning_rate": 1e-3, "gamma": 0.99, "tau": 0.05, "target_update_every": 1},
+    {"learning_rate": 3e-3, "gamma": 0.95, "tau": 0.2, "target_update_every": 2,
+     "max_grad_norm": 0.05},
+    {"learning_rate": 5e-4, "gamma": 0.9, "tau": 1.0, "target_update_every": 3,
+     "max_grad_norm": None},
+]  # fmt: skip
 BATCH, CAPACITY = 16, 40
 
 
-def _agents(algorithm: str, p: int, hidden: int = 16, device: str = "cpu") -> list:
-    env = make_env("Pendulum-v1", 1)
+def _agents(algorithm: str, p: int, hidden: int = 16, device: str = "cpu", **dqn: bool) -> list:
+    env = make_env("CartPole-v1" if algorithm == "dqn" else "Pendulum-v1", 1)
     spaces = env.single_observation_space, env.single_action_space
     env.close()
     out = []
     for i in range(p):
         torch.manual_seed(i)
-        if algorithm == "sac":
+        if algorithm == "dqn":
+            config = DQNConfig(hidden_sizes=[hidden], **{"double": True, "dueling": True, **dqn})
+            agent = DQN(*spaces, config.model_copy(update=DQN_HPS[i]))
+        elif algorithm == "sac":
             agent = SAC(*spaces, SACConfig(hidden_sizes=[hidden], **SAC_HPS[i]))
         elif algorithm == "td3":
             agent = TD3(*spaces, TD3Config(hidden_sizes=[hidden], **TD3_HPS[i]))
@@ -59,20 +71,29 @@ def _agents(algorithm: str, p: int, hidden: int = 16, device: str = "cpu") -> li
     return out
 
 
-def _stack(algorithm: str, p: int, device: str = "cpu") -> PopulationSAC | PopulationTD3:
-    agents = _agents(algorithm, p, device=device)
-    return PopulationSAC(agents) if algorithm == "sac" else PopulationTD3(agents)
+Stack = PopulationSAC | PopulationTD3 | PopulationDQN
+
+
+def _stack(algorithm: str, p: int, device: str = "cpu", **dqn: bool) -> Stack:
+    return POPULATIONS[algorithm](_agents(algorithm, p, device=device, **dqn))
 
 
 def _replay(
-    p: int, seed: int = 0, device: str = "cpu"
+    p: int, seed: int = 0, device: str = "cpu", algorithm: str = "sac"
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Random transitions: Pendulum's shapes, or CartPole's with two discrete actions."""
     g = torch.Generator().manual_seed(seed)
+    obs = 4 if algorithm == "dqn" else 3
+    action = (
+        torch.randint(0, 2, (p, CAPACITY), generator=g)
+        if algorithm == "dqn"
+        else torch.rand(p, CAPACITY, 1, generator=g) * 2 - 1
+    )
     fields = (
-        torch.randn(p, CAPACITY, 3, generator=g),
-        torch.rand(p, CAPACITY, 1, generator=g) * 2 - 1,
+        torch.randn(p, CAPACITY, obs, generator=g),
+        action,
         torch.randn(p, CAPACITY, generator=g),
-        torch.randn(p, CAPACITY, 3, generator=g),
+        torch.randn(p, CAPACITY, obs, generator=g),
         (torch.rand(p, CAPACITY, generator=g) < 0.2).float(),
     )
     # Each agent its own fill level: indices must come from its filled rows only.
@@ -80,8 +101,8 @@ def _replay(
     return tuple(f.to(device) for f in fields), filled.to(device)
 
 
-def _state(stack: PopulationSAC | PopulationTD3) -> dict[str, torch.Tensor]:
-    if isinstance(stack, PopulationSAC):
+def _state(stack: Stack) -> dict[str, torch.Tensor]:
+    if isinstance(stack, PopulationSAC | PopulationDQN):
         opt = stack.optimizer
         return {"flat": stack.flat, "targets": stack.targets, "m": opt.moments, "s": opt.steps}
     return {
@@ -96,20 +117,30 @@ def _state(stack: PopulationSAC | PopulationTD3) -> dict[str, torch.Tensor]:
     }
 
 
-def _assert_same_state(a: PopulationSAC | PopulationTD3, b: PopulationSAC | PopulationTD3):
+def _assert_same_state(a: Stack, b: Stack) -> None:
     for name, x in _state(a).items():
         torch.testing.assert_close(x, _state(b)[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def _reference(stack, fields, filled, k: int, seed: int, first: int = 1) -> None:
-    """``k`` eager batched updates (``PopulationSAC.update`` / ``PopulationTD3.update``) on the
-    minibatches and noise the K-step update draws from ``seed`` and its counter."""
+def _reference(
+    stack: Stack,
+    fields: tuple[torch.Tensor, ...],
+    filled: torch.Tensor,
+    k: int,
+    seed: int,
+    first: int | torch.Tensor = 1,
+) -> None:
+    """``k`` eager batched updates (``PopulationSAC.update`` / ``PopulationTD3.update`` /
+    ``PopulationDQN.update``) on the minibatches and noise the K-step update draws from
+    ``seed`` and its counter, numbered from ``first`` (DQN: each agent's own, (P,))."""
     seed_t = torch.tensor(seed)
     p, a = filled.shape[0], 1
     for j in range(k):
         counter = torch.tensor(j)
         batch = draw_batch(fields, filled, seed_t, counter, BATCH)
-        if isinstance(stack, PopulationSAC):
+        if isinstance(stack, PopulationDQN):
+            stack.update(batch, step=first + j)
+        elif isinstance(stack, PopulationSAC):
             noise = (
                 normal(seed_t, counter, 1, (p, BATCH, a)),
                 normal(seed_t, counter, 2, (p, BATCH, a)),
@@ -155,6 +186,62 @@ def test_eager_k_step_equals_k_batched_updates(algorithm: str, p: int) -> None:
     _assert_same_state(ours, reference)
     assert set(stats) >= {"critic_loss", "actor_loss"} and stats["critic_loss"].shape == (p,)
     assert int(run.counter) == 5
+
+
+#: Each DQN slot's number of a call's first update: a slot loaded from files goes on from its
+#: own count (6 and 2), so the three agents' targets move on different updates.
+DQN_FIRST = torch.tensor([6, 2, 1])
+
+
+@pytest.mark.parametrize(("double", "dueling"), [(False, False), (True, True)])
+def test_eager_dqn_k_step_moves_each_agents_targets_on_its_own_update_count(
+    double: bool, dueling: bool
+) -> None:
+    """Five DQN updates per call, each agent numbering them from its own first update, give
+    the weights, targets and Adam state of five ``PopulationDQN.update`` (itself checked
+    against single ``DQN`` agents) on the same minibatches: soft, clipped and hard target
+    moves each on its agent's update count."""
+    fields, filled = _replay(3, algorithm="dqn")
+    ours = _stack("dqn", 3, double=double, dueling=dueling)
+    reference = _stack("dqn", 3, double=double, dueling=dueling)
+    run = KStep(ours, fields, filled, BATCH, seed=5, compile=False)
+    stats = run(5, first=1, slot_first=DQN_FIRST)
+    _reference(reference, fields, filled, 5, seed=5, first=DQN_FIRST)
+    _assert_same_state(ours, reference)
+    assert set(stats) == {"loss"} and stats["loss"].shape == (3,)
+    # Agent 2 copies its weights into its targets every 3rd update: its 3rd, not its 6th.
+    assert not torch.allclose(ours.targets[2], ours.flat[2])
+    run(1, first=6, slot_first=DQN_FIRST + 5)
+    torch.testing.assert_close(ours.targets[2], ours.flat[2])
+
+
+def test_a_single_dqn_learner_numbers_updates_as_the_eager_single_agent() -> None:
+    """A single DQN pod's ``KStepLearner`` passes no per-slot counts: its targets move on the
+    learner's own update numbers, as ``DQN.update``'s do (a hard copy every 3rd update; three
+    calls of K = 2: one copy inside a call, update 3, one at a call's end, update 6)."""
+    from services.pod.algorithms.replay_buffer import FIELDS, Batch, ReplayBuffer
+
+    [agent] = _agents("dqn", 3)[2:]  # the hard copy every 3rd update
+    [reference] = _agents("dqn", 3)[2:]
+    buffer = ReplayBuffer(CAPACITY, (4,), (), torch.int64)
+    fields, _ = _replay(1, algorithm="dqn")
+    buffer.add(*(f[0] for f in fields))
+    learner = KStepLearner(
+        agent, buffer, torch.Generator(), 0, 1.0, BATCH, k=2, seed=9, compile=False
+    )
+    learner.learn(6)
+    assert learner.updates == 6
+    replay = tuple(getattr(buffer, name).unsqueeze(0) for name in FIELDS)
+    for j in range(6):
+        batch = draw_batch(replay, buffer.filled.view(1), torch.tensor(9), torch.tensor(j), BATCH)
+        reference.update(Batch(*(f[0] for f in batch)), torch.Generator(), j + 1)
+    learner.sync()
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(agent.state_dict()[name], value, rtol=1e-4, atol=1e-5)
+    got, want = agent.optimizer.state_dict(), reference.optimizer.state_dict()
+    for index, state in want["state"].items():
+        for key, value in state.items():
+            torch.testing.assert_close(got["state"][index][key], value, rtol=1e-4, atol=1e-6)
 
 
 def test_a_single_agent_learner_pays_k_updates_per_call_and_writes_its_agent() -> None:
@@ -221,7 +308,21 @@ def test_no_cxx_compiler_means_the_eager_loop_with_a_log_line(
         trainer.close()
 
 
-def test_dqn_has_no_compiled_update_and_says_so_when_asked_for_one() -> None:
+def test_dqn_compiles_and_an_algorithm_without_a_compiled_update_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DQN pod with ``compile: on`` pays its updates K at a time (nothing compiles before
+    its first call); one of an algorithm outside ``COMPILED`` (a plugin's) trains eager and
+    logs why."""
+    trainer = OffPolicyTrainer([_config("on", "dqn", env="CartPole-v1")])
+    try:
+        assert isinstance(trainer.learner, KStepLearner)
+        assert isinstance(trainer.learner.stack, PopulationDQN)
+    finally:
+        trainer.close()
+    from services.pod.training import offpolicy
+
+    monkeypatch.setattr(offpolicy, "COMPILED", kstep.COMPILED - {"dqn"})
     with capture_logs() as logs:
         trainer = OffPolicyTrainer([_config("on", "dqn", env="CartPole-v1")])
     try:
@@ -298,18 +399,46 @@ def test_compiled_k_step_equals_eager_k_step(algorithm: str, p: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["sac", "td3"])
+def test_compiled_dqn_k_step_equals_batched_eager_updates() -> None:
+    """The compiled DQN update (double, dueling; soft, clipped and hard targets each on its
+    agent's own count) gives ``PopulationDQN.update``'s weights, targets, Adam state and
+    losses on the same minibatches."""
+    fields, filled = _replay(3, algorithm="dqn")
+    compiled, eager = _stack("dqn", 3), _stack("dqn", 3)
+    with capture_logs() as logs:
+        got = KStep(compiled, fields, filled, BATCH, seed=5, compile=True)(
+            4, first=1, slot_first=DQN_FIRST
+        )
+    assert not [e for e in logs if e["event"].startswith("compile.")], logs
+    _reference(eager, fields, filled, 3, seed=5, first=DQN_FIRST)
+    seed, counter = torch.tensor(5), torch.tensor(3)
+    want = eager.update(draw_batch(fields, filled, seed, counter, BATCH), step=DQN_FIRST + 3)
+    _assert_same_state(compiled, eager)
+    torch.testing.assert_close(got["loss"], want["loss"], rtol=1e-4, atol=1e-5)
+
+
+def _explore(stack: Stack) -> None:
+    """PBT's explore on every hyperparameter tensor (DQN's target periods: one longer)."""
+    for value in stack.hp.values():
+        if value.is_floating_point():
+            value.mul_(0.5)
+        else:
+            value.add_(1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["sac", "td3", "dqn"])
 def test_new_hyperparameters_or_agents_compile_nothing_new(algorithm: str) -> None:
-    """PBT's explore (new learning rates, γ, τ, noise in the (P,) tensors) and exploit (the
-    agents rebuilt from other weights) reuse the compiled update."""
-    fields, filled = _replay(3)
+    """PBT's explore (new learning rates, γ, τ, noise, DQN's target periods and clips in the
+    (P,) tensors) and exploit (the agents rebuilt from other weights) reuse the compiled
+    update."""
+    fields, filled = _replay(3, algorithm=algorithm)
     stack = _stack(algorithm, 3)
     run = KStep(stack, fields, filled, BATCH, seed=5, compile=True)
     run(2, first=1)  # compiles (TD3: the critics' update and the delayed one)
     before = compile_counters()
-    for name in stack.hp:
-        stack.hp[name].mul_(0.5)
-    stats = run(2, first=3)
+    _explore(stack)
+    stats = run(2, first=3, slot_first=DQN_FIRST)
     rebuilt = _stack(algorithm, 3)
     KStep(rebuilt, fields, filled, BATCH, seed=6, compile=True)(2, first=1)
     assert compile_counters() == before

@@ -1,7 +1,8 @@
 """Off-policy populations (services/pod/training/offpolicy_population.py): P SAC (TD3, DDPG, DQN)
-agents stacked in one process update exactly as P single agents do, refuse what they cannot
-train, and learn Pendulum (DQN: CartPole). The save/load contract (a slot's files are a single
-agent pod's) is in tests/pod/test_trainers.py."""
+agents stacked in one process update exactly as P single agents do, train from their roles
+(worker, learner) exactly as the trainer's inline loop did, keep each slot's counters on the
+device, refuse what they cannot train, and learn Pendulum (DQN: CartPole). The save/load
+contract (a slot's files are a single agent pod's) is in tests/pod/test_trainers.py."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ from typing import Any
 import pytest
 import torch
 from pydantic import ValidationError
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.spec import ExperimentSpec
+from services.pod.algorithms.kstep import KStep
 from services.pod.algorithms.replay_buffer import Batch
 from services.pod.algorithms.sac import SAC, SACConfig
 from services.pod.envs.registry import make_env
+from services.pod.training import offpolicy_population
 from services.pod.training.checkpoint import read_files
 from services.pod.training.fit import build as build_single
-from services.pod.training.offpolicy_population import OffPolicyPopulationTrainer, PopulationSAC
+from services.pod.training.offpolicy_population import (
+    OffPolicyPopulationTrainer,
+    PopulationDQN,
+    PopulationSAC,
+)
 from services.pod.training.presets import pod_config, preset
-from services.pod.training.trainer import trainer_class
+from services.pod.training.trainer import Counters, trainer_class
 from tests.pod.harness import Leaderboard, download, register, runtime, submit_outside_parent
 
 HPS = [
@@ -437,3 +445,229 @@ def test_a_sac_population_pod_exploits_a_single_sac_pods_files(
     directory = download(leaderboard, children[0], tmp_path / "child")
     counters = read_files(directory).documents["counters"]
     assert counters["env_steps"] == parent.env_steps + 1280
+
+
+# -- the roles train as the inline loop did ------------------------------------------------------
+def tiny(algorithm: str, **loop: Any) -> list[dict[str, Any]]:
+    """Two agents of ``algorithm`` with their own learning rates and τ (DQN: ε floors and target
+    periods too), a fractional update-to-data ratio, a replay ring that wraps, and (Pendulum)
+    episodes of 25 steps."""
+    env = "CartPole-v1" if algorithm == "dqn" else "Pendulum-v1"
+    base = {
+        **preset(algorithm, env),
+        "num_envs": 4,
+        "learning_starts": 32,
+        "batch_size": 16,
+        "buffer_size": 256,
+        "updates_per_step": 0.375,
+        "eval_episodes": 2,
+        "compile": "off",
+        "env_kwargs": {} if algorithm == "dqn" else {"max_episode_steps": 25},
+        **loop,
+    }
+    agent = {**base[algorithm], "hidden_sizes": [32, 32]}
+    hps: list[dict[str, Any]] = [
+        {"learning_rate": 1e-3, "tau": 0.02},
+        {"learning_rate": 3e-3, "tau": 0.05},
+    ]
+    if algorithm == "dqn":  # ε decays within the run; the targets move on each slot's period
+        hps[0] |= {"exploration_steps": 300, "target_update_every": 3}
+        hps[1] |= {"exploration_steps": 500, "target_update_every": 5, "epsilon_end": 0.1}
+    return [{**base, "seed": 3 + i, algorithm: {**agent, **hp}} for i, hp in enumerate(hps)]
+
+
+def inline_loop(
+    trainer: OffPolicyPopulationTrainer, steps: int, kstep: KStep | None = None
+) -> tuple[list[Counters], float, dict[str, float]]:
+    """``steps`` steps of ``trainer``'s agents, env, replay and generator by the loop the trainer
+    wrote inline before it was built from roles (worker, learner): the reference its roles must
+    match bit for bit. Returns each slot's counters, the update debt and the progress record."""
+    cfg, p, n = trainer.config(0), trainer.size, trainer.step_env_steps
+    pop, replay, gen, env = trainer.population, trainer.replay, trainer.generator, trainer.env
+    offsets = [trainer.counters(i) for i in range(p)]  # its clock is at zero
+    env_steps = updates = 0
+    debt = 0.0
+    returns = torch.zeros((), dtype=torch.float64)
+    episodes = torch.zeros((), dtype=torch.int64)
+    stats: dict[str, torch.Tensor] = {}
+
+    def slot_counts(field: str, clock: int) -> torch.Tensor:
+        return torch.tensor([getattr(o, field) + clock for o in offsets])
+
+    obs, _ = env.reset(seed=cfg.seed)
+    pop.end_episodes(torch.ones(p * n, dtype=torch.bool))
+    for _ in range(steps):
+        if env_steps < cfg.learning_starts:
+            action = pop.template.random_action(p * n, gen).view(p, n, *pop.action_shape)
+        else:
+            action = pop.explore(obs.view(p, n, -1), gen, slot_counts("env_steps", env_steps))
+        flat = action.reshape(p * n, *pop.action_shape)
+        next_obs, reward, terminated, truncated, info = env.step(pop.template.to_env(flat))
+        final = info["final_obs"].view(p, n, -1)
+        replay.add(obs.view(p, n, -1), action, reward.view(p, n), final, terminated.view(p, n))
+        obs = next_obs
+        returns += info["episode_return"].sum()
+        done = terminated | truncated
+        episodes += done.sum()
+        pop.end_episodes(done)
+        env_steps += n
+        if env_steps < cfg.learning_starts:
+            continue
+        debt += n * cfg.updates_per_step
+        if kstep is not None:  # DQN's is newer than the loop: it numbers each slot's own
+            while debt >= cfg.updates_per_call:
+                debt -= cfg.updates_per_call
+                dqn = isinstance(pop, PopulationDQN)
+                first = [slot_counts("updates", updates + 1)] if dqn else []
+                stats = kstep(cfg.updates_per_call, updates + 1, *first)
+                updates += cfg.updates_per_call
+            continue
+        owed = int(debt)
+        debt -= owed
+        for _ in range(owed):
+            updates += 1
+            batch = replay.sample(cfg.batch_size, gen)
+            dqn = isinstance(pop, PopulationDQN)
+            stats = pop.update(batch, gen, slot_counts("updates", updates) if dqn else updates)
+    record = {k: float(v.mean()) for k, v in stats.items()}
+    if int(episodes):
+        record["train_return"] = float(returns) / int(episodes)
+    counters = [Counters(o.env_steps + env_steps, o.updates + updates) for o in offsets]
+    return counters, debt, record
+
+
+def eager_k_step(trainer: OffPolicyPopulationTrainer) -> KStep:
+    """The trainer's K-step update, run eagerly (compiling it takes minutes on a CPU)."""
+    kstep = trainer.learner.kstep
+    assert kstep is not None
+    kstep.compile = False
+    return kstep
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "k"), [("sac", 0), ("td3", 0), ("dqn", 0), ("sac", 4), ("td3", 3), ("dqn", 4)]
+)
+def test_the_roles_train_exactly_as_the_inline_loop_did(
+    algorithm: str, k: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A population whose slot 1 was loaded from files 80 env steps and some updates on (so its
+    counters, which DQN's ε schedule and target period run on, are offset from the others'),
+    trained 60 steps (k: K updates per call, the compiled path's schedule, run eagerly), ends
+    with the weights, Adam state, replay, random stream, counters, update debt and progress of
+    the inline loop's run from the same start."""
+    raw = tiny(algorithm, **({"updates_per_call": k} if k else {}))
+    parent = build(raw)
+    for _ in range(20):
+        parent.step()
+    parent.save(0, tmp_path / "parent")
+    parent.close()
+    if k:
+        monkeypatch.setattr(offpolicy_population, "compile_updates", lambda *_: True)
+    ours, reference = build(raw), build(raw)
+    for trainer in (ours, reference):
+        trainer.load(1, tmp_path / "parent", trainer.config(1))
+    try:
+        if k:
+            eager_k_step(ours)
+        for _ in range(60):
+            ours.step()
+        kstep = eager_k_step(reference) if k else None
+        counters, debt, record = inline_loop(reference, 60, kstep)
+        assert [ours.counters(i) for i in range(2)] == counters
+        assert counters[1].env_steps == 80 + 240 and counters[0].updates >= 76
+        assert ours.progress() == record and "train_return" in record
+        for i in range(2):
+            ours.save(i, tmp_path / f"ours{i}")
+            reference.save(i, tmp_path / f"reference{i}")
+            got, want = read_files(tmp_path / f"ours{i}"), read_files(tmp_path / f"reference{i}")
+            assert got.tensors.keys() == want.tensors.keys()
+            for name, tensors in want.tensors.items():
+                for key, value in tensors.items():
+                    assert torch.equal(got.tensors[name][key], value), f"slot {i}: {name}.{key}"
+            assert got.documents["counters"] == {
+                "env_steps": counters[i].env_steps,
+                "updates": counters[i].updates,
+                "update_debt": debt,
+            }
+    finally:
+        ours.close()
+        reference.close()
+
+
+class _HostTensors(TorchDispatchMode):
+    """Records each tensor made from host data (``torch.tensor`` of Python numbers): on an
+    accelerator, a copy from the host, and a wait for it, on every call."""
+
+    _MADE = frozenset({"lift_fresh", "lift_fresh_copy"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[str] = []
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if not self.paused and func.overloadpacket.__name__ in self._MADE:
+            self.made.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("algorithm", ["sac", "dqn"])
+def test_a_step_makes_no_tensor_from_host_counters(algorithm: str, tmp_path: Path) -> None:
+    """Each slot's counters (DQN's ε schedule and target period run on them, a loaded slot's
+    offset included) and the replay's write positions stay on the device: the trainer made a
+    (P,) tensor of each from Python ints every env step (and every DQN update)."""
+    raw = tiny(algorithm)
+    parent = build(raw)
+    for _ in range(10):
+        parent.step()
+    parent.save(0, tmp_path / "parent")
+    parent.close()
+    trainer = build(raw)
+    try:
+        trainer.load(1, tmp_path / "parent", trainer.config(1))  # 40 env steps ahead
+        for _ in range(10):  # past learning_starts: the steps explore and update
+            trainer.step()
+        with _HostTensors() as mode:
+            updates = trainer.updates
+            for _ in range(3):
+                trainer.step()
+        assert trainer.updates > updates
+        assert mode.made == []
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
+def test_a_compiled_dqn_population_trains_and_a_slot_loads_into_a_single_dqn_pod(
+    tmp_path: Path,
+) -> None:
+    """``compile: on`` reaches a DQN population pod end to end: its learner pays the owed
+    updates ``updates_per_call`` at a time through the compiled K-step update, nothing falls
+    back, and a slot's training files load into a single-agent DQN pod with the slot's weights."""
+    from structlog.testing import capture_logs
+
+    from services.pod.training.offpolicy import OffPolicyConfig, OffPolicyTrainer
+
+    raw = tiny("dqn", compile="on", updates_per_call=3)
+    trainer = build(raw)
+    try:
+        assert trainer.learner.kstep is not None
+        with capture_logs() as logs:
+            for _ in range(40):
+                trainer.step()
+        assert not [e for e in logs if e["event"].startswith("compile.")], logs
+        assert trainer.updates > 0 and trainer.updates % 3 == 0
+        assert torch.equal(trainer.learner.slot_updates, torch.full((2,), trainer.updates))
+        trainer.save(1, tmp_path / "slot")
+        config = OffPolicyConfig.model_validate({**raw[1], "compile": "off"})
+        single = OffPolicyTrainer([config])
+        try:
+            single.load(0, tmp_path / "slot", config)
+            slot = trainer._view(config).agent
+            trainer.population.get(1, slot)
+            for name, value in slot.state_dict().items():
+                torch.testing.assert_close(single.agent.state_dict()[name], value, msg=name)
+        finally:
+            single.close()
+    finally:
+        trainer.close()

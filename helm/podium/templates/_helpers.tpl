@@ -82,26 +82,33 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- include "podium.image" (list .Values.image.controlPlane .) }}
 {{- end }}
 
+{{/* The release's CPU build of the pod image (appVersion-cpu: CPU torch, no CUDA libraries):
+image.pod's repository, the one place the -cpu tag is written. */}}
+{{- define "podium.podImageCpuBuild" -}}
+{{- include "podium.image" (list (merge (dict "tag" (printf "%s-cpu" .Chart.AppVersion)) .Values.image.pod) .) }}
+{{- end }}
+
 {{/* Training pods' image. Its default tag is the release's CUDA build (appVersion) where pods
 may get GPUs (orchestrator.limits.maxPodGpus > 0: a CPU build there would hold the GPUs and
-train on the CPU), else its CPU build (appVersion-cpu, no CUDA libraries to pull). A tag or
-digest given in image.pod wins. */}}
+train on the CPU), else its CPU build (podium.podImageCpuBuild). A tag or digest given in
+image.pod wins. */}}
 {{- define "podium.podImage" -}}
 {{- $img := .Values.image.pod }}
 {{- if and (not $img.tag) (not $img.digest) (eq (int .Values.orchestrator.limits.maxPodGpus) 0) }}
-{{- $img = merge (dict "tag" (printf "%s-cpu" .Chart.AppVersion)) $img }}
-{{- end }}
+{{- include "podium.podImageCpuBuild" . }}
+{{- else }}
 {{- include "podium.image" (list $img .) }}
+{{- end }}
 {{- end }}
 
 {{/* Image of the training pods that request no GPU (PODIUM_POD_IMAGE_CPU): the release's CPU
-build (appVersion-cpu) beside its default CUDA build, so a CPU pod pulls no CUDA libraries.
-Empty (every pod runs podium.podImage) where image.pod names a tag or digest (the one image
-you pinned) or where no pod may get a GPU (podium.podImage is the CPU build already). */}}
+build (podium.podImageCpuBuild) beside its default CUDA build, so a CPU pod pulls no CUDA
+libraries. Empty (every pod runs podium.podImage) where image.pod names a tag or digest (the
+one image you pinned) or where no pod may get a GPU (podium.podImage is the CPU build already). */}}
 {{- define "podium.podImageCpu" -}}
 {{- $img := .Values.image.pod }}
 {{- if and (not $img.tag) (not $img.digest) (gt (int .Values.orchestrator.limits.maxPodGpus) 0) }}
-{{- include "podium.image" (list (merge (dict "tag" (printf "%s-cpu" .Chart.AppVersion)) $img) .) }}
+{{- include "podium.podImageCpuBuild" . }}
 {{- end }}
 {{- end }}
 

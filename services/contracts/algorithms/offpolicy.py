@@ -32,10 +32,10 @@ class ReplayLoopConfig(BaseModel):
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="torch.compile the gradient update (SAC, TD3, DDPG), paid updates_per_call "
-        "updates at a time (one CUDA graph per call on a GPU); auto: where it measured faster "
-        "over the run's updates (services/pod/algorithms/kstep.py). Falls back to eager, "
-        "logged, where it cannot compile.",
+        description="torch.compile the gradient update (SAC, TD3, DDPG, DQN), paid "
+        "updates_per_call updates at a time (one CUDA graph per call on a GPU); auto: where it "
+        "measured faster over the run's updates (services/pod/algorithms/kstep.py). Falls back "
+        "to eager, logged, where it cannot compile.",
     )
     updates_per_call: int = Field(
         8,

@@ -1,8 +1,10 @@
 """Adam for P agents at once: each agent's parameters one row of a (P, N) tensor, each its own
-learning rate and step count; PBT's copy of one row from another.
+learning rate and step count; PBT's copy of one row from another; one row to and from a single
+agent's ``torch.optim.Adam`` state (``load_row``, ``row_state``).
 
-The population of PPO agents (services/pod/training/population.py) and the portfolio
-gradient's agents (services/pod/trading/portfolio_gradient.py) step their agents with it. The
+The population of PPO agents (services/pod/training/population.py), the off-policy stacks
+(services/pod/algorithms/stacked.py) and the portfolio gradient's agents
+(services/pod/trading/portfolio_gradient.py) step their agents with it. The
 update is torch.optim.Adam's for every agent alone (tests/pod/algorithms/test_batched_adam.py
 checks it against P separate ``torch.optim.Adam``): torch's fused Adam kernel, in one call for
 all rows (each a contiguous tensor with its own step count), runs with a learning rate of 1
@@ -12,6 +14,9 @@ agent's learning rate is the agent's step. One kernel for the whole population, 
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -94,3 +99,42 @@ class BatchedAdam:
         self.params[dst] = self.params[src]
         self.moments[:, dst] = self.moments[:, src]
         self.steps[dst] = self.steps[src]
+
+    @torch.no_grad()
+    def load_row(
+        self, i: int, params: Sequence[torch.Tensor], state: Mapping[torch.Tensor, Any]
+    ) -> None:
+        """Row ``i``'s moments and step count from a single agent's ``torch.optim.Adam``
+        ``state`` of ``params`` (the row's tensors, in its order); zeros where that optimiser
+        never stepped them (a TD3 actor before its first delayed update)."""
+        if all(t in state and "step" in state[t] for t in params):
+            self.steps[i] = float(state[params[0]]["step"])
+            for k, key in enumerate(("exp_avg", "exp_avg_sq")):
+                self.moments[k, i] = torch.cat([state[t][key].flatten() for t in params])
+        else:
+            self.steps[i] = 0.0
+            self.moments[:, i] = 0.0
+
+    @torch.no_grad()
+    def row_state(
+        self, i: int, params: Sequence[torch.Tensor]
+    ) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
+        """Row ``i`` as a single agent's ``torch.optim.Adam`` holds the state of ``params``
+        (the row's tensors, in its order): copies, each shaped as its tensor; empty where the
+        row never stepped (so that agent's optimiser starts as a fresh one)."""
+        steps = float(self.steps[i])
+        if steps == 0:
+            return {}
+        out, offset = {}, 0
+        for t in params:
+            part = slice(offset, offset + t.numel())
+            out[t] = {
+                # As torch's fused Adam keeps it: a float32 tensor on the parameter's device.
+                "step": torch.tensor(steps, dtype=torch.float32, device=t.device),
+                "exp_avg": self.moments[0, i, part].view(t.shape).clone(),
+                "exp_avg_sq": self.moments[1, i, part].view(t.shape).clone(),
+            }
+            offset += t.numel()
+        if offset != self.params.shape[1]:
+            raise ValueError(f"params hold {offset} numbers, a row {self.params.shape[1]}")
+        return out

@@ -2,15 +2,18 @@
 (Fast PBT, Flajolet et al. 2022; LeanRL's compiled SAC and TD3), for a stack of P agents
 (services/pod/algorithms/stacked.py; a single agent is a stack of one).
 
-One update is everything ``SAC.update`` / ``TD3.update`` / ``DDPG.update`` does, in one
-``torch.compile(fullgraph=True)`` function: the minibatch indices drawn from each agent's
-filled rows, the noise draws, critic, actor (TD3: every ``policy_delay``-th update) and
-temperature losses, their gradients (``torch.func.grad``), Adam, and the targets' Polyak
-average. Nothing in it reads the host or allocates state: weights, targets, Adam's moments and
-step counts, the random counter and the fill levels are tensors updated in place, and the
-hyperparameters PBT varies (learning rate, γ, τ, target entropy, policy noise) are (P,) tensors,
-so a PBT explore changes numbers, never the program. On a GPU the K updates of one call are
-captured as one CUDA graph (``torch.cuda.graph``) and replayed, one launch per call.
+One update is everything ``SAC.update`` / ``TD3.update`` / ``DDPG.update`` / ``DQN.update``
+does, in one ``torch.compile(fullgraph=True)`` function: the minibatch indices drawn from each
+agent's filled rows, the noise draws, critic, actor (TD3: every ``policy_delay``-th update) and
+temperature losses (DQN: the Huber TD loss, double or not, and each agent's gradient clip),
+their gradients (``torch.func.grad``), Adam, and the targets' move (DQN: each agent's on its
+own update count, every ``target_update_every``-th). Nothing in it reads the host or allocates
+state: weights, targets, Adam's moments and step counts, the random counter, the fill levels
+and DQN's update counts are tensors updated in place, and the hyperparameters PBT varies
+(learning rate, γ, τ, target entropy, policy noise; DQN's target period and gradient clip) are
+(P,) tensors, so a PBT explore changes numbers, never the program. On a GPU the K updates of
+one call are captured as one CUDA graph (``torch.cuda.graph``) and replayed, one launch per
+call.
 
 Why one update per compiled program and not K: inductor's compile time grows faster than
 linearly with the unrolled graph (docs/benchmarks.md, "Off-policy K-step updates"), and a
@@ -45,8 +48,13 @@ from services.pod.algorithms.compiled import Compiled, CompileMode, compiler_mis
 from services.pod.algorithms.counter_random import normal, uniform
 from services.pod.algorithms.replay_buffer import Batch
 from services.pod.algorithms.stacked import (
+    Layout,
+    PopulationDQN,
     PopulationSAC,
     PopulationTD3,
+    clip_rows_,
+    dqn_loss,
+    move_dqn_targets_,
     sac_losses,
     td3_actor_loss,
     td3_critic_loss,
@@ -55,9 +63,8 @@ from services.pod.algorithms.stacked import (
 log = get_logger(__name__)
 
 
-#: The algorithms with a compiled K-step update (DQN, a population of it included, and plugins
-#: train eager).
-COMPILED: frozenset[str] = frozenset({"sac", "td3", "ddpg"})
+#: The algorithms with a compiled K-step update (plugins train eager).
+COMPILED: frozenset[str] = frozenset({"sac", "td3", "ddpg", "dqn"})
 
 
 # -- when ``auto`` compiles ------------------------------------------------------------------
@@ -84,6 +91,8 @@ class UpdatesRule:
 #: 2-core machine) pays only over tens of thousands of updates, more than a CI-sized run has.
 #: CUDA: an H200, where the K updates of a call replay as one CUDA graph: it pays within a few
 #: thousand updates.
+#: DQN reads the same rows: its CPU break-even, measured alike, is in the SAC row's range and
+#: decides the same way; on CUDA it is unmeasured.
 AUTO_UPDATES: dict[str, UpdatesRule | None] = {
     "cpu": UpdatesRule(eager_ms=8.11, compiled_ms=6.74, compile_s=91.0),
     "cuda": UpdatesRule(eager_ms=5.93, compiled_ms=0.33, compile_s=21.0),
@@ -149,36 +158,21 @@ def adam_(
 
 
 # -- one update of a stack (compiled) --------------------------------------------------------------
-#: Where each of one agent's tensors lies in a row of a flat (P, N) tensor: state-dict names,
-#: shapes and column offsets (``stacked._Layout`` as constants a program is specialised on).
-Layout = tuple[tuple[str, ...], tuple[tuple[int, ...], ...], tuple[int, ...]]
-
-
-def layout_of(layout: Any) -> Layout:
-    return (tuple(layout.names), tuple(tuple(s) for s in layout.shapes), tuple(layout.offsets))
-
-
 @dataclass(frozen=True)
 class Shape:
-    """What an update's program is specialised on besides tensor shapes: the agents' layouts,
-    the batch size and the algorithm's switch."""
+    """What an update's program is specialised on besides tensor shapes: the agents' layouts
+    (constants: a stack rebuilt with the same shapes compares equal), the batch size and the
+    algorithm's switch."""
 
-    #: SAC: the trainable weights (actor, log α, critics); TD3 / DDPG: the critics.
+    #: SAC: the trainable weights (actor, log α, critics); TD3 / DDPG: the critics; DQN: the
+    #: Q-networks (and their targets).
     layout: Layout
-    #: SAC: the critics' targets; TD3 / DDPG: the actor.
+    #: SAC: the critics' targets; TD3 / DDPG: the actor; DQN: ``layout`` again.
     other: Layout
     batch_size: int
     action_dim: int
-    flag: bool  # SAC: α is learned; TD3: target smoothing
+    flag: bool  # SAC: α is learned; TD3: target smoothing; DQN: double Q-learning
     critic_start: int = 0  # SAC: the critics' first column of the flat weights
-
-
-def _views(flat: torch.Tensor, layout: Layout, prefix: str) -> dict[str, torch.Tensor]:
-    p = flat.shape[0]
-    return {
-        name.removeprefix(prefix): flat[:, o : o + math.prod(s)].view(p, *s)
-        for name, s, o in zip(*layout, strict=True)
-    }
 
 
 def _flat_grad(grads: dict[str, torch.Tensor], keys: list[str], p: int) -> torch.Tensor:
@@ -201,8 +195,8 @@ def sac_update(
     p, b, a = flat.shape[0], shape.batch_size, shape.action_dim
     batch = draw_batch(replay, filled, seed, counter, b)
     eps_next, eps = normal(seed, counter, 1, (p, b, a)), normal(seed, counter, 2, (p, b, a))
-    params = _views(flat, shape.layout, "")
-    targets = _views(state["targets"], shape.other, "critic_target.")
+    params = shape.layout.views(flat, "")
+    targets = shape.other.views(state["targets"], "critic_target.")
     losses = vmap(partial(sac_losses, sampler, critic, shape.flag))
 
     def total(params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, tuple]:
@@ -244,10 +238,10 @@ def td3_update(
     p, b, a = state["critic"].shape[0], shape.batch_size, shape.action_dim
     batch = draw_batch(replay, filled, seed, counter, b)
     noise = normal(seed, counter, 1, (p, b, a)) if shape.flag else batch.action.new_zeros(p, b, a)
-    critic = _views(state["critic"], shape.layout, "critic.")
-    critic_t = _views(state["critic_target"], shape.layout, "critic.")
-    actor = _views(state["actor"], shape.other, "policy.actor.")
-    actor_t = _views(state["actor_target"], shape.other, "policy.actor.")
+    critic = shape.layout.views(state["critic"], "critic.")
+    critic_t = shape.layout.views(state["critic_target"], "critic.")
+    actor = shape.other.views(state["actor"], "policy.actor.")
+    actor_t = shape.other.views(state["actor_target"], "policy.actor.")
     critic_losses = vmap(
         partial(td3_critic_loss, actor_target_m, critic_target_m, critic_m, shape.flag)
     )
@@ -287,6 +281,42 @@ def td3_update(
     return stats
 
 
+def dqn_update(
+    q_module: nn.Module,
+    shape: Shape,
+    state: dict[str, torch.Tensor],
+    hp: dict[str, torch.Tensor],
+    replay: tuple[torch.Tensor, ...],
+    filled: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """One ``PopulationDQN.update`` of every agent on a minibatch it draws itself: Huber loss
+    (double Q-learning where ``shape.flag``), each agent's gradient clipped to its
+    ``max_grad_norm``, Adam, and each agent's targets moved on its own update count. ``state``:
+    ``flat``, ``targets``, ``moments``, ``steps``, ``slot_updates`` (P,) int64 (each agent's
+    count of updates before this one), ``seed``, ``counter``, updated in place. Returns each
+    agent's loss, (P,)."""
+    flat, seed, counter = state["flat"], state["seed"], state["counter"]
+    p = flat.shape[0]
+    batch = draw_batch(replay, filled, seed, counter, shape.batch_size)
+    params = shape.layout.views(flat, "policy.actor.")
+    targets = shape.other.views(state["targets"], "policy.actor.")
+    losses = vmap(partial(dqn_loss, q_module, shape.flag))
+
+    def total(params: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        loss = losses(params, targets, hp["gamma"], batch)
+        return loss.sum(), loss
+
+    grads, loss = torch.func.grad(total, has_aux=True)(params)
+    grad = clip_rows_(_flat_grad(grads, list(params), p), hp["max_grad_norm"])
+    adam_(flat, grad, state["moments"], state["steps"], hp["learning_rate"])
+    updates = state["slot_updates"]
+    updates.add_(1)
+    with torch.no_grad():
+        move_dqn_targets_(state["targets"], flat, hp, updates)
+    counter.add_(1)
+    return {"loss": loss}
+
+
 class _CompiledUpdate(Compiled):
     """``Compiled`` with static shapes (a P, batch or network change compiles a new program
     rather than a dynamic one) and no CUDA graph trees: ``KStep`` captures the K updates of a
@@ -302,6 +332,7 @@ class _CompiledUpdate(Compiled):
 #: child) or its stack reuses them; the modules are arguments, their parameters unused.
 SAC_UPDATE = _CompiledUpdate(sac_update, "sac_update")
 TD3_UPDATE = _CompiledUpdate(td3_update, "td3_update")
+DQN_UPDATE = _CompiledUpdate(dqn_update, "dqn_update")
 
 
 class KStep:
@@ -315,7 +346,7 @@ class KStep:
 
     def __init__(
         self,
-        stack: PopulationSAC | PopulationTD3,
+        stack: PopulationSAC | PopulationTD3 | PopulationDQN,
         replay: tuple[torch.Tensor, ...],
         filled: torch.Tensor,
         batch_size: int,
@@ -329,10 +360,11 @@ class KStep:
         self.seed = torch.tensor(seed, dtype=torch.int64, device=device)
         self.counter = torch.zeros((), dtype=torch.int64, device=device)
         action_dim = math.prod(stack.action_shape)
+        self.policy_delay = 1
         if isinstance(stack, PopulationSAC):
             self.shape = Shape(
-                layout_of(stack.layout),
-                layout_of(stack.target_layout),
+                stack.layout,
+                stack.target_layout,
                 batch_size,
                 action_dim,
                 stack.autotune,
@@ -347,11 +379,23 @@ class KStep:
                 "seed": self.seed,
                 "counter": self.counter,
             }
-            self.policy_delay = 1
+        elif isinstance(stack, PopulationDQN):
+            self.shape = Shape(stack.layout, stack.layout, batch_size, action_dim, stack.double)
+            self.state = {
+                "flat": stack.flat,
+                "targets": stack.targets,
+                "moments": stack.optimizer.moments,
+                "steps": stack.optimizer.steps,
+                # Each slot's own count of updates, for its target timing: set every call (a
+                # tensor the program, and a CUDA graph, reads in place).
+                "slot_updates": torch.zeros(stack.size, dtype=torch.int64, device=device),
+                "seed": self.seed,
+                "counter": self.counter,
+            }
         else:
             self.shape = Shape(
-                layout_of(stack.critic_layout),
-                layout_of(stack.actor_layout),
+                stack.critic_layout,
+                stack.actor_layout,
                 batch_size,
                 action_dim,
                 stack.smoothing,
@@ -385,6 +429,9 @@ class KStep:
         if isinstance(self.stack, PopulationSAC):
             args: tuple = (self.stack._sample, self.stack.template.critic, self.shape)
             fn = SAC_UPDATE
+        elif isinstance(self.stack, PopulationDQN):
+            args = (self.stack.template.q, self.shape)
+            fn = DQN_UPDATE
         else:
             args = (self.modules, self.shape, delayed)
             fn = TD3_UPDATE
@@ -403,9 +450,20 @@ class KStep:
             stats = {**stats, **out}
         return stats
 
-    def __call__(self, k: int, first: int) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, k: int, first: int, slot_first: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         """Updates number ``first`` to ``first + k - 1`` (1-based, as the learner counts) of
-        every agent; the stats of the last, (P,) each."""
+        every agent; the stats of the last, (P,) each. ``slot_first`` (P,), DQN's: each agent's
+        own number of this call's first update, where agents count their updates apart (a
+        population's slot loaded from files goes on from its count); its targets move on those
+        numbers. Default: ``first`` for every agent. The other algorithms ignore it."""
+        if (updates := self.state.get("slot_updates")) is not None:
+            # Outside the CUDA graph: a replay reads the tensor, the copy sets it.
+            if slot_first is None:
+                updates.fill_(first - 1)
+            else:
+                updates.copy_(slot_first.to(updates) - 1)
         if self.device.type != "cuda" or self._graph_failed is not None:
             return self._run(k, first)
         key = (k, first % self.policy_delay)

@@ -23,8 +23,9 @@ Q-networks one flat tensor, their targets a second, and its ε schedule per agen
   fill level per agent (a slot loaded from another pod's files keeps its own), sampled in one
   gather for all agents.
 
-The losses are module-level functions of the template modules and the agent's parameters, so
-that the compiled K-step update (kstep.py) runs the same code as the eager ``update``.
+The losses are module-level functions of the template modules and the agent's parameters (DQN's
+gradient clip and target move functions of the stacked tensors), so that the compiled K-step
+update (kstep.py) runs the same code as the eager ``update``.
 """
 
 from __future__ import annotations
@@ -76,28 +77,30 @@ class _Sampler(nn.Module):
         return (action, logp) if self.mode == "logp" else action
 
 
-@dataclass
-class _Layout:
-    """Where each of one agent's tensors lies in a row of a flat (P, N) tensor."""
+@dataclass(frozen=True)
+class Layout:
+    """Where each of one agent's tensors lies in a row of a flat (P, N) tensor. Frozen and of
+    plain tuples: the compiled K-step update (kstep.py) is specialised on it as a constant, and
+    a stack rebuilt with the same shapes must hash and compare equal to reuse the program."""
 
-    names: list[str]  # state-dict names of the single agent, in its optimiser's order
-    shapes: list[torch.Size]
-    offsets: list[int]
+    names: tuple[str, ...]  # state-dict names of the single agent, in its optimiser's order
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
     size: int
 
     @classmethod
-    def of(cls, names: list[str], tensors: list[torch.Tensor]) -> _Layout:
+    def of(cls, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> Layout:
         offsets, total = [], 0
         for t in tensors:
             offsets.append(total)
             total += t.numel()
-        return cls(names, [t.shape for t in tensors], offsets, total)
+        return cls(tuple(names), tuple(tuple(t.shape) for t in tensors), tuple(offsets), total)
 
     def views(self, flat: torch.Tensor, prefix: str, start: int = 0) -> dict[str, torch.Tensor]:
         """name (without ``prefix``) → (P, *shape) view of ``flat`` from column ``start``."""
         p = flat.shape[0]
         return {
-            name.removeprefix(prefix): flat[:, start + o : start + o + s.numel()].view(p, *s)
+            name.removeprefix(prefix): flat[:, start + o : start + o + math.prod(s)].view(p, *s)
             for name, s, o in zip(self.names, self.shapes, self.offsets, strict=True)
         }
 
@@ -198,6 +201,23 @@ def dqn_loss(
     return F.smooth_l1_loss(q, y)
 
 
+def clip_rows_(grad: torch.Tensor, max_norm: torch.Tensor) -> torch.Tensor:
+    """``DQN.update``'s ``clip_grad_norm_`` for every agent, in place: row p (agent p's whole
+    gradient) scaled to a norm of at most ``max_norm[p]`` (infinite: not clipped)."""
+    scale = (max_norm / (grad.norm(dim=1) + 1e-6)).clamp(max=1.0)
+    return grad.mul_(scale.unsqueeze(1))
+
+
+def move_dqn_targets_(
+    targets: torch.Tensor, online: torch.Tensor, hp: dict[str, torch.Tensor], step: torch.Tensor
+) -> None:
+    """``DQN.update``'s target move for every agent, in place: agent p's targets step towards
+    its online weights by its τ where its update number ``step[p]`` (or one for all) is a
+    multiple of its ``target_update_every``."""
+    due = torch.remainder(step, hp["target_update_every"]) == 0
+    targets.lerp_(online, (hp["tau"] * due).unsqueeze(1))
+
+
 class StackedReplay:
     """P replay buffers as (P, capacity, ...) tensors; each agent its own write position and
     fill level (host ints: the loop knows them without a sync)."""
@@ -213,7 +233,11 @@ class StackedReplay:
         self.size = [0] * p
         # The fill levels on the device too, for a compiled update that samples by itself.
         self.filled = torch.zeros(p, dtype=torch.int64, device=self.device)
+        # The write positions on the device too: ``add`` runs every env step, and a position
+        # tensor made from the host ints there would be a host-to-device copy each time.
+        self._pos = torch.zeros(p, dtype=torch.int64, device=self.device)
         self._agents = torch.arange(p, device=self.device)
+        self._offsets = torch.arange(self.capacity, device=self.device)
 
     @torch.no_grad()
     def add(self, *values: torch.Tensor) -> None:
@@ -223,13 +247,13 @@ class StackedReplay:
         if n > self.capacity:  # only the newest ``capacity`` survive
             values = tuple(v[:, n - self.capacity :] for v in values)
             n = self.capacity
-        pos = torch.tensor(self.pos, device=self.device)
-        rows = (pos.unsqueeze(1) + torch.arange(n, device=self.device)) % self.capacity
+        rows = (self._pos.unsqueeze(1) + self._offsets[:n]) % self.capacity
         for name, value in zip(FIELDS, values, strict=True):
             store = getattr(self, name)
             store[self._agents.unsqueeze(1), rows] = value.to(store.dtype)
         self.pos = [(q + n) % self.capacity for q in self.pos]
         self.size = [min(s + n, self.capacity) for s in self.size]
+        self._pos.add_(n).remainder_(self.capacity)
         self.filled.add_(n).clamp_(max=self.capacity)
 
     def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
@@ -260,6 +284,7 @@ class StackedReplay:
         for name in FIELDS:
             getattr(self, name)[i].copy_(getattr(buffer, name))
         self.pos[i], self.size[i] = buffer.pos, buffer.size
+        self._pos[i] = buffer.pos
         self.filled[i] = buffer.size
 
 
@@ -276,11 +301,11 @@ class PopulationSAC:
         self.autotune = template.config.autotune_alpha
         names = {id(t): n for n, t in template.named_parameters()}
         trainable = [*template._actor_params, *template._critic_params]
-        self.layout = _Layout.of([names[id(t)] for t in trainable], trainable)
+        self.layout = Layout.of([names[id(t)] for t in trainable], trainable)
         critics = [n for n in self.layout.names if n.startswith("critic.")]
         self.critic_start = self.layout.offsets[self.layout.names.index(critics[0])]
         targets = list(template.critic_target.named_parameters())
-        self.target_layout = _Layout.of(
+        self.target_layout = Layout.of(
             [f"critic_target.{n}" for n, _ in targets], [t for _, t in targets]
         )
         device = template.log_alpha.device
@@ -318,15 +343,7 @@ class PopulationSAC:
         self.flat[i] = torch.cat([t.detach().flatten() for t in params])
         self.targets[i] = torch.cat([t.flatten() for t in agent.critic_target.parameters()])
         self.fixed_log_alpha[i] = agent.log_alpha.detach()
-        state = agent.optimizer.state
-        opt = self.optimizer
-        if all(t in state and "step" in state[t] for t in params):
-            opt.steps[i] = float(state[params[0]]["step"])
-            for k, key in enumerate(("exp_avg", "exp_avg_sq")):
-                opt.moments[k, i] = torch.cat([state[t][key].flatten() for t in params])
-        else:  # an optimiser that never stepped
-            opt.steps[i] = 0.0
-            opt.moments[:, i] = 0.0
+        self.optimizer.load_row(i, params, agent.optimizer.state)
         self.configs[i] = agent.config
         self.set_hyperparameters(i, agent.config, agent.target_entropy)
 
@@ -352,19 +369,8 @@ class PopulationSAC:
             t.copy_(view[i])
         if not self.autotune:
             agent.log_alpha.copy_(self.fixed_log_alpha[i])
-        opt = self.optimizer
         agent.optimizer.state.clear()
-        steps = float(opt.steps[i])
-        if steps > 0:
-            m = self.layout.views(opt.exp_avg, "")
-            v = self.layout.views(opt.exp_avg_sq, "")
-            for t, name in zip(params, self.layout.names, strict=True):
-                agent.optimizer.state[t] = {
-                    # As torch's fused Adam keeps it: a float32 tensor on the parameter's device.
-                    "step": torch.tensor(steps, dtype=torch.float32, device=t.device),
-                    "exp_avg": m[name][i].clone(),
-                    "exp_avg_sq": v[name][i].clone(),
-                }
+        agent.optimizer.state.update(self.optimizer.row_state(i, params))
         for group in agent.optimizer.param_groups:
             group["lr"] = self.configs[i].learning_rate  # exact, not the float32 tensor's
 
@@ -456,8 +462,8 @@ class PopulationTD3:
         self.policy_delay = template.policy_delay
         names = {id(t): n for n, t in template.named_parameters()}
         actor, critic = template._actor_params, template._critic_params
-        self.actor_layout = _Layout.of([names[id(t)] for t in actor], actor)
-        self.critic_layout = _Layout.of([names[id(t)] for t in critic], critic)
+        self.actor_layout = Layout.of([names[id(t)] for t in actor], actor)
+        self.critic_layout = Layout.of([names[id(t)] for t in critic], critic)
         device = template.actor.scale.device
         self.actor_flat = torch.zeros(p, self.actor_layout.size, device=device)
         self.critic_flat = torch.zeros(p, self.critic_layout.size, device=device)
@@ -491,16 +497,9 @@ class PopulationTD3:
     @torch.no_grad()
     def put(self, i: int, agent: DDPG) -> None:
         """Agent ``i`` becomes ``agent``: weights, targets, Adam state, hyperparameters."""
-        state = agent.optimizer.state
         for params, flat, adam, _ in self._groups(agent):
             flat[i] = torch.cat([t.detach().flatten() for t in params])
-            if all(t in state and "step" in state[t] for t in params):
-                adam.steps[i] = float(state[params[0]]["step"])
-                for k, key in enumerate(("exp_avg", "exp_avg_sq")):
-                    adam.moments[k, i] = torch.cat([state[t][key].flatten() for t in params])
-            else:  # never stepped (an actor before its first delayed update)
-                adam.steps[i] = 0.0
-                adam.moments[:, i] = 0.0
+            adam.load_row(i, params, agent.optimizer.state)
         self.actor_target[i] = torch.cat([t.flatten() for t in agent.actor_target.parameters()])
         self.critic_target[i] = torch.cat([t.flatten() for t in agent.critic_target.parameters()])
         self.set_hyperparameters(i, agent.config)
@@ -518,16 +517,7 @@ class PopulationTD3:
         for params, flat, adam, layout in self._groups(agent):
             for t, view in zip(params, layout.views(flat, "").values(), strict=True):
                 t.copy_(view[i])
-            steps = float(adam.steps[i])
-            if steps == 0:
-                continue
-            m, v = layout.views(adam.exp_avg, ""), layout.views(adam.exp_avg_sq, "")
-            for t, name in zip(params, layout.names, strict=True):
-                agent.optimizer.state[t] = {
-                    "step": torch.tensor(steps, dtype=torch.float32, device=t.device),
-                    "exp_avg": m[name][i].clone(),
-                    "exp_avg_sq": v[name][i].clone(),
-                }
+            agent.optimizer.state.update(adam.row_state(i, params))
         for target, flat, layout in (
             (agent.actor_target, self.actor_target, self.actor_layout),
             (agent.critic_target, self.critic_target, self.critic_layout),
@@ -642,7 +632,7 @@ class PopulationDQN:
         self.n_actions = template.n_actions
         self.action_shape = template.action_shape
         names = {id(t): n for n, t in template.named_parameters()}
-        self.layout = _Layout.of([names[id(t)] for t in template._params], template._params)
+        self.layout = Layout.of([names[id(t)] for t in template._params], template._params)
         device = template._params[0].device
         self.flat = torch.zeros(p, self.layout.size, device=device)
         self.targets = torch.zeros_like(self.flat)
@@ -670,14 +660,7 @@ class PopulationDQN:
         params = agent._params
         self.flat[i] = torch.cat([t.detach().flatten() for t in params])
         self.targets[i] = torch.cat([t.flatten() for t in agent._targets])
-        state, opt = agent.optimizer.state, self.optimizer
-        if all(t in state and "step" in state[t] for t in params):
-            opt.steps[i] = float(state[params[0]]["step"])
-            for k, key in enumerate(("exp_avg", "exp_avg_sq")):
-                opt.moments[k, i] = torch.cat([state[t][key].flatten() for t in params])
-        else:  # an optimiser that never stepped
-            opt.steps[i] = 0.0
-            opt.moments[:, i] = 0.0
+        self.optimizer.load_row(i, params, agent.optimizer.state)
         self.set_hyperparameters(i, agent.config)
 
     def set_hyperparameters(self, i: int, config: Any) -> None:
@@ -696,18 +679,8 @@ class PopulationDQN:
             agent._targets, self.layout.views(self.targets, "").values(), strict=True
         ):
             t.copy_(view[i])
-        opt = self.optimizer
         agent.optimizer.state.clear()
-        steps = float(opt.steps[i])
-        if steps > 0:
-            m = self.layout.views(opt.exp_avg, "")
-            v = self.layout.views(opt.exp_avg_sq, "")
-            for t, name in zip(agent._params, self.layout.names, strict=True):
-                agent.optimizer.state[t] = {
-                    "step": torch.tensor(steps, dtype=torch.float32, device=t.device),
-                    "exp_avg": m[name][i].clone(),
-                    "exp_avg_sq": v[name][i].clone(),
-                }
+        agent.optimizer.state.update(self.optimizer.row_state(i, agent._params))
         for group in agent.optimizer.param_groups:
             group["lr"] = self.configs[i].learning_rate
 
@@ -763,14 +736,12 @@ class PopulationDQN:
         grads = torch.autograd.grad(loss.sum(), list(params.values()))
         grad = self.optimizer.grad
         torch.cat([g.reshape(p, -1) for g in grads], dim=1, out=grad)
-        with torch.no_grad():  # clip_grad_norm_ per agent: the norm of its whole gradient
-            norm = grad.norm(dim=1)
-            grad.mul_((self.hp["max_grad_norm"] / (norm + 1e-6)).clamp(max=1.0).unsqueeze(1))
+        with torch.no_grad():
+            clip_rows_(grad, self.hp["max_grad_norm"])
         self.optimizer.step()
         with torch.no_grad():
             step = torch.as_tensor(step, device=self.flat.device)
-            due = torch.remainder(step, self.hp["target_update_every"]) == 0
-            self.targets.lerp_(self.flat.detach(), (self.hp["tau"] * due).unsqueeze(1))
+            move_dqn_targets_(self.targets, self.flat.detach(), self.hp, step)
         return {"loss": loss.detach()}
 
 

@@ -9,7 +9,9 @@ learning (services/pod/roles/worker.py has the matching workers):
 * ``ReplayLearner`` (off-policy): ``updates_per_step`` updates per env step (the
   update-to-data ratio), each on a fresh minibatch sampled from the replay buffer;
   ``KStepLearner`` pays the same schedule ``updates_per_call`` updates at a time with the
-  compiled update (services/pod/algorithms/kstep.py).
+  compiled update (services/pod/algorithms/kstep.py); ``PopulationReplayLearner`` pays it for P
+  stacked agents at once (services/pod/algorithms/stacked.py), either way. The schedule itself
+  is ``UpdateSchedule``, which all three are.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from services.pod.algorithms.kstep import KStep
 from services.pod.algorithms.ppo import PPO
 from services.pod.algorithms.replay_buffer import FIELDS, Batch, ReplayBuffer
 from services.pod.algorithms.rollout import Rollout
-from services.pod.algorithms.stacked import POPULATIONS
+from services.pod.algorithms.stacked import (
+    POPULATIONS,
+    PopulationDQN,
+    PopulationSAC,
+    PopulationTD3,
+    StackedReplay,
+)
 
 
 class RolloutLearner:
@@ -75,10 +83,37 @@ class ReplayAgent(Protocol):
     ) -> dict[str, torch.Tensor]: ...
 
 
-class ReplayLearner:
-    """Pays the updates owed to the update-to-data ratio once ``learning_starts`` env steps
-    are in the buffer; counts env steps and updates (the agents' schedules, such as the
-    policy delay and target updates, count from ``updates``)."""
+class UpdateSchedule:
+    """The update-to-data ratio, as every replay learner pays it: once ``learning_starts`` env
+    steps are in, each env step owes ``updates_per_step`` updates; what is short of a whole
+    call of ``k`` updates (one update eager, ``updates_per_call`` compiled) stays owed, as
+    ``update_debt``, for the next steps. It counts the env steps seen and, by the learner that
+    pays them, the updates (the agents' schedules, such as TD3's policy delay and DQN's
+    target period, count from ``updates``)."""
+
+    def __init__(self, learning_starts: int, updates_per_step: float, k: int = 1) -> None:
+        self.learning_starts, self.updates_per_step, self.k = learning_starts, updates_per_step, k
+        self.env_steps = 0
+        self.updates = 0
+        self.update_debt = 0.0  # fractional updates owed to the update-to-data ratio
+
+    def owed(self, env_steps: int) -> int:
+        """Count ``env_steps`` new env steps; the calls of ``k`` updates now owed (taken off
+        the debt: the caller runs them and counts them in ``updates``)."""
+        self.env_steps += env_steps
+        if self.env_steps < self.learning_starts:
+            return 0
+        self.update_debt += env_steps * self.updates_per_step
+        calls = int(self.update_debt) // self.k
+        # Whole updates off a float under 2**53 are exact: the same debt as paying one call
+        # (or one update) at a time.
+        self.update_debt -= calls * self.k
+        return calls
+
+
+class ReplayLearner(UpdateSchedule):
+    """Pays the updates owed to the update-to-data ratio (``UpdateSchedule``), one at a time,
+    each on a fresh minibatch of the replay buffer."""
 
     def __init__(
         self,
@@ -89,24 +124,15 @@ class ReplayLearner:
         updates_per_step: float,
         batch_size: int,
     ) -> None:
+        super().__init__(learning_starts, updates_per_step)
         self.agent, self.buffer, self.generator = agent, buffer, generator
-        self.learning_starts, self.updates_per_step = learning_starts, updates_per_step
         self.batch_size = batch_size
-        self.env_steps = 0
-        self.updates = 0
-        self.update_debt = 0.0  # fractional updates owed to the update-to-data ratio
 
     def learn(self, env_steps: int) -> dict[str, torch.Tensor]:
         """Count ``env_steps`` new env steps, then run the updates they owe; the last
         update's statistics (empty when none ran)."""
-        self.env_steps += env_steps
         stats: dict[str, torch.Tensor] = {}
-        if self.env_steps < self.learning_starts:
-            return stats
-        self.update_debt += env_steps * self.updates_per_step
-        owed = int(self.update_debt)
-        self.update_debt -= owed
-        for _ in range(owed):
+        for _ in range(self.owed(env_steps)):
             self.updates += 1
             batch = self.buffer.sample(self.batch_size, self.generator)
             stats = self.agent.update(batch, self.generator, self.updates)
@@ -162,13 +188,8 @@ class KStepLearner(ReplayLearner):
         self._agent_tensors, self._slot_tensors = self.stack.weights(0, agent)
 
     def learn(self, env_steps: int) -> dict[str, torch.Tensor]:
-        self.env_steps += env_steps
-        if self.env_steps < self.learning_starts:
-            return {}
-        self.update_debt += env_steps * self.updates_per_step
         stats: dict[str, torch.Tensor] = {}
-        while self.update_debt >= self.k:
-            self.update_debt -= self.k
+        for _ in range(self.owed(env_steps)):
             stats = self.kstep(self.k, self.updates + 1)
             self.updates += self.k
         if stats:  # the actor reads the new weights once per call
@@ -182,3 +203,77 @@ class KStepLearner(ReplayLearner):
     def reloaded(self, seed: int) -> None:
         self.stack.put(0, self.agent)
         self.kstep.reseed(seed)
+
+
+class PopulationReplayLearner(UpdateSchedule):
+    """The learner of P stacked agents and their ``StackedReplay``: the schedule of a single
+    agent's learner (``UpdateSchedule``) paid for every agent at once, one batched update per
+    update owed (``ReplayLearner``) or ``k`` at a time by one call of ``kstep``, the compiled
+    update (``KStepLearner``). The agents share its clock (``env_steps``, ``updates``).
+
+    Each slot's own counters are the clock plus the offset of the files the slot was loaded
+    from (``place``): kept on the host, for the slot's training files, and on the device
+    (``slot_env_steps``, ``slot_updates``, counted in place), for what reads them every step,
+    DQN's ε schedule (the worker) and its target period (here), without a copy from the host
+    each time."""
+
+    def __init__(
+        self,
+        population: PopulationSAC | PopulationTD3 | PopulationDQN,
+        replay: StackedReplay,
+        generator: torch.Generator,
+        learning_starts: int,
+        updates_per_step: float,
+        batch_size: int,
+        kstep: KStep | None = None,
+        k: int = 1,
+    ) -> None:
+        super().__init__(learning_starts, updates_per_step, k if kstep is not None else 1)
+        self.population, self.replay, self.generator = population, replay, generator
+        self.batch_size, self.kstep = batch_size, kstep
+        # DQN's targets move on each slot's own update count, as a single DQN pod's do; the
+        # other agents' schedules (TD3's policy delay) run on the population's.
+        self.slot_steps = isinstance(population, PopulationDQN)
+        p, device = replay.p, replay.device
+        self.offsets = [(0, 0)] * p  # each slot's (env steps, updates) less the clock's
+        self.slot_env_steps = torch.zeros(p, dtype=torch.int64, device=device)
+        self.slot_updates = torch.zeros(p, dtype=torch.int64, device=device)
+
+    def learn(self, env_steps: int) -> dict[str, torch.Tensor]:
+        """Count ``env_steps`` new env steps of every agent, then run the updates they owe;
+        the last update's statistics, (P,) each (empty when none ran)."""
+        calls = self.owed(env_steps)
+        self.slot_env_steps.add_(env_steps)
+        stats: dict[str, torch.Tensor] = {}
+        for _ in range(calls):
+            stats = self._update() if self.kstep is None else self._k_updates(self.kstep)
+        return stats
+
+    def _update(self) -> dict[str, torch.Tensor]:
+        """One update of every agent, eager, on a fresh minibatch of each one's replay."""
+        self.updates += 1
+        self.slot_updates.add_(1)
+        batch = self.replay.sample(self.batch_size, self.generator)
+        step = self.slot_updates if self.slot_steps else self.updates
+        return self.population.update(batch, self.generator, step)
+
+    def _k_updates(self, kstep: KStep) -> dict[str, torch.Tensor]:
+        """``k`` updates of every agent, one call of the K-step update; it numbers them from
+        the population's count (and DQN's from each slot's own)."""
+        first = {"slot_first": self.slot_updates + 1} if self.slot_steps else {}
+        stats = kstep(self.k, self.updates + 1, **first)
+        self.updates += self.k
+        self.slot_updates.add_(self.k)
+        return stats
+
+    def slot_counters(self, slot: int) -> tuple[int, int]:
+        """Slot ``slot``'s env steps and updates (read on the host: no sync)."""
+        env_steps, updates = self.offsets[slot]
+        return self.env_steps + env_steps, self.updates + updates
+
+    def place(self, slot: int, env_steps: int, updates: int) -> None:
+        """Slot ``slot`` goes on from ``env_steps`` and ``updates`` (its files' counters, or
+        zero for a fresh agent)."""
+        self.offsets[slot] = (env_steps - self.env_steps, updates - self.updates)
+        self.slot_env_steps[slot] = env_steps
+        self.slot_updates[slot] = updates

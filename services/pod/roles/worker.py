@@ -7,7 +7,9 @@ Two kinds, one per way of learning:
   the processes/containers split (services/pod/roles/multiprocess.py) the worker's process copies
   the rollout into a shared-memory file that the learner maps.
 * ``ReplayWorker`` (off-policy): one vector step per call, its transitions appended to the
-  replay buffer the learner samples (services/pod/roles/learner.py ``ReplayLearner``).
+  replay buffer the learner samples (services/pod/roles/learner.py ``ReplayLearner``);
+  ``PopulationReplayWorker`` the same for P stacked agents, each in its own slice of the env,
+  into its own buffer of a ``StackedReplay`` (services/pod/algorithms/stacked.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from services.pod.algorithms.normalization import batch_stats
 from services.pod.algorithms.policies import Policy
 from services.pod.algorithms.replay_buffer import ReplayBuffer
 from services.pod.algorithms.rollout import Rollout
+from services.pod.algorithms.stacked import StackedReplay
 from services.pod.envs.base import TorchVecEnv, VecEnv
 
 
@@ -305,3 +308,72 @@ class ReplayWorker:
         self.return_sum.zero_()
         self.episodes.zero_()
         return mean
+
+
+class ExploringPopulation(Protocol):
+    """What a ``PopulationReplayWorker`` needs of P stacked agents (services/pod/algorithms/
+    stacked.py): they act on (P, n, ...) observations, the template agent draws the random
+    actions and maps actions to the env's."""
+
+    template: ExploringAgent
+    action_shape: tuple[int, ...]
+
+    def explore(
+        self, obs: torch.Tensor, generator: torch.Generator, env_steps: torch.Tensor
+    ) -> torch.Tensor: ...
+    def end_episodes(self, done: torch.Tensor) -> None: ...
+
+
+class PopulationReplayWorker(ReplayWorker):
+    """``ReplayWorker`` for P stacked agents on one batched env of P * n sub-environments:
+    agent p acts in the slice [p * n, (p + 1) * n) and appends its n transitions to its own
+    buffer of ``replay``; the agents act at random until the population has taken
+    ``learning_starts`` env steps, then explore, each on its own schedule: ``slot_env_steps``,
+    each agent's env steps (P,) on the device, which the learner counts in place
+    (services/pod/roles/learner.py ``PopulationReplayLearner``). The returns of every agent's
+    episodes are counted together."""
+
+    def __init__(
+        self,
+        env: VecEnv,
+        population: ExploringPopulation,
+        replay: StackedReplay,
+        generator: torch.Generator,
+        learning_starts: int,
+        seed: int,
+        slot_env_steps: torch.Tensor,
+    ) -> None:
+        # The base holds the population as the agent whose episodes ``reset`` starts (all
+        # P * n of them) and the replay as its buffer; ``step`` is this class's own.
+        super().__init__(
+            env,
+            population,  # type: ignore[arg-type]
+            replay,  # type: ignore[arg-type]
+            generator,
+            learning_starts,
+            seed,
+        )
+        self.population, self.replay, self.slot_env_steps = population, replay, slot_env_steps
+
+    def step(self, env_steps: int) -> int:
+        """One vector step (``env_steps``: the population's count so far); the env steps each
+        agent took."""
+        if self.obs is None:
+            self.reset(env_steps)
+        pop, gen, p = self.population, self.generator, self.replay.p
+        n = self.env.num_envs // p
+        obs = self.obs.view(p, n, -1)
+        if env_steps < self.learning_starts:
+            action = pop.template.random_action(p * n, gen).view(p, n, *pop.action_shape)
+        else:
+            action = pop.explore(obs, gen, self.slot_env_steps)
+        flat = action.reshape(p * n, *pop.action_shape)
+        next_obs, reward, terminated, truncated, info = self.env.step(pop.template.to_env(flat))
+        final_obs = info["final_obs"].view(p, n, -1)
+        self.replay.add(obs, action, reward.view(p, n), final_obs, terminated.view(p, n))
+        self.obs = next_obs
+        self.return_sum += info["episode_return"].sum()
+        done = terminated | truncated
+        self.episodes += done.sum()
+        pop.end_episodes(done)
+        return n

@@ -35,7 +35,7 @@ from services.pod.training.checkpoint import (
     CheckpointError,
     json_bytes,
     load_into,
-    read_files,
+    read_agent_files,
     tensor_bytes,
     write_files,
 )
@@ -178,13 +178,7 @@ class PortfolioTrainer(Trainer[PortfolioRunConfig]):
     def load(self, slot: int, directory: Path, config: PortfolioRunConfig) -> None:
         """The agent in ``directory`` (its parameters, feature statistics, Adam state and
         counters) with ``config``'s learning rate and L2 (PBT's exploit and explore)."""
-        files = read_files(directory)
-        if (found := files.manifest.get("algorithm")) != PortfolioGradient.name:
-            raise CheckpointError(
-                f"{directory}: checkpoint of {found!r}, not of {PortfolioGradient.name!r}"
-            )
-        if missing := {"actor", "optimizer"} - files.tensors.keys():
-            raise CheckpointError(f"{directory}: missing {sorted(missing)}")
+        files = read_agent_files(directory, PortfolioGradient.name, {"actor", "optimizer"})
         self.reset(slot, config)
         load_into(self.policy, files.tensors["actor"], "actor.safetensors")
         adam, state = self.learner.adam, files.tensors["optimizer"]

@@ -28,13 +28,15 @@ rollout length, epochs, minibatches, network) is ``AnakinShape``, fixed per prog
 
 ``AnakinPPO`` runs it: ``compile="off"`` (eager), ``"steps"`` (two programs, a chunk of
 ``ROLLOUT_CHUNK`` rollout steps and the minibatch update with its gather, looped in Python;
-GAE, the shuffles and the noise stay eager) or ``"iteration"`` (the whole iteration as one
-``torch.compile(fullgraph=True)`` program, whose compile takes minutes on a CPU: it unrolls
-T steps and E x M updates). On a GPU, ``cuda_graph=True`` captures the whole iteration, in
-any of those modes, as one CUDA graph after a first iteration run as usual: every iteration
-after is one replay. The state's tensors are the graph's static buffers (written in place),
-and the hyperparameters are tensors it reads, so a PBT explore needs no capture again.
-docs/benchmarks.md ("Anakin iteration", "Anakin on a GPU") has what each mode measured.
+GAE, the shuffles and the noise stay eager: compiled, they measured no faster, or cost more
+compile than they save over a run, on a CPU, docs/benchmarks.md) or ``"iteration"`` (the
+whole iteration as one ``torch.compile(fullgraph=True)`` program, whose compile takes minutes
+on a CPU: it unrolls T steps and E x M updates). On a GPU, ``cuda_graph=True`` captures the
+whole iteration, in any of those modes, as one CUDA graph after a first iteration run as
+usual: every iteration after is one replay. The state's tensors are the graph's static
+buffers (written in place), and the hyperparameters are tensors it reads, so a PBT explore
+needs no capture again. docs/benchmarks.md ("Anakin iteration", "Anakin on a GPU") has what
+each mode measured.
 Only discrete-action ``CartPoleEnv`` has a functional step so far.
 """
 
@@ -208,6 +210,29 @@ def _linear_names(prefix: str, net: nn.Sequential) -> tuple[str, ...]:
     return tuple(f"{prefix}.{i}" for i, m in enumerate(net) if isinstance(m, nn.Linear))
 
 
+#: PPO settings the iteration does not train, each with the test that a config asks for it.
+UNSUPPORTED_SETTINGS: dict[str, Callable[[object], bool]] = {
+    "norm_reward": bool,
+    "target_kl": lambda value: value is not None,
+    "sde_sample_freq": bool,
+}
+
+
+def unsupported(config: PPOConfig, env: type[TorchVecEnv] | None = None) -> str | None:
+    """Why ``build`` refuses ``config`` on ``env`` (None: it builds them): the one list, which
+    the Anakin trainer (services/pod/training/anakin_trainer.py) asks before choosing itself."""
+    if env is not None and env not in FUNCTIONAL_ENVS:
+        return (
+            f"env: no functional step for {env.__name__}; have "
+            f"{', '.join(e.__name__ for e in FUNCTIONAL_ENVS)}"
+        )
+    if bad := [k for k, asks in UNSUPPORTED_SETTINGS.items() if asks(getattr(config, k))]:
+        return f"PPO settings the Anakin iteration does not have: {', '.join(bad)}"
+    if config.batch_size % config.num_minibatches:
+        return "num_minibatches does not divide num_envs * num_steps"
+    return None
+
+
 def build(
     config: PPOConfig,
     seeds: Sequence[int],
@@ -223,15 +248,8 @@ def build(
     (as ``PopulationPPO`` builds them), so agent p is a PPO agent Podium already knows how to
     evaluate and save (``agent``). ``hyperparameters[p]`` overrides config's values.
     """
-    if env not in FUNCTIONAL_ENVS:
-        raise ValueError(
-            f"env: no functional step for {env.__name__}; have "
-            f"{', '.join(e.__name__ for e in FUNCTIONAL_ENVS)}"
-        )
-    if config.norm_reward or config.target_kl is not None or config.sde_sample_freq:
-        raise ValueError("norm_reward, target_kl and gSDE are not supported by the Anakin loop")
-    if config.batch_size % config.num_minibatches:
-        raise ValueError("num_minibatches must divide num_envs * num_steps")
+    if reason := unsupported(config, env):
+        raise ValueError(reason)
     p = len(seeds)
     hyperparameters = hyperparameters or [{}] * p
     if p < 1 or len(hyperparameters) != p:
@@ -539,6 +557,33 @@ def _gae_matrix(delta: torch.Tensor, not_done: torch.Tensor, decay: torch.Tensor
     return adv.transpose(1, 2)
 
 
+def truncated_values(
+    shape: AnakinShape,
+    value: Callable[[torch.Tensor], torch.Tensor],
+    final_obs: torch.Tensor,
+    truncated: torch.Tensor,
+) -> torch.Tensor:
+    """V(final observation) at the truncated steps, (P, T, N); any value elsewhere (where it
+    is never read).
+
+    An env truncates only after ``max_episode_steps`` steps of one episode, so at most
+    c = ceil(T / max_episode_steps) times in a rollout: the critic runs on c final observations
+    per env, picked by a fixed-size top-k of the truncation flags (a static shape, so the
+    programs and CUDA graphs keep theirs), not on all T x N of them, which would cost as much
+    as the values of the rollout itself. ``final_obs``: (T, P, N, D); ``truncated``: (P, T, N)."""
+    t_, p, n, d = shape.num_steps, shape.agents, shape.num_envs, shape.obs_dim
+    c = math.ceil(t_ / shape.max_episode_steps)
+    if c >= t_:
+        return value(final_obs.transpose(0, 1).reshape(p, t_ * n, d)).view(p, t_, n)
+    steps = torch.topk(truncated.transpose(1, 2).to(torch.float32), c, dim=-1).indices
+    per_env = final_obs.permute(1, 2, 0, 3)  # (P, N, T, D)
+    picked = torch.take_along_dim(per_env, steps.unsqueeze(-1), dim=2)  # (P, N, c, D)
+    v = value(picked.reshape(p, n * c, d)).view(p, n, c)
+    return (
+        torch.zeros(p, n, t_, dtype=v.dtype, device=v.device).scatter(-1, steps, v).transpose(1, 2)
+    )
+
+
 def advantages(
     shape: AnakinShape, params: Mapping[str, torch.Tensor], roll: Mapping, hp: Hyper
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -550,10 +595,10 @@ def advantages(
 
     obs = roll["obs"].transpose(0, 1).reshape(p, t_ * n, d)
     values = value(obs).view(p, t_, n)
-    final_values = value(roll["final_obs"].transpose(0, 1).reshape(p, t_ * n, d)).view(p, t_, n)
     next_value = value(roll["next_obs"])
     gamma, lam = hp["gamma"].view(p, 1), hp["gae_lambda"].view(p, 1)
     truncated = roll["truncated"].transpose(0, 1)
+    final_values = truncated_values(shape, value, roll["final_obs"], truncated)
     rewards = roll["rewards"].transpose(0, 1)
     # A truncated episode did not end in the MDP: bootstrap it from its final state.
     rewards = torch.where(truncated, rewards + gamma.unsqueeze(-1) * final_values, rewards)
@@ -681,6 +726,7 @@ class AnakinPPO:
         if cuda_graph and torch.device(device).type != "cuda":
             raise ValueError("cuda_graph: needs a CUDA device")
         self.cuda_graph = cuda_graph
+        self._skip_guards = True
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_metrics: dict[str, torch.Tensor] = {}
 
@@ -701,7 +747,7 @@ class AnakinPPO:
     def step(self) -> dict[str, torch.Tensor]:
         """One iteration; the metrics stay tensors (read them at a report, not every step)."""
         if not self.cuda_graph:
-            self.state, metrics = self._iteration(self.state)
+            self.state, metrics = self._run()
         elif self._graph is None:
             metrics = self._warm_up_and_capture()
         else:
@@ -709,6 +755,31 @@ class AnakinPPO:
             metrics = {k: v.clone() for k, v in self._graph_metrics.items()}
         self.iterations += 1
         return metrics
+
+    def _run(self) -> tuple[State, dict[str, torch.Tensor]]:
+        """One iteration; after two, the compiled programs run without evaluating dynamo's
+        guards.
+
+        Checking them costs microseconds per call, a call per rollout chunk and minibatch
+        update (docs/benchmarks.md, "Anakin iteration"), and in a pod they cannot fail any
+        more: the shape is fixed for the runner's life, every later iteration's inputs are what
+        the second iteration's were (outputs of the same programs, tensors written in place),
+        and hyperparameters are values, never guarded. The first two iterations run guarded,
+        so each program has this shape's entries (the first iteration's inputs come from
+        ``build``, the second's from the programs, and may differ in layout). Where the
+        unguarded lookup finds no entry (runners of other shapes share the programs in this
+        process), dynamo refuses to compile under that stance: the iteration, a pure
+        function of ``self.state``, then runs again guarded, as every later one does."""
+        if self._skip_guards and self.compile != "off" and self.iterations >= 2:
+            try:
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    return self._iteration(self.state)
+            except RuntimeError as exc:
+                if "skip_guard_eval_unsafe" not in str(exc):
+                    raise
+                log.info("compile.guarded", reason="programs shared with another shape")
+                self._skip_guards = False
+        return self._iteration(self.state)
 
     def _warm_up_and_capture(self) -> dict[str, torch.Tensor]:
         """The first iteration runs as usual (on a side stream, as torch.cuda.graph asks:

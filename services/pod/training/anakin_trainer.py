@@ -47,6 +47,7 @@ from services.pod.training.anakin import (
     HYPERPARAMETERS,
     AnakinCompile,
     AnakinPPO,
+    unsupported,
 )
 from services.pod.training.onpolicy import OnPolicyTrainer, load_ppo_files, save_ppo_files
 from services.pod.training.trainer import Counters, Declined, Roles, Trainer
@@ -54,12 +55,6 @@ from services.pod.training.trainer import Counters, Declined, Roles, Trainer
 log = get_logger(__name__)
 T = TypeVar("T")
 
-#: PPO settings the Anakin iteration does not train (anakin.build refuses them).
-_UNSUPPORTED = {
-    "norm_reward": lambda v: bool(v),
-    "target_kl": lambda v: v is not None,
-    "sde_sample_freq": lambda v: bool(v),
-}
 #: Fields every slot shares (the program's shape and the rest of the recipe): all but the
 #: per-agent hyperparameters and the compile switch.
 _PER_AGENT = {*HYPERPARAMETERS, "compile"}
@@ -106,10 +101,8 @@ class AnakinTrainer(Trainer[PPORunConfig]):
         for config in configs:
             if config.env_kwargs or config.eval_env_kwargs:
                 return "env arguments (the functional step has the env's defaults only)"
-            if bad := [k for k, test in _UNSUPPORTED.items() if test(getattr(config.ppo, k))]:
-                return f"PPO settings the Anakin iteration does not have: {', '.join(bad)}"
-            if config.ppo.batch_size % config.ppo.num_minibatches:
-                return "num_minibatches does not divide num_envs * num_steps"
+            if reason := unsupported(config.ppo):
+                return reason
             if _shared(config) != _shared(first) or config.device != first.device:
                 return "the slots differ in more than their per-agent hyperparameters"
         return None
@@ -161,6 +154,7 @@ class AnakinTrainer(Trainer[PPORunConfig]):
             total_env_steps=first.total_env_steps,
             compile=self.mode,
             device=self.device,
+            env=registry.load(registry.ENVS, first.env, kind="env"),
             # On a GPU the whole iteration replays as one CUDA graph (the slot loads below
             # write into the state in place, so they reach the graph's buffers).
             cuda_graph=self.device.type == "cuda" and self.mode != "off",

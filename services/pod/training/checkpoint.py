@@ -21,6 +21,7 @@ offpolicy.py): this module knows no algorithm.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ __all__ = [
     "load_into",
     "optimizer_from_files",
     "optimizer_to_files",
+    "read_agent_files",
     "read_files",
     "sha256_bytes",
     "tensor_bytes",
@@ -112,6 +114,19 @@ def read_files(directory: Path) -> TrainingFiles:
         except (SafetensorError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"{directory / name}: cannot be parsed ({exc})") from exc
     return TrainingFiles(manifest=manifest, tensors=tensors, documents=documents)
+
+
+def read_agent_files(directory: Path, algorithm: str, needed: Iterable[str]) -> TrainingFiles:
+    """``read_files``, refusing files another algorithm wrote or that lack one of ``needed``
+    (tensor files, by stem): the one check every trainer's ``load`` makes before it parses
+    them, so a PBT parent of another kind is a ``CheckpointError``, never a half-loaded agent.
+    The algorithm first: another algorithm's files lack other files, and its name says why."""
+    files = read_files(directory)
+    if (found := files.manifest.get("algorithm")) != algorithm:
+        raise CheckpointError(f"{directory}: checkpoint of {found!r}, agent is {algorithm!r}")
+    if missing := set(needed) - files.tensors.keys():
+        raise CheckpointError(f"{directory}: missing {sorted(missing)}")
+    return files
 
 
 def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:

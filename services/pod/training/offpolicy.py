@@ -46,7 +46,7 @@ from services.pod.training.checkpoint import (
     json_bytes,
     optimizer_from_files,
     optimizer_to_files,
-    read_files,
+    read_agent_files,
     tensor_bytes,
     write_files,
 )
@@ -238,7 +238,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
 def compile_updates(config: OffPolicyConfig, device: torch.device | str, agents: int) -> bool:
     """Whether ``agents`` agents of ``config`` train with the compiled K-step update
     (``config.compile``, resolved by services/pod/algorithms/kstep.py over the run's updates);
-    an algorithm without one (DQN, a plugin) trains eager, logged where ``on`` asked for it."""
+    an algorithm without one (a plugin's) trains eager, logged where ``on`` asked for it."""
     if config.compile == "off":
         return False
     if config.algorithm not in COMPILED:
@@ -284,14 +284,10 @@ def save_offpolicy_files(
 
 def load_offpolicy_files(directory: Path, trainer: OffPolicyTrainer) -> None:
     """Restore ``trainer`` from verified training files. Raises ``CheckpointError``."""
-    files = read_files(directory)
     agent = trainer.agent
-    if (found := files.manifest.get("algorithm")) != agent.name:
-        raise CheckpointError(f"{directory}: checkpoint of {found!r}, agent is {agent.name!r}")
     optimizers = agent.optimizers()
     needed = {"actor", "critic", "replay_buffer", "rng", *optimizers}
-    if missing := needed - files.tensors.keys():
-        raise CheckpointError(f"{directory}: missing {sorted(missing)}")
+    files = read_agent_files(directory, agent.name, needed)
     state = {f"policy.{k}": v for k, v in files.tensors["actor"].items()}
     state |= files.tensors["critic"]
     try:

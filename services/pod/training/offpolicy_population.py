@@ -5,11 +5,15 @@ What a pod with ``population.agents_per_pod: P`` (P > 1) trains for an off-polic
 whose card declares a population (SAC, TD3, DDPG, DQN): the stacked agents of
 services/pod/algorithms/stacked.py (Fast PBT's layout: flat weights, one batched Adam,
 per-agent hyperparameters as tensors, one replay buffer per agent in one tensor), updated
-eagerly or by the compiled K-step update of services/pod/algorithms/kstep.py (SAC, TD3, DDPG;
-DQN's is eager). Acting is one batched env of P * num_envs sub-environments: agent p owns the
-slice [p * num_envs, (p + 1) * num_envs), and its evaluation episodes the p-th slice of the
-evaluation env (``evaluate_groups``). DQN's ε schedule and target-update period run on each
-slot's own counters, as a single DQN pod's run on its own.
+eagerly or by the compiled K-step update of services/pod/algorithms/kstep.py (SAC, TD3, DDPG,
+DQN). The roles are a single agent's (services/pod/training/offpolicy.py), for P
+agents at once: the worker (services/pod/roles/worker.py ``PopulationReplayWorker``) steps one
+batched env of P * num_envs sub-environments, agent p in the slice
+[p * num_envs, (p + 1) * num_envs); the learner (services/pod/roles/learner.py
+``PopulationReplayLearner``) pays the update-to-data ratio for every agent; the evaluator plays
+agent p's evaluation episodes in the p-th slice of the evaluation env (``evaluate_groups``).
+DQN's ε schedule and target-update period run on each slot's own counters, as a single DQN
+pod's run on its own.
 
 Each slot saves and loads exactly the training files a single-agent pod of its algorithm
 writes (services/pod/training/offpolicy.py ``save_offpolicy_files`` / ``load_offpolicy_files``:
@@ -45,7 +49,8 @@ from services.pod.algorithms.stacked import (
     StackedReplay,
 )
 from services.pod.roles.evaluator import EvalResult, evaluate_groups
-from services.pod.roles.learner import ReplayLearner
+from services.pod.roles.learner import PopulationReplayLearner, ReplayLearner
+from services.pod.roles.worker import PopulationReplayWorker
 from services.pod.training.offpolicy import (
     OffPolicyConfig,
     OffPolicyTrainer,
@@ -82,7 +87,7 @@ def _shared(config: OffPolicyConfig) -> dict[str, Any]:
 
 class OffPolicyPopulationTrainer(Trainer[OffPolicyConfig]):
     """``len(configs)`` SAC, TD3, DDPG or DQN agents in one process; ``step`` is one vector step of
-    every agent's slice of the env and the updates it owes (the update-to-data ratio)."""
+    worker → replay → learner for every agent at once."""
 
     config_class = OffPolicyConfig
     one_update_per_step = False
@@ -122,9 +127,9 @@ class OffPolicyPopulationTrainer(Trainer[OffPolicyConfig]):
         # Exploration noise, random actions and minibatches of every agent.
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(first.seed)
-        self.kstep: KStep | None = None
+        kstep = None
         if compile_updates(first, self.device, p):
-            self.kstep = KStep(
+            kstep = KStep(
                 self.population,
                 self.replay.fields,
                 self.replay.filled,
@@ -132,12 +137,25 @@ class OffPolicyPopulationTrainer(Trainer[OffPolicyConfig]):
                 first.seed,
                 compile=True,
             )
-        self.obs: torch.Tensor | None = None
-        self._env_steps = self._updates = 0
-        self.update_debt = 0.0
-        self.offsets = [Counters(0, 0) for _ in configs]
-        self.return_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        self.episodes = torch.zeros((), device=self.device, dtype=torch.int64)
+        self.learner = PopulationReplayLearner(
+            self.population,
+            self.replay,
+            self.generator,
+            first.learning_starts,
+            first.updates_per_step,
+            first.batch_size,
+            kstep=kstep,
+            k=first.updates_per_call,
+        )
+        self.worker = PopulationReplayWorker(
+            self.env,
+            self.population,
+            self.replay,
+            self.generator,
+            first.learning_starts,
+            first.seed,
+            self.learner.slot_env_steps,
+        )
         self._stats: dict[str, torch.Tensor] = {}
 
     def _check(self, config: OffPolicyConfig) -> None:
@@ -176,90 +194,29 @@ class OffPolicyPopulationTrainer(Trainer[OffPolicyConfig]):
     # -- the clock ---------------------------------------------------------------------------
     @property
     def env_steps(self) -> int:
-        return self._env_steps
+        return self.learner.env_steps
 
     @property
     def updates(self) -> int:
-        return self._updates
+        return self.learner.updates
 
     @property
     def step_env_steps(self) -> int:
         return self.configs[0].num_envs
 
     def counters(self, slot: int) -> Counters:
-        offset = self.offsets[slot]
-        return Counters(self._env_steps + offset.env_steps, self._updates + offset.updates)
-
-    def _slot_counts(self, field: str) -> torch.Tensor:
-        """Every slot's own count of ``field`` (``env_steps`` or ``updates``), (P,)."""
-        counts = [getattr(self.counters(i), field) for i in range(self.size)]
-        return torch.tensor(counts, device=self.device)
+        return Counters(*self.learner.slot_counters(slot))
 
     # -- training ----------------------------------------------------------------------------
     def step(self) -> None:
-        cfg, p, n = self.configs[0], self.size, self.configs[0].num_envs
-        pop = self.population
-        if self.obs is None:
-            self.obs, _ = self.env.reset(seed=cfg.seed + self._env_steps)
-            pop.end_episodes(torch.ones(p * n, dtype=torch.bool, device=self.device))
-        obs = self.obs.view(p, n, -1)
-        if self._env_steps < cfg.learning_starts:
-            action = pop.template.random_action(p * n, self.generator)
-            action = action.view(p, n, *pop.action_shape)
-        else:
-            action = pop.explore(obs, self.generator, self._slot_counts("env_steps"))
-        flat_action = action.reshape(p * n, *pop.action_shape)
-        next_obs, reward, terminated, truncated, info = self.env.step(
-            pop.template.to_env(flat_action)
-        )
-        self.replay.add(
-            obs,
-            action,
-            reward.view(p, n),
-            info["final_obs"].view(p, n, -1),
-            terminated.view(p, n),
-        )
-        self.obs = next_obs
-        self.return_sum += info["episode_return"].sum()
-        done = terminated | truncated
-        self.episodes += done.sum()
-        pop.end_episodes(done)
-        self._env_steps += n
-        self._learn(n)
-
-    def _learn(self, env_steps: int) -> None:
-        """``ReplayLearner.learn``'s schedule, for every agent at once."""
-        cfg = self.configs[0]
-        if self._env_steps < cfg.learning_starts:
-            return
-        self.update_debt += env_steps * cfg.updates_per_step
-        if self.kstep is not None:  # compiled: K updates of every agent per call
-            k = cfg.updates_per_call
-            while self.update_debt >= k:
-                self.update_debt -= k
-                self._stats = self.kstep(k, self._updates + 1)
-                self._updates += k
-            return
-        owed = int(self.update_debt)
-        self.update_debt -= owed
-        for _ in range(owed):
-            self._updates += 1
-            batch = self.replay.sample(cfg.batch_size, self.generator)
-            # DQN's targets move on each slot's own update count, as a single DQN pod's do.
-            step = (
-                self._slot_counts("updates")
-                if isinstance(self.population, PopulationDQN)
-                else self._updates
-            )
-            self._stats = self.population.update(batch, self.generator, step)
+        taken = self.worker.step(self.learner.env_steps)
+        self._stats = self.learner.learn(taken) or self._stats
 
     def progress(self) -> dict[str, float]:
         """The agents' last losses averaged; the mean return of every agent's episodes."""
         record = {k: float(v.mean()) for k, v in self._stats.items()}
-        if episodes := int(self.episodes):
-            record["train_return"] = float(self.return_sum) / episodes
-            self.return_sum.zero_()
-            self.episodes.zero_()
+        if (train_return := self.worker.train_return()) is not None:
+            record["train_return"] = train_return
         return record
 
     def evaluate(self) -> list[EvalResult]:
@@ -297,16 +254,14 @@ class OffPolicyPopulationTrainer(Trainer[OffPolicyConfig]):
         self.replay.get(slot, view.buffer)
         view.generator.set_state(self.generator.get_state())
         view.learner.env_steps, view.learner.updates = counters.env_steps, counters.updates
-        view.learner.update_debt = self.update_debt
+        view.learner.update_debt = self.learner.update_debt
         save_offpolicy_files(directory, cast(OffPolicyTrainer, view), config)
 
     def _place(self, slot: int, view: _SlotView, config: OffPolicyConfig) -> None:
         self.population.put(slot, view.agent)
         self.replay.put(slot, view.buffer)
         self.configs[slot] = config
-        self.offsets[slot] = Counters(
-            view.learner.env_steps - self._env_steps, view.learner.updates - self._updates
-        )
+        self.learner.place(slot, view.learner.env_steps, view.learner.updates)
 
     def load(self, slot: int, directory: Path, config: OffPolicyConfig) -> None:
         self._check(config)

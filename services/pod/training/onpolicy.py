@@ -27,7 +27,7 @@ from services.pod.training.checkpoint import (
     load_into,
     optimizer_from_files,
     optimizer_to_files,
-    read_files,
+    read_agent_files,
     tensor_bytes,
     write_files,
 )
@@ -134,13 +134,8 @@ def save_ppo_files(
 
 def load_ppo_files(directory: Path, learner: RolloutLearner) -> TrainingFiles:
     """Restore a learner from a verified checkpoint (weights, optimiser, counters)."""
-    files = read_files(directory)
-    needed = {"actor", "critic", "optimizer"}
-    if missing := needed - files.tensors.keys():
-        raise CheckpointError(f"{directory}: missing {sorted(missing)}")
     agent = learner.agent
-    if (found := files.manifest.get("algorithm")) != agent.name:
-        raise CheckpointError(f"{directory}: checkpoint of {found!r}, agent is {agent.name!r}")
+    files = read_agent_files(directory, agent.name, {"actor", "critic", "optimizer"})
     load_into(agent.policy, files.tensors["actor"], "actor.safetensors")
     critic = files.tensors["critic"]
     for prefix, module in (("critic.", agent.critic), ("return_rms.", agent.return_rms)):

@@ -75,3 +75,31 @@ def test_the_state_lives_with_the_parameters_and_bad_shapes_are_refused() -> Non
         BatchedAdam(torch.zeros(2, 5), torch.ones(3))
     with pytest.raises(ValueError, match="contiguous"):
         BatchedAdam(torch.zeros(5, 2).t(), torch.ones(2))
+
+
+def test_a_row_moves_to_and_from_a_single_agents_adam_state() -> None:
+    """``load_row`` takes one agent's ``torch.optim.Adam`` state (tensors of several shapes,
+    in the row's order) into a row, ``row_state`` gives it back as that optimiser holds it; a
+    never-stepped optimiser is a zero row, and a zero row an empty state."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(2, 3)), torch.nn.Parameter(torch.randn(4))]
+    opt = torch.optim.Adam(params, lr=0.1)
+    adam = BatchedAdam(torch.zeros(3, 10), torch.full((3,), 0.1))
+    adam.moments.fill_(7.0)
+    adam.steps.fill_(9.0)
+    adam.load_row(1, params, opt.state)  # never stepped
+    assert adam.steps.tolist() == [9.0, 0.0, 9.0] and not adam.moments[:, 1].any()
+    assert adam.row_state(1, params) == {}
+    for _ in range(3):
+        opt.zero_grad()
+        sum(p.square().sum() for p in params).backward()
+        opt.step()
+    adam.load_row(1, params, opt.state)
+    assert adam.steps.tolist() == [9.0, 3.0, 9.0] and bool((adam.moments[:, [0, 2]] == 7).all())
+    state = adam.row_state(1, params)
+    assert list(state) == params
+    for t in params:
+        assert float(state[t]["step"]) == 3.0 and state[t]["step"].dtype == torch.float32
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(state[t][key], opt.state[t][key])
+            assert state[t][key].data_ptr() != opt.state[t][key].data_ptr()
