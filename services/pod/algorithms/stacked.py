@@ -237,7 +237,6 @@ class StackedReplay:
         # tensor made from the host ints there would be a host-to-device copy each time.
         self._pos = torch.zeros(p, dtype=torch.int64, device=self.device)
         self._agents = torch.arange(p, device=self.device)
-        self._offsets = torch.arange(self.capacity, device=self.device)
 
     @torch.no_grad()
     def add(self, *values: torch.Tensor) -> None:
@@ -247,7 +246,7 @@ class StackedReplay:
         if n > self.capacity:  # only the newest ``capacity`` survive
             values = tuple(v[:, n - self.capacity :] for v in values)
             n = self.capacity
-        rows = (self._pos.unsqueeze(1) + self._offsets[:n]) % self.capacity
+        rows = (self._pos.unsqueeze(1) + torch.arange(n, device=self.device)) % self.capacity
         for name, value in zip(FIELDS, values, strict=True):
             store = getattr(self, name)
             store[self._agents.unsqueeze(1), rows] = value.to(store.dtype)
