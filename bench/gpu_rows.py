@@ -78,7 +78,8 @@ def greedy_returns(run: AnakinPPO, episodes: int = 10) -> list[float]:
     with torch.no_grad():
         for _ in range(shape.max_episode_steps):
             obs = anakin.normalize(state, env.to(torch.float32), shape)
-            logits = anakin._mlp_batched(state["params"], shape.actor_layers, shape.activation, obs)
+            actor = shape.views(state["params"])
+            logits = anakin._mlp_batched(actor, shape.actor_layers, shape.activation, obs)
             env, reward, terminated = step(env, logits.argmax(-1))
             total += reward * alive
             alive &= ~terminated
@@ -93,18 +94,14 @@ def row_check() -> None:
         plain.step()
         graphed.step()
     sync()
-    diff = max(
-        (plain.state["params"][k] - graphed.state["params"][k]).abs().max().item()
-        for k in plain.state["params"]
-    )
+    diff = (plain.state["params"] - graphed.state["params"]).abs().max().item()
     env_equal = bool(torch.equal(plain.state["env"], graphed.state["env"]))
-    before = {k: v[0].clone() for k, v in graphed.state["params"].items()}
-    other = {k: v[1].clone() for k, v in graphed.state["params"].items()}
+    before = graphed.state["params"].clone()
     graphed.set_hyperparameters(0, {"learning_rate": 0.0})
     graphed.step()
     sync()
-    frozen = all(torch.equal(before[k], v[0]) for k, v in graphed.state["params"].items())
-    moved = any(not torch.equal(other[k], v[1]) for k, v in graphed.state["params"].items())
+    frozen = bool(torch.equal(before[0], graphed.state["params"][0]))
+    moved = not torch.equal(before[1], graphed.state["params"][1])
     emit(
         {
             "row": "check",

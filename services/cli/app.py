@@ -136,9 +136,11 @@ def train(
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Train one agent: progress bar, checkpoints and a learning-curve PNG under OUT."""
+    from services.cli.train import preload_malloc
     from services.cli.train import train as train_agent
 
     with reported():
+        preload_malloc()  # before torch is imported: it may start this command anew
         train_agent(env, config, set_ or [], out, quiet)
 
 

@@ -4,6 +4,7 @@ learning-curve PNG. The config is layered: the env's preset ← ``--config`` ←
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -15,6 +16,26 @@ def describe_validation(exc: ValidationError) -> str:
     from services.contracts.spec import describe_errors
 
     return "invalid configuration:\n" + "\n".join(describe_errors(exc))
+
+
+def preload_malloc() -> None:
+    """Train with a faster malloc (services/malloc.py: tcmalloc, else jemalloc, where this
+    machine has one; ``PODIUM_POD_MALLOC`` as for the platform's pods, default ``auto``). A
+    process gets its allocator when it starts, and this command trains in its own process: so
+    it starts its command line anew with the library preloaded (the same pid, once).
+
+    Only when this process is the command (``podium train ...``, ``python -m services.cli
+    train ...``): the app invoked in another program's process (a test runner's) must not
+    re-execute that program."""
+    from services.malloc import AllocatorError, reexec_with_allocator
+
+    args = sys.argv[1:]
+    if args[:1] != ["train"] or sys.orig_argv[len(sys.orig_argv) - len(args) :] != args:
+        return
+    try:
+        reexec_with_allocator()
+    except AllocatorError as exc:
+        raise CliError(str(exc)) from None
 
 
 def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool) -> None:

@@ -10,8 +10,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
+from services.malloc import check_choice
 from services.settings import PodiumSettings
 
 
@@ -114,6 +115,13 @@ class OrchestratorSettings(PodiumSettings):
         description="Local backend, default pod command: start CPU pods as forks of one process "
         "that imported torch once (services/pod/runtime/launcher.py), not as new interpreters.",
     )
+    pod_malloc: str = Field(
+        default="auto",
+        description="Local backend: the malloc its pods (and the pod launcher) run with, "
+        "preloaded through LD_PRELOAD (services/malloc.py). auto: tcmalloc, else jemalloc, where "
+        "this machine has one (a compiled training step spends a fifth of its time in glibc's "
+        "malloc); system: the system's; or the absolute path of an allocator's shared library.",
+    )
     # Kubernetes backend.
     pod_image: str = "ghcr.io/podium-rl/podium-pod:0.1.0"  # release.yml publishes it (appVersion)
     pod_image_cpu: str | None = Field(
@@ -148,6 +156,13 @@ class OrchestratorSettings(PodiumSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
+
+    @field_validator("pod_malloc")
+    @classmethod
+    def _pod_malloc(cls, value: str) -> str:
+        # The form only (also where the library cannot be, on Kubernetes); the local backend
+        # checks the file when it starts. AllocatorError is a ValueError: a validation error.
+        return check_choice(value)
 
     def leaderboard_token_value(self) -> str | None:
         if self.leaderboard_token is not None:

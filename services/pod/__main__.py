@@ -52,6 +52,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.contracts.spec import ExperimentSpec, describe_errors
 from services.logs import configure, get_logger
+from services.malloc import running_allocator
 from services.pod.runtime.compile_cache import use_compile_cache  # imports no torch
 
 log = get_logger("services.pod")
@@ -282,7 +283,15 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("pod started", mode=mode, device=device, threads=threads)
+    malloc = running_allocator()  # what the orchestrator's pod_malloc gave it (services/malloc.py)
+    log.info(
+        "pod started",
+        mode=mode,
+        device=device,
+        threads=threads,
+        malloc=malloc.name,
+        malloc_library=malloc.library and str(malloc.library),
+    )
     try:
         runtime.run()
     except HyperparameterError as exc:  # e.g. DQN asked of a continuous-action env

@@ -205,13 +205,13 @@ def test_eager_dqn_k_step_moves_each_agents_targets_on_its_own_update_count(
     ours = _stack("dqn", 3, double=double, dueling=dueling)
     reference = _stack("dqn", 3, double=double, dueling=dueling)
     run = KStep(ours, fields, filled, BATCH, seed=5, compile=False)
-    stats = run(5, first=1, slot_first=DQN_FIRST)
+    stats = run(5, first=1, slot_updates=DQN_FIRST - 1)
     _reference(reference, fields, filled, 5, seed=5, first=DQN_FIRST)
     _assert_same_state(ours, reference)
     assert set(stats) == {"loss"} and stats["loss"].shape == (3,)
     # Agent 2 copies its weights into its targets every 3rd update: its 3rd, not its 6th.
     assert not torch.allclose(ours.targets[2], ours.flat[2])
-    run(1, first=6, slot_first=DQN_FIRST + 5)
+    run(1, first=6, slot_updates=DQN_FIRST + 4)
     torch.testing.assert_close(ours.targets[2], ours.flat[2])
 
 
@@ -407,7 +407,7 @@ def test_compiled_dqn_k_step_equals_batched_eager_updates() -> None:
     compiled, eager = _stack("dqn", 3), _stack("dqn", 3)
     with capture_logs() as logs:
         got = KStep(compiled, fields, filled, BATCH, seed=5, compile=True)(
-            4, first=1, slot_first=DQN_FIRST
+            4, first=1, slot_updates=DQN_FIRST - 1
         )
     assert not [e for e in logs if e["event"].startswith("compile.")], logs
     _reference(eager, fields, filled, 3, seed=5, first=DQN_FIRST)
@@ -438,7 +438,7 @@ def test_new_hyperparameters_or_agents_compile_nothing_new(algorithm: str) -> No
     run(2, first=1)  # compiles (TD3: the critics' update and the delayed one)
     before = compile_counters()
     _explore(stack)
-    stats = run(2, first=3, slot_first=DQN_FIRST)
+    stats = run(2, first=3, slot_updates=DQN_FIRST - 1)
     rebuilt = _stack(algorithm, 3)
     KStep(rebuilt, fields, filled, BATCH, seed=6, compile=True)(2, first=1)
     assert compile_counters() == before

@@ -518,8 +518,8 @@ def inline_loop(
             while debt >= cfg.updates_per_call:
                 debt -= cfg.updates_per_call
                 dqn = isinstance(pop, PopulationDQN)
-                first = [slot_counts("updates", updates + 1)] if dqn else []
-                stats = kstep(cfg.updates_per_call, updates + 1, *first)
+                done = slot_counts("updates", updates) if dqn else None
+                stats = kstep(cfg.updates_per_call, updates + 1, done)
                 updates += cfg.updates_per_call
             continue
         owed = int(debt)

@@ -156,7 +156,7 @@ def test_copying_a_slot_is_putting_that_slots_agent_there() -> None:
         pop.update(pop.collect())
     for mine, theirs in (
         (by_copy.flat, by_agent.flat),
-        (by_copy._exp_avg_sq, by_agent._exp_avg_sq),
+        (by_copy.adam.exp_avg_sq, by_agent.adam.exp_avg_sq),
         (by_copy.obs_rms[0], by_agent.obs_rms[0]),
         (by_copy.return_rms[1], by_agent.return_rms[1]),
     ):

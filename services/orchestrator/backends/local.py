@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 
 from services.logs import get_logger
+from services.malloc import SYSTEM, resolve, with_allocator
 from services.orchestrator.backends.base import (
     EXPERIMENT_LABEL,
     MANAGED_BY,
@@ -113,10 +114,17 @@ class LocalBackend(Backend):
         self.root = Path(settings.data_dir) / "experiments"
         self.root.mkdir(parents=True, exist_ok=True)
         self.command = settings.pod_command or default_pod_command()
+        # The pods' malloc (services/malloc.py), looked for once: every pod and the launcher
+        # start with it preloaded. A bad path fails the orchestrator's start, naming the setting.
+        library = resolve(settings.pod_malloc)
+        self.malloc = str(library) if library is not None else SYSTEM
+        log.info("pod malloc", pod_malloc=settings.pod_malloc, preload=library and str(library))
         # Started now, so that it has imported torch by the time the first pods are asked for.
         # Linux only: forking a process that loaded torch is not safe everywhere (macOS).
         launcher = settings.pod_launcher and settings.pod_command is None
-        self.launcher = PodLauncher() if launcher and sys.platform == "linux" else None
+        self.launcher = (
+            PodLauncher(malloc=self.malloc) if launcher and sys.platform == "linux" else None
+        )
         cpu, gpus, mem = settings.local_capacity()
         self._capacity = Res(cpu, gpus, mem)
         self._lock = threading.RLock()
@@ -194,6 +202,9 @@ class LocalBackend(Backend):
         }
         if credential := pod_credential(self.settings, req.experiment_id):
             env["PODIUM_API_TOKEN"] = credential
+        # A new interpreter runs with it; a forked pod already does (its launcher's), and its
+        # environment says so to what it starts in turn.
+        env = with_allocator(env, self.malloc)
         try:
             proc = self._start(argv, env, self.log_path(req.experiment_id, req.pod_id), gpu_ids)
         except BaseException:

@@ -11,7 +11,9 @@ When the launcher cannot start, dies, refuses a request or does not answer in ti
 killed: a launcher that hangs must not hold pod creation), ``launch`` raises
 ``LauncherUnavailableError`` and the backend starts that pod as a new interpreter instead: the
 launcher only ever makes pods start sooner. The launcher's environment is the orchestrator's
-without the platform's secrets: a fork's ``/proc/<pid>/environ`` is its launcher's. A pod
+without the platform's secrets: a fork's ``/proc/<pid>/environ`` is its launcher's. It starts
+with the pods' allocator preloaded (``pod_malloc``, services/malloc.py): a forked pod runs with
+its launcher's malloc, whatever its own environment says. A pod
 whose launcher died before it ended has an exit status nobody can read (it is no longer
 anyone's child); its ``wait()`` returns None once the process is gone.
 """
@@ -30,6 +32,7 @@ from typing import Any
 import psutil
 
 from services.logs import get_logger
+from services.malloc import SYSTEM, with_allocator
 from services.orchestrator.backends.base import PLATFORM_SECRETS
 
 log = get_logger(__name__)
@@ -66,7 +69,9 @@ class PodLauncher:
     READY_TIMEOUT_S = 120.0  # importing torch on a loaded machine; then fall back
     ANSWER_TIMEOUT_S = 30.0  # a fork answers in milliseconds: longer means the launcher hangs
 
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(self, python: str = sys.executable, malloc: str = SYSTEM) -> None:
+        """``malloc``: a ``pod_malloc`` choice (services/malloc.py) for the launcher, so for
+        every pod forked from it (a fork keeps its parent's allocator)."""
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._next_id = 0
@@ -76,7 +81,9 @@ class PodLauncher:
         self._ready = threading.Event()
         self._gone = threading.Event()
         self._closing = False
-        env = {k: v for k, v in os.environ.items() if k not in PLATFORM_SECRETS}
+        env = with_allocator(
+            {k: v for k, v in os.environ.items() if k not in PLATFORM_SECRETS}, malloc
+        )
         self._proc = subprocess.Popen(
             [python, "-m", "services.pod.runtime.launcher"],
             stdin=subprocess.PIPE,

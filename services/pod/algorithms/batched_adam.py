@@ -1,6 +1,8 @@
 """Adam for P agents at once: each agent's parameters one row of a (P, N) tensor, each its own
 learning rate and step count; PBT's copy of one row from another; one row to and from a single
-agent's ``torch.optim.Adam`` state (``load_row``, ``row_state``).
+agent's ``torch.optim.Adam`` state (``load_row``, ``row_state``: ``load_adam_state`` and
+``adam_state`` on the row's views, which take any layout of one tensor per parameter, e.g. the
+Anakin trainer's).
 
 The population of PPO agents (services/pod/training/population.py), the off-policy stacks
 (services/pod/algorithms/stacked.py) and the portfolio gradient's agents
@@ -100,41 +102,70 @@ class BatchedAdam:
         self.moments[:, dst] = self.moments[:, src]
         self.steps[dst] = self.steps[src]
 
-    @torch.no_grad()
+    def _row(self, i: int, params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Row ``i``'s ``exp_avg`` and ``exp_avg_sq``, each as views shaped as ``params`` (the
+        row's tensors, in its order)."""
+        sizes = [t.numel() for t in params]
+        if sum(sizes) != self.params.shape[1]:
+            raise ValueError(f"params hold {sum(sizes)} numbers, a row {self.params.shape[1]}")
+        rows = (row[i].split(sizes) for row in self.moments)
+        return [[m.view(t.shape) for m, t in zip(row, params, strict=True)] for row in rows]
+
     def load_row(
         self, i: int, params: Sequence[torch.Tensor], state: Mapping[torch.Tensor, Any]
     ) -> None:
-        """Row ``i``'s moments and step count from a single agent's ``torch.optim.Adam``
-        ``state`` of ``params`` (the row's tensors, in its order); zeros where that optimiser
-        never stepped them (a TD3 actor before its first delayed update)."""
-        if all(t in state and "step" in state[t] for t in params):
-            self.steps[i] = float(state[params[0]]["step"])
-            for k, key in enumerate(("exp_avg", "exp_avg_sq")):
-                self.moments[k, i] = torch.cat([state[t][key].flatten() for t in params])
-        else:
-            self.steps[i] = 0.0
-            self.moments[:, i] = 0.0
+        """Row ``i`` from a single agent's ``torch.optim.Adam`` ``state`` of ``params`` (the
+        row's tensors, in its order): ``load_adam_state``."""
+        self.steps[i] = load_adam_state(params, state, *self._row(i, params))
 
-    @torch.no_grad()
     def row_state(
         self, i: int, params: Sequence[torch.Tensor]
     ) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
         """Row ``i`` as a single agent's ``torch.optim.Adam`` holds the state of ``params``
-        (the row's tensors, in its order): copies, each shaped as its tensor; empty where the
-        row never stepped (so that agent's optimiser starts as a fresh one)."""
-        steps = float(self.steps[i])
-        if steps == 0:
-            return {}
-        out, offset = {}, 0
-        for t in params:
-            part = slice(offset, offset + t.numel())
-            out[t] = {
-                # As torch's fused Adam keeps it: a float32 tensor on the parameter's device.
-                "step": torch.tensor(steps, dtype=torch.float32, device=t.device),
-                "exp_avg": self.moments[0, i, part].view(t.shape).clone(),
-                "exp_avg_sq": self.moments[1, i, part].view(t.shape).clone(),
-            }
-            offset += t.numel()
-        if offset != self.params.shape[1]:
-            raise ValueError(f"params hold {offset} numbers, a row {self.params.shape[1]}")
-        return out
+        (the row's tensors, in its order): ``adam_state``."""
+        return adam_state(params, float(self.steps[i]), *self._row(i, params))
+
+
+@torch.no_grad()
+def load_adam_state(
+    params: Sequence[torch.Tensor],
+    state: Mapping[torch.Tensor, Any],
+    exp_avg: Sequence[torch.Tensor],
+    exp_avg_sq: Sequence[torch.Tensor],
+) -> float:
+    """Copy a single agent's ``torch.optim.Adam`` ``state`` of ``params`` into ``exp_avg`` and
+    ``exp_avg_sq`` (one tensor per parameter, shaped as it, written in place: a ``BatchedAdam``
+    row's views, the Anakin state's slot) and return its step count; zeros and 0 where that
+    optimiser never stepped them all (a fresh agent, a TD3 actor before its first delayed
+    update)."""
+    if not all(t in state and "step" in state[t] for t in params):
+        for moment in (*exp_avg, *exp_avg_sq):
+            moment.zero_()
+        return 0.0
+    for t, m, v in zip(params, exp_avg, exp_avg_sq, strict=True):
+        m.copy_(state[t]["exp_avg"])
+        v.copy_(state[t]["exp_avg_sq"])
+    return float(state[params[0]]["step"])
+
+
+@torch.no_grad()
+def adam_state(
+    params: Sequence[torch.Tensor],
+    steps: float,
+    exp_avg: Sequence[torch.Tensor],
+    exp_avg_sq: Sequence[torch.Tensor],
+) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
+    """The state a single agent's ``torch.optim.Adam`` holds for ``params`` after ``steps``
+    steps with moments ``exp_avg`` and ``exp_avg_sq`` (one tensor per parameter, shaped as it):
+    copies; empty where ``steps`` is 0 (so that optimiser starts as a fresh one)."""
+    if steps == 0:
+        return {}
+    return {
+        t: {
+            # As torch's fused Adam keeps it: a float32 tensor on the parameter's device.
+            "step": torch.tensor(steps, dtype=torch.float32, device=t.device),
+            "exp_avg": m.clone(),
+            "exp_avg_sq": v.clone(),
+        }
+        for t, m, v in zip(params, exp_avg, exp_avg_sq, strict=True)
+    }

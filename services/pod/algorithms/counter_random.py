@@ -47,7 +47,11 @@ def uniform(
 ) -> torch.Tensor:
     """float32 uniforms in (0, 1), never 0 or 1 (Gumbel noise and Box-Muller take logs), shaped
     as ``uniform_bits``; 24 bits each, exact in float32."""
-    bits = uniform_bits(seed, counter, stream, shape)
+    return to_uniform(uniform_bits(seed, counter, stream, shape))
+
+
+def to_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """``uniform_bits``' values as ``uniform``'s float32 uniforms (part of one draw, say)."""
     return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 

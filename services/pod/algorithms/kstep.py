@@ -451,19 +451,20 @@ class KStep:
         return stats
 
     def __call__(
-        self, k: int, first: int, slot_first: torch.Tensor | None = None
+        self, k: int, first: int, slot_updates: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
         """Updates number ``first`` to ``first + k - 1`` (1-based, as the learner counts) of
-        every agent; the stats of the last, (P,) each. ``slot_first`` (P,), DQN's: each agent's
-        own number of this call's first update, where agents count their updates apart (a
-        population's slot loaded from files goes on from its count); its targets move on those
-        numbers. Default: ``first`` for every agent. The other algorithms ignore it."""
+        every agent; the stats of the last, (P,) each. ``slot_updates`` (P,) int64, DQN's: each
+        agent's own count of the updates before this call, where agents count their updates
+        apart (a population's slot loaded from files goes on from its count), so agent i's
+        updates are numbered ``slot_updates[i] + 1`` on; its targets move on those numbers.
+        Default: ``first - 1`` for every agent. The other algorithms ignore it."""
         if (updates := self.state.get("slot_updates")) is not None:
             # Outside the CUDA graph: a replay reads the tensor, the copy sets it.
-            if slot_first is None:
+            if slot_updates is None:
                 updates.fill_(first - 1)
             else:
-                updates.copy_(slot_first.to(updates) - 1)
+                updates.copy_(slot_updates)
         if self.device.type != "cuda" or self._graph_failed is not None:
             return self._run(k, first)
         key = (k, first % self.policy_delay)

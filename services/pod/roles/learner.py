@@ -260,8 +260,8 @@ class PopulationReplayLearner(UpdateSchedule):
     def _k_updates(self, kstep: KStep) -> dict[str, torch.Tensor]:
         """``k`` updates of every agent, one call of the K-step update; it numbers them from
         the population's count (and DQN's from each slot's own)."""
-        first = {"slot_first": self.slot_updates + 1} if self.slot_steps else {}
-        stats = kstep(self.k, self.updates + 1, **first)
+        slot_updates = self.slot_updates if self.slot_steps else None
+        stats = kstep(self.k, self.updates + 1, slot_updates)
         self.updates += self.k
         self.slot_updates.add_(self.k)
         return stats

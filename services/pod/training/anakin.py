@@ -19,8 +19,13 @@
 Randomness is counter-based (services/pod/algorithms/counter_random.py: a 32-bit integer hash
 of the agent's seed, the iteration counter, a stream id and the element's index), so no
 ``torch.Generator`` enters the program, compiled and eager give the same draws, and an
-iteration is reproducible from its state alone. Shuffles are ``argsort`` of such bits
+iteration is reproducible from its state alone. An iteration draws once (``draws``): the
+actions' noise, the autoresets' initial states and the shuffles, ``argsort`` of random bits
 (stable, so ties cannot reorder).
+
+The state holds each agent's weights and Adam moments as rows of flat (P, n) tensors
+(``AnakinShape.layout`` says where each layer lies; ``AnakinShape.views`` gives the layers):
+a compiled program's host cost grows with the number of tensors it takes and returns.
 
 Everything PBT changes is a tensor of shape (P,) in ``hp`` (``HYPERPARAMETERS``): new values
 are new inputs of the same graph, not a recompile. What would change the graph (P, env count,
@@ -55,9 +60,10 @@ from torch.func import grad, stack_module_state, vmap
 from services.contracts.algorithms.ppo import CARD as PPO_CARD
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.logs import get_logger
-from services.pod.algorithms.counter_random import uniform, uniform_bits
+from services.pod.algorithms.counter_random import to_uniform, uniform, uniform_bits
 from services.pod.algorithms.normalization import merge_batched
 from services.pod.algorithms.ppo import ADAM_BETAS, ADAM_EPS, PPO, PPO_STATS, ppo_objective
+from services.pod.algorithms.stacked import Layout
 from services.pod.envs.base import TorchVecEnv
 from services.pod.envs.cartpole import CartPoleEnv
 
@@ -99,9 +105,18 @@ PUREJAXRL_CARTPOLE = PPOConfig(
 #: compile grows with K (docs/benchmarks.md, "Anakin iteration": 8 was the knee on a CPU).
 ROLLOUT_CHUNK = 8
 # Random streams: one per use, so draws for different purposes never coincide.
-_INIT, _RESET, _ACTION, _SHUFFLE = 0, 1, 2, 3
+_INIT, _ITERATION = 0, 1
+
+
+def _tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh as 2 sigmoid(2x) - 1, within 2e-7 of ``torch.tanh``: on a CPU, eager ``torch.tanh``
+    takes several times as long as ``torch.sigmoid`` (docs/benchmarks.md, "Session 24"), and
+    GAE evaluates the critic on the whole rollout eagerly."""
+    return torch.sigmoid(2.0 * x) * 2.0 - 1.0
+
+
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "tanh": torch.tanh,
+    "tanh": _tanh,
     "relu": torch.relu,
     "elu": F.elu,
 }
@@ -185,6 +200,9 @@ class AnakinShape:
     clip_vloss: bool
     max_episode_steps: int
     env: type[TorchVecEnv]
+    #: Where each actor and critic tensor lies in a row of the flat (P, n) ``params``,
+    #: ``exp_avg`` and ``exp_avg_sq`` (state-dict names: ``actor.net.0.weight``, ...).
+    layout: Layout
 
     @property
     def batch(self) -> int:
@@ -201,6 +219,10 @@ class AnakinShape:
         return max(
             k for k in range(1, min(ROLLOUT_CHUNK, self.num_steps) + 1) if not self.num_steps % k
         )
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """name → (P, *shape) view of a flat (P, n) ``params``, ``exp_avg`` or ``exp_avg_sq``."""
+        return self.layout.views(flat, "")
 
 
 _SHAPES: dict[AnakinShape, AnakinShape] = {}
@@ -264,6 +286,13 @@ def build(
     for seed in seeds:
         torch.manual_seed(seed)
         agents.append(PPO(obs_space, act_space, config))
+    models = [nn.ModuleDict({"actor": a.policy.actor, "critic": a.critic}) for a in agents]
+    stacked, _ = stack_module_state(models)
+    # One flat (P, n) tensor per part of the agent (weights, Adam's moments), not a tensor per
+    # layer: each tensor a compiled program takes or returns costs about a microsecond of host
+    # time a call (docs/benchmarks.md, "Session 24"), and the update is called 16 times an
+    # iteration.
+    params = torch.cat([v.detach().reshape(p, -1) for v in stacked.values()], 1).to(device)
     first = agents[0]
     shape = AnakinShape(
         agents=p,
@@ -282,14 +311,12 @@ def build(
         clip_vloss=config.clip_vloss,
         max_episode_steps=max_episode_steps,
         env=env,
+        layout=Layout.of(list(stacked), [v[0] for v in stacked.values()]),
     )
     # One object per distinct shape: the compiled programs take it as an argument, and a PBT
     # child's equal shape must meet the guards of its parent's graphs, however dynamo guards
     # a user object (by value or by identity).
     shape = _SHAPES.setdefault(shape, shape)
-    models = [nn.ModuleDict({"actor": a.policy.actor, "critic": a.critic}) for a in agents]
-    stacked, _ = stack_module_state(models)
-    params = {k: v.detach().to(device).contiguous() for k, v in stacked.items()}
     seed_t = torch.tensor(list(seeds), dtype=torch.int64, device=device)
     _, initial = FUNCTIONAL_ENVS[env]
     env_state = initial(
@@ -298,8 +325,8 @@ def build(
     d = shape.obs_dim
     state: State = {
         "params": params,
-        "exp_avg": {k: torch.zeros_like(v) for k, v in params.items()},
-        "exp_avg_sq": {k: torch.zeros_like(v) for k, v in params.items()},
+        "exp_avg": torch.zeros_like(params),
+        "exp_avg_sq": torch.zeros_like(params),
         "adam_step": torch.zeros(p, device=device),
         "env": env_state,
         "ep_return": torch.zeros(p, shape.num_envs, device=device),
@@ -402,13 +429,20 @@ def rollout_step(
     )
 
 
-def rollout_noise(shape: AnakinShape, state: State) -> tuple[torch.Tensor, torch.Tensor]:
-    """The iteration's uniforms, (T, P, N, n_actions) for the actions' Gumbel noise and
-    (T, P, N, state_dim) for the initial states of the episodes that autoreset."""
-    seed, it, t_, n = state["seed"], state["iteration"], shape.num_steps, shape.num_envs
-    action_u = uniform(seed, it, _ACTION, (t_, n, shape.n_actions)).transpose(0, 1)
-    reset_u = uniform(seed, it, _RESET, (t_, n, shape.state_dim)).transpose(0, 1)
-    return action_u, reset_u
+def draws(shape: AnakinShape, state: State) -> tuple[torch.Tensor, ...]:
+    """The iteration's random numbers, one counter-based draw split three ways: uniforms
+    (T, P, N, n_actions) for the actions' Gumbel noise, uniforms (T, P, N, state_dim) for the
+    initial states of the episodes that autoreset, and the minibatch orders (P, epochs, batch),
+    argsorts of random bits. One draw, not one per use: in eager code each is some thirty
+    integer ops, whatever its size."""
+    t_, p, n = shape.num_steps, shape.agents, shape.num_envs
+    sizes = (t_ * n * shape.n_actions, t_ * n * shape.state_dim, shape.epochs * shape.batch)
+    bits = uniform_bits(state["seed"], state["iteration"], _ITERATION, (sum(sizes),))
+    action, reset, shuffle = bits.split(sizes, dim=-1)
+    action_u = to_uniform(action).view(p, t_, n, shape.n_actions).transpose(0, 1)
+    reset_u = to_uniform(reset).view(p, t_, n, shape.state_dim).transpose(0, 1)
+    perms = torch.argsort(shuffle.view(p, shape.epochs, shape.batch), dim=-1, stable=True)
+    return action_u, reset_u, perms
 
 
 _STEP_KEYS = ("obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs")
@@ -416,7 +450,7 @@ _STEP_KEYS = ("obs", "actions", "logprobs", "rewards", "terminated", "truncated"
 
 def rollout_chunk(
     shape: AnakinShape,
-    params: Mapping[str, torch.Tensor],
+    params: torch.Tensor,
     norm_state: Mapping[str, torch.Tensor],
     carry: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     action_u: torch.Tensor,
@@ -426,12 +460,14 @@ def rollout_chunk(
     ``carry``: (env_state, ep_return, ep_length).
 
     Returns (env_state, ep_return, ep_length, raw, obs, action, logp, reward, terminated,
-    truncated, final_obs, finished_return), the last nine stacked (K, P, N, ...)."""
+    truncated, final_obs, finished_return), the last nine stacked (K, P, N, ...); ``params``:
+    the flat (P, n) weights."""
+    views = shape.views(params)
     steps: list[tuple[torch.Tensor, ...]] = []
     for k in range(action_u.shape[0]):
         raw = carry[0].to(torch.float32)  # CartPole observes its state
         env_state, ep_return, ep_length, *out = rollout_step(
-            shape, params, norm_state, *carry, action_u[k], reset_u[k]
+            shape, views, norm_state, *carry, action_u[k], reset_u[k]
         )
         carry = (env_state, ep_return, ep_length)
         steps.append((raw, *out))
@@ -445,10 +481,11 @@ def collect(
     chunk_fn: Callable[..., tuple[torch.Tensor, ...]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """T vector steps into buffers of shape (T, P, N, ...), in chunks of ``shape.chunk``
-    steps; ``chunk_fn``: ``rollout_chunk`` or its compiled program."""
+    steps, and the iteration's minibatch orders (``perms``, ``draws``); ``chunk_fn``:
+    ``rollout_chunk`` or its compiled program."""
     chunk_fn = chunk_fn or rollout_chunk
     k = shape.chunk
-    action_u, reset_u = rollout_noise(shape, state)
+    action_u, reset_u, perms = draws(shape, state)
     keys = ("raw", *_STEP_KEYS, "finished_return")
     chunks: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
     norm_state = {key: state[key] for key in ("obs_mean", "obs_var")}
@@ -463,6 +500,7 @@ def collect(
     buf = {key: torch.cat(v) if len(v) > 1 else v[0] for key, v in chunks.items()}
     buf["env"], buf["ep_return"], buf["ep_length"] = carry
     buf["next_obs"] = normalize(norm_state, carry[0].to(torch.float32), shape)
+    buf["perms"] = perms  # the update's minibatch orders, drawn with the rollout's noise
     return buf
 
 
@@ -493,49 +531,61 @@ def _loss(
 
 def minibatch_update(
     shape: AnakinShape,
-    opt: Mapping[str, torch.Tensor | dict[str, torch.Tensor]],
+    opt: Mapping[str, torch.Tensor],
     data: tuple[torch.Tensor, ...],
     idx: torch.Tensor,
     hp: Hyper,
     lr: torch.Tensor,
-) -> tuple[dict, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """One gradient step of all P agents on the samples ``idx`` (P, minibatch) of ``data``
     (each (P, batch, ...)): per-agent gradients (vmap of grad), global-norm clipping per
-    agent, Adam. ``opt``: params, exp_avg, exp_avg_sq (dicts), adam_step (P,). Returns the
-    new ``opt`` and the loss statistics (P, 5). The gather is inside so that a compiled
+    agent, Adam. ``opt``: params, exp_avg, exp_avg_sq (flat, (P, n)), adam_step (P,). Returns
+    the new ``opt`` and the loss statistics (P, 5). The gather is inside so that a compiled
     update is one call, not one per tensor gathered."""
     p = shape.agents
     minibatch = tuple(
         torch.take_along_dim(x, idx.view(p, -1, *([1] * (x.dim() - 2))), dim=1) for x in data
     )
-    params = opt["params"]
     grad_fn = vmap(grad(_loss, has_aux=True), in_dims=(0, None, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     grads, stats = grad_fn(
-        params, shape, *minibatch, hp["clip_coef"], hp["ent_coef"], hp["vf_coef"]
-    )
+        shape.views(opt["params"]), shape, *minibatch, hp["clip_coef"], hp["ent_coef"],
+        hp["vf_coef"],
+    )  # fmt: skip
+    g = torch.cat([grads[name].reshape(p, -1) for name in shape.layout.names], 1)
     # clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, per agent.
-    sq = sum(g.reshape(p, -1).square().sum(1) for g in grads.values())
-    coef = (hp["max_grad_norm"] / (torch.sqrt(sq) + 1e-6)).clamp(max=1.0)
+    norm = torch.sqrt(g.square().sum(1, keepdim=True))
+    g = g * (hp["max_grad_norm"].view(p, 1) / (norm + 1e-6)).clamp(max=1.0)
     b1, b2 = ADAM_BETAS
     step = opt["adam_step"] + 1
-    bc1 = 1 - torch.pow(b1, step)
-    bc2_sqrt = torch.sqrt(1 - torch.pow(b2, step))
-    step_size = lr / bc1
-    new_params, new_m, new_v = {}, {}, {}
-    for name, value in params.items():
-        extra = (1,) * (value.dim() - 1)
-        g = grads[name] * coef.view(p, *extra)
-        m = opt["exp_avg"][name].lerp(g, 1 - b1)
-        v = opt["exp_avg_sq"][name] * b2 + (1 - b2) * g * g
-        denom = torch.sqrt(v) / bc2_sqrt.view(p, *extra) + ADAM_EPS
-        new_params[name] = value - step_size.view(p, *extra) * m / denom
-        new_m[name], new_v[name] = m, v
-    new_opt = {"params": new_params, "exp_avg": new_m, "exp_avg_sq": new_v, "adam_step": step}
-    return new_opt, stats
+    bc1 = (1 - torch.pow(b1, step)).view(p, 1)
+    bc2_sqrt = torch.sqrt(1 - torch.pow(b2, step)).view(p, 1)
+    m = opt["exp_avg"].lerp(g, 1 - b1)
+    v = opt["exp_avg_sq"] * b2 + (1 - b2) * g * g
+    denom = torch.sqrt(v) / bc2_sqrt + ADAM_EPS
+    params = opt["params"] - (lr.view(p, 1) / bc1) * m / denom
+    return {"params": params, "exp_avg": m, "exp_avg_sq": v, "adam_step": step}, stats
 
 
 #: Largest P x N x T x T for which GAE is one weighted sum rather than a T-step loop.
 _GAE_MATRIX_MAX = 1 << 23
+
+
+_LAG_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _lag_index(t_: int, device: torch.device) -> torch.Tensor:
+    """(T, T): s - t where s >= t, else T (the zero after the T powers of ``_gae_matrix``).
+    A constant of T: kept per T and device in eager code (five eager ops an iteration less),
+    folded into the program where compiled."""
+    key = (t_, device)
+    if torch.compiler.is_compiling() or key not in _LAG_INDEX:
+        steps = torch.arange(t_, device=device)
+        lag = steps.view(1, t_) - steps.view(t_, 1)
+        index = torch.where(lag >= 0, lag, t_)
+        if torch.compiler.is_compiling():
+            return index
+        _LAG_INDEX[key] = index
+    return _LAG_INDEX[key]
 
 
 def _gae_matrix(delta: torch.Tensor, not_done: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
@@ -549,10 +599,11 @@ def _gae_matrix(delta: torch.Tensor, not_done: torch.Tensor, decay: torch.Tensor
     done = 1.0 - not_done.transpose(1, 2)  # (P, N, T)
     ended_before = torch.cumsum(done, -1) - done  # episodes ended before step t
     same_episode = ended_before.unsqueeze(-1) == ended_before.unsqueeze(-2)  # [t, s]
-    steps = torch.arange(t_, device=delta.device)
-    lag = steps.view(1, t_) - steps.view(t_, 1)  # s - t
-    powers = decay.view(p, 1, 1) ** lag.clamp(min=0).to(delta.dtype)  # (P, T, T)
-    weights = torch.where(same_episode & (lag >= 0), powers.unsqueeze(1), 0.0)  # (P, N, T, T)
+    # (γλ)^k for the T lags and a 0 for s < t, then looked up: a power per (t, s) pair costs
+    # more than the sum.
+    steps = torch.arange(t_, device=delta.device, dtype=delta.dtype)
+    powers = F.pad(decay.view(p, 1) ** steps, (0, 1))[:, _lag_index(t_, delta.device)]
+    weights = powers.unsqueeze(1) * same_episode  # (P, N, T, T)
     adv = torch.matmul(weights, delta.transpose(1, 2).unsqueeze(-1)).squeeze(-1)  # (P, N, T)
     return adv.transpose(1, 2)
 
@@ -585,13 +636,15 @@ def truncated_values(
 
 
 def advantages(
-    shape: AnakinShape, params: Mapping[str, torch.Tensor], roll: Mapping, hp: Hyper
+    shape: AnakinShape, params: torch.Tensor, roll: Mapping, hp: Hyper
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Values, GAE advantages and λ-returns, all (P, T, N), as ``PPO.update`` computes them."""
+    """Values, GAE advantages and λ-returns, all (P, T, N), as ``PPO.update`` computes them;
+    ``params``: the flat (P, n) weights."""
     t_, p, n, d = shape.num_steps, shape.agents, shape.num_envs, shape.obs_dim
+    critic = shape.views(params)
 
     def value(x: torch.Tensor) -> torch.Tensor:  # x (P, B, D)
-        return _mlp_batched(params, shape.critic_layers, shape.activation, x).squeeze(-1)
+        return _mlp_batched(critic, shape.critic_layers, shape.activation, x).squeeze(-1)
 
     obs = roll["obs"].transpose(0, 1).reshape(p, t_ * n, d)
     values = value(obs).view(p, t_, n)
@@ -617,12 +670,6 @@ def advantages(
             trace.append(last)
         adv = torch.stack(trace[::-1], 1)
     return values, adv, adv + values
-
-
-def permutations(shape: AnakinShape, state: State) -> torch.Tensor:
-    """(P, epochs, batch) minibatch orders: argsort of counter-based random bits."""
-    bits = uniform_bits(state["seed"], state["iteration"], _SHUFFLE, (shape.epochs, shape.batch))
-    return torch.argsort(bits, dim=-1, stable=True)
 
 
 def _merge_obs_stats(shape: AnakinShape, state: State, raw: torch.Tensor) -> dict:
@@ -658,7 +705,7 @@ def learn(
     frac = (1.0 - state["iteration"] / state["total_iterations"]).clamp(min=0.0)
     frac = torch.where(hp["anneal_lr"] > 0, frac, torch.ones_like(frac))
     lr = hp["learning_rate"] * frac
-    perms = permutations(shape, state)
+    perms = roll["perms"]
     opt = {k: state[k] for k in ("params", "exp_avg", "exp_avg_sq", "adam_step")}
     sums = torch.zeros(p, len(PPO_STATS), device=lr.device)
     for epoch in range(shape.epochs):
@@ -821,7 +868,7 @@ class AnakinPPO:
         it with ``Evaluator`` or save it as a PPO pod's training files."""
         probe = self.shape.env(num_envs=1)
         agent = PPO(probe.single_observation_space, probe.single_action_space, self.config)
-        params = self.state["params"]
+        params = self.shape.views(self.state["params"])
         with torch.no_grad():
             for name, tensor in agent.policy.actor.named_parameters(prefix="actor"):
                 tensor.copy_(params[name][i])

@@ -38,15 +38,14 @@ from services.pod.training.anakin import FUNCTIONAL_ENVS, AnakinShape, _mlp_batc
 
 def greedy_returns(
     shape: AnakinShape,
-    params: Mapping[str, torch.Tensor],
+    params: torch.Tensor,
     obs_mean: torch.Tensor,
     obs_var: torch.Tensor,
     start: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy episodes of all P agents from ``start`` (P, N, state_dim): the returns (P, N)
-    and the number of vector steps taken (0-dim)."""
+    and the number of vector steps taken (0-dim); ``params``: the flat (P, n) weights."""
     step_fn, _ = FUNCTIONAL_ENVS[shape.env]
-    actor = {k: v for k, v in params.items() if k.startswith("actor.")}
     norm = {"obs_mean": obs_mean, "obs_var": obs_var}
 
     def cond(
@@ -58,6 +57,9 @@ def greedy_returns(
         t: torch.Tensor, state: torch.Tensor, returns: torch.Tensor, alive: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         obs = normalize(norm, state.to(torch.float32), shape)
+        # The views are taken inside the loop's body: views of one tensor passed into it
+        # would be aliased inputs, which while_loop refuses.
+        actor = shape.views(params)
         logits = _mlp_batched(actor, shape.actor_layers, shape.activation, obs)
         new, reward, terminated = step_fn(state, logits.argmax(-1))
         returns = returns + reward * alive.to(reward.dtype)

@@ -28,13 +28,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar, TypeVar
+from typing import TypeVar
 
 import torch
 
 from services import registry
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
+from services.pod.algorithms.batched_adam import adam_state, load_adam_state
 from services.pod.algorithms.compiled import anakin_auto, compiler_missing
 from services.pod.algorithms.ppo import PPO, PPO_STATS
 from services.pod.config import PPORunConfig
@@ -49,8 +50,9 @@ from services.pod.training.anakin import (
     AnakinPPO,
     unsupported,
 )
-from services.pod.training.onpolicy import OnPolicyTrainer, load_ppo_files, save_ppo_files
-from services.pod.training.trainer import Counters, Declined, Roles, Trainer
+from services.pod.training.onpolicy import save_ppo_files
+from services.pod.training.population_trainer import PPOSlotsTrainer
+from services.pod.training.trainer import Counters, Declined, Roles
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -72,12 +74,8 @@ def compile_clock() -> float:
     return float(sum(compilation_time_metrics.get("_compile.compile_inner", ())))
 
 
-class AnakinTrainer(Trainer[PPORunConfig]):
+class AnakinTrainer(PPOSlotsTrainer):
     """``len(configs)`` PPO agents on the Anakin iteration; counters are per agent."""
-
-    config_class = PPORunConfig
-    one_update_per_step = True
-    pod_defaults: ClassVar = OnPolicyTrainer.pod_defaults
 
     # -- choosing it -----------------------------------------------------------------------
     @classmethod
@@ -223,38 +221,32 @@ class AnakinTrainer(Trainer[PPORunConfig]):
         shape, state = self.run.shape, self.run.state
         return self._timed("evaluation", anakin_eval.evaluate, shape, state, self.start, compiled)
 
-    def config(self, slot: int) -> PPORunConfig:
-        return self.configs[slot]
-
-    def counters(self, slot: int) -> Counters:
-        offset = self.offsets[slot]
-        return Counters(self.env_steps + offset.env_steps, self.updates + offset.updates)
-
     # -- files -----------------------------------------------------------------------------
     def learner(self, slot: int) -> RolloutLearner:
         """Slot ``slot`` as a single PPO agent's learner: weights, observation statistics,
         Adam moments and step, counters."""
         agent = self.run.agent(slot).to(self.device)
-        state = self.run.state
-        steps = float(state["adam_step"][slot])
-        if steps:
-            for name, param in agent.named_parameters():
-                key = name.removeprefix("policy.")
-                agent.optimizer.state[param] = {
-                    "step": torch.tensor(steps, device=self.device),
-                    "exp_avg": state["exp_avg"][key][slot].clone(),
-                    "exp_avg_sq": state["exp_avg_sq"][key][slot].clone(),
-                }
+        params, _, *moments = self._views(slot, agent)
+        steps = float(self.run.state["adam_step"][slot])
+        if adam := adam_state(params, steps, *moments):
+            agent.optimizer.state.update(adam)
         config, counters = self.configs[slot], self.counters(slot)
         learner = RolloutLearner(agent, config.total_env_steps)
         learner.env_steps, learner.updates = counters.env_steps, counters.updates
         return learner
 
+    def _views(self, slot: int, agent: PPO) -> list[list[torch.Tensor]]:
+        """``agent``'s parameters, then slot ``slot``'s weights, ``exp_avg`` and ``exp_avg_sq``
+        of each in the state (views, written in place)."""
+        named = {n.removeprefix("policy."): t for n, t in agent.named_parameters()}
+        views = self.run.shape.views
+        parts = [views(self.run.state[part]) for part in ("params", "exp_avg", "exp_avg_sq")]
+        return [list(named.values()), *([part[k][slot] for k in named] for part in parts)]
+
     def save(self, slot: int, directory: Path) -> None:
         save_ppo_files(directory, self.learner(slot), self.configs[slot])
 
     def _fresh(self, config: PPORunConfig) -> RolloutLearner:
-        """A fresh single PPO agent of this trainer's shape, seeded by ``config``."""
         if _shared(config) != _shared(self.configs[0]):
             raise HyperparameterError(
                 "a slot of this pod takes only the per-agent hyperparameters "
@@ -266,37 +258,21 @@ class AnakinTrainer(Trainer[PPORunConfig]):
         return RolloutLearner(agent.to(self.device), config.total_env_steps)
 
     @torch.no_grad()
-    def _place(self, slot: int, learner: RolloutLearner, config: PPORunConfig) -> None:
+    def _put(self, slot: int, learner: RolloutLearner, config: PPORunConfig) -> None:
         """Write ``learner``'s agent into slot ``slot`` of the state, in place: the tensors
         the compiled programs take stay the same objects, so nothing recompiles."""
         state, agent = self.run.state, learner.agent
-        steps = 0.0
-        for name, param in agent.named_parameters():
-            key = name.removeprefix("policy.")
-            state["params"][key][slot] = param
-            moments = agent.optimizer.state.get(param, {})  # none for a fresh agent
-            steps = max(steps, float(moments.get("step", 0.0)))
-            for which in ("exp_avg", "exp_avg_sq"):
-                state[which][key][slot] = moments.get(which, 0.0)
-        state["adam_step"][slot] = steps
+        params, weights, *moments = self._views(slot, agent)
+        for weight, param in zip(weights, params, strict=True):
+            weight.copy_(param)
+        # No moments for a fresh agent: zeros, step 0.
+        state["adam_step"][slot] = load_adam_state(params, agent.optimizer.state, *moments)
         rms = agent.policy.obs_rms
         state["obs_mean"][slot] = rms.mean
         state["obs_var"][slot] = rms.var
         state["obs_count"][slot] = rms.count
         state["seed"][slot] = config.seed  # the slot explores with its own random stream
         self.run.set_hyperparameters(slot, self._hyperparameters(config))
-        self.configs[slot] = config
-        self.offsets[slot] = Counters(
-            learner.env_steps - self.env_steps, learner.updates - self.updates
-        )
-
-    def load(self, slot: int, directory: Path, config: PPORunConfig) -> None:
-        learner = self._fresh(config)
-        load_ppo_files(directory, learner)
-        self._place(slot, learner, config)
-
-    def reset(self, slot: int, config: PPORunConfig) -> None:
-        self._place(slot, self._fresh(config), config)
 
     def close(self) -> None:
         """Nothing to close: the env is a tensor of the state."""

@@ -61,6 +61,12 @@ from services.pod.roles.learner import RolloutLearner
 HYPERPARAMETERS: tuple[str, ...] = CARD.population.hyperparameters if CARD.population else ()
 
 
+def _agent_name(name: str) -> str:
+    """A stacked parameter's or buffer's name in a single ``PPO`` agent (the actor is its
+    policy's)."""
+    return f"policy.{name}" if name.startswith("actor.") else name
+
+
 class _ActorCritic(nn.Module):
     """The actor and critic of one agent under one root, so that the stacked parameters are
     named ``actor.*`` and ``critic.*``."""
@@ -262,7 +268,6 @@ class PopulationPPO:
             self.params[name] = self.flat[:, offset : offset + numel].view(p, *shape)
             self._grads[name] = self.grad[:, offset : offset + numel].view(p, *shape)
             offset += numel
-        self._exp_avg, self._exp_avg_sq = self.adam.exp_avg, self.adam.exp_avg_sq
         self.adam_steps = self.adam.steps
         self._whole_batch = True
         d = tuple(env.single_observation_space.shape)
@@ -618,30 +623,21 @@ class PopulationPPO:
         agent = PPO(obs_space, self.env.single_action_space, self.configs[i]).to(self.device)
         state = {}
         for name, tensor in self.params.items():
-            key = f"policy.{name}" if name.startswith("actor.") else name
-            state[key] = tensor[i].detach().clone()
+            state[_agent_name(name)] = tensor[i].detach().clone()
         for name, tensor in self.buffers.items():
-            key = f"policy.{name}" if name.startswith("actor.") else name
-            state[key] = tensor[i].clone()
+            state[_agent_name(name)] = tensor[i].clone()
         for key, stats in (("policy.obs_rms", self.obs_rms), ("return_rms", self.return_rms)):
             for field, tensor in zip(("mean", "var", "count"), stats, strict=True):
                 state[f"{key}.{field}"] = tensor[i].clone()
         agent.load_state_dict(state)
-        steps = float(self.adam_steps[i])
-        if steps and adam_state:
-            named = dict(agent.named_parameters())
-            offset = 0
-            for name, shape in zip(self._names, self._shapes, strict=True):
-                numel = math.prod(shape)
-                param = named[f"policy.{name}" if name.startswith("actor.") else name]
-                part = slice(offset, offset + numel)
-                agent.optimizer.state[param] = {
-                    "step": torch.tensor(steps, device=self.device),
-                    "exp_avg": self._exp_avg[i, part].reshape(shape).clone(),
-                    "exp_avg_sq": self._exp_avg_sq[i, part].reshape(shape).clone(),
-                }
-                offset += numel
+        if adam_state and (moments := self.adam.row_state(i, self._row(agent))):
+            agent.optimizer.state.update(moments)
         return agent
+
+    def _row(self, agent: PPO) -> list[torch.Tensor]:
+        """``agent``'s parameters in the order of a row of ``flat``."""
+        named = dict(agent.named_parameters())
+        return [named[_agent_name(name)] for name in self._names]
 
     def learner(self, i: int) -> RolloutLearner:
         """A ``RolloutLearner`` of agent i, with the population's counters."""
@@ -658,19 +654,9 @@ class PopulationPPO:
         if hyperparameters:
             self._set_hyperparameters(i, hyperparameters)
         state = agent.state_dict()
-        named = dict(agent.named_parameters())
-        offset, steps = 0, 0.0
-        for name, shape in zip(self._names, self._shapes, strict=True):
-            key = f"policy.{name}" if name.startswith("actor.") else name
-            numel = math.prod(shape)
-            self.params[name][i] = state[key]
-            moments = agent.optimizer.state.get(named[key], {})
-            steps = max(steps, float(moments.get("step", 0.0)))
-            part = slice(offset, offset + numel)
-            for mine, theirs in ((self._exp_avg, "exp_avg"), (self._exp_avg_sq, "exp_avg_sq")):
-                mine[i, part] = moments[theirs].reshape(-1) if theirs in moments else 0.0
-            offset += numel
-        self.adam_steps[i] = steps
+        for name in self._names:
+            self.params[name][i] = state[_agent_name(name)]
+        self.adam.load_row(i, self._row(agent), agent.optimizer.state)
         for key, stats in (("policy.obs_rms", self.obs_rms), ("return_rms", self.return_rms)):
             for k, field in enumerate(("mean", "var", "count")):
                 stats[k][i] = state[f"{key}.{field}"]

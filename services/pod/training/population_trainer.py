@@ -21,6 +21,7 @@ and break the lock-step). The roles always run in this process.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -45,12 +46,52 @@ def check_population_config(config: PPORunConfig) -> None:
     check_population_settings(config.env, "ppo", config.ppo.model_dump())
 
 
-class PopulationTrainer(Trainer[PPORunConfig]):
-    """``len(configs)`` PPO agents; ``env_steps`` and ``updates`` count per agent."""
+class PPOSlotsTrainer(Trainer[PPORunConfig]):
+    """What the trainers of P PPO agents in one process (``PopulationTrainer``, the Anakin
+    trainer) share: each slot's config and counters, and a slot loaded or reset as a single PPO
+    agent (whose training files any PPO pod loads) put into it."""
 
     config_class = PPORunConfig
     one_update_per_step = True
     pod_defaults: ClassVar = OnPolicyTrainer.pod_defaults
+
+    configs: list[PPORunConfig]
+    #: Each slot's counters minus the trainer's (a loaded parent's go on).
+    offsets: list[Counters]
+
+    @abstractmethod
+    def _fresh(self, config: PPORunConfig) -> RolloutLearner:
+        """A fresh single PPO agent of this trainer's shape, seeded by ``config``."""
+
+    @abstractmethod
+    def _put(self, slot: int, learner: RolloutLearner, config: PPORunConfig) -> None:
+        """Write ``learner``'s agent and ``config``'s hyperparameters into slot ``slot``."""
+
+    def config(self, slot: int) -> PPORunConfig:
+        return self.configs[slot]
+
+    def counters(self, slot: int) -> Counters:
+        offset = self.offsets[slot]
+        return Counters(self.env_steps + offset.env_steps, self.updates + offset.updates)
+
+    def _place(self, slot: int, learner: RolloutLearner, config: PPORunConfig) -> None:
+        self._put(slot, learner, config)
+        self.configs[slot] = config
+        self.offsets[slot] = Counters(
+            learner.env_steps - self.env_steps, learner.updates - self.updates
+        )
+
+    def load(self, slot: int, directory: Path, config: PPORunConfig) -> None:
+        learner = self._fresh(config)
+        load_ppo_files(directory, learner)
+        self._place(slot, learner, config)
+
+    def reset(self, slot: int, config: PPORunConfig) -> None:
+        self._place(slot, self._fresh(config), config)
+
+
+class PopulationTrainer(PPOSlotsTrainer):
+    """``len(configs)`` PPO agents; ``env_steps`` and ``updates`` count per agent."""
 
     def __init__(self, configs: Sequence[PPORunConfig], roles: Roles | None = None) -> None:
         for config in configs:
@@ -71,7 +112,6 @@ class PopulationTrainer(Trainer[PPORunConfig]):
             eval_env_kwargs=first.eval_env_kwargs,
         )
         self.eval_seed = first.evaluation_seed
-        # Each slot's counters minus the population's (a loaded parent's go on).
         self.offsets = [Counters(0, 0) for _ in configs]
         self._stats: list[dict[str, float]] = []
         self._returns: list[torch.Tensor] = []
@@ -109,13 +149,6 @@ class PopulationTrainer(Trainer[PPORunConfig]):
     def evaluate(self) -> list[EvalResult]:
         return self.population.evaluate(seed=self.eval_seed)
 
-    def config(self, slot: int) -> PPORunConfig:
-        return self.configs[slot]
-
-    def counters(self, slot: int) -> Counters:
-        offset = self.offsets[slot]
-        return Counters(self.env_steps + offset.env_steps, self.updates + offset.updates)
-
     def save(self, slot: int, directory: Path) -> None:
         config, counters = self.configs[slot], self.counters(slot)
         learner = self.population.learner(slot)
@@ -123,28 +156,15 @@ class PopulationTrainer(Trainer[PPORunConfig]):
         learner.env_steps, learner.updates = counters.env_steps, counters.updates
         save_ppo_files(directory, learner, config)
 
-    def _learner(self, config: PPORunConfig) -> RolloutLearner:
-        """A fresh single-agent learner of the population's shape, seeded by ``config``."""
+    def _fresh(self, config: PPORunConfig) -> RolloutLearner:
         check_population_config(config)
         env = self.population.env
         torch.manual_seed(config.seed)
         agent = PPO(env.single_observation_space, env.single_action_space, config.ppo)
         return RolloutLearner(agent.to(self.device), config.total_env_steps)
 
-    def _place(self, slot: int, learner: RolloutLearner, config: PPORunConfig) -> None:
+    def _put(self, slot: int, learner: RolloutLearner, config: PPORunConfig) -> None:
         self.population.set_agent(slot, learner.agent, self._hyperparameters(config))
-        self.configs[slot] = config
-        self.offsets[slot] = Counters(
-            learner.env_steps - self.env_steps, learner.updates - self.updates
-        )
-
-    def load(self, slot: int, directory: Path, config: PPORunConfig) -> None:
-        learner = self._learner(config)
-        load_ppo_files(directory, learner)
-        self._place(slot, learner, config)
-
-    def reset(self, slot: int, config: PPORunConfig) -> None:
-        self._place(slot, self._learner(config), config)
 
     def close(self) -> None:
         for env in (self.population.env, self.population.eval_env):
