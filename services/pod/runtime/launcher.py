@@ -64,9 +64,10 @@ def preload() -> None:
 def _child(request: dict[str, Any], channels: list[int], started: int) -> int:
     """In the forked pod: become what ``python -m services.pod ARGV`` with ENV would be."""
     os.setsid()  # its own session and process group: the backend signals the group
-    os.close(started)  # now the launcher may hand out the pid (its group exists)
     with contextlib.suppress(OSError):
         Path("/proc/self/comm").write_text(POD_PROCESS_NAME)
+    # Now the launcher may hand out the pid: its group exists, and ps shows it by its name.
+    os.close(started)
     # The handlers a new interpreter starts with.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
