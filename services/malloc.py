@@ -237,21 +237,28 @@ def _allocator_name(library: Path) -> str | None:
     return None
 
 
-def mapped_libraries(pid: int | str = "self") -> list[Path]:
-    """The shared objects mapped into process ``pid`` (its ``/proc/<pid>/maps``), in address
-    order, each once; [] where there is no /proc. A preloaded library that the dynamic linker
-    refused (missing, wrong architecture) is not among them."""
+def _maps(pid: int | str = "self") -> list[tuple[int, int, Path]]:
+    """(start, end, file) of each file-backed mapping of process ``pid`` (its
+    ``/proc/<pid>/maps``), in address order; [] where there is no /proc."""
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
         return []
-    paths: dict[Path, None] = {}
+    out = []
     for line in lines:
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5].startswith("/") and ".so" in fields[5]:
-            paths[Path(fields[5])] = None
-    return list(paths)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            start, _, end = fields[0].partition("-")
+            out.append((int(start, 16), int(end, 16), Path(fields[5])))
+    return out
+
+
+def mapped_libraries(pid: int | str = "self") -> list[Path]:
+    """The shared objects mapped into process ``pid``, in address order, each once; [] where
+    there is no /proc. A preloaded library that the dynamic linker refused (missing, wrong
+    architecture) is not among them."""
+    return list(dict.fromkeys(path for _, _, path in _maps(pid) if ".so" in path.name))
 
 
 def running_allocator() -> Allocator:
@@ -265,19 +272,9 @@ def running_allocator() -> Allocator:
     try:
         address = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
     except (OSError, AttributeError):
-        address = None
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        if address is None or len(fields) < 6:
-            continue
-        start, _, end = fields[0].partition("-")
-        if int(start, 16) <= address < int(end, 16):
-            library = Path(fields[5])
+        return Allocator(SYSTEM)
+    for start, end, library in _maps():
+        if address is not None and start <= address < end:
             return Allocator(_allocator_name(library) or _system_or(library), library)
     return Allocator(SYSTEM)
 

@@ -54,6 +54,7 @@ from services.pod.algorithms.stacked import (
     PopulationTD3,
     clip_rows_,
     dqn_loss,
+    flat_rows,
     move_dqn_targets_,
     sac_losses,
     td3_actor_loss,
@@ -175,10 +176,6 @@ class Shape:
     critic_start: int = 0  # SAC: the critics' first column of the flat weights
 
 
-def _flat_grad(grads: dict[str, torch.Tensor], keys: list[str], p: int) -> torch.Tensor:
-    return torch.cat([grads[k].reshape(p, -1) for k in keys], dim=1)
-
-
 def sac_update(
     sampler: nn.Module,
     critic: nn.Module,
@@ -208,7 +205,7 @@ def sac_update(
     grads, (critic_loss, actor_loss, alpha) = torch.func.grad(total, has_aux=True)(params)
     adam_(
         flat,
-        _flat_grad(grads, list(params), p),
+        flat_rows(grads, params),
         state["moments"],
         state["steps"],
         hp["learning_rate"],
@@ -258,7 +255,7 @@ def td3_update(
     lr = hp["learning_rate"]
     adam_(
         state["critic"],
-        _flat_grad(g_critic, list(critic), p),
+        flat_rows(g_critic, critic),
         state["critic_moments"],
         state["critic_steps"],
         lr,
@@ -267,7 +264,7 @@ def td3_update(
     if delayed:
         adam_(
             state["actor"],
-            _flat_grad(g_actor, list(actor), p),
+            flat_rows(g_actor, actor),
             state["actor_moments"],
             state["actor_steps"],
             lr,
@@ -296,7 +293,6 @@ def dqn_update(
     count of updates before this one), ``seed``, ``counter``, updated in place. Returns each
     agent's loss, (P,)."""
     flat, seed, counter = state["flat"], state["seed"], state["counter"]
-    p = flat.shape[0]
     batch = draw_batch(replay, filled, seed, counter, shape.batch_size)
     params = shape.layout.views(flat, "policy.actor.")
     targets = shape.other.views(state["targets"], "policy.actor.")
@@ -307,7 +303,7 @@ def dqn_update(
         return loss.sum(), loss
 
     grads, loss = torch.func.grad(total, has_aux=True)(params)
-    grad = clip_rows_(_flat_grad(grads, list(params), p), hp["max_grad_norm"])
+    grad = clip_rows_(flat_rows(grads, params), hp["max_grad_norm"])
     adam_(flat, grad, state["moments"], state["steps"], hp["learning_rate"])
     updates = state["slot_updates"]
     updates.add_(1)

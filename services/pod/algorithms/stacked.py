@@ -31,7 +31,7 @@ update (kstep.py) runs the same code as the eager ``update``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -103,6 +103,13 @@ class Layout:
             name.removeprefix(prefix): flat[:, start + o : start + o + math.prod(s)].view(p, *s)
             for name, s, o in zip(self.names, self.shapes, self.offsets, strict=True)
         }
+
+
+def flat_rows(tensors: Mapping[str, torch.Tensor], keys: Iterable[str]) -> torch.Tensor:
+    """``tensors[k]`` (each (P, ...)) for ``keys`` in order, as one (P, n) tensor: the
+    inverse of ``Layout.views`` (e.g. per-agent gradients into a flat row for Adam)."""
+    rows = [tensors[k] for k in keys]
+    return torch.cat([t.reshape(t.shape[0], -1) for t in rows], dim=1)
 
 
 # -- the losses of one agent (run under ``vmap``), of its template modules and its parameters --

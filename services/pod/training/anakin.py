@@ -63,7 +63,7 @@ from services.logs import get_logger
 from services.pod.algorithms.counter_random import to_uniform, uniform, uniform_bits
 from services.pod.algorithms.normalization import merge_batched
 from services.pod.algorithms.ppo import ADAM_BETAS, ADAM_EPS, PPO, PPO_STATS, ppo_objective
-from services.pod.algorithms.stacked import Layout
+from services.pod.algorithms.stacked import Layout, flat_rows
 from services.pod.envs.base import TorchVecEnv
 from services.pod.envs.cartpole import CartPoleEnv
 
@@ -551,7 +551,7 @@ def minibatch_update(
         shape.views(opt["params"]), shape, *minibatch, hp["clip_coef"], hp["ent_coef"],
         hp["vf_coef"],
     )  # fmt: skip
-    g = torch.cat([grads[name].reshape(p, -1) for name in shape.layout.names], 1)
+    g = flat_rows(grads, shape.layout.names)
     # clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, per agent.
     norm = torch.sqrt(g.square().sum(1, keepdim=True))
     g = g * (hp["max_grad_norm"].view(p, 1) / (norm + 1e-6)).clamp(max=1.0)
@@ -570,24 +570,6 @@ def minibatch_update(
 _GAE_MATRIX_MAX = 1 << 23
 
 
-_LAG_INDEX: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def _lag_index(t_: int, device: torch.device) -> torch.Tensor:
-    """(T, T): s - t where s >= t, else T (the zero after the T powers of ``_gae_matrix``).
-    A constant of T: kept per T and device in eager code (five eager ops an iteration less),
-    folded into the program where compiled."""
-    key = (t_, device)
-    if torch.compiler.is_compiling() or key not in _LAG_INDEX:
-        steps = torch.arange(t_, device=device)
-        lag = steps.view(1, t_) - steps.view(t_, 1)
-        index = torch.where(lag >= 0, lag, t_)
-        if torch.compiler.is_compiling():
-            return index
-        _LAG_INDEX[key] = index
-    return _LAG_INDEX[key]
-
-
 def _gae_matrix(delta: torch.Tensor, not_done: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
     """GAE's trace A_t = δ_t + γλ (1 - done_t) A_{t+1} as one weighted sum per env:
     A_t = Σ_{s >= t} (γλ)^(s-t) [no episode ends in t..s-1] δ_s.
@@ -601,8 +583,10 @@ def _gae_matrix(delta: torch.Tensor, not_done: torch.Tensor, decay: torch.Tensor
     same_episode = ended_before.unsqueeze(-1) == ended_before.unsqueeze(-2)  # [t, s]
     # (γλ)^k for the T lags and a 0 for s < t, then looked up: a power per (t, s) pair costs
     # more than the sum.
-    steps = torch.arange(t_, device=delta.device, dtype=delta.dtype)
-    powers = F.pad(decay.view(p, 1) ** steps, (0, 1))[:, _lag_index(t_, delta.device)]
+    steps = torch.arange(t_, device=delta.device)
+    lag = steps.view(1, t_) - steps.view(t_, 1)  # s - t
+    lag_index = torch.where(lag >= 0, lag, t_)  # T: the zero after the powers
+    powers = F.pad(decay.view(p, 1) ** steps.to(delta.dtype), (0, 1))[:, lag_index]
     weights = powers.unsqueeze(1) * same_episode  # (P, N, T, T)
     adv = torch.matmul(weights, delta.transpose(1, 2).unsqueeze(-1)).squeeze(-1)  # (P, N, T)
     return adv.transpose(1, 2)
