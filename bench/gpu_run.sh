@@ -16,12 +16,21 @@
 # one that hangs leaves the others' results.
 #
 #   device run carry=[".gpuwheels/part-a"] command="bash bench/gpu_run.sh quick"  # ~5 min
+#   device run carry=[".gpuwheels/anakin"] command="bash bench/gpu_run.sh anakin"  # ~8 min
+#   device run carry=[".gpuwheels/anakin"] command="bash bench/gpu_run.sh anakin-check"  # ~4 min
 #
 # quick: what a 15-minute lease affords in one call: part a's install, the `gpu` tests, two fused
 #    learners on cuda, and a tournament of GPU pods end to end (`podium run` on the embedded
 #    platform, examples/pendulum.yaml with one GPU per pod: the orchestrator gives the pod the GPU
 #    through CUDA_VISIBLE_DEVICES and PODIUM_GPUS, the pod trains on cuda, the updater ranks it),
 #    then the same with population pods of 16 agents (`pop` runs that alone).
+# anakin: issue 33's GPU rows (`bench/gpu_wheels.sh anakin` makes its wheels): the CUDA-graph
+#    check, PureJaxRL against Podium at P = 1, 64, 1,024 and the large batch (bench/gpu_rows.py);
+#    the Anakin trainer as a pod runs it (bench/anakin_trainer_rows.py); `podium train` on
+#    PureJaxRL's recipe from start to 5e5 env steps.
+# anakin-check: that `podium train` again, sampled by py-spy where its wheel was carried (a
+#    py_spy-*.whl in .gpuwheels/anakin), with its metrics.jsonl (fit's clock per iteration);
+#    then every `gpu` test.
 set -uo pipefail
 stage=$1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -35,9 +44,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, its output to $
     echo "== $name: exit $? after $SECONDS s in this call"
     tail -n 12 "$OUT/$name.log"
 }
-install_a() {
-    pip_install .gpuwheels/part-a/*.whl || exit 1
-    cp -r .gpuwheels/part-a/podium-*.dist-info /tmp/site/
+install_a() {  # install_a [PART]: a wheel part (part-a unless named) and Podium's entry points
+    local part=.gpuwheels/${1:-part-a}
+    pip_install "$part"/*.whl || exit 1
+    cp -r "$part"/podium-*.dist-info /tmp/site/
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv
     $py -c "import torch; print(torch.__version__, torch.cuda.get_device_name(), torch.version.cuda)"
 }
@@ -63,6 +73,29 @@ gpu_tournament() {
 POPULATION=(-e 's/^  max_pods: 4$/  max_pods: 4\n  agents_per_pod: 16/' -e '/^  update_epochs:/d'
     -e 's/^search_space:$/search_space:\n  sde_sample_freq: {type: choice, values: [0]}/')
 case $stage in
+anakin)
+    install_a anakin
+    step gpu_rows 280 $py bench/gpu_rows.py --rows check peer large
+    step trainer_rows 140 $py bench/anakin_trainer_rows.py --device cuda --recipes purejaxrl \
+        cartpole-pod --agents 1 64 --iterations 20
+    step train_recipe 80 bash -c "time $py -m services.cli train CartPole-v1 --config \
+        bench/configs/purejaxrl_cartpole.yaml --set device=cuda --quiet --out /tmp/train/recipe"
+    ;;
+anakin-check)
+    install_a anakin
+    recipe=(-m services.cli train CartPole-v1 --config bench/configs/purejaxrl_cartpole.yaml
+        --set device=cuda --quiet --out /tmp/train/recipe)
+    if [[ -x /tmp/site/bin/py-spy ]]; then
+        step train_recipe 100 bash -c "time /tmp/site/bin/py-spy record --nonblocking -r 50 \
+            --format raw -o $OUT/train_recipe.ss -- $py ${recipe[*]}"
+    fi
+    [[ -s $OUT/train_recipe.ss ]] || step train_recipe 100 bash -c "time $py ${recipe[*]}"
+    cp /tmp/train/recipe/metrics.jsonl "$OUT/"
+    step gpu_tests 170 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_anakin.py \
+        tests/pod/test_kstep.py tests/pod/test_compiled.py tests/pod/envs/test_env_protocol.py \
+        tests/pod/test_fusion.py tests/pod/test_gpu_check.py tests/pod/test_portfolio_trainer.py \
+        tests/pod/test_multiprocess.py
+    ;;
 pop)
     install_a
     gpu_tournament podium_run_gpu_pop "${POPULATION[@]}"

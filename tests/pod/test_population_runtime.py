@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,28 @@ def test_stop_makes_a_final_report_of_every_member(
     with leaderboard.api() as api:
         summary = api.get("/experiments/e3").json()
     assert summary["submissions"] == 2 * P and summary["env_steps"] == 3 * 512 * P
+
+
+def test_a_rounds_seconds_wait_for_its_steps_to_be_done(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """The pod's round seconds (its env steps/s metric, the board's train_seconds) count
+    until the trainer's steps are done (``Trainer.wait``), not only their launches on a
+    device that runs them asynchronously."""
+    spec = make_spec(round={"env_steps": 512})
+    register(leaderboard, "e5", spec)
+    rt = runtime(leaderboard, "e5", spec, "pop-e", tmp_path)
+    rt.start()
+    waited: list[float] = []
+
+    def finishing() -> None:  # a device still running the launched steps
+        time.sleep(0.3)
+        waited.append(0.3)
+
+    rt.trainer.wait = finishing
+    rt.train_round()
+    assert waited == [0.3] and rt.train_seconds >= 0.3
+    rt.close()
 
 
 def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: Path) -> None:

@@ -162,30 +162,31 @@ class AnakinRule:
 #: CPU, one thread, bench/anakin_iteration.py (``--recipe purejaxrl``: 4 x 128 = 512 env steps
 #: per iteration; ``--recipe cartpole-pod``: 16 x 16 = 256), the eager side being
 #: ``OnPolicyTrainer`` at P = 1 and ``PopulationTrainer`` above; each row covers the sizes
-#: nearer to its measurement than to another's. The CUDA rows are H200 runs: the pod's shape
-#: at P = 1 and 64 without the CUDA graph (bench/anakin_trainer_rows.py; docs/benchmarks.md,
-#: "Anakin trainer: when `compile: auto` picks it"), PureJaxRL's recipe at P = 1, 64 and
-#: 1,024 with it (bench/gpu_rows.py; "Anakin on a GPU"). Other batch sizes and other GPUs
+#: nearer to its measurement than to another's. The CUDA rows are H200 runs of the trainer with
+#: its CUDA graph, the pod's shape and PureJaxRL's recipe at P = 1 and 64, and the recipe at
+#: P = 1,024 (docs/benchmarks.md, "Anakin on a GPU again"). Other batch sizes and other GPUs
 #: are unmeasured, so ``auto`` leaves them to the eager trainers.
 ANAKIN_AUTO: tuple[AnakinRule, ...] = (
     # 16 envs x 16 steps (a CartPole pod): first iteration (compile) + first evaluation.
-    AnakinRule("cpu", (1, 1), (1, 383), 11_600, 8_700, 35.5 + 5.7),
-    AnakinRule("cpu", (2, 16), (1, 383), 149_500, 108_400, 34.8 + 6.5),
+    AnakinRule("cpu", (1, 1), (1, 383), 119_300, 29_700, 17.9 + 2.6),
+    AnakinRule("cpu", (2, 16), (1, 383), 198_500, 157_700, 13.5 + 2.5),
     # P = 64 at 256: the update is compute-bound, PopulationTrainer's hand-written backward wins.
-    AnakinRule("cpu", (17, 128), (1, 383), 96_000, 228_900, 16.6 + 4.4),
+    AnakinRule("cpu", (17, 128), (1, 383), 161_200, 234_200, 13.8 + 2.6),
     # 4 envs x 128 steps (PureJaxRL's recipe).
-    AnakinRule("cpu", (1, 1), (384, 1024), 40_600, 11_700, 17.9 + 5.7),
-    AnakinRule("cpu", (2, 16), (384, 1024), 76_700, 46_900, 18.9 + 5.8),
-    AnakinRule("cpu", (17, 128), (384, 1024), 40_300, 35_300, 23.3 + 5.3),
-    # One H200 (torch 2.11, CUDA 13), the two programs without a CUDA graph, both sides in one
-    # process; compile_s: the trainer's own count, iteration and evaluation together.
-    AnakinRule("cuda", (1, 1), (1, 383), 19_400, 6_300, 15.4),
-    AnakinRule("cuda", (2, 128), (1, 383), 957_900, 291_600, 19.3),
-    # PureJaxRL's recipe with the iteration replayed as one CUDA graph (what the trainer runs
-    # on CUDA), bench/gpu_rows.py on one H200; eager: the trainers' rates of issue 33's table.
-    AnakinRule("cuda", (1, 1), (384, 1024), 101_200, 2_900, 18.6),
-    AnakinRule("cuda", (2, 128), (384, 1024), 4_691_800, 121_900, 18.6),
-    AnakinRule("cuda", (129, 1024), (384, 1024), 24_397_200, 1_770_000, 23.7),
+    AnakinRule("cpu", (1, 1), (384, 1024), 95_700, 15_600, 18.6 + 3.3),
+    AnakinRule("cpu", (2, 16), (384, 1024), 157_400, 80_000, 14.2 + 4.0),
+    # P = 64 on the recipe: a tie (152.7k against 152.9k), so the eager trainer, no compile.
+    AnakinRule("cpu", (17, 128), (384, 1024), 152_700, 152_900, 15.5 + 4.1),
+    # One H200 (torch 2.11, CUDA 13): the trainer as a pod runs it (the iteration replayed as
+    # one CUDA graph) against the eager trainer in the same process, bench/anakin_trainer_rows.py;
+    # compile_s: the trainer's own count, iteration and evaluation programs together.
+    AnakinRule("cuda", (1, 1), (1, 383), 152_700, 4_800, 17.3),
+    AnakinRule("cuda", (2, 128), (1, 383), 8_389_200, 372_300, 18.0),
+    AnakinRule("cuda", (1, 1), (384, 1024), 114_700, 2_100, 19.7),
+    AnakinRule("cuda", (2, 128), (384, 1024), 5_369_800, 108_100, 20.5),
+    # P = 1,024 on the recipe: bench/gpu_rows.py's AnakinPPO with the graph (start-up: compile
+    # and capture); eager: the population trainer's rate in issue 33's table.
+    AnakinRule("cuda", (129, 1024), (384, 1024), 25_497_900, 1_770_000, 19.5),
 )
 
 

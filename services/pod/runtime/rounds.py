@@ -321,6 +321,7 @@ class PodRuntime:
                 break
             if round_seconds is not None and time.monotonic() - start >= round_seconds:
                 break
+        trainer.wait()  # the round's seconds count its training, not only its launches
         self.rounds += 1
         steps, updates = trainer.env_steps - start_steps, trainer.updates - start_updates
         for slot in self.slots:  # steps and updates are per slot

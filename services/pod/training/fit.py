@@ -96,6 +96,11 @@ def fit(
         last = trainer.env_steps >= config.total_env_steps
         evaluate = lead and (trainer.env_steps >= next_eval or last)
         if trainer.one_update_per_step or evaluate:
+            # A device may still be running the steps it was given (they return once
+            # launched): the clock counts until they are done, not only their launches.
+            start = time.perf_counter()
+            trainer.wait()
+            clock += time.perf_counter() - start
             record: dict[str, float] = {
                 "env_steps": trainer.env_steps,
                 "updates": trainer.updates,

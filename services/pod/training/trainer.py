@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
 
+import torch
+
 from services import registry
 from services.contracts.algorithms.card import AlgorithmCard, CardError, card
 from services.contracts.algorithms.hyperparameters import HyperparameterError
@@ -120,6 +122,16 @@ class Trainer(ABC, Generic[C]):
     @abstractmethod
     def step(self) -> None:
         """Train a little: collect and update (every slot at once)."""
+
+    def wait(self) -> None:
+        """Return once the work of every ``step`` so far is done. On a CUDA device ``step``
+        may return once its work is launched (a CUDA graph's replay, a population's step that
+        reads nothing back), so a clock read after ``step`` alone counts launches; whoever
+        times training calls this before reading the clock (once per record, not per step:
+        waiting stops the host from running ahead)."""
+        device = torch.device(self.config(0).device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     @abstractmethod
     def progress(self) -> dict[str, float]:
