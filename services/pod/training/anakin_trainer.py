@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -50,7 +49,6 @@ from services.pod.training.anakin import (
     AnakinPPO,
     unsupported,
 )
-from services.pod.training.onpolicy import save_ppo_files
 from services.pod.training.population_trainer import PPOSlotsTrainer
 from services.pod.training.trainer import Counters, Declined, Roles
 
@@ -222,18 +220,13 @@ class AnakinTrainer(PPOSlotsTrainer):
         return self._timed("evaluation", anakin_eval.evaluate, shape, state, self.start, compiled)
 
     # -- files -----------------------------------------------------------------------------
-    def learner(self, slot: int) -> RolloutLearner:
-        """Slot ``slot`` as a single PPO agent's learner: weights, observation statistics,
-        Adam moments and step, counters."""
+    def _agent_of(self, slot: int) -> RolloutLearner:
         agent = self.run.agent(slot).to(self.device)
         params, _, *moments = self._views(slot, agent)
         steps = float(self.run.state["adam_step"][slot])
         if adam := adam_state(params, steps, *moments):
             agent.optimizer.state.update(adam)
-        config, counters = self.configs[slot], self.counters(slot)
-        learner = RolloutLearner(agent, config.total_env_steps)
-        learner.env_steps, learner.updates = counters.env_steps, counters.updates
-        return learner
+        return RolloutLearner(agent, self.configs[slot].total_env_steps)
 
     def _views(self, slot: int, agent: PPO) -> list[list[torch.Tensor]]:
         """``agent``'s parameters, then slot ``slot``'s weights, ``exp_avg`` and ``exp_avg_sq``
@@ -242,9 +235,6 @@ class AnakinTrainer(PPOSlotsTrainer):
         views = self.run.shape.views
         parts = [views(self.run.state[part]) for part in ("params", "exp_avg", "exp_avg_sq")]
         return [list(named.values()), *([part[k][slot] for k in named] for part in parts)]
-
-    def save(self, slot: int, directory: Path) -> None:
-        save_ppo_files(directory, self.learner(slot), self.configs[slot])
 
     def _fresh(self, config: PPORunConfig) -> RolloutLearner:
         if _shared(config) != _shared(self.configs[0]):

@@ -67,6 +67,23 @@ class PPOSlotsTrainer(Trainer[PPORunConfig]):
     def _put(self, slot: int, learner: RolloutLearner, config: PPORunConfig) -> None:
         """Write ``learner``'s agent and ``config``'s hyperparameters into slot ``slot``."""
 
+    @abstractmethod
+    def _agent_of(self, slot: int) -> RolloutLearner:
+        """Slot ``slot``'s agent (weights, observation statistics, Adam state) as a single
+        PPO agent's learner; its counters are the caller's to set."""
+
+    def learner(self, slot: int) -> RolloutLearner:
+        """Slot ``slot`` as a single PPO agent's learner, with the slot's budget and counters:
+        what its training files hold."""
+        learner = self._agent_of(slot)
+        config, counters = self.configs[slot], self.counters(slot)
+        learner.total_env_steps = config.total_env_steps
+        learner.env_steps, learner.updates = counters.env_steps, counters.updates
+        return learner
+
+    def save(self, slot: int, directory: Path) -> None:
+        save_ppo_files(directory, self.learner(slot), self.configs[slot])
+
     def config(self, slot: int) -> PPORunConfig:
         return self.configs[slot]
 
@@ -149,12 +166,8 @@ class PopulationTrainer(PPOSlotsTrainer):
     def evaluate(self) -> list[EvalResult]:
         return self.population.evaluate(seed=self.eval_seed)
 
-    def save(self, slot: int, directory: Path) -> None:
-        config, counters = self.configs[slot], self.counters(slot)
-        learner = self.population.learner(slot)
-        learner.total_env_steps = config.total_env_steps
-        learner.env_steps, learner.updates = counters.env_steps, counters.updates
-        save_ppo_files(directory, learner, config)
+    def _agent_of(self, slot: int) -> RolloutLearner:
+        return self.population.learner(slot)
 
     def _fresh(self, config: PPORunConfig) -> RolloutLearner:
         check_population_config(config)
