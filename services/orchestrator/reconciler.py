@@ -134,6 +134,11 @@ class Reconciler:
         self.last_error: str | None = None
         self.failed_passes = 0  # consecutive; /readyz reports a reconciler that keeps failing
         self._invalid_seen: set[str] = set()
+        # Live pods (experiment, pod) this process listed or created in its last pass, and in
+        # the pass under way: a pod outside both is checked once against the store's record of
+        # launches (``_adopt``).
+        self._seen: set[tuple[str, str]] = set()
+        self._seen_now: set[tuple[str, str]] = set()
 
     # -- loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -163,6 +168,8 @@ class Reconciler:
                 metrics.RECONCILE_ERRORS.inc()
                 self.last_error = f"{type(e).__name__}: {e}"
                 self.failed_passes += 1
+                # What the failed pass did may not be saved: check every pod again.
+                self._seen.clear()
                 log.exception("reconcile pass failed")
             wait = self.settings.reconcile_interval_s
             if self._next_launch is not None:  # a backoff ends before the next timed pass
@@ -174,6 +181,7 @@ class Reconciler:
         now = time.time()
         self._next_launch = None
         self._creates_left = self.settings.create_per_pass
+        self._seen_now = set()
         # Only experiments with work left (not ended and finalized): finished ones cost nothing.
         exps: dict[str, Experiment] = {}
         invalid: dict[str, Experiment] = {}
@@ -205,6 +213,7 @@ class Reconciler:
                 if not live:
                     self._delete(exp)
                 continue
+            self._adopt(exp, status, live)
             self._check_end(exp, status, now, live)
             if status.state in st.TERMINAL or status.state == st.PAUSED:
                 status.desired_pods = 0  # it wants none now ("0 running, 2 wanted" was wrong)
@@ -255,6 +264,7 @@ class Reconciler:
             self._save(exp, status, ps)
 
         self._update_gauges(pods)
+        self._seen = self._seen_now
         self.passes += 1
 
     # -- pieces ------------------------------------------------------------------------------
@@ -315,6 +325,48 @@ class Reconciler:
                         status.consecutive_failures = 0
                     self.store.event(exp.id, "pod_completed", "pod finished", p.pod_id)
             self.backend.remove_pod(exp.id, p.pod_id)
+
+    def _adopt(self, exp: Experiment, status: ExperimentStatus, live: list[PodInfo]) -> None:
+        """Record the live pods that no orchestrator recorded: a previous one (killed in the
+        pass that created them, after the pods started and before the pass saved its status)
+        started them. Each gets its start event, once (``Store.pod_launched``), and the launch
+        count and start time are made good. A pod this process listed or created, or that the
+        stored status lists, is known already; the store is asked about the rest only."""
+        # Launches recorded (each with its event) by a pass that died before saving its status.
+        status.pods_launched = max(status.pods_launched, exp.launched)
+        saved = {p.pod_id for p in exp.status.pods}
+        for p in live:
+            key = (exp.id, p.pod_id)
+            self._seen_now.add(key)
+            if key in self._seen or p.pod_id in saved:
+                continue
+            if self._record_launch(exp, status, p.pod_id, p.algorithm, adopted=True):
+                status.pods_launched += 1
+                log.warning("unrecorded pod adopted", experiment=exp.id, pod=p.pod_id)
+        if status.started_at is None and live:
+            status.started_at = min(p.created_at for p in live)
+
+    def _record_launch(
+        self,
+        exp: Experiment,
+        status: ExperimentStatus,
+        pod_id: str,
+        algorithm: str | None,
+        adopted: bool = False,
+    ) -> bool:
+        """Record a pod's launch and its event (started, or the replacement of the next failed
+        pod waiting for one): True the first time, False when it was recorded already."""
+        trains = f" ({algorithm})" if algorithm else ""
+        found = " (found running after an orchestrator restart)" if adopted else ""
+        if status.to_replace:
+            kind, why = "pod_replaced", f"replaces failed pod {status.to_replace[0]}{trains}"
+        else:
+            kind, why = "pod_started", f"pod started{trains}"
+        if not self.store.pod_launched(exp.id, pod_id, kind, why + found):
+            return False
+        if status.to_replace:
+            status.to_replace = status.to_replace[1:]
+        return True
 
     def _keep_log(self, exp_id: str, p: PodInfo) -> str:
         """An ended pod's last log lines, kept with its experiment (``ended_pod_logs`` pods at
@@ -417,6 +469,15 @@ class Reconciler:
             status.state, status.reason = st.PENDING, "resumed"
             self.store.event(exp.id, "resumed", "experiment resumed")
         spec = exp.spec
+        if not status.registered and live:
+            # Pods run only once the experiment is registered: a previous orchestrator was
+            # killed in the pass that registered it and created them, before it saved that.
+            # Registered again (the same configuration: the leaderboard answers 200), so the
+            # progress of the pods adopted is read; else nothing would ever register it (only
+            # a pass that creates pods does) and the target would never be seen.
+            self._register(exp, status)
+            if status.state in st.TERMINAL:  # the leaderboard refused it
+                return
         if status.registered:
             # The last known progress: a pass never waits on the leaderboard.
             pods = [p.pod_id for p in live]
@@ -660,14 +721,8 @@ class Reconciler:
                 exp.id, req.pod_id, "Pending", time.time(), per_pod, algorithm=req.algorithm
             )
             self._created.setdefault(exp.id, []).append(pod)
-            trains = f" ({req.algorithm})" if req.algorithm else ""
-            if status.to_replace:
-                old, *rest = status.to_replace
-                status.to_replace = rest
-                why = f"replaces failed pod {old}{trains}"
-                self.store.event(exp.id, "pod_replaced", why, req.pod_id)
-            else:
-                self.store.event(exp.id, "pod_started", f"pod started{trains}", req.pod_id)
+            self._seen_now.add((exp.id, req.pod_id))
+            self._record_launch(exp, status, req.pod_id, req.algorithm)
         return created, failure
 
     def _wake_at(self, at: float) -> None:

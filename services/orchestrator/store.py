@@ -8,11 +8,15 @@ Keys (prefix ``podium:orch:``):
 - ``active``: set of the ids the reconciler still has work for (not yet ended and finalized,
   or being deleted); a pass reads these only, so finished experiments cost it nothing.
 - ``exp:<id>``: hash with ``spec`` (JSON), ``created_at``, ``intent`` (written only by the API:
-  run / pause / cancel / delete), ``status`` (JSON) and ``state`` (written only by the
-  reconciler) and ``idem`` (the idempotency key that created it, if any), so the two writers
-  never overwrite each other's fields.
+  run / pause / cancel / delete), ``status`` (JSON), ``state`` and ``launched`` (the count of
+  ``launched:<id>``, kept with it; written only by the reconciler) and ``idem`` (the
+  idempotency key that created it, if any), so the two writers never overwrite each other's
+  fields.
 - ``events:<id>``: stream of events (pod started / failed / replaced, scaled, target reached…).
 - ``handled:<id>``: set of finished pods already accounted for (idempotent across restarts).
+- ``launched:<id>``: set of the pods recorded as launched (each with its start event and the
+  ``launched`` count, written together), so a restarted orchestrator records a pod it adopts
+  that its predecessor started but did not get to record, and never one twice.
 - ``podlogs:<id>``: hash pod id → an ended pod's last log lines (``EndedPodLog`` JSON), and
   ``podlogs_order:<id>``: sorted set pod id → when it ended; the newest few only (a bound the
   reconciler passes), deleted with the experiment. The backend forgets an ended pod (a
@@ -84,6 +88,9 @@ class Experiment:
     intent: str
     status: ExperimentStatus = field(default_factory=ExperimentStatus)
     invalid: str | None = None  # why the stored record does not validate
+    #: Pods launched as recorded with each launch (``Store.pod_launched``): never behind, as
+    #: ``status.pods_launched`` is when a pass died before saving it; 0 before any.
+    launched: int = 0
 
     @property
     def state(self) -> str:
@@ -136,6 +143,7 @@ class Store:
         self._status = r.register_script(self._STATUS_LUA)
         self._delete = r.register_script(self._DELETE_LUA)
         self._keep_log = r.register_script(self._KEEP_LOG_LUA)
+        self._launched = r.register_script(self._LAUNCHED_LUA)
         self._specs: OrderedDict[str, tuple[bytes, ExperimentSpec | str]] = OrderedDict()
         self._specs_lock = threading.Lock()
 
@@ -235,7 +243,7 @@ return 1
     )
 
     # KEYS: exp events handled experiments active idem_prefix state_prefix podlogs
-    # podlogs_order; ARGV: id.
+    # podlogs_order launched; ARGV: id.
     _DELETE_LUA = (
         _STATE_OF_LUA
         + """
@@ -244,7 +252,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('ZREM', KEYS[7] .. state, ARGV[1])
   free_key(KEYS[1], KEYS[6], ARGV[1])
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8], KEYS[9])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[8], KEYS[9], KEYS[10])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('SREM', KEYS[5], ARGV[1])
 return 1
@@ -264,6 +272,28 @@ if extra > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, extra - 1)
   redis.call('HDEL', KEYS[2], unpack(old))
 end
+return 1
+"""
+
+    # KEYS: exp launched events; ARGV: pod_id type message ts maxlen.
+    # A pod's launch is recorded once, with its event and the count, together (a crash
+    # between them would leave a launch without its event, or an event written twice): 1 the
+    # first time, 0 once recorded (or when the experiment is gone: nothing is written then).
+    # The count starts at the stored status's (an experiment from before it was kept).
+    _LAUNCHED_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
+if redis.call('HEXISTS', KEYS[1], 'launched') == 0 then
+  local ok, status = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'status') or '{}')
+  local base = 0
+  if ok and type(status) == 'table' and type(status.pods_launched) == 'number' then
+    base = status.pods_launched
+  end
+  redis.call('HSET', KEYS[1], 'launched', base)
+end
+redis.call('HINCRBY', KEYS[1], 'launched', 1)
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*',
+  'type', ARGV[2], 'message', ARGV[3], 'ts', ARGV[4], 'pod_id', ARGV[1])
 return 1
 """
 
@@ -356,6 +386,10 @@ return 1
         if isinstance(spec, str):
             problems.append(spec)
             spec = None
+        try:
+            launched = int(h.get(b"launched", b"0"))
+        except ValueError:
+            launched = 0  # only ever written by pod_launched: not worth refusing the record
         return Experiment(
             id=exp_id,
             spec=spec,
@@ -363,6 +397,7 @@ return 1
             intent=intent,
             status=status,
             invalid="; ".join(problems) or None,
+            launched=launched,
         )
 
     def get(self, exp_id: str) -> Experiment | None:
@@ -473,11 +508,23 @@ return 1
                 self._k("state", ""),
                 self._k("podlogs", exp_id),
                 self._k("podlogs_order", exp_id),
+                self._k("launched", exp_id),
             ],
             args=[exp_id],
         )
         with self._specs_lock:
             self._specs.pop(exp_id, None)
+
+    # -- launched pods -----------------------------------------------------------------------
+    def pod_launched(self, exp_id: str, pod_id: str, type_: str, message: str) -> bool:
+        """Record that a pod of the experiment was launched, with its event (``type_``,
+        ``message``): True the first time, False when it was recorded already (the event is
+        not written again) or the experiment is gone. A restarted orchestrator records the pods
+        it adopts with this, so a pod its predecessor started but died before recording is
+        counted and has its event, and one it did record is not counted twice."""
+        keys = [self._k("exp", exp_id), self._k("launched", exp_id), self._k("events", exp_id)]
+        args = [pod_id, type_, message, repr(time.time()), EVENTS_MAXLEN]
+        return self._launched(keys=keys, args=args) == 1
 
     # -- finished pods -----------------------------------------------------------------------
     def mark_handled(self, exp_id: str, pod_id: str) -> bool:
