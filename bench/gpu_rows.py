@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from services.pod.training import anakin
+from services.pod.training import anakin, anakin_eval
 from services.pod.training.anakin import PUREJAXRL_CARTPOLE, AnakinPPO
 
 OUT = Path(os.environ.get("OUT", "runs"))
@@ -67,23 +67,16 @@ def sync() -> None:
 
 
 def greedy_returns(run: AnakinPPO, episodes: int = 10) -> list[float]:
-    """Each agent's mean return over ``episodes`` greedy CartPole episodes (reward summed
-    until the episode's first termination, at most 500 steps), batched over agents."""
+    """Each agent's mean return over ``episodes`` greedy episodes (anakin_eval's, run eagerly),
+    from start states of their own counter-based draw."""
     shape, state = run.shape, run.state
-    step, initial = anakin.FUNCTIONAL_ENVS[shape.env]
+    _, initial = anakin.FUNCTIONAL_ENVS[shape.env]
     counter = torch.tensor(12_345, device=state["seed"].device)
-    env = initial(anakin.uniform(state["seed"], counter, 0, (episodes, shape.state_dim)))
-    total = torch.zeros(shape.agents, episodes, device=env.device)
-    alive = torch.ones_like(total, dtype=torch.bool)
-    with torch.no_grad():
-        for _ in range(shape.max_episode_steps):
-            obs = anakin.normalize(state, env.to(torch.float32), shape)
-            actor = shape.views(state["params"])
-            logits = anakin._mlp_batched(actor, shape.actor_layers, shape.activation, obs)
-            env, reward, terminated = step(env, logits.argmax(-1))
-            total += reward * alive
-            alive &= ~terminated
-    return total.mean(1).tolist()
+    start = initial(anakin.uniform(state["seed"], counter, 0, (episodes, shape.state_dim)))
+    returns, _ = anakin_eval.greedy_returns(
+        shape, state["params"], state["obs_mean"], state["obs_var"], start
+    )
+    return returns.mean(1).tolist()
 
 
 def row_check() -> None:

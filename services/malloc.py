@@ -24,6 +24,7 @@ Torch-free and Linux-minded: elsewhere ``auto`` finds nothing and leaves the env
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import re
@@ -65,9 +66,6 @@ class Allocator:
     name: str
     library: Path | None = None
 
-    def __str__(self) -> str:
-        return f"{self.name} ({self.library})" if self.library else self.name
-
 
 def check_choice(value: str) -> str:
     """``value`` if it is a valid choice ("auto", "system" or an absolute path), else raise
@@ -100,10 +98,16 @@ def _loadable(path: Path) -> bool:
     order = "little" if head[5] == 1 else "big"
     if int.from_bytes(head[16:18], order) != _ET_DYN:
         return False
-    own = _elf_header(Path("/proc/self/exe")) or _elf_header(Path(sys.executable))
+    own = _own_header()
     if len(own) < 20 or own[:4] != _ELF_MAGIC:
         return True  # nothing to compare with
     return head[4:6] == own[4:6] and head[18:20] == own[18:20]
+
+
+@functools.cache
+def _own_header() -> bytes:
+    """This interpreter's ELF header (read once: it does not change while the process runs)."""
+    return _elf_header(Path("/proc/self/exe")) or _elf_header(Path(sys.executable))
 
 
 def library_dirs() -> list[Path]:
@@ -118,9 +122,10 @@ def library_dirs() -> list[Path]:
     return list(dict.fromkeys(dirs))
 
 
-def _linker_cache() -> dict[str, Path]:
-    """File name -> path, from the dynamic linker's cache (``ldconfig -p``); {} without one.
-    Libraries of other architectures (multilib) are in it too: ``_loadable`` drops them."""
+def _linker_cache(names: Iterable[str]) -> dict[str, Path]:
+    """File name -> path for ``names``, from the dynamic linker's cache (``ldconfig -p``); {}
+    without one. Libraries of other architectures (multilib) are in it too: ``_loadable``
+    drops them."""
     # Not shutil.which: importing shutil maps zlib, bz2 and lzma; this module stays light.
     path = [*os.environ.get("PATH", "").split(os.pathsep), "/sbin", "/usr/sbin"]
     ldconfig = next(
@@ -134,11 +139,11 @@ def _linker_cache() -> dict[str, Path]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    found: dict[str, Path] = {}
+    wanted, found = set(names), {}
     for match in re.finditer(r"^\s*(\S+) \(([^)]*)\) => (\S+)\s*$", out, re.MULTILINE):
         name, path = match.group(1), Path(match.group(3))
-        if _loadable(path):
-            found.setdefault(name, path)
+        if name in wanted and name not in found and _loadable(path):
+            found[name] = path
     return found
 
 
@@ -152,16 +157,16 @@ def locate(name: str, dirs: Sequence[str | Path] | None = None) -> Path | None:
 def _locate(names: Iterable[str], dirs: Sequence[str | Path] | None) -> dict[str, Path]:
     found: dict[str, Path] = {}
     missing = []
+    search = library_dirs() if dirs is None else dirs
     for name in names:
-        for d in library_dirs() if dirs is None else dirs:
+        for d in search:
             if _loadable(Path(d) / name):
                 found[name] = Path(d) / name
                 break
         else:
             missing.append(name)
     if missing and dirs is None:  # the cache only for what the directories lack (a subprocess)
-        cache = _linker_cache()
-        found.update({name: cache[name] for name in missing if name in cache})
+        found.update(_linker_cache(missing))
     return found
 
 
@@ -218,12 +223,16 @@ def with_allocator(
     there is not added twice). ``auto`` leaves an ``LD_PRELOAD`` that already names an
     allocator alone (someone chose one); with nothing found, ``env`` as it is. Raises
     ``AllocatorError`` like ``resolve``."""
+    if choice == AUTO and any(_allocator_name(Path(p)) for p in _preloaded(env)):
+        return dict(env)
+    return preload(env, resolve(choice, dirs))
+
+
+def preload(env: Mapping[str, str], library: Path | None) -> dict[str, str]:
+    """A copy of ``env`` with ``library`` first in ``LD_PRELOAD`` (what was there kept after
+    it; not added twice); ``env`` as it is for None (the system's malloc)."""
     out = dict(env)
-    preloaded = _preloaded(env)
-    if choice == AUTO and any(_allocator_name(Path(p)) for p in preloaded):
-        return out
-    library = resolve(choice, dirs)
-    if library is None or any(_same(p, library) for p in preloaded):
+    if library is None or any(_same(p, library) for p in _preloaded(env)):
         return out
     rest = env.get("LD_PRELOAD", "").strip()
     out["LD_PRELOAD"] = f"{library}:{rest}" if rest else str(library)

@@ -134,11 +134,6 @@ class Reconciler:
         self.last_error: str | None = None
         self.failed_passes = 0  # consecutive; /readyz reports a reconciler that keeps failing
         self._invalid_seen: set[str] = set()
-        # Live pods (experiment, pod) this process listed or created in its last pass, and in
-        # the pass under way: a pod outside both is checked once against the store's record of
-        # launches (``_adopt``).
-        self._seen: set[tuple[str, str]] = set()
-        self._seen_now: set[tuple[str, str]] = set()
 
     # -- loop --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,8 +163,6 @@ class Reconciler:
                 metrics.RECONCILE_ERRORS.inc()
                 self.last_error = f"{type(e).__name__}: {e}"
                 self.failed_passes += 1
-                # What the failed pass did may not be saved: check every pod again.
-                self._seen.clear()
                 log.exception("reconcile pass failed")
             wait = self.settings.reconcile_interval_s
             if self._next_launch is not None:  # a backoff ends before the next timed pass
@@ -181,7 +174,6 @@ class Reconciler:
         now = time.time()
         self._next_launch = None
         self._creates_left = self.settings.create_per_pass
-        self._seen_now = set()
         # Only experiments with work left (not ended and finalized): finished ones cost nothing.
         exps: dict[str, Experiment] = {}
         invalid: dict[str, Experiment] = {}
@@ -264,7 +256,6 @@ class Reconciler:
             self._save(exp, status, ps)
 
         self._update_gauges(pods)
-        self._seen = self._seen_now
         self.passes += 1
 
     # -- pieces ------------------------------------------------------------------------------
@@ -330,15 +321,13 @@ class Reconciler:
         """Record the live pods that no orchestrator recorded: a previous one (killed in the
         pass that created them, after the pods started and before the pass saved its status)
         started them. Each gets its start event, once (``Store.pod_launched``), and the launch
-        count and start time are made good. A pod this process listed or created, or that the
-        stored status lists, is known already; the store is asked about the rest only."""
+        count and start time are made good. A pod that the stored status lists (every live pod of
+        the last pass that saved) is known already; the store is asked about the rest only."""
         # Launches recorded (each with its event) by a pass that died before saving its status.
         status.pods_launched = max(status.pods_launched, exp.launched)
         saved = {p.pod_id for p in exp.status.pods}
         for p in live:
-            key = (exp.id, p.pod_id)
-            self._seen_now.add(key)
-            if key in self._seen or p.pod_id in saved:
+            if p.pod_id in saved:
                 continue
             if self._record_launch(exp, status, p.pod_id, p.algorithm, adopted=True):
                 status.pods_launched += 1
@@ -721,7 +710,6 @@ class Reconciler:
                 exp.id, req.pod_id, "Pending", time.time(), per_pod, algorithm=req.algorithm
             )
             self._created.setdefault(exp.id, []).append(pod)
-            self._seen_now.add((exp.id, req.pod_id))
             self._record_launch(exp, status, req.pod_id, req.algorithm)
         return created, failure
 

@@ -119,8 +119,9 @@ class OrchestratorSettings(PodiumSettings):
         default="auto",
         description="Local backend: the malloc its pods (and the pod launcher) run with, "
         "preloaded through LD_PRELOAD (services/malloc.py). auto: tcmalloc, else jemalloc, where "
-        "this machine has one (a compiled training step spends a fifth of its time in glibc's "
-        "malloc); system: the system's; or the absolute path of an allocator's shared library.",
+        "this machine has one (a compiled training step allocates anew on every call: "
+        "docs/benchmarks.md); system: the system's; or the absolute path of an allocator's "
+        "shared library.",
     )
     # Kubernetes backend.
     pod_image: str = "ghcr.io/podium-rl/podium-pod:0.1.0"  # release.yml publishes it (appVersion)

@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from services.logs import get_logger
-from services.malloc import SYSTEM, resolve, with_allocator
+from services.malloc import preload, resolve
 from services.orchestrator.backends.base import (
     EXPERIMENT_LABEL,
     MANAGED_BY,
@@ -116,14 +116,14 @@ class LocalBackend(Backend):
         self.command = settings.pod_command or default_pod_command()
         # The pods' malloc (services/malloc.py), looked for once: every pod and the launcher
         # start with it preloaded. A bad path fails the orchestrator's start, naming the setting.
-        library = resolve(settings.pod_malloc)
-        self.malloc = str(library) if library is not None else SYSTEM
+        self.malloc_library = resolve(settings.pod_malloc)
+        library = self.malloc_library
         log.info("pod malloc", pod_malloc=settings.pod_malloc, preload=library and str(library))
         # Started now, so that it has imported torch by the time the first pods are asked for.
         # Linux only: forking a process that loaded torch is not safe everywhere (macOS).
         launcher = settings.pod_launcher and settings.pod_command is None
         self.launcher = (
-            PodLauncher(malloc=self.malloc) if launcher and sys.platform == "linux" else None
+            PodLauncher(malloc_library=library) if launcher and sys.platform == "linux" else None
         )
         cpu, gpus, mem = settings.local_capacity()
         self._capacity = Res(cpu, gpus, mem)
@@ -204,7 +204,7 @@ class LocalBackend(Backend):
             env["PODIUM_API_TOKEN"] = credential
         # A new interpreter runs with it; a forked pod already does (its launcher's), and its
         # environment says so to what it starts in turn.
-        env = with_allocator(env, self.malloc)
+        env = preload(env, self.malloc_library)
         try:
             proc = self._start(argv, env, self.log_path(req.experiment_id, req.pod_id), gpu_ids)
         except BaseException:

@@ -27,12 +27,13 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import psutil
 
 from services.logs import get_logger
-from services.malloc import SYSTEM, with_allocator
+from services.malloc import preload
 from services.orchestrator.backends.base import PLATFORM_SECRETS
 
 log = get_logger(__name__)
@@ -69,9 +70,10 @@ class PodLauncher:
     READY_TIMEOUT_S = 120.0  # importing torch on a loaded machine; then fall back
     ANSWER_TIMEOUT_S = 30.0  # a fork answers in milliseconds: longer means the launcher hangs
 
-    def __init__(self, python: str = sys.executable, malloc: str = SYSTEM) -> None:
-        """``malloc``: a ``pod_malloc`` choice (services/malloc.py) for the launcher, so for
-        every pod forked from it (a fork keeps its parent's allocator)."""
+    def __init__(self, python: str = sys.executable, malloc_library: Path | None = None) -> None:
+        """``malloc_library``: the allocator preloaded into the launcher (services/malloc.py
+        ``resolve`` of ``pod_malloc``), so into every pod forked from it (a fork keeps its
+        parent's allocator); None: the system's malloc."""
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._next_id = 0
@@ -81,8 +83,8 @@ class PodLauncher:
         self._ready = threading.Event()
         self._gone = threading.Event()
         self._closing = False
-        env = with_allocator(
-            {k: v for k, v in os.environ.items() if k not in PLATFORM_SECRETS}, malloc
+        env = preload(
+            {k: v for k, v in os.environ.items() if k not in PLATFORM_SECRETS}, malloc_library
         )
         self._proc = subprocess.Popen(
             [python, "-m", "services.pod.runtime.launcher"],

@@ -292,7 +292,7 @@ def build(
     # layer: each tensor a compiled program takes or returns costs about a microsecond of host
     # time a call (docs/benchmarks.md, "Session 24"), and the update is called 16 times an
     # iteration.
-    params = torch.cat([v.detach().reshape(p, -1) for v in stacked.values()], 1).to(device)
+    params = flat_rows(stacked, stacked).detach().to(device)
     first = agents[0]
     shape = AnakinShape(
         agents=p,
