@@ -108,7 +108,11 @@ def test_a_pod_process_writes_its_curves_under_the_directory_it_is_given(
     events = read(board_dir)
     assert steps(events, "eval/return") == report_steps == [1024, 2048, 2304]
     assert values(events, "eval/return") == pytest.approx([r["score"] for r in reports])
-    assert steps(events, "train/return") == [1024, 2048, 2304]  # a point per round
+    assert steps(events, "losses/pg_loss") == [1024, 2048, 2304]  # a point per round
+    # The training return only for rounds whose last rollout ended an episode (the trainer's
+    # progress is its last update's; once the agent balances for long, one can end none).
+    assert set(steps(events, "train/return")) <= {1024, 2048, 2304}
+    assert steps(events, "train/return")[:1] == [1024]  # the first round's short episodes
     assert {"losses/pg_loss", "perf/env_steps_per_s"} <= set(events.Tags()["scalars"])
     assert "| algorithm | ppo |" in hyperparameter_table(events)
     assert "| learning_rate |" in hyperparameter_table(events)
