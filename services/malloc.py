@@ -223,9 +223,18 @@ def with_allocator(
     there is not added twice). ``auto`` leaves an ``LD_PRELOAD`` that already names an
     allocator alone (someone chose one); with nothing found, ``env`` as it is. Raises
     ``AllocatorError`` like ``resolve``."""
+    return preload(env, resolve_for(env, choice, dirs))
+
+
+def resolve_for(
+    env: Mapping[str, str], choice: str, dirs: Sequence[str | Path] | None = None
+) -> Path | None:
+    """``resolve`` for processes started with ``env``: None for ``auto`` where its
+    ``LD_PRELOAD`` already names an allocator (someone chose one: it is not to be put behind
+    another)."""
     if choice == AUTO and any(_allocator_name(Path(p)) for p in _preloaded(env)):
-        return dict(env)
-    return preload(env, resolve(choice, dirs))
+        return None
+    return resolve(choice, dirs)
 
 
 def preload(env: Mapping[str, str], library: Path | None) -> dict[str, str]:

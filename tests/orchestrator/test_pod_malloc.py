@@ -109,6 +109,21 @@ def test_auto_preloads_what_it_finds_and_system_nothing(
         assert process.environ().get("LD_PRELOAD") == (str(stand_in) if choice == "auto" else None)
 
 
+@needs_libz
+def test_auto_leaves_an_allocator_the_orchestrator_was_started_with_to_its_pods(
+    backends: Callable[..., LocalBackend], stand_in: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The user preloaded jemalloc (a stand-in) into the orchestrator; auto would find tcmalloc.
+    chosen = Path(shutil.copyfile(stand_in, stand_in.parent / "libjemalloc.so.2"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(stand_in.parent))
+    monkeypatch.setenv("LD_PRELOAD", str(chosen))
+    backend = backends(pod_malloc="auto")
+    assert backend.malloc_library is None
+    backend.create_pod(PodRequest("e1", "p1", json.dumps(spec()), Res(1, 0, 1 << 30), {}))
+    process = psutil.Process(record(backend.root.parent, "e1", "p1")["pid"])
+    assert process.environ()["LD_PRELOAD"] == str(chosen)
+
+
 def test_a_pod_malloc_that_is_no_library_stops_the_backend_naming_the_setting(
     backends: Callable[..., LocalBackend], tmp_path: Path
 ) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from services.logs import get_logger
-from services.malloc import preload, resolve
+from services.malloc import preload, resolve_for
 from services.orchestrator.backends.base import (
     EXPERIMENT_LABEL,
     MANAGED_BY,
@@ -116,7 +116,9 @@ class LocalBackend(Backend):
         self.command = settings.pod_command or default_pod_command()
         # The pods' malloc (services/malloc.py), looked for once: every pod and the launcher
         # start with it preloaded. A bad path fails the orchestrator's start, naming the setting.
-        self.malloc_library = resolve(settings.pod_malloc)
+        # The pods inherit this process's environment: with auto, an allocator its LD_PRELOAD
+        # names is the one they run with.
+        self.malloc_library = resolve_for(os.environ, settings.pod_malloc)
         library = self.malloc_library
         log.info("pod malloc", pod_malloc=settings.pod_malloc, preload=library and str(library))
         # Started now, so that it has imported torch by the time the first pods are asked for.
