@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from services.pod.algorithms import aot_program
 from services.pod.algorithms.normalization import batch_stats
 from services.pod.algorithms.ppo import PPO
 from services.pod.algorithms.rollout import Rollout
@@ -317,7 +318,7 @@ def test_compiled_equals_eager_and_pbt_does_not_recompile(mode, config):
         _close(compiled.state[key], eager.state[key], atol=1e-5, rtol=1e-4)
     _close(compiled.state["params"], eager.state["params"], atol=1e-5, rtol=1e-4)
 
-    graphs = counters["stats"]["unique_graphs"]
+    graphs, programs = counters["stats"]["unique_graphs"], dict(aot_program.COUNTS)
     # PBT: explore changes agent 0's values, exploit starts a child with new seeds and
     # hyperparameters; both run the graphs already compiled.
     compiled.set_hyperparameters(0, {"learning_rate": 1e-3, "ent_coef": 0.0, "gamma": 0.95})
@@ -331,6 +332,7 @@ def test_compiled_equals_eager_and_pbt_does_not_recompile(mode, config):
     )
     child.step()
     assert counters["stats"]["unique_graphs"] == graphs
+    assert dict(aot_program.COUNTS) == programs  # nothing built, nothing loaded again
     assert float(compiled.hp["learning_rate"][0]) == pytest.approx(1e-3)
 
     # From the third iteration on the programs run without dynamo's guards: they must still

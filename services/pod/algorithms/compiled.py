@@ -22,6 +22,7 @@ tensors. The learning rate lives in the optimiser, which stays eager.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Callable, Hashable
@@ -59,6 +60,57 @@ def compiler_missing(device: torch.device | str) -> str | None:
     return None
 
 
+@functools.cache
+def trust_vec_isa(compiler: str | None = None) -> bool:
+    """Let inductor take the CPU's vector ISAs without its build-and-load probe, where
+    ``compiler`` (default: inductor's) accepts each candidate ISA's flags; True if it does.
+
+    Before its first CPU kernel inductor compiles and loads (in a new interpreter) a test
+    program per candidate ISA, twice over: seconds of a cold compile (the first on a machine,
+    or with a new cache directory), more than either Anakin program's own C++
+    (docs/benchmarks.md, "Session 26"). The candidates are inductor's own (its list, filtered
+    by this CPU's flags as inductor filters it), and what such a probe catches here, a
+    compiler without an ISA's flags, a bare compile of an empty file with those flags also
+    catches in milliseconds. Any doubt (another architecture, an operator's
+    ``TORCHINDUCTOR_VEC_ISA_OK``, a flag refused, an error) leaves inductor's probe on."""
+    import platform
+    import subprocess
+    import sys
+
+    from torch._inductor import config
+
+    if config.cpp.vec_isa_ok is not None:
+        return bool(config.cpp.vec_isa_ok)
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        from torch._inductor import cpu_vec_isa
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        compiler = compiler or get_cpp_compiler()
+        cpu = cpu_vec_isa.x86_isa_checker()
+        for isa in cpu_vec_isa.supported_vec_isa_list:
+            if not all(flag in cpu for flag in str(isa).split()):
+                continue  # inductor drops it too
+            command = [compiler, *isa.build_arch_flags().split(), "-x", "c++", "-c", "-"]
+            done = subprocess.run(
+                [*command, "-o", os.devnull],
+                input="int main() { return 0; }\n",
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            if done.returncode != 0:
+                log.info("vec_isa.probe_kept", isa=str(isa), error=done.stderr.strip()[:200])
+                return False
+    except Exception as exc:  # inductor's internals moved: its own probe runs
+        log.info("vec_isa.probe_kept", error=f"{type(exc).__name__}: {exc}"[:200])
+        return False
+    config.cpp.vec_isa_ok = True
+    return True
+
+
 def should_compile(mode: CompileMode, device: torch.device | str, num_envs: int) -> bool:
     """Resolve ``mode`` for a run of ``num_envs`` sub-environments on ``device``, logging
     why when a requested compile cannot happen."""
@@ -94,6 +146,8 @@ class Compiled:
 
     def _for_device(self, device: torch.device) -> Callable[..., Any]:
         if device.type not in self._compiled:
+            if device.type == "cpu":
+                trust_vec_isa()
             mode = "reduce-overhead" if device.type == "cuda" else None
             self._compiled[device.type] = torch.compile(self.fn, fullgraph=True, mode=mode)
         return self._compiled[device.type]
@@ -144,6 +198,9 @@ class AnakinRule:
     eager_rate: float
     #: seconds of compiling, cold inductor cache: the iteration's programs and the evaluation's.
     compile_s: float
+    #: seconds one evaluation of all agents (10 episodes each, agents at the top return) takes
+    #: less compiled than eager; 0 where unmeasured.
+    eval_saved_s: float = 0.0
 
     def covers(self, device: str, agents: int, batch: int) -> bool:
         return (
@@ -152,9 +209,11 @@ class AnakinRule:
             and self.batch[0] <= batch <= self.batch[1]
         )
 
-    def saved_s(self, agents: int, env_steps: int) -> float:
-        """Training seconds the Anakin trainer saves over ``env_steps`` per agent."""
-        return agents * env_steps * (1.0 / self.eager_rate - 1.0 / self.anakin_rate)
+    def saved_s(self, agents: int, env_steps: int, evaluations: int = 0) -> float:
+        """Seconds the Anakin trainer saves over ``env_steps`` per agent of training and
+        ``evaluations`` evaluations."""
+        training = agents * env_steps * (1.0 / self.eager_rate - 1.0 / self.anakin_rate)
+        return training + evaluations * self.eval_saved_s
 
 
 #: Where ``compile: auto`` uses the Anakin trainer: a row covering the device, P and batch, whose
@@ -167,16 +226,19 @@ class AnakinRule:
 #: P = 1,024 (docs/benchmarks.md, "Anakin on a GPU again"). Other batch sizes and other GPUs
 #: are unmeasured, so ``auto`` leaves them to the eager trainers.
 ANAKIN_AUTO: tuple[AnakinRule, ...] = (
-    # 16 envs x 16 steps (a CartPole pod): first iteration (compile) + first evaluation.
-    AnakinRule("cpu", (1, 1), (1, 383), 119_300, 29_700, 17.9 + 2.6),
-    AnakinRule("cpu", (2, 16), (1, 383), 198_500, 157_700, 13.5 + 2.5),
+    # CPU: session 26 (the programs compiled ahead of time), the eager rates session 25's
+    # (that code is unchanged). compile_s: the first iteration + the first evaluation, both
+    # cold; eval_saved_s: `--evaluation 400` (agents trained 400 iterations), P = 1, 8, 64.
+    # 16 envs x 16 steps (a CartPole pod).
+    AnakinRule("cpu", (1, 1), (1, 383), 143_100, 29_700, 19.5 + 6.5, 0.033),
+    AnakinRule("cpu", (2, 16), (1, 383), 251_100, 157_700, 18.2 + 5.3, 0.039),
     # P = 64 at 256: the update is compute-bound, PopulationTrainer's hand-written backward wins.
-    AnakinRule("cpu", (17, 128), (1, 383), 161_200, 234_200, 13.8 + 2.6),
+    AnakinRule("cpu", (17, 128), (1, 383), 157_200, 234_200, 19.4 + 5.7, 0.051),
     # 4 envs x 128 steps (PureJaxRL's recipe).
-    AnakinRule("cpu", (1, 1), (384, 1024), 95_700, 15_600, 18.6 + 3.3),
-    AnakinRule("cpu", (2, 16), (384, 1024), 157_400, 80_000, 14.2 + 4.0),
-    # P = 64 on the recipe: a tie (152.7k against 152.9k), so the eager trainer, no compile.
-    AnakinRule("cpu", (17, 128), (384, 1024), 152_700, 152_900, 15.5 + 4.1),
+    AnakinRule("cpu", (1, 1), (384, 1024), 109_400, 15_600, 21.1 + 5.8, 0.041),
+    AnakinRule("cpu", (2, 16), (384, 1024), 160_400, 80_000, 19.6 + 6.2, 0.047),
+    # P = 64 on the recipe: the eager trainer (151.4k against 152.9k), no compile.
+    AnakinRule("cpu", (17, 128), (384, 1024), 151_400, 152_900, 20.5 + 6.4, 0.059),
     # One H200 (torch 2.11, CUDA 13): the trainer as a pod runs it (the iteration replayed as
     # one CUDA graph) against the eager trainer in the same process, bench/anakin_trainer_rows.py;
     # compile_s: the trainer's own count, iteration and evaluation programs together.
@@ -191,11 +253,18 @@ ANAKIN_AUTO: tuple[AnakinRule, ...] = (
 
 
 def anakin_auto(
-    device: torch.device | str, agents: int, batch: int, horizon_env_steps: int
+    device: torch.device | str,
+    agents: int,
+    batch: int,
+    horizon_env_steps: int,
+    compiled: bool = False,
+    evaluations: int = 0,
 ) -> str | None:
     """None where ``compile: auto`` should train with the Anakin trainer (``ANAKIN_AUTO``), else
     why not: no measured row, slower, or a compile longer than what it saves over
-    ``horizon_env_steps`` per agent."""
+    ``horizon_env_steps`` per agent and ``evaluations`` evaluations. ``compiled``: the
+    programs are already built in the compile cache (programs compiled ahead of time load in
+    milliseconds), so no compile is to be paid."""
     kind = torch.device(device).type
     rule = next((r for r in ANAKIN_AUTO if r.covers(kind, agents, batch)), None)
     where = f"{kind}, {agents} agent(s), {batch} env steps per iteration"
@@ -203,8 +272,8 @@ def anakin_auto(
         return f"auto: unmeasured ({where})"
     if rule.anakin_rate <= rule.eager_rate:
         return f"auto: the eager trainer measured faster ({where})"
-    saved = rule.saved_s(agents, horizon_env_steps)
-    if saved <= rule.compile_s:
+    saved = rule.saved_s(agents, horizon_env_steps, evaluations)
+    if not compiled and saved <= rule.compile_s:
         return (
             f"auto: compiling ({rule.compile_s:.0f} s cold) costs more than it saves over "
             f"{horizon_env_steps} env steps per agent ({saved:.0f} s; {where})"

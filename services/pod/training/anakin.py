@@ -34,7 +34,8 @@ rollout length, epochs, minibatches, network) is ``AnakinShape``, fixed per prog
 ``AnakinPPO`` runs it: ``compile="off"`` (eager), ``"steps"`` (two programs, a chunk of
 ``ROLLOUT_CHUNK`` rollout steps and the minibatch update with its gather, looped in Python;
 GAE, the shuffles and the noise stay eager: compiled, they measured no faster, or cost more
-compile than they save over a run, on a CPU, docs/benchmarks.md) or ``"iteration"`` (the
+compile than they save over a run, on a CPU, docs/benchmarks.md; on a CPU the two programs
+are compiled ahead of time, ``_AheadOfTime``, and loaded by later processes) or ``"iteration"`` (the
 whole iteration as one ``torch.compile(fullgraph=True)`` program, whose compile takes minutes
 on a CPU: it unrolls T steps and E x M updates). On a GPU, ``cuda_graph=True`` captures the
 whole iteration, in any of those modes, as one CUDA graph after a first iteration run as
@@ -60,6 +61,8 @@ from torch.func import grad, stack_module_state, vmap
 from services.contracts.algorithms.ppo import CARD as PPO_CARD
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.logs import get_logger
+from services.pod.algorithms import aot_program
+from services.pod.algorithms.compiled import trust_vec_isa
 from services.pod.algorithms.counter_random import to_uniform, uniform, uniform_bits
 from services.pod.algorithms.normalization import merge_batched
 from services.pod.algorithms.ppo import ADAM_BETAS, ADAM_EPS, PPO, PPO_STATS, ppo_objective
@@ -439,8 +442,9 @@ def draws(shape: AnakinShape, state: State) -> tuple[torch.Tensor, ...]:
     sizes = (t_ * n * shape.n_actions, t_ * n * shape.state_dim, shape.epochs * shape.batch)
     bits = uniform_bits(state["seed"], state["iteration"], _ITERATION, (sum(sizes),))
     action, reset, shuffle = bits.split(sizes, dim=-1)
-    action_u = to_uniform(action).view(p, t_, n, shape.n_actions).transpose(0, 1)
-    reset_u = to_uniform(reset).view(p, t_, n, shape.state_dim).transpose(0, 1)
+    # Step-major and contiguous (one copy here), so a chunk's slice is a contiguous input.
+    action_u = to_uniform(action).view(p, t_, n, shape.n_actions).transpose(0, 1).contiguous()
+    reset_u = to_uniform(reset).view(p, t_, n, shape.state_dim).transpose(0, 1).contiguous()
     perms = torch.argsort(shuffle.view(p, shape.epochs, shape.batch), dim=-1, stable=True)
     return action_u, reset_u, perms
 
@@ -801,7 +805,8 @@ class AnakinPPO:
         unguarded lookup finds no entry (runners of other shapes share the programs in this
         process), dynamo refuses to compile under that stance: the iteration, a pure
         function of ``self.state``, then runs again guarded, as every later one does."""
-        if self._skip_guards and self.compile != "off" and self.iterations >= 2:
+        guarded = self.compile == "iteration" or not _PROGRAMS.on(self.state["seed"].device).aot
+        if self._skip_guards and guarded and self.compile != "off" and self.iterations >= 2:
             try:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
                     return self._iteration(self.state)
@@ -875,19 +880,133 @@ def _copy_into(state: State, new: State) -> None:
             state[key].copy_(value)  # type: ignore[union-attr]
 
 
+_OPT_KEYS = ("params", "exp_avg", "exp_avg_sq", "adam_step")
+
+
+class _AheadOfTime:
+    """On a CPU, ``rollout_chunk`` and ``minibatch_update`` as programs compiled ahead of time
+    (services/pod/algorithms/aot_program.py), one per shape, behind the functions' own
+    signatures: a new process loads them from the compile cache instead of tracing them
+    again, and a call skips dynamo's lookup and inductor's Python wrapper. A program that
+    cannot be built is logged and falls back to ``jit``'s ``torch.compile``."""
+
+    def __init__(self, jit: _Programs) -> None:
+        self.jit = jit
+        self._programs: dict[tuple, tuple[AnakinShape, aot_program.Program | None]] = {}
+
+    def _program(
+        self,
+        name: str,
+        shape: AnakinShape,
+        variant: int,
+        args: list[torch.Tensor],
+        make_fn: Callable[[], Callable[..., tuple[torch.Tensor, ...]]],
+        extra: str = "",
+    ) -> aot_program.Program | None:
+        """The program ``name`` for ``shape`` (``variant``: what else sets its inputs'
+        shapes), built from ``make_fn()`` on a first call. Keyed by the shape object's id (the
+        entry keeps it alive): a frozen dataclass hashes all its fields on every lookup, and
+        this runs twice per rollout chunk and update."""
+        key = (name, id(shape), variant)
+        entry = self._programs.get(key)
+        if entry is None:
+            program = aot_program.build_or_none(name, make_fn(), args, f"{shape!r} {extra}")
+            entry = self._programs[key] = (shape, program)
+        return entry[1]
+
+    def rollout_chunk(
+        self,
+        shape: AnakinShape,
+        params: torch.Tensor,
+        norm_state: Mapping[str, torch.Tensor],
+        carry: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        action_u: torch.Tensor,
+        reset_u: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        stats = (norm_state["obs_mean"], norm_state["obs_var"])
+        args = [t.contiguous() for t in (params, *stats, *carry, action_u, reset_u)]
+
+        def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
+            def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                params, mean, var, env, ep_return, ep_length, action_u, reset_u = flat
+                norm = {"obs_mean": mean, "obs_var": var}
+                carry = (env, ep_return, ep_length)
+                return rollout_chunk(shape, params, norm, carry, action_u, reset_u)
+
+            return fn
+
+        # The last chunk of a rollout whose length K does not divide is shorter.
+        program = self._program("rollout_chunk", shape, action_u.shape[0], args, make_fn)
+        if program is None:
+            return self.jit.compiled("rollout_chunk", rollout_chunk)(
+                shape, params, norm_state, carry, action_u, reset_u
+            )
+        return tuple(program(*args))
+
+    def minibatch_update(
+        self,
+        shape: AnakinShape,
+        opt: Mapping[str, torch.Tensor],
+        data: tuple[torch.Tensor, ...],
+        idx: torch.Tensor,
+        hp: Hyper,
+        lr: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        inputs = (*(opt[k] for k in _OPT_KEYS), *data, idx, lr, *(hp[k] for k in HYPERPARAMETERS))
+        args = [t.contiguous() for t in inputs]
+
+        def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
+            n_opt, n_data = len(_OPT_KEYS), len(data)
+
+            def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                opt_in = dict(zip(_OPT_KEYS, flat[:n_opt], strict=True))
+                rest = flat[n_opt + n_data :]
+                hp_in = dict(zip(HYPERPARAMETERS, rest[2:], strict=True))
+                new, stats = minibatch_update(
+                    shape, opt_in, flat[n_opt : n_opt + n_data], rest[0], hp_in, rest[1]
+                )
+                return (*(new[k] for k in _OPT_KEYS), stats)
+
+            return fn
+
+        program = self._program("minibatch_update", shape, len(data), args, make_fn)
+        if program is None:
+            return self.jit.compiled("minibatch_update", minibatch_update)(
+                shape, opt, data, idx, hp, lr
+            )
+        *new, stats = program(*args)
+        return dict(zip(_OPT_KEYS, new, strict=True)), stats
+
+
 class _Programs:
     """The compiled programs for one device type, built on first use (importing this module
     compiles nothing)."""
 
     def __init__(self, device_type: str) -> None:
         self._cache: dict[str, Callable] = {}
+        self._cpu = device_type == "cpu"
         # On a CPU every call of a program runs inductor's wrapper on the host: its C++ form
         # takes less of that time than its Python form (docs/benchmarks.md, "Anakin
         # iteration"). On CUDA the CUDA graph replays without any wrapper.
-        self._options = {"cpp_wrapper": True} if device_type == "cpu" else {}
+        self._options = {"cpp_wrapper": True} if self._cpu else {}
+        # On a CPU the per-call programs are compiled ahead of time (no wrapper at all); on
+        # CUDA the whole iteration is captured as one CUDA graph instead.
+        self._aot = _AheadOfTime(self) if self._cpu and aot_program.enabled() else None
+
+    @property
+    def aot(self) -> bool:
+        """Whether the per-call programs are compiled ahead of time (dynamo is not involved,
+        so there are no guards to skip, nor its import to pay)."""
+        return self._aot is not None
+
+    def compiled(self, name: str, fn: Callable) -> Callable:
+        """``fn`` through ``torch.compile``."""
+        return self._get(name, fn)
 
     def _get(self, name: str, fn: Callable) -> Callable:
         if name not in self._cache:
+            if self._cpu:
+                trust_vec_isa()
             # dynamic=False: a program per shape (P, envs, steps); the shape is fixed for a
             # pod's life, and a second shape must not turn the first's sizes symbolic.
             self._cache[name] = torch.compile(
@@ -901,10 +1020,14 @@ class _Programs:
 
     @property
     def rollout_chunk(self) -> Callable:
+        if self._aot is not None:
+            return self._aot.rollout_chunk
         return self._get("rollout_chunk", rollout_chunk)
 
     @property
     def minibatch_update(self) -> Callable:
+        if self._aot is not None:
+            return self._aot.minibatch_update
         return self._get("minibatch_update", minibatch_update)
 
 

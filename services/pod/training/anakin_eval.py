@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._higher_order_ops.while_loop import while_loop
 
+from services.pod.algorithms import aot_program
 from services.pod.envs.base import TorchVecEnv
 from services.pod.roles.evaluator import EvalResult
 from services.pod.training.anakin import FUNCTIONAL_ENVS, AnakinShape, _mlp_batched, normalize
@@ -99,18 +100,50 @@ def results(returns: torch.Tensor, steps: torch.Tensor) -> list[EvalResult]:
 
 class _Program:
     """``greedy_returns`` compiled on first use (importing this module compiles nothing); one
-    per process, so every trainer of the same shape, a PBT child's included, reuses it."""
+    per process, so every trainer of the same shape, a PBT child's included, reuses it.
+
+    On a CPU it is compiled ahead of time (services/pod/algorithms/aot_program.py), one
+    program per shape and episode count, which a new process loads from the compile cache
+    instead of tracing it again, and whose call skips dynamo; where that fails, through
+    ``torch.compile``."""
 
     def __init__(self) -> None:
         self._compiled: Callable | None = None
+        self._aot: dict[tuple, tuple[AnakinShape, aot_program.Program | None]] = {}
 
-    def __call__(self, *args: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self,
+        shape: AnakinShape,
+        params: torch.Tensor,
+        obs_mean: torch.Tensor,
+        obs_var: torch.Tensor,
+        start: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if params.device.type == "cpu" and aot_program.enabled():
+            args = [t.contiguous() for t in (params, obs_mean, obs_var, start)]
+            if (program := self._ahead_of_time(shape, args)) is not None:
+                returns, steps = program(*args)
+                return returns, steps
         if self._compiled is None:
             self._compiled = torch.compile(greedy_returns, fullgraph=True)
-        return self._compiled(*args)
+        return self._compiled(shape, params, obs_mean, obs_var, start)
+
+    def _ahead_of_time(
+        self, shape: AnakinShape, args: list[torch.Tensor]
+    ) -> aot_program.Program | None:
+        key = (id(shape), *(a.shape for a in args))  # the entry keeps the shape alive
+        if key not in self._aot:
+
+            def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return greedy_returns(shape, *flat)
+
+            program = aot_program.build_or_none("greedy_returns", fn, args, repr(shape))
+            self._aot[key] = (shape, program)
+        return self._aot[key][1]
 
     def reset(self) -> None:
         self._compiled = None
+        self._aot.clear()
 
 
 compiled_greedy_returns = _Program()

@@ -25,6 +25,8 @@ Compile seconds (dynamo and inductor, for the iteration's programs and the evalu
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -34,6 +36,7 @@ import torch
 from services import registry
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
+from services.pod.algorithms import aot_program
 from services.pod.algorithms.batched_adam import adam_state, load_adam_state
 from services.pod.algorithms.compiled import anakin_auto, compiler_missing
 from services.pod.algorithms.ppo import PPO, PPO_STATS
@@ -65,11 +68,16 @@ def _shared(config: PPORunConfig) -> dict:
 
 
 def compile_clock() -> float:
-    """Seconds dynamo and inductor spent compiling in this process so far (dynamo's own
-    per-frame timing, which includes inductor's)."""
-    from torch._dynamo.utils import compilation_time_metrics
+    """Seconds spent compiling in this process so far: dynamo's own per-frame timing (which
+    includes inductor's), and the building or loading of programs compiled ahead of time."""
+    dynamo = 0.0
+    # Asked twice per iteration: where nothing imported dynamo (the programs were loaded
+    # ahead of time), it compiled nothing, and importing it here would cost a second.
+    if "torch._dynamo.utils" in sys.modules:
+        from torch._dynamo.utils import compilation_time_metrics
 
-    return float(sum(compilation_time_metrics.get("_compile.compile_inner", ())))
+        dynamo = sum(compilation_time_metrics.get("_compile.compile_inner", ()))
+    return float(dynamo) + aot_program.SECONDS[0]
 
 
 class AnakinTrainer(PPOSlotsTrainer):
@@ -123,9 +131,36 @@ class AnakinTrainer(PPOSlotsTrainer):
         if mode == "auto":
             horizon = horizon_env_steps or first.total_env_steps
             batch = first.ppo.batch_size
-            if reason := anakin_auto(first.device, len(configs), batch, horizon):
+            compiled = cls._ahead_of_time(first) and aot_program.ready(cls.programs_of(configs))
+            # A pod evaluates every round, often more than this says: fewer savings counted.
+            evaluations = horizon // first.eval_every_steps
+            if reason := anakin_auto(
+                first.device, len(configs), batch, horizon, compiled, evaluations
+            ):
                 return Declined(reason, warn=False)
         return None
+
+    @staticmethod
+    def _ahead_of_time(config: PPORunConfig) -> bool:
+        return torch.device(config.device).type == "cpu" and aot_program.enabled()
+
+    @staticmethod
+    def programs_of(configs: Sequence[PPORunConfig]) -> str:
+        """What fixes this trainer's compiled programs (the agent count and every setting but
+        the per-agent hyperparameters, which are tensors in them): a trainer whose programs
+        are built marks it in the compile cache, so ``compile: auto`` counts no compile for the
+        next one (a restarted pod, a PBT child's, a second ``podium train``). Settings that do
+        not touch the programs are in it too: a miss only means a compile is assumed."""
+        first = configs[0]
+        ppo = first.ppo.model_dump(mode="json", exclude={*HYPERPARAMETERS, "compile"})
+        facts = {
+            "agents": len(configs),
+            "env": first.env,
+            "eval_episodes": first.eval_episodes,
+            "device": torch.device(first.device).type,
+            "ppo": ppo,
+        }
+        return json.dumps(facts, sort_keys=True)
 
     # -- the trainer -----------------------------------------------------------------------
     def __init__(
@@ -163,6 +198,7 @@ class AnakinTrainer(PPOSlotsTrainer):
         eval_env.close()
         self.offsets = [Counters(0, 0) for _ in configs]
         self.compile_seconds = 0.0
+        self._marked = False
         self._metrics: dict[str, torch.Tensor] | None = None
 
     @staticmethod
@@ -217,7 +253,16 @@ class AnakinTrainer(PPOSlotsTrainer):
     def evaluate(self) -> list[EvalResult]:
         compiled = self.mode != "off"
         shape, state = self.run.shape, self.run.state
-        return self._timed("evaluation", anakin_eval.evaluate, shape, state, self.start, compiled)
+        results = self._timed(
+            "evaluation", anakin_eval.evaluate, shape, state, self.start, compiled
+        )
+        built = self.run.iterations and not aot_program.COUNTS["failed"]
+        if compiled and built and not self._marked and self._ahead_of_time(self.configs[0]):
+            # An iteration and an evaluation have run: every program is built (or loaded), and
+            # none fell back to torch.compile (whose warm start still traces).
+            aot_program.mark_ready(self.programs_of(self.configs))
+            self._marked = True
+        return results
 
     # -- files -----------------------------------------------------------------------------
     def _agent_of(self, slot: int) -> RolloutLearner:

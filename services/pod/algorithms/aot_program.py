@@ -1,0 +1,248 @@
+"""Programs compiled ahead of time and kept on disk: a function of tensors traced once,
+compiled by AOTInductor into a shared library (a ``.pt2`` package), and loaded by every later
+process in milliseconds.
+
+Why, on a CPU: ``torch.compile``'s caches keep the kernels, but a new process still runs
+dynamo's trace and AOTAutograd again before its first call (seconds per program), and every
+call passes through dynamo's frame lookup and inductor's Python wrapper (tens of
+microseconds, paid by each of an Anakin iteration's 32 calls). A loaded AOTInductor package is
+one C++ call: no trace, no guards (docs/benchmarks.md, "Session 26").
+
+What is traced: ``make_fx`` runs the function once on the example tensors and records its aten
+ops (it sees through ``torch.func.grad`` and ``vmap``, which ``torch.export`` refuses here, and
+keeps ``while_loop`` as one op); ``torch.export`` turns that graph into the program AOTInductor
+compiles. So a program is fixed to its inputs' shapes, dtypes, strides and device, and to the
+Python-level choices the function made while traced: it is for pure functions of tensors whose
+structure depends only on those (the Anakin iteration's pieces). Callers pass contiguous
+tensors of the example's shapes; ``Program.__call__`` checks the shapes on its first calls.
+
+Where: ``<inductor's cache directory>/podium-aot/<name>-<key>.pt2``, so the pod's compile cache
+(services/pod/runtime/compile_cache.py) keeps them across restarts and PBT children. The key
+hashes the name, the caller's description (the shape), the inputs, the torch and Python
+versions, the machine, the thread count and the pod's source code: any of them changing
+builds a new program. A package is a shared library this process wrote: never load one from
+anywhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from services.logs import get_logger
+from services.pod.algorithms.compiled import trust_vec_isa
+
+log = get_logger(__name__)
+
+#: Programs built (compiled) and loaded (from disk, or just after a build) in this process.
+COUNTS: Counter[str] = Counter()
+#: Seconds this process spent building and loading programs (the trainers' compile clock).
+SECONDS = [0.0]
+_POD_SOURCES = Path(__file__).resolve().parents[1]  # services/pod
+#: Calls of a program whose input shapes are checked against the example's.
+_CHECKED_CALLS = 3
+#: Set to 0 to compile with ``torch.compile`` instead (an escape hatch, and A/B benches).
+SWITCH = "PODIUM_AOT_PROGRAMS"
+
+
+def enabled() -> bool:
+    """Whether callers use programs compiled ahead of time (``PODIUM_AOT_PROGRAMS``, default
+    on)."""
+    return os.environ.get(SWITCH, "1") != "0"
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A digest of the pod's Python sources: a traced program is the code that ran."""
+    digest = hashlib.sha256()
+    for path in sorted(_POD_SOURCES.rglob("*.py")):
+        digest.update(str(path.relative_to(_POD_SOURCES)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _cpu() -> str:
+    """This CPU's model and flags: inductor compiles for the CPU it runs on (its vector ISA,
+    ``-march=native``), and a cache directory on a shared volume may be read on another."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU part")  # x86, then arm
+    return " ".join(dict.fromkeys(line for line in lines if line.startswith(wanted)))
+
+
+def cache_root() -> Path:
+    """The directory of the packages: under inductor's cache directory (the pod's), found as
+    inductor finds it (``torch._inductor.runtime.cache_dir_utils``, whose import would load
+    inductor and dynamo: about a second of a new process that only loads programs)."""
+    if directory := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(directory).absolute() / "podium-aot"
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return Path(tempfile.gettempdir()) / f"torchinductor_{user}" / "podium-aot"
+
+
+def _describe(t: torch.Tensor) -> list:
+    return [str(t.dtype), list(t.shape), list(t.stride()), str(t.device)]
+
+
+def _key(**facts: object) -> str:
+    facts |= {
+        "torch": torch.__version__,
+        "python": sys.version,
+        "machine": platform.machine(),
+        "cpu": _cpu(),
+        "threads": torch.get_num_threads(),
+        "sources": _source_digest(),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def program_key(name: str, description: str, example: Sequence[torch.Tensor]) -> str:
+    return _key(name=name, description=description, inputs=[_describe(t) for t in example])
+
+
+def mark_ready(signature: str) -> None:
+    """Record that every program a caller's ``signature`` (say, a trainer's configuration)
+    needs is built here, so that a later process can tell its compile is already paid
+    (``ready``) before it builds anything."""
+    path = cache_root() / f"ready-{_key(signature=signature)}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError as exc:  # a read-only cache: the next process assumes a cold compile
+        log.warning("aot.mark_failed", path=str(path), error=str(exc))
+
+
+def ready(signature: str) -> bool:
+    """Whether ``mark_ready(signature)`` ran with this cache, code, torch and CPU."""
+    return (cache_root() / f"ready-{_key(signature=signature)}").exists()
+
+
+class _Traced(torch.nn.Module):
+    def __init__(self, graph: torch.fx.GraphModule) -> None:
+        super().__init__()
+        self.graph_module = graph
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.graph_module(*args))
+
+
+def _build(fn: Callable[..., Sequence[torch.Tensor]], example: Sequence[torch.Tensor], path: Path):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if all(t.device.type == "cpu" for t in example):
+        trust_vec_isa()
+    graph = make_fx(fn, tracing_mode="real")(*example)
+    with warnings.catch_warnings():
+        # torch's own pytree use inside export (torch 2.13), nothing a caller can change.
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        exported = torch.export.export(_Traced(graph), tuple(example), strict=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside, then renamed: pods sharing the cache never load a half-written package.
+    fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=path.parent)
+    os.close(fd)
+    try:
+        torch._inductor.aoti_compile_and_package(exported, package_path=tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def build_or_none(
+    name: str,
+    fn: Callable[..., Sequence[torch.Tensor]],
+    example: Sequence[torch.Tensor],
+    description: str = "",
+) -> Program | None:
+    """``Program(...)``, or None where it cannot be traced or built: logged (``aot.failed``) and
+    counted (``COUNTS["failed"]``); the caller then compiles ``fn`` with ``torch.compile``."""
+    try:
+        return Program(name, fn, example, description)
+    except Exception as exc:  # a trace or build failure of any kind
+        COUNTS["failed"] += 1
+        log.warning(
+            "aot.failed",
+            program=name,
+            error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+            fallback="torch.compile",
+        )
+        return None
+
+
+def _load(path: Path) -> torch._C._aoti.AOTIModelPackageLoader:
+    """The package's runner, through the C++ loader that ``torch._inductor.aoti_load_package``
+    wraps: importing inductor (and dynamo with it) would cost a new process about a second,
+    and its only other step, a warning where the CPU differs from the one that built the
+    package, is the key's job here. One runner, called from one thread (the trainer's):
+    ``run_single_threaded`` skips the runner pool's locking."""
+    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1)
+
+
+class Program:
+    """``fn`` (tensors in, a sequence of tensors out) compiled ahead of time for inputs like
+    ``example``: loaded from the cache when there, else built and saved. Raises what the
+    trace or the compile raised (the caller falls back)."""
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Sequence[torch.Tensor]],
+        example: Sequence[torch.Tensor],
+        description: str = "",
+    ) -> None:
+        if not all(t.is_contiguous() for t in example):
+            raise ValueError(f"{name}: a program is built for contiguous inputs")
+        self.name = name
+        self.shapes = [t.shape for t in example]
+        self.path = cache_root() / f"{name}-{program_key(name, description, example)}.pt2"
+        start = time.perf_counter()
+        built = not self.path.exists()
+        if built:
+            _build(fn, example, self.path)
+            COUNTS["built"] += 1
+        try:
+            self._runner = _load(self.path)
+        except Exception:
+            if built:
+                raise
+            # A damaged file: build it again.
+            log.warning("aot.reload_failed", program=name, path=str(self.path))
+            _build(fn, example, self.path)
+            COUNTS["built"] += 1
+            built = True
+            self._runner = _load(self.path)
+        COUNTS["loaded"] += 1
+        spent = time.perf_counter() - start
+        SECONDS[0] += spent
+        log.info("aot.ready", program=name, built=built, seconds=round(spent, 3))
+        self._calls = 0
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        if self._calls < _CHECKED_CALLS:
+            self._calls += 1
+            got = [t.shape for t in args]
+            if got != self.shapes or not all(t.is_contiguous() for t in args):
+                raise ValueError(f"{self.name}: inputs {got} (contiguous) expected {self.shapes}")
+        return self._runner.run(list(args))
