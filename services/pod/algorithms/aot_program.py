@@ -148,22 +148,27 @@ class _Traced(torch.nn.Module):
         return tuple(self.graph_module(*args))
 
 
-def _build(fn: Callable[..., Sequence[torch.Tensor]], example: Sequence[torch.Tensor], path: Path):
+def _build(
+    fn: Callable[..., Sequence[torch.Tensor]], example: Sequence[torch.Tensor], path: Path
+) -> None:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     if all(t.device.type == "cpu" for t in example):
         trust_vec_isa()
-    graph = make_fx(fn, tracing_mode="real")(*example)
-    with warnings.catch_warnings():
-        # torch's own pytree use inside export (torch 2.13), nothing a caller can change.
-        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        exported = torch.export.export(_Traced(graph), tuple(example), strict=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written beside, then renamed: pods sharing the cache never load a half-written package.
     fd, tmp = tempfile.mkstemp(suffix=".pt2", dir=path.parent)
     os.close(fd)
     try:
-        torch._inductor.aoti_compile_and_package(exported, package_path=tmp)
+        with warnings.catch_warnings():
+            # torch's own pytree use in export and AOTInductor (torch 2.13): not ours to fix.
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=".*script_method.*", category=DeprecationWarning
+            )
+            graph = make_fx(fn, tracing_mode="real")(*example)
+            exported = torch.export.export(_Traced(graph), tuple(example), strict=False)
+            torch._inductor.aoti_compile_and_package(exported, package_path=tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
