@@ -59,10 +59,10 @@ _CHECKED_CALLS = 3
 SWITCH = "PODIUM_AOT_PROGRAMS"
 
 
-def enabled() -> bool:
-    """Whether callers use programs compiled ahead of time (``PODIUM_AOT_PROGRAMS``, default
-    on)."""
-    return os.environ.get(SWITCH, "1") != "0"
+def used_on(device: torch.device | str) -> bool:
+    """Whether programs for ``device`` are compiled ahead of time: on a CPU, unless
+    ``PODIUM_AOT_PROGRAMS`` is 0 (on CUDA the Anakin iteration replays as one CUDA graph)."""
+    return torch.device(device).type == "cpu" and os.environ.get(SWITCH, "1") != "0"
 
 
 @functools.cache
@@ -194,6 +194,35 @@ def build_or_none(
             fallback="torch.compile",
         )
         return None
+
+
+class Programs:
+    """The programs of one caller in this process, each built (or loaded) on its first use:
+    keyed by name, the shape object's id and a variant (what else sets the inputs' shapes).
+    The id, not the shape: a frozen dataclass hashes all its fields on every lookup, and a
+    lookup runs on every call of a program; the entry keeps the shape alive, so the id stays
+    its own. None for a program that could not be built (``build_or_none``)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[object, Program | None]] = {}
+
+    def get(
+        self,
+        name: str,
+        shape: object,
+        variant: object,
+        args: Sequence[torch.Tensor],
+        make_fn: Callable[[], Callable[..., Sequence[torch.Tensor]]],
+    ) -> Program | None:
+        key = (name, id(shape), variant)
+        entry = self._entries.get(key)
+        if entry is None:
+            program = build_or_none(name, make_fn(), args, repr(shape))
+            entry = self._entries[key] = (shape, program)
+        return entry[1]
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 def _load(path: Path) -> torch._C._aoti.AOTIModelPackageLoader:

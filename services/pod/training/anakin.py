@@ -888,31 +888,11 @@ class _AheadOfTime:
     (services/pod/algorithms/aot_program.py), one per shape, behind the functions' own
     signatures: a new process loads them from the compile cache instead of tracing them
     again, and a call skips dynamo's lookup and inductor's Python wrapper. A program that
-    cannot be built is logged and falls back to ``jit``'s ``torch.compile``."""
+    cannot be built falls back to ``jit``'s ``torch.compile``."""
 
     def __init__(self, jit: _Programs) -> None:
         self.jit = jit
-        self._programs: dict[tuple, tuple[AnakinShape, aot_program.Program | None]] = {}
-
-    def _program(
-        self,
-        name: str,
-        shape: AnakinShape,
-        variant: int,
-        args: list[torch.Tensor],
-        make_fn: Callable[[], Callable[..., tuple[torch.Tensor, ...]]],
-        extra: str = "",
-    ) -> aot_program.Program | None:
-        """The program ``name`` for ``shape`` (``variant``: what else sets its inputs'
-        shapes), built from ``make_fn()`` on a first call. Keyed by the shape object's id (the
-        entry keeps it alive): a frozen dataclass hashes all its fields on every lookup, and
-        this runs twice per rollout chunk and update."""
-        key = (name, id(shape), variant)
-        entry = self._programs.get(key)
-        if entry is None:
-            program = aot_program.build_or_none(name, make_fn(), args, f"{shape!r} {extra}")
-            entry = self._programs[key] = (shape, program)
-        return entry[1]
+        self.programs = aot_program.Programs()
 
     def rollout_chunk(
         self,
@@ -936,7 +916,7 @@ class _AheadOfTime:
             return fn
 
         # The last chunk of a rollout whose length K does not divide is shorter.
-        program = self._program("rollout_chunk", shape, action_u.shape[0], args, make_fn)
+        program = self.programs.get("rollout_chunk", shape, action_u.shape[0], args, make_fn)
         if program is None:
             return self.jit.compiled("rollout_chunk", rollout_chunk)(
                 shape, params, norm_state, carry, action_u, reset_u
@@ -969,7 +949,7 @@ class _AheadOfTime:
 
             return fn
 
-        program = self._program("minibatch_update", shape, len(data), args, make_fn)
+        program = self.programs.get("minibatch_update", shape, len(data), args, make_fn)
         if program is None:
             return self.jit.compiled("minibatch_update", minibatch_update)(
                 shape, opt, data, idx, hp, lr
@@ -991,7 +971,7 @@ class _Programs:
         self._options = {"cpp_wrapper": True} if self._cpu else {}
         # On a CPU the per-call programs are compiled ahead of time (no wrapper at all); on
         # CUDA the whole iteration is captured as one CUDA graph instead.
-        self._aot = _AheadOfTime(self) if self._cpu and aot_program.enabled() else None
+        self._aot = _AheadOfTime(self) if aot_program.used_on(device_type) else None
 
     @property
     def aot(self) -> bool:
@@ -1000,10 +980,7 @@ class _Programs:
         return self._aot is not None
 
     def compiled(self, name: str, fn: Callable) -> Callable:
-        """``fn`` through ``torch.compile``."""
-        return self._get(name, fn)
-
-    def _get(self, name: str, fn: Callable) -> Callable:
+        """``fn`` through ``torch.compile``, compiled once per process."""
         if name not in self._cache:
             if self._cpu:
                 trust_vec_isa()
@@ -1016,19 +993,19 @@ class _Programs:
 
     @property
     def iteration(self) -> Callable:
-        return self._get("iteration", ppo_iteration)
+        return self.compiled("iteration", ppo_iteration)
 
     @property
     def rollout_chunk(self) -> Callable:
         if self._aot is not None:
             return self._aot.rollout_chunk
-        return self._get("rollout_chunk", rollout_chunk)
+        return self.compiled("rollout_chunk", rollout_chunk)
 
     @property
     def minibatch_update(self) -> Callable:
         if self._aot is not None:
             return self._aot.minibatch_update
-        return self._get("minibatch_update", minibatch_update)
+        return self.compiled("minibatch_update", minibatch_update)
 
 
 class _ProgramsByDevice:

@@ -109,37 +109,23 @@ class _Program:
 
     def __init__(self) -> None:
         self._compiled: Callable | None = None
-        self._aot: dict[tuple, tuple[AnakinShape, aot_program.Program | None]] = {}
+        self._aot = aot_program.Programs()
 
-    def __call__(
-        self,
-        shape: AnakinShape,
-        params: torch.Tensor,
-        obs_mean: torch.Tensor,
-        obs_var: torch.Tensor,
-        start: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if params.device.type == "cpu" and aot_program.enabled():
-            args = [t.contiguous() for t in (params, obs_mean, obs_var, start)]
-            if (program := self._ahead_of_time(shape, args)) is not None:
-                returns, steps = program(*args)
-                return returns, steps
+    def __call__(self, shape: AnakinShape, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``greedy_returns(shape, *tensors)``."""
+        if aot_program.used_on(tensors[0].device):
+            args = [t.contiguous() for t in tensors]
+
+            def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
+                return lambda *flat: greedy_returns(shape, *flat)
+
+            # One program per shape and episode count (the start states' second dimension).
+            program = self._aot.get("greedy_returns", shape, args[-1].shape, args, make_fn)
+            if program is not None:
+                return tuple(program(*args))
         if self._compiled is None:
             self._compiled = torch.compile(greedy_returns, fullgraph=True)
-        return self._compiled(shape, params, obs_mean, obs_var, start)
-
-    def _ahead_of_time(
-        self, shape: AnakinShape, args: list[torch.Tensor]
-    ) -> aot_program.Program | None:
-        key = (id(shape), *(a.shape for a in args))  # the entry keeps the shape alive
-        if key not in self._aot:
-
-            def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return greedy_returns(shape, *flat)
-
-            program = aot_program.build_or_none("greedy_returns", fn, args, repr(shape))
-            self._aot[key] = (shape, program)
-        return self._aot[key][1]
+        return self._compiled(shape, *tensors)
 
     def reset(self) -> None:
         self._compiled = None

@@ -131,7 +131,9 @@ class AnakinTrainer(PPOSlotsTrainer):
         if mode == "auto":
             horizon = horizon_env_steps or first.total_env_steps
             batch = first.ppo.batch_size
-            compiled = cls._ahead_of_time(first) and aot_program.ready(cls.programs_of(configs))
+            compiled = aot_program.used_on(first.device) and aot_program.ready(
+                cls.programs_of(configs)
+            )
             # A pod evaluates every round, often more than this says: fewer savings counted.
             evaluations = horizon // first.eval_every_steps
             if reason := anakin_auto(
@@ -139,10 +141,6 @@ class AnakinTrainer(PPOSlotsTrainer):
             ):
                 return Declined(reason, warn=False)
         return None
-
-    @staticmethod
-    def _ahead_of_time(config: PPORunConfig) -> bool:
-        return torch.device(config.device).type == "cpu" and aot_program.enabled()
 
     @staticmethod
     def programs_of(configs: Sequence[PPORunConfig]) -> str:
@@ -257,7 +255,7 @@ class AnakinTrainer(PPOSlotsTrainer):
             "evaluation", anakin_eval.evaluate, shape, state, self.start, compiled
         )
         built = self.run.iterations and not aot_program.COUNTS["failed"]
-        if compiled and built and not self._marked and self._ahead_of_time(self.configs[0]):
+        if compiled and built and not self._marked and aot_program.used_on(self.device):
             # An iteration and an evaluation have run: every program is built (or loaded), and
             # none fell back to torch.compile (whose warm start still traces).
             aot_program.mark_ready(self.programs_of(self.configs))
