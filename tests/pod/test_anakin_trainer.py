@@ -343,3 +343,19 @@ def test_a_population_pod_with_compile_on_trains_with_anakin_and_exports_compile
     assert rt.trainer.compile_seconds > 0
     assert float(line.split()[-1]) == pytest.approx(rt.trainer.compile_seconds)
     rt.close()
+
+
+def test_reading_the_compile_clock_imports_no_compiler():
+    """The trainer reads its compile clock twice per iteration; in a process that only loads
+    programs compiled ahead of time, reading it must not import dynamo (about a second)."""
+    code = (
+        "import sys\n"
+        "from services.pod.training.anakin_trainer import compile_clock\n"
+        "compile_clock()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
