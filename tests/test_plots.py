@@ -198,16 +198,15 @@ def test_lineage_legend_covers_no_node_and_the_y_axis_says_what_it_is() -> None:
     nodes = [node("r0", None, 0, 1.0, t=0)]
     nodes += [node(f"c{g}", f"c{g - 1}" if g else "r0", g + 1, 2.0 + g, t=g + 1) for g in range(3)]
     nodes += [node(f"top{i}", None, 0, 0.5 + i, t=10 + i) for i in range(4)]  # later roots: on top
-    fig = plots.lineage_figure(nodes, "t")
-    try:
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
-        (ax,) = [a for a in fig.axes if a.get_legend() is not None]
-        legend = ax.get_legend().get_window_extent(renderer)
-        points = [ax.transData.transform((x, y)) for x, y in plots._node_positions(nodes)]
-        assert points and not [p for p in points if legend.contains(*p)]
-        labels = [t.get_window_extent(renderer) for t in ax.texts]
-        assert len(labels) == len(nodes) and not [b for b in labels if b.overlaps(legend)]
-        assert "row" in ax.get_ylabel() and "leaf" in ax.get_ylabel()
-    finally:
-        plots.plt.close(fig)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(plots.lineage_figure(nodes, "t"))  # the canvas savefig draws on
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (ax,) = [a for a in canvas.figure.axes if a.get_legend() is not None]
+    legend = ax.get_legend().get_window_extent(renderer)
+    points = [ax.transData.transform((x, y)) for x, y in plots._node_positions(nodes)]
+    assert points and not [p for p in points if legend.contains(*p)]
+    labels = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(labels) == len(nodes) and not [b for b in labels if b.overlaps(legend)]
+    assert "row" in ax.get_ylabel() and "leaf" in ax.get_ylabel()

@@ -102,24 +102,16 @@ def test_the_programs_take_the_weights_and_adam_moments_as_one_tensor_each():
     assert params.shape == (2, width) and run.state["exp_avg"].shape == (2, width)
     shape, state, hp = run.shape, run.state, run.hp
     roll = anakin.collect(shape, state)
-    values, adv, returns = anakin.advantages(shape, params, roll, hp)
-    data = (
-        roll["obs"].transpose(0, 1).reshape(2, -1, shape.obs_dim),
-        roll["actions"].transpose(0, 1).reshape(2, -1),
-        roll["logprobs"].transpose(0, 1).reshape(2, -1),
-        adv.reshape(2, -1),
-        returns.reshape(2, -1),
-        values.reshape(2, -1),
-    )
+    b = anakin.batch(shape, state, roll, hp)
+    data = tuple(b[k] for k in ("obs", "actions", "logprobs", "advantages", "returns", "values"))
     opt = {k: state[k] for k in ("params", "exp_avg", "exp_avg_sq", "adam_step")}
-    action_u, reset_u, perms = anakin.draws(shape, state)
-    idx = perms[:, 0, : shape.minibatch]
+    idx = b["orders"][:, 0, : shape.minibatch]
     update = torch.compile(anakin.minibatch_update, backend=record, fullgraph=True, dynamic=False)
     new, _ = update(shape, opt, data, idx, hp, hp["learning_rate"])
     chunk = torch.compile(anakin.rollout_chunk, backend=record, fullgraph=True, dynamic=False)
     norm = {k: state[k] for k in ("obs_mean", "obs_var")}
     carry = (state["env"], state["ep_return"], state["ep_length"])
-    chunk(shape, params, norm, carry, action_u[:2], reset_u[:2])
+    chunk(shape, params, norm, carry, (state["seed"], state["iteration"], torch.tensor(2)), 2)
     torch._dynamo.reset()
     update_graph, chunk_graph = graphs
     placeholders = [n for n in update_graph.graph.nodes if n.op == "placeholder"]
@@ -127,8 +119,8 @@ def test_the_programs_take_the_weights_and_adam_moments_as_one_tensor_each():
     assert len(placeholders) <= 16
     assert len(tree_flatten(new)[0]) == 4  # params, exp_avg, exp_avg_sq, adam_step
     assert new["params"].shape == params.shape
-    # the weights, two statistics, the carry (3) and the noise (2)
-    assert len([n for n in chunk_graph.graph.nodes if n.op == "placeholder"]) <= 8
+    # the weights, two statistics, the carry (3) and the noise's counter (3)
+    assert len([n for n in chunk_graph.graph.nodes if n.op == "placeholder"]) <= 9
 
 
 def test_cuda_graph_needs_a_cuda_device():
@@ -242,7 +234,10 @@ def test_eager_iteration_equals_env_steps_and_podiums_ppo_update(monkeypatch):
     for iteration in range(2):
         before = run.state
         roll = anakin.collect(shape, before)
-        action_u, reset_u, perms = anakin.draws(shape, before)
+        action_u, reset_u = anakin.noise(
+            shape, before["seed"], before["iteration"], 0, shape.num_steps
+        )
+        perms = anakin.shuffles(shape, before)
         run.state, metrics = anakin.learn(shape, before, roll, run.hp)
         for i, (agent, env) in enumerate(zip(agents, envs, strict=True)):
             for t in range(shape.num_steps):

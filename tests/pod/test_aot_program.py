@@ -104,8 +104,12 @@ def test_an_anakin_program_that_cannot_be_built_falls_back_to_torch_compile(
         compiled.step()
     eager.step()
     failed = [e for e in logs if e["event"] == "aot.failed"]
-    assert {e["program"] for e in failed} == {"rollout_chunk", "minibatch_update"}
-    assert all(e["fallback"] == "torch.compile" for e in failed)
+    fallbacks = {e["program"]: e["fallback"] for e in failed}
+    assert fallbacks == {
+        "rollout_chunk": "torch.compile",
+        "minibatch_update": "torch.compile",
+        "batch": "eager",  # compiled, it measured no faster
+    }
     torch.testing.assert_close(compiled.state["params"], eager.state["params"])
 
 

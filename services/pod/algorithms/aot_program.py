@@ -180,9 +180,11 @@ def build_or_none(
     fn: Callable[..., Sequence[torch.Tensor]],
     example: Sequence[torch.Tensor],
     description: str = "",
+    fallback: str = "torch.compile",
 ) -> Program | None:
     """``Program(...)``, or None where it cannot be traced or built: logged (``aot.failed``) and
-    counted (``COUNTS["failed"]``); the caller then compiles ``fn`` with ``torch.compile``."""
+    counted (``COUNTS["failed"]``); the caller then runs ``fn`` another way, ``fallback``
+    (what the log says)."""
     try:
         return Program(name, fn, example, description)
     except Exception as exc:  # a trace or build failure of any kind
@@ -191,7 +193,7 @@ def build_or_none(
             "aot.failed",
             program=name,
             error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
-            fallback="torch.compile",
+            fallback=fallback,
         )
         return None
 
@@ -213,11 +215,12 @@ class Programs:
         variant: object,
         args: Sequence[torch.Tensor],
         make_fn: Callable[[], Callable[..., Sequence[torch.Tensor]]],
+        fallback: str = "torch.compile",
     ) -> Program | None:
         key = (name, id(shape), variant)
         entry = self._entries.get(key)
         if entry is None:
-            program = build_or_none(name, make_fn(), args, repr(shape))
+            program = build_or_none(name, make_fn(), args, repr(shape), fallback)
             entry = self._entries[key] = (shape, program)
         return entry[1]
 

@@ -17,6 +17,7 @@ agent's learning rate is the agent's step. One kernel for the whole population, 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -169,3 +170,21 @@ def adam_state(
         }
         for t, m, v in zip(params, exp_avg, exp_avg_sq, strict=True)
     }
+
+
+def adam_state_dict(
+    state: Sequence[Mapping[str, torch.Tensor]], params: int, **settings: Any
+) -> dict[str, Any]:
+    """What ``torch.optim.Adam(ps, **settings).state_dict()`` gives for ``params`` parameters
+    ``ps`` whose per-parameter ``state`` (step, exp_avg, exp_avg_sq, in ``ps``' order; empty:
+    a fresh optimiser) is given, without building the optimiser: a process's first one imports
+    torch._dynamo (about a second), which a trainer that only writes the state to files (the
+    Anakin trainer's checkpoints) never needs otherwise. The param group holds Adam's own
+    defaults, read from its signature, with ``settings`` over them."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(torch.optim.Adam.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    group = {**defaults, **settings, "params": list(range(params))}
+    return {"state": dict(enumerate(state)), "param_groups": [group]}

@@ -226,19 +226,19 @@ class AnakinRule:
 #: P = 1,024 (docs/benchmarks.md, "Anakin on a GPU again"). Other batch sizes and other GPUs
 #: are unmeasured, so ``auto`` leaves them to the eager trainers.
 ANAKIN_AUTO: tuple[AnakinRule, ...] = (
-    # CPU: session 26 (the programs compiled ahead of time), the eager rates session 25's
-    # (that code is unchanged). compile_s: the first iteration + the first evaluation, both
-    # cold; eval_saved_s: `--evaluation 400` (agents trained 400 iterations), P = 1, 8, 64.
+    # CPU: session 27 (four programs compiled ahead of time: the rollout chunk drawing its own
+    # noise, the batch between rollout and updates, the update, the evaluation), the eager
+    # rates session 25's (that code is unchanged). compile_s: the first iteration (session
+    # 27) + the first evaluation (session 26's: its program did not change), both cold;
+    # eval_saved_s: `--evaluation 400` (agents trained 400 iterations), P = 1, 8, 64.
     # 16 envs x 16 steps (a CartPole pod).
-    AnakinRule("cpu", (1, 1), (1, 383), 143_100, 29_700, 19.5 + 6.5, 0.033),
-    AnakinRule("cpu", (2, 16), (1, 383), 251_100, 157_700, 18.2 + 5.3, 0.039),
-    # P = 64 at 256: the update is compute-bound, PopulationTrainer's hand-written backward wins.
-    AnakinRule("cpu", (17, 128), (1, 383), 157_200, 234_200, 19.4 + 5.7, 0.051),
+    AnakinRule("cpu", (1, 1), (1, 383), 219_800, 29_700, 32.7 + 6.5, 0.033),
+    AnakinRule("cpu", (2, 16), (1, 383), 294_100, 157_700, 33.2 + 5.3, 0.039),
+    AnakinRule("cpu", (17, 128), (1, 383), 287_400, 234_200, 32.6 + 5.7, 0.051),
     # 4 envs x 128 steps (PureJaxRL's recipe).
-    AnakinRule("cpu", (1, 1), (384, 1024), 109_400, 15_600, 21.1 + 5.8, 0.041),
-    AnakinRule("cpu", (2, 16), (384, 1024), 160_400, 80_000, 19.6 + 6.2, 0.047),
-    # P = 64 on the recipe: the eager trainer (151.4k against 152.9k), no compile.
-    AnakinRule("cpu", (17, 128), (384, 1024), 151_400, 152_900, 20.5 + 6.4, 0.059),
+    AnakinRule("cpu", (1, 1), (384, 1024), 145_900, 15_600, 36.5 + 5.8, 0.041),
+    AnakinRule("cpu", (2, 16), (384, 1024), 208_100, 80_000, 38.8 + 6.2, 0.047),
+    AnakinRule("cpu", (17, 128), (384, 1024), 196_200, 152_900, 39.4 + 6.4, 0.059),
     # One H200 (torch 2.11, CUDA 13): the trainer as a pod runs it (the iteration replayed as
     # one CUDA graph) against the eager trainer in the same process, bench/anakin_trainer_rows.py;
     # compile_s: the trainer's own count, iteration and evaluation programs together.

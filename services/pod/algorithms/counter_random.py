@@ -31,13 +31,19 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_bits(
-    seed: torch.Tensor, counter: torch.Tensor, stream: int, shape: tuple[int, ...]
+    seed: torch.Tensor,
+    counter: torch.Tensor,
+    stream: int,
+    shape: tuple[int, ...],
+    offset: torch.Tensor | int = 0,
 ) -> torch.Tensor:
     """int64 hash values in [0, 2**32) of (seed, counter, stream, index), shaped
-    ``(*seed.shape, *shape)``: one independent draw per seed (an agent's, say) and element."""
+    ``(*seed.shape, *shape)``: one independent draw per seed (an agent's, say) and element.
+    ``offset``: the first element's index, so a slice of a larger draw is drawn on its own
+    (a tensor: one program serves every slice)."""
     key = mix32(seed & _M32)
     key = mix32((key + mix32((counter & _M32) ^ (stream * 0x2545F491))) & _M32).reshape(-1, 1)
-    index = torch.arange(math.prod(shape), device=seed.device, dtype=torch.int64)
+    index = torch.arange(math.prod(shape), device=seed.device, dtype=torch.int64) + offset
     bits = mix32((key + index) & _M32)
     return mix32(bits ^ key).view(*seed.shape, *shape)
 

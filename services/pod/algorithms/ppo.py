@@ -8,13 +8,14 @@ entropy bonus and a value loss, gradients clipped by global norm.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import gymnasium as gym
 import torch
 from torch import nn
 
 from services.contracts.algorithms.ppo.config import PPOConfig
+from services.pod.algorithms.batched_adam import adam_state_dict
 from services.pod.algorithms.compiled import Compiled
 from services.pod.algorithms.normalization import RunningMeanStd
 from services.pod.algorithms.policies import Actor, Policy, build_actor, build_critic
@@ -121,6 +122,15 @@ def ppo_objective(
 _compiled_loss = Compiled(ppo_loss, "ppo_loss")
 
 
+def _give_state(
+    optimizer: torch.optim.Optimizer, module: nn.Module, state: Sequence[Mapping[str, torch.Tensor]]
+) -> None:
+    """``state`` (one entry per parameter of ``module``, or none: fresh) as ``optimizer``'s."""
+    optimizer.state.clear()
+    for param, values in zip(module.parameters(), state, strict=False):
+        optimizer.state[param] = dict(values)
+
+
 class PPO(nn.Module):
     """The PPO agent as the learner holds it: policy (actor + obs statistics) and critic."""
 
@@ -146,6 +156,8 @@ class PPO(nn.Module):
         #: Compile the update's loss (services/pod/algorithms/compiled.py); the trainer decides.
         self.compiled = False
         self._optimizer: torch.optim.Adam | None = None
+        #: Adam's state per parameter for an optimiser not built yet (``set_optimizer_state``).
+        self._pending_state: list[Mapping[str, torch.Tensor]] = []
 
     @property
     def optimizer(self) -> torch.optim.Adam:
@@ -156,10 +168,34 @@ class PPO(nn.Module):
             # Fused Adam: one kernel for all parameters; with small networks the optimiser
             # step is per-tensor overhead, and this cuts the update's time by about a sixth
             # on CPU.
-            self._optimizer = torch.optim.Adam(
-                self.parameters(), lr=self.config.learning_rate, eps=ADAM_EPS, fused=True
-            )
+            self._optimizer = torch.optim.Adam(self.parameters(), **self._adam_settings())
+            _give_state(self._optimizer, self, self._pending_state)
+            self._pending_state = []
         return self._optimizer
+
+    def _adam_settings(self) -> dict[str, object]:
+        return {"lr": self.config.learning_rate, "eps": ADAM_EPS, "fused": True}
+
+    def set_optimizer_state(self, state: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """Adam's state of each parameter (step, exp_avg, exp_avg_sq), in ``parameters()``'
+        order (empty: a fresh optimiser's): given to the optimiser now if it is built, else
+        when it is."""
+        state = list(state)
+        if state and len(state) != sum(1 for _ in self.parameters()):
+            raise ValueError(f"optimizer state: {len(state)} entries for this agent's parameters")
+        if self._optimizer is None:
+            self._pending_state = state
+        else:
+            _give_state(self._optimizer, self, state)
+
+    def optimizer_state_dict(self) -> dict:
+        """``optimizer.state_dict()``, without building the optimiser where it is not built
+        yet (``batched_adam.adam_state_dict``): saving an agent whose Adam state was only
+        set does not import torch._dynamo."""
+        if self._optimizer is not None:
+            return self._optimizer.state_dict()
+        params = sum(1 for _ in self.parameters())
+        return adam_state_dict(self._pending_state, params, **self._adam_settings())
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)

@@ -19,9 +19,10 @@
 Randomness is counter-based (services/pod/algorithms/counter_random.py: a 32-bit integer hash
 of the agent's seed, the iteration counter, a stream id and the element's index), so no
 ``torch.Generator`` enters the program, compiled and eager give the same draws, and an
-iteration is reproducible from its state alone. An iteration draws once (``draws``): the
-actions' noise, the autoresets' initial states and the shuffles, ``argsort`` of random bits
-(stable, so ties cannot reorder).
+iteration is reproducible from its state alone. An iteration's draw is one sequence: the
+actions' noise and the autoresets' initial states step by step (``noise``: a compiled
+rollout chunk draws its own slice), then the shuffles (``shuffles``: ``argsort`` of random
+bits, stable, so ties cannot reorder).
 
 The state holds each agent's weights and Adam moments as rows of flat (P, n) tensors
 (``AnakinShape.layout`` says where each layer lies; ``AnakinShape.views`` gives the layers):
@@ -31,18 +32,18 @@ Everything PBT changes is a tensor of shape (P,) in ``hp`` (``HYPERPARAMETERS``)
 are new inputs of the same graph, not a recompile. What would change the graph (P, env count,
 rollout length, epochs, minibatches, network) is ``AnakinShape``, fixed per program.
 
-``AnakinPPO`` runs it: ``compile="off"`` (eager), ``"steps"`` (two programs, a chunk of
-``ROLLOUT_CHUNK`` rollout steps and the minibatch update with its gather, looped in Python;
-GAE, the shuffles and the noise stay eager: compiled, they measured no faster, or cost more
-compile than they save over a run, on a CPU, docs/benchmarks.md; on a CPU the two programs
-are compiled ahead of time, ``_AheadOfTime``, and loaded by later processes) or ``"iteration"`` (the
-whole iteration as one ``torch.compile(fullgraph=True)`` program, whose compile takes minutes
-on a CPU: it unrolls T steps and E x M updates). On a GPU, ``cuda_graph=True`` captures the
-whole iteration, in any of those modes, as one CUDA graph after a first iteration run as
-usual: every iteration after is one replay. The state's tensors are the graph's static
-buffers (written in place), and the hyperparameters are tensors it reads, so a PBT explore
-needs no capture again. docs/benchmarks.md ("Anakin iteration", "Anakin on a GPU") has what
-each mode measured.
+``AnakinPPO`` runs it: ``compile="off"`` (eager), ``"steps"`` (programs looped in Python: a
+chunk of ``ROLLOUT_CHUNK`` rollout steps, which draws its own noise, and the minibatch update
+with its gather; on a CPU these and ``batch``, everything between the rollout and the
+updates, are compiled ahead of time, ``_AheadOfTime``, and loaded by later processes; elsewhere
+``batch`` runs eager: through ``torch.compile`` it measured no faster, docs/benchmarks.md) or
+``"iteration"`` (the whole iteration as one ``torch.compile(fullgraph=True)`` program, whose
+compile takes minutes on a CPU: it unrolls T steps and E x M updates). On a GPU,
+``cuda_graph=True`` captures the whole iteration, in any of those modes, as one CUDA graph
+after a first iteration run as usual: every iteration after is one replay. The state's
+tensors are the graph's static buffers (written in place), and the hyperparameters are
+tensors it reads, so a PBT explore needs no capture again. docs/benchmarks.md ("Anakin
+iteration", "Anakin on a GPU") has what each mode measured.
 Only discrete-action ``CartPoleEnv`` has a functional step so far.
 """
 
@@ -432,21 +433,38 @@ def rollout_step(
     )
 
 
-def draws(shape: AnakinShape, state: State) -> tuple[torch.Tensor, ...]:
-    """The iteration's random numbers, one counter-based draw split three ways: uniforms
-    (T, P, N, n_actions) for the actions' Gumbel noise, uniforms (T, P, N, state_dim) for the
-    initial states of the episodes that autoreset, and the minibatch orders (P, epochs, batch),
-    argsorts of random bits. One draw, not one per use: in eager code each is some thirty
-    integer ops, whatever its size."""
-    t_, p, n = shape.num_steps, shape.agents, shape.num_envs
-    sizes = (t_ * n * shape.n_actions, t_ * n * shape.state_dim, shape.epochs * shape.batch)
-    bits = uniform_bits(state["seed"], state["iteration"], _ITERATION, (sum(sizes),))
-    action, reset, shuffle = bits.split(sizes, dim=-1)
-    # Step-major and contiguous (one copy here), so a chunk's slice is a contiguous input.
-    action_u = to_uniform(action).view(p, t_, n, shape.n_actions).transpose(0, 1).contiguous()
-    reset_u = to_uniform(reset).view(p, t_, n, shape.state_dim).transpose(0, 1).contiguous()
-    perms = torch.argsort(shuffle.view(p, shape.epochs, shape.batch), dim=-1, stable=True)
-    return action_u, reset_u, perms
+def noise(
+    shape: AnakinShape,
+    seed: torch.Tensor,
+    iteration: torch.Tensor,
+    start: torch.Tensor | int,
+    steps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The random numbers of rollout steps ``start`` .. ``start + steps - 1``: uniforms
+    (steps, P, N, n_actions) for the actions' Gumbel noise and (steps, P, N, state_dim) for
+    the initial states of the episodes that autoreset.
+
+    One counter-based draw per iteration, laid out step by step, so any run of steps is a
+    contiguous slice of it that can be drawn on its own: a compiled rollout chunk draws its
+    own inside the program (``start`` a tensor, one program for every chunk), eager code the
+    whole rollout at once (in eager code a draw is some thirty integer ops, whatever its
+    size)."""
+    p, n, a = shape.agents, shape.num_envs, shape.n_actions
+    per_step = n * (a + shape.state_dim)
+    bits = uniform_bits(seed, iteration, _ITERATION, (steps * per_step,), start * per_step)
+    u = to_uniform(bits).view(p, steps, n, -1).transpose(0, 1)  # (steps, P, N, a + state_dim)
+    return u[..., :a], u[..., a:]
+
+
+def shuffles(shape: AnakinShape, state: State) -> torch.Tensor:
+    """The iteration's minibatch orders (P, epochs, batch): argsorts of random bits (stable,
+    so ties cannot reorder), the part of the iteration's draw after the rollout's noise."""
+    per_step = shape.num_envs * (shape.n_actions + shape.state_dim)
+    size = shape.epochs * shape.batch
+    bits = uniform_bits(
+        state["seed"], state["iteration"], _ITERATION, (size,), shape.num_steps * per_step
+    )
+    return torch.argsort(bits.view(shape.agents, shape.epochs, shape.batch), dim=-1, stable=True)
 
 
 _STEP_KEYS = ("obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs")
@@ -457,25 +475,27 @@ def rollout_chunk(
     params: torch.Tensor,
     norm_state: Mapping[str, torch.Tensor],
     carry: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    action_u: torch.Tensor,
-    reset_u: torch.Tensor,
+    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    steps: int,
 ) -> tuple[torch.Tensor, ...]:
-    """``rollout_step`` K times, K = ``action_u.shape[0]`` (one compiled call for K steps);
-    ``carry``: (env_state, ep_return, ep_length).
+    """``rollout_step`` ``steps`` times (one compiled call for them all); ``carry``:
+    (env_state, ep_return, ep_length); ``counter``: (seed, iteration, first step), what
+    ``noise`` draws from.
 
     Returns (env_state, ep_return, ep_length, raw, obs, action, logp, reward, terminated,
-    truncated, final_obs, finished_return), the last nine stacked (K, P, N, ...); ``params``:
-    the flat (P, n) weights."""
+    truncated, final_obs, finished_return), the last nine stacked (steps, P, N, ...);
+    ``params``: the flat (P, n) weights."""
     views = shape.views(params)
-    steps: list[tuple[torch.Tensor, ...]] = []
-    for k in range(action_u.shape[0]):
+    action_u, reset_u = noise(shape, *counter, steps)
+    out: list[tuple[torch.Tensor, ...]] = []
+    for k in range(steps):
         raw = carry[0].to(torch.float32)  # CartPole observes its state
-        env_state, ep_return, ep_length, *out = rollout_step(
+        env_state, ep_return, ep_length, *step_out = rollout_step(
             shape, views, norm_state, *carry, action_u[k], reset_u[k]
         )
         carry = (env_state, ep_return, ep_length)
-        steps.append((raw, *out))
-    stacked = tuple(torch.stack(values) for values in zip(*steps, strict=True))
+        out.append((raw, *step_out))
+    stacked = tuple(torch.stack(values) for values in zip(*out, strict=True))
     return (*carry, *stacked)
 
 
@@ -484,19 +504,21 @@ def collect(
     state: State,
     chunk_fn: Callable[..., tuple[torch.Tensor, ...]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """T vector steps into buffers of shape (T, P, N, ...), in chunks of ``shape.chunk``
-    steps, and the iteration's minibatch orders (``perms``, ``draws``); ``chunk_fn``:
-    ``rollout_chunk`` or its compiled program."""
+    """T vector steps into buffers of shape (T, P, N, ...): in one ``rollout_chunk`` where it
+    runs eager or inside a whole-iteration program, else in calls of ``chunk_fn`` (its
+    compiled program) of ``shape.chunk`` steps."""
+    k = shape.num_steps if chunk_fn is None else shape.chunk
     chunk_fn = chunk_fn or rollout_chunk
-    k = shape.chunk
-    action_u, reset_u, perms = draws(shape, state)
     keys = ("raw", *_STEP_KEYS, "finished_return")
     chunks: dict[str, list[torch.Tensor]] = {key: [] for key in keys}
     norm_state = {key: state[key] for key in ("obs_mean", "obs_var")}
     carry = (state["env"], state["ep_return"], state["ep_length"])
-    for t in range(0, shape.num_steps, k):
+    # The chunks' first steps as tensors: inputs of one program, not a program per value.
+    starts = torch.arange(0, shape.num_steps, k, device=state["seed"].device)
+    for i in range(shape.num_steps // k):
+        counter = (state["seed"], state["iteration"], starts[i])
         env_state, ep_return, ep_length, *out = chunk_fn(
-            shape, state["params"], norm_state, carry, action_u[t : t + k], reset_u[t : t + k]
+            shape, state["params"], norm_state, carry, counter, k
         )
         carry = (env_state, ep_return, ep_length)
         for key, value in zip(keys, out, strict=True):
@@ -504,7 +526,6 @@ def collect(
     buf = {key: torch.cat(v) if len(v) > 1 else v[0] for key, v in chunks.items()}
     buf["env"], buf["ep_return"], buf["ep_length"] = carry
     buf["next_obs"] = normalize(norm_state, carry[0].to(torch.float32), shape)
-    buf["perms"] = perms  # the update's minibatch orders, drawn with the rollout's noise
     return buf
 
 
@@ -561,8 +582,11 @@ def minibatch_update(
     g = g * (hp["max_grad_norm"].view(p, 1) / (norm + 1e-6)).clamp(max=1.0)
     b1, b2 = ADAM_BETAS
     step = opt["adam_step"] + 1
-    bc1 = (1 - torch.pow(b1, step)).view(p, 1)
-    bc2_sqrt = torch.sqrt(1 - torch.pow(b2, step)).view(p, 1)
+    # Adam's bias corrections 1 - β^step, (P, 2), as exp(step log β), read twice: on a CPU
+    # inductor computes a value that holds an exp and has two readers once, into a buffer;
+    # a pow it would recompute in the (P, n) update's loop, two per vector of weights.
+    bias = 1 - torch.exp(torch.stack((step * math.log(b1), step * math.log(b2)), -1))
+    bc1, bc2_sqrt = bias[:, :1], torch.sqrt(bias[:, 1:])
     m = opt["exp_avg"].lerp(g, 1 - b1)
     v = opt["exp_avg_sq"] * b2 + (1 - b2) * g * g
     denom = torch.sqrt(v) / bc2_sqrt + ADAM_EPS
@@ -624,10 +648,17 @@ def truncated_values(
 
 
 def advantages(
-    shape: AnakinShape, params: torch.Tensor, roll: Mapping, hp: Hyper
+    shape: AnakinShape,
+    params: torch.Tensor,
+    roll: Mapping,
+    hp: Hyper,
+    trace_loop: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Values, GAE advantages and λ-returns, all (P, T, N), as ``PPO.update`` computes them;
-    ``params``: the flat (P, n) weights."""
+    ``params``: the flat (P, n) weights. ``trace_loop``: the trace as a T-step loop, not one
+    weighted sum; None: the sum while the rollout is small. A program compiled for a CPU
+    wants the loop: inductor fuses it into one kernel, while the sum becomes a T x T
+    reduction that recomputes its weights per pair (docs/benchmarks.md, session 27)."""
     t_, p, n, d = shape.num_steps, shape.agents, shape.num_envs, shape.obs_dim
     critic = shape.views(params)
 
@@ -647,7 +678,9 @@ def advantages(
     # The TD errors of all steps at once; only the trace is sequential.
     following = torch.cat((values[:, 1:], next_value.unsqueeze(1)), 1)
     delta = rewards + gamma.unsqueeze(-1) * following * not_done - values
-    if p * n * t_ * t_ <= _GAE_MATRIX_MAX:
+    if trace_loop is None:
+        trace_loop = p * n * t_ * t_ > _GAE_MATRIX_MAX
+    if not trace_loop:
         adv = _gae_matrix(delta, not_done, gamma * lam)
     else:
         decay = (gamma * lam).unsqueeze(-1) * not_done
@@ -660,6 +693,9 @@ def advantages(
     return values, adv, adv + values
 
 
+_OBS_STATS = ("obs_mean", "obs_var", "obs_count")
+
+
 def _merge_obs_stats(shape: AnakinShape, state: State, raw: torch.Tensor) -> dict:
     """``RunningMeanStd.merge`` of the rollout's raw observations (T, P, N, D), per agent."""
     p = shape.agents
@@ -667,7 +703,49 @@ def _merge_obs_stats(shape: AnakinShape, state: State, raw: torch.Tensor) -> dic
     mean, var = flat.mean(1), flat.var(1, unbiased=False)
     old = (state["obs_mean"], state["obs_var"], state["obs_count"])
     merged = merge_batched(old, mean, var, float(flat.shape[1]))
-    return dict(zip(("obs_mean", "obs_var", "obs_count"), merged, strict=True))
+    return dict(zip(_OBS_STATS, merged, strict=True))
+
+
+#: The optimiser's part of the state: what ``minibatch_update`` takes and returns.
+_OPT_KEYS = ("params", "exp_avg", "exp_avg_sq", "adam_step")
+#: What ``batch`` gives the updates: their data, each (P, batch, ...), in ``minibatch_update``'s
+#: order.
+_DATA_KEYS = ("obs", "actions", "logprobs", "advantages", "returns", "values")
+#: What ``batch`` gives besides: the minibatch orders, the learning rate, the rollout's
+#: metrics (and with ``norm_obs`` the merged observation statistics, ``_OBS_STATS``).
+_BATCH_KEYS = (*_DATA_KEYS, "orders", "lr", "episodes", "return_sum")
+
+
+def batch(
+    shape: AnakinShape,
+    state: State,
+    roll: Mapping[str, torch.Tensor],
+    hp: Hyper,
+    trace_loop: bool | None = None,
+) -> dict[str, torch.Tensor]:
+    """Everything between the rollout and the updates (``_BATCH_KEYS``): GAE, the data laid
+    out per agent, the minibatch orders (``shuffles``), the annealed learning rate, the
+    rollout's finished episodes and, with ``norm_obs``, the observation statistics merged
+    with the rollout's."""
+    p, t_, n, d = shape.agents, shape.num_steps, shape.num_envs, shape.obs_dim
+    values, adv, returns = advantages(shape, state["params"], roll, hp, trace_loop)
+    out = {
+        "obs": roll["obs"].transpose(0, 1).reshape(p, t_ * n, d),
+        "actions": roll["actions"].transpose(0, 1).reshape(p, t_ * n),
+        "logprobs": roll["logprobs"].transpose(0, 1).reshape(p, t_ * n),
+        "advantages": adv.reshape(p, t_ * n),
+        "returns": returns.reshape(p, t_ * n),
+        "values": values.reshape(p, t_ * n),
+        "orders": shuffles(shape, state),
+    }
+    frac = (1.0 - state["iteration"] / state["total_iterations"]).clamp(min=0.0)
+    frac = torch.where(hp["anneal_lr"] > 0, frac, torch.ones_like(frac))
+    out["lr"] = hp["learning_rate"] * frac
+    out["episodes"] = (roll["terminated"] | roll["truncated"]).sum((0, 2))  # (P,)
+    out["return_sum"] = roll["finished_return"].sum((0, 2))  # (P,)
+    if shape.norm_obs:
+        out.update(_merge_obs_stats(shape, state, roll["raw"]))
+    return out
 
 
 def learn(
@@ -676,28 +754,19 @@ def learn(
     roll: Mapping[str, torch.Tensor],
     hp: Hyper,
     update_fn: Callable[..., tuple[dict, torch.Tensor]] | None = None,
+    batch_fn: Callable[..., dict[str, torch.Tensor]] | None = None,
 ) -> tuple[State, dict[str, torch.Tensor]]:
-    """GAE, then epochs x minibatches of ``minibatch_update`` (or its compiled program)."""
+    """``batch`` (or its compiled program), then epochs x minibatches of
+    ``minibatch_update`` (or its compiled program)."""
     update_fn = update_fn or minibatch_update
-    p, t_, n, d = shape.agents, shape.num_steps, shape.num_envs, shape.obs_dim
-    params = state["params"]
-    values, adv, returns = advantages(shape, params, roll, hp)
-    data = (
-        roll["obs"].transpose(0, 1).reshape(p, t_ * n, d),
-        roll["actions"].transpose(0, 1).reshape(p, t_ * n),
-        roll["logprobs"].transpose(0, 1).reshape(p, t_ * n),
-        adv.reshape(p, t_ * n),
-        returns.reshape(p, t_ * n),
-        values.reshape(p, t_ * n),
-    )
-    frac = (1.0 - state["iteration"] / state["total_iterations"]).clamp(min=0.0)
-    frac = torch.where(hp["anneal_lr"] > 0, frac, torch.ones_like(frac))
-    lr = hp["learning_rate"] * frac
-    perms = roll["perms"]
-    opt = {k: state[k] for k in ("params", "exp_avg", "exp_avg_sq", "adam_step")}
+    p = shape.agents
+    b = (batch_fn or batch)(shape, state, roll, hp)
+    data = tuple(b[key] for key in _DATA_KEYS)
+    lr = b["lr"]
+    opt = {k: state[k] for k in _OPT_KEYS}
     sums = torch.zeros(p, len(PPO_STATS), device=lr.device)
     for epoch in range(shape.epochs):
-        order = perms[:, epoch].view(p, shape.minibatches, shape.minibatch)
+        order = b["orders"][:, epoch].view(p, shape.minibatches, shape.minibatch)
         for m in range(shape.minibatches):
             opt, stats = update_fn(shape, opt, data, order[:, m], hp, lr)
             if epoch == shape.epochs - 1:
@@ -705,17 +774,15 @@ def learn(
     new_state: State = dict(state)
     new_state.update(opt)
     if shape.norm_obs:
-        new_state.update(_merge_obs_stats(shape, state, roll["raw"]))
+        new_state.update({key: b[key] for key in _OBS_STATS})
     new_state["env"], new_state["ep_return"] = roll["env"], roll["ep_return"]
     new_state["ep_length"] = roll["ep_length"]
     new_state["iteration"] = state["iteration"] + 1
-    done = roll["terminated"] | roll["truncated"]
-    episodes = done.sum((0, 2))
     metrics = {
         "stats": sums / shape.minibatches,  # (P, 5), last epoch's mean
         "lr": lr,
-        "episodes": episodes,  # (P,) finished in this rollout
-        "return_sum": roll["finished_return"].sum((0, 2)),  # (P,)
+        "episodes": b["episodes"],  # (P,) finished in this rollout
+        "return_sum": b["return_sum"],  # (P,)
     }
     return new_state, metrics
 
@@ -776,7 +843,9 @@ class AnakinPPO:
         if self.compile == "steps":
             programs = _PROGRAMS.on(state["seed"].device)
             roll = collect(self.shape, state, programs.rollout_chunk)
-            return learn(self.shape, state, roll, self.hp, programs.minibatch_update)
+            return learn(
+                self.shape, state, roll, self.hp, programs.minibatch_update, programs.batch
+            )
         return ppo_iteration(self.shape, state, self.hp)
 
     def step(self) -> dict[str, torch.Tensor]:
@@ -880,15 +949,12 @@ def _copy_into(state: State, new: State) -> None:
             state[key].copy_(value)  # type: ignore[union-attr]
 
 
-_OPT_KEYS = ("params", "exp_avg", "exp_avg_sq", "adam_step")
-
-
 class _AheadOfTime:
-    """On a CPU, ``rollout_chunk`` and ``minibatch_update`` as programs compiled ahead of time
-    (services/pod/algorithms/aot_program.py), one per shape, behind the functions' own
-    signatures: a new process loads them from the compile cache instead of tracing them
-    again, and a call skips dynamo's lookup and inductor's Python wrapper. A program that
-    cannot be built falls back to ``jit``'s ``torch.compile``."""
+    """On a CPU, ``rollout_chunk``, ``batch`` and ``minibatch_update`` as programs compiled
+    ahead of time (services/pod/algorithms/aot_program.py), one per shape, behind the
+    functions' own signatures: a new process loads them from the compile cache instead of
+    tracing them again, and a call skips dynamo's lookup and inductor's Python wrapper. A
+    program that cannot be built falls back to ``jit``'s ``torch.compile`` (``batch``: eager)."""
 
     def __init__(self, jit: _Programs) -> None:
         self.jit = jit
@@ -900,26 +966,25 @@ class _AheadOfTime:
         params: torch.Tensor,
         norm_state: Mapping[str, torch.Tensor],
         carry: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        action_u: torch.Tensor,
-        reset_u: torch.Tensor,
+        counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        steps: int,
     ) -> tuple[torch.Tensor, ...]:
         stats = (norm_state["obs_mean"], norm_state["obs_var"])
-        args = [t.contiguous() for t in (params, *stats, *carry, action_u, reset_u)]
+        args = [t.contiguous() for t in (params, *stats, *carry, *counter)]
 
         def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
             def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                params, mean, var, env, ep_return, ep_length, action_u, reset_u = flat
+                params, mean, var, env, ep_return, ep_length, *counter = flat
                 norm = {"obs_mean": mean, "obs_var": var}
                 carry = (env, ep_return, ep_length)
-                return rollout_chunk(shape, params, norm, carry, action_u, reset_u)
+                return rollout_chunk(shape, params, norm, carry, tuple(counter), steps)
 
             return fn
 
-        # The last chunk of a rollout whose length K does not divide is shorter.
-        program = self.programs.get("rollout_chunk", shape, action_u.shape[0], args, make_fn)
+        program = self.programs.get("rollout_chunk", shape, steps, args, make_fn)
         if program is None:
             return self.jit.compiled("rollout_chunk", rollout_chunk)(
-                shape, params, norm_state, carry, action_u, reset_u
+                shape, params, norm_state, carry, counter, steps
             )
         return tuple(program(*args))
 
@@ -956,6 +1021,45 @@ class _AheadOfTime:
             )
         *new, stats = program(*args)
         return dict(zip(_OPT_KEYS, new, strict=True)), stats
+
+    def batch(
+        self, shape: AnakinShape, state: State, roll: Mapping[str, torch.Tensor], hp: Hyper
+    ) -> dict[str, torch.Tensor]:
+        inputs = (
+            *(state[k] for k in _BATCH_STATE),
+            *(roll[k] for k in _BATCH_ROLL),
+            *(hp[k] for k in _BATCH_HP),
+        )
+        args = [t.contiguous() for t in inputs]  # type: ignore[union-attr]
+        keys = (*_BATCH_KEYS, *(_OBS_STATS if shape.norm_obs else ()))
+
+        def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
+            n_state, n_roll = len(_BATCH_STATE), len(_BATCH_ROLL)
+
+            def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                state_in = dict(zip(_BATCH_STATE, flat[:n_state], strict=True))
+                roll_in = dict(zip(_BATCH_ROLL, flat[n_state : n_state + n_roll], strict=True))
+                hp_in = dict(zip(_BATCH_HP, flat[n_state + n_roll :], strict=True))
+                out = batch(shape, state_in, roll_in, hp_in, trace_loop=True)  # type: ignore[arg-type]
+                return tuple(out[k] for k in keys)
+
+            return fn
+
+        program = self.programs.get("batch", shape, None, args, make_fn, fallback="eager")
+        if program is None:
+            return batch(shape, state, roll, hp)
+        return dict(zip(keys, program(*args), strict=True))
+
+
+#: What ``batch`` reads of the state, the rollout and the hyperparameters.
+_BATCH_STATE = (
+    "params", "seed", "iteration", "total_iterations", "obs_mean", "obs_var", "obs_count"
+)  # fmt: skip
+_BATCH_ROLL = (
+    "raw", "obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs",
+    "next_obs", "finished_return",
+)  # fmt: skip
+_BATCH_HP = ("gamma", "gae_lambda", "learning_rate", "anneal_lr")
 
 
 class _Programs:
@@ -1006,6 +1110,13 @@ class _Programs:
         if self._aot is not None:
             return self._aot.minibatch_update
         return self.compiled("minibatch_update", minibatch_update)
+
+    @property
+    def batch(self) -> Callable | None:
+        """``batch`` as a program where the others are compiled ahead of time; else None:
+        it runs eager (through ``torch.compile`` it measured no faster, and on CUDA the
+        whole iteration is one graph)."""
+        return self._aot.batch if self._aot is not None else None
 
 
 class _ProgramsByDevice:

@@ -267,8 +267,9 @@ class AnakinTrainer(PPOSlotsTrainer):
         agent = self.run.agent(slot).to(self.device)
         params, _, *moments = self._views(slot, agent)
         steps = float(self.run.state["adam_step"][slot])
-        if adam := adam_state(params, steps, *moments):
-            agent.optimizer.state.update(adam)
+        # Set, not loaded into a torch.optim.Adam: saving writes it from there without
+        # building one (a pod saves at every evaluation; the first Adam imports dynamo).
+        agent.set_optimizer_state(list(adam_state(params, steps, *moments).values()))
         return RolloutLearner(agent, self.configs[slot].total_env_steps)
 
     def _views(self, slot: int, agent: PPO) -> list[list[torch.Tensor]]:

@@ -66,8 +66,8 @@ def tensor_bytes(state: dict[str, torch.Tensor]) -> bytes:
     return st_save({k: v.detach().contiguous().clone().cpu() for k, v in state.items()})
 
 
-def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[bytes, bytes]:
-    state = optimizer.state_dict()
+def optimizer_to_files(state: dict[str, Any]) -> tuple[bytes, bytes]:
+    """An optimiser's ``state_dict()`` as a safetensors file (its tensors) and a JSON one."""
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for index, per_param in state["state"].items():

@@ -276,7 +276,7 @@ def save_offpolicy_files(
         "counters.json": json_bytes(trainer.learner.counters()),
     }
     for name, optimizer in agent.optimizers().items():
-        tensors, meta = optimizer_to_files(optimizer)
+        tensors, meta = optimizer_to_files(optimizer.state_dict())
         files[f"{name}.safetensors"] = tensors
         files[f"{name}.json"] = meta
     return write_files(directory, files, {"algorithm": agent.name})

@@ -120,7 +120,7 @@ def save_ppo_files(
     agent = learner.agent
     critic_state = {f"critic.{k}": v for k, v in agent.critic.state_dict().items()}
     critic_state |= {f"return_rms.{k}": v for k, v in agent.return_rms.state_dict().items()}
-    opt_tensors, opt_meta = optimizer_to_files(agent.optimizer)
+    opt_tensors, opt_meta = optimizer_to_files(agent.optimizer_state_dict())
     files = {
         "actor.safetensors": tensor_bytes(agent.policy.state_dict()),
         "critic.safetensors": tensor_bytes(critic_state),

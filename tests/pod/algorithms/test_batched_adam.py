@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.pod.algorithms.batched_adam import BatchedAdam
+from services.pod.algorithms.batched_adam import BatchedAdam, adam_state_dict
 
 
 @pytest.mark.parametrize(
@@ -103,3 +103,25 @@ def test_a_row_moves_to_and_from_a_single_agents_adam_state() -> None:
         for key in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(state[t][key], opt.state[t][key])
             assert state[t][key].data_ptr() != opt.state[t][key].data_ptr()
+
+
+@pytest.mark.parametrize("stepped", [False, True])
+def test_the_state_dict_without_an_optimizer_is_torch_optim_adams(stepped: bool) -> None:
+    """``adam_state_dict`` (what an agent's checkpoint holds, written without building an
+    optimiser) is ``torch.optim.Adam(...).state_dict()``: param group, defaults and all, for a
+    fresh optimiser and for a stepped one's per-parameter state."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(2, 3)), torch.nn.Parameter(torch.randn(4))]
+    opt = torch.optim.Adam(params, lr=2.5e-4, eps=1e-5, fused=True)
+    if stepped:
+        sum(p.square().sum() for p in params).backward()
+        opt.step()
+    state = [opt.state[p] for p in params] if stepped else []
+    expected = opt.state_dict()
+    got = adam_state_dict(state, len(params), lr=2.5e-4, eps=1e-5, fused=True)
+    assert got["param_groups"] == expected["param_groups"]
+    assert got["state"].keys() == expected["state"].keys()
+    for index, values in expected["state"].items():
+        assert got["state"][index].keys() == values.keys()
+        for key, value in values.items():
+            assert torch.equal(got["state"][index][key], value)
