@@ -57,6 +57,23 @@ def test_config_file_and_set_layering(tmp_path):
     assert saved["ppo"]["sde_sample_freq"] > 0  # the rest of the Pendulum preset stays
 
 
+def test_compile_on_and_off_as_yaml_reads_them():
+    """YAML 1.1 reads a bare on/off as a boolean: ``--set ppo.compile=on`` and ``compile: off``
+    in a config file mean the words, for PPO and the off-policy loop; other values are
+    still refused."""
+    from pydantic import ValidationError
+
+    from services.cli.overrides import parse_set
+    from services.pod.training.presets import train_config
+
+    assert train_config("CartPole-v1", [parse_set("ppo.compile=on")]).ppo.compile == "on"
+    assert train_config("CartPole-v1", [{"ppo": {"compile": False}}]).ppo.compile == "off"
+    sac = [parse_set("algorithm=sac"), parse_set("compile=off")]
+    assert train_config("Pendulum-v1", sac).compile == "off"  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError, match="'auto', 'on' or 'off'"):
+        train_config("CartPole-v1", [parse_set("ppo.compile=3")])
+
+
 def test_unknown_env_lists_known_names_without_traceback(tmp_path):
     proc = run("train", "NoSuchEnv-v0", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.contracts.action_spaces import ActionKind
 from services.contracts.algorithms.card import OFF_POLICY, AlgorithmCard, PopulationCard
-from services.contracts.algorithms.ppo.config import Activation
+from services.contracts.algorithms.ppo.config import Activation, CompileSwitch
 
 #: How exploration noise is correlated in time (services/pod/algorithms/noise.py).
 NoiseKind = Literal["white", "ou", "pink"]
@@ -30,7 +30,7 @@ class ReplayLoopConfig(BaseModel):
     updates_per_step: float = Field(
         0.25, gt=0, description="Gradient updates per env step (update-to-data ratio)."
     )
-    compile: Literal["auto", "on", "off"] = Field(
+    compile: CompileSwitch = Field(
         "auto",
         description="torch.compile the gradient update (SAC, TD3, DDPG, DQN), paid "
         "updates_per_call updates at a time (one CUDA graph per call on a GPU); auto: where it "

@@ -7,11 +7,23 @@ import torch; the algorithm itself is in ppo.py.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 Activation = Literal["tanh", "relu", "elu"]
+
+
+def _switch(value: Any) -> Any:
+    """YAML 1.1 (PyYAML, so specs, config files and ``--set``) reads a bare ``on`` or ``off``
+    as a boolean: take it as the word the user wrote."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
+#: ``compile``: ``auto``, ``on`` or ``off`` (a YAML boolean counts as ``on``/``off``).
+CompileSwitch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_switch)]
 
 
 class PPOConfig(BaseModel):
@@ -43,7 +55,7 @@ class PPOConfig(BaseModel):
     sde_sample_freq: int = Field(
         0, ge=0, description="gSDE exploration, noise redrawn every N steps; 0 = plain Gaussian."
     )
-    compile: Literal["auto", "on", "off"] = Field(
+    compile: CompileSwitch = Field(
         "auto",
         description="torch.compile the rollout step (act + env step + storage, torch-native "
         "envs) and the update's loss; auto: only where it measures faster "
