@@ -1052,9 +1052,7 @@ class _AheadOfTime:
 
 
 #: What ``batch`` reads of the state, the rollout and the hyperparameters.
-_BATCH_STATE = (
-    "params", "seed", "iteration", "total_iterations", "obs_mean", "obs_var", "obs_count"
-)  # fmt: skip
+_BATCH_STATE = ("params", "seed", "iteration", "total_iterations", *_OBS_STATS)
 _BATCH_ROLL = (
     "raw", "obs", "actions", "logprobs", "rewards", "terminated", "truncated", "final_obs",
     "next_obs", "finished_return",
