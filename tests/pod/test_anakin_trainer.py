@@ -28,10 +28,11 @@ from services.pod.training import anakin_eval
 from services.pod.training.anakin import PUREJAXRL_CARTPOLE, AnakinPPO
 from services.pod.training.anakin_trainer import AnakinTrainer
 from services.pod.training.checkpoint import read_files
+from services.pod.training.fit import fit
 from services.pod.training.onpolicy import OnPolicyTrainer, save_ppo_files
 from services.pod.training.population_trainer import PopulationTrainer
 from services.pod.training.presets import preset
-from services.pod.training.trainer import build_trainer
+from services.pod.training.trainer import Trainer, build_trainer, note_trained
 from tests.pod.harness import ROOT
 from tests.pod.plugins import register_plugin
 
@@ -67,6 +68,9 @@ def test_auto_follows_the_measured_rules(monkeypatch):
     assert "costs more than it saves" in str(anakin_auto("cpu", p, batch, pays // 4))
     # Its programs already built (a warm cache of programs compiled ahead of time): no compile.
     assert anakin_auto("cpu", p, batch, pays // 4, compiled=True) is None
+    # Earlier runs' eager seconds count towards the compile, and the reason names them.
+    assert anakin_auto("cpu", p, batch, pays // 4, lost_s=wins.compile_s) is None
+    assert "3 s lost eager by earlier runs" in str(anakin_auto("cpu", p, batch, 1, lost_s=3.0))
     # Enough evaluations, each faster compiled, pay for it too.
     evaluations = int(wins.compile_s / wins.eval_saved_s) + 1
     assert anakin_auto("cpu", p, batch, pays // 4, evaluations=evaluations) is None
@@ -120,6 +124,57 @@ def test_compile_picks_the_trainer_and_every_fallback_says_why(tmp_path, monkeyp
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     cls, line = chosen(configs(2, "on"))
     assert cls is PopulationTrainer and "no C++ compiler" in line["reason"]
+
+
+def test_auto_compiles_a_shape_once_its_eager_runs_have_cost_the_compile(tmp_path, monkeypatch):
+    """A run too short for the compile to pay trains eagerly, and notes in the compile cache
+    what the env steps it trained cost (the Anakin trainer's rates and evaluations, per the
+    rule's row); a later run of the same programs counts that, and compiles once the two
+    reach the compile (before, every such run trained eagerly and the cache never warmed).
+    Where programs are not kept across processes (switched off here; CUDA), nothing is
+    counted."""
+    [config] = configs(1, "auto", num_steps=16)
+    config = config.model_copy(update={"total_env_steps": 256, "eval_every_steps": 128})
+    rule = compiled.anakin_rule("cpu", 1, config.ppo.batch_size)
+    assert rule is not None
+
+    def saved(env_steps: int) -> float:
+        return rule.saved_s(1, env_steps) + env_steps / 128 * rule.eval_saved_s
+
+    horizon = int(0.6 * rule.compile_s / saved(1))
+    assert 0.5 * rule.compile_s < saved(horizon) < rule.compile_s  # one run: no, two: yes
+
+    def chosen() -> tuple[Trainer, dict]:
+        with capture_logs() as logs:
+            trainer = build_trainer([config], None, horizon)
+        [line] = [entry for entry in logs if entry["event"] == "trainer.chosen"]
+        return trainer, line
+
+    signature = AnakinTrainer.programs_of([config])
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "kept"))
+    trainer, line = chosen()
+    assert isinstance(trainer, OnPolicyTrainer) and line["reason"].startswith("auto: compiling")
+    assert aot_program.eager_seconds(signature) == 0.0  # nothing trained yet
+    # podium train's loop notes what it trains, at each evaluation.
+    fit(config, trainer)
+    assert trainer.env_steps == 256
+    assert aot_program.eager_seconds(signature) == pytest.approx(saved(256))
+    # The rest of a run as long as the horizon: one more such run would pay for the compile.
+    note_trained(trainer, horizon - 256)
+    trainer.close()
+    assert aot_program.eager_seconds(signature) == pytest.approx(saved(horizon))
+    trainer, line = chosen()
+    assert isinstance(trainer, AnakinTrainer) and "reason" not in line
+    trainer.close()
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "not-kept"))
+    monkeypatch.setenv(aot_program.SWITCH, "0")
+    for _ in range(3):
+        trainer, line = chosen()
+        assert isinstance(trainer, OnPolicyTrainer) and "lost eager" not in line["reason"]
+        note_trained(trainer, horizon)
+        trainer.close()
+    assert aot_program.eager_seconds(signature) == 0.0
 
 
 # -- files and PBT -----------------------------------------------------------------------------

@@ -139,6 +139,41 @@ def ready(signature: str) -> bool:
     return (cache_root() / f"ready-{_key(signature=signature)}").exists()
 
 
+def _tally(signature: str) -> Path:
+    return cache_root() / f"eager-{_key(signature=signature)}.json"
+
+
+def eager_seconds(signature: str) -> float:
+    """Seconds that earlier runs of a caller's ``signature`` lost here by training without
+    these programs, as each estimated it (``add_eager_seconds``); 0 where none did. What a
+    compile would have saved them is what it has already cost not to build it: a caller
+    weighing a compile counts it (a ski rental: stop renting once the rent paid reaches the
+    price)."""
+    try:
+        return float(json.loads(_tally(signature).read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: none counted
+        return 0.0
+
+
+def add_eager_seconds(signature: str, seconds: float) -> None:
+    """Add ``seconds`` to ``eager_seconds(signature)`` (written beside, then renamed: a reader
+    never sees half a file; two runs adding at once may lose one's addition, which only
+    delays a compile)."""
+    path = _tally(signature)
+    total = eager_seconds(signature) + seconds
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"seconds": total}, f)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only cache: later runs count nothing lost
+        log.warning("aot.tally_failed", path=str(path), error=str(exc))
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 class _Traced(torch.nn.Module):
     def __init__(self, graph: torch.fx.GraphModule) -> None:
         super().__init__()

@@ -252,6 +252,13 @@ ANAKIN_AUTO: tuple[AnakinRule, ...] = (
 )
 
 
+def anakin_rule(device: torch.device | str, agents: int, batch: int) -> AnakinRule | None:
+    """The ``ANAKIN_AUTO`` row covering ``device``'s type, ``agents`` and ``batch`` (None: none
+    does)."""
+    kind = torch.device(device).type
+    return next((r for r in ANAKIN_AUTO if r.covers(kind, agents, batch)), None)
+
+
 def anakin_auto(
     device: torch.device | str,
     agents: int,
@@ -259,23 +266,29 @@ def anakin_auto(
     horizon_env_steps: int,
     compiled: bool = False,
     evaluations: int = 0,
+    lost_s: float = 0.0,
 ) -> str | None:
     """None where ``compile: auto`` should train with the Anakin trainer (``ANAKIN_AUTO``), else
     why not: no measured row, slower, or a compile longer than what it saves over
-    ``horizon_env_steps`` per agent and ``evaluations`` evaluations. ``compiled``: the
-    programs are already built in the compile cache (programs compiled ahead of time load in
-    milliseconds), so no compile is to be paid."""
+    ``horizon_env_steps`` per agent and ``evaluations`` evaluations, plus ``lost_s``.
+    ``compiled``: the programs are already built in the compile cache (programs compiled
+    ahead of time load in milliseconds), so no compile is to be paid. ``lost_s``: what earlier
+    runs of the same programs lost training eagerly because their compile did not pay within
+    them alone (the cache's tally, ``aot_program.eager_seconds``): once that and this run's
+    saving reach the compile, it compiles, so a shape trained again and again is compiled
+    once it has cost as much as its compile (at most twice the best choice in hindsight)."""
     kind = torch.device(device).type
-    rule = next((r for r in ANAKIN_AUTO if r.covers(kind, agents, batch)), None)
+    rule = anakin_rule(device, agents, batch)
     where = f"{kind}, {agents} agent(s), {batch} env steps per iteration"
     if rule is None:
         return f"auto: unmeasured ({where})"
     if rule.anakin_rate <= rule.eager_rate:
         return f"auto: the eager trainer measured faster ({where})"
     saved = rule.saved_s(agents, horizon_env_steps, evaluations)
-    if not compiled and saved <= rule.compile_s:
+    if not compiled and saved + lost_s <= rule.compile_s:
+        earlier = f", {lost_s:.0f} s lost eager by earlier runs" if lost_s else ""
         return (
             f"auto: compiling ({rule.compile_s:.0f} s cold) costs more than it saves over "
-            f"{horizon_env_steps} env steps per agent ({saved:.0f} s; {where})"
+            f"{horizon_env_steps} env steps per agent ({saved:.0f} s{earlier}; {where})"
         )
     return None

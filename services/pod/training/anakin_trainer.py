@@ -7,10 +7,11 @@ Which PPO trainer a pod or ``podium train`` gets is ``PPOConfig.compile``'s (tra
 ``build_trainer`` asks ``declines``): ``off`` never this one; ``on`` this one wherever it can
 train the configs; ``auto`` where it can and the measured rules say it wins
 (services/pod/algorithms/compiled.py ``ANAKIN_AUTO``: device type, P, batch size, and the compile
-against what it saves over the run's horizon). Where it cannot (an env without a functional
-step, a plugin env, env arguments, settings the iteration does not have, roles in other
-processes, learner replicas, no C++ compiler) the eager trainer trains, and one log line names
-why (``trainer.chosen``).
+against what it saves over the run's horizon, plus, on a CPU, what earlier runs of the same
+programs lost training eagerly: the compile cache keeps that tally). Where it cannot (an env
+without a functional step, a plugin env, env arguments, settings the iteration does not have,
+roles in other processes, learner replicas, no C++ compiler) the eager trainer trains, and
+one log line names why (``trainer.chosen``).
 
 Each slot saves and loads the training files a single PPO agent has
 (services/pod/training/onpolicy.py): weights, Adam moments and step, observation statistics,
@@ -25,6 +26,7 @@ Compile seconds (dynamo and inductor, for the iteration's programs and the evalu
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -38,7 +40,12 @@ from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
 from services.pod.algorithms import aot_program
 from services.pod.algorithms.batched_adam import adam_state, load_adam_state
-from services.pod.algorithms.compiled import anakin_auto, compiler_missing
+from services.pod.algorithms.compiled import (
+    AnakinRule,
+    anakin_auto,
+    anakin_rule,
+    compiler_missing,
+)
 from services.pod.algorithms.ppo import PPO, PPO_STATS
 from services.pod.config import PPORunConfig
 from services.pod.envs.registry import list_envs, make_env
@@ -78,6 +85,15 @@ def compile_clock() -> float:
 
         dynamo = sum(compilation_time_metrics.get("_compile.compile_inner", ()))
     return float(dynamo) + aot_program.SECONDS[0]
+
+
+def _note_eager(
+    signature: str, rule: AnakinRule, agents: int, eval_every: int, env_steps: int
+) -> None:
+    """Add what ``env_steps`` per agent of eager training cost against ``rule``'s Anakin
+    trainer (its evaluations too) to the compile cache's tally for ``signature``."""
+    seconds = rule.saved_s(agents, env_steps) + env_steps / eval_every * rule.eval_saved_s
+    aot_program.add_eager_seconds(signature, seconds)
 
 
 class AnakinTrainer(PPOSlotsTrainer):
@@ -130,16 +146,26 @@ class AnakinTrainer(PPOSlotsTrainer):
             return Declined(reason, warn=mode == "on")
         if mode == "auto":
             horizon = horizon_env_steps or first.total_env_steps
-            batch = first.ppo.batch_size
-            compiled = aot_program.used_on(first.device) and aot_program.ready(
-                cls.programs_of(configs)
-            )
+            agents, batch = len(configs), first.ppo.batch_size
+            # Programs compiled ahead of time outlive the process: a compile is paid once per
+            # cache, so what earlier runs lost without them counts towards it (on CUDA each
+            # process compiles again, and every run weighs its own).
+            kept = aot_program.used_on(first.device)
+            signature = cls.programs_of(configs)
+            compiled = kept and aot_program.ready(signature)
+            lost = aot_program.eager_seconds(signature) if kept else 0.0
             # A pod evaluates every round, often more than this says: fewer savings counted.
             evaluations = horizon // first.eval_every_steps
             if reason := anakin_auto(
-                first.device, len(configs), batch, horizon, compiled, evaluations
+                first.device, agents, batch, horizon, compiled, evaluations, lost
             ):
-                return Declined(reason, warn=False)
+                rule = anakin_rule(first.device, agents, batch)
+                record = None
+                if kept and rule is not None and rule.anakin_rate > rule.eager_rate:
+                    record = functools.partial(
+                        _note_eager, signature, rule, agents, first.eval_every_steps
+                    )
+                return Declined(reason, warn=False, record=record)
         return None
 
     @staticmethod

@@ -18,7 +18,7 @@ may also register ``<family>.compiled`` (PPO: the Anakin trainer, anakin_trainer
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
@@ -40,6 +40,7 @@ __all__ = [
     "Trainer",
     "build_trainer",
     "compiled_trainer",
+    "note_trained",
     "train_in_process",
     "trainer_class",
 ]
@@ -53,10 +54,14 @@ C = TypeVar("C", bound=RunConfig)
 @dataclass(frozen=True)
 class Declined:
     """Why a family's compiled trainer does not train some configs (the eager one does);
-    ``warn``: the configs asked for it (``compile: on``), so the fallback is a warning."""
+    ``warn``: the configs asked for it (``compile: on``), so the fallback is a warning;
+    ``record``: told the env steps per slot the eager trainer trains (``note_trained``),
+    where the compiled trainer keeps count of what training eagerly cost (a later run
+    weighs its compile against that)."""
 
     reason: str
     warn: bool = False
+    record: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,9 @@ class Trainer(ABC, Generic[C]):
     size: int
     #: Seconds this trainer spent compiling so far (torch.compile); 0 for an eager one.
     compile_seconds: float = 0.0
+    #: Why the family's compiled trainer declined these configs, where one did
+    #: (``build_trainer``).
+    declined: Declined | None = None
 
     @abstractmethod
     def __init__(self, configs: Sequence[C], roles: Roles | None = None) -> None:
@@ -243,21 +251,22 @@ def compiled_trainer(
     configs: Sequence[RunConfig],
     roles: Roles | None = None,
     horizon_env_steps: int | None = None,
-) -> type[Trainer]:
+) -> tuple[type[Trainer], Declined | None]:
     """The trainer for ``configs``: the compiled trainer of the algorithm's family (registered
     as ``<family>.compiled``, e.g. PPO's Anakin trainer) where it takes them, else ``eager``
-    (``trainer_class``'s). Its class method ``declines(configs, roles, horizon_env_steps)``
-    decides (None: it trains them; else a ``Declined``); one log line says which and why.
-    ``horizon_env_steps``: env steps per slot the run is expected to train (a pod's share of
-    the budget), against which a compile must pay; None: the configs' ``total_env_steps``."""
+    (``trainer_class``'s), with why. Its class method ``declines(configs, roles,
+    horizon_env_steps)`` decides (None: it trains them; else a ``Declined``); one log line
+    says which and why. ``horizon_env_steps``: env steps per slot the run is expected to
+    train (a pod's share of the budget), against which a compile must pay; None: the configs'
+    ``total_env_steps``."""
     name = f"{algorithm_card(configs[0].algorithm).family}.compiled"
     if name not in registry.names(registry.TRAINERS):
-        return eager
+        return eager, None
     compiled = registry.load(registry.TRAINERS, name, kind="trainer")
     declined = compiled.declines(configs, roles, horizon_env_steps)
     if declined is None:
         log.info("trainer.chosen", trainer=compiled.__name__, agents=len(configs))
-        return compiled
+        return compiled, None
     (log.warning if declined.warn else log.info)(
         "trainer.chosen",
         trainer=eager.__name__,
@@ -265,7 +274,7 @@ def compiled_trainer(
         reason=declined.reason,
         agents=len(configs),
     )
-    return eager
+    return eager, declined
 
 
 def build_trainer(
@@ -274,6 +283,19 @@ def build_trainer(
     horizon_env_steps: int | None = None,
 ) -> Trainer:
     """The trainer of ``configs`` (one per slot, all of one algorithm): the family's, or its
-    compiled one where that takes them (``compiled_trainer``)."""
+    compiled one where that takes them (``compiled_trainer``; why not is the trainer's
+    ``declined``)."""
     eager = trainer_class(configs[0].algorithm, len(configs))
-    return compiled_trainer(eager, configs, roles, horizon_env_steps)(configs, roles)
+    cls, declined = compiled_trainer(eager, configs, roles, horizon_env_steps)
+    trainer = cls(configs, roles)
+    trainer.declined = declined
+    return trainer
+
+
+def note_trained(trainer: Trainer, env_steps: int) -> None:
+    """Tell the compiled trainer that declined ``trainer``'s configs, where one did and keeps
+    count (``Declined.record``), that ``trainer`` trained ``env_steps`` more per slot. The
+    loops that train call it: ``podium train``'s at each evaluation, a pod's every round."""
+    declined = trainer.declined
+    if declined is not None and declined.record is not None and env_steps > 0:
+        declined.record(env_steps)
