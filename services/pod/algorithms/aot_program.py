@@ -30,6 +30,7 @@ import functools
 import getpass
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -39,6 +40,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,7 +50,8 @@ from services.pod.algorithms.compiled import trust_vec_isa
 
 log = get_logger(__name__)
 
-#: Programs built (compiled) and loaded (from disk, or just after a build) in this process.
+#: Programs built (compiled; ``built_ahead``: of them, by ``build_concurrently``) and loaded
+#: (from disk, or just after a build) in this process.
 COUNTS: Counter[str] = Counter()
 #: Seconds this process spent building and loading programs (the trainers' compile clock).
 SECONDS = [0.0]
@@ -57,6 +60,8 @@ _POD_SOURCES = Path(__file__).resolve().parents[1]  # services/pod
 _CHECKED_CALLS = 3
 #: Set to 0 to compile with ``torch.compile`` instead (an escape hatch, and A/B benches).
 SWITCH = "PODIUM_AOT_PROGRAMS"
+#: The most processes building programs at once (``builders``).
+BUILDERS = "PODIUM_AOT_BUILDERS"
 
 
 def used_on(device: torch.device | str) -> bool:
@@ -103,7 +108,10 @@ def cache_root() -> Path:
 
 
 def _describe(t: torch.Tensor) -> list:
-    return [str(t.dtype), list(t.shape), list(t.stride()), str(t.device)]
+    # A program takes contiguous inputs, whose strides follow from their shape but for a
+    # dimension of size 1, whose stride is never read: two such inputs are the same program's
+    # (an agent dimension of 1 comes strided one way from eager code, another from a program).
+    return [str(t.dtype), list(t.shape), str(t.device)]
 
 
 def _key(**facts: object) -> str:
@@ -120,6 +128,11 @@ def _key(**facts: object) -> str:
 
 def program_key(name: str, description: str, example: Sequence[torch.Tensor]) -> str:
     return _key(name=name, description=description, inputs=[_describe(t) for t in example])
+
+
+def package_path(name: str, description: str, example: Sequence[torch.Tensor]) -> Path:
+    """Where the program ``Program(name, fn, example, description)`` is kept."""
+    return cache_root() / f"{name}-{program_key(name, description, example)}.pt2"
 
 
 def mark_ready(signature: str) -> None:
@@ -172,6 +185,90 @@ def add_eager_seconds(signature: str, seconds: float) -> None:
         log.warning("aot.tally_failed", path=str(path), error=str(exc))
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# -- building several at once ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """A program a caller is about to ask for (``Programs.get``), to build ahead: its name,
+    function, example inputs and description as the caller will pass them. ``fn`` goes to
+    another process, so it must pickle: a module-level function, or a ``functools.partial``
+    of one."""
+
+    name: str
+    fn: Callable[..., Sequence[torch.Tensor]]
+    example: Sequence[torch.Tensor]
+    description: str = ""
+
+    @property
+    def path(self) -> Path:
+        return package_path(self.name, self.description, self.example)
+
+
+def builders() -> int:
+    """How many processes ``build_concurrently`` may run: the CPUs this process may use, at
+    most ``PODIUM_AOT_BUILDERS`` (default 4: a build holds about 0.6 GB; 1 builds in this
+    process only, one program after another)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    try:
+        limit = int(os.environ.get(BUILDERS, "4"))
+    except ValueError:
+        log.warning("aot.builders_invalid", value=os.environ[BUILDERS], using=1)
+        limit = 1
+    return max(1, min(cpus, limit))
+
+
+def _start_builder(threads: int) -> None:
+    # The program's key holds the thread count, and inductor's C++ is generated for it.
+    torch.set_num_threads(threads)
+
+
+def build_concurrently(jobs: Sequence[Job]) -> int:
+    """Build the programs of ``jobs`` that the cache does not hold yet, each in a process of
+    its own (spawned), up to ``builders()`` at once, in the order given (give the longest
+    first); returns how many were built. A compile is one core's work of tens of seconds
+    per program, most of it Python, so programs built one after another on first use wait
+    for each other where cores are idle. Nothing is built where fewer than two programs are
+    missing or one process is all there may be. A program that fails here is left to its
+    first use, which builds it again and falls back as ever; the seconds count in
+    ``SECONDS``, the programs in ``COUNTS["built"]``."""
+    missing = [job for job in jobs if not job.path.exists()]
+    processes = min(len(missing), builders())
+    if processes < 2:
+        return 0
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    start, built = time.perf_counter(), 0
+    context = multiprocessing.get_context("spawn")  # no fork of a process with torch threads
+    with ProcessPoolExecutor(
+        processes,
+        mp_context=context,
+        initializer=_start_builder,
+        initargs=(torch.get_num_threads(),),
+    ) as pool:
+        futures = {
+            pool.submit(_build, job.fn, [t.contiguous() for t in job.example], job.path): job
+            for job in missing
+        }
+        for future in as_completed(futures):
+            try:
+                future.result()
+                built += 1
+            except Exception as exc:  # the first use builds it again, or falls back
+                log.warning(
+                    "aot.build_ahead_failed",
+                    program=futures[future].name,
+                    error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                )
+    spent = time.perf_counter() - start
+    SECONDS[0] += spent
+    COUNTS["built"] += built
+    COUNTS["built_ahead"] += built
+    log.info("aot.built_ahead", programs=built, processes=processes, seconds=round(spent, 2))
+    return built
 
 
 class _Traced(torch.nn.Module):
@@ -288,7 +385,7 @@ class Program:
             raise ValueError(f"{name}: a program is built for contiguous inputs")
         self.name = name
         self.shapes = [t.shape for t in example]
-        self.path = cache_root() / f"{name}-{program_key(name, description, example)}.pt2"
+        self.path = package_path(name, description, example)
         start = time.perf_counter()
         built = not self.path.exists()
         if built:

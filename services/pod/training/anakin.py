@@ -49,6 +49,7 @@ Only discrete-action ``CartPoleEnv`` has a functional step so far.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -949,6 +950,105 @@ def _copy_into(state: State, new: State) -> None:
             state[key].copy_(value)  # type: ignore[union-attr]
 
 
+# -- the programs compiled ahead of time: functions of flat tensors ------------------------------
+# Module-level, so that another process can build them (``aot_program.Job``); ``*_args`` are
+# their inputs as the callers have them.
+def _chunk_args(
+    params: torch.Tensor,
+    norm_state: Mapping[str, torch.Tensor],
+    carry: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> list[torch.Tensor]:
+    stats = (norm_state["obs_mean"], norm_state["obs_var"])
+    return [t.contiguous() for t in (params, *stats, *carry, *counter)]
+
+
+def _chunk_program(shape: AnakinShape, steps: int, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    params, mean, var, env, ep_return, ep_length, *counter = flat
+    norm = {"obs_mean": mean, "obs_var": var}
+    carry = (env, ep_return, ep_length)
+    return rollout_chunk(shape, params, norm, carry, tuple(counter), steps)  # type: ignore[arg-type]
+
+
+def _update_args(
+    opt: Mapping[str, torch.Tensor],
+    data: tuple[torch.Tensor, ...],
+    idx: torch.Tensor,
+    hp: Hyper,
+    lr: torch.Tensor,
+) -> list[torch.Tensor]:
+    inputs = (*(opt[k] for k in _OPT_KEYS), *data, idx, lr, *(hp[k] for k in HYPERPARAMETERS))
+    return [t.contiguous() for t in inputs]
+
+
+def _update_program(
+    shape: AnakinShape, n_data: int, *flat: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    n_opt = len(_OPT_KEYS)
+    opt_in = dict(zip(_OPT_KEYS, flat[:n_opt], strict=True))
+    rest = flat[n_opt + n_data :]
+    hp_in = dict(zip(HYPERPARAMETERS, rest[2:], strict=True))
+    new, stats = minibatch_update(
+        shape, opt_in, flat[n_opt : n_opt + n_data], rest[0], hp_in, rest[1]
+    )
+    return (*(new[k] for k in _OPT_KEYS), stats)
+
+
+def _batch_args(state: State, roll: Mapping[str, torch.Tensor], hp: Hyper) -> list[torch.Tensor]:
+    inputs = (
+        *(state[k] for k in _BATCH_STATE),
+        *(roll[k] for k in _BATCH_ROLL),
+        *(hp[k] for k in _BATCH_HP),
+    )
+    return [t.contiguous() for t in inputs]  # type: ignore[union-attr]
+
+
+def _batch_keys(shape: AnakinShape) -> tuple[str, ...]:
+    return (*_BATCH_KEYS, *(_OBS_STATS if shape.norm_obs else ()))
+
+
+def _batch_program(shape: AnakinShape, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    n_state, n_roll = len(_BATCH_STATE), len(_BATCH_ROLL)
+    state_in = dict(zip(_BATCH_STATE, flat[:n_state], strict=True))
+    roll_in = dict(zip(_BATCH_ROLL, flat[n_state : n_state + n_roll], strict=True))
+    hp_in = dict(zip(_BATCH_HP, flat[n_state + n_roll :], strict=True))
+    out = batch(shape, state_in, roll_in, hp_in, trace_loop=True)  # type: ignore[arg-type]
+    return tuple(out[k] for k in _batch_keys(shape))
+
+
+def program_jobs(shape: AnakinShape, state: State, hp: Hyper) -> list[aot_program.Job]:
+    """The programs compiled ahead of time that an iteration of ``state`` calls, with inputs
+    like the ones it will pass them (from an eager iteration on ``state``, which stays as it
+    was), the longest to build first: for ``aot_program.build_concurrently``."""
+    k = shape.chunk
+    norm = {key: state[key] for key in ("obs_mean", "obs_var")}
+    carry = (state["env"], state["ep_return"], state["ep_length"])
+    first = torch.arange(0, shape.num_steps, k, device=state["seed"].device)[0]
+    roll = collect(shape, state)
+    b = batch(shape, state, roll, hp, trace_loop=True)
+    data = tuple(b[key] for key in _DATA_KEYS)
+    idx = b["orders"][:, 0].view(shape.agents, shape.minibatches, shape.minibatch)[:, 0]
+    opt = {key: state[key] for key in _OPT_KEYS}
+    about = repr(shape)
+    return [
+        aot_program.Job(
+            "rollout_chunk",
+            functools.partial(_chunk_program, shape, k),
+            _chunk_args(state["params"], norm, carry, (state["seed"], state["iteration"], first)),
+            about,
+        ),
+        aot_program.Job(
+            "batch", functools.partial(_batch_program, shape), _batch_args(state, roll, hp), about
+        ),
+        aot_program.Job(
+            "minibatch_update",
+            functools.partial(_update_program, shape, len(data)),
+            _update_args(opt, data, idx, hp, b["lr"]),
+            about,
+        ),
+    ]
+
+
 class _AheadOfTime:
     """On a CPU, ``rollout_chunk``, ``batch`` and ``minibatch_update`` as programs compiled
     ahead of time (services/pod/algorithms/aot_program.py), one per shape, behind the
@@ -969,19 +1069,11 @@ class _AheadOfTime:
         counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         steps: int,
     ) -> tuple[torch.Tensor, ...]:
-        stats = (norm_state["obs_mean"], norm_state["obs_var"])
-        args = [t.contiguous() for t in (params, *stats, *carry, *counter)]
-
-        def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
-            def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                params, mean, var, env, ep_return, ep_length, *counter = flat
-                norm = {"obs_mean": mean, "obs_var": var}
-                carry = (env, ep_return, ep_length)
-                return rollout_chunk(shape, params, norm, carry, tuple(counter), steps)
-
-            return fn
-
-        program = self.programs.get("rollout_chunk", shape, steps, args, make_fn)
+        args = _chunk_args(params, norm_state, carry, counter)
+        program = self.programs.get(
+            "rollout_chunk", shape, steps, args,
+            lambda: functools.partial(_chunk_program, shape, steps),
+        )  # fmt: skip
         if program is None:
             return self.jit.compiled("rollout_chunk", rollout_chunk)(
                 shape, params, norm_state, carry, counter, steps
@@ -997,24 +1089,11 @@ class _AheadOfTime:
         hp: Hyper,
         lr: torch.Tensor,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        inputs = (*(opt[k] for k in _OPT_KEYS), *data, idx, lr, *(hp[k] for k in HYPERPARAMETERS))
-        args = [t.contiguous() for t in inputs]
-
-        def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
-            n_opt, n_data = len(_OPT_KEYS), len(data)
-
-            def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                opt_in = dict(zip(_OPT_KEYS, flat[:n_opt], strict=True))
-                rest = flat[n_opt + n_data :]
-                hp_in = dict(zip(HYPERPARAMETERS, rest[2:], strict=True))
-                new, stats = minibatch_update(
-                    shape, opt_in, flat[n_opt : n_opt + n_data], rest[0], hp_in, rest[1]
-                )
-                return (*(new[k] for k in _OPT_KEYS), stats)
-
-            return fn
-
-        program = self.programs.get("minibatch_update", shape, len(data), args, make_fn)
+        args = _update_args(opt, data, idx, hp, lr)
+        program = self.programs.get(
+            "minibatch_update", shape, len(data), args,
+            lambda: functools.partial(_update_program, shape, len(data)),
+        )  # fmt: skip
         if program is None:
             return self.jit.compiled("minibatch_update", minibatch_update)(
                 shape, opt, data, idx, hp, lr
@@ -1025,30 +1104,14 @@ class _AheadOfTime:
     def batch(
         self, shape: AnakinShape, state: State, roll: Mapping[str, torch.Tensor], hp: Hyper
     ) -> dict[str, torch.Tensor]:
-        inputs = (
-            *(state[k] for k in _BATCH_STATE),
-            *(roll[k] for k in _BATCH_ROLL),
-            *(hp[k] for k in _BATCH_HP),
-        )
-        args = [t.contiguous() for t in inputs]  # type: ignore[union-attr]
-        keys = (*_BATCH_KEYS, *(_OBS_STATS if shape.norm_obs else ()))
-
-        def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
-            n_state, n_roll = len(_BATCH_STATE), len(_BATCH_ROLL)
-
-            def fn(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                state_in = dict(zip(_BATCH_STATE, flat[:n_state], strict=True))
-                roll_in = dict(zip(_BATCH_ROLL, flat[n_state : n_state + n_roll], strict=True))
-                hp_in = dict(zip(_BATCH_HP, flat[n_state + n_roll :], strict=True))
-                out = batch(shape, state_in, roll_in, hp_in, trace_loop=True)  # type: ignore[arg-type]
-                return tuple(out[k] for k in keys)
-
-            return fn
-
-        program = self.programs.get("batch", shape, None, args, make_fn, fallback="eager")
+        args = _batch_args(state, roll, hp)
+        program = self.programs.get(
+            "batch", shape, None, args, lambda: functools.partial(_batch_program, shape),
+            fallback="eager",
+        )  # fmt: skip
         if program is None:
             return batch(shape, state, roll, hp)
-        return dict(zip(keys, program(*args), strict=True))
+        return dict(zip(_batch_keys(shape), program(*args), strict=True))
 
 
 #: What ``batch`` reads of the state, the rollout and the hyperparameters.

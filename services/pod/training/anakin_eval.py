@@ -26,6 +26,7 @@ compile.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 import torch
@@ -115,12 +116,11 @@ class _Program:
         """``greedy_returns(shape, *tensors)``."""
         if aot_program.used_on(tensors[0].device):
             args = [t.contiguous() for t in tensors]
-
-            def make_fn() -> Callable[..., tuple[torch.Tensor, ...]]:
-                return lambda *flat: greedy_returns(shape, *flat)
-
             # One program per shape and episode count (the start states' second dimension).
-            program = self._aot.get("greedy_returns", shape, args[-1].shape, args, make_fn)
+            program = self._aot.get(
+                "greedy_returns", shape, args[-1].shape, args,
+                lambda: functools.partial(greedy_returns, shape),
+            )  # fmt: skip
             if program is not None:
                 return tuple(program(*args))
         if self._compiled is None:
@@ -133,6 +133,17 @@ class _Program:
 
 
 compiled_greedy_returns = _Program()
+
+
+def program_jobs(shape: AnakinShape, state: Mapping, start: torch.Tensor) -> list[aot_program.Job]:
+    """The evaluation's program compiled ahead of time, as ``evaluate`` will ask for it (none
+    where programs are not compiled ahead of time): for ``aot_program.build_concurrently``."""
+    if not aot_program.used_on(start.device):
+        return []
+    tensors = (state["params"], state["obs_mean"], state["obs_var"], start)
+    args = [t.contiguous() for t in tensors]
+    fn = functools.partial(greedy_returns, shape)
+    return [aot_program.Job("greedy_returns", fn, args, repr(shape))]
 
 
 @torch.no_grad()

@@ -51,7 +51,7 @@ from services.pod.config import PPORunConfig
 from services.pod.envs.registry import list_envs, make_env
 from services.pod.roles.evaluator import EvalResult
 from services.pod.roles.learner import RolloutLearner
-from services.pod.training import anakin_eval
+from services.pod.training import anakin, anakin_eval
 from services.pod.training.anakin import (
     FUNCTIONAL_ENVS,
     HYPERPARAMETERS,
@@ -259,7 +259,23 @@ class AnakinTrainer(PPOSlotsTrainer):
         return self.run.shape.batch
 
     def step(self) -> None:
+        if not self.run.iterations and not self._marked:
+            self._timed("programs", self._build_ahead)
         self._metrics = self._timed("iteration", self.run.step)
+
+    def _build_ahead(self) -> None:
+        """Before the first iteration, where programs are compiled ahead of time and this
+        cache lacks some: build every program the iteration and the evaluation will ask for
+        at once, a process each (``aot_program.build_concurrently``), instead of one after
+        another on first use."""
+        if self.mode != "steps" or not aot_program.used_on(self.device):
+            return
+        if aot_program.builders() < 2 or aot_program.ready(self.programs_of(self.configs)):
+            return
+        run = self.run
+        jobs = anakin.program_jobs(run.shape, run.state, run.hp)
+        jobs += anakin_eval.program_jobs(run.shape, run.state, self.start)
+        aot_program.build_concurrently(jobs)
 
     def progress(self) -> dict[str, float]:
         """The agents' last-epoch statistics averaged; the mean return of every agent's
