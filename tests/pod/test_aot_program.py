@@ -80,6 +80,69 @@ def test_inputs_unlike_the_example_are_refused(cache: Path) -> None:
         program(x, torch.randn(2, 3).t())  # the right shape, not contiguous
 
 
+def broken(x: torch.Tensor) -> tuple[torch.Tensor]:
+    raise RuntimeError("cannot be traced")
+
+
+def test_programs_built_at_once_are_the_ones_first_use_loads(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each missing program in a spawned process of its own; a later ``Program`` of the same
+    key loads it (a size-1 dimension strided otherwise is the same program). One that fails
+    is logged and left to its first use; nothing is built ahead where one process is all
+    there may be, or where the cache holds them."""
+    x, w, v = torch.randn(5, 3), torch.randn(3, 4), torch.randn(1, 3)
+    jobs = [
+        aot_program.Job("affine", affine, [x, w], "a"),
+        aot_program.Job("affine", affine, [v, w], "a"),
+        aot_program.Job("broken", broken, [x], "b"),
+    ]
+    monkeypatch.setattr(aot_program, "builders", lambda: 1)
+    assert aot_program.build_concurrently(jobs) == 0 and not cache.exists()
+    monkeypatch.setattr(aot_program, "builders", lambda: 2)
+    before = dict(aot_program.COUNTS)
+    with capture_logs() as logs:
+        assert aot_program.build_concurrently(jobs) == 2
+    [failed] = [e for e in logs if e["event"] == "aot.build_ahead_failed"]
+    assert failed["program"] == "broken" and "cannot be traced" in failed["error"]
+    assert aot_program.COUNTS["built_ahead"] == before.get("built_ahead", 0) + 2
+    one_row = torch.randn(3, 1).t()  # (1, 3), contiguous, its size-1 dimension's stride 1
+    assert one_row.stride() != v.stride()
+    for example in ([x, w], [one_row, w]):
+        program = Program("affine", affine, example, "a")
+        torch.testing.assert_close(program(*example)[0], affine(*example)[0])
+    assert aot_program.COUNTS["built"] == before.get("built", 0) + 2  # both loaded
+    assert aot_program.build_concurrently(jobs[:2]) == 0  # in the cache already
+
+
+def test_builders_are_bounded_by_cpus_setting_quota_and_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    files: dict[str, str] = {}
+    monkeypatch.setattr(aot_program, "_cgroup", files.get)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv(aot_program.BUILDERS, raising=False)
+    assert aot_program.builders() == 4  # the default setting
+    monkeypatch.setenv(aot_program.BUILDERS, "6")
+    assert aot_program.builders() == 6
+    monkeypatch.setenv(aot_program.BUILDERS, "16")
+    assert aot_program.builders() == 8  # the CPUs this process may use
+    monkeypatch.setenv(aot_program.BUILDERS, "several")
+    assert aot_program.builders() == 1
+    monkeypatch.setenv(aot_program.BUILDERS, "16")
+    files["cpu.max"] = "250000 100000"  # a container's quota of 2.5 CPUs
+    assert aot_program.builders() == 2
+    files["cpu.max"] = "max 100000"
+    files["memory.max"], files["memory.current"] = str(3 << 30), str(1 << 30)
+    assert aot_program.builders() == 3  # 2 GiB free, 640 MiB a build
+    files["memory.current"] = str(3 << 30)
+    assert aot_program.builders() == 1
+    files["memory.max"] = "max"
+    assert aot_program.builders() == 8
+    files["cpu.max"] = "unexpected"
+    assert aot_program.builders() == 8
+
+
 def test_the_switch_turns_programs_compiled_ahead_of_time_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

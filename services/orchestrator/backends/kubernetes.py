@@ -175,6 +175,7 @@ def pod_manifest(
         {"name": "PODIUM_EXPERIMENT_ID", "value": req.experiment_id},
         {"name": "PODIUM_POD_ID", "value": req.pod_id},
         {"name": "PODIUM_SPEC", "value": req.spec_json},
+        {"name": "PODIUM_CPU", "value": f"{r.cpu:g}"},
         {"name": "PODIUM_GPUS", "value": str(r.gpus)},
     ]
     for k, v in sorted(req.pod_env().items()):

@@ -205,20 +205,42 @@ class Job:
         return package_path(self.name, self.description, self.example)
 
 
+#: One build process's peak memory, with room (0.49 GB measured: docs/benchmarks.md).
+_BUILD_BYTES = 640 << 20
+
+
+def _cgroup(name: str) -> str | None:
+    """A cgroup v2 file of this process's container (None: not there)."""
+    try:
+        return Path("/sys/fs/cgroup", name).read_text().strip()
+    except OSError:
+        return None
+
+
 def builders() -> int:
-    """How many processes ``build_concurrently`` may run: the CPUs this process may use, at
-    most ``PODIUM_AOT_BUILDERS`` (default 4: a build holds about 0.6 GB; 1 builds in this
-    process only, one program after another)."""
+    """How many processes ``build_concurrently`` may run: no more than the CPUs this process
+    may use (its affinity, its container's CPU quota), than its container's free memory holds
+    builds, and than ``PODIUM_AOT_BUILDERS`` (default 4; a pod sets its CPU share; 1: none
+    ahead, one program after another on first use)."""
     try:
-        cpus = len(os.sched_getaffinity(0))
+        bounds = [len(os.sched_getaffinity(0))]
     except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
+        bounds = [os.cpu_count() or 1]
     try:
-        limit = int(os.environ.get(BUILDERS, "4"))
+        bounds.append(int(os.environ.get(BUILDERS, "4")))
     except ValueError:
         log.warning("aot.builders_invalid", value=os.environ[BUILDERS], using=1)
-        limit = 1
-    return max(1, min(cpus, limit))
+        bounds.append(1)
+    try:
+        quota = (_cgroup("cpu.max") or "max").split()
+        if quota[0] != "max":
+            bounds.append(int(quota[0]) // int(quota[1]))
+        limit, used = _cgroup("memory.max"), _cgroup("memory.current")
+        if limit is not None and limit != "max" and used is not None:
+            bounds.append((int(limit) - int(used)) // _BUILD_BYTES)
+    except (ValueError, IndexError):  # an unexpected cgroup file: no bound from it
+        pass
+    return max(1, min(bounds))
 
 
 def _start_builder(threads: int) -> None:
