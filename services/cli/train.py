@@ -75,6 +75,11 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         raise CliError(str(exc)) from None
 
     console = Console(stderr=True)
+    if not quiet:  # the CLI shows no logs, and which trainer trains is what sets its speed
+        line = f"trainer: {type(trainer).__name__}"
+        if trainer.declined is not None:
+            line += f" (not the compiled one: {trainer.declined.reason})"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     # Line-buffered and flushed per record: the run can be followed while it trains
