@@ -37,12 +37,16 @@ def test_readyz_is_503_when_redis_is_unreachable(client: TestClient) -> None:
 
 def test_api_is_503_when_redis_is_down(client: TestClient) -> None:
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     from services.orchestrator.store import Store
 
     real = client.app.state.store
     client.app.state.store = Store(
-        redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry_on_timeout=False)
+        redis.Redis(
+            host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+        )
     )
     try:
         r = client.post("/api/v1/experiments", json=spec("down"))

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from services.orchestrator.status import ExperimentStatus
 from services.orchestrator.store import Store
@@ -157,7 +159,9 @@ def test_readyz_reports_a_reconciler_that_keeps_failing(client: TestClient) -> N
     real = rec.store
     # The reconciler's own Redis connection is broken (the API's still works).
     rec.store = Store(
-        redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry_on_timeout=False)
+        redis.Redis(
+            host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
+        )
     )
     try:
         r = wait_for(lambda: (x := client.get("/readyz")).status_code == 503 and x)
