@@ -115,6 +115,23 @@ def test_programs_built_at_once_are_the_ones_first_use_loads(
     assert aot_program.build_concurrently(jobs[:2]) == 0  # in the cache already
 
 
+def test_where_no_build_process_starts_the_programs_are_left_to_first_use(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(aot_program, "ProcessPoolExecutor", refuse)
+    monkeypatch.setattr(aot_program, "builders", lambda: 2)
+    w = torch.randn(3, 4)
+    jobs = [aot_program.Job("affine", affine, [torch.randn(n, 3), w]) for n in (2, 5)]
+    with capture_logs() as logs:
+        assert aot_program.build_concurrently(jobs) == 0
+    [failed] = [e for e in logs if e["event"] == "aot.build_ahead_failed"]
+    assert "Resource temporarily unavailable" in failed["error"]
+    assert not any(job.path.exists() for job in jobs)
+
+
 def test_builders_are_bounded_by_cpus_setting_quota_and_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -40,6 +40,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -261,30 +262,31 @@ def build_concurrently(jobs: Sequence[Job]) -> int:
     processes = min(len(missing), builders())
     if processes < 2:
         return 0
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     start, built = time.perf_counter(), 0
     context = multiprocessing.get_context("spawn")  # no fork of a process with torch threads
-    with ProcessPoolExecutor(
-        processes,
-        mp_context=context,
-        initializer=_start_builder,
-        initargs=(torch.get_num_threads(),),
-    ) as pool:
-        futures = {
-            pool.submit(_build, job.fn, [t.contiguous() for t in job.example], job.path): job
-            for job in missing
-        }
-        for future in as_completed(futures):
-            try:
-                future.result()
-                built += 1
-            except Exception as exc:  # the first use builds it again, or falls back
-                log.warning(
-                    "aot.build_ahead_failed",
-                    program=futures[future].name,
-                    error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
-                )
+    try:
+        with ProcessPoolExecutor(
+            processes,
+            mp_context=context,
+            initializer=_start_builder,
+            initargs=(torch.get_num_threads(),),
+        ) as pool:
+            futures = {
+                pool.submit(_build, job.fn, [t.contiguous() for t in job.example], job.path): job
+                for job in missing
+            }
+            for future in as_completed(futures):
+                try:
+                    future.result()
+                    built += 1
+                except Exception as exc:  # the first use builds it again, or falls back
+                    log.warning(
+                        "aot.build_ahead_failed",
+                        program=futures[future].name,
+                        error=f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                    )
+    except OSError as exc:  # no process could start (limits, memory): first use builds
+        log.warning("aot.build_ahead_failed", program=None, error=f"OSError: {exc}")
     spent = time.perf_counter() - start
     SECONDS[0] += spent
     COUNTS["built"] += built
