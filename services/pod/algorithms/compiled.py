@@ -209,9 +209,9 @@ class AnakinRule:
             and self.batch[0] <= batch <= self.batch[1]
         )
 
-    def saved_s(self, agents: int, env_steps: int, evaluations: int = 0) -> float:
+    def saved_s(self, agents: int, env_steps: int, evaluations: float = 0) -> float:
         """Seconds the Anakin trainer saves over ``env_steps`` per agent of training and
-        ``evaluations`` evaluations."""
+        ``evaluations`` evaluations (a share of one counts its share)."""
         training = agents * env_steps * (1.0 / self.eager_rate - 1.0 / self.anakin_rate)
         return training + evaluations * self.eval_saved_s
 

@@ -122,15 +122,6 @@ def ppo_objective(
 _compiled_loss = Compiled(ppo_loss, "ppo_loss")
 
 
-def _give_state(
-    optimizer: torch.optim.Optimizer, module: nn.Module, state: Sequence[Mapping[str, torch.Tensor]]
-) -> None:
-    """``state`` (one entry per parameter of ``module``, or none: fresh) as ``optimizer``'s."""
-    optimizer.state.clear()
-    for param, values in zip(module.parameters(), state, strict=False):
-        optimizer.state[param] = dict(values)
-
-
 class PPO(nn.Module):
     """The PPO agent as the learner holds it: policy (actor + obs statistics) and critic."""
 
@@ -169,7 +160,7 @@ class PPO(nn.Module):
             # step is per-tensor overhead, and this cuts the update's time by about a sixth
             # on CPU.
             self._optimizer = torch.optim.Adam(self.parameters(), **self._adam_settings())
-            _give_state(self._optimizer, self, self._pending_state)
+            self._give_state(self._pending_state)
             self._pending_state = []
         return self._optimizer
 
@@ -181,12 +172,24 @@ class PPO(nn.Module):
         order (empty: a fresh optimiser's): given to the optimiser now if it is built, else
         when it is."""
         state = list(state)
-        if state and len(state) != sum(1 for _ in self.parameters()):
+        if state and len(state) != self._n_params:
             raise ValueError(f"optimizer state: {len(state)} entries for this agent's parameters")
         if self._optimizer is None:
             self._pending_state = state
         else:
-            _give_state(self._optimizer, self, state)
+            self._give_state(state)
+
+    @property
+    def _n_params(self) -> int:
+        return sum(1 for _ in self.parameters())
+
+    def _give_state(self, state: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        """``state`` (one entry per parameter, or none: fresh) as the built optimiser's."""
+        optimizer = self._optimizer
+        assert optimizer is not None
+        optimizer.state.clear()
+        for param, values in zip(self.parameters(), state, strict=False):
+            optimizer.state[param] = dict(values)
 
     def optimizer_state_dict(self) -> dict:
         """``optimizer.state_dict()``, without building the optimiser where it is not built
@@ -194,8 +197,7 @@ class PPO(nn.Module):
         set does not import torch._dynamo."""
         if self._optimizer is not None:
             return self._optimizer.state_dict()
-        params = sum(1 for _ in self.parameters())
-        return adam_state_dict(self._pending_state, params, **self._adam_settings())
+        return adam_state_dict(self._pending_state, self._n_params, **self._adam_settings())
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)

@@ -218,6 +218,12 @@ class AnakinShape:
         return self.batch // self.minibatches
 
     @property
+    def noise_per_step(self) -> int:
+        """Random numbers a rollout step draws (``noise``): the actions' Gumbel noise and the
+        autoresets' initial states of every env."""
+        return self.num_envs * (self.n_actions + self.state_dim)
+
+    @property
     def chunk(self) -> int:
         """Rollout steps per call of the rollout program: the largest divisor of
         ``num_steps`` up to ``ROLLOUT_CHUNK``."""
@@ -450,8 +456,7 @@ def noise(
     own inside the program (``start`` a tensor, one program for every chunk), eager code the
     whole rollout at once (in eager code a draw is some thirty integer ops, whatever its
     size)."""
-    p, n, a = shape.agents, shape.num_envs, shape.n_actions
-    per_step = n * (a + shape.state_dim)
+    p, n, a, per_step = shape.agents, shape.num_envs, shape.n_actions, shape.noise_per_step
     bits = uniform_bits(seed, iteration, _ITERATION, (steps * per_step,), start * per_step)
     u = to_uniform(bits).view(p, steps, n, -1).transpose(0, 1)  # (steps, P, N, a + state_dim)
     return u[..., :a], u[..., a:]
@@ -460,11 +465,8 @@ def noise(
 def shuffles(shape: AnakinShape, state: State) -> torch.Tensor:
     """The iteration's minibatch orders (P, epochs, batch): argsorts of random bits (stable,
     so ties cannot reorder), the part of the iteration's draw after the rollout's noise."""
-    per_step = shape.num_envs * (shape.n_actions + shape.state_dim)
-    size = shape.epochs * shape.batch
-    bits = uniform_bits(
-        state["seed"], state["iteration"], _ITERATION, (size,), shape.num_steps * per_step
-    )
+    size, after_noise = shape.epochs * shape.batch, shape.num_steps * shape.noise_per_step
+    bits = uniform_bits(state["seed"], state["iteration"], _ITERATION, (size,), after_noise)
     return torch.argsort(bits.view(shape.agents, shape.epochs, shape.batch), dim=-1, stable=True)
 
 
@@ -951,34 +953,12 @@ def _copy_into(state: State, new: State) -> None:
 
 
 # -- the programs compiled ahead of time: functions of flat tensors ------------------------------
-# Module-level, so that another process can build them (``aot_program.Job``); ``*_args`` are
-# their inputs as the callers have them.
-def _chunk_args(
-    params: torch.Tensor,
-    norm_state: Mapping[str, torch.Tensor],
-    carry: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-) -> list[torch.Tensor]:
-    stats = (norm_state["obs_mean"], norm_state["obs_var"])
-    return [t.contiguous() for t in (params, *stats, *carry, *counter)]
-
-
+# Module-level, so that another process can build them (``aot_program.Job``).
 def _chunk_program(shape: AnakinShape, steps: int, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
     params, mean, var, env, ep_return, ep_length, *counter = flat
     norm = {"obs_mean": mean, "obs_var": var}
     carry = (env, ep_return, ep_length)
     return rollout_chunk(shape, params, norm, carry, tuple(counter), steps)  # type: ignore[arg-type]
-
-
-def _update_args(
-    opt: Mapping[str, torch.Tensor],
-    data: tuple[torch.Tensor, ...],
-    idx: torch.Tensor,
-    hp: Hyper,
-    lr: torch.Tensor,
-) -> list[torch.Tensor]:
-    inputs = (*(opt[k] for k in _OPT_KEYS), *data, idx, lr, *(hp[k] for k in HYPERPARAMETERS))
-    return [t.contiguous() for t in inputs]
 
 
 def _update_program(
@@ -994,15 +974,6 @@ def _update_program(
     return (*(new[k] for k in _OPT_KEYS), stats)
 
 
-def _batch_args(state: State, roll: Mapping[str, torch.Tensor], hp: Hyper) -> list[torch.Tensor]:
-    inputs = (
-        *(state[k] for k in _BATCH_STATE),
-        *(roll[k] for k in _BATCH_ROLL),
-        *(hp[k] for k in _BATCH_HP),
-    )
-    return [t.contiguous() for t in inputs]  # type: ignore[union-attr]
-
-
 def _batch_keys(shape: AnakinShape) -> tuple[str, ...]:
     return (*_BATCH_KEYS, *(_OBS_STATS if shape.norm_obs else ()))
 
@@ -1016,37 +987,53 @@ def _batch_program(shape: AnakinShape, *flat: torch.Tensor) -> tuple[torch.Tenso
     return tuple(out[k] for k in _batch_keys(shape))
 
 
+class _Recorder:
+    """Stands in for ``aot_program.Programs`` behind ``_AheadOfTime``: records each program
+    asked for as an ``aot_program.Job`` and builds none, so the adapter runs the function
+    another way (``_Eager``)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[tuple, aot_program.Job] = {}
+
+    def get(
+        self,
+        name: str,
+        shape: AnakinShape,
+        variant: object,
+        args: Sequence[torch.Tensor],
+        make_fn: Callable[[], Callable[..., Sequence[torch.Tensor]]],
+        fallback: str = "",
+    ) -> None:
+        if (name, variant) not in self.jobs:
+            self.jobs[name, variant] = aot_program.Job(name, make_fn(), list(args), repr(shape))
+
+
+class _Eager:
+    """Stands in for ``_Programs`` as ``_AheadOfTime``'s fallback while recording: the
+    rollout runs eagerly (its outputs are the batch's inputs); the update does not run, its
+    inputs' shapes being all a recording needs (an eager update's first call costs nearly a
+    second of functorch's start-up, in a process that otherwise never runs one)."""
+
+    def compiled(self, name: str, fn: Callable) -> Callable:
+        return _unchanged if name == "minibatch_update" else fn
+
+
+def _unchanged(
+    shape: AnakinShape, opt: Mapping[str, torch.Tensor], *rest: object
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``minibatch_update``'s outputs, shaped as it gives them: the state as it was."""
+    return dict(opt), torch.zeros(shape.agents, len(PPO_STATS), device=opt["params"].device)
+
+
 def program_jobs(shape: AnakinShape, state: State, hp: Hyper) -> list[aot_program.Job]:
-    """The programs compiled ahead of time that an iteration of ``state`` calls, with inputs
-    like the ones it will pass them (from an eager iteration on ``state``, which stays as it
-    was), the longest to build first: for ``aot_program.build_concurrently``."""
-    k = shape.chunk
-    norm = {key: state[key] for key in ("obs_mean", "obs_var")}
-    carry = (state["env"], state["ep_return"], state["ep_length"])
-    first = torch.arange(0, shape.num_steps, k, device=state["seed"].device)[0]
-    roll = collect(shape, state)
-    b = batch(shape, state, roll, hp, trace_loop=True)
-    data = tuple(b[key] for key in _DATA_KEYS)
-    idx = b["orders"][:, 0].view(shape.agents, shape.minibatches, shape.minibatch)[:, 0]
-    opt = {key: state[key] for key in _OPT_KEYS}
-    about = repr(shape)
-    return [
-        aot_program.Job(
-            "rollout_chunk",
-            functools.partial(_chunk_program, shape, k),
-            _chunk_args(state["params"], norm, carry, (state["seed"], state["iteration"], first)),
-            about,
-        ),
-        aot_program.Job(
-            "batch", functools.partial(_batch_program, shape), _batch_args(state, roll, hp), about
-        ),
-        aot_program.Job(
-            "minibatch_update",
-            functools.partial(_update_program, shape, len(data)),
-            _update_args(opt, data, idx, hp, b["lr"]),
-            about,
-        ),
-    ]
+    """The programs compiled ahead of time that an iteration of ``state`` calls, each with
+    the inputs its first call passes: recorded from one eager iteration through the same
+    adapters (``state`` stays as it was), in the order called (the longest to build first).
+    For ``aot_program.build_concurrently``."""
+    recorder = _AheadOfTime(_Eager(), _Recorder())  # type: ignore[arg-type]
+    roll = collect(shape, state, recorder.rollout_chunk)
+    learn(shape, state, roll, hp, recorder.minibatch_update, recorder.batch)
+    return list(recorder.programs.jobs.values())  # type: ignore[attr-defined]
 
 
 class _AheadOfTime:
@@ -1056,9 +1043,9 @@ class _AheadOfTime:
     tracing them again, and a call skips dynamo's lookup and inductor's Python wrapper. A
     program that cannot be built falls back to ``jit``'s ``torch.compile`` (``batch``: eager)."""
 
-    def __init__(self, jit: _Programs) -> None:
+    def __init__(self, jit: _Programs, programs: aot_program.Programs | None = None) -> None:
         self.jit = jit
-        self.programs = aot_program.Programs()
+        self.programs = programs or aot_program.Programs()
 
     def rollout_chunk(
         self,
@@ -1069,7 +1056,8 @@ class _AheadOfTime:
         counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         steps: int,
     ) -> tuple[torch.Tensor, ...]:
-        args = _chunk_args(params, norm_state, carry, counter)
+        stats = (norm_state["obs_mean"], norm_state["obs_var"])
+        args = [t.contiguous() for t in (params, *stats, *carry, *counter)]
         program = self.programs.get(
             "rollout_chunk", shape, steps, args,
             lambda: functools.partial(_chunk_program, shape, steps),
@@ -1089,7 +1077,8 @@ class _AheadOfTime:
         hp: Hyper,
         lr: torch.Tensor,
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        args = _update_args(opt, data, idx, hp, lr)
+        inputs = (*(opt[k] for k in _OPT_KEYS), *data, idx, lr, *(hp[k] for k in HYPERPARAMETERS))
+        args = [t.contiguous() for t in inputs]
         program = self.programs.get(
             "minibatch_update", shape, len(data), args,
             lambda: functools.partial(_update_program, shape, len(data)),
@@ -1104,7 +1093,12 @@ class _AheadOfTime:
     def batch(
         self, shape: AnakinShape, state: State, roll: Mapping[str, torch.Tensor], hp: Hyper
     ) -> dict[str, torch.Tensor]:
-        args = _batch_args(state, roll, hp)
+        inputs = (
+            *(state[k] for k in _BATCH_STATE),
+            *(roll[k] for k in _BATCH_ROLL),
+            *(hp[k] for k in _BATCH_HP),
+        )
+        args = [t.contiguous() for t in inputs]  # type: ignore[union-attr]
         program = self.programs.get(
             "batch", shape, None, args, lambda: functools.partial(_batch_program, shape),
             fallback="eager",

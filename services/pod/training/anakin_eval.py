@@ -135,13 +135,16 @@ class _Program:
 compiled_greedy_returns = _Program()
 
 
+def _inputs(state: Mapping, start: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``greedy_returns``' tensors: the agents' weights and observation statistics, and the
+    episodes' start states."""
+    return state["params"], state["obs_mean"], state["obs_var"], start
+
+
 def program_jobs(shape: AnakinShape, state: Mapping, start: torch.Tensor) -> list[aot_program.Job]:
-    """The evaluation's program compiled ahead of time, as ``evaluate`` will ask for it (none
-    where programs are not compiled ahead of time): for ``aot_program.build_concurrently``."""
-    if not aot_program.used_on(start.device):
-        return []
-    tensors = (state["params"], state["obs_mean"], state["obs_var"], start)
-    args = [t.contiguous() for t in tensors]
+    """The evaluation's program compiled ahead of time as ``evaluate`` will ask for it: for
+    ``aot_program.build_concurrently``."""
+    args = [t.contiguous() for t in _inputs(state, start)]
     fn = functools.partial(greedy_returns, shape)
     return [aot_program.Job("greedy_returns", fn, args, repr(shape))]
 
@@ -156,5 +159,5 @@ def evaluate(
     """Score every agent of an Anakin ``state`` (services/pod/training/anakin.py) greedily
     from ``start``; ``compiled``: the compiled program, else the same function eagerly."""
     fn = compiled_greedy_returns if compiled else greedy_returns
-    returns, steps = fn(shape, state["params"], state["obs_mean"], state["obs_var"], start)
+    returns, steps = fn(shape, *_inputs(state, start))
     return results(returns, steps)

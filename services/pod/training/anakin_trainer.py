@@ -92,7 +92,7 @@ def _note_eager(
 ) -> None:
     """Add what ``env_steps`` per agent of eager training cost against ``rule``'s Anakin
     trainer (its evaluations too) to the compile cache's tally for ``signature``."""
-    seconds = rule.saved_s(agents, env_steps) + env_steps / eval_every * rule.eval_saved_s
+    seconds = rule.saved_s(agents, env_steps, evaluations=env_steps / eval_every)
     aot_program.add_eager_seconds(signature, seconds)
 
 
