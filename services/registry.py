@@ -14,6 +14,8 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 ENVS = "podium.envs"
+# An env's card (services/contracts/envs.py, torch-free), registered beside the env itself.
+ENV_CARDS = "podium.env_cards"
 ALGORITHMS = "podium.algorithms"
 # An algorithm's card (services/contracts/algorithms/card.py, torch-free), registered beside the
 # algorithm itself so that the control plane can tell, without importing torch, what it trains.

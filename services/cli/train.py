@@ -75,11 +75,18 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         raise CliError(str(exc)) from None
 
     console = Console(stderr=True)
-    if not quiet:  # the CLI shows no logs, and which trainer trains is what sets its speed
-        line = f"trainer: {type(trainer).__name__}"
-        if trainer.declined is not None:
-            line += f" (not the compiled one: {trainer.declined.reason})"
+    said: list[str] = []
+
+    def say_trainer() -> None:
+        """What trains and what runs compiled (the CLI shows no logs, and that is what sets
+        its speed): once, and again when ``compile: auto`` has decided."""
+        if quiet or (said and said[-1] == trainer.compiled):
+            return
+        said.append(trainer.compiled)
+        line = f"trainer: {type(trainer).__name__}, {trainer.compiled}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    say_trainer()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     # Line-buffered and flushed per record: the run can be followed while it trains
@@ -102,6 +109,7 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
     latest_eval = {"value": "–"}
 
     def on_progress(record: dict[str, float]) -> None:
+        say_trainer()
         metrics.write(json.dumps(record) + "\n")
         metrics.flush()
         board.record(record)

@@ -257,7 +257,7 @@ class ExperimentSpec(InputModel):
 
     @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:
-        # Population pods (services/pod/training/population_trainer.py) stack their agents' weights:
+        # Population pods stack their agents' weights:
         # refused here, by the pods' own torch-free check, rather than by every pod at start.
         if self.population.agents_per_pod > 1:
             pins = pinned_values(self.search_space)

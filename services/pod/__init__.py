@@ -13,25 +13,30 @@ contract in pyproject.toml):
 * ``trading/`` — FinRL-style stock trading on the platform's parts: the market and the env,
   the portfolio gradient (its agent and trainer), the backtest, the in-process tournaments.
 * ``training/`` — ``trainer.py`` (the interface every way of training implements, and which
-  trainer trains an algorithm: its card's family), the trainers (``onpolicy.py``, ``offpolicy.py``,
-  ``population_trainer.py`` on ``population.py``, ``anakin_trainer.py`` on ``anakin.py`` and
-  ``anakin_eval.py``: PPO compiled, chosen by ``compile``), ``fit.py`` (``podium train``'s loop),
-  ``presets.py``, ``checkpoint.py`` (training files), ``fusion.py`` (learner replicas averaged),
-  ``tensorboard.py`` (curves and hyperparameters as TensorBoard event files).
-* ``roles/`` — ``worker.py`` (collects), ``learner.py`` (updates), ``evaluator.py`` (scores);
-  ``rollout_roles.py`` (PPO's roles built from a config, in one process); apart as processes or
-  containers through ``multiprocess.py`` (learner side), ``role_process.py`` (worker and
-  evaluator side) and ``transport.py`` (the link).
-* ``algorithms/`` — the agents (losses and updates) with their shared machinery beside them
-  (policies, normalisation, rollout and replay storage, noise, the compile helper; off-policy
-  agents stacked for a population in ``stacked.py``, their compiled K-step update in
-  ``kstep.py``, the counter-based random draws of the compiled loops in
-  ``counter_random.py``).
+  trainer trains an algorithm: its card's family), the trainers (``onpolicy.py``,
+  ``offpolicy.py``: P >= 1 agents each, one agent is P = 1), ``fit.py`` (``podium train``'s
+  loop), ``presets.py``, ``checkpoint.py`` (training files), ``fusion.py`` (learner replicas
+  averaged), ``tensorboard.py`` (curves and hyperparameters as TensorBoard event files).
+* ``roles/`` — ``worker.py`` (collects: PPO's rollout as functions over a functional env, or a
+  host env's steps), ``learner.py`` (updates: PPO's iteration, the off-policy K-step update),
+  ``evaluator.py`` (scores); apart as processes or containers through ``multiprocess.py``
+  (learner side), ``role_process.py`` (worker and evaluator side) and ``transport.py`` (the
+  link).
+* ``algorithms/`` — each algorithm's maths once, as functions batched over P agents (``ppo.py``,
+  ``sac.py``, ``ddpg.py`` with ``td3.py``, ``dqn.py``), with the shared machinery beside them:
+  ``policies.py`` (the batched MLP and action distributions), ``adam.py`` (the one Adam),
+  ``flat.py`` (P agents' parameters as one flat tensor), ``stacked.py`` (off-policy agents
+  stacked, their replay and K-step update), ``compiled.py`` (the one compile path and the rule
+  that decides whether compiling pays), ``counter_random.py`` (the compiled loops' random
+  draws), normalisation, replay storage, noise.
 * ``config.py`` — the run config every layer above reads.
-* ``envs/`` — the environments and adapters.
+* ``envs/`` — the environments, each defined once as a functional env (``functional.py``)
+  with its vector env a thin wrapper (``base.py``), and the adapters to host simulators.
 
 Adding an algorithm: its card folder (services/contracts/algorithms/<name>/: card, config,
-presets), its agent class, and the entry points ``podium.algorithm_cards`` and
-``podium.algorithms``; an algorithm of a new family also registers its trainer under
-``podium.trainers``.
+presets), its agent module (for an off-policy one, its loss and update written once over P
+agents and a ``Stack``: eager, compiled and in a population alike), and the entry points
+``podium.algorithm_cards`` and ``podium.algorithms``; an algorithm of a new family also
+registers its trainer under ``podium.trainers``. Adding an env: its functional env (or a vector
+env), its card (``podium.env_cards``) and ``podium.envs``.
 """

@@ -221,7 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from services.api_client import LeaderboardClient
-    from services.pod.algorithms import aot_program
     from services.pod.roles.multiprocess import ProcessRoles, RemoteRoles
     from services.pod.roles.transport import TransportError, retire
     from services.pod.runtime.gpu_check import gpu_problem
@@ -231,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = settings.torch_threads
     torch.set_num_threads(threads)
-    # Programs compiled ahead of time are built at once, a process each, up to the pod's own
-    # share of the CPUs (services/pod/algorithms/aot_program.py ``builders``).
-    os.environ.setdefault(aot_program.BUILDERS, str(max(1, int(settings.cpu))))
+    # Inductor compiles kernels in parallel workers, as many as the machine has CPUs by
+    # default: a pod's share of them is what it may use (read when inductor is first imported).
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, int(settings.cpu))))
     # Granted GPUs it cannot use (a CPU build of torch, no driver in the container), a pod
     # would train far slower on the CPU and hold the GPUs for nobody: it stops and says why.
     if (problem := gpu_problem(settings.gpus)) is not None:

@@ -36,6 +36,12 @@ class RunConfig(BaseModel):
         "period to score on).",
     )
     target_return: float | None = Field(None, description="Stop once the evaluation reaches it.")
+    expected_env_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Env steps a run of this config takes to reach its target (the preset's "
+        "measurement): compile: auto weighs a compile against them, not the whole budget.",
+    )
     device: str = "cpu"
     seed: int = 0
     eval_seed: int | None = Field(

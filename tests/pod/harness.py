@@ -24,10 +24,6 @@ from services.contracts.spec import ExperimentSpec
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
 from services.pod.config import PPORunConfig
-from services.pod.roles.evaluator import Evaluator
-from services.pod.roles.learner import RolloutLearner
-from services.pod.roles.rollout_roles import LocalRoles
-from services.pod.roles.worker import RolloutWorker
 from services.pod.runtime.metrics import PodMetrics
 from services.pod.runtime.rounds import PodRuntime, RuntimeSettings, fetch_parent
 from services.pod.training.onpolicy import OnPolicyTrainer
@@ -247,13 +243,13 @@ def sigterm_pod_when(
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
-def ppo_roles(config: PPORunConfig) -> tuple[RolloutWorker, RolloutLearner, Evaluator]:
-    """PPO's worker, learner and evaluator for ``config``, in this process, as its trainer
-    builds them (the worker and the evaluator hold the learner's policy)."""
-    trainer = OnPolicyTrainer([config])
-    roles = trainer.roles
-    assert isinstance(roles, LocalRoles) and roles.worker and roles.evaluator
-    return roles.worker, trainer.learner, roles.evaluator
+def ppo_trainer(config: PPORunConfig) -> OnPolicyTrainer:
+    """PPO's trainer of one agent for ``config``, eager (its programs are what other tests
+    compile): its learner (``trainer.population``) holds the worker's rollout, the update and
+    the evaluation."""
+    return OnPolicyTrainer(
+        [config.model_copy(update={"ppo": config.ppo.model_copy(update={"compile": "off"})})]
+    )
 
 
 def run_fresh_python(code: str, timeout: float = 120.0) -> None:

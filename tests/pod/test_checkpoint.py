@@ -17,23 +17,31 @@ from services.pod.training.checkpoint import (
 )
 from services.pod.training.onpolicy import load_ppo_files, save_ppo_files
 from services.pod.training.presets import preset
-from tests.pod.harness import ppo_roles
+from tests.pod.harness import ppo_trainer
 
 
 def trained(env: str = "Pendulum-v1", seed: int = 0):
     cfg = PPORunConfig.model_validate(
         {**preset("ppo", env), "seed": seed, "ppo": {"num_envs": 8, "num_steps": 16}}
     )
-    worker, learner, _ = ppo_roles(cfg)
+    trainer = ppo_trainer(cfg)
     for _ in range(3):
-        learner.update(worker.collect())
-    return cfg, worker, learner
+        trainer.step()
+    return cfg, trainer
 
 
-def all_tensors(learner) -> dict[str, torch.Tensor]:
-    agent = learner.agent
+def save(trainer, path) -> None:
+    counters = trainer.counters(0)
+    save_ppo_files(
+        path, trainer.agent(0), trainer.config(0),
+        {"env_steps": counters.env_steps, "updates": counters.updates},
+    )  # fmt: skip
+
+
+def all_tensors(trainer) -> dict[str, torch.Tensor]:
+    agent = trainer.agent(0)
     out = {f"agent.{k}": v for k, v in agent.state_dict().items()}
-    for index, state in agent.optimizer.state_dict()["state"].items():
+    for index, state in agent.optimizer_state_dict()["state"].items():
         for name, value in state.items():
             out[f"opt.{index}.{name}"] = value
     return out
@@ -41,54 +49,52 @@ def all_tensors(learner) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("env", ["Pendulum-v1", "CartPole-v1"])
 def test_round_trip_is_bit_exact(tmp_path, env):
-    cfg, _, learner = trained(env)
-    save_ppo_files(tmp_path / "ckpt", learner, cfg)
+    cfg, trainer = trained(env)
+    save(trainer, tmp_path / "ckpt")
 
-    _, _, fresh = trained(env, seed=123)  # different weights before loading
-    load_ppo_files(tmp_path / "ckpt", fresh)
+    _, fresh = trained(env, seed=123)  # different weights before loading
+    fresh.load(0, tmp_path / "ckpt", cfg)
 
-    before, after = all_tensors(learner), all_tensors(fresh)
+    before, after = all_tensors(trainer), all_tensors(fresh)
     assert before.keys() == after.keys()
     for key in before:
         assert before[key].dtype == after[key].dtype, key
         assert torch.equal(before[key], after[key]), key
-    assert fresh.counters() == learner.counters()
-    assert (
-        fresh.agent.optimizer.param_groups[0]["lr"] == learner.agent.optimizer.param_groups[0]["lr"]
-    )
+    assert fresh.counters(0) == trainer.counters(0)
+    lr = [g["lr"] for g in fresh.agent(0).optimizer_state_dict()["param_groups"]]
+    assert lr == [cfg.ppo.learning_rate]
     files = read_files(tmp_path / "ckpt")
-    assert files.documents["hyperparameters"] == cfg.model_dump(mode="json")
+    assert files.documents["hyperparameters"] == trainer.config(0).model_dump(mode="json")
 
 
 def test_continued_training_is_identical_after_reload(tmp_path):
-    cfg, worker, learner = trained()
-    save_ppo_files(tmp_path / "ckpt", learner, cfg)
-    rollout = worker.collect()
-    _, _, copy = trained(seed=99)
-    load_ppo_files(tmp_path / "ckpt", copy)
-    torch.manual_seed(7)
-    learner.update(rollout)
-    torch.manual_seed(7)
-    copy.update(rollout)
-    restored = copy.agent.state_dict()
-    for key, value in learner.agent.state_dict().items():
-        assert torch.equal(value, restored[key]), key
+    cfg, trainer = trained()
+    save(trainer, tmp_path / "ckpt")
+    _, copy = trained(seed=99)
+    copy.load(0, tmp_path / "ckpt", cfg)
+    roll = trainer.population.collect()
+    iteration = trainer.population.state["iteration"].clone()
+    for t in (trainer, copy):  # the same rollout, the same update: the same agent
+        t.population.state["iteration"].copy_(iteration)
+        t.population.iterate(roll=roll)
+    for key, value in trainer.agent(0).state_dict().items():
+        assert torch.equal(value, copy.agent(0).state_dict()[key]), key
 
 
 def test_save_replaces_atomically_and_leaves_no_temp_dirs(tmp_path):
-    cfg, worker, learner = trained()
-    save_ppo_files(tmp_path / "ckpt", learner, cfg)
-    learner.update(worker.collect())
-    save_ppo_files(tmp_path / "ckpt", learner, cfg)
+    _, trainer = trained()
+    save(trainer, tmp_path / "ckpt")
+    trainer.step()
+    save(trainer, tmp_path / "ckpt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert read_files(tmp_path / "ckpt").documents["counters"]["updates"] == 4
 
 
 @pytest.fixture
 def saved(tmp_path):
-    cfg, _, learner = trained()
-    save_ppo_files(tmp_path / "ckpt", learner, cfg)
-    return tmp_path / "ckpt", learner
+    _, trainer = trained()
+    save(trainer, tmp_path / "ckpt")
+    return tmp_path / "ckpt", trainer.agent(0)
 
 
 def test_truncated_file_is_rejected(saved):
@@ -132,7 +138,7 @@ def test_checkpoint_of_another_architecture_is_rejected(saved, tmp_path):
     cfg = PPORunConfig.model_validate(
         {**preset("ppo", "Pendulum-v1"), "ppo": {"num_envs": 8, "hidden_sizes": [32]}}
     )
-    _, other, _ = ppo_roles(cfg)
+    other = ppo_trainer(cfg).agent(0)
     with pytest.raises(CheckpointError, match="does not fit"):
         load_ppo_files(path, other)
 

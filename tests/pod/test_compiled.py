@@ -1,233 +1,317 @@
-"""The compiled on-device loop (services/pod/algorithms/compiled.py): the same numbers as eager,
-eager where it cannot compile (logged), and no recompilation when PBT rebuilds the agent.
+"""One compile path and one rule (services/pod/algorithms/compiled.py), on PPO's trainer
+(services/pod/training/onpolicy.py): the compiled iteration and evaluation of a functional env
+give the eager numbers for every action kind, one agent and a population; PBT's explore and a
+slot's load compile nothing new; a second process loads the programs from the compile cache;
+``compile: auto`` decides from eager iterations timed on this machine; ``on`` that cannot be
+honoured is refused, naming why; the trainer's line says what compiles.
 
-Compiling costs tens of seconds on a small shared CPU, so the tests that compile are ``slow``;
-they share one process's dynamo cache (a graph compiled by one is reused by the next).
+Compiling costs a minute per program shape on a loaded 2-core CPU: the tests that compile are
+``slow`` and share one shape where they can (one process shares dynamo's cache; the session
+shares inductor's); the sweep over every env, one agent and two, is ``nightly``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from structlog.testing import capture_logs
+from pydantic import ValidationError
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
-from services.contracts.spec import ExperimentSpec
-from services.pod.algorithms.compiled import AUTO_MIN_ENVS, compile_counters, should_compile
-from services.pod.algorithms.rollout import Rollout
+from services.pod.algorithms import compiled
+from services.pod.algorithms.compiled import (
+    CompileRefusedError,
+    Decision,
+    compile_clock,
+    compile_counters,
+    grad,
+    machine_factor,
+    per_agent,
+)
 from services.pod.config import PPORunConfig
-from services.pod.envs.cartpole import CartPoleEnv
-from services.pod.roles.rollout_roles import build_agent, make_worker
-from services.pod.roles.worker import FusedRolloutWorker, RolloutWorker
+from services.pod.runtime.metrics import PodMetrics
 from services.pod.training.onpolicy import OnPolicyTrainer
-from services.pod.training.presets import pod_config
+from services.pod.training.presets import preset
+from tests.pod.harness import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _config(env: str = "CartPole-v1", compile: str = "on", **ppo: object) -> PPORunConfig:
-    sde = {"sde_sample_freq": 4} if env == "Pendulum-v1" else {}
-    return PPORunConfig.model_validate(
-        {
-            "env": env,
-            "seed": 3,
-            "total_env_steps": 10_000,
-            "ppo": {"num_envs": 8, "num_steps": 8, "compile": compile, **sde, **ppo},
-        }
-    )
+FUNCTIONAL = [
+    "CartPole-v1",
+    "Acrobot-v1",
+    "Pendulum-v1",
+    "MountainCarContinuous-v0",
+    "StockTrading-v0",
+]
 
 
-def _rollout_and_update(
-    env_cls_or_id: str | type, compile: bool, device: str = "cpu"
-) -> tuple[Rollout, dict]:
-    env_id = env_cls_or_id if isinstance(env_cls_or_id, str) else "CartPole-v1"
-    cfg = _config(env_id, compile="off").model_copy(update={"device": device})
-    env, _, agent = build_agent(cfg)
-    if not isinstance(env_cls_or_id, str):
-        env = env_cls_or_id(8, seed=cfg.seed)
-    agent.compiled = compile
-    worker = FusedRolloutWorker(env, agent.policy, 8, cfg.ppo.gamma, cfg.seed, compile=compile)
-    worker.collect()
-    rollout = worker.collect()  # a second one: statistics and episodes carried over
-    return rollout, agent.update(rollout)
+def configs(env: str, agents: int = 1, compile: str = "on", **ppo: Any) -> list[PPORunConfig]:
+    """Small configs of the env's preset (its settings: gSDE and reward normalisation on
+    Pendulum, float64 accounts on StockTrading), ``agents`` agents with their own rates."""
+    base = preset("ppo", env)
+    small = {"num_envs": 4, "num_steps": 8, "num_minibatches": 2, "update_epochs": 2}
+    fields = {**base.get("ppo", {}), **small, **ppo, "compile": compile}
+    out = []
+    for i in range(agents):
+        raw = {**base, "seed": 3 + i, "eval_episodes": 2, "ppo": fields}
+        raw["ppo"] = {**fields, "learning_rate": fields.get("learning_rate", 3e-4) * (1 + i)}
+        out.append(PPORunConfig.model_validate(raw))
+    return out
 
 
-def _assert_close(a: Rollout, b: Rollout) -> None:
-    for name, x in a.tensors().items():
-        y = b.tensors()[name]
-        assert x.dtype == y.dtype and x.shape == y.shape, name
-        if x.dtype == torch.bool or not x.dtype.is_floating_point:
-            assert torch.equal(x, y), name
-        else:
-            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=name)
+def assert_same(a: OnPolicyTrainer, b: OnPolicyTrainer) -> None:
+    for key, value in a.population.state.items():
+        torch.testing.assert_close(value, b.population.state[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
-def test_auto_compiles_only_where_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not should_compile("off", "cpu", 10**6)
-    assert should_compile("on", "cpu", 1)
-    assert not should_compile("auto", "cuda", 10**6)  # unmeasured: not on by default
-    # The CPU measured slower end to end at every size (docs/benchmarks.md).
-    assert not should_compile("auto", "cpu", 10**6)
-    monkeypatch.setitem(AUTO_MIN_ENVS, "cpu", 4096)  # as a measurement that paid would set it
-    assert not should_compile("auto", "cpu", 4095)
-    assert should_compile("auto", "cpu", 4096)
+def compiled_equals_eager(env: str, agents: int) -> OnPolicyTrainer:
+    fast = OnPolicyTrainer(configs(env, agents, "on"))
+    slow = OnPolicyTrainer(configs(env, agents, "off"))
+    for _ in range(2):
+        fast.step()
+        slow.step()
+    assert_same(fast, slow)
+    returns = [[e for r in t.evaluate() for e in r.episodes] for t in (fast, slow)]
+    assert returns[0] == pytest.approx(returns[1], rel=1e-4)
+    assert fast.compile_seconds > 0 and slow.compile_seconds == 0
+    return fast
 
 
-def test_a_spec_sets_compile_for_its_pods() -> None:
-    # One-value choice in the search space: every pod of the experiment takes it.
-    spec = ExperimentSpec.model_validate(
-        {
-            "name": "compiled",
-            "env": {"name": "CartPole-v1"},
-            "algorithms": {"ppo": 1.0},
-            "search_space": {"compile": {"type": "choice", "values": ["on"]}},
-        }
-    )
-    config = pod_config(spec, {"compile": "on"}, seed=0)
-    assert isinstance(config, PPORunConfig) and config.ppo.compile == "on"
-    with pytest.raises(HyperparameterError, match="compile"):
-        pod_config(spec, {"compile": "sometimes"}, seed=0)
+@pytest.mark.slow
+def test_the_compiled_iteration_and_evaluation_give_the_eager_numbers() -> None:
+    """Continuous actions with gSDE and reward normalisation, a population of two: two
+    compiled iterations and a compiled evaluation give what the same functions give eager
+    (every env, discrete actions and one agent: the nightly sweep below)."""
+    trainer = compiled_equals_eager("Pendulum-v1", 2)
+    assert trainer.compiled.startswith("compiled (rollout, update, evaluation")
 
 
-def test_an_env_that_is_not_torch_native_rolls_out_eager_and_says_so() -> None:
-    cfg = _config("gym:CartPole-v1")
-    env, eval_env, agent = build_agent(cfg)
-    try:
-        assert agent.compiled  # the update still compiles: it does not touch the env
-        with capture_logs() as logs:
-            worker = make_worker(cfg, env, agent)
-        assert type(worker) is RolloutWorker
-        assert [e["event"] for e in logs] == ["compile.env_not_torch_native"]
-    finally:
-        env.close()
-        eval_env.close()
+@pytest.mark.nightly
+@pytest.mark.parametrize("agents", [1, 2])
+@pytest.mark.parametrize("env", FUNCTIONAL)
+def test_every_functional_env_trains_compiled_with_the_eager_numbers(env: str, agents: int):
+    compiled_equals_eager(env, agents)
 
 
-def test_off_keeps_the_eager_worker_and_update() -> None:
-    cfg = _config(compile="off")
-    env, _, agent = build_agent(cfg)
-    assert not agent.compiled
-    assert type(make_worker(cfg, env, agent)) is RolloutWorker
+@pytest.mark.slow
+def test_pbt_changes_values_and_compiles_nothing(tmp_path) -> None:
+    """PBT's explore (new hyperparameters in the (P,) tensors) and exploit (a slot loaded from
+    another agent's files, a slot reset) reuse every program. (The shape of the test above:
+    in one process its programs are compiled already.)"""
+    trainer = OnPolicyTrainer(configs("Pendulum-v1", 2))
+    trainer.step()
+    trainer.evaluate()
+    trainer.save(0, tmp_path / "parent")
+    before, seconds = compile_counters(), trainer.compile_seconds
+    child = trainer.config(1)
+    child = child.model_copy(update={"ppo": child.ppo.model_copy(update={"clip_coef": 0.1})})
+    trainer.load(1, tmp_path / "parent", child)
+    trainer.reset(0, trainer.config(0).model_copy(update={"seed": 99}))
+    trainer.step()
+    trainer.evaluate()
+    assert compile_counters() == before and trainer.compile_seconds == seconds
+    assert float(trainer.population.hp["clip_coef"][1]) == pytest.approx(0.1)
 
 
-def _run_child(code: str, **env: str) -> dict:
-    child_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"result": json.loads(proc.stdout.strip().splitlines()[-1]), "log": proc.stderr}
-
-
-_TRAIN_ONE_STEP = """
-    import json
-    from services.pod.training.fit import train
-    from services.pod.training.onpolicy import OnPolicyTrainer
-    from services.pod.config import PPORunConfig
-    cfg = PPORunConfig.model_validate({"total_env_steps": 64, "eval_every_steps": 10**9,
-        "ppo": {"num_envs": 8, "num_steps": 8, "compile": "on"}})
-    trainer = OnPolicyTrainer([cfg])
-    result = train(cfg, trainer=trainer)
-    print(json.dumps({"compiled": trainer.learner.agent.compiled,
-                      "worker": type(trainer.roles.worker).__name__,
-                      "env_steps": trainer.learner.env_steps}))
+CACHED = """
+import json, sys
+from pathlib import Path
+from services.pod.runtime.compile_cache import use_compile_cache
+use_compile_cache(Path(sys.argv[1]))
+import torch
+torch.set_num_threads(1)
+from torch._dynamo.utils import counters
+from tests.pod.test_compiled import configs
+from services.pod.training.onpolicy import OnPolicyTrainer
+auto = OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached
+trainer = OnPolicyTrainer(configs("CartPole-v1"))
+trainer.step()
+trainer.evaluate()
+print(json.dumps({"seconds": trainer.compile_seconds, "cached": auto, **counters["inductor"]}))
 """
 
 
-@pytest.mark.parametrize("missing", ["path", "cxx"])
-def test_no_cxx_compiler_means_eager_with_a_log_line(tmp_path: Path, missing: str) -> None:
-    # The pod's own process, with no C++ compiler to find: on PATH (an empty directory) or
-    # where $CXX points.
-    env = {"PATH": str(tmp_path)} if missing == "path" else {"CXX": str(tmp_path / "g++")}
-    out = _run_child(_TRAIN_ONE_STEP, **env)
-    assert out["result"] == {"compiled": False, "worker": "RolloutWorker", "env_steps": 64}
-    assert "compile.unavailable" in out["log"] and "no C++ compiler" in out["log"]
-
-
 @pytest.mark.slow
-def test_a_compiler_that_fails_falls_back_to_eager(tmp_path: Path) -> None:
-    # A compiler that is there but fails every build (/bin/false): found, tried, failed at
-    # the first call, and the run goes on eager.
-    out = _run_child(_TRAIN_ONE_STEP, CXX="false", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
-    assert out["result"] == {"compiled": True, "worker": "FusedRolloutWorker", "env_steps": 64}
-    assert out["log"].count("compile.failed") == 2  # rollout step and loss, each once
+def test_a_second_process_loads_the_programs_from_the_cache(tmp_path) -> None:
+    """The pod's cache directory (services/pod/runtime/compile_cache.py) on its volume: a
+    restarted pod, or a PBT child's, loads the compiled graphs instead of building them, and
+    ``auto`` counts their compile as a load."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TORCHINDUCTOR")}
+
+    def run() -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", CACHED, str(tmp_path / "cache")],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first, second = run(), run()
+    assert first["fxgraph_cache_miss"] >= 4 and first["cached"] is False
+    assert second.get("fxgraph_cache_miss", 0) == 0 and second["fxgraph_cache_hit"] >= 4
+    assert second["cached"] is True
+    assert second["seconds"] < first["seconds"]
 
 
-class HostReadingCartPole(CartPoleEnv):
-    """A plugin-style torch env whose step reads a value on the host: dynamo cannot capture it
-    whole (a graph break, an error under fullgraph)."""
-
-    def _physics_step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        reward, terminated = super()._physics_step(actions)
-        if float(self.state[:, 0].abs().max()) > 1e9:  # never, but read on the host
-            reward = reward * 0
-        return reward, terminated
-
-
-@pytest.mark.slow
-def test_an_env_dynamo_cannot_capture_runs_eager_with_the_same_rollout() -> None:
-    with capture_logs() as logs:
-        compiled, _ = _rollout_and_update(HostReadingCartPole, compile=True)
-    failed = [e for e in logs if e["event"] == "compile.failed"]
-    assert [e["function"] for e in failed] == ["rollout_step"]
-    assert "HostReadingCartPole" in failed[0]["key"]
-    eager, _ = _rollout_and_update(HostReadingCartPole, compile=False)
-    _assert_close(compiled, eager)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_compiled_rollout_and_update_match_eager(env_id: str) -> None:
-    eager_rollout, eager_stats = _rollout_and_update(env_id, compile=False)
-    compiled_rollout, compiled_stats = _rollout_and_update(env_id, compile=True)
-    _assert_close(compiled_rollout, eager_rollout)
-    assert compiled_rollout.episode_returns.numel() or env_id == "Pendulum-v1"
-    for name, value in eager_stats.items():
-        assert compiled_stats[name] == pytest.approx(value, rel=1e-3, abs=1e-5), name
-
-
-@pytest.mark.slow
-def test_a_pbt_restart_does_not_recompile(tmp_path: Path) -> None:
-    trainer = OnPolicyTrainer([_config()])
-    assert isinstance(trainer.roles.worker, FusedRolloutWorker)
-    trainer.step()  # compiles the rollout step and the loss (or finds them compiled)
-    trainer.save(0, tmp_path)
-    before = compile_counters()
-    # PBT's exploit and explore: the parent's files, new weights and hyperparameters, a new
-    # seed; the trainer rebuilds its agent, envs and worker.
-    child = _config(
-        learning_rate=1e-3, ent_coef=0.02, clip_coef=0.3, vf_coef=0.7, gamma=0.97, anneal_lr=False
+def test_the_trainer_says_what_compiles_for_every_functional_env() -> None:
+    """``compile: on``: every functional env trains its whole iteration compiled, one agent and
+    a population (nothing compiles before the first step); a host-stepped env compiles its
+    update and steps on the host, and says so."""
+    for env in FUNCTIONAL:
+        for agents in (1, 2):
+            trainer = OnPolicyTrainer(configs(env, agents))
+            assert trainer.compiled.startswith("compiled (rollout, update, evaluation"), env
+            trainer.close()
+    host = [c.model_copy(update={"env": "gym:CartPole-v1"}) for c in configs("CartPole-v1")]
+    trainer = OnPolicyTrainer(host)
+    assert trainer.compiled.startswith("compiled (update")
+    assert "rollout and evaluation on the host (env 'gym:CartPole-v1' has no functional step)" in (
+        trainer.compiled
     )
-    child = child.model_copy(update={"seed": 11})
-    trainer.load(0, tmp_path, child)
-    trainer.step()
-    trainer.step()
-    assert compile_counters() == before
-    agent = trainer.learner.agent
-    assert agent.optimizer.param_groups[0]["lr"] == 1e-3 and agent.config.ent_coef == 0.02
+    trainer.close()
+    off = OnPolicyTrainer(configs("Pendulum-v1", compile="off"))
+    assert off.compiled == "eager (compile: off)"
+
+
+def test_auto_times_eager_iterations_and_compiles_where_it_pays(monkeypatch) -> None:
+    """``auto``: the first iterations run eager and are timed; the compile is chosen where the
+    rest of the run saves more than it costs (both sides scaled by this machine)."""
+    trainer = OnPolicyTrainer(configs("CartPole-v1", compile="auto"))
+    assert trainer.decision.compiled is None and trainer.compiled.startswith("deciding")
+    monkeypatch.setitem(compiled.RULES, ("ppo", "cpu"), compiled.Rule(3.0, 1e9, 1e9))
+    for _ in range(4):
+        trainer.step()
+    assert trainer.decision.compiled is False
+    assert trainer.compiled.startswith("eager (auto: eager: the compiled programs save about")
+    d = Decision("auto", "ppo", torch.device("cpu"), units=1e9)
+    monkeypatch.setitem(compiled.RULES, ("ppo", "cpu"), compiled.Rule(3.0, 1.0, 0.1))
+    for _ in range(4):
+        d.eager_call(0.01, 100)
+    assert d.compiled is True and "compiling" in d.reason
+    # A compile in the cache is a load: it pays where a cold one would not.
+    monkeypatch.setitem(compiled.RULES, ("ppo", "cpu"), compiled.Rule(3.0, 1e6, 1e-3))
+    cold = Decision("auto", "ppo", torch.device("cpu"), units=1e6)
+    warm = Decision("auto", "ppo", torch.device("cpu"), units=1e6, cached=True)
+    for decision in (cold, warm):
+        decision.decide(1e-3, 1e6)
+    assert (cold.compiled, warm.compiled) == (False, True)
+
+
+def test_the_compile_estimate_scales_with_the_machine(monkeypatch) -> None:
+    """A busy machine compiles slower: its load over its CPUs raises the estimate."""
+    quiet = machine_factor()
+    monkeypatch.setattr("os.getloadavg", lambda: (64.0, 64.0, 64.0))
+    assert machine_factor() > quiet and machine_factor() >= 64.0 / len(
+        __import__("os").sched_getaffinity(0)
+    )
+
+
+def test_on_that_cannot_be_honoured_is_refused_naming_why(monkeypatch, tmp_path) -> None:
+    """No C++ compiler: ``compile: on`` is refused (the pod exits "bad input", ``podium
+    train`` says why); ``auto`` trains eager and says why."""
+    monkeypatch.setenv("CXX", str(tmp_path / "g++"))
+    with pytest.raises(CompileRefusedError, match=r"no C\+\+ compiler") as info:
+        OnPolicyTrainer(configs("CartPole-v1"))
+    assert isinstance(info.value, HyperparameterError)
+    trainer = OnPolicyTrainer(configs("CartPole-v1", compile="auto"))
+    assert trainer.compiled.startswith("eager (auto: no C++ compiler")
+
+
+def test_compile_is_a_checked_field() -> None:
+    with pytest.raises(ValidationError, match="ppo.compile"):
+        PPORunConfig.model_validate({"ppo": {"compile": "sometimes"}})
+
+
+def test_grad_and_per_agent_are_torch_funcs_whatever_the_mode() -> None:
+    """The eager forms of ``torch.func.grad`` and ``vmap`` (autograd; a single agent's row)
+    give what the transforms give."""
+
+    def loss(w: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.tanh(x @ w["a"]) @ w["b"]
+        return y.square().sum(), y.detach()
+
+    g = torch.Generator().manual_seed(0)
+    w = {"a": torch.randn(3, 4, generator=g), "b": torch.randn(4, 2, generator=g)}
+    x = torch.randn(5, 3, generator=g)
+    mine, aux = grad(loss)(w, x)
+    theirs, aux2 = torch.func.grad(loss, has_aux=True)(w, x)
+    for key in w:
+        torch.testing.assert_close(mine[key], theirs[key])
+    torch.testing.assert_close(aux, aux2)
+    one = {k: v.unsqueeze(0) for k, v in w.items()}
+    torch.testing.assert_close(
+        per_agent(lambda w, x: loss(w, x)[0])(one, x.unsqueeze(0)),
+        torch.vmap(lambda w, x: loss(w, x)[0])(one, x.unsqueeze(0)),
+    )
+
+
+def test_the_pod_exports_compile_seconds() -> None:
+    from prometheus_client import generate_latest
+
+    metrics = PodMetrics("e", "p")
+    metrics.compiled(12.5)
+    metrics.compiled(12.5)  # the trainer's total: no new seconds
+    metrics.compiled(14.0)
+    text = generate_latest(metrics.registry).decode()
+    assert 'podium_pod_compile_seconds_total{experiment="e",pod="p"} 14.0' in text
+
+
+def test_a_pods_horizon_is_its_share_of_the_budget() -> None:
+    """What a compile must pay for in a pod: the budget over its pods' agents, at least a
+    round; without a budget, the configs' own (None)."""
+    from services.api_client import LeaderboardClient
+    from services.contracts.spec import load_spec
+    from services.pod.runtime.rounds import PodRuntime
+
+    spec = load_spec(ROOT / "examples" / "cartpole.yaml")
+    unreachable = LeaderboardClient("http://127.0.0.1:9", "e", None)
+
+    def horizon(**changes: object) -> int | None:
+        changed = spec.model_copy(update=changes)
+        return PodRuntime("e", "p", changed, unreachable).horizon_env_steps()
+
+    total = spec.budget.total_env_steps
+    assert total and horizon() == total // spec.population.max_pods
+    assert horizon(budget=spec.budget.model_copy(update={"total_env_steps": 1_000})) == (
+        spec.round.env_steps
+    )
+    assert horizon(budget=spec.budget.model_copy(update={"total_env_steps": None})) is None
+    unreachable.close()
+
+
+def test_reading_the_compile_clock_imports_no_compiler() -> None:
+    """A trainer reads its compile clock around every step: in a process that compiled
+    nothing, that must not import dynamo (about a second)."""
+    code = (
+        "import sys\n"
+        "from services.pod.algorithms.compiled import compile_clock\n"
+        "compile_clock()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert compile_clock() >= 0
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_compiled_loop_on_cuda_matches_eager(env_id: str) -> None:
-    # CUDA graphs (mode="reduce-overhead") replay the step: the same numbers as eager.
-    eager_rollout, eager_stats = _rollout_and_update(env_id, compile=False, device="cuda")
-    compiled_rollout, compiled_stats = _rollout_and_update(env_id, compile=True, device="cuda")
-    assert compiled_rollout.obs.is_cuda
-    _assert_close(compiled_rollout, eager_rollout)
-    for name, value in eager_stats.items():
-        assert compiled_stats[name] == pytest.approx(value, rel=1e-3, abs=1e-5), name
+def test_on_cuda_the_iteration_replays_as_one_cuda_graph_and_sees_new_hyperparameters() -> None:
+    gpu = [c.model_copy(update={"device": "cuda"}) for c in configs("Pendulum-v1", 2)]
+    eager = [c.model_copy(update={"ppo": c.ppo.model_copy(update={"compile": "off"})}) for c in gpu]
+    fast, slow = OnPolicyTrainer(gpu), OnPolicyTrainer(eager)
+    for _ in range(3):
+        fast.step()
+        slow.step()
+    assert fast.population._graph is not None and fast.population._graph.failed is None
+    assert_same(fast, slow)
+    for t in (fast, slow):
+        t.population.hp["clip_coef"].fill_(0.05)
+    fast.step()
+    slow.step()
+    assert_same(fast, slow)

@@ -33,7 +33,7 @@ from services.pod.roles.transport import (
 )
 from services.pod.training.onpolicy import OnPolicyTrainer
 from services.pod.training.presets import preset
-from tests.pod.harness import ROOT, Leaderboard, make_spec, pod_env, ppo_roles, register
+from tests.pod.harness import ROOT, Leaderboard, make_spec, pod_env, ppo_trainer, register
 
 
 @pytest.fixture
@@ -156,6 +156,7 @@ def test_a_killed_worker_fails_the_learner_with_a_clear_error(
 def config(**over) -> PPORunConfig:
     base = preset("ppo", "CartPole-v1")
     base.update(seed=5, eval_episodes=4, **over)
+    base["ppo"] = {**base["ppo"], "compile": "off"}
     return PPORunConfig.model_validate(base)
 
 
@@ -168,7 +169,7 @@ def test_role_processes_train_the_same_agent_as_fused(roles_dir: Path, tmp_path:
         fused.step()
         if i % 4 == 3:
             fused_scores.append(fused.evaluate()[0].mean)
-    fused_state = {k: v.clone() for k, v in fused.learner.agent.state_dict().items()}
+    fused_state = {k: v.clone() for k, v in fused.agent(0).state_dict().items()}
 
     remote = RemoteRoles(roles_dir, timeout_s=120)
     procs = [
@@ -183,7 +184,6 @@ def test_role_processes_train_the_same_agent_as_fused(roles_dir: Path, tmp_path:
     ]
     try:
         trainer = OnPolicyTrainer([cfg], remote)
-        learner = trainer.learner
         scores = []
         for i in range(8):
             trainer.step()
@@ -193,14 +193,12 @@ def test_role_processes_train_the_same_agent_as_fused(roles_dir: Path, tmp_path:
         remote.close()
         codes = [p.wait(timeout=30) for p in procs]
     assert codes == [0, 0]
-    assert learner.env_steps == 8 * cfg.ppo.batch_size
+    assert trainer.env_steps == 8 * cfg.ppo.batch_size
     for name, value in fused_state.items():
-        torch.testing.assert_close(learner.agent.state_dict()[name], value, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(trainer.agent(0).state_dict()[name], value, rtol=1e-4, atol=1e-5)
     assert scores == pytest.approx(fused_scores, rel=1e-3)
-    _, fresh, _ = ppo_roles(cfg)  # training moved the weights: not two untouched initialisations
-    assert not torch.equal(
-        fresh.agent.state_dict()["critic.0.weight"], fused_state["critic.0.weight"]
-    )
+    fresh = ppo_trainer(cfg).agent(0)  # training moved the weights: not two initialisations
+    assert not torch.equal(fresh.state_dict()["critic.0.weight"], fused_state["critic.0.weight"])
 
 
 def test_the_learner_refuses_strangers_and_names_the_roles_that_never_came(

@@ -5,49 +5,46 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from torch import nn
 
 from services.pod.config import PPORunConfig
 from services.pod.training.fit import train
-from services.pod.training.fusion import ParameterAverager, run_group
+from services.pod.training.fusion import StateAverager, run_group
 from services.pod.training.presets import preset
 
 
-def _replica_state(rank: int) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """A small net with rank-specific weights and one Adam step of rank-specific moments."""
-    torch.manual_seed(100 + rank)
-    net = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    net(torch.randn(11, 5)).square().sum().backward()
-    opt.step()
-    return net, opt
-
-
-def _tensors(net: nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    out = {f"param.{k}": v.detach().clone() for k, v in net.state_dict().items()}
-    for i, p in enumerate(net.parameters()):
-        out[f"exp_avg.{i}"] = opt.state[p]["exp_avg"].clone()
-        out[f"exp_avg_sq.{i}"] = opt.state[p]["exp_avg_sq"].clone()
-    return out
+def _replica_state(rank: int) -> dict[str, torch.Tensor]:
+    """A trainer's state (services/pod/algorithms/ppo.py) with rank-specific weights, Adam
+    moments and statistics."""
+    g = torch.Generator().manual_seed(100 + rank)
+    state = {key: torch.randn(1, 11, generator=g) for key in ("params", "exp_avg")}
+    state["exp_avg_sq"] = torch.rand(1, 11, generator=g)
+    state["adam_step"] = torch.full((1,), 3.0)
+    for key in ("obs_mean", "obs_var"):
+        state[key] = torch.rand(1, 4, generator=g, dtype=torch.float64)
+    for key in ("ret_mean", "ret_var"):
+        state[key] = torch.rand(1, generator=g, dtype=torch.float64)
+    return state
 
 
 def _average_and_save(rank: int, world: int, directory: str) -> None:
-    net, opt = _replica_state(rank)
-    ParameterAverager(net, opt)()
-    save_file(_tensors(net, opt), f"{directory}/rank{rank}.safetensors")
+    state = _replica_state(rank)
+    StateAverager(state)()
+    save_file(state, f"{directory}/rank{rank}.safetensors")
 
 
 def test_two_processes_average_exactly(tmp_path):
     run_group(_average_and_save, 2, args=(str(tmp_path),))
-    before = [_tensors(*_replica_state(rank)) for rank in range(2)]
+    before = [_replica_state(rank) for rank in range(2)]
     after = [load_file(tmp_path / f"rank{rank}.safetensors") for rank in range(2)]
     assert before[0].keys() == after[0].keys()
-    for key in before[0]:
+    for key in StateAverager.KEYS:
         expected = (before[0][key] + before[1][key]) / 2
         assert not torch.equal(before[0][key], before[1][key]), key  # the test has teeth
         # Bit-exact: a two-way sum then a halving is exact in IEEE arithmetic.
         assert torch.equal(after[0][key], expected), key
         assert torch.equal(after[1][key], expected), key
+    # Adam's step counts are equal on every replica: left alone.
+    assert torch.equal(after[0]["adam_step"], before[0]["adam_step"])
 
 
 def _fails(rank: int, world: int) -> None:
@@ -61,8 +58,7 @@ def test_a_failing_replica_is_reported():
 
 
 def _average_cpu_tensors(rank: int, world: int) -> None:
-    net, opt = _replica_state(rank)
-    ParameterAverager(net, opt)()
+    StateAverager(_replica_state(rank))()
 
 
 def test_fusion_on_a_machine_with_cuda_uses_gloo(monkeypatch):

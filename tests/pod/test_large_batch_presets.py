@@ -128,9 +128,9 @@ def test_a_pod_pinning_num_envs_gets_the_large_batch_preset() -> None:
     assert (small.eval_every_steps, small.total_env_steps) == (8192, 100_000)
 
 
-def test_a_population_spec_is_checked_against_the_preset_its_num_envs_picks() -> None:
-    # Pendulum's large-batch preset keeps gSDE, which a population has no batched form of:
-    # refused at submission naming it, as the CPU preset is.
+def test_a_population_spec_trains_the_preset_its_num_envs_picks_gsde_included() -> None:
+    # Pendulum's large-batch preset keeps gSDE: a population trains it as one agent does (its
+    # noise matrices are per agent and env in the batched state), so the spec is accepted.
     spec = {
         "name": "pendulum-pop",
         "env": {"name": "Pendulum-v1"},
@@ -138,8 +138,9 @@ def test_a_population_spec_is_checked_against_the_preset_its_num_envs_picks() ->
         "population": {"agents_per_pod": 4},
         "search_space": {"num_envs": {"type": "choice", "values": [4096]}},
     }
-    with pytest.raises(ValidationError, match="sde_sample_freq = 4"):
-        ExperimentSpec.model_validate(spec)
+    ExperimentSpec.model_validate(spec)
+    config = pod_config(ExperimentSpec.model_validate(spec), {"num_envs": 4096}, seed=3)
+    assert isinstance(config, PPORunConfig) and config.ppo.sde_sample_freq == 4
     spec["search_space"]["sde_sample_freq"] = {"type": "choice", "values": [0]}
     ExperimentSpec.model_validate(spec)
 
@@ -173,7 +174,12 @@ def test_per_env_budgets_scale_with_the_env_count() -> None:
     section = {"min_num_envs": 8, "total_env_steps_per_env": 100, "ppo": {"num_steps": 4}}
     assert large_batch_layer(section, 7) == {}
     assert large_batch_layer(section, None) == {}
-    assert large_batch_layer(section, 10) == {"total_env_steps": 1000, "ppo": {"num_steps": 4}}
+    # A run of the section is expected to use its budget (compile: auto weighs it).
+    assert large_batch_layer(section, 10) == {
+        "total_env_steps": 1000,
+        "expected_env_steps": 1000,
+        "ppo": {"num_steps": 4},
+    }
 
 
 def test_an_unknown_algorithm_is_still_refused_by_name() -> None:

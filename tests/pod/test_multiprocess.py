@@ -13,13 +13,15 @@ from services.pod.config import PPORunConfig
 from services.pod.roles.multiprocess import ProcessRoles, RoleError
 from services.pod.training.onpolicy import OnPolicyTrainer
 from services.pod.training.presets import preset
-from tests.pod.harness import ppo_roles
+from tests.pod.harness import ppo_trainer
 from tests.pod.plugins import register_plugin
 
 
 def config(**over) -> PPORunConfig:
     base = preset("ppo", "CartPole-v1")
     base.update(seed=3, eval_episodes=4, **over)
+    # Eager on both sides: the processes' rollouts run eager, the update is the learner's.
+    base["ppo"] = {**base["ppo"], "compile": "off"}
     return PPORunConfig.model_validate(base)
 
 
@@ -30,7 +32,7 @@ def run(roles, cfg: PPORunConfig, updates: int) -> tuple[dict[str, torch.Tensor]
         trainer.step()
         if i % 4 == 3:
             scores.append(trainer.evaluate()[0].mean)
-    return {k: v.clone() for k, v in trainer.learner.agent.state_dict().items()}, scores
+    return {k: v.clone() for k, v in trainer.agent(0).state_dict().items()}, scores
 
 
 @pytest.fixture(scope="module")
@@ -45,29 +47,25 @@ def test_processes_train_the_same_agent_as_fused(processes: ProcessRoles) -> Non
     cfg = config()
     fused_state, fused_scores = run(None, cfg, 12)
     proc_state, proc_scores = run(processes, cfg, 12)
-    assert processes.learner.env_steps == 12 * cfg.ppo.batch_size
+    assert processes.peers["worker"].version >= 12  # the worker took the weights each time
     for name, value in fused_state.items():
         torch.testing.assert_close(proc_state[name], value, rtol=1e-4, atol=1e-5, msg=name)
     assert proc_scores == pytest.approx(fused_scores, rel=1e-3)
     # Training moved the weights, so equality above is not two untouched initialisations.
-    _, fresh, _ = ppo_roles(cfg)
-    assert not torch.equal(
-        fresh.agent.state_dict()["critic.0.weight"], proc_state["critic.0.weight"]
-    )
+    fresh = ppo_trainer(cfg).agent(0)
+    assert not torch.equal(fresh.state_dict()["critic.0.weight"], proc_state["critic.0.weight"])
 
 
 def test_rebuild_reuses_the_processes_and_takes_new_weights(processes: ProcessRoles) -> None:
     pids = {name: p.pid for name, p in processes.processes.items()}
     cfg = config(ppo={**preset("ppo", "CartPole-v1")["ppo"], "num_envs": 8})
     trainer = OnPolicyTrainer([cfg], processes)
-    learner = trainer.learner
-    with torch.no_grad():
-        for p in learner.agent.policy.actor.parameters():
-            p.zero_()  # a policy that always pushes left: episodes end after ~9 steps
+    with torch.no_grad():  # a policy that always pushes left: episodes end after ~9 steps
+        trainer.population.state["params"].zero_()
     [first] = trainer.evaluate()
     assert first.mean < 15
     trainer.step()
-    assert learner.env_steps == 8 * 16  # the worker rebuilt its env with the new num_envs
+    assert trainer.env_steps == 8 * 16  # the worker rebuilt its env with the new num_envs
     assert {name: p.pid for name, p in processes.processes.items()} == pids
 
 

@@ -7,17 +7,15 @@ import torch
 from pydantic import ValidationError
 
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
+from services.pod.algorithms.ddpg import td_target as ddpg_target
 from services.pod.algorithms.dqn import DQN, DQNConfig
+from services.pod.algorithms.dqn import td_target as dqn_target
 from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.replay_buffer import Batch, ReplayBuffer
 from services.pod.envs.registry import make_env
 from services.pod.training.checkpoint import CheckpointError
 from services.pod.training.fit import build, train
-from services.pod.training.offpolicy import (
-    OffPolicyConfig,
-    load_offpolicy_files,
-    save_offpolicy_files,
-)
+from services.pod.training.offpolicy import OffPolicyConfig
 from services.pod.training.presets import TARGET_RETURNS, preset
 
 
@@ -85,6 +83,8 @@ def test_truncated_episode_ends_keep_their_final_obs_and_are_not_terminal():
 def test_td_targets_bootstrap_truncated_but_not_terminated_transitions():
     env = make_env("CartPole-v1", 1)
     dqn = DQN(env.single_observation_space, env.single_action_space, DQNConfig(gamma=0.9))
+    params = dict(dqn.q.named_parameters())
+    targets = dict(zip(params, dqn._targets, strict=True))
     obs = torch.randn(4, 4)
     batch = Batch(
         obs,
@@ -93,16 +93,22 @@ def test_td_targets_bootstrap_truncated_but_not_terminated_transitions():
         obs + 1,
         torch.tensor([0.0, 1.0, 0.0, 1.0]),  # rows 0, 2: truncated (or not ended)
     )
-    y = dqn.td_target(batch)
+    y = dqn_target(dqn.q, False, params, targets, torch.tensor(0.9), batch)
     v_next = dqn.q_target(batch.next_obs).amax(-1).detach()
     torch.testing.assert_close(y, batch.reward + 0.9 * v_next * (1 - batch.terminated))
     assert y[1] == 2.0 and y[3] == 4.0 and y[0] != 1.0
 
     penv = make_env("Pendulum-v1", 1)
     ddpg = DDPG(penv.single_observation_space, penv.single_action_space, DDPGConfig(gamma=0.9))
+    names = dict(ddpg.actor.named_parameters())
+    actor_t = dict(zip(names, ddpg.actor_target.parameters(), strict=True))
+    critic_t = dict(ddpg.critic_target.named_parameters())
     pobs = torch.randn(2, 3)
     batch = Batch(pobs, torch.zeros(2, 1), torch.tensor([1.0, 2.0]), pobs, torch.tensor([0.0, 1]))
-    y = ddpg.td_target(batch, torch.Generator())
+    hp = {"gamma": torch.tensor(0.9)}
+    y = ddpg_target(
+        ddpg.actor_target, ddpg.critic_target, False, actor_t, critic_t, hp, batch, None
+    )
     q_next = ddpg.critic_target(pobs, ddpg.actor_target(pobs))[0].detach()
     torch.testing.assert_close(y, torch.stack([1.0 + 0.9 * q_next[0], torch.tensor(2.0)]))
 
@@ -127,36 +133,39 @@ def test_training_files_round_trip_bit_exact(tmp_path, algorithm):
     )
     trained = build(cfg)
     train(cfg, trainer=trained)
-    save_offpolicy_files(tmp_path / "ckpt", trained, cfg)
+    trained.save(0, tmp_path / "ckpt")
 
     restored = build(cfg.model_copy(update={"seed": 99}))  # different weights, empty buffer
-    load_offpolicy_files(tmp_path / "ckpt", restored)
-    for a, b in zip(
-        trained.agent.state_dict().items(), restored.agent.state_dict().items(), strict=True
-    ):
+    restored.load(0, tmp_path / "ckpt", cfg)
+    agents = []
+    for trainer in (trained, restored):
+        agent, buffer = trainer._single(cfg)
+        trainer.population.get(0, agent)
+        trainer.replay.get(0, buffer)
+        agents.append((agent, buffer))
+    (a_agent, a_buf), (b_agent, b_buf) = agents
+    for a, b in zip(a_agent.state_dict().items(), b_agent.state_dict().items(), strict=True):
         assert a[0] == b[0] and torch.equal(a[1], b[1]), a[0]
     for name in ("obs", "action", "reward", "next_obs", "terminated"):
-        assert torch.equal(getattr(trained.buffer, name), getattr(restored.buffer, name)), name
-    assert (restored.buffer.pos, len(restored.buffer)) == (trained.buffer.pos, 100)
-    assert restored.learner.counters() == trained.learner.counters()
-    assert torch.equal(restored.generator.get_state(), trained.generator.get_state())
-    # The same next update from both: optimiser state and sampling resume exactly.
+        assert torch.equal(getattr(a_buf, name), getattr(b_buf, name)), name
+    assert (b_buf.pos, len(b_buf)) == (a_buf.pos, 100)
+    assert restored.counters(0) == trained.counters(0)
+    assert restored.learner.update_debt == trained.learner.update_debt
+    # The same next update from both: optimiser state and the update's draws resume exactly.
     for trainer in (trained, restored):
-        batch = trainer.buffer.sample(16, trainer.generator)
-        trainer.agent.update(batch, trainer.generator, trainer.updates + 1)
-    for (name, a), (_, b) in zip(
-        trained.agent.state_dict().items(), restored.agent.state_dict().items(), strict=True
-    ):
-        assert torch.equal(a, b), name
+        trainer.learner.kstep(1, trainer.updates + 1, False)
+    for name, flat in trained.population.flats.items():
+        assert torch.equal(flat, restored.population.flats[name]), name
 
 
 def test_training_files_of_another_algorithm_are_refused(tmp_path):
     base = {**preset("td3", "Pendulum-v1"), "num_envs": 2, "eval_episodes": 1}
     cfg = OffPolicyConfig.model_validate(base)
-    save_offpolicy_files(tmp_path / "td3", build(cfg), cfg)
-    sac = build(OffPolicyConfig.model_validate({**base, "algorithm": "sac"}))
+    build(cfg).save(0, tmp_path / "td3")
+    sac_cfg = OffPolicyConfig.model_validate({**base, "algorithm": "sac"})
+    sac = build(sac_cfg)
     with pytest.raises(CheckpointError, match="checkpoint of 'td3'"):
-        load_offpolicy_files(tmp_path / "td3", sac)
+        sac.load(0, tmp_path / "td3", sac_cfg)
 
 
 # -- configuration --------------------------------------------------------------------------

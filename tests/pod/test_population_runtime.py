@@ -94,7 +94,7 @@ def test_members_are_candidates_whose_files_load_into_a_single_agent(
         assert len(own) >= 2
         assert all(c["hyperparameters"] == member.hyperparameters for c in own)
         assert set(member.hyperparameters) == {"learning_rate", "ent_coef"}
-        lr = rt.trainer.population.hyperparameters[i]["learning_rate"]
+        lr = rt.trainer.population.hyperparameters(i)["learning_rate"]
         assert lr == pytest.approx(member.hyperparameters["learning_rate"])
         first_lrs.add(lr)
         # ...and its own lineage: each report descends from the member's previous one.
@@ -144,7 +144,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     generate = rt.client.generate
     rt.client.generate = lambda *a, **k: manifests.append(generate(*a, **k)) or manifests[-1]
     rt.start()
-    pop = rt.trainer.population
+    pop = rt.trainer
 
     # A parent from elsewhere, trained a little (weights and Adam state of its own), on the
     # board with a score no member will reach.
@@ -153,7 +153,8 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     for _ in range(3):
         trainer.step()
     trainer.save(0, tmp_path / "parent")
-    parent = trainer.learner
+    parent = trainer.agent(0)
+    parent_env_steps = trainer.env_steps
     outside_id = submit_outside_parent(
         rt.client, tmp_path / "parent", "ppo", {"learning_rate": 5e-3, "ent_coef": 0.005}
     )
@@ -163,8 +164,8 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     assert all(m.rank != 1 for m in rt.slots)
     before = [m.hyperparameters for m in rt.slots]
     rt.maybe_exploit()
-    parent_state = parent.agent.state_dict()
-    parent_steps = float(parent.agent.optimizer.state_dict()["state"][0]["step"])
+    parent_state = parent.state_dict()
+    parent_steps = float(parent.optimizer_state_dict()["state"][0]["step"])
     assert parent_steps == 3 * config.ppo.update_epochs * config.ppo.num_minibatches
     for i, member in enumerate(rt.slots):
         assert member.parent_id == outside_id and member.generation == 1
@@ -173,9 +174,9 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
         agent = pop.agent(i)
         for name, value in agent.state_dict().items():
             torch.testing.assert_close(value, parent_state[name], msg=name)
-        assert float(pop.adam_steps[i]) == parent_steps
+        assert float(pop.population.state["adam_step"][i]) == parent_steps
         for name, value in member.hyperparameters.items():
-            assert pop.hyperparameters[i][name] == pytest.approx(value)
+            assert pop.population.hyperparameters(i)[name] == pytest.approx(value)
         assert member.hyperparameters != before[i]
     # Trained on, the members report as the parent's children, with its counters going on.
     rt.train_round()
@@ -193,7 +194,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     assert all(c["generation"] == 1 for c in children)
     directory = download(leaderboard, children[0], tmp_path / "child")
     counters = read_files(directory).documents["counters"]
-    assert counters["env_steps"] == parent.env_steps + 1024
+    assert counters["env_steps"] == parent_env_steps + 1024
 
 
 def test_stop_makes_a_final_report_of_every_member(
@@ -249,11 +250,12 @@ def test_a_rounds_seconds_wait_for_its_steps_to_be_done(
     rt.close()
 
 
-def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: Path) -> None:
-    """Pendulum's preset explores with gSDE, which populations lack: the spec is refused at
-    submission (a 422 naming the setting and the preset; it used to be accepted, and every
-    pod then exited "bad input"), and a pod refuses to train it should one reach it
-    unvalidated, instead of training something else silently."""
+def test_a_population_trains_gsde_as_one_agent_does(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """Pendulum's preset explores with gSDE: a population pod trains it (each agent's noise
+    matrices are its own rows of the batched state), so the spec is accepted and a round
+    trains and reports every member."""
     spec = make_spec(
         name="population-pendulum",
         env={"name": "Pendulum-v1"},
@@ -262,23 +264,18 @@ def test_a_population_refuses_gsde_clearly(leaderboard: Leaderboard, tmp_path: P
         round={"env_steps": 2048},
         evaluation={"episodes": 2},
     )
-    refusal = (
-        r"without gSDE.*ppo\.sde_sample_freq = 4 "
-        r"\(from the preset services/contracts/algorithms/ppo/presets/Pendulum-v1\.yaml\)"
-    )
-    with pytest.raises(ValidationError, match=refusal):
-        ExperimentSpec.model_validate(spec)
-    # Pinned on in the search space: refused too, naming the search space.
-    pinned_on = {**spec["search_space"], "sde_sample_freq": {"type": "choice", "values": [8]}}
-    with pytest.raises(ValidationError, match=r"sde_sample_freq = 8 \(from the search space\)"):
-        ExperimentSpec.model_validate({**spec, "search_space": pinned_on})
+    ExperimentSpec.model_validate(spec)
     register(leaderboard, "e4", spec)
     settings = RuntimeSettings(work_dir=tmp_path / "pop-d", grace_s=10)
-    rt = PodRuntime("e4", "pop-d", unvalidated(spec), client(leaderboard, "e4"), settings)
-    with pytest.raises(HyperparameterError, match=r"without gSDE.*ppo\.sde_sample_freq = 4"):
-        rt.start()
+    rt = PodRuntime(
+        "e4", "pop-d", ExperimentSpec.model_validate(spec), client(leaderboard, "e4"), settings
+    )
+    rt.start()
+    assert all(c.ppo.sde_sample_freq == 4 for c in rt.trainer.configs)
+    rt.train_round()
+    rt.report()
     rt.close()
-    assert rt.submissions == []
+    assert len(rt.submissions) == 2
 
 
 def test_a_pinned_shared_setting_lets_a_population_train_a_gsde_preset(

@@ -25,7 +25,7 @@ from services.contracts.spec import ExperimentSpec
 from services.pod.config import PPORunConfig
 from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
 from services.pod.training.fit import build
-from services.pod.training.offpolicy import OffPolicyConfig, OffPolicyTrainer, load_offpolicy_files
+from services.pod.training.offpolicy import OffPolicyConfig, OffPolicyTrainer
 from services.pod.training.presets import eval_seed, pod_config
 from tests.pod.harness import (
     Leaderboard,
@@ -98,14 +98,14 @@ def test_offpolicy_rounds_report_files_that_load_back(
     assert rt.trainer.env_steps == summary["env_steps"] and rt.slots[0].parent_id
     # Scored on the experiment's shared evaluation start states, like every other pod.
     shared = eval_seed(ExperimentSpec.model_validate(spec))
-    assert config.evaluation_seed == rt.trainer.evaluator.seed == shared
+    assert config.evaluation_seed == shared
     assert board and {c["algorithm"] for c in board} == {algorithm}
     best = board[0]
     assert "replay_buffer.safetensors" in best["files"]
     download(lb, best, tmp_path / "dl")
     restored = build(config)
-    load_offpolicy_files(tmp_path / "dl", restored)
-    assert len(restored.buffer) > 0 and restored.env_steps >= 256
+    restored.load(0, tmp_path / "dl", config)
+    assert restored.replay.size[0] > 0 and restored.env_steps >= 256
     # The same agent, scored on the experiment's shared evaluation start states.
     assert restored.evaluate()[0].mean == pytest.approx(best["score"])
 
@@ -126,25 +126,26 @@ def test_restart_from_a_sac_parent_loads_weights_and_replay_buffer(
     parent_dir = download(lb, parent, tmp_path / "parent")
     files = {p.name: p.read_bytes() for p in parent_dir.iterdir()}
     child.start([manifest])
-    learner = child.trainer
+    trainer = child.trainer
+    agent, buffer = trainer.single(0)
     for name, value in safetensors.torch.load(files["actor.safetensors"]).items():
-        assert torch.equal(learner.policy.state_dict()[name], value), name
+        assert torch.equal(agent.policy.state_dict()[name], value), name
     replay = safetensors.torch.load(files["replay_buffer.safetensors"])
-    assert len(learner.buffer) == replay["obs"].shape[0] > 0
-    assert torch.equal(learner.buffer.obs[: len(learner.buffer)], replay["obs"])
-    assert torch.equal(learner.buffer.action[: len(learner.buffer)], replay["action"])
+    assert len(buffer) == replay["obs"].shape[0] > 0
+    assert torch.equal(buffer.obs[: len(buffer)], replay["obs"])
+    assert torch.equal(buffer.action[: len(buffer)], replay["action"])
     counters = json.loads(files["counters.json"])
-    assert learner.env_steps == counters["env_steps"] == child.slots[0].env_steps_at_start
+    assert trainer.env_steps == counters["env_steps"] == child.slots[0].env_steps_at_start
     lr = manifest.hyperparameters["learning_rate"]
-    assert [g["lr"] for g in learner.agent.optimizer.param_groups] == [lr]
+    assert [g["lr"] for g in agent.optimizer.param_groups] == [lr]
     assert child.trainer.config(0).sac.learning_rate == lr
     # A child explores with its own stream, not the parent's next draws.
     parent_rng = safetensors.torch.load(files["rng.safetensors"])["generator"]
-    assert not torch.equal(learner.generator.get_state(), parent_rng)
+    assert not torch.equal(trainer.generator.get_state(), parent_rng)
     assert child.slots[0].parent_id == parent.candidate_id
     assert child.slots[0].generation == parent.generation + 1
     child.train_round()  # and it trains on from there
-    assert learner.env_steps >= counters["env_steps"] + 256
+    assert trainer.env_steps >= counters["env_steps"] + 256
     child.close()
     with lb.api() as api:
         lease = api.delete(f"/experiments/e2/leases/{manifest.lease_id}")

@@ -98,10 +98,10 @@ def test_on_round_reports_every_round_as_it_ends() -> None:
 
     plan = TournamentPlan(ppo, HPS, rounds=3, round_env_steps=128, seed=1)
     with pytest.MonkeyPatch.context() as mp:
-        from services.pod.training.population import PopulationPPO
+        from services.pod.roles.learner import PPOLearner
 
-        update = PopulationPPO.update
-        mp.setattr(PopulationPPO, "update", lambda self, batch: (count(), update(self, batch))[1])
+        iterate = PPOLearner.iterate
+        mp.setattr(PPOLearner, "iterate", lambda self, *a: (count(), iterate(self, *a))[1])
         report = evaluate_market(
             data, ENV, plan, on_round=lambda r, scores: seen.append((r, scores, updates))
         )
@@ -117,7 +117,7 @@ def test_a_pod_of_the_spec_scores_on_the_validation_period_as_the_tournament() -
     in-process tournament keeps snapshots by (``validation_sharpes``)."""
     from services.contracts.spec import ExperimentSpec
     from services.pod.trading.tournament import PERIOD_KWARGS, validation_sharpes
-    from services.pod.training.population_trainer import PopulationTrainer
+    from services.pod.training.onpolicy import OnPolicyTrainer
     from services.pod.training.presets import pod_config
     from tests.pod.harness import make_spec
 
@@ -135,7 +135,7 @@ def test_a_pod_of_the_spec_scores_on_the_validation_period_as_the_tournament() -
     assert (train_env.mode, eval_env.mode, eval_env.score) == ("train", "validation", "sharpe")
     assert eval_env.data.dates[0] > train_env.data.dates[-1]
     # A population pod of two agents: its trainer builds the population's evaluation env.
-    trainer = PopulationTrainer(configs)
+    trainer = OnPolicyTrainer(configs)
     trainer.step()
     scores = [r.mean for r in trainer.evaluate()]
     env_kwargs = configs[0].env_kwargs

@@ -19,7 +19,6 @@ from pydantic import ValidationError
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.spec import ExperimentSpec
-from services.pod.training.anakin_trainer import AnakinTrainer
 from services.pod.training.fit import fit, train
 from services.pod.training.presets import pod_config, preset, train_config
 from services.pod.training.trainer import RunConfig, Trainer, trainer_class
@@ -38,9 +37,16 @@ SMALL_REPLAY = {
 def configs(kind: str) -> list[dict[str, Any]]:
     """Small configs of every trainer (one per slot), as a pod or ``podium train`` makes
     them: the preset with a few fields on top; evaluated on shared start states, as a pod's."""
-    if kind.startswith("anakin"):  # the Anakin trainer, its programs run eagerly (compile off)
-        raw = configs("population" if kind == "anakin-population" else "ppo")
-        return [{**c, "ppo": {**c["ppo"], "compile": "off"}} for c in raw]
+    if kind == "ppo-host":  # PPO on a host-stepped env (gymnasium's CartPole)
+        return [{**c, "env": "gym:CartPole-v1"} for c in configs("ppo")]
+    if kind == "ppo-gsde-population":  # a population with gSDE and the KL early stop
+        ppo = {**preset("ppo", "Pendulum-v1"), "eval_episodes": 2, "eval_seed": 1234}
+        ppo["env_kwargs"] = {"max_episode_steps": 16}  # episodes end within a rollout
+        small = {"num_envs": 8, "num_steps": 16, "num_minibatches": 2, "target_kl": 0.02}
+        return [
+            {**ppo, "seed": 5 + i, "ppo": {**ppo["ppo"], **small, "learning_rate": lr}}
+            for i, lr in enumerate((1e-3, 3e-3))
+        ]
     if kind == "population":
         ppo = {**preset("ppo", "CartPole-v1"), "eval_episodes": 2, "eval_seed": 1234}
         return [
@@ -68,10 +74,8 @@ def configs(kind: str) -> list[dict[str, Any]]:
 
 
 def build(raw: list[dict[str, Any]], kind: str = "") -> Trainer:
-    """The family's trainer for ``raw`` (the Anakin trainer for the ``anakin`` kinds)."""
-    cls = (
-        AnakinTrainer if kind.startswith("anakin") else trainer_class(raw[0]["algorithm"], len(raw))
-    )
+    """The family's trainer for ``raw``."""
+    cls = trainer_class(raw[0]["algorithm"], len(raw))
     return cls([cls.config_class.model_validate(c) for c in raw])
 
 
@@ -117,13 +121,13 @@ print(json.dumps({"loaded": loaded, "scores": scores, "stepped": trainer.env_ste
         "sac-population",
         "td3-population",
         "dqn-population",
-        "anakin",
-        "anakin-population",
+        "ppo-host",
+        "ppo-gsde-population",
     ],
 )
 def test_step_evaluate_save_load_in_a_fresh_process_continue(tmp_path: Path, kind: str) -> None:
-    """The fresh process loads with the family's own trainer: an Anakin slot's files load into
-    a single-agent PPO pod (and a population pod's slot)."""
+    """The fresh process loads with the family's own trainer: a population slot's files load
+    into a single-agent pod (and a population pod's slot)."""
     raw = configs(kind)
     trainer = build(raw, kind)
     assert trainer.size == len(raw)
@@ -166,7 +170,7 @@ def test_step_evaluate_save_load_in_a_fresh_process_continue(tmp_path: Path, kin
     again.close()
 
 
-@pytest.mark.parametrize("kind", ["anakin", "sac"])
+@pytest.mark.parametrize("kind", ["ppo", "sac"])
 def test_the_training_clock_waits_for_the_steps_to_be_done(monkeypatch, kind: str) -> None:
     """fit's clock (train_seconds, the steps/s ``podium train`` shows) counts steps until
     their work is done, ``Trainer.wait``: on a CUDA device a step returns once it is launched
@@ -228,7 +232,7 @@ def test_a_sac_population_slot_and_a_single_sac_agent_take_each_others_files(
     fresh.load(0, tmp_path / "slot", population.config(1))
     assert fresh.counters(0) == population.counters(1)
     assert fresh.evaluate()[0].mean == pytest.approx(slot_score.mean, rel=1e-5)
-    buffer = fresh.buffer  # type: ignore[attr-defined]
+    _, buffer = fresh.single(0)  # type: ignore[attr-defined]
     assert len(buffer) == min(population.counters(1).env_steps, buffer.capacity)
     updates = fresh.updates
     for _ in range(4):
@@ -238,13 +242,16 @@ def test_a_sac_population_slot_and_a_single_sac_agent_take_each_others_files(
         trainer.close()
 
 
-def test_a_population_refuses_gsde_and_target_kl() -> None:
-    raw = configs("population")
-    for change in ({"sde_sample_freq": 4}, {"target_kl": 0.02}):
-        changed = [{**c, "ppo": {**c["ppo"], **change}} for c in raw]
-        name = next(iter(change))
-        with pytest.raises(HyperparameterError, match=f"without gSDE and target_kl.*{name}"):
-            build(changed)
+def test_a_population_trains_gsde_and_target_kl() -> None:
+    """gSDE's noise matrices and the KL early stop are per agent in the batched state: a
+    population trains them (each agent as it would alone: tests/pod/test_population.py)."""
+    trainer = build(configs("ppo-gsde-population"))
+    try:
+        for _ in range(3):
+            trainer.step()
+        assert trainer.updates == 3 and len(trainer.evaluate()) == 2
+    finally:
+        trainer.close()
 
 
 #: A built-in-style algorithm of a known family, as one folder: its card (torch-free), its
@@ -253,7 +260,7 @@ NOISY = {
     "__init__.py": """
 from pydantic import Field
 
-from services.contracts.algorithms.card import OFF_POLICY, AlgorithmCard
+from services.contracts.algorithms.card import OFF_POLICY, AlgorithmCard, PopulationCard
 from services.contracts.algorithms.ddpg.config import DDPGConfig
 from services.contracts.algorithms.offpolicy import ReplayLoopConfig
 
@@ -269,6 +276,7 @@ CARD = AlgorithmCard(
     config=NoisyConfig,
     loop_config=ReplayLoopConfig,
     action_kinds=("continuous",),
+    population=PopulationCard(hyperparameters=("learning_rate", "tau", "exploration_noise")),
     presets_package=__name__,
 )
 """,
@@ -481,6 +489,39 @@ def test_a_plugin_algorithm_trains_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("plugins")
+def test_a_plugin_algorithm_trains_as_a_population_with_a_compiled_update() -> None:
+    """The plugin is its card and one module: its agent class names the stack its update runs
+    on (here DDPG's), so it trains as a population pod and its update compiles, with nothing
+    registered anywhere else."""
+    base = {**preset("noisy_ddpg", "Pendulum-v1"), **SMALL_REPLAY, "eval_seed": 1234}
+    raw = [
+        {**base, "seed": i, "noisy_ddpg": {"learning_rate": lr}}
+        for i, lr in enumerate((1e-3, 3e-3))
+    ]
+    population = build(raw)
+    try:
+        steps_to_update(population)
+        assert population.size == 2 and len(population.evaluate()) == 2
+        rates = population.population.hp["learning_rate"].tolist()  # type: ignore[attr-defined]
+        assert rates == pytest.approx([1e-3, 3e-3])
+    finally:
+        population.close()
+    compiled = build([{**raw[0], "compile": "on"}])
+    try:
+        assert compiled.compiled.startswith("compiled (update")
+    finally:
+        compiled.close()
+    spec = {
+        "name": "plugin",
+        "env": {"name": "Pendulum-v1"},
+        "algorithms": {"noisy_ddpg": 1},
+        "population": {"agents_per_pod": 4},
+        "search_space": {"learning_rate": {"type": "log_uniform", "low": 1e-4, "high": 1e-2}},
+    }
+    assert ExperimentSpec.model_validate(spec).population.agents_per_pod == 4
+
+
+@pytest.mark.usefixtures("plugins")
 def test_an_algorithm_of_a_new_family_trains_with_its_own_trainer(tmp_path: Path) -> None:
     """A new family: its card names the family, its trainer is registered under that name,
     and the trunk (``trainer_class``, the fit loop, the spec check) needs nothing else."""
@@ -503,7 +544,7 @@ def test_an_algorithm_of_a_new_family_trains_with_its_own_trainer(tmp_path: Path
         )
     with pytest.raises(
         ValidationError,
-        match="population pods train DDPG and DQN and PPO and SAC and TD3 only, not hill_climb",
+        match="population pods train .*PPO.* only, not hill_climb",
     ):
         ExperimentSpec.model_validate({**spec, "population": {"agents_per_pod": 2}})
     with pytest.raises(HyperparameterError, match="hill_climb trains one agent per pod"):

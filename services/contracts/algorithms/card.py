@@ -22,8 +22,8 @@ import yaml
 from pydantic import BaseModel
 
 from services import registry
-from services.contracts.action_spaces import ActionKind
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
+from services.contracts.envs import ActionKind
 
 #: A preset's section for accelerator-sized runs (docs/presets.md): the fields it holds replace
 #: the preset's when the run's ``num_envs`` is at least the section's ``min_num_envs``.
@@ -160,6 +160,10 @@ def large_batch_layer(section: Mapping[str, Any], num_envs: int | None) -> dict[
     for rule, name in PER_ENV_FIELDS.items():
         if rule in section:
             layer[name] = int(section[rule]) * num_envs
+    # The small preset's env steps to its target say nothing of an accelerator's batch: a run
+    # of the section is expected to use its budget.
+    if "total_env_steps" in layer:
+        layer.setdefault("expected_env_steps", layer["total_env_steps"])
     return layer
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from services.contracts.action_spaces import env_action_kind
 from services.contracts.algorithms.card import AlgorithmCard, card, card_names, find_card
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
+from services.contracts.envs import env_action_kind
 
 
 class HyperparameterError(ValueError):

@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.contracts.action_spaces import ActionKind
 from services.contracts.algorithms.card import OFF_POLICY, AlgorithmCard, PopulationCard
 from services.contracts.algorithms.ppo.config import Activation, CompileSwitch
+from services.contracts.envs import ActionKind
 
 #: How exploration noise is correlated in time (services/pod/algorithms/noise.py).
 NoiseKind = Literal["white", "ou", "pink"]
@@ -32,10 +32,10 @@ class ReplayLoopConfig(BaseModel):
     )
     compile: CompileSwitch = Field(
         "auto",
-        description="torch.compile the gradient update (SAC, TD3, DDPG, DQN), paid "
-        "updates_per_call updates at a time (one CUDA graph per call on a GPU); auto: where it "
-        "measured faster over the run's updates (services/pod/algorithms/kstep.py). Falls back "
-        "to eager, logged, where it cannot compile.",
+        description="torch.compile the gradient update (SAC, TD3, DDPG, DQN), "
+        "updates_per_call updates per call (one CUDA graph per call on a GPU); auto: where the "
+        "estimate says it pays over the run's updates (docs/compiled-loop.md); on: refused "
+        "where it cannot be honoured (no C++ compiler).",
     )
     updates_per_call: int = Field(
         8,

@@ -1,47 +1,55 @@
-"""The compiled on-device loop (Podracer's "Anakin", Hessel et al. 2021): act, env step and
-rollout storage fused into one ``torch.compile``d function per vector step, and PPO's
-minibatch loss compiled (forward and backward), for torch-native envs.
+"""One compile path and one rule for every compiled program of a pod.
 
-Whether a run compiles is ``PPOConfig.compile``: ``off``, ``on``, or ``auto`` (the default), which
-compiles only where it measured faster (``AUTO_MIN_ENVS``; docs/compiled-loop.md has the reasons,
-docs/benchmarks.md the numbers). For PPO, ``compile`` also picks the trainer: the Anakin trainer
-(services/pod/training/anakin_trainer.py) where ``ANAKIN_AUTO``'s measured rules say it wins
-(``anakin_auto``), the eager trainers otherwise.
+The path: ``Program`` is a pure function of tensors (PPO's rollout chunk, batch, minibatch
+update and greedy evaluation; an off-policy algorithm's update) through ``torch.compile``
+(``fullgraph=True``: code dynamo cannot capture whole is an error, never a silently split
+graph; static shapes: a new P or batch compiles a new program), with inductor's on-disk caches
+in the pod's compile cache (services/pod/runtime/compile_cache.py), so a later process loads
+the kernels instead of building them. On a GPU the trainers capture their calls as one CUDA
+graph (``Graphed``): every call after is one replay, and since the hyperparameters PBT varies
+are tensors the graphs read, an explore changes values, never graphs.
 
-Every way compiling can fail falls back to eager with one log line, never a crash: no C++
-compiler (inductor's CPU backend builds C++; triton for CUDA), an env that is not torch-native
-(gymnasium, Isaac Gym, a plugin's ``VecEnv``), or code dynamo cannot capture whole
-(``fullgraph=True`` turns a graph break into an error, caught at the first call).
-
-What the compiled functions see never bakes in a value that PBT changes: they are
-module-level (one dynamo cache per process, so a pod that rebuilds its agent from a parent's
-weights and new hyperparameters reuses the graphs), modules are arguments (their parameters
-are graph inputs, not constants), and the tuned coefficients (clip, entropy, value, γ) enter as
-tensors. The learning rate lives in the optimiser, which stays eager.
+The rule: ``Decision`` resolves ``compile: auto | on | off`` for one trainer. ``off``: eager.
+``on``: compiled, refused (``CompileRefusedError``) where it cannot be (no C++ compiler). ``auto``:
+the first calls run eager and are timed on this machine, so the eager side of the choice is a
+measurement, not a table; the compiled side is the eager time divided by the measured speed-up
+of the path on this device type (``RULES``, docs/benchmarks.md), plus the compile, scaled from
+the reference machine's by how fast this one runs a fixed probe now (busy or slow machines
+compile slower); a compile already in the cache costs its load. It compiles when what the
+remaining work saves exceeds the compile. The same functions run eager and compiled on the
+same state, so the switch happens between two iterations.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
+from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
 
 log = get_logger(__name__)
 
 CompileMode = Literal["auto", "on", "off"]
 
-#: Where ``auto`` compiles: device type → the smallest env count per worker from which the
-#: compiled loop measured faster end to end, compile time included (docs/compiled-loop.md);
-#: None: nowhere yet. On this project's CPU the compile (minutes on a loaded 2-core machine)
-#: outweighs what it saves; the GPU is unmeasured (issue 15, part 2).
-AUTO_MIN_ENVS: dict[str, int | None] = {"cpu": None, "cuda": None}
+
+class CompileRefusedError(HyperparameterError):
+    """``compile: on`` asked of what cannot compile here (the reason names why)."""
+
+
+class CompileFailedError(RuntimeError):
+    """A program failed to compile (dynamo could not capture it whole, inductor or the C++
+    compiler failed): before it ran, so the state it would have written is as it was."""
 
 
 def compiler_missing(device: torch.device | str) -> str | None:
@@ -66,16 +74,13 @@ def trust_vec_isa(compiler: str | None = None) -> bool:
     ``compiler`` (default: inductor's) accepts each candidate ISA's flags; True if it does.
 
     Before its first CPU kernel inductor compiles and loads (in a new interpreter) a test
-    program per candidate ISA, twice over: seconds of a cold compile (the first on a machine,
-    or with a new cache directory), more than either Anakin program's own C++
-    (docs/benchmarks.md, "Session 26"). The candidates are inductor's own (its list, filtered
-    by this CPU's flags as inductor filters it), and what such a probe catches here, a
-    compiler without an ISA's flags, a bare compile of an empty file with those flags also
-    catches in milliseconds. Any doubt (another architecture, an operator's
+    program per candidate ISA, twice over: seconds of a cold compile. The candidates are
+    inductor's own (filtered by this CPU's flags as inductor filters them), and what such a
+    probe catches here, a compiler without an ISA's flags, a bare compile of an empty file with
+    those flags also catches in milliseconds. Any doubt (another architecture, an operator's
     ``TORCHINDUCTOR_VEC_ISA_OK``, a flag refused, an error) leaves inductor's probe on."""
     import platform
     import subprocess
-    import sys
 
     from torch._inductor import config
 
@@ -111,66 +116,14 @@ def trust_vec_isa(compiler: str | None = None) -> bool:
     return True
 
 
-def should_compile(mode: CompileMode, device: torch.device | str, num_envs: int) -> bool:
-    """Resolve ``mode`` for a run of ``num_envs`` sub-environments on ``device``, logging
-    why when a requested compile cannot happen."""
-    if mode == "off":
-        return False
-    if mode == "auto":
-        least = AUTO_MIN_ENVS.get(torch.device(device).type)
-        if least is None or num_envs < least:
-            return False
-    if reason := compiler_missing(device):
-        log.warning("compile.unavailable", mode=mode, reason=reason, fallback="eager")
-        return False
-    return True
+def compile_clock() -> float:
+    """Seconds this process spent compiling so far (dynamo's own per-frame timing, which
+    includes inductor's). Reading it imports nothing where nothing was compiled."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0.0
+    from torch._dynamo.utils import compilation_time_metrics
 
-
-class Compiled:
-    """``fn`` compiled on first call, or ``fn`` itself where compiling it failed (logged).
-
-    ``fullgraph=True``: code dynamo cannot capture whole is an error here (then eager),
-    rather than a silently split graph that is slower than eager. Failures are remembered per
-    ``key`` (the env's class, say), so one plugin env that cannot be compiled does not turn
-    compiling off for the others. On CUDA the graphs are replayed as CUDA graphs
-    (``mode="reduce-overhead"``), which removes the launch cost of the many small kernels a
-    step of a classic-control env is made of.
-    """
-
-    def __init__(self, fn: Callable[..., Any], name: str) -> None:
-        self.fn = fn
-        self.name = name
-        self._compiled: dict[str, Callable[..., Any]] = {}
-        #: key → why compiling failed for it.
-        self.failed: dict[Hashable, str] = {}
-
-    def _for_device(self, device: torch.device) -> Callable[..., Any]:
-        if device.type not in self._compiled:
-            if device.type == "cpu":
-                trust_vec_isa()
-            mode = "reduce-overhead" if device.type == "cuda" else None
-            self._compiled[device.type] = torch.compile(self.fn, fullgraph=True, mode=mode)
-        return self._compiled[device.type]
-
-    def __call__(self, key: Hashable, device: torch.device, *args: Any, **kwargs: Any) -> Any:
-        if key not in self.failed:
-            try:
-                if device.type == "cuda":  # every call a new replay, whose outputs it keeps
-                    torch.compiler.cudagraph_mark_step_begin()
-                return self._for_device(device)(*args, **kwargs)
-            except Exception as exc:  # any compile failure means: run eager
-                # Dynamo and inductor raise many types (Unsupported, BackendCompilerFailed,
-                # InductorError, a C++ build error), all before the graph ran, so the eager call
-                # below starts from the same state.
-                self.failed[key] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-                log.warning(
-                    "compile.failed",
-                    function=self.name,
-                    key=str(key),
-                    error=self.failed[key],
-                    fallback="eager",
-                )
-        return self.fn(*args, **kwargs)
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", ())))
 
 
 def compile_counters() -> dict[str, int]:
@@ -180,115 +133,309 @@ def compile_counters() -> dict[str, int]:
     return {"frames": int(counters["stats"]["unique_graphs"]), **dict(counters["frames"])}
 
 
-# -- the Anakin trainer's auto rule -------------------------------------------------------------
-@dataclass(frozen=True)
-class AnakinRule:
-    """One measured row (docs/benchmarks.md, "Anakin trainer: when `compile: auto` picks it"): PPO
-    with the Anakin trainer (services/pod/training/anakin_trainer.py, two compiled programs
-    per iteration) against the eager trainer a pod uses otherwise, on one device type, for
-    ``agents`` and ``batch`` (env steps per agent per iteration) in the inclusive ranges
-    given.
-    """
-
-    device: str
-    agents: tuple[int, int]
-    batch: tuple[int, int]
-    #: env steps/s of all agents together: the Anakin trainer, and the eager trainer.
-    anakin_rate: float
-    eager_rate: float
-    #: seconds of compiling, cold inductor cache: the iteration's programs and the evaluation's.
-    compile_s: float
-    #: seconds one evaluation of all agents (10 episodes each, agents at the top return) takes
-    #: less compiled than eager; 0 where unmeasured.
-    eval_saved_s: float = 0.0
-
-    def covers(self, device: str, agents: int, batch: int) -> bool:
-        return (
-            device == self.device
-            and self.agents[0] <= agents <= self.agents[1]
-            and self.batch[0] <= batch <= self.batch[1]
-        )
-
-    def saved_s(self, agents: int, env_steps: int, evaluations: float = 0) -> float:
-        """Seconds the Anakin trainer saves over ``env_steps`` per agent of training and
-        ``evaluations`` evaluations (a share of one counts its share)."""
-        training = agents * env_steps * (1.0 / self.eager_rate - 1.0 / self.anakin_rate)
-        return training + evaluations * self.eval_saved_s
+def _map(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
+    """``fn`` on every tensor of ``tree`` (tensors in dicts, tuples and named tuples): a
+    pytree map without the registry's per-node cost, paid on every eager update."""
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, dict):
+        return {k: _map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        items = [_map(fn, v) for v in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else tuple(items)
+    if isinstance(tree, list):
+        return [_map(fn, v) for v in tree]
+    return tree
 
 
-#: Where ``compile: auto`` uses the Anakin trainer: a row covering the device, P and batch, whose
-#: saved seconds over the run's horizon exceed its compile. Measured on this project's 2-core
-#: CPU, one thread, bench/anakin_iteration.py (``--recipe purejaxrl``: 4 x 128 = 512 env steps
-#: per iteration; ``--recipe cartpole-pod``: 16 x 16 = 256), the eager side being
-#: ``OnPolicyTrainer`` at P = 1 and ``PopulationTrainer`` above; each row covers the sizes
-#: nearer to its measurement than to another's. The CUDA rows are H200 runs of the trainer with
-#: its CUDA graph, the pod's shape and PureJaxRL's recipe at P = 1 and 64, and the recipe at
-#: P = 1,024 (docs/benchmarks.md, "Anakin on a GPU again"). Other batch sizes and other GPUs
-#: are unmeasured, so ``auto`` leaves them to the eager trainers.
-ANAKIN_AUTO: tuple[AnakinRule, ...] = (
-    # CPU: session 27 (four programs compiled ahead of time: the rollout chunk drawing its own
-    # noise, the batch between rollout and updates, the update, the evaluation), the eager
-    # rates session 25's (that code is unchanged). compile_s: the first iteration (session
-    # 27) + the first evaluation (session 26's: its program did not change), both cold;
-    # eval_saved_s: `--evaluation 400` (agents trained 400 iterations), P = 1, 8, 64.
-    # 16 envs x 16 steps (a CartPole pod).
-    AnakinRule("cpu", (1, 1), (1, 383), 219_800, 29_700, 32.7 + 6.5, 0.033),
-    AnakinRule("cpu", (2, 16), (1, 383), 294_100, 157_700, 33.2 + 5.3, 0.039),
-    AnakinRule("cpu", (17, 128), (1, 383), 287_400, 234_200, 32.6 + 5.7, 0.051),
-    # 4 envs x 128 steps (PureJaxRL's recipe).
-    AnakinRule("cpu", (1, 1), (384, 1024), 145_900, 15_600, 36.5 + 5.8, 0.041),
-    AnakinRule("cpu", (2, 16), (384, 1024), 208_100, 80_000, 38.8 + 6.2, 0.047),
-    AnakinRule("cpu", (17, 128), (384, 1024), 196_200, 152_900, 39.4 + 6.4, 0.059),
-    # One H200 (torch 2.11, CUDA 13): the trainer as a pod runs it (the iteration replayed as
-    # one CUDA graph) against the eager trainer in the same process, bench/anakin_trainer_rows.py;
-    # compile_s: the trainer's own count, iteration and evaluation programs together.
-    AnakinRule("cuda", (1, 1), (1, 383), 152_700, 4_800, 17.3),
-    AnakinRule("cuda", (2, 128), (1, 383), 8_389_200, 372_300, 18.0),
-    AnakinRule("cuda", (1, 1), (384, 1024), 114_700, 2_100, 19.7),
-    AnakinRule("cuda", (2, 128), (384, 1024), 5_369_800, 108_100, 20.5),
-    # P = 1,024 on the recipe: bench/gpu_rows.py's AnakinPPO with the graph (start-up: compile
-    # and capture); eager: the population trainer's rate in issue 33's table.
-    AnakinRule("cuda", (129, 1024), (384, 1024), 25_497_900, 1_770_000, 19.5),
-)
-
-
-def anakin_rule(device: torch.device | str, agents: int, batch: int) -> AnakinRule | None:
-    """The ``ANAKIN_AUTO`` row covering ``device``'s type, ``agents`` and ``batch`` (None: none
-    does)."""
-    kind = torch.device(device).type
-    return next((r for r in ANAKIN_AUTO if r.covers(kind, agents, batch)), None)
-
-
-def anakin_auto(
-    device: torch.device | str,
-    agents: int,
-    batch: int,
-    horizon_env_steps: int,
-    compiled: bool = False,
-    evaluations: int = 0,
-    lost_s: float = 0.0,
-) -> str | None:
-    """None where ``compile: auto`` should train with the Anakin trainer (``ANAKIN_AUTO``), else
-    why not: no measured row, slower, or a compile longer than what it saves over
-    ``horizon_env_steps`` per agent and ``evaluations`` evaluations, plus ``lost_s``.
-    ``compiled``: the programs are already built in the compile cache (programs compiled
-    ahead of time load in milliseconds), so no compile is to be paid. ``lost_s``: what earlier
-    runs of the same programs lost training eagerly because their compile did not pay within
-    them alone (the cache's tally, ``aot_program.eager_seconds``): once that and this run's
-    saving reach the compile, it compiles, so a shape trained again and again is compiled
-    once it has cost as much as its compile (at most twice the best choice in hindsight)."""
-    kind = torch.device(device).type
-    rule = anakin_rule(device, agents, batch)
-    where = f"{kind}, {agents} agent(s), {batch} env steps per iteration"
-    if rule is None:
-        return f"auto: unmeasured ({where})"
-    if rule.anakin_rate <= rule.eager_rate:
-        return f"auto: the eager trainer measured faster ({where})"
-    saved = rule.saved_s(agents, horizon_env_steps, evaluations)
-    if not compiled and saved + lost_s <= rule.compile_s:
-        earlier = f", {lost_s:.0f} s lost eager by earlier runs" if lost_s else ""
-        return (
-            f"auto: compiling ({rule.compile_s:.0f} s cold) costs more than it saves over "
-            f"{horizon_env_steps} env steps per agent ({saved:.0f} s{earlier}; {where})"
-        )
+def _first(tree: Any) -> torch.Tensor | None:
+    if isinstance(tree, torch.Tensor):
+        return tree
+    values = tree.values() if isinstance(tree, dict) else tree
+    if isinstance(values, (tuple, list)) or isinstance(tree, dict):
+        for v in values:
+            if (found := _first(v)) is not None:
+                return found
     return None
+
+
+def grad(
+    fn: Callable[..., tuple[torch.Tensor, Any]], argnums: int | tuple[int, ...] = 0
+) -> Callable[..., tuple[Any, Any]]:
+    """``torch.func.grad(fn, argnums, has_aux=True)``: the gradient of ``fn``'s first output
+    with respect to the arguments ``argnums`` (tensors, or trees of them), and its second.
+    Compiled (dynamo captures ``torch.func.grad`` whole) it is that; eager it is autograd on
+    detached leaves, the same numbers without a functorch transform's per-op cost."""
+
+    def run(*args: Any) -> tuple[Any, Any]:
+        if torch.compiler.is_compiling():
+            return torch.func.grad(fn, argnums=argnums, has_aux=True)(*args)
+        many = isinstance(argnums, tuple)
+        nums = argnums if isinstance(argnums, tuple) else (argnums,)
+        args = list(args)
+        leaves: list[torch.Tensor] = []
+        for i in nums:
+            tree = _map(lambda t: t.detach().requires_grad_(), args[i])
+            args[i] = tree
+            _map(leaves.append, tree)
+        with torch.enable_grad():
+            value, aux = fn(*args)
+            grads = iter(torch.autograd.grad(value, leaves, materialize_grads=True))
+        out = [_map(lambda _: next(grads), args[i]) for i in nums]
+        return (tuple(out) if many else out[0]), _map(torch.Tensor.detach, aux)
+
+    return run
+
+
+def per_agent(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.vmap(fn)``: one agent's function for every agent (the leading axis of every
+    tensor argument and output). A single agent eager runs ``fn`` on its row directly: a
+    vmap's batching costs several times the maths per op at these sizes."""
+    mapped = torch.vmap(fn)
+
+    def run(*args: Any) -> Any:
+        first = _first(args)
+        if torch.compiler.is_compiling() or first is None or first.shape[0] != 1:
+            return mapped(*args)
+        out = fn(*_map(lambda t: t[0], args))
+        return _map(lambda t: t.unsqueeze(0), out)
+
+    return run
+
+
+class Program:
+    """``fn`` compiled on first call, one per process and device type (module-level programs
+    are shared: a pod that rebuilds its agent, a PBT child, reuses them).
+
+    On a CPU, inductor's C++ wrapper (less host time per call than its Python one) and, once a
+    program has run twice, calls that skip dynamo's guard checks: they cost microseconds per
+    call, and a trainer's programs are called with the same shapes for its whole life."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn, self.name = fn, name
+        self._compiled: dict[str, Callable[..., Any]] = {}
+        self._calls: dict[str, int] = {}
+
+    def _for(self, device: torch.device) -> Callable[..., Any]:
+        if device.type not in self._compiled:
+            options = {}
+            if device.type == "cpu":
+                trust_vec_isa()
+                options["cpp_wrapper"] = True
+            self._compiled[device.type] = torch.compile(
+                self.fn, fullgraph=True, dynamic=False, options=options
+            )
+        return self._compiled[device.type]
+
+    def __call__(self, device: torch.device, *args: Any) -> Any:
+        fn = self._for(device)
+        calls = self._calls.get(device.type, 0)
+        self._calls[device.type] = calls + 1
+        if calls < 2:
+            try:
+                return fn(*args)
+            except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types
+                reason = f"{self.name}: {type(exc).__name__}: {str(exc).strip()[:300]}"
+                raise CompileFailedError(reason) from exc
+        if device.type != "cpu":
+            return fn(*args)
+        try:
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                return fn(*args)
+        except RuntimeError as exc:
+            # Another shape in this process shares the program: guarded lookups from now on.
+            if "skip_guard_eval_unsafe" not in str(exc):
+                raise
+            self._calls[device.type] = -(10**9)
+            return fn(*args)
+
+
+class Graphed:
+    """A call replayed as one CUDA graph: the first call runs as usual on a side stream (the
+    programs compile, cuBLAS makes its handles), the second is captured, and every later call
+    is one replay of it. ``fn`` must read and write only tensors that live for the graph's
+    life (a trainer's state, updated in place); what it returns is the graph's own output
+    tensors, overwritten by the next replay. A capture that fails runs ``fn`` as usual from
+    then on (one log line)."""
+
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
+        self.fn, self.name = fn, name
+        self.calls = 0
+        self.failed: str | None = None
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._out: Any = None
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        if self.failed is not None:
+            return self.fn()
+        if self._graph is not None:
+            self._graph.replay()
+            return self._out
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        if self.calls == 1:
+            with torch.cuda.stream(side):
+                out = self.fn()
+            torch.cuda.current_stream().wait_stream(side)
+            return out
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self._out = self.fn()
+        except Exception as exc:  # any capture failure means: run the calls uncaptured
+            self.failed = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+            log.warning("compile.cuda_graph_failed", program=self.name, error=self.failed)
+            torch.cuda.synchronize()
+            return self.fn()
+        self._graph = graph
+        graph.replay()  # capturing recorded the work; replaying runs it
+        return self._out
+
+
+def _marker(key: str) -> Path:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    digest = hashlib.sha256(f"{torch.__version__} {key}".encode()).hexdigest()[:32]
+    return Path(cache_dir()) / "podium-programs" / digest
+
+
+def cached(key: str) -> bool:
+    """Whether programs of ``key`` (a trainer's description of what fixes them) were compiled
+    into this process's compile cache before (``mark_cached``): their compile is a load."""
+    try:
+        return _marker(key).exists()
+    except OSError:
+        return False
+
+
+def mark_cached(key: str) -> None:
+    """Note in the compile cache that programs of ``key`` are in it (a best effort)."""
+    try:
+        path = _marker(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(key)
+    except OSError as exc:
+        log.info("compile.mark_failed", error=str(exc))
+
+
+# -- the rule ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """One compiled path on one device type, measured (docs/benchmarks.md, "When `compile:
+    auto` compiles"): the compiled programs' speed-up over the same functions eager, the cold
+    compile on the reference machine, and loading a compile already in the cache."""
+
+    speedup: float
+    compile_s: float
+    warm_s: float
+
+
+#: Path and device type → its rule. PPO: an iteration (rollout, GAE, updates) and its share of
+#: the evaluations, on a functional env; off-policy: one gradient update (SAC, 256x256). The CPU
+#: rows are this project's 2-core machine, one thread; CUDA, an H200.
+RULES: dict[tuple[str, str], Rule] = {
+    ("ppo", "cpu"): Rule(speedup=3.0, compile_s=40.0, warm_s=8.0),
+    ("ppo", "cuda"): Rule(speedup=20.0, compile_s=20.0, warm_s=6.0),
+    ("offpolicy", "cpu"): Rule(speedup=1.2, compile_s=91.0, warm_s=15.0),
+    ("offpolicy", "cuda"): Rule(speedup=18.0, compile_s=21.0, warm_s=6.0),
+}
+#: Seconds the probe takes on the reference machine (``machine_factor``).
+PROBE_REFERENCE_S = 0.020
+
+
+@functools.cache
+def _probe_s() -> float:
+    """Seconds a fixed mix of Python and small-tensor work takes here, now: what a compile
+    (Python-bound tracing and lowering, then a C++ compiler) scales with."""
+    x = torch.zeros(64)
+    start = time.perf_counter()
+    total = 0
+    for i in range(3000):
+        total += i * i % 7
+        if i % 10 == 0:
+            x = x + 1.0
+    return time.perf_counter() - start
+
+
+def machine_factor() -> float:
+    """How much slower than the reference machine this one compiles now (at least 1 where it
+    is busier: the load average over the CPUs this process may use)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+        load = os.getloadavg()[0] / max(1, cpus)
+    except (AttributeError, OSError):
+        load = 0.0
+    return max(_probe_s() / PROBE_REFERENCE_S, 1.0) * max(1.0, load)
+
+
+@dataclass
+class Decision:
+    """Whether a trainer's programs compile (``compiled``; None while ``auto`` is still timing
+    the eager calls) and why (``reason``, one line a user reads).
+
+    ``units``: the work the run is expected to do (env steps per agent for PPO, updates for
+    off-policy), what the saving is counted over; ``cached``: the programs are already in the
+    compile cache (a restarted pod, a PBT child, a second run of the same config)."""
+
+    mode: CompileMode
+    path: str
+    device: torch.device
+    units: float
+    cached: bool = False
+    #: Eager calls timed before ``auto`` decides (the first is a warm-up and not counted).
+    timed_calls: int = 3
+    compiled: bool | None = None
+    reason: str = ""
+    _times: list[tuple[float, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        missing = compiler_missing(self.device)
+        if self.mode == "off":
+            self.compiled, self.reason = False, "compile: off"
+        elif self.mode == "on":
+            if missing:
+                raise CompileRefusedError(f"compile: on cannot be honoured here: {missing}")
+            self.compiled, self.reason = True, "compile: on"
+        elif missing:
+            self.compiled, self.reason = False, f"auto: {missing}"
+        elif (self.path, self.device.type) not in RULES:
+            self.compiled = False
+            self.reason = f"auto: {self.path} on {self.device.type} is unmeasured"
+
+    def failed(self, error: CompileFailedError) -> None:
+        """A program failed to compile: ``on`` is refused (it cannot be honoured), ``auto``
+        trains on eager (one log line)."""
+        if self.mode == "on":
+            raise CompileRefusedError(f"compile: on cannot be honoured here: {error}") from error
+        self.compiled, self.reason = False, f"auto: compiling failed ({error})"
+        log.warning("compile.failed", path=self.path, error=str(error), fallback="eager")
+
+    def eager_call(self, seconds: float, units: float) -> bool:
+        """Record an eager call of ``seconds`` that did ``units`` of the work; True once
+        ``auto`` has decided (``compiled``, ``reason``)."""
+        if self.compiled is not None:
+            return True
+        self._times.append((seconds, units))
+        if len(self._times) <= self.timed_calls:
+            return False
+        timed = self._times[1:]  # the first call pays one-off costs
+        per_unit = sum(s for s, _ in timed) / sum(u for _, u in timed)
+        done = sum(u for _, u in self._times)
+        self.decide(per_unit, max(0.0, self.units - done))
+        return True
+
+    def decide(self, eager_s_per_unit: float, units_left: float) -> None:
+        rule = RULES[self.path, self.device.type]
+        saved = units_left * eager_s_per_unit * (1.0 - 1.0 / rule.speedup)
+        cost = (rule.warm_s if self.cached else rule.compile_s) * machine_factor()
+        self.compiled = saved > cost
+        verdict = "compiling" if self.compiled else "eager"
+        self.reason = (
+            f"auto: {verdict}: the compiled programs save about {saved:.0f} s over the "
+            f"{units_left:.0f} {'env steps' if self.path == 'ppo' else 'updates'} left "
+            f"(eager {eager_s_per_unit * 1e6:.1f} us each here, about {rule.speedup:g}x "
+            f"compiled), compiling costs about {cost:.0f} s"
+            + (" (in the compile cache)" if self.cached else "")
+        )
+        log.info("compile.decided", path=self.path, compiled=self.compiled, reason=self.reason)

@@ -1,8 +1,8 @@
 """Counter-based random numbers in plain tensor ops: a draw is a 32-bit integer hash of a seed,
 a counter, a stream id and the element's index.
 
-What the compiled loops draw from (the Anakin PPO iteration, services/pod/training/anakin.py;
-the off-policy K-step update, services/pod/algorithms/kstep.py): no ``torch.Generator`` enters
+What the compiled loops draw from (PPO's rollout, services/pod/roles/worker.py; the off-policy
+K-step update, services/pod/algorithms/stacked.py): no ``torch.Generator`` enters
 the program, so dynamo has no generator state to refuse and a CUDA graph none to freeze;
 compiled and eager code give the same numbers on any device; and a draw is reproducible from
 the tensors it is a function of. The counter is a tensor the loop increments; the stream id

@@ -1,4 +1,5 @@
-"""Deep Deterministic Policy Gradient (Lillicrap et al. 2016), and the pieces TD3 and SAC share.
+"""Deep Deterministic Policy Gradient (Lillicrap et al. 2016), and the pieces TD3 and SAC share:
+the agent, DDPG's and TD3's losses and update over explicit state, and their stack of P agents.
 
 DDPG learns a deterministic actor μ(s) and a critic Q(s, a) from replayed transitions:
 
@@ -9,12 +10,18 @@ DDPG learns a deterministic actor μ(s) and a critic Q(s, a) from replayed trans
 
 Actions are kept in [-1, 1] (a tanh head) inside the agent and in the replay buffer; only the
 env sees them rescaled to its bounds. Exploration adds Gaussian noise to μ(s), independent or
-correlated in time (``action_noise``, services/pod/algorithms/noise.py).
+correlated in time (``action_noise``, services/pod/algorithms/noise.py). ``td3_update`` is the
+update of P agents (services/pod/algorithms/stacked.py; one agent is a stack of one), eager or
+compiled: TD3 (td3.py) is this agent with twin critics, a smoothed target action and a policy
+delay.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Sequence
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -22,10 +29,15 @@ import torch
 from torch import nn
 
 from services.contracts.algorithms.ddpg.config import DDPGConfig
+from services.pod.algorithms.adam import adam_
 from services.pod.algorithms.base import OffPolicyAlgorithm
+from services.pod.algorithms.compiled import Program, grad, per_agent
+from services.pod.algorithms.counter_random import normal
+from services.pod.algorithms.flat import Layout, flat_rows
 from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
+from services.pod.algorithms.stacked import Stack, call, draw_batch
 
 
 @torch.no_grad()
@@ -111,6 +123,9 @@ class DDPG(OffPolicyAlgorithm, nn.Module):
     name = "ddpg"
     discrete = False
     n_critics = 1  # TD3 is this agent with two, a smoothed target action and a policy delay
+    #: TD3's target policy smoothing.
+    smoothing = False
+    Stack: ClassVar[type[Stack]]
 
     def __init__(
         self, obs_space: gym.spaces.Box, action_space: gym.Space, config: DDPGConfig
@@ -163,37 +178,178 @@ class DDPG(OffPolicyAlgorithm, nn.Module):
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         return self.actor.to_env(action)
 
-    # -- learning ------------------------------------------------------------------------
-    @torch.no_grad()
-    def next_action(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
-        """a' = μ'(s'), the target policy's action the TD target bootstraps from."""
-        return self.actor_target(batch.next_obs)
+
+def td_target(
+    actor_target: nn.Module,
+    critic_target: nn.Module,
+    smoothing: bool,
+    actor_t: dict[str, torch.Tensor],
+    critic_t: dict[str, torch.Tensor],
+    hp: dict[str, torch.Tensor],
+    batch: Batch,
+    eps: torch.Tensor,
+) -> torch.Tensor:
+    """One agent's y = r + γ (1 − terminated) min_i Q'_i(s', a'), a' the target actor's action
+    (TD3: smoothed with clipped noise ``eps``): a truncated transition is bootstrapped."""
+    with torch.no_grad():
+        a = call(actor_target, actor_t, batch.next_obs)
+        if smoothing:
+            clip = hp["noise_clip"]
+            a = (a + (eps * hp["policy_noise"]).clamp(-clip, clip)).clamp(-1, 1)
+        q_next = call(critic_target, critic_t, batch.next_obs, a).amin(0)
+        return batch.reward + hp["gamma"] * (1 - batch.terminated) * q_next
+
+
+def td3_critic_loss(
+    actor_target: nn.Module,
+    critic_target: nn.Module,
+    critic_module: nn.Module,
+    smoothing: bool,
+    actor_t: dict[str, torch.Tensor],
+    critic: dict[str, torch.Tensor],
+    critic_t: dict[str, torch.Tensor],
+    hp: dict[str, torch.Tensor],
+    batch: Batch,
+    eps: torch.Tensor,
+) -> torch.Tensor:
+    """One agent's critic loss (run under ``vmap``): Σ_i (Q_i(s, a) − y)²."""
+    y = td_target(actor_target, critic_target, smoothing, actor_t, critic_t, hp, batch, eps)
+    q = call(critic_module, critic, batch.obs, batch.action)
+    return (q - y).square().mean(1).sum()
+
+
+def td3_actor_loss(
+    actor_module: nn.Module,
+    critic_module: nn.Module,
+    actor: dict[str, torch.Tensor],
+    critic: dict[str, torch.Tensor],
+    obs: torch.Tensor,
+) -> torch.Tensor:
+    """One agent's actor loss: −Q_1 of the critics before this step, detached so that it
+    trains no critic."""
+    frozen = {k: v.detach() for k, v in critic.items()}
+    action = call(actor_module, actor, obs)
+    return -call(critic_module, frozen, obs, action)[0].mean()
+
+
+def td3_update(
+    modules: tuple[nn.Module, nn.Module, nn.Module, nn.Module],
+    actor_layout: Layout,
+    critic_layout: Layout,
+    smoothing: bool,
+    delayed: bool,
+    batch_size: int,
+    state: dict[str, torch.Tensor],
+    hp: dict[str, torch.Tensor],
+    replay: tuple[torch.Tensor, ...],
+    filled: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """One update of every DDPG or TD3 agent (``delayed``: this update steps the actors and
+    the targets too) on a minibatch it draws itself, in place on ``state``. ``modules``: the
+    template's actor, actor target, critic and critic target."""
+    actor_m, actor_target_m, critic_m, critic_target_m = modules
+    seed, counter = state["seed"], state["counter"]
+    p, b = state["critic"].shape[0], batch_size
+    batch = draw_batch(replay, filled, seed, counter, b)
+    a = batch.action.shape[-1]
+    noise = normal(seed, counter, 1, (b, a)) if smoothing else batch.action.new_zeros(p, b, a)
+    critic = critic_layout.views(state["critic"], "critic.")
+    critic_t = critic_layout.views(state["critic_target"], "critic.")
+    actor = actor_layout.views(state["actor"], "policy.actor.")
+    actor_t = actor_layout.views(state["actor_target"], "policy.actor.")
+    critic_losses = per_agent(
+        functools.partial(td3_critic_loss, actor_target_m, critic_target_m, critic_m, smoothing)
+    )
+    actor_losses = per_agent(functools.partial(td3_actor_loss, actor_m, critic_m))
+
+    def total(critic: dict, actor: dict) -> tuple[torch.Tensor, tuple]:
+        critic_loss = critic_losses(actor_t, critic, critic_t, hp, batch, noise)
+        if not delayed:
+            return critic_loss.sum(), (critic_loss,)
+        actor_loss = actor_losses(actor, critic, batch.obs)
+        return critic_loss.sum() + actor_loss.sum(), (critic_loss, actor_loss)
+
+    (g_critic, g_actor), aux = grad(total, argnums=(0, 1))(critic, actor)
+    lr = hp["learning_rate"]
+    moments = state["critic_moments"]
+    adam_(
+        state["critic"], flat_rows(g_critic, critic), moments[0], moments[1],
+        state["critic_steps"], lr,
+    )  # fmt: skip
+    stats = {"critic_loss": aux[0]}
+    if delayed:
+        moments = state["actor_moments"]
+        adam_(
+            state["actor"], flat_rows(g_actor, actor), moments[0], moments[1],
+            state["actor_steps"], lr,
+        )  # fmt: skip
+        tau = hp["tau"].unsqueeze(1)
+        with torch.no_grad():
+            state["actor_target"].lerp_(state["actor"], tau)
+            state["critic_target"].lerp_(state["critic"], tau)
+        stats["actor_loss"] = aux[1]
+    counter.add_(1)
+    return stats
+
+
+class DDPGStack(Stack):
+    """P DDPG or TD3 agents stacked (services/pod/algorithms/stacked.py): actors and critics
+    each one flat tensor with its own Adam (a single agent's Adam steps the actor only every
+    ``policy_delay``-th update, so the actor's step count is its own), their targets two
+    more."""
+
+    HYPERPARAMETERS = (
+        "learning_rate", "gamma", "tau", "exploration_noise", "policy_noise", "noise_clip",
+    )  # fmt: skip
+    update = Program(td3_update, "td3_update")
+    optimised = ("actor", "critic")
+
+    def __init__(self, agents: Sequence[DDPG]) -> None:
+        template = agents[0]
+        self.smoothing = template.smoothing
+        self.policy_delay = template.policy_delay
+        self.noise = ActionNoise.of(template.config, template.action_shape)
+        self._act = torch.vmap(lambda params, o: call(template.actor, params, o))
+        super().__init__(agents)
+
+    def groups(self, agent: DDPG) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
+        names = {id(t): n for n, t in agent.named_parameters()}
+        actor, critic = agent._actor_params, agent._critic_params
+        actor_names = [names[id(t)] for t in actor]
+        critic_names = [names[id(t)] for t in critic]
+        return {
+            "actor": (actor_names, actor),
+            "critic": (critic_names, critic),
+            "actor_target": (actor_names, list(agent.actor_target.parameters())),
+            "critic_target": (critic_names, list(agent.critic_target.parameters())),
+        }
+
+    def constants(self, delayed: bool) -> tuple:
+        t = self.template
+        modules = (t.actor, t.actor_target, t.critic, t.critic_target)
+        layouts = self.layouts
+        return (modules, layouts["actor"], layouts["critic"], self.smoothing, delayed)
+
+    def _actor_params(self) -> dict[str, torch.Tensor]:
+        return self.layouts["actor"].views(self.flats["actor"], "policy.actor.")
+
+    def end_episodes(self, done: torch.Tensor) -> None:
+        self.noise.reset(done)
 
     @torch.no_grad()
-    def td_target(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
-        """y = r + γ (1 − terminated) min_i Q'_i(s', a'): a truncated transition is
-        bootstrapped (with one critic the min is Q' itself)."""
-        q_next = self.critic_target(batch.next_obs, self.next_action(batch, generator)).amin(0)
-        return batch.reward + self.config.gamma * (1 - batch.terminated) * q_next
+    def explore(
+        self, obs: torch.Tensor, generator: torch.Generator, env_steps: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """μ(s) plus each agent's scaled noise, clipped to [-1, 1]; (P, n, A)."""
+        p, n = obs.shape[:2]
+        action = self._act(self._actor_params(), obs)
+        noise = self.noise.sample(p * n, generator, obs.device).view(p, n, *self.action_shape)
+        scale = self.hp["exploration_noise"].view(p, 1, 1)
+        return action.addcmul_(noise, scale).clamp_(-1, 1)
 
-    def update(
-        self, batch: Batch, generator: torch.Generator, step: int
-    ) -> dict[str, torch.Tensor]:
-        """Update number ``step`` (1-based, counted by the caller): the critics every time,
-        the actor and the targets every ``policy_delay``-th."""
-        y = self.td_target(batch, generator)
-        critic_loss = (self.critic(batch.obs, batch.action) - y).square().mean(1).sum()
-        self.optimizer.zero_grad(set_to_none=True)
-        critic_loss.backward(inputs=self._critic_params)
-        stats = {"critic_loss": critic_loss.detach()}
-        delayed = step % self.policy_delay == 0
-        if delayed:
-            # Q_1 of the critics before this step, as in TD3's simultaneous form;
-            # backward(inputs=...) keeps the actor's gradient out of the critics.
-            actor_loss = -self.critic.q1(batch.obs, self.actor(batch.obs)).mean()
-            actor_loss.backward(inputs=self._actor_params)
-            stats["actor_loss"] = actor_loss.detach()
-        self.optimizer.step()  # skips parameters without a gradient (the actor, between delays)
-        if delayed:
-            polyak_(self._targets, self._online, self.config.tau)
-        return stats
+    @torch.no_grad()
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.template.to_env(self._act(self._actor_params(), obs))
+
+
+DDPG.Stack = DDPGStack

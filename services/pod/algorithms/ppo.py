@@ -1,129 +1,64 @@
-"""Proximal Policy Optimization (Schulman et al. 2017) with GAE, as the learner runs it.
+"""Proximal Policy Optimization (Schulman et al. 2017) with GAE, for P agents at once; one
+agent is P = 1.
 
-The update reads like the algorithm: compute values, bootstrap truncated episodes from their
-final observation, GAE(γ, λ), then a few epochs of clipped-surrogate minibatch steps with an
-entropy bonus and a value loss, gradients clipped by global norm.
+The update reads like the algorithm: values, truncated episodes bootstrapped from their final
+observation, GAE(γ, λ), then a few epochs of clipped-surrogate minibatch steps with an entropy
+bonus and a value loss, each agent's gradient clipped by its global norm, Adam. It is written
+once, as functions over explicit state (``PPOShape``: what fixes the computation; a state of
+tensors; per-agent hyperparameters as (P,) tensors, so PBT changes values, never programs), and
+run eager, compiled or captured as a CUDA graph by the on-policy trainer
+(services/pod/training/onpolicy.py) on a rollout from a functional env or from a host-stepped
+one (services/pod/roles/worker.py).
+
+* The P agents' weights are the rows of one flat (P, n) tensor (services/pod/algorithms/flat.py),
+  their MLPs batched matmuls (services/pod/algorithms/policies.py); the agents' losses are
+  independent, so the gradient of their sum is every agent's own.
+* Observation normalisation: running statistics per agent, frozen during a rollout, merged after
+  the update (every sample is scored under the statistics it was collected with). Reward
+  normalisation: rewards scaled by the running std of each env's discounted return.
+* ``target_kl``: an agent whose last minibatch's KL crossed it stops its epochs; in lock-step its
+  later updates are masked (weights, moments and step kept), so no agent waits for another.
+
+``PPO`` is one agent as a module: where its weights are made and named, what its training files
+hold and what ``podium export`` gives back.
 """
 
 from __future__ import annotations
 
-import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
 from torch import nn
 
+from services.contracts.algorithms.ppo import CARD
 from services.contracts.algorithms.ppo.config import PPOConfig
-from services.pod.algorithms.batched_adam import adam_state_dict
-from services.pod.algorithms.compiled import Compiled
-from services.pod.algorithms.normalization import RunningMeanStd
-from services.pod.algorithms.policies import Actor, Policy, build_actor, build_critic
-from services.pod.algorithms.rollout import Rollout
+from services.pod.algorithms import policies as pi
+from services.pod.algorithms.adam import adam_, adam_state_dict
+from services.pod.algorithms.compiled import grad as compiled_grad
+from services.pod.algorithms.counter_random import to_uniform, uniform_bits
+from services.pod.algorithms.flat import Layout, flat_rows, stack
+from services.pod.algorithms.normalization import RunningMeanStd, merge_batched
+from services.pod.algorithms.policies import Policy, PolicySpec, build_actor, build_critic
 
-
-def gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    dones: torch.Tensor,
-    next_value: torch.Tensor,
-    gamma: float,
-    lam: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimates and λ-returns, all (T, N).
-
-    ``dones[t]`` marks that the episode ended after step t (terminated or truncated); the
-    caller has already added γ·V(final_obs) to the reward of truncated steps, so cutting the
-    trace at every ``done`` is right for both kinds of ending.
-    """
-    not_done = (~dones).to(values.dtype)
-    advantages = torch.empty_like(values)
-    last = torch.zeros_like(next_value)
-    for t in range(values.shape[0] - 1, -1, -1):
-        following = next_value if t == values.shape[0] - 1 else values[t + 1]
-        delta = rewards[t] + gamma * following * not_done[t] - values[t]
-        last = delta + gamma * lam * not_done[t] * last
-        advantages[t] = last
-    return advantages, advantages + values
-
-
-#: The statistics ``ppo_objective`` returns, in order.
+#: The statistics of an update, per agent, in order.
 PPO_STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
-#: PPO's Adam (what every PPO update, one agent or a population, steps with).
+#: PPO's Adam.
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-5
-
-
-def ppo_loss(
-    actor: Actor,
-    critic: nn.Module,
-    obs: torch.Tensor,
-    actions: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    returns: torch.Tensor,
-    old_values: torch.Tensor,
-    clip_coef: float | torch.Tensor,
-    ent_coef: float | torch.Tensor,
-    vf_coef: float | torch.Tensor,
-    norm_adv: bool,
-    clip_vloss: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's loss on one minibatch (clipped surrogate, entropy bonus, value loss), and its
-    statistics (pg_loss, v_loss, entropy, approx_kl, clipfrac) as one detached tensor.
-    The coefficients are floats (eager) or 0-dim tensors (compiled, so that PBT's new values
-    are inputs of the graph, not constants baked into it)."""
-    logp, entropy = actor.log_prob_entropy(obs, actions)
-    new_value = critic(obs).squeeze(-1)
-    return ppo_objective(
-        logp, entropy, new_value, old_logp, adv, returns, old_values,
-        clip_coef, ent_coef, vf_coef, norm_adv, clip_vloss,
-    )  # fmt: skip
-
-
-def ppo_objective(
-    logp: torch.Tensor,
-    entropy: torch.Tensor,
-    new_value: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    returns: torch.Tensor,
-    old_values: torch.Tensor,
-    clip_coef: float | torch.Tensor,
-    ent_coef: float | torch.Tensor,
-    vf_coef: float | torch.Tensor,
-    norm_adv: bool,
-    clip_vloss: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ppo_loss`` from the policy's log-probabilities and entropies and the critic's values
-    of the minibatch: what every PPO update shares, whatever computes those (modules here,
-    functional weights of a population in services/pod/training/anakin.py)."""
-    log_ratio = logp - old_logp
-    ratio = log_ratio.exp()
-    if norm_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    clipped_ratio = ratio.clamp(1 - clip_coef, 1 + clip_coef)
-    pg_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
-    if clip_vloss:
-        v_clipped = old_values + (new_value - old_values).clamp(-clip_coef, clip_coef)
-        v_loss = (
-            0.5 * torch.max((new_value - returns).square(), (v_clipped - returns).square()).mean()
-        )
-    else:
-        v_loss = 0.5 * (new_value - returns).square().mean()
-    entropy_mean = entropy.mean()
-    loss = pg_loss - ent_coef * entropy_mean + vf_coef * v_loss
-    with torch.no_grad():
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clipfrac = ((ratio - 1).abs() > clip_coef).float().mean()
-        stats = torch.stack((pg_loss, v_loss, entropy_mean, approx_kl, clipfrac))
-    return loss, stats
-
-
-_compiled_loss = Compiled(ppo_loss, "ppo_loss")
+#: Per-agent hyperparameters, (P,) tensors: what a population may vary (the card's) and the
+#: gradient clip.
+HYPERPARAMETERS: tuple[str, ...] = (
+    *(CARD.population.hyperparameters if CARD.population else ()),
+    "max_grad_norm",
+)
+State = dict[str, torch.Tensor]
 
 
 class PPO(nn.Module):
-    """The PPO agent as the learner holds it: policy (actor + obs statistics) and critic."""
+    """One PPO agent: policy (actor + observation statistics), critic, return statistics and
+    Adam's state in ``torch.optim.Adam``'s format (what its training files hold)."""
 
     name = "ppo"
 
@@ -144,158 +79,492 @@ class PPO(nn.Module):
         self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=config.norm_obs)
         self.critic = build_critic(obs_space, config.hidden_sizes, config.activation)
         self.return_rms = RunningMeanStd(())
-        #: Compile the update's loss (services/pod/algorithms/compiled.py); the trainer decides.
-        self.compiled = False
-        self._optimizer: torch.optim.Adam | None = None
-        #: Adam's state per parameter for an optimiser not built yet (``set_optimizer_state``).
-        self._pending_state: list[Mapping[str, torch.Tensor]] = []
+        #: Adam's state of each parameter, in ``trained()``'s order (empty: fresh).
+        self.adam_state: list[dict[str, torch.Tensor]] = []
 
-    @property
-    def optimizer(self) -> torch.optim.Adam:
-        """Built on first use: an agent read for its weights alone (a population's initial
-        agents, a backtest) never needs one, and a process's first optimiser imports
-        torch._dynamo (~1 CPU s: docs/benchmarks.md, "Session 13")."""
-        if self._optimizer is None:
-            # Fused Adam: one kernel for all parameters; with small networks the optimiser
-            # step is per-tensor overhead, and this cuts the update's time by about a sixth
-            # on CPU.
-            self._optimizer = torch.optim.Adam(self.parameters(), **self._adam_settings())
-            self._give_state(self._pending_state)
-            self._pending_state = []
-        return self._optimizer
+    def trained(self) -> nn.ModuleDict:
+        """The trained networks under the names of the flat layout (``actor.*``,
+        ``critic.*``)."""
+        return nn.ModuleDict({"actor": self.policy.actor, "critic": self.critic})
 
-    def _adam_settings(self) -> dict[str, object]:
-        return {"lr": self.config.learning_rate, "eps": ADAM_EPS, "fused": True}
-
-    def set_optimizer_state(self, state: Sequence[Mapping[str, torch.Tensor]]) -> None:
-        """Adam's state of each parameter (step, exp_avg, exp_avg_sq), in ``parameters()``'
-        order (empty: a fresh optimiser's): given to the optimiser now if it is built, else
-        when it is."""
-        state = list(state)
-        if state and len(state) != self._n_params:
-            raise ValueError(f"optimizer state: {len(state)} entries for this agent's parameters")
-        if self._optimizer is None:
-            self._pending_state = state
-        else:
-            self._give_state(state)
-
-    @property
-    def _n_params(self) -> int:
-        return sum(1 for _ in self.parameters())
-
-    def _give_state(self, state: Sequence[Mapping[str, torch.Tensor]]) -> None:
-        """``state`` (one entry per parameter, or none: fresh) as the built optimiser's."""
-        optimizer = self._optimizer
-        assert optimizer is not None
-        optimizer.state.clear()
-        for param, values in zip(self.parameters(), state, strict=False):
-            optimizer.state[param] = dict(values)
+    def spec(self) -> PolicySpec:
+        return pi.policy_spec(self.policy.actor, self.critic)
 
     def optimizer_state_dict(self) -> dict:
-        """``optimizer.state_dict()``, without building the optimiser where it is not built
-        yet (``batched_adam.adam_state_dict``): saving an agent whose Adam state was only
-        set does not import torch._dynamo."""
-        if self._optimizer is not None:
-            return self._optimizer.state_dict()
-        return adam_state_dict(self._pending_state, self._n_params, **self._adam_settings())
+        """Adam's state as ``torch.optim.Adam.state_dict()`` gives it (the files' format)."""
+        n = sum(1 for _ in self.trained().parameters())
+        return adam_state_dict(
+            self.adam_state, n, lr=self.config.learning_rate, eps=ADAM_EPS, fused=True
+        )
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+    def load_optimizer_state_dict(self, state: Mapping) -> None:
+        """Take Adam's state from ``torch.optim.Adam.state_dict()``'s format."""
+        params = list(self.trained().parameters())
+        entries = state["state"]
+        groups = state["param_groups"]
+        if len(groups) != 1 or len(groups[0]["params"]) != len(params):
+            raise ValueError(f"optimizer state: not one group of {len(params)} parameters")
+        order = groups[0]["params"]
+        loaded = [dict(entries[i]) for i in order if i in entries]
+        if loaded and len(loaded) != len(params):
+            raise ValueError("optimizer state: some parameters have no state")
+        for entry, param in zip(loaded, params, strict=False):
+            for key in ("exp_avg", "exp_avg_sq"):
+                if entry[key].shape != param.shape:
+                    raise ValueError(f"optimizer state: {key} of shape {tuple(entry[key].shape)}")
+        self.adam_state = loaded
 
-    def update(
-        self,
-        rollout: Rollout,
-        lr_fraction: float = 1.0,
-        after_epoch: Callable[[], None] | None = None,
-    ) -> dict[str, float]:
-        """One PPO update on a rollout whose observations are already normalised.
 
-        ``after_epoch`` runs at the end of every epoch: fused learners average there.
-        """
-        cfg = self.config
-        if cfg.anneal_lr:
-            for group in self.optimizer.param_groups:
-                group["lr"] = cfg.learning_rate * lr_fraction
-        actor = self.policy.actor
-        steps, envs = rollout.rewards.shape
+# -- what fixes the programs ------------------------------------------------------------------
+@dataclass(frozen=True)
+class PPOShape:
+    """Everything a PPO program is specialised on: change any of it and it compiles again."""
 
-        with torch.no_grad():
-            rewards = rollout.rewards
-            if cfg.norm_reward:
-                self.return_rms.merge(*rollout.return_stats)
-                rewards = rewards / torch.sqrt(self.return_rms.var + 1e-8).to(rewards.dtype)
-            values = self.value(rollout.obs.reshape(steps * envs, -1)).view(steps, envs)
-            next_value = self.value(rollout.next_obs)
-            # A truncated episode did not end in the MDP: bootstrap it from its final state.
-            truncated = rollout.truncated
-            if bool(truncated.any()):
-                idx = truncated.nonzero(as_tuple=True)
-                rewards = rewards.clone()
-                rewards[idx] += cfg.gamma * self.value(rollout.final_obs[idx])
-            dones = rollout.terminated | truncated
-            advantages, returns = gae(rewards, values, dones, next_value, cfg.gamma, cfg.gae_lambda)
+    agents: int
+    num_envs: int
+    num_steps: int
+    epochs: int
+    minibatches: int
+    obs_dim: int
+    policy: PolicySpec
+    #: Where each actor and critic tensor lies in a row of the flat ``params``.
+    layout: Layout
+    norm_obs: bool
+    norm_reward: bool
+    norm_adv: bool
+    clip_vloss: bool
+    target_kl: bool
+    #: The time limit of the env's episodes (None: unknown or none): how many truncations a
+    #: rollout can hold, so that only their final observations are valued.
+    max_episode_steps: int | None = None
 
-        b_obs = rollout.obs.reshape(steps * envs, -1)
-        b_actions = rollout.actions.reshape(steps * envs, *rollout.actions.shape[2:])
-        b_logp = rollout.logprobs.reshape(-1)
-        b_adv = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
+    @property
+    def batch(self) -> int:
+        return self.num_envs * self.num_steps
 
-        batch = steps * envs
-        n_mb = min(cfg.num_minibatches, batch)
-        mb_size = batch // n_mb
-        whole_batch = n_mb == 1
-        if cfg.norm_adv and whole_batch:  # the same normalisation every epoch: do it once
-            b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
-        data = (b_obs, b_actions, b_logp, b_adv, b_returns, b_values)
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        # Statistics of the last epoch, summed as tensors and read once: a float() per
-        # minibatch would cost more than the statistics themselves.
-        sums = torch.zeros(5, device=b_obs.device)
-        if self.compiled:
-            # Tensors, not floats: a float is a constant of the graph, and PBT changing it
-            # would recompile (services/pod/algorithms/compiled.py).
-            values3 = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef)
-            coefs: tuple = tuple(torch.tensor(values3, device=b_obs.device).unbind())
-            loss_fn = functools.partial(_compiled_loss, type(actor), b_obs.device)
+    @property
+    def minibatch(self) -> int:
+        return self.batch // self.minibatches
+
+
+_SHAPES: dict[PPOShape, PPOShape] = {}
+
+
+def unsupported(config: PPOConfig) -> str | None:
+    """Why PPO's batched update cannot train ``config`` (None: it can)."""
+    if config.batch_size % config.num_minibatches:
+        return (
+            f"num_minibatches ({config.num_minibatches}) must divide num_envs * num_steps "
+            f"({config.batch_size})"
+        )
+    return None
+
+
+def build(
+    config: PPOConfig,
+    agents: Sequence[PPO],
+    hyperparameters: Sequence[Mapping[str, float]],
+    total_env_steps: int,
+    device: torch.device,
+    max_episode_steps: int | None = None,
+) -> tuple[PPOShape, State, State]:
+    """Shape, state and hyperparameter tensors for ``agents`` (one PPO module each, of one
+    shape; their weights, statistics and Adam state are taken)."""
+    if reason := unsupported(config):
+        raise ValueError(reason)
+    first = agents[0]
+    p = len(agents)
+    flat, layout = stack([a.trained() for a in agents])
+    spec = first.spec()
+    shape = PPOShape(
+        agents=p,
+        num_envs=config.num_envs,
+        num_steps=config.num_steps,
+        epochs=config.update_epochs,
+        minibatches=config.num_minibatches,
+        obs_dim=int(first.policy.obs_rms.mean.numel()),
+        policy=spec,
+        layout=layout,
+        norm_obs=config.norm_obs,
+        norm_reward=config.norm_reward,
+        norm_adv=config.norm_adv,
+        clip_vloss=config.clip_vloss,
+        target_kl=config.target_kl is not None,
+        max_episode_steps=max_episode_steps,
+    )
+    # One object per distinct shape: compiled programs take it as a constant, and an equal
+    # shape (a rebuilt trainer's) must meet their guards, however dynamo guards an object.
+    shape = _SHAPES.setdefault(shape, shape)
+    d = shape.obs_dim
+    f64 = {"dtype": torch.float64, "device": device}
+    state: State = {
+        "params": flat.to(device),
+        "exp_avg": torch.zeros(p, layout.size, device=device),
+        "exp_avg_sq": torch.zeros(p, layout.size, device=device),
+        "adam_step": torch.zeros(p, device=device),
+        "obs_mean": torch.zeros(p, d, **f64),
+        "obs_var": torch.ones(p, d, **f64),
+        "obs_count": torch.full((p,), 1e-4, **f64),
+        "ret_mean": torch.zeros(p, **f64),
+        "ret_var": torch.ones(p, **f64),
+        "ret_count": torch.full((p,), 1e-4, **f64),
+        "env_steps": torch.zeros(p, **f64),
+        "seed": torch.zeros(p, dtype=torch.int64, device=device),
+        "iteration": torch.zeros((), dtype=torch.int64, device=device),
+    }
+    hp: State = {name: torch.zeros(p, device=device) for name in HYPERPARAMETERS}
+    hp["target_kl"] = torch.full((p,), math.inf, device=device)
+    hp["anneal_lr"] = torch.tensor(float(config.anneal_lr), device=device)
+    hp["total_env_steps"] = torch.tensor(float(max(1, total_env_steps)), device=device)
+    for i, (agent, values) in enumerate(zip(agents, hyperparameters, strict=True)):
+        put_agent(shape, state, i, agent)
+        set_hyperparameters(hp, i, config, values)
+    return shape, state, hp
+
+
+def set_hyperparameters(
+    hp: State, i: int, config: PPOConfig, values: Mapping[str, float] | None = None
+) -> None:
+    """Agent i's hyperparameter tensors: ``config``'s, with ``values`` over them."""
+    for name in HYPERPARAMETERS:
+        hp[name][i] = float((values or {}).get(name, getattr(config, name)))
+    if config.target_kl is not None:
+        hp["target_kl"][i] = config.target_kl
+
+
+@torch.no_grad()
+def put_agent(shape: PPOShape, state: State, i: int, agent: PPO) -> None:
+    """Write ``agent`` (weights, statistics, Adam state) into row i of ``state``, in place."""
+    params = list(agent.trained().parameters())
+    views = [shape.layout.views(state[k]) for k in ("params", "exp_avg", "exp_avg_sq")]
+    for name, param in zip(shape.layout.names, params, strict=True):
+        views[0][name][i] = param
+    if agent.adam_state:
+        for name, entry in zip(shape.layout.names, agent.adam_state, strict=True):
+            views[1][name][i] = entry["exp_avg"]
+            views[2][name][i] = entry["exp_avg_sq"]
+        state["adam_step"][i] = float(agent.adam_state[0]["step"])
+    else:
+        state["exp_avg"][i] = 0
+        state["exp_avg_sq"][i] = 0
+        state["adam_step"][i] = 0
+    rms = agent.policy.obs_rms
+    state["obs_mean"][i], state["obs_var"][i], state["obs_count"][i] = rms.mean, rms.var, rms.count
+    ret = agent.return_rms
+    state["ret_mean"][i], state["ret_var"][i], state["ret_count"][i] = ret.mean, ret.var, ret.count
+
+
+@torch.no_grad()
+def get_agent(shape: PPOShape, state: State, i: int, agent: PPO) -> PPO:
+    """Row i of ``state`` written into ``agent`` (of the same shape): weights, statistics and
+    Adam state; returns it."""
+    params = list(agent.trained().parameters())
+    views = [shape.layout.views(state[k]) for k in ("params", "exp_avg", "exp_avg_sq")]
+    for name, param in zip(shape.layout.names, params, strict=True):
+        param.copy_(views[0][name][i])
+    steps = float(state["adam_step"][i])
+    agent.adam_state = [
+        {
+            "step": torch.tensor(steps, dtype=torch.float32, device=param.device),
+            "exp_avg": views[1][name][i].clone(),
+            "exp_avg_sq": views[2][name][i].clone(),
+        }
+        for name, param in zip(shape.layout.names, params, strict=True)
+    ] if steps else []  # fmt: skip
+    rms = agent.policy.obs_rms
+    rms.mean.copy_(state["obs_mean"][i])
+    rms.var.copy_(state["obs_var"][i])
+    rms.count.copy_(state["obs_count"][i])
+    ret = agent.return_rms
+    ret.mean.copy_(state["ret_mean"][i])
+    ret.var.copy_(state["ret_var"][i])
+    ret.count.copy_(state["ret_count"][i])
+    return agent
+
+
+@torch.no_grad()
+def copy_agent(state: State, dst: int, src: int) -> None:
+    """PBT's exploit inside one state: agent ``dst`` becomes agent ``src`` (weights, Adam's
+    moments and step, statistics); hyperparameters are the caller's."""
+    for key in ("params", "exp_avg", "exp_avg_sq", "adam_step", "obs_mean", "obs_var"):
+        state[key][dst] = state[key][src]
+    for key in ("obs_count", "ret_mean", "ret_var", "ret_count"):
+        state[key][dst] = state[key][src]
+
+
+# -- acting -----------------------------------------------------------------------------------
+def normalize(
+    shape: PPOShape, state: Mapping[str, torch.Tensor], raw: torch.Tensor
+) -> torch.Tensor:
+    """Each agent's observation normalisation (frozen statistics) on raw (P, N, D)."""
+    if not shape.norm_obs:
+        return raw
+    mean = state["obs_mean"].unsqueeze(1).to(raw.dtype)
+    std = torch.sqrt(state["obs_var"] + 1e-8).unsqueeze(1).to(raw.dtype)
+    return ((raw - mean) / std).clamp(-10.0, 10.0)
+
+
+# -- GAE --------------------------------------------------------------------------------------
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    next_value: torch.Tensor,
+    gamma: float | torch.Tensor,
+    lam: float | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates and λ-returns, all (T, ...), the steps first.
+
+    ``dones[t]`` marks that the episode ended after step t (terminated or truncated); the
+    caller has already added γ·V(final_obs) to the reward of truncated steps, so cutting the
+    trace at every ``done`` is right for both kinds of ending. ``gamma`` and ``lam`` broadcast
+    against a step's values (per agent: (P, 1) for (P, N) steps)."""
+    not_done = (~dones).to(values.dtype)
+    following = torch.cat((values[1:], next_value.unsqueeze(0)), 0)
+    # The TD errors of all steps at once; only the trace is sequential.
+    delta = rewards + gamma * following * not_done - values
+    decay = gamma * lam * not_done
+    last = torch.zeros_like(next_value)
+    trace = []
+    for t in range(values.shape[0] - 1, -1, -1):
+        last = delta[t] + decay[t] * last
+        trace.append(last)
+    advantages = torch.stack(trace[::-1])
+    return advantages, advantages + values
+
+
+def _bootstrap_values(
+    shape: PPOShape, params: Mapping, final_obs: torch.Tensor, truncated: torch.Tensor
+) -> torch.Tensor:
+    """V(final observation) at the truncated steps, (T, P, N); any value elsewhere (never
+    read). A rollout of T steps truncates each env at most c = ceil(T / time limit) times, so
+    the critic runs on the c final observations per env that a fixed-size top-k of the
+    truncation flags picks (a static shape, for the programs and CUDA graphs), not on all of
+    them, which would cost as much as the rollout's own values."""
+    t_, p, n, d = final_obs.shape
+    limit = shape.max_episode_steps
+    c = math.ceil(t_ / limit) if limit else t_
+    if c >= t_:
+        flat = final_obs.transpose(0, 1).reshape(p, t_ * n, d)
+        return pi.value(shape.policy, params, flat).view(p, t_, n).transpose(0, 1)
+    per_env = final_obs.permute(1, 2, 0, 3)  # (P, N, T, D)
+    steps = torch.topk(truncated.permute(1, 2, 0).to(torch.float32), c, dim=-1).indices
+    picked = torch.take_along_dim(per_env, steps.unsqueeze(-1), dim=2)  # (P, N, c, D)
+    v = pi.value(shape.policy, params, picked.reshape(p, n * c, d)).view(p, n, c)
+    full = torch.zeros(p, n, t_, dtype=v.dtype, device=v.device).scatter(-1, steps, v)
+    return full.permute(2, 0, 1)
+
+
+# -- between the rollout and the updates ------------------------------------------------------
+#: What ``batch`` gives the updates, each (P, batch, ...), in ``minibatch_update``'s order.
+DATA = ("obs", "actions", "logprobs", "advantages", "returns", "values")
+#: The statistics ``batch`` merges (written back after the update).
+OBS_STATS = ("obs_mean", "obs_var", "obs_count")
+RET_STATS = ("ret_mean", "ret_var", "ret_count")
+
+
+def batch(
+    shape: PPOShape, state: Mapping[str, torch.Tensor], roll: Mapping[str, torch.Tensor],
+    hp: Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """Everything between a rollout (``roll``: (T, P, N, ...), services/pod/roles/worker.py)
+    and the updates: values, reward scaling, bootstrapped truncations, GAE, the data laid out
+    per agent, the minibatch orders, the annealed learning rate, the rollout's finished
+    episodes, and the merged observation and return statistics."""
+    p, t_, n, d = shape.agents, shape.num_steps, shape.num_envs, shape.obs_dim
+    params = shape.layout.views(state["params"])
+    obs = roll["obs"].transpose(0, 1).reshape(p, t_ * n, d)
+    with torch.no_grad():
+        values = pi.value(shape.policy, params, obs).view(p, t_, n).transpose(0, 1)
+        next_value = pi.value(shape.policy, params, roll["next_obs"])
+        out: dict[str, torch.Tensor] = {}
+        rewards = roll["rewards"].to(values.dtype)
+        if shape.norm_reward:
+            returns = roll["discounted"].transpose(0, 1).reshape(p, -1)
+            merged = merge_batched(
+                (state["ret_mean"], state["ret_var"], state["ret_count"]),
+                returns.mean(1), returns.var(1, unbiased=False), float(t_ * n),
+            )  # fmt: skip
+            out.update(zip(RET_STATS, merged, strict=True))
+            rewards = rewards / torch.sqrt(merged[1] + 1e-8).to(rewards.dtype).view(1, p, 1)
+        gamma = hp["gamma"].view(p, 1)
+        truncated = roll["truncated"]
+        final_values = _bootstrap_values(shape, params, roll["final_obs"], truncated)
+        # A truncated episode did not end in the MDP: bootstrap it from its final state.
+        rewards = torch.where(truncated, rewards + gamma * final_values, rewards)
+        dones = roll["terminated"] | truncated
+        adv, ret = gae(rewards, values, dones, next_value, gamma, hp["gae_lambda"].view(p, 1))
+    per_agent = lambda x: x.transpose(0, 1).reshape(p, t_ * n, *x.shape[3:])  # noqa: E731
+    out.update(
+        obs=obs,
+        actions=per_agent(roll["actions"]),
+        logprobs=per_agent(roll["logprobs"]),
+        advantages=per_agent(adv),
+        returns=per_agent(ret),
+        values=per_agent(values),
+        orders=shuffles(shape, state),
+    )
+    frac = (1.0 - state["env_steps"] / hp["total_env_steps"]).clamp(min=0.0).to(torch.float32)
+    frac = torch.where(hp["anneal_lr"] > 0, frac, torch.ones_like(frac))
+    out["lr"] = hp["learning_rate"] * frac
+    done = roll["terminated"] | truncated
+    out["episodes"] = done.sum((0, 2))  # (P,)
+    out["return_sum"] = roll["episode_return"].sum((0, 2))  # (P,)
+    if shape.norm_obs:
+        raw = roll["raw"].transpose(0, 1).reshape(p, -1, d).to(torch.float64)
+        old = (state["obs_mean"], state["obs_var"], state["obs_count"])
+        merged = merge_batched(old, raw.mean(1), raw.var(1, unbiased=False), float(raw.shape[1]))
+        out.update(zip(OBS_STATS, merged, strict=True))
+    return out
+
+
+#: The random stream of the minibatch orders (the rollout's are services/pod/roles/worker.py's).
+SHUFFLE_STREAM = 3
+
+
+def shuffles(shape: PPOShape, state: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The iteration's minibatch orders (P, epochs, batch): argsorts of counter-based random
+    bits (stable, so ties cannot reorder)."""
+    size = shape.epochs * shape.batch
+    bits = uniform_bits(state["seed"], state["iteration"], SHUFFLE_STREAM, (size,))
+    return torch.argsort(bits.view(shape.agents, shape.epochs, shape.batch), dim=-1, stable=True)
+
+
+# -- the update -------------------------------------------------------------------------------
+def ppo_loss(
+    shape: PPOShape,
+    params: Mapping[str, torch.Tensor],
+    minibatch: Sequence[torch.Tensor],
+    hp: Mapping[str, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every agent's PPO loss on its minibatch (clipped surrogate, entropy bonus, value loss),
+    summed (each agent's gradient is its own), and their statistics (P, 5), detached.
+    ``params``: the agents' tensors by name, (P, ...) each."""
+    obs, actions, old_logp, adv, returns, old_values = minibatch
+    p = shape.agents
+    logp, entropy = pi.log_prob_entropy(shape.policy, params, obs, actions)
+    new_value = pi.value(shape.policy, params, obs)
+    clip = hp["clip_coef"].view(p, 1)
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    if shape.norm_adv:
+        adv = (adv - adv.mean(1, keepdim=True)) / (adv.std(1, keepdim=True) + 1e-8)
+    clipped_ratio = torch.minimum(torch.maximum(ratio, 1 - clip), 1 + clip)
+    pg_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean(1)
+    if shape.clip_vloss:
+        v_clipped = old_values + torch.minimum(torch.maximum(new_value - old_values, -clip), clip)
+        v_loss = 0.5 * torch.max(
+            (new_value - returns).square(), (v_clipped - returns).square()
+        ).mean(1)
+    else:
+        v_loss = 0.5 * (new_value - returns).square().mean(1)
+    entropy_mean = entropy.mean(1)
+    loss = pg_loss - hp["ent_coef"] * entropy_mean + hp["vf_coef"] * v_loss
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean(1)
+        clipfrac = ((ratio - 1).abs() > clip).float().mean(1)
+        stats = torch.stack((pg_loss, v_loss, entropy_mean, approx_kl, clipfrac), 1)
+    return loss.sum(), stats
+
+
+#: The optimiser's part of the state: what ``minibatch_update`` updates in place.
+OPT = ("params", "exp_avg", "exp_avg_sq", "adam_step")
+
+
+def minibatch_update(
+    shape: PPOShape,
+    opt: Mapping[str, torch.Tensor],
+    data: Sequence[torch.Tensor],
+    idx: torch.Tensor,
+    hp: Mapping[str, torch.Tensor],
+    lr: torch.Tensor,
+    active: torch.Tensor,
+) -> torch.Tensor:
+    """One gradient step of every agent on its samples ``idx`` (P, minibatch) of ``data``
+    (each (P, batch, ...)), in place on ``opt`` (``OPT``): the gradient of the summed losses,
+    each agent's clipped to its global norm, Adam. ``active`` (P,) bool: agents still
+    updating (``target_kl``); the others keep their state. Returns the statistics (P, 5). The
+    gather is inside, so that a compiled update is one call."""
+    p = shape.agents
+    minibatch = [
+        torch.take_along_dim(x, idx.view(p, -1, *([1] * (x.dim() - 2))), dim=1) for x in data
+    ]
+    # The gradient of each tensor, then one flat row per agent: a gradient taken of the flat
+    # row itself would be assembled from every view's slice, element by element.
+    views = shape.layout.views(opt["params"])
+    grads, stats = compiled_grad(lambda w: ppo_loss(shape, w, minibatch, hp))(views)
+    grad = flat_rows(grads, views)
+    norm = torch.sqrt(grad.square().sum(1, keepdim=True))
+    grad = grad * (hp["max_grad_norm"].view(p, 1) / (norm + 1e-6)).clamp(max=1.0)
+    params, m, v, steps = (opt[k] for k in OPT)
+    if shape.target_kl:
+        kept = [t.clone() for t in (params, m, v, steps)]
+    adam_(params, grad, m, v, steps, lr, ADAM_BETAS, ADAM_EPS)
+    if shape.target_kl:
+        for new, old in zip((params, m, v, steps), kept, strict=True):
+            mask = active.view(p, *([1] * (new.dim() - 1)))
+            new.copy_(torch.where(mask, new, old))
+    return stats
+
+
+def learn(
+    shape: PPOShape,
+    state: State,
+    roll: Mapping[str, torch.Tensor],
+    hp: Mapping[str, torch.Tensor],
+    update_fn: Callable[..., torch.Tensor] = minibatch_update,
+    batch_fn: Callable[..., dict[str, torch.Tensor]] = batch,
+    after_epoch: Callable[[State], None] | None = None,
+) -> dict[str, torch.Tensor]:
+    """``batch`` (or its compiled program), then epochs x minibatches of ``minibatch_update``
+    (or its), all on ``state`` in place; then the merged statistics and the counters. Returns
+    the metrics as tensors (read them at a report, not every iteration): ``stats`` (P, 5) of
+    each agent's last epoch, ``lr`` (P,), ``episodes`` and ``return_sum`` (P,) of the rollout.
+    ``after_epoch``: fused learner replicas average there (services/pod/training/fusion.py)."""
+    p = shape.agents
+    b = batch_fn(shape, state, roll, hp)
+    data = [b[key] for key in DATA]
+    lr = b["lr"]
+    opt = {k: state[k] for k in OPT}
+    active = torch.ones(p, dtype=torch.bool, device=lr.device)
+    reported = torch.zeros(p, len(PPO_STATS), device=lr.device)
+    for epoch in range(shape.epochs):
+        order = b["orders"][:, epoch].view(p, shape.minibatches, shape.minibatch)
+        sums = torch.zeros(p, len(PPO_STATS), device=lr.device)
+        last = sums
+        for m in range(shape.minibatches):
+            last = update_fn(shape, opt, data, order[:, m], hp, lr, active)
+            sums = sums + last
+        if shape.target_kl:
+            reported = torch.where(active.unsqueeze(1), sums / shape.minibatches, reported)
+            active = active & (last[:, 3] <= hp["target_kl"])
         else:
-            coefs, loss_fn = (cfg.clip_coef, cfg.ent_coef, cfg.vf_coef), ppo_loss
-        for epoch in range(cfg.update_epochs):
-            if whole_batch:  # no shuffle, no gathers
-                minibatches = [data]
-            else:
-                perm = torch.randperm(batch, device=b_obs.device)[: n_mb * mb_size]
-                minibatches = [tuple(x[idx] for x in data) for idx in perm.view(n_mb, mb_size)]
-            last_epoch = epoch == cfg.update_epochs - 1
-            for minibatch in minibatches:
-                loss, stats = loss_fn(
-                    actor,
-                    self.critic,
-                    *minibatch,
-                    *coefs,
-                    norm_adv=cfg.norm_adv and not whole_batch,
-                    clip_vloss=cfg.clip_vloss,
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
-                self.optimizer.step()
+            reported = sums / shape.minibatches
+        if after_epoch is not None:
+            after_epoch(state)
+    with torch.no_grad():
+        for key in (
+            *(OBS_STATS if shape.norm_obs else ()),
+            *(RET_STATS if shape.norm_reward else ()),
+        ):
+            state[key].copy_(b[key])
+        state["env_steps"].add_(shape.batch)
+        state["iteration"].add_(1)
+    return {
+        "stats": reported,
+        "lr": lr,
+        "episodes": b["episodes"],
+        "return_sum": b["return_sum"],
+    }
 
-                if last_epoch:
-                    sums += stats
-            if after_epoch is not None:
-                after_epoch()
-            if not last_epoch and cfg.target_kl is not None and float(stats[3]) > cfg.target_kl:
-                # Stopped early: report the statistics of the minibatch that crossed the line.
-                sums = n_mb * stats
-                break
 
-        # Observation statistics move only after the update, so every sample of this rollout
-        # was scored under the statistics it was collected with.
-        if cfg.norm_obs:
-            self.policy.obs_rms.merge(*rollout.obs_stats)
-        names = PPO_STATS
-        out = dict(zip(names, (sums / n_mb).tolist(), strict=True))
-        out["lr"] = self.optimizer.param_groups[0]["lr"]
-        return out
+def rollout_noise(
+    shape: PPOShape, seed: torch.Tensor, iteration: torch.Tensor, stream: int, per_step: int,
+    start: torch.Tensor | int, steps: int,
+) -> torch.Tensor:  # fmt: skip
+    """Uniforms (steps, P, per_step) for rollout steps ``start`` .. ``start + steps - 1`` of an
+    iteration, drawn from one counter-based sequence per iteration and stream, laid out step
+    by step, so any run of steps is a slice drawn on its own (a compiled chunk draws its own;
+    eager code the whole rollout at once)."""
+    bits = uniform_bits(seed, iteration, stream, (steps * per_step,), start * per_step)
+    return to_uniform(bits).view(shape.agents, steps, per_step).transpose(0, 1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from services.contracts.action_spaces import ActionKind
 from services.contracts.algorithms.card import card
+from services.contracts.envs import ActionKind
 
 
 def action_kind(space: gym.Space) -> ActionKind | None:

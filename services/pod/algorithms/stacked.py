@@ -1,228 +1,283 @@
-"""P off-policy agents of one shape stacked for batched updates: Fast PBT's layout (Flajolet et
-al. 2022), what an off-policy population pod trains (services/pod/training/offpolicy_population.py)
-and what a single agent's compiled K-step update runs on as a stack of one
-(services/pod/algorithms/kstep.py).
+"""What the off-policy algorithms share: P agents of one algorithm stacked (Fast PBT's layout,
+Flajolet et al. 2022), their replay, and the K-step update that trains them. A single agent is
+a stack of one.
 
-Described for SAC (``PopulationSAC``); TD3 and DDPG (``PopulationTD3``) are the same with actors
-and critics in two flat tensors, each with its own Adam (a single agent's actor steps only every
-``policy_delay``-th update, so its Adam step count is its own); DQN (``PopulationDQN``) with its
-Q-networks one flat tensor, their targets a second, and its ε schedule per agent:
+* ``Stack``: the agents' trainable weights as rows of flat (P, n) tensors
+  (services/pod/algorithms/flat.py), their targets beside, one ``BatchedAdam`` per optimised
+  group (services/pod/algorithms/adam.py), per-agent hyperparameters as (P,) tensors (the
+  card's ``population.hyperparameters``: PBT's explore changes a tensor, never a program), and
+  the moves of agent i to and from a single agent (its training files' format). Each
+  algorithm's module (sac.py, ddpg.py, dqn.py) subclasses it beside its agent and its update,
+  and names it as the agent's ``Stack``: no table keyed by algorithm.
+* An algorithm's update is one function over explicit state (the stack's tensors, updated in
+  place; the batch drawn inside from each agent's filled rows by counter-based draws), its
+  losses run for every agent with ``vmap`` over ``functional_call`` of the template agent's
+  modules. ``KStep`` runs ``K`` of them per learner call, eager or as compiled programs
+  (services/pod/algorithms/compiled.py), on a GPU captured as one CUDA graph per call.
+* ``StackedReplay``: one replay buffer per agent as (P, capacity, ...) tensors, each agent its
+  own write position and fill level (a slot loaded from another pod's files keeps its own).
 
-* weights: the P agents' actors, twin critics and temperatures are one flat (P, N) tensor,
-  in the order of a single ``SAC``'s optimiser (actor, log α, critics), so one
-  ``BatchedAdam`` (services/pod/algorithms/batched_adam.py) steps them all, each agent with its
-  own learning rate; the critics' targets are a second (P, N_critic) tensor, Polyak-averaged
-  in one ``lerp`` with each agent's τ;
-* the update: ``SAC.update``'s losses for one agent, run with ``torch.func.functional_call``
-  on views of the flat tensor and ``vmap``-ed over the agent axis; the agents' losses are
-  independent, so one backward of their sum gives every agent its own gradient (the actor's
-  loss reads detached critics, as ``SAC.update``'s ``backward(inputs=...)`` does);
-* per-agent hyperparameters are (P,) tensors (the card's ``population.hyperparameters``):
-  changing one (PBT's explore) changes a tensor, never the program;
-* replay: one buffer per agent held as (P, capacity, ...) tensors with a write position and
-  fill level per agent (a slot loaded from another pod's files keeps its own), sampled in one
-  gather for all agents.
-
-The losses are module-level functions of the template modules and the agent's parameters (DQN's
-gradient clip and target move functions of the stacked tensors), so that the compiled K-step
-update (kstep.py) runs the same code as the eager ``update``.
+Why one update per compiled program and not K: inductor's compile time grows faster than
+linearly with the unrolled graph, and a program of K updates would run the same kernels as K
+calls of one; the CUDA graph is what makes the K updates one launch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import functional_call
 
-from services.contracts.algorithms.dqn import CARD as DQN_CARD
-from services.contracts.algorithms.hyperparameters import HyperparameterError
-from services.contracts.algorithms.sac.config import SACConfig
-from services.pod.algorithms.batched_adam import BatchedAdam
-from services.pod.algorithms.ddpg import DDPG
-from services.pod.algorithms.dqn import DQN
-from services.pod.algorithms.noise import ActionNoise
+from services.pod.algorithms.adam import BatchedAdam
+from services.pod.algorithms.compiled import Graphed, Program
+from services.pod.algorithms.counter_random import uniform
+from services.pod.algorithms.flat import Layout
 from services.pod.algorithms.replay_buffer import FIELDS, Batch, ReplayBuffer
-from services.pod.algorithms.sac import SAC, SquashedGaussianActor
-from services.pod.algorithms.td3 import TD3
-
-#: The (P,) tensors SAC's update reads: what its card lets vary (``init_alpha`` only sets an
-#: agent's start), α's target resolved.
-_TENSORS = ("learning_rate", "gamma", "tau", "target_entropy")
-#: The per-agent (P,) tensors of a DDPG / TD3 population (DDPG's lack TD3's two: zero).
-_TD3_TENSORS = ("learning_rate", "gamma", "tau", "exploration_noise", "policy_noise", "noise_clip")
-#: The per-agent (P,) tensors of a DQN population: its card's ``population.hyperparameters``
-#: (``max_grad_norm``'s None: no clipping, an infinite norm).
-_DQN_TENSORS = DQN_CARD.population.hyperparameters if DQN_CARD.population else ()
 
 
-class _Sampler(nn.Module):
-    """``SquashedGaussianActor.sample`` (or ``deterministic``) as a module's forward, so that
-    ``functional_call`` runs the single agent's own code on one agent's slice of the stack."""
+class Stack:
+    """P agents of one algorithm stacked (module docstring). A subclass defines the groups of
+    weights (``groups``), the update (``update``: a ``Program`` of a module-level function
+    ``update(constants..., state, hp, replay, filled)``), its constants (``constants``) and
+    acting (``explore``, ``deterministic``)."""
 
-    def __init__(self, actor: SquashedGaussianActor, mode: str) -> None:
-        super().__init__()
-        self.actor, self.mode = actor, mode
+    #: The per-agent hyperparameters, (P,) tensors in ``hp``: the card's population names.
+    HYPERPARAMETERS: ClassVar[tuple[str, ...]] = ()
+    #: The compiled (or eager) update of every agent.
+    update: ClassVar[Program]
+    #: Updates per actor update (TD3's policy delay); the update takes a ``delayed`` flag.
+    policy_delay: int = 1
+    #: Whether each agent counts its own updates (DQN's target period runs on them).
+    slot_updates: ClassVar[bool] = False
 
-    def forward(self, obs: torch.Tensor, eps: torch.Tensor | None = None) -> Any:
-        if self.mode == "deterministic":
-            return self.actor.deterministic(obs)
-        action, logp = self.actor.sample(obs, eps=eps, with_logp=self.mode == "logp")
-        return (action, logp) if self.mode == "logp" else action
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where each of one agent's tensors lies in a row of a flat (P, N) tensor. Frozen and of
-    plain tuples: the compiled K-step update (kstep.py) is specialised on it as a constant, and
-    a stack rebuilt with the same shapes must hash and compare equal to reuse the program."""
-
-    names: tuple[str, ...]  # state-dict names of the single agent, in its optimiser's order
-    shapes: tuple[tuple[int, ...], ...]
-    offsets: tuple[int, ...]
-    size: int
-
-    @classmethod
-    def of(cls, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> Layout:
-        offsets, total = [], 0
-        for t in tensors:
-            offsets.append(total)
-            total += t.numel()
-        return cls(tuple(names), tuple(tuple(t.shape) for t in tensors), tuple(offsets), total)
-
-    def views(self, flat: torch.Tensor, prefix: str, start: int = 0) -> dict[str, torch.Tensor]:
-        """name (without ``prefix``) → (P, *shape) view of ``flat`` from column ``start``."""
-        p = flat.shape[0]
-        return {
-            name.removeprefix(prefix): flat[:, start + o : start + o + math.prod(s)].view(p, *s)
-            for name, s, o in zip(self.names, self.shapes, self.offsets, strict=True)
+    def __init__(self, agents: Sequence[Any]) -> None:
+        self.size = p = len(agents)
+        self.template = template = agents[0]
+        self.configs = [a.config for a in agents]
+        self.action_shape: tuple[int, ...] = template.action_shape
+        self.device = next(template.parameters()).device
+        self.layouts: dict[str, Layout] = {}
+        self.flats: dict[str, torch.Tensor] = {}
+        for group, (names, tensors) in self.groups(template).items():
+            self.layouts[group] = Layout.of(names, tensors)
+            self.flats[group] = torch.zeros(p, self.layouts[group].size, device=self.device)
+        self.hp = {k: torch.zeros(p, device=self.device) for k in self.HYPERPARAMETERS}
+        self.adams = {
+            group: BatchedAdam(self.flats[group], self.hp["learning_rate"])
+            for group in self.optimised
         }
+        for i, agent in enumerate(agents):
+            self.put(i, agent)
+
+    # -- what a subclass says --------------------------------------------------------------
+    #: The groups of weights that Adam steps (the others are targets).
+    optimised: ClassVar[tuple[str, ...]] = ()
+
+    def groups(self, agent: Any) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
+        """Group name → the agent's tensors in it (state-dict names, tensors), in the order of
+        its optimiser (optimised groups) or its targets' (the others)."""
+        raise NotImplementedError
+
+    def constants(self, delayed: bool) -> tuple:
+        """The update's leading arguments: the template's modules and the program's static
+        choices (hashable, equal for an equal stack: a program's constants)."""
+        raise NotImplementedError
+
+    def set_hyperparameters(self, i: int, agent: Any) -> None:
+        """Agent i's (P,) tensors from ``agent``'s config."""
+        for name in self.HYPERPARAMETERS:
+            value = getattr(agent.config, name, 0.0)
+            self.hp[name][i] = math.inf if value is None else value
+        self.configs[i] = agent.config
+
+    def check(self, agent: Any) -> None:
+        """Refuse an agent that differs in what the stack's programs are fixed on."""
+
+    # -- moving agents in and out ----------------------------------------------------------
+    @torch.no_grad()
+    def put(self, i: int, agent: Any) -> None:
+        """Agent ``i`` becomes ``agent``: weights, targets, Adam state, hyperparameters."""
+        self.check(agent)
+        for group, (_, tensors) in self.groups(agent).items():
+            self.flats[group][i] = torch.cat([t.detach().flatten() for t in tensors])
+            if group in self.adams:
+                self.adams[group].load_row(i, self.layouts[group], tensors, agent.optimizer.state)
+        self.set_hyperparameters(i, agent)
+
+    @torch.no_grad()
+    def get(self, i: int, agent: Any) -> None:
+        """Write agent ``i`` into ``agent`` (of the same shape): weights, targets, and its
+        optimiser's state as a single agent's ``torch.optim.Adam`` holds it."""
+        agent.optimizer.state.clear()
+        for group, (_, tensors) in self.groups(agent).items():
+            views = self.layouts[group].views(self.flats[group])
+            for t, view in zip(tensors, views.values(), strict=True):
+                t.copy_(view[i])
+            if group in self.adams:
+                state = self.adams[group].row_state(i, self.layouts[group], tensors)
+                agent.optimizer.state.update(state)
+        for group in agent.optimizer.param_groups:
+            group["lr"] = self.configs[i].learning_rate  # exact, not the float32 tensor's
+
+    def weights(self, i: int, agent: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """``agent``'s weights and targets, and their views in slot ``i`` (the same order):
+        what a copy makes ``agent`` act and evaluate as slot ``i``."""
+        mine: list[torch.Tensor] = []
+        theirs: list[torch.Tensor] = []
+        for group, (_, tensors) in self.groups(agent).items():
+            mine += tensors
+            theirs += [v[i] for v in self.layouts[group].views(self.flats[group]).values()]
+        return mine, theirs
+
+    def copy(self, dst: int, src: int) -> None:
+        """PBT's exploit inside the stack: agent ``dst`` becomes agent ``src`` (weights,
+        targets, moments, step counts); hyperparameters are the caller's."""
+        for group, flat in self.flats.items():
+            if group in self.adams:
+                self.adams[group].copy(dst, src)
+            else:
+                flat[dst] = flat[src]
+
+    # -- the update ------------------------------------------------------------------------
+    def state(self) -> dict[str, torch.Tensor]:
+        """The tensors the update reads and writes in place: each group's weights, each
+        optimised group's moments and step counts."""
+        out = dict(self.flats)
+        for group, adam in self.adams.items():
+            out[f"{group}_moments"] = adam.moments
+            out[f"{group}_steps"] = adam.steps
+        return out
+
+    # -- acting ----------------------------------------------------------------------------
+    def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return self.template.random_action(n, generator)
+
+    def end_episodes(self, done: torch.Tensor) -> None:
+        """The episodes of the (P * n) sub-environments where ``done`` ended."""
+
+    def explore(
+        self, obs: torch.Tensor, generator: torch.Generator, env_steps: torch.Tensor
+    ) -> torch.Tensor:
+        """Exploring actions (P, n, ...) for observations (P, n, D), agent p at its
+        ``env_steps[p]``."""
+        raise NotImplementedError
+
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deterministic env actions (P, n, ...) for observations (P, n, D)."""
+        raise NotImplementedError
 
 
-def flat_rows(tensors: Mapping[str, torch.Tensor], keys: Iterable[str]) -> torch.Tensor:
-    """``tensors[k]`` (each (P, ...)) for ``keys`` in order, as one (P, n) tensor: the
-    inverse of ``Layout.views`` (e.g. per-agent gradients into a flat row for Adam)."""
-    rows = [tensors[k] for k in keys]
-    return torch.cat([t.reshape(t.shape[0], -1) for t in rows], dim=1)
-
-
-# -- the losses of one agent (run under ``vmap``), of its template modules and its parameters --
-def sac_losses(
-    sampler: nn.Module,
-    critic_module: nn.Module,
-    autotune: bool,
-    params: dict[str, torch.Tensor],
-    targets: dict[str, torch.Tensor],
-    log_alpha: torch.Tensor,
-    hp: dict[str, torch.Tensor],
-    batch: Batch,
-    eps_next: torch.Tensor,
-    eps: torch.Tensor,
-) -> tuple[torch.Tensor, ...]:
-    """One agent's ``SAC.update`` losses: their sum, and the stats. ``sampler``: a
-    ``_Sampler`` of mode ``logp`` over the template actor."""
-    actor = {k.removeprefix("policy."): v for k, v in params.items() if k.startswith("policy.")}
-    critic = {k.removeprefix("critic."): v for k, v in params.items() if k.startswith("critic.")}
-    alpha = log_alpha.detach().exp()
-    with torch.no_grad():  # the soft clipped double-Q target
-        next_action, next_logp = functional_call(sampler, actor, (batch.next_obs, eps_next))
-        q_next = functional_call(critic_module, targets, (batch.next_obs, next_action)).amin(0)
-        soft_value = q_next - alpha * next_logp
-        y = batch.reward + hp["gamma"] * (1 - batch.terminated) * soft_value
-    q = functional_call(critic_module, critic, (batch.obs, batch.action))
-    critic_loss = (q - y).square().mean(1).sum()
-    action, logp = functional_call(sampler, actor, (batch.obs, eps))
-    # The actor's gradient flows through the critics but must not train them.
-    frozen = {k: v.detach() for k, v in critic.items()}
-    q_pi = functional_call(critic_module, frozen, (batch.obs, action)).amin(0)
-    actor_loss = (alpha * logp - q_pi).mean()
-    total = critic_loss + actor_loss
-    if autotune:
-        total = total - (log_alpha * (logp.detach() + hp["target_entropy"])).mean()
-    return total, critic_loss.detach(), actor_loss.detach(), alpha
-
-
-def td3_critic_loss(
-    actor_target: nn.Module,
-    critic_target: nn.Module,
-    critic_module: nn.Module,
-    smoothing: bool,
-    actor_t: dict[str, torch.Tensor],
-    critic: dict[str, torch.Tensor],
-    critic_t: dict[str, torch.Tensor],
-    hp: dict[str, torch.Tensor],
-    batch: Batch,
-    eps: torch.Tensor,
-) -> torch.Tensor:
-    """One agent's DDPG / TD3 critic loss (TD3's target smoothed with ``eps``)."""
-    with torch.no_grad():
-        a = functional_call(actor_target, actor_t, (batch.next_obs,))
-        if smoothing:
-            clip = hp["noise_clip"]
-            a = (a + (eps * hp["policy_noise"]).clamp(-clip, clip)).clamp(-1, 1)
-        q_next = functional_call(critic_target, critic_t, (batch.next_obs, a)).amin(0)
-        y = batch.reward + hp["gamma"] * (1 - batch.terminated) * q_next
-    q = functional_call(critic_module, critic, (batch.obs, batch.action))
-    return (q - y).square().mean(1).sum()
-
-
-def td3_actor_loss(
-    actor_module: nn.Module,
-    critic_module: nn.Module,
-    actor: dict[str, torch.Tensor],
-    critic: dict[str, torch.Tensor],
-    obs: torch.Tensor,
-) -> torch.Tensor:
-    """One agent's DDPG / TD3 actor loss: −Q_1 of the critics before this step, detached so
-    that it trains no critic."""
-    frozen = {k: v.detach() for k, v in critic.items()}
-    action = functional_call(actor_module, actor, (obs,))
-    return -functional_call(critic_module, frozen, (obs, action))[0].mean()
-
-
-def dqn_loss(
-    q_module: nn.Module,
-    double: bool,
-    params: dict[str, torch.Tensor],
-    targets: dict[str, torch.Tensor],
-    gamma: torch.Tensor,
-    batch: Batch,
-) -> torch.Tensor:
-    """One agent's ``DQN.update`` loss: Huber(Q(s, a) − y), y its ``td_target``."""
-    with torch.no_grad():
-        q_next = functional_call(q_module, targets, (batch.next_obs,))
-        if double:
-            best = functional_call(q_module, params, (batch.next_obs,)).argmax(-1, keepdim=True)
-            v_next = q_next.gather(-1, best).squeeze(-1)
-        else:
-            v_next = q_next.amax(-1)
-        y = batch.reward + gamma * (1 - batch.terminated) * v_next
-    q = functional_call(q_module, params, (batch.obs,))
-    q = q.gather(-1, batch.action.unsqueeze(-1)).squeeze(-1)
-    return F.smooth_l1_loss(q, y)
+def draw_batch(
+    replay: tuple[torch.Tensor, ...],
+    filled: torch.Tensor,
+    seed: torch.Tensor,
+    counter: torch.Tensor,
+    batch_size: int,
+) -> Batch:
+    """``batch_size`` transitions per agent from ``replay``'s fields (P, capacity, ...), drawn
+    uniformly with replacement from each agent's ``filled`` (P,) rows, from its own stream
+    (``seed`` (P,)): an agent's draws do not depend on the others'."""
+    u = uniform(seed, counter, 0, (batch_size,))
+    size = filled.unsqueeze(1)
+    idx = (u * size).long().clamp_(max=size - 1)
+    agents = torch.arange(idx.shape[0], device=idx.device).unsqueeze(1)
+    return Batch(*(field[agents, idx] for field in replay))
 
 
 def clip_rows_(grad: torch.Tensor, max_norm: torch.Tensor) -> torch.Tensor:
-    """``DQN.update``'s ``clip_grad_norm_`` for every agent, in place: row p (agent p's whole
-    gradient) scaled to a norm of at most ``max_norm[p]`` (infinite: not clipped)."""
+    """``clip_grad_norm_`` for every agent, in place: row p (agent p's whole gradient) scaled
+    to a norm of at most ``max_norm[p]`` (infinite: not clipped)."""
     scale = (max_norm / (grad.norm(dim=1) + 1e-6)).clamp(max=1.0)
     return grad.mul_(scale.unsqueeze(1))
 
 
-def move_dqn_targets_(
-    targets: torch.Tensor, online: torch.Tensor, hp: dict[str, torch.Tensor], step: torch.Tensor
-) -> None:
-    """``DQN.update``'s target move for every agent, in place: agent p's targets step towards
-    its online weights by its τ where its update number ``step[p]`` (or one for all) is a
-    multiple of its ``target_update_every``."""
-    due = torch.remainder(step, hp["target_update_every"]) == 0
-    targets.lerp_(online, (hp["tau"] * due).unsqueeze(1))
+class KStep:
+    """K updates of a stack per call, each one call of its update (compiled, or the same
+    function eager). ``replay``: the agents' replay fields, (P, capacity, ...) each, and
+    ``filled`` (P,) int64 their fill levels, both tensors the caller keeps updating in place;
+    ``seeds``: each agent's random stream (a slot loaded with another agent reseeds its own
+    with ``reseed``); on CUDA,
+    compiled, each call's K updates are captured as one graph (from a call's third time on: the
+    first compiles and warms up, the second captures)."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        replay: tuple[torch.Tensor, ...],
+        filled: torch.Tensor,
+        batch_size: int,
+        seeds: Sequence[int],
+    ) -> None:
+        self.stack, self.replay, self.filled, self.batch_size = stack, replay, filled, batch_size
+        device = filled.device
+        self.device = device
+        self.seed = torch.tensor(list(seeds), dtype=torch.int64, device=device)
+        self.counter = torch.zeros((), dtype=torch.int64, device=device)
+        self.state = {
+            **stack.state(),
+            "seed": self.seed,
+            "counter": self.counter,
+            # Each slot's count of updates before this one (DQN's target timing): set every
+            # call, a tensor the program (and a CUDA graph) reads in place.
+            "slot_updates": torch.zeros(stack.size, dtype=torch.int64, device=device),
+        }
+        self._graphs: dict[Hashable, Graphed] = {}
+
+    def reseed(self, slot: int, seed: int) -> None:
+        self.seed[slot] = seed
+
+    def one(self, delayed: bool, compiled: bool) -> dict[str, torch.Tensor]:
+        """One update of every agent (``delayed``: TD3's actor and targets too)."""
+        stack = self.stack
+        args = (
+            *stack.constants(delayed),
+            self.batch_size,
+            self.state,
+            stack.hp,
+            self.replay,
+            self.filled,
+        )
+        if compiled:
+            return stack.update(self.device, *args)
+        return stack.update.fn(*args)
+
+    def _run(self, k: int, first: int, compiled: bool) -> dict[str, torch.Tensor]:
+        stats: dict[str, torch.Tensor] = {}
+        for step in range(first, first + k):
+            out = self.one(step % self.stack.policy_delay == 0, compiled)
+            # The stats of the last update; the actor's loss of the last delayed one.
+            stats = {**stats, **out}
+        return stats
+
+    def __call__(
+        self,
+        k: int,
+        first: int,
+        compiled: bool,
+        slot_updates: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Updates number ``first`` to ``first + k - 1`` (1-based, as the learner counts) of
+        every agent; the stats of the last, (P,) each. ``slot_updates`` (P,) int64: each
+        agent's own count of the updates before this call, where agents count their updates
+        apart (``Stack.slot_updates``); default ``first - 1`` for every agent."""
+        updates = self.state["slot_updates"]
+        # Outside the CUDA graph: a replay reads the tensor, the copy sets it.
+        if slot_updates is None:
+            updates.fill_(first - 1)
+        else:
+            updates.copy_(slot_updates)
+        if not compiled or self.device.type != "cuda":
+            return self._run(k, first, compiled)
+        key = (k, first % self.stack.policy_delay)
+        if key not in self._graphs:
+            self._graphs[key] = Graphed(
+                lambda: self._run(k, first, True), f"{type(self.stack).__name__} update"
+            )
+        return self._graphs[key]()
 
 
 class StackedReplay:
@@ -238,7 +293,7 @@ class StackedReplay:
             )
         self.pos = [0] * p
         self.size = [0] * p
-        # The fill levels on the device too, for a compiled update that samples by itself.
+        # The fill levels on the device too, for the update that samples by itself.
         self.filled = torch.zeros(p, dtype=torch.int64, device=self.device)
         # The write positions on the device too: ``add`` runs every env step, and a position
         # tensor made from the host ints there would be a host-to-device copy each time.
@@ -262,17 +317,6 @@ class StackedReplay:
         self._pos.add_(n).remainder_(self.capacity)
         self.filled.add_(n).clamp_(max=self.capacity)
 
-    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
-        """``batch_size`` transitions per agent, drawn uniformly with replacement from that
-        agent's filled rows; each field (P, B, ...)."""
-        if min(self.size) == 0:
-            raise ValueError("cannot sample from an empty replay buffer")
-        size = self.filled.double()  # self.size on the device: no copy from the host a sample
-        u = torch.rand((self.p, batch_size), generator=generator, device=self.device)
-        idx = (u.double() * size.unsqueeze(1)).long().clamp_max_(size.long().unsqueeze(1) - 1)
-        agents = self._agents.unsqueeze(1)
-        return Batch(*(getattr(self, name)[agents, idx] for name in FIELDS))
-
     def get(self, i: int, buffer: ReplayBuffer) -> None:
         """Copy agent ``i``'s buffer into the single-agent ``buffer``."""
         for name in FIELDS:
@@ -293,468 +337,17 @@ class StackedReplay:
         self._pos[i] = buffer.pos
         self.filled[i] = buffer.size
 
-
-class PopulationSAC:
-    """P SAC agents stacked (see the module docstring): ``update`` is one gradient step of
-    every agent, ``explore`` and ``deterministic`` act for all of them on (P, n, D)
-    observations. ``get(i, agent)`` / ``put(i, agent)`` move agent i, weights and Adam state,
-    to and from a single ``SAC``."""
-
-    def __init__(self, agents: Sequence[SAC]) -> None:
-        self.size = p = len(agents)
-        self.template = template = agents[0]
-        self.configs = [a.config for a in agents]
-        self.autotune = template.config.autotune_alpha
-        names = {id(t): n for n, t in template.named_parameters()}
-        trainable = [*template._actor_params, *template._critic_params]
-        self.layout = Layout.of([names[id(t)] for t in trainable], trainable)
-        critics = [n for n in self.layout.names if n.startswith("critic.")]
-        self.critic_start = self.layout.offsets[self.layout.names.index(critics[0])]
-        targets = list(template.critic_target.named_parameters())
-        self.target_layout = Layout.of(
-            [f"critic_target.{n}" for n, _ in targets], [t for _, t in targets]
-        )
-        device = template.log_alpha.device
-        self.flat = torch.zeros(p, self.layout.size, device=device)
-        self.targets = torch.zeros(p, self.target_layout.size, device=device)
-        # A fixed α is no parameter of the optimiser: kept apart, never stepped.
-        self.fixed_log_alpha = torch.zeros(p, device=device)
-        self.hp = {k: torch.zeros(p, device=device) for k in _TENSORS}
-        self.optimizer = BatchedAdam(self.flat, self.hp["learning_rate"])
-        self._sample = _Sampler(template.actor, "logp")
-        self._explore = _Sampler(template.actor, "action")
-        self._mode = _Sampler(template.actor, "deterministic")
-        # Built once: acting runs them every env step.
-        self._act_explore = vmap(
-            lambda params, o, e: functional_call(self._explore, params, (o, e))
-        )
-        self._act_mode = vmap(lambda params, o: functional_call(self._mode, params, (o,)))
-        self.noise = ActionNoise.of(template.config, template.action_shape)
-        self.action_shape = template.action_shape
-        self._update = vmap(partial(sac_losses, self._sample, template.critic, self.autotune))
-        for i, agent in enumerate(agents):
-            self.put(i, agent)
-
-    # -- moving agents in and out -----------------------------------------------------------
-    def _trainable(self, agent: SAC) -> list[torch.Tensor]:
-        return [*agent._actor_params, *agent._critic_params]
-
-    @torch.no_grad()
-    def put(self, i: int, agent: SAC) -> None:
-        """Agent ``i`` becomes ``agent``: weights, targets, temperature, Adam state and its
-        hyperparameters."""
-        if agent.config.autotune_alpha != self.autotune:
-            raise HyperparameterError("sac.autotune_alpha must be the same for every agent")
-        params = self._trainable(agent)
-        self.flat[i] = torch.cat([t.detach().flatten() for t in params])
-        self.targets[i] = torch.cat([t.flatten() for t in agent.critic_target.parameters()])
-        self.fixed_log_alpha[i] = agent.log_alpha.detach()
-        self.optimizer.load_row(i, params, agent.optimizer.state)
-        self.configs[i] = agent.config
-        self.set_hyperparameters(i, agent.config, agent.target_entropy)
-
-    def set_hyperparameters(self, i: int, config: SACConfig, target_entropy: float) -> None:
-        self.hp["learning_rate"][i] = config.learning_rate
-        self.hp["gamma"][i] = config.gamma
-        self.hp["tau"][i] = config.tau
-        self.hp["target_entropy"][i] = target_entropy
-        self.configs[i] = config
-
-    @torch.no_grad()
-    def get(self, i: int, agent: SAC) -> None:
-        """Write agent ``i`` into ``agent`` (a ``SAC`` of the same shape): weights, targets,
-        temperature and its optimiser's state, as a single agent's ``Adam`` holds it."""
-        params = self._trainable(agent)
-        for t, view in zip(params, self.layout.views(self.flat, "").values(), strict=True):
-            t.copy_(view[i])
-        for t, view in zip(
-            agent.critic_target.parameters(),
-            self.target_layout.views(self.targets, "").values(),
-            strict=True,
-        ):
-            t.copy_(view[i])
-        if not self.autotune:
-            agent.log_alpha.copy_(self.fixed_log_alpha[i])
-        agent.optimizer.state.clear()
-        agent.optimizer.state.update(self.optimizer.row_state(i, params))
-        for group in agent.optimizer.param_groups:
-            group["lr"] = self.configs[i].learning_rate  # exact, not the float32 tensor's
-
-    def weights(self, i: int, agent: SAC) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """``agent``'s weights and targets, and their views in slot ``i`` (the same order): what
-        a copy makes ``agent`` act and evaluate as slot ``i``."""
-        views = list(self.layout.views(self.flat, "").values())
-        targets = list(self.target_layout.views(self.targets, "").values())
-        return (
-            [*self._trainable(agent), *agent.critic_target.parameters()],
-            [v[i] for v in (*views, *targets)],
-        )
-
-    # -- acting -----------------------------------------------------------------------------
-    def _actor_params(self) -> dict[str, torch.Tensor]:
-        views = self.layout.views(self.flat.detach(), "policy.")
-        return {k: v for k, v in views.items() if k.startswith("actor.")}
-
-    def end_episodes(self, done: torch.Tensor) -> None:
-        """The episodes of the (P * n) sub-environments where ``done`` ended."""
-        self.noise.reset(done)
-
-    @torch.no_grad()
-    def explore(
-        self,
-        obs: torch.Tensor,
-        generator: torch.Generator,
-        env_steps: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Exploring actions in [-1, 1], (P, n, A), for observations (P, n, D) (``env_steps``:
-        unused, SAC's exploration has no schedule)."""
-        p, n = obs.shape[:2]
-        eps = self.noise.sample(p * n, generator, obs.device).view(p, n, *self.action_shape)
-        return self._act_explore(self._actor_params(), obs, eps)
-
-    @torch.no_grad()
-    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        """Env actions of the deterministic policies, (P, n, A), for observations (P, n, D)."""
-        return self._act_mode(self._actor_params(), obs)
-
-    # -- learning ---------------------------------------------------------------------------
-    def update(
-        self,
-        batch: Batch,
-        generator: torch.Generator | None = None,
-        step: int = 1,
-        noise: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """One gradient step of every agent, agent p on ``batch``'s p-th rows (each field
-        (P, B, ...)); ``step`` (the update's number) is unused, as in ``SAC.update``;
-        ``noise``: the reparameterisation draws (next, current), each (P, B, A), else drawn
-        from ``generator``. Returns each agent's stats, (P,) each."""
-        p, b = batch.reward.shape
-        if noise is None:
-            shape = (p, b, *self.action_shape)
-            noise = (
-                torch.randn(shape, generator=generator, device=self.flat.device),
-                torch.randn(shape, generator=generator, device=self.flat.device),
-            )
-        # The views are the leaves: a gradient with respect to the flat tensor itself would
-        # cost a zero-filled (P, N) tensor per view (slice_backward), a quarter of the step.
-        params = {k: v.requires_grad_() for k, v in self.layout.views(self.flat, "").items()}
-        leaves = list(params.values())
-        targets = self.target_layout.views(self.targets, "critic_target.")
-        log_alpha = params.pop("log_alpha") if self.autotune else self.fixed_log_alpha
-        total, critic_loss, actor_loss, alpha = self._update(
-            params, targets, log_alpha, self.hp, batch, *noise
-        )
-        grads = torch.autograd.grad(total.sum(), leaves)
-        torch.cat([g.reshape(p, -1) for g in grads], dim=1, out=self.optimizer.grad)
-        self.optimizer.step()
-        with torch.no_grad():
-            online = self.flat.detach()[:, self.critic_start :]
-            self.targets.lerp_(online, self.hp["tau"].unsqueeze(1))
-        return {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha": alpha}
+    def copy(self, dst: int, src: int) -> None:
+        """PBT's exploit: agent ``dst``'s replay becomes agent ``src``'s."""
+        for name in FIELDS:
+            getattr(self, name)[dst] = getattr(self, name)[src]
+        self.pos[dst], self.size[dst] = self.pos[src], self.size[src]
+        self._pos[dst] = self._pos[src]
+        self.filled[dst] = self.filled[src]
 
 
-class PopulationTD3:
-    """P DDPG or TD3 agents stacked, as ``PopulationSAC`` stacks SAC's: actors and critics
-    each one flat (P, N) tensor with its own ``BatchedAdam`` (a single agent's Adam steps the
-    actor only every ``policy_delay``-th update, so the actor's step count is its own), their
-    targets two more; ``update`` is ``DDPG.update`` / ``TD3.update`` for every agent."""
-
-    def __init__(self, agents: Sequence[DDPG]) -> None:
-        self.size = p = len(agents)
-        self.template = template = agents[0]
-        self.configs = [a.config for a in agents]
-        self.smoothing = isinstance(template, TD3)
-        self.policy_delay = template.policy_delay
-        names = {id(t): n for n, t in template.named_parameters()}
-        actor, critic = template._actor_params, template._critic_params
-        self.actor_layout = Layout.of([names[id(t)] for t in actor], actor)
-        self.critic_layout = Layout.of([names[id(t)] for t in critic], critic)
-        device = template.actor.scale.device
-        self.actor_flat = torch.zeros(p, self.actor_layout.size, device=device)
-        self.critic_flat = torch.zeros(p, self.critic_layout.size, device=device)
-        self.actor_target = torch.zeros_like(self.actor_flat)
-        self.critic_target = torch.zeros_like(self.critic_flat)
-        self.hp = {k: torch.zeros(p, device=device) for k in _TD3_TENSORS}
-        self.actor_adam = BatchedAdam(self.actor_flat, self.hp["learning_rate"])
-        self.critic_adam = BatchedAdam(self.critic_flat, self.hp["learning_rate"])
-        self.noise = ActionNoise.of(template.config, template.action_shape)
-        self.action_shape = template.action_shape
-        self._critic_losses = vmap(
-            partial(
-                td3_critic_loss,
-                template.actor_target,
-                template.critic_target,
-                template.critic,
-                self.smoothing,
-            )
-        )
-        self._actor_losses = vmap(partial(td3_actor_loss, template.actor, template.critic))
-        self._act = vmap(lambda params, o: functional_call(self.template.actor, params, (o,)))
-        for i, agent in enumerate(agents):
-            self.put(i, agent)
-
-    def _groups(self, agent: DDPG):
-        return (
-            (agent._actor_params, self.actor_flat, self.actor_adam, self.actor_layout),
-            (agent._critic_params, self.critic_flat, self.critic_adam, self.critic_layout),
-        )
-
-    @torch.no_grad()
-    def put(self, i: int, agent: DDPG) -> None:
-        """Agent ``i`` becomes ``agent``: weights, targets, Adam state, hyperparameters."""
-        for params, flat, adam, _ in self._groups(agent):
-            flat[i] = torch.cat([t.detach().flatten() for t in params])
-            adam.load_row(i, params, agent.optimizer.state)
-        self.actor_target[i] = torch.cat([t.flatten() for t in agent.actor_target.parameters()])
-        self.critic_target[i] = torch.cat([t.flatten() for t in agent.critic_target.parameters()])
-        self.set_hyperparameters(i, agent.config)
-
-    def set_hyperparameters(self, i: int, config: Any) -> None:
-        for k in _TD3_TENSORS:
-            self.hp[k][i] = getattr(config, k, 0.0)
-        self.configs[i] = config
-
-    @torch.no_grad()
-    def get(self, i: int, agent: DDPG) -> None:
-        """Write agent ``i`` into ``agent`` (of the same shape), its optimiser's state as a
-        single agent's ``Adam`` holds it."""
-        agent.optimizer.state.clear()
-        for params, flat, adam, layout in self._groups(agent):
-            for t, view in zip(params, layout.views(flat, "").values(), strict=True):
-                t.copy_(view[i])
-            agent.optimizer.state.update(adam.row_state(i, params))
-        for target, flat, layout in (
-            (agent.actor_target, self.actor_target, self.actor_layout),
-            (agent.critic_target, self.critic_target, self.critic_layout),
-        ):
-            for t, view in zip(target.parameters(), layout.views(flat, "").values(), strict=True):
-                t.copy_(view[i])
-        for group in agent.optimizer.param_groups:
-            group["lr"] = self.configs[i].learning_rate
-
-    def weights(self, i: int, agent: DDPG) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """``agent``'s weights and targets, and their views in slot ``i`` (the same order)."""
-        mine: list[torch.Tensor] = []
-        theirs: list[torch.Tensor] = []
-        for module, flat, layout in (
-            (agent.actor, self.actor_flat, self.actor_layout),
-            (agent.critic, self.critic_flat, self.critic_layout),
-            (agent.actor_target, self.actor_target, self.actor_layout),
-            (agent.critic_target, self.critic_target, self.critic_layout),
-        ):
-            mine += list(module.parameters())
-            theirs += [v[i] for v in layout.views(flat, "").values()]
-        return mine, theirs
-
-    def _actor_params(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.actor_layout.views(flat, "policy.actor.")
-
-    def end_episodes(self, done: torch.Tensor) -> None:
-        """The episodes of the (P * n) sub-environments where ``done`` ended."""
-        self.noise.reset(done)
-
-    @torch.no_grad()
-    def explore(
-        self,
-        obs: torch.Tensor,
-        generator: torch.Generator,
-        env_steps: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """μ(s) plus each agent's scaled noise, clipped to [-1, 1]; (P, n, A) (``env_steps``:
-        unused, the noise has no schedule)."""
-        p, n = obs.shape[:2]
-        action = self._act(self._actor_params(self.actor_flat), obs)
-        noise = self.noise.sample(p * n, generator, obs.device).view(p, n, *self.action_shape)
-        scale = self.hp["exploration_noise"].view(p, 1, 1)
-        return action.addcmul_(noise, scale).clamp_(-1, 1)
-
-    @torch.no_grad()
-    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.template.to_env(self._act(self._actor_params(self.actor_flat), obs))
-
-    def update(
-        self,
-        batch: Batch,
-        generator: torch.Generator | None = None,
-        step: int = 1,
-        noise: torch.Tensor | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """Update number ``step`` of every agent: the critics every time, the actors and the
-        targets every ``policy_delay``-th; ``noise``: TD3's target smoothing draws
-        (P, B, A), else drawn from ``generator``."""
-        p, b = batch.reward.shape
-        if noise is None:
-            shape = (p, b, *self.action_shape)
-            device = self.actor_flat.device
-            noise = (
-                torch.randn(shape, generator=generator, device=device)
-                if self.smoothing
-                else torch.zeros(shape, device=device)
-            )
-        critic = {
-            k: v.requires_grad_()
-            for k, v in self.critic_layout.views(self.critic_flat, "critic.").items()
-        }
-        actor_t = self._actor_params(self.actor_target)
-        critic_t = self.critic_layout.views(self.critic_target, "critic.")
-        critic_loss = self._critic_losses(actor_t, critic, critic_t, self.hp, batch, noise)
-        stats = {"critic_loss": critic_loss.detach()}
-        leaves = list(critic.values())
-        total = critic_loss.sum()
-        delayed = step % self.policy_delay == 0
-        if delayed:
-            actor = {k: v.requires_grad_() for k, v in self._actor_params(self.actor_flat).items()}
-            actor_loss = self._actor_losses(actor, critic, batch.obs)
-            stats["actor_loss"] = actor_loss.detach()
-            total = total + actor_loss.sum()
-            leaves += list(actor.values())
-        grads = torch.autograd.grad(total, leaves)
-        n = len(critic)
-        torch.cat([g.reshape(p, -1) for g in grads[:n]], dim=1, out=self.critic_adam.grad)
-        self.critic_adam.step()
-        if delayed:
-            torch.cat([g.reshape(p, -1) for g in grads[n:]], dim=1, out=self.actor_adam.grad)
-            self.actor_adam.step()
-            tau = self.hp["tau"].unsqueeze(1)
-            with torch.no_grad():
-                self.actor_target.lerp_(self.actor_flat, tau)
-                self.critic_target.lerp_(self.critic_flat, tau)
-        return stats
-
-
-class PopulationDQN:
-    """P DQN agents (double, dueling: as the template) stacked: their Q-networks one flat
-    (P, N) tensor with one ``BatchedAdam``, their targets a second, moved every agent's own
-    ``target_update_every``-th update with its own τ; gradients clipped to each agent's
-    ``max_grad_norm``; ε-greedy with each agent's ε schedule on its own env steps. ``update``
-    is ``DQN.update`` for every agent."""
-
-    def __init__(self, agents: Sequence[DQN]) -> None:
-        self.size = p = len(agents)
-        self.template = template = agents[0]
-        self.configs = [a.config for a in agents]
-        self.double = template.config.double
-        self.n_actions = template.n_actions
-        self.action_shape = template.action_shape
-        names = {id(t): n for n, t in template.named_parameters()}
-        self.layout = Layout.of([names[id(t)] for t in template._params], template._params)
-        device = template._params[0].device
-        self.flat = torch.zeros(p, self.layout.size, device=device)
-        self.targets = torch.zeros_like(self.flat)
-        self.hp = {k: torch.zeros(p, device=device) for k in _DQN_TENSORS}
-        # ε as the single agent computes it, in double precision; update numbers are integers.
-        for k in ("epsilon_start", "epsilon_end", "exploration_steps"):
-            self.hp[k] = self.hp[k].double()
-        self.hp["target_update_every"] = self.hp["target_update_every"].long()
-        self.optimizer = BatchedAdam(self.flat, self.hp["learning_rate"])
-        self._losses = vmap(partial(dqn_loss, template.q, self.double))
-        self._q = vmap(lambda params, o: functional_call(self.template.q, params, (o,)))
-        for i, agent in enumerate(agents):
-            self.put(i, agent)
-
-    def _check(self, agent: DQN) -> None:
-        cfg, mine = agent.config, self.template.config
-        for name in ("double", "dueling"):
-            if getattr(cfg, name) != getattr(mine, name):
-                raise HyperparameterError(f"dqn.{name} must be the same for every agent")
-
-    @torch.no_grad()
-    def put(self, i: int, agent: DQN) -> None:
-        """Agent ``i`` becomes ``agent``: weights, targets, Adam state, hyperparameters."""
-        self._check(agent)
-        params = agent._params
-        self.flat[i] = torch.cat([t.detach().flatten() for t in params])
-        self.targets[i] = torch.cat([t.flatten() for t in agent._targets])
-        self.optimizer.load_row(i, params, agent.optimizer.state)
-        self.set_hyperparameters(i, agent.config)
-
-    def set_hyperparameters(self, i: int, config: Any) -> None:
-        for k in _DQN_TENSORS:
-            value = getattr(config, k)
-            self.hp[k][i] = math.inf if value is None else value
-        self.configs[i] = config
-
-    @torch.no_grad()
-    def get(self, i: int, agent: DQN) -> None:
-        """Write agent ``i`` into ``agent`` (of the same shape), its optimiser's state as a
-        single agent's ``Adam`` holds it."""
-        for t, view in zip(agent._params, self.layout.views(self.flat, "").values(), strict=True):
-            t.copy_(view[i])
-        for t, view in zip(
-            agent._targets, self.layout.views(self.targets, "").values(), strict=True
-        ):
-            t.copy_(view[i])
-        agent.optimizer.state.clear()
-        agent.optimizer.state.update(self.optimizer.row_state(i, agent._params))
-        for group in agent.optimizer.param_groups:
-            group["lr"] = self.configs[i].learning_rate
-
-    def weights(self, i: int, agent: DQN) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """``agent``'s weights and targets, and their views in slot ``i`` (the same order)."""
-        views = [v[i] for flat in (self.flat, self.targets) for v in self._views(flat).values()]
-        return [*agent._params, *agent._targets], views
-
-    def _views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.layout.views(flat, "policy.actor.")
-
-    # -- acting -----------------------------------------------------------------------------
-    def epsilon(self, env_steps: torch.Tensor) -> torch.Tensor:
-        """Each agent's ε (P,) at its own env steps (P,): ``DQN.epsilon`` of each."""
-        hp = self.hp
-        frac = (env_steps.double() / hp["exploration_steps"]).clamp(max=1.0)
-        return hp["epsilon_start"] + frac * (hp["epsilon_end"] - hp["epsilon_start"])
-
-    def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        return self.template.random_action(n, generator)
-
-    def end_episodes(self, done: torch.Tensor) -> None:
-        """ε-greedy has no state over time."""
-
-    @torch.no_grad()
-    def explore(
-        self, obs: torch.Tensor, generator: torch.Generator, env_steps: torch.Tensor
-    ) -> torch.Tensor:
-        """ε-greedy actions (P, n) for observations (P, n, D), agent p with its ε at its
-        ``env_steps[p]``."""
-        greedy = self.deterministic(obs)
-        explore = torch.rand(greedy.shape, generator=generator, device=obs.device)
-        explore = explore < self.epsilon(env_steps).float().unsqueeze(1)
-        random = self.random_action(greedy.numel(), generator).view(greedy.shape)
-        return torch.where(explore, random, greedy)
-
-    @torch.no_grad()
-    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        """The greedy actions (P, n) for observations (P, n, D)."""
-        return self._q(self._views(self.flat.detach()), obs).argmax(-1)
-
-    # -- learning ---------------------------------------------------------------------------
-    def update(
-        self, batch: Batch, generator: torch.Generator | None = None, step: Any = 1
-    ) -> dict[str, torch.Tensor]:
-        """One gradient step of every agent, agent p on ``batch``'s p-th rows; ``step``: the
-        update's number (1-based), one for all or each agent's own (P,): agent p's target
-        moves when it is a multiple of its ``target_update_every``. Returns the losses (P,)."""
-        p = batch.reward.shape[0]
-        params = {k: v.requires_grad_() for k, v in self._views(self.flat).items()}
-        targets = self._views(self.targets)
-        loss = self._losses(params, targets, self.hp["gamma"], batch)
-        grads = torch.autograd.grad(loss.sum(), list(params.values()))
-        grad = self.optimizer.grad
-        torch.cat([g.reshape(p, -1) for g in grads], dim=1, out=grad)
-        with torch.no_grad():
-            clip_rows_(grad, self.hp["max_grad_norm"])
-        self.optimizer.step()
-        with torch.no_grad():
-            step = torch.as_tensor(step, device=self.flat.device)
-            move_dqn_targets_(self.targets, self.flat.detach(), self.hp, step)
-        return {"loss": loss.detach()}
-
-
-#: The population class of each algorithm that trains as one.
-POPULATIONS: dict[str, type] = {
-    "sac": PopulationSAC,
-    "td3": PopulationTD3,
-    "ddpg": PopulationTD3,
-    "dqn": PopulationDQN,
-}
+def call(module: nn.Module, params: dict[str, torch.Tensor], *args: Any) -> Any:
+    """``module(*args)`` with ``params`` as its parameters (one agent's row of a stack): the
+    single agent's own code on a stack's weights. No tied weights to look for: the agents'
+    modules have none."""
+    return functional_call(module, params, args, tie_weights=False)

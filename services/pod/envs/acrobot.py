@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from services.pod.envs.base import TorchVecEnv
+from services.pod.envs.functional import FunctionalEnv
 
 
 def _wrap(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
@@ -30,9 +31,10 @@ def _wrap(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
     return x - above * period + below * period
 
 
-class AcrobotEnv(TorchVecEnv):
-    spec_id = "Acrobot-v1"
+class Acrobot(FunctionalEnv):
+    name = "Acrobot-v1"
     state_dim = 4  # theta1, theta2, dtheta1, dtheta2
+    reset_uniforms = 4
 
     dt = 0.2
     LINK_LENGTH_1 = 1.0
@@ -48,23 +50,19 @@ class AcrobotEnv(TorchVecEnv):
 
     def __init__(
         self,
-        num_envs: int = 1,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int | None = 500,
-        seed: int | None = None,
-        check_actions: bool = True,
-    ):
-        super().__init__(num_envs, device, dtype, max_episode_steps, seed, check_actions)
+    ) -> None:
+        super().__init__(device, dtype, max_episode_steps)
         high = np.array([1.0, 1.0, 1.0, 1.0, self.MAX_VEL_1, self.MAX_VEL_2], dtype=np.float32)
         self.single_observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
         self.single_action_space = gym.spaces.Discrete(3)
-        self._low = self._row([-0.1] * 4)
-        self._span = self._row([0.2] * 4)
-        self._torque = self._row(list(self.AVAIL_TORQUE))
+        self._low = self.const([-0.1] * 4)
+        self._span = self.const([0.2] * 4)
 
-    def _initial_state(self, n: int) -> torch.Tensor:
-        return self._uniform_state(n, self._low, self._span)
+    def init(self, u: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self._low, self._span, u)
 
     def _dsdt(self, s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """Time derivative of the state (gymnasium's ``_dsdt``, "book" variant)."""
@@ -72,7 +70,7 @@ class AcrobotEnv(TorchVecEnv):
         l1, lc1, lc2 = self.LINK_LENGTH_1, self.LINK_COM_POS_1, self.LINK_COM_POS_2
         i1 = i2 = self.LINK_MOI
         g = self.GRAVITY
-        theta1, theta2, dtheta1, dtheta2 = s.unbind(1)
+        theta1, theta2, dtheta1, dtheta2 = s.unbind(-1)
         cos2, sin2 = torch.cos(theta2), torch.sin(theta2)
         d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * cos2) + i1 + i2
         d2 = m2 * (lc2**2 + l1 * lc2 * cos2) + i2
@@ -87,28 +85,36 @@ class AcrobotEnv(TorchVecEnv):
             m2 * lc2**2 + i2 - d2**2 / d1
         )
         ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
-        return torch.stack((dtheta1, dtheta2, ddtheta1, ddtheta2), dim=1)
+        return torch.stack((dtheta1, dtheta2, ddtheta1, ddtheta2), dim=-1)
 
-    def _physics_step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        torque = self._torque.index_select(0, actions)
-        s, dt = self.state, self.dt
+    def step(
+        self, state: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # The torque of action 0, 1, 2: -1, 0, +1 (``AVAIL_TORQUE``).
+        torque = action.to(self.dtype) - 1.0
+        s, dt = state, self.dt
         k1 = self._dsdt(s, torque)
         k2 = self._dsdt(s + dt / 2 * k1, torque)
         k3 = self._dsdt(s + dt / 2 * k2, torque)
         k4 = self._dsdt(s + dt * k3, torque)
         ns = s + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
-        ns[:, 0] = _wrap(ns[:, 0], -math.pi, math.pi)
-        ns[:, 1] = _wrap(ns[:, 1], -math.pi, math.pi)
-        ns[:, 2].clamp_(-self.MAX_VEL_1, self.MAX_VEL_1)
-        ns[:, 3].clamp_(-self.MAX_VEL_2, self.MAX_VEL_2)
-        self.state.copy_(ns)
-        theta1, theta2 = ns[:, 0], ns[:, 1]
+        theta1 = _wrap(ns[..., 0], -math.pi, math.pi)
+        theta2 = _wrap(ns[..., 1], -math.pi, math.pi)
+        new = torch.stack(
+            (
+                theta1,
+                theta2,
+                ns[..., 2].clamp(-self.MAX_VEL_1, self.MAX_VEL_1),
+                ns[..., 3].clamp(-self.MAX_VEL_2, self.MAX_VEL_2),
+            ),
+            -1,
+        )
         terminated = -torch.cos(theta1) - torch.cos(theta2 + theta1) > 1.0
         reward = terminated.to(self.dtype) - 1.0
-        return reward, terminated
+        return new, reward, terminated
 
-    def _observe(self, state: torch.Tensor) -> torch.Tensor:
-        theta1, theta2, dtheta1, dtheta2 = state.unbind(1)
+    def observe(self, state: torch.Tensor) -> torch.Tensor:
+        theta1, theta2, dtheta1, dtheta2 = state.unbind(-1)
         obs = torch.stack(
             (
                 torch.cos(theta1),
@@ -118,6 +124,21 @@ class AcrobotEnv(TorchVecEnv):
                 dtheta1,
                 dtheta2,
             ),
-            dim=1,
+            dim=-1,
         )
         return obs.to(torch.float32)
+
+
+class AcrobotEnv(TorchVecEnv):
+    functional = Acrobot
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_episode_steps: int | None = 500,
+        seed: int | None = None,
+        check_actions: bool = True,
+    ):
+        super().__init__(num_envs, device, dtype, max_episode_steps, seed, check_actions)

@@ -29,10 +29,8 @@ takes or returns has the batch dimension first. Its contract:
   discrete actions or non-finite values. Actions are detached: the env never builds an
   autograd graph through the policy's output.
 
-``TorchVecEnv`` implements the protocol for torch-native dynamics: a subclass writes the physics
-and inherits validation, time limits, episode bookkeeping and autoreset. Observations are
-float32 whatever the simulation dtype (as gymnasium's observation spaces); rewards are in the
-simulation dtype (``float64`` mode exists so equality tests against gymnasium can be tight).
+``TorchVecEnv`` implements the protocol for the torch-native envs, each a thin wrapper over its
+functional env (services/pod/envs/functional.py), where its physics is defined once.
 """
 
 from __future__ import annotations
@@ -46,6 +44,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector.utils import batch_space
+
+from services.pod.envs.functional import FunctionalEnv
 
 Info = dict[str, Any]
 StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Info]
@@ -176,28 +176,28 @@ class EpisodeStats:
 
 
 class TorchVecEnv(VecEnv):
-    """Base of the torch-native envs: validation, time limit, bookkeeping, autoreset.
+    """The vector env of a functional env (services/pod/envs/functional.py): a thin wrapper
+    that keeps ``num_envs`` sub-environments' state, draws their resets from a
+    ``torch.Generator`` and runs ``FunctionalEnv.step`` with validation, episode bookkeeping,
+    time limit and autoreset. The physics is the functional env's, nowhere else.
 
-    A subclass keeps its state in ``self.state``, a ``(num_envs, state_dim)`` tensor of
-    ``self.dtype`` on ``self.device`` that is only ever updated in place (so ``self.columns``,
-    its per-variable column views, stay valid; rebinding ``state`` is refused), and implements:
+    A subclass names its functional env (``functional``, a ``FunctionalEnv`` class) and passes
+    the env's own keyword arguments on to it. ``state`` is the (num_envs, state_dim) tensor of
+    ``dtype``, written in place (never rebound). Observations are float32 whatever the
+    simulation dtype (as gymnasium's observation spaces); rewards are in the simulation dtype
+    (``float64`` mode exists so equality tests against gymnasium can be tight).
 
-    * ``_initial_state(n) -> (n, state_dim)``: fresh initial states for ``n`` sub-environments.
-    * ``_physics_step(actions) -> (reward, terminated)``: advance every sub-environment,
-      updating ``self.state`` in place; both results must be new tensors.
-    * ``_observe(state) -> obs``: a new float32 (len(state), *obs_shape) tensor.
-
-    Speed matters here: the step runs for thousands of sub-environments per call and, on CPU,
-    its cost is mostly per-op overhead, so the step avoids redundant ops. On CPU, where reading
-    a flag costs nothing, finished sub-environments are reset by index and only when there are
-    any; on other devices the reset is masked over all sub-environments, which needs no host
-    sync. The state is row-major (one row per sub-environment) because turning column-major
-    state into row-major observations costs a strided copy that is slower than the physics.
-    On a shared or small CPU, ``torch.set_num_threads(1)`` is usually fastest: a few thousand
-    elements per op are too few to split across threads.
+    On a CPU, where reading a flag costs nothing, finished sub-environments are reset by index
+    and only when there are any; on other devices the reset is masked over all of them, which
+    needs no host sync.
     """
 
-    state_dim: int
+    functional: type[FunctionalEnv]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "functional" in cls.__dict__:
+            cls.spec_id = cls.functional.name
 
     def __init__(
         self,
@@ -207,13 +207,18 @@ class TorchVecEnv(VecEnv):
         max_episode_steps: int | None = None,
         seed: int | None = None,
         check_actions: bool = True,
+        **env_kwargs: Any,
     ):
         num_envs = check_num_envs(num_envs)
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self.fn = self.functional(
+            device=device, dtype=dtype, max_episode_steps=max_episode_steps, **env_kwargs
+        )
         self.num_envs = num_envs
-        self.device = torch.device(device)
+        self.device = self.fn.device
         self.dtype = dtype
+        self.state_dim = self.fn.state_dim
+        self.single_observation_space = self.fn.single_observation_space
+        self.single_action_space = self.fn.single_action_space
         # On CUDA the action checks cost a host sync per step; they can be turned off there.
         self.check_actions = check_actions
         self._host_reads_free = self.device.type == "cpu"
@@ -222,116 +227,91 @@ class TorchVecEnv(VecEnv):
             seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         )
         self._state = torch.zeros(num_envs, self.state_dim, device=self.device, dtype=dtype)
-        # Views made once: slicing the state into columns on every step costs an op per column.
-        self.columns = self._state.unbind(1)
         self._episode_return = torch.zeros(num_envs, device=self.device, dtype=dtype)
         self._episode_length = torch.zeros(num_envs, device=self.device, dtype=torch.int64)
-        self._one = torch.ones((), device=self.device, dtype=torch.int64)
-        self.max_episode_steps = max_episode_steps
+        #: The state after the last step, before its autoreset (what a finished episode ended
+        #: in): a new tensor every step.
+        self.final_state = self._state
+
+    def __getattr__(self, name: str) -> Any:
+        """The functional env's constants and settings (``env.g``, a market's prices) read
+        through the vector env."""
+        if name == "fn":
+            raise AttributeError(name)
+        return getattr(self.fn, name)
 
     @property
     def max_episode_steps(self) -> int | None:  # type: ignore[override]
         """Time limit in steps (None: no limit); episodes reaching it are truncated."""
-        return self._max_episode_steps
+        return self.fn.max_episode_steps
 
     @max_episode_steps.setter
     def max_episode_steps(self, value: int | None) -> None:
         if value is not None and (isinstance(value, bool) or operator.index(value) < 1):
             raise ValueError(f"max_episode_steps must be an integer >= 1 or None, got {value!r}")
-        self._max_episode_steps = None if value is None else operator.index(value)
-        if value is not None:
-            # Compared against every step: a 0-dim tensor avoids wrapping the int each time.
-            self._max_steps = torch.tensor(self._max_episode_steps, device=self.device)
+        self.fn.max_episode_steps = None if value is None else operator.index(value)
 
     @property
     def state(self) -> torch.Tensor:
         """The simulation state, (num_envs, state_dim); write into it, never rebind it."""
         return self._state
 
-    # -- to implement ----------------------------------------------------------------------
-    @abstractmethod
-    def _initial_state(self, n: int) -> torch.Tensor: ...
-
-    @abstractmethod
-    def _physics_step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    @abstractmethod
-    def _observe(self, state: torch.Tensor) -> torch.Tensor: ...
-
-    # -- helpers for subclasses ------------------------------------------------------------
-    def _uniform_state(self, n: int, low: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
-        """``low + span * U[0, 1)`` per state variable (``low``/``span``: (state_dim,)).
-
-        The same formula as numpy's ``uniform(low, high)``, so the ranges match gymnasium's.
-        """
+    def initial_state(self, n: int) -> torch.Tensor:
+        """Fresh initial states for ``n`` sub-environments, drawn from the env's generator."""
+        # Drawn a column at a time: the first uniforms of n resets are the same draws whatever
+        # the env's other settings ask for after them (a trading env's start days with and
+        # without a stock order to shuffle).
         u = torch.rand(
-            (n, self.state_dim), generator=self.generator, device=self.device, dtype=self.dtype
-        )
-        return torch.addcmul(low, span, u)
+            (self.fn.reset_uniforms, n), generator=self.generator, device=self.device,
+            dtype=self.dtype,
+        )  # fmt: skip
+        return self.fn.init(u.T)
 
-    def _row(self, values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, device=self.device, dtype=self.dtype)
-
-    def _const(self, value: float) -> torch.Tensor:
-        """A 0-dim tensor for a constant used in the hot path.
-
-        ``tensor * 0.5`` wraps the Python float into a new tensor on every call, which costs
-        as much as the multiplication itself for a few thousand elements.
-        """
-        return torch.tensor(value, device=self.device, dtype=self.dtype)
+    def observe(self, state: torch.Tensor) -> torch.Tensor:
+        return self.fn.observe(state)
 
     # -- protocol --------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
         if seed is not None:
             self.generator.manual_seed(int(seed))
-        self.state.copy_(self._initial_state(self.num_envs))
+        self.state.copy_(self.initial_state(self.num_envs))
         self._episode_return.zero_()
         self._episode_length.zero_()
-        return self._observe(self.state), {}
+        return self.observe(self.state), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
         if self.check_actions:
             actions = self.validate_actions(actions)
         else:
             actions = actions.detach().to(self.device)
-        if not self._host_reads_free:
-            return self.step_masked(actions, self._initial_state(self.num_envs))
-        final_obs, reward, terminated, truncated, done, info = self._advance(actions)
-        envs = done.nonzero().squeeze(1)
-        if not envs.numel():
-            return final_obs, reward, terminated, truncated, info
-        self.state[envs] = self._initial_state(envs.numel())
-        self._episode_return.index_fill_(0, envs, 0)
-        self._episode_length.index_fill_(0, envs, 0)
-        return self._observe(self.state), reward, terminated, truncated, info
-
-    def step_masked(self, actions: torch.Tensor, fresh: torch.Tensor) -> StepResult:
-        """``step`` of checked actions with the masked reset: finished sub-environments take
-        their row of ``fresh`` (``_initial_state(num_envs)``, drawn by the caller). Static
-        shapes, no host sync and no generator inside, so it is what ``torch.compile`` captures
-        (services/pod/algorithms/compiled.py) and what non-CPU devices run."""
-        _, reward, terminated, truncated, done, info = self._advance(actions)
-        self.state.copy_(torch.where(done.unsqueeze(1), fresh, self.state))
-        self._episode_return.masked_fill_(done, 0)
-        self._episode_length.masked_fill_(done, 0)
-        return self._observe(self.state), reward, terminated, truncated, info
-
-    def _advance(
-        self, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Info]:
-        """Physics, episode bookkeeping and time limit of one step, before any reset."""
-        reward, terminated = self._physics_step(actions)
+        fn = self.fn
+        new, reward, terminated = fn.step(self.state, actions)
         self._episode_return += reward
-        self._episode_length += self._one
-        if self._max_episode_steps is not None:
-            done = terminated | (self._episode_length >= self._max_steps)
-            truncated = done ^ terminated  # only where not terminated
-        else:
-            truncated = torch.zeros_like(terminated)
+        self._episode_length += 1
+        if fn.max_episode_steps is None:
             done = terminated
+        else:
+            done = terminated | (self._episode_length >= fn.max_episode_steps)
+        truncated = done & ~terminated
+        final_obs = fn.observe(new)
         info: Info = {
+            "final_obs": final_obs,
             "episode_return": self._episode_return * done,
             "episode_length": self._episode_length * done,
         }
-        info["final_obs"] = final_obs = self._observe(self.state)
-        return final_obs, reward, terminated, truncated, done, info
+        score = fn.episode_score(new, self._episode_length)
+        if score is not None:
+            info["episode_score"] = score * done
+        self.final_state = new
+        self.state.copy_(new)
+        if self._host_reads_free:
+            envs = done.nonzero().squeeze(1)
+            if not envs.numel():
+                return final_obs, reward, terminated, truncated, info
+            self.state[envs] = self.initial_state(envs.numel())
+        else:
+            fresh = self.initial_state(self.num_envs)
+            self.state.copy_(torch.where(done.unsqueeze(1), fresh, self.state))
+        self._episode_return.masked_fill_(done, 0)
+        self._episode_length.masked_fill_(done, 0)
+        return fn.observe(self.state), reward, terminated, truncated, info

@@ -14,11 +14,13 @@ import numpy as np
 import torch
 
 from services.pod.envs.base import TorchVecEnv
+from services.pod.envs.functional import FunctionalEnv
 
 
-class CartPoleEnv(TorchVecEnv):
-    spec_id = "CartPole-v1"
+class CartPole(FunctionalEnv):
+    name = "CartPole-v1"
     state_dim = 4  # x, x_dot, theta, theta_dot
+    reset_uniforms = 4
 
     gravity = 9.8
     masscart = 1.0
@@ -33,14 +35,11 @@ class CartPoleEnv(TorchVecEnv):
 
     def __init__(
         self,
-        num_envs: int = 1,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int | None = 500,
-        seed: int | None = None,
-        check_actions: bool = True,
-    ):
-        super().__init__(num_envs, device, dtype, max_episode_steps, seed, check_actions)
+    ) -> None:
+        super().__init__(device, dtype, max_episode_steps)
         high = np.array(
             [
                 self.x_threshold * 2,
@@ -52,47 +51,66 @@ class CartPoleEnv(TorchVecEnv):
         )
         self.single_observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
         self.single_action_space = gym.spaces.Discrete(2)
-        self._low = self._row([-0.05] * 4)
-        self._span = self._row([0.1] * 4)
-        # The physics is gymnasium's, regrouped into fewer tensor ops (same values up to
-        # rounding): the force enters through F / total_mass, looked up from the action.
-        self._force_over_mass = self._row([-self.force_mag, self.force_mag]) / self.total_mass
-        self._neg_gravity = self._const(-self.gravity)
-        self._neg_4l_3 = self._const(-self.length * 4.0 / 3.0)
-        self._x_threshold = self._const(self.x_threshold)
-        self._theta_threshold = self._const(self.theta_threshold_radians)
+        self._low = self.const([-0.05] * 4)
+        self._span = self.const([0.1] * 4)
+        # gymnasium's physics regrouped into fewer tensor ops (same values up to rounding): the
+        # force enters through F / total_mass, picked by the action.
+        self._force_over_mass = self.const(self.force_mag / self.total_mass)
+        self._neg_gravity = self.const(-self.gravity)
+        self._neg_4l_3 = self.const(-self.length * 4.0 / 3.0)
 
-    def _initial_state(self, n: int) -> torch.Tensor:
-        return self._uniform_state(n, self._low, self._span)
+    def init(self, u: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self._low, self._span, u)
 
-    def _physics_step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, x_dot, theta, theta_dot = self.columns
+    def observe(self, state: torch.Tensor) -> torch.Tensor:
+        return state.to(torch.float32, copy=True)
+
+    def step(
+        self, state: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, x_dot, theta, theta_dot = state.unbind(-1)
         costheta, sintheta = torch.cos(theta), torch.sin(theta)
+        force = torch.where(action.bool(), self._force_over_mass, -self._force_over_mass)
         # temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
         temp = torch.addcmul(
-            self._force_over_mass.index_select(0, actions),
-            theta_dot * theta_dot,
-            sintheta,
-            value=self.polemass_length / self.total_mass,
+            force, theta_dot * theta_dot, sintheta, value=self.polemass_length / self.total_mass
         )
         # thetaacc = (g sin - cos temp) / (length (4/3 - masspole cos**2 / total_mass)),
         # numerator and denominator both negated.
         thetaacc = torch.addcmul(sintheta * self._neg_gravity, costheta, temp)
-        thetaacc /= torch.addcmul(
+        thetaacc = thetaacc / torch.addcmul(
             self._neg_4l_3, costheta, costheta, value=self.length * self.masspole / self.total_mass
         )
         xacc = torch.addcmul(
             temp, thetaacc, costheta, value=-self.polemass_length / self.total_mass
         )
-        # Explicit Euler: positions advance with the old velocities (in place, column by column).
-        x.add_(x_dot, alpha=self.tau)
-        x_dot.add_(xacc, alpha=self.tau)
-        theta.add_(theta_dot, alpha=self.tau)
-        theta_dot.add_(thetaacc, alpha=self.tau)
-        terminated = x.abs() > self._x_threshold
-        terminated |= theta.abs() > self._theta_threshold
+        # Explicit Euler: positions advance with the old velocities.
+        new = torch.stack(
+            (
+                x.add(x_dot, alpha=self.tau),
+                x_dot.add(xacc, alpha=self.tau),
+                theta.add(theta_dot, alpha=self.tau),
+                theta_dot.add(thetaacc, alpha=self.tau),
+            ),
+            -1,
+        )
+        terminated = (new[..., 0].abs() > self.x_threshold) | (
+            new[..., 2].abs() > self.theta_threshold_radians
+        )
         # Reward 1 on every step including the one that terminates (gymnasium's default).
-        return torch.ones(self.num_envs, device=self.device, dtype=self.dtype), terminated
+        return new, torch.ones_like(x), terminated
 
-    def _observe(self, state: torch.Tensor) -> torch.Tensor:
-        return state.to(torch.float32, copy=True)
+
+class CartPoleEnv(TorchVecEnv):
+    functional = CartPole
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_episode_steps: int | None = 500,
+        seed: int | None = None,
+        check_actions: bool = True,
+    ):
+        super().__init__(num_envs, device, dtype, max_episode_steps, seed, check_actions)

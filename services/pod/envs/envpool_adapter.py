@@ -1,34 +1,11 @@
-"""EnvPool's batched C++ envs (MuJoCo locomotion, classic control) as a Podium ``VecEnv``.
+"""EnvPool's batched C++ envs (MuJoCo locomotion, classic control) as a Podium ``VecEnv``,
+registered as ``envpool:<task id>`` for the ids in ``services.contracts.envpool_tasks``.
 
-EnvPool (PyPI ``envpool``, the ``envpool`` extra) steps ``num_envs`` simulators in its own C++
-thread pool and hands back numpy batches; on a CPU it is the fast way to MuJoCo's Ant,
-HalfCheetah, Hopper, Humanoid and Walker2d. Registered as ``envpool:<task id>`` (e.g.
-``envpool:HalfCheetah-v5``) for the ids in ``services.contracts.envpool_tasks.ENVPOOL_TASKS``.
-
-Simulator: EnvPool's MuJoCo tasks run on the MuJoCo built into EnvPool (3.6.0,
-``ENVPOOL_MUJOCO_VERSION``), whatever ``mujoco`` package is installed; gymnasium's (``gym:<id>``)
-run on the installed one. Same task code and models, so the two agree where the MuJoCo versions
-do; with MuJoCo 4.0 installed, ``envpool:Ant-v5`` and ``envpool:Humanoid-v5`` are not gymnasium's
-``Ant-v5`` / ``Humanoid-v5`` (one step differs at most states) while HalfCheetah, Hopper,
-Walker2d, Swimmer and InvertedPendulum stay within 1e-4 (docs/gpu_physics.md). The adapter's
-``simulator`` says which it is (``envpool_simulator``).
-
-Episode semantics differ from Podium's protocol and are converted here:
-
-* EnvPool resets a finished sub-environment on the *next* call (that call ignores its action),
-  while Podium resets in the same step. So after a step in which some sub-environments
-  finished, the adapter resets exactly those ids (EnvPool's ``reset`` takes a subset of ids)
-  and returns their first observations, with the finished episode's last one in
-  ``info["final_obs"]``. The extra call happens only on steps where an episode ended.
-* EnvPool marks every episode that reaches ``max_episode_steps`` as truncated, even one whose
-  last step also ended it (a fallen Hopper): its ``terminated`` is ``done & ~truncated``. The
-  protocol (and gymnasium) call that episode terminated, and the difference matters: a
-  truncated episode is bootstrapped from its final state. So the adapter applies the time limit
-  itself: the pool runs with one step more than the limit, which it never reaches, so its
-  ``terminated`` is the task's own, and the adapter truncates at the limit where that is unset.
-
-Seeding: EnvPool seeds its pool at construction (sub-environment i gets ``seed + i``), so
-``reset(seed=s)`` rebuilds the pool with seed ``s``; the same seed gives the same episodes.
+EnvPool's episode semantics differ from the protocol's and are converted here: a finished
+sub-environment is reset in the same step (EnvPool resets it on the next call), the time limit is
+applied here so that an episode that ends at the limit is terminated, not truncated, and
+``reset(seed)`` rebuilds the pool. Which MuJoCo simulates the tasks (EnvPool's own, not the
+installed one) and these conversions in full: docs/gpu_physics.md, "The EnvPool adapter".
 """
 
 from __future__ import annotations
@@ -97,7 +74,7 @@ class EnvPoolVecEnv(VecEnv):
         self.num_envs = check_num_envs(num_envs)
         self.task_id = task_id
         self.spec_id = f"{ENVPOOL_PREFIX}{task_id}"
-        #: What simulates the task: EnvPool's own MuJoCo for the MuJoCo ids (see above).
+        #: What simulates the task: EnvPool's own MuJoCo for the MuJoCo ids.
         self.simulator = envpool_simulator(task_id)
         self.device = torch.device(device)
         self.check_actions = check_actions
@@ -148,7 +125,7 @@ class EnvPoolVecEnv(VecEnv):
             batch_size=self.num_envs,
             seed=int(seed),
             num_threads=self._num_threads,
-            # One step past the limit, which the adapter applies itself (see the module doc).
+            # One step past the limit, which the adapter applies itself (module docstring).
             max_episode_steps=self.max_episode_steps + 1,
             **self._env_kwargs,
         )

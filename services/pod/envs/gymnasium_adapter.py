@@ -3,14 +3,11 @@
 ``gymnasium.make_vec`` runs ``num_envs`` copies in this process ("sync") or in subprocesses
 ("async") with gymnasium's same-step autoreset, which is what our protocol needs: the step that
 ends an episode already returns the next episode's first observation and hands over the final
-one. Arrays are converted to torch tensors on ``device``; episode bookkeeping is done here.
+one. Arrays become torch tensors on ``device``; episode bookkeeping is done here.
 
-MuJoCo envs (Ant, Humanoid, HalfCheetah, Hopper, ...) work the same way once the ``mujoco``
-extra is installed (``pip install 'podium[mujoco]'``).
-
-Only ids present in ``gymnasium.envs.registry`` are accepted, and the spec object is passed to
-gymnasium rather than the string: gymnasium would import the module named in a
-``"module:Env-v0"`` id, and no request may cause an import.
+Only ids in ``gymnasium.envs.registry`` are accepted, and the spec object is passed to gymnasium
+rather than the string: gymnasium would import the module named in a ``"module:Env-v0"`` id, and
+no request may cause an import.
 
 Spaces: ``Box`` and ``Discrete`` actions; ``Box`` observations (cast to float32) and
 ``Discrete`` observations (one-hot float32, so every Podium policy sees a float vector). Any

@@ -1,55 +1,11 @@
 """An Isaac Gym task (IsaacGymEnvs' ``VecTask`` interface) as a Podium ``VecEnv``.
 
-``IsaacGymVecEnv(task)`` wraps a task *object*: its buffers already are torch tensors on the
-GPU, so nothing is copied to the host. The mapping onto our protocol:
-
-* ``terminated = reset_buf & ~extras["time_outs"]``, ``truncated = reset_buf & time_outs``:
-  VecTask sets ``time_outs`` where an episode ended by reaching ``max_episode_length``, which
-  is exactly the case that must be bootstrapped.
-* Reset timing. A VecTask resets a finished sub-environment inside its *next* ``step`` (in
-  ``post_physics_step``, after the physics ran with that step's action), so the first
-  observation of the next episode only exists one step later. The adapter reports the end of
-  the episode on the step where ``reset_buf`` is set, with ``info["final_obs"]`` = that step's
-  observation; ``obs`` for that sub-environment is the same final observation, and the next
-  step returns the new episode's first observation. Bootstrapping at the episode's end is
-  therefore exact (truncations from ``final_obs``, none after a termination); the step after
-  it, which starts from the old final observation and whose action the task's reset
-  overrides, is the one imprecise transition, the same one every IsaacGymEnvs trainer sees.
-* ``reset()`` sets every ``reset_buf`` and runs one step with zero actions, because a VecTask's
-  own ``reset()`` resets nothing (it only returns the observation buffer); after it every
-  sub-environment is at the start of an episode.
-* Seeding: VecTask tasks draw from torch's global generator (IsaacGymEnvs calls
-  ``torch.manual_seed`` in ``set_seed``), so ``reset(seed)`` seeds that global generator.
-* Episode return/length bookkeeping is done here, per sub-environment, on the task's device.
-* Action checks (shape, finiteness) read a scalar back: one host sync per step on the GPU;
-  ``check_actions=False`` turns them off for a trusted training loop.
-
-Plugging in a real IsaacGymEnvs task: names in a spec are looked up in the ``podium.envs``
-entry-point group, and a plugin package registers a *factory* there that builds the task and
-wraps it::
-
-    # my_isaac_envs/envs.py
-    import isaacgym  # noqa: F401
-    import isaacgymenvs
-    from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
-
-    def ant(num_envs: int, device: str = "cuda:0", seed: int | None = None) -> IsaacGymVecEnv:
-        task = isaacgymenvs.make(
-            seed=seed or 0, task="Ant", num_envs=num_envs,
-            sim_device=device, rl_device=device, headless=True,
-        )
-        return IsaacGymVecEnv(task, seed=seed)
-
-    # my_isaac_envs/pyproject.toml
-    [project.entry-points."podium.envs"]
-    "Isaac-Ant" = "my_isaac_envs.envs:ant"
-
-After ``pip install`` of that package, ``make_env("Isaac-Ant", 4096, device="cuda:0")`` and
-specs naming ``Isaac-Ant`` work; ``list_envs()`` shows it. One catch: ``import isaacgym``
-raises ``ImportError`` once torch is imported, and a pod imports torch before it resolves env
-names. Have the interpreter import Isaac Gym at start-up, e.g. with a one-line
-``isaacgym_first.pth`` file in site-packages containing ``import isaacgym`` (site runs
-``import`` lines of ``.pth`` files before any user code).
+``IsaacGymVecEnv(task)`` wraps a task *object* whose buffers already are torch tensors on the
+GPU. ``terminated`` / ``truncated`` come from ``reset_buf`` and ``extras["time_outs"]``; a VecTask
+resets a finished sub-environment inside its *next* step, so the step that ends an episode
+returns its final observation as ``obs`` and ``info["final_obs"]``, and ``reset()`` forces a
+reset of every sub-environment with one zero-action step. The mapping in full, seeding, and how
+a plugin registers a real IsaacGymEnvs task: docs/gpu_physics.md, "Isaac Gym adapter".
 """
 
 from __future__ import annotations

@@ -1,41 +1,10 @@
-"""An Isaac Lab task (``DirectRLEnv`` / ``ManagerBasedRLEnv``) as a Podium ``VecEnv``.
+"""An Isaac Lab task (``DirectRLEnv`` / ``ManagerBasedRLEnv``) as a Podium ``VecEnv``, and
+``isaaclab_task``, the ``podium.envs`` factory for a task id registered in gymnasium (it starts
+Isaac Sim headless once; nothing from a spec is imported).
 
-Isaac Lab's RL envs are gymnasium envs over a batch whose tensors already live on the GPU, so
-the adapter copies nothing to the host. The mapping onto our protocol:
-
-* observations: ``obs["policy"]`` (a ``"critic"`` group, if any, is not used);
-* ``terminated`` / ``truncated``: Isaac Lab's ``reset_terminated`` / ``reset_time_outs``; a
-  sub-environment with both counts as terminated (our rule);
-* autoreset: Isaac Lab resets finished sub-environments inside ``step`` and returns the first
-  observation of their next episode, as our protocol wants, but it never returns the last
-  observation of the finished episode. ``info["final_obs"]`` therefore is the returned
-  observation (the next episode's first) also where an episode ended. Terminations need no
-  final observation; a truncated episode is bootstrapped from the next episode's first state
-  instead of its last, a bias on time-outs only (Isaac Lab's own rsl_rl runner approximates
-  the same bootstrap with the value of the state before the step);
-* every returned tensor is a copy: Isaac Lab overwrites its done buffers on the next step;
-* ``reset(seed)`` passes the seed to Isaac Lab's ``reset`` (it seeds torch, numpy, random and
-  Replicator globally); episode return/length bookkeeping is done here, on the device.
-
-Naming a task: Isaac Lab registers its tasks in gymnasium's registry when ``isaaclab_tasks`` is
-imported, which needs a running Isaac Sim app. ``isaaclab_task(task_id)`` makes a Podium env
-factory for one registered id: it starts the app headless once, imports ``isaaclab_tasks``, looks
-the id up in gymnasium's registry (ids only; ``module:Env`` syntax is refused), builds the task's
-config with ``isaaclab_tasks.utils.parse_env_cfg`` and makes the env. The paper's locomotion
-tasks are registered in Podium's ``podium.envs`` group (``Isaac-Ant-Direct-v0``,
-``Isaac-Humanoid-Direct-v0``, ``Isaac-Ant-v0``, ``Isaac-Humanoid-v0``); any other installed task
-is one line in a plugin package::
-
-    # my_tasks/envs.py
-    from services.pod.envs.isaaclab_adapter import isaaclab_task
-    anymal = isaaclab_task("Isaac-Velocity-Flat-Anymal-D-v0")
-
-    # pyproject.toml
-    [project.entry-points."podium.envs"]
-    "Isaac-Velocity-Flat-Anymal-D-v0" = "my_tasks.envs:anymal"
-
-Only an id registered in gymnasium (by Isaac Lab or the plugin) resolves; nothing from a spec
-is imported.
+Isaac Lab resets finished sub-environments inside ``step`` and never returns their last
+observation, so ``info["final_obs"]`` is the next episode's first: a time-out is bootstrapped
+from it. The mapping in full and the plugin example: docs/gpu_physics.md, "Isaac Lab adapter".
 """
 
 from __future__ import annotations

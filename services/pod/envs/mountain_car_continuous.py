@@ -17,11 +17,13 @@ import numpy as np
 import torch
 
 from services.pod.envs.base import TorchVecEnv
+from services.pod.envs.functional import FunctionalEnv
 
 
-class MountainCarContinuousEnv(TorchVecEnv):
-    spec_id = "MountainCarContinuous-v0"
+class MountainCarContinuous(FunctionalEnv):
+    name = "MountainCarContinuous-v0"
     state_dim = 2  # position, velocity
+    reset_uniforms = 2
 
     min_action = -1.0
     max_action = 1.0
@@ -33,15 +35,12 @@ class MountainCarContinuousEnv(TorchVecEnv):
 
     def __init__(
         self,
-        num_envs: int = 1,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int | None = 999,
-        seed: int | None = None,
-        check_actions: bool = True,
         goal_velocity: float = 0.0,
-    ):
-        super().__init__(num_envs, device, dtype, max_episode_steps, seed, check_actions)
+    ) -> None:
+        super().__init__(device, dtype, max_episode_steps)
         self.goal_velocity = float(goal_velocity)
         self.single_observation_space = gym.spaces.Box(
             np.array([self.min_position, -self.max_speed], dtype=np.float32),
@@ -51,24 +50,44 @@ class MountainCarContinuousEnv(TorchVecEnv):
         self.single_action_space = gym.spaces.Box(
             self.min_action, self.max_action, shape=(1,), dtype=np.float32
         )
-        self._low = self._row([-0.6, 0.0])
-        self._span = self._row([0.2, 0.0])
+        self._low = self.const([-0.6, 0.0])
+        self._span = self.const([0.2, 0.0])
 
-    def _initial_state(self, n: int) -> torch.Tensor:
-        return self._uniform_state(n, self._low, self._span)
+    def init(self, u: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self._low, self._span, u)
 
-    def _physics_step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        position, velocity = self.columns
-        action = actions[:, 0].to(self.dtype)
-        force = action.clamp(self.min_action, self.max_action)
-        velocity += force * self.power - 0.0025 * torch.cos(3 * position)
-        velocity.clamp_(-self.max_speed, self.max_speed)
-        position += velocity
-        position.clamp_(self.min_position, self.max_position)
-        velocity.masked_fill_((position == self.min_position) & (velocity < 0), 0.0)
-        terminated = (position >= self.goal_position) & (velocity >= self.goal_velocity)
-        reward = terminated * 100.0 - action.square() * 0.1
-        return reward.to(self.dtype), terminated
-
-    def _observe(self, state: torch.Tensor) -> torch.Tensor:
+    def observe(self, state: torch.Tensor) -> torch.Tensor:
         return state.to(torch.float32, copy=True)
+
+    def step(
+        self, state: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        position, velocity = state.unbind(-1)
+        a = action[..., 0].to(self.dtype)
+        force = a.clamp(self.min_action, self.max_action)
+        velocity = velocity + force * self.power - 0.0025 * torch.cos(3 * position)
+        velocity = velocity.clamp(-self.max_speed, self.max_speed)
+        position = (position + velocity).clamp(self.min_position, self.max_position)
+        velocity = velocity.masked_fill((position == self.min_position) & (velocity < 0), 0.0)
+        terminated = (position >= self.goal_position) & (velocity >= self.goal_velocity)
+        reward = terminated * 100.0 - a.square() * 0.1
+        return torch.stack((position, velocity), -1), reward.to(self.dtype), terminated
+
+
+class MountainCarContinuousEnv(TorchVecEnv):
+    functional = MountainCarContinuous
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_episode_steps: int | None = 999,
+        seed: int | None = None,
+        check_actions: bool = True,
+        goal_velocity: float = 0.0,
+    ):
+        super().__init__(
+            num_envs, device, dtype, max_episode_steps, seed, check_actions,
+            goal_velocity=goal_velocity,
+        )  # fmt: skip

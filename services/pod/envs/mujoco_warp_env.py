@@ -1,33 +1,11 @@
 """Ant and Humanoid on MuJoCo Warp (``mujoco-warp``): thousands of MuJoCo worlds on one device.
 
-MuJoCo Warp (Google DeepMind and NVIDIA) runs MuJoCo's own models and solver as NVIDIA Warp
-kernels over a batch of ``nworld`` worlds; Warp compiles the same kernels for CUDA and, through
-its bundled LLVM, for the CPU, so this env runs (slowly) without a GPU. Why this engine and not
-Newton, Isaac Lab, Genesis or ManiSkill: docs/gpu_physics.md.
-
-No host copies: the simulator's state arrays (``qpos``, ``qvel``, ``ctrl``, ``xpos``,
-``xipos``) are viewed as torch tensors once (``wp.to_torch`` shares the memory, on CUDA and on
-the CPU), actions are written into the ``ctrl`` view, and observations, rewards and the
-autoreset are torch ops on those views. On CUDA the ``frame_skip`` physics steps of one env
-step are captured once as a CUDA graph and replayed, and Warp runs on torch's current stream,
-so torch and Warp work stays ordered without synchronising.
-
-The tasks are gymnasium's ``Ant-v5`` and ``Humanoid-v5`` (the same XML files, read from the
-installed gymnasium; same frame skip, reward terms and weights, healthy ranges, reset noise,
-1,000-step limit), with two documented differences:
-
-* observations are positions (without x, y) and velocities only: Ant 27 values, Humanoid 45,
-  i.e. gymnasium's ``include_cfrc_ext_in_observation=False`` (and for Humanoid
-  ``include_cinert/cvel/qfrc_actuator_in_observation=False``); the full v5 observations add
-  contact forces, com inertias and velocities that need extra kernels per step and that
-  Isaac Gym's Ant/Humanoid (the paper's tasks) do not observe either;
-* no contact cost (gymnasium's ``contact_cost_weight=0``): it needs the contact forces above.
-
-With those two arguments gymnasium's envs compute the same transitions; a test compares them
-step by step (float32 here against MuJoCo's float64, so within a tolerance).
-
-Install: ``pip install 'podium[mjwarp]'`` (warp-lang is a ~150 MB wheel; no CUDA toolkit is
-needed, Warp uses the driver). Names: ``MjWarp-Ant-v0``, ``MjWarp-Humanoid-v0``.
+Gymnasium's ``Ant-v5`` and ``Humanoid-v5`` (same XML, frame skip, rewards, healthy ranges, reset
+noise and limit) with positions-and-velocities observations and no contact cost, over zero-copy
+torch views of the simulator's arrays; on CUDA one env step's physics is a CUDA graph on torch's
+stream. Names: ``MjWarp-Ant-v0``, ``MjWarp-Humanoid-v0``; install: ``pip install
+'podium[mjwarp]'``. Why this engine, the differences from gymnasium and what was measured:
+docs/gpu_physics.md.
 """
 
 from __future__ import annotations
@@ -299,12 +277,12 @@ class MjWarpLocomotionEnv(VecEnv):
 def ant(
     num_envs: int = 1, device: str | torch.device = "cpu", seed: int | None = None, **kwargs: Any
 ) -> MjWarpLocomotionEnv:
-    """Gymnasium's Ant-v5 on MuJoCo Warp (see the module docstring for the differences)."""
+    """Gymnasium's Ant-v5 on MuJoCo Warp (the differences: docs/gpu_physics.md)."""
     return MjWarpLocomotionEnv(ANT, num_envs, device=device, seed=seed, **kwargs)
 
 
 def humanoid(
     num_envs: int = 1, device: str | torch.device = "cpu", seed: int | None = None, **kwargs: Any
 ) -> MjWarpLocomotionEnv:
-    """Gymnasium's Humanoid-v5 on MuJoCo Warp (see the module docstring for the differences)."""
+    """Gymnasium's Humanoid-v5 on MuJoCo Warp (the differences: docs/gpu_physics.md)."""
     return MjWarpLocomotionEnv(HUMANOID, num_envs, device=device, seed=seed, **kwargs)

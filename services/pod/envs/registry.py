@@ -22,6 +22,7 @@ anything is built, so a misspelt option is a ``TypeError`` naming it, not a sile
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,8 @@ import torch
 
 from services import registry
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
-from services.pod.envs.base import VecEnv
+from services.pod.envs.base import TorchVecEnv, VecEnv
+from services.pod.envs.functional import FunctionalEnv
 from services.pod.envs.gymnasium_adapter import GymnasiumVecEnv
 
 GYM_PREFIX = "gym:"
@@ -57,22 +59,65 @@ def list_envs() -> list[str]:
     return registry.names(registry.ENVS)
 
 
-def _check_kwargs(factory: Callable[..., Any], name: str, keywords: set[str]) -> None:
-    """Raise ``TypeError`` naming every keyword ``factory`` does not take."""
+def _accepted(factory: Callable[..., Any]) -> set[str] | None:
+    """The keywords ``factory`` takes (None: any). A functional env's vector env passes what
+    it does not take itself on to its functional env, which names the rest."""
     params = inspect.signature(factory).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return
-    accepted = {
+    names = {
         p.name
         for p in params
         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     }
-    unknown = sorted(keywords - accepted)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return names
+    functional = getattr(factory, "functional", None)
+    if isinstance(factory, type) and issubclass(factory, TorchVecEnv) and functional:
+        rest = _accepted(functional)
+        return None if rest is None else names | rest
+    return None
+
+
+def _check_kwargs(factory: Callable[..., Any], name: str, keywords: set[str]) -> None:
+    """Raise ``TypeError`` naming every keyword ``factory`` does not take."""
+    accepted = _accepted(factory)
+    unknown = sorted(keywords - accepted) if accepted is not None else []
     if unknown:
         raise TypeError(
             f"env {name!r} does not take {', '.join(map(repr, unknown))}; "
-            f"it takes {', '.join(sorted(accepted))}"
+            f"it takes {', '.join(sorted(accepted or ()))}"
         )
+
+
+_FUNCTIONAL: dict[str, FunctionalEnv] = {}
+
+
+def is_functional(name: str) -> bool:
+    """Whether the env registered as ``name`` is a functional env's vector env (without
+    building it): a ``TorchVecEnv`` whose steps are its functional env's alone (a subclass
+    that overrides ``step`` or ``reset`` has behaviour the functional env lacks)."""
+    if name not in list_envs():
+        return False
+    factory = registry.load(registry.ENVS, name, kind="env")
+    if not (isinstance(factory, type) and issubclass(factory, TorchVecEnv)):
+        return False
+    return factory.step is TorchVecEnv.step and factory.reset is TorchVecEnv.reset
+
+
+def functional_env(
+    name: str, device: str | torch.device = "cpu", **kwargs: Any
+) -> FunctionalEnv | None:
+    """The functional env (services/pod/envs/functional.py) of the env registered as
+    ``name`` with ``kwargs``, or None where it has none (a host-stepped env). One object per
+    name, device and arguments in a process: compiled programs take it as a constant, and an
+    equal one must meet their guards."""
+    key = json.dumps([name, str(torch.device(device)), kwargs], sort_keys=True, default=repr)
+    if key not in _FUNCTIONAL:
+        env = make_env(name, 1, device=device, **kwargs)
+        env.close()
+        if not isinstance(env, TorchVecEnv):
+            return None
+        _FUNCTIONAL[key] = env.fn
+    return _FUNCTIONAL[key]
 
 
 def make_env(

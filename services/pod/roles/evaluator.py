@@ -2,8 +2,13 @@
 
 It never trains and never shares an env with the worker, so a score is not biased by the
 worker's exploration noise or its half-finished episodes. ``evaluate_groups`` scores the P
-agents of a population at once, each on its slice of one batched env; ``Evaluator`` scores
-one policy and keeps the best snapshot seen.
+agents of a population at once, each on its slice of one batched env (any ``VecEnv``);
+``greedy_scores`` does the same on a functional env with a pure function of a few steps
+(``greedy_steps``: compiled, one program whatever the episode length); ``Evaluator`` scores
+one policy and keeps the best snapshot seen. Every agent starts
+from the states an env of the episode count reset with the evaluation seed starts from
+(``start_states``), so candidates compare on equal terms and a population's agent scores what
+a single agent with its weights would.
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.pod.algorithms import policies as pi
 from services.pod.algorithms.policies import Policy
+from services.pod.algorithms.ppo import PPOShape, normalize
 from services.pod.envs.base import TorchVecEnv, VecEnv
+from services.pod.envs.functional import FunctionalEnv
 
 #: Deterministic actions for a batch of raw observations.
 Act = Callable[[torch.Tensor], torch.Tensor]
@@ -45,11 +53,8 @@ def evaluate_groups(
     per_group = env.num_envs // groups
     obs, _ = env.reset(seed=seed)
     if isinstance(env, TorchVecEnv) and groups > 1:
-        # The subclass hooks of TorchVecEnv, exactly as its reset() uses them.
-        env.generator.manual_seed(int(seed))
-        start = env._initial_state(per_group)
-        env.state.copy_(start.repeat(groups, *([1] * (start.dim() - 1))))
-        obs = env._observe(env.state)
+        env.state.copy_(start_states(env, seed, groups).reshape(env.num_envs, -1))
+        obs = env.observe(env.state)
     returns = torch.zeros(env.num_envs, device=env.device)
     finished = torch.zeros(env.num_envs, device=env.device, dtype=torch.bool)
     steps = 0
@@ -77,6 +82,95 @@ def evaluate_groups(
         std = math.sqrt(sum((r - mean) ** 2 for r in episodes) / len(episodes))
         results.append(EvalResult(mean=mean, std=std, episodes=episodes, env_steps=steps))
     return results
+
+
+def start_states(
+    env: TorchVecEnv, seed: int, groups: int, per_group: int | None = None
+) -> torch.Tensor:
+    """(groups, N, state_dim): the start states of N sub-environments of ``env`` reset with
+    ``seed`` (N: ``per_group``, default its share of ``env``'s), the same for every group."""
+    env.generator.manual_seed(int(seed))
+    start = env.initial_state(per_group or env.num_envs // groups)
+    return start.unsqueeze(0).expand(groups, *start.shape).contiguous()
+
+
+#: Steps after which an evaluation of an env without a time limit stops.
+MAX_EVAL_STEPS = 10_000
+#: Steps per call of the evaluation program: the host checks between calls whether any
+#: episode still runs (a ``while_loop`` would need no check, but inductor's graph cache cannot
+#: keep one, so every process would compile it again).
+EVAL_CHUNK = 16
+Carry = tuple[torch.Tensor, ...]
+
+
+def greedy_steps(
+    shape: PPOShape,
+    env: FunctionalEnv,
+    params: torch.Tensor,
+    obs_mean: torch.Tensor,
+    obs_var: torch.Tensor,
+    limit: int,
+    carry: Carry,
+) -> Carry:
+    """``EVAL_CHUNK`` steps of greedy episodes (see ``greedy_scores``). Once every episode has
+    ended a step changes nothing, so running past the last one is harmless."""
+    stats = {"obs_mean": obs_mean, "obs_var": obs_var}
+    views = shape.layout.views(params)
+    t, state, returns, length, alive, scores = carry
+    for _ in range(EVAL_CHUNK):
+        obs = normalize(shape, stats, env.observe(state))
+        new, reward, terminated = env.step(state, pi.mode(shape.policy, views, obs))
+        returns = returns + reward.to(returns.dtype) * alive
+        length = length + alive.to(length.dtype)
+        ended = terminated | (t + 1 >= limit)
+        score = env.episode_score(new, length)
+        score = returns if score is None else score.to(returns.dtype)
+        scores = torch.where(alive & ended, score, scores)
+        t = t + alive.any().to(t.dtype)
+        alive = alive & ~ended
+        state = torch.where(alive.unsqueeze(-1), new, state)
+    return t, state, returns, length, alive, scores
+
+
+def greedy_scores(
+    shape: PPOShape,
+    env: FunctionalEnv,
+    params: torch.Tensor,
+    obs_mean: torch.Tensor,
+    obs_var: torch.Tensor,
+    start: torch.Tensor,
+    steps: Callable[..., Carry] = greedy_steps,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One greedy episode per start state (P, N, state_dim) of every agent on ``env``: the
+    scores (P, N) (the returns, or the env's ``episode_score``) and the vector steps taken
+    (0-dim). An episode still running at the time limit is truncated there; a finished one's
+    state is held, so every quantity stays finite. ``steps``: ``greedy_steps``, eager or
+    compiled."""
+    limit = env.max_episode_steps or MAX_EVAL_STEPS
+    p, n = start.shape[0], start.shape[1]
+    zeros = torch.zeros(p, n, dtype=torch.float64, device=start.device)
+    carry = (
+        torch.zeros((), dtype=torch.int64, device=start.device),
+        start,
+        zeros,
+        torch.zeros(p, n, dtype=torch.int64, device=start.device),
+        torch.ones(p, n, dtype=torch.bool, device=start.device),
+        zeros.clone(),
+    )
+    while bool(carry[4].any()):
+        carry = steps(shape, env, params, obs_mean, obs_var, limit, carry)
+    return carry[-1], carry[0]
+
+
+def results(scores: torch.Tensor, steps: torch.Tensor) -> list[EvalResult]:
+    """One ``EvalResult`` per agent from ``greedy_scores``' output (the one host read)."""
+    rows, taken = scores.tolist(), int(steps)
+    out = []
+    for episodes in rows:
+        mean = sum(episodes) / len(episodes)
+        std = math.sqrt(sum((r - mean) ** 2 for r in episodes) / len(episodes))
+        out.append(EvalResult(mean, std, episodes, env_steps=taken * len(episodes)))
+    return out
 
 
 class Evaluator:

@@ -1,86 +1,294 @@
 """The learner: turns what the worker collected into updates and owns everything that learns.
 
-It is the single writer of the agent's state (weights, optimiser, normalisation statistics,
+It is the single writer of the agents' state (weights, optimiser, normalisation statistics,
 counters); workers and evaluators only ever read a snapshot of the policy. That one-way flow is
-what lets the roles run fused in one process or as three containers. Two kinds, one per way of
-learning (services/pod/roles/worker.py has the matching workers):
-
-* ``RolloutLearner`` (on-policy, PPO): one update per rollout.
-* ``ReplayLearner`` (off-policy): ``updates_per_step`` updates per env step (the
-  update-to-data ratio), each on a fresh minibatch sampled from the replay buffer;
-  ``KStepLearner`` pays the same schedule ``updates_per_call`` updates at a time with the
-  compiled update (services/pod/algorithms/kstep.py); ``PopulationReplayLearner`` pays it for P
-  stacked agents at once (services/pod/algorithms/stacked.py), either way. The schedule itself
-  is ``UpdateSchedule``, which all three are.
+what lets the roles run fused in one process or as three containers. On-policy (PPO), the
+learner is ``ppo.learn`` (services/pod/algorithms/ppo.py) over each rollout; off-policy, it is
+``ReplayLearner`` here: the update-to-data ratio (``UpdateSchedule``) paid for P stacked agents
+(services/pod/algorithms/stacked.py; one agent is a stack of one), ``k`` updates per call of
+the K-step update, eager or compiled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from services.pod.algorithms.kstep import KStep
+from services.contracts.algorithms.ppo.config import PPOConfig
+from services.pod.algorithms import ppo
+from services.pod.algorithms.compiled import CompileFailedError, Graphed, Program
+from services.pod.algorithms.policies import mode
 from services.pod.algorithms.ppo import PPO
-from services.pod.algorithms.replay_buffer import FIELDS, Batch, ReplayBuffer
-from services.pod.algorithms.rollout import Rollout
-from services.pod.algorithms.stacked import (
-    POPULATIONS,
-    PopulationDQN,
-    PopulationSAC,
-    PopulationTD3,
-    StackedReplay,
+from services.pod.algorithms.stacked import KStep, Stack, StackedReplay
+from services.pod.config import PPORunConfig
+from services.pod.envs.base import TorchVecEnv, VecEnv
+from services.pod.envs.functional import FunctionalEnv
+from services.pod.envs.registry import functional_env, is_functional, make_env
+from services.pod.roles.evaluator import (
+    EvalResult,
+    evaluate_groups,
+    greedy_scores,
+    greedy_steps,
+    results,
+    start_states,
 )
+from services.pod.roles.worker import Carry, HostStep, collect, rollout, start_carry
+
+#: Rollout steps unrolled into one compiled call: each call of a program costs tens of
+#: microseconds on the host whatever it computes, while the compile grows with the steps
+#: (docs/benchmarks.md).
+ROLLOUT_CHUNK = 8
+#: What the slots of one trainer may differ in: the per-agent tensors, the seed, ``compile``.
+_PER_SLOT = {*ppo.HYPERPARAMETERS, "compile"}
+
+# The programs, module-level: every trainer of the same shape in a process (a PBT child's,
+# a restarted slot's) reuses them.
+_CHUNK = Program(rollout, "rollout")
+_BATCH = Program(ppo.batch, "batch")
+_UPDATE = Program(ppo.minibatch_update, "minibatch_update")
+_EVALUATE = Program(greedy_steps, "evaluate")
 
 
-class RolloutLearner:
-    """PPO's learner: one update per rollout, the LR annealed by the budget consumed."""
+def chunk_length(num_steps: int) -> int:
+    """Rollout steps per call of the rollout program: the largest divisor of ``num_steps``
+    up to ``ROLLOUT_CHUNK``."""
+    return max(k for k in range(1, min(ROLLOUT_CHUNK, num_steps) + 1) if not num_steps % k)
 
-    def __init__(self, agent: PPO, total_env_steps: int, world: int = 1) -> None:
-        self.agent = agent
-        self.total_env_steps = max(1, int(total_env_steps))
-        self.env_steps = 0  # of all fused replicas together
-        self.updates = 0
-        #: Number of fused learner replicas, and the hook that averages them after each epoch
-        #: (services/pod/training/fusion.py); one learner alone needs neither.
-        self.world = world
-        self.after_epoch: Callable[[], None] | None = None
+
+class PPOLearner:
+    """PPO's learner: P agents (P >= 1) on one env, trained together, the single writer of
+    their state; the rollout's carry and the iteration (the worker's rollout, then
+    ``ppo.learn``), eager or compiled; their greedy evaluation. What the on-policy trainer
+    (services/pod/training/onpolicy.py) trains, what the in-process trading tournament
+    (services/pod/trading/tournament.py) drives, and, with the roles apart, what a worker
+    process collects with (``collect``).
+
+    ``env``: a functional env (rollout and evaluation are pure functions: they compile), a
+    host-stepped ``VecEnv`` of P x N sub-environments, or None where the rollouts come from
+    elsewhere (a worker in another process: ``iterate(roll=...)``)."""
+
+    def __init__(
+        self,
+        env: FunctionalEnv | VecEnv | None,
+        config: PPOConfig,
+        agents: Sequence[PPO],
+        hyperparameters: Sequence[Mapping[str, float]],
+        seeds: Sequence[int],
+        total_env_steps: int,
+        device: torch.device,
+        max_episode_steps: int | None = None,
+        reset_seed: int = 0,
+    ) -> None:
+        self.size = len(agents)
+        self.device = device
+        self.shape, self.state, self.hp = ppo.build(
+            config, agents, hyperparameters, total_env_steps, device, max_episode_steps
+        )
+        self.state["seed"].copy_(torch.tensor(list(seeds), device=device))
+        self.fn = env if isinstance(env, FunctionalEnv) else None
+        self.host = HostStep(env, self.size) if isinstance(env, VecEnv) else None
+        self.after_epoch: Callable[[ppo.State], None] | None = None
+        shape = self.shape
+        if self.fn is not None:
+            self.carry = start_carry(shape, self.fn, None, self.state["seed"])
+        elif self.host is not None:
+            obs, _ = self.host.env.reset(seed=reset_seed)
+            obs = obs.view(self.size, shape.num_envs, -1)
+            self.carry = start_carry(shape, None, obs, self.state["seed"])
+        self._parts: dict[bool, tuple[Callable, Callable, Callable]] = {}
+        self._graph: Graphed | None = None
+
+    def _programs(self, compiled: bool) -> tuple[Callable, Callable, Callable]:
+        """The iteration's parts, eager or compiled: the rollout, the batch, the update."""
+        if compiled in self._parts:
+            return self._parts[compiled]
+        shape, device = self.shape, self.device
+        env = self.fn if self.fn is not None else self.host
+        chunk = shape.num_steps
+        if compiled and self.fn is not None:
+            chunk = chunk_length(shape.num_steps)
+
+            def chunk_fn(*args: Any) -> Any:
+                return _CHUNK(device, shape, env, *args, chunk)
+        else:
+            chunk_fn = functools.partial(rollout, shape, env, steps=chunk)
+        batch_fn: Callable = ppo.batch
+        update_fn: Callable = ppo.minibatch_update
+        if compiled:
+            batch_fn = functools.partial(_BATCH, device)
+            update_fn = functools.partial(_UPDATE, device)
+        run = functools.partial(collect, shape, chunk_fn=chunk_fn, chunk=chunk)
+        self._parts[compiled] = (run, batch_fn, update_fn)
+        return self._parts[compiled]
+
+    def iterate(
+        self, compiled: bool = False, roll: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """One iteration (rollout, update) of every agent; ``roll``: a rollout collected
+        elsewhere. On a GPU the compiled iteration of a functional env replays as one CUDA
+        graph. Returns the metrics as tensors (``ppo.learn``'s)."""
+        graphed = compiled and self.device.type == "cuda" and self.fn is not None
+        if graphed and self.after_epoch is None:
+            if self._graph is None:
+                self._graph = Graphed(lambda: self._iteration(True, None, True), "ppo iteration")
+            return {k: v.clone() for k, v in self._graph().items()}
+        return self._iteration(compiled, roll, False)
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        """One rollout with the current weights (eager), for a learner elsewhere; the next
+        one draws the next iteration's numbers."""
+        run, _, _ = self._programs(False)
+        self.carry, roll = run(self.state, self.carry, self.hp)
+        self.state["iteration"].add_(1)
+        return roll
+
+    def _iteration(
+        self, compiled: bool, roll: Mapping[str, torch.Tensor] | None, in_place: bool
+    ) -> dict[str, torch.Tensor]:
+        run, batch_fn, update_fn = self._programs(compiled)
+        if roll is None:
+            carry, roll = run(self.state, self.carry, self.hp)
+            if in_place:  # a CUDA graph reads and writes the same carry tensors every replay
+                _copy_into(self.carry, carry)
+            else:
+                self.carry = carry
+        return ppo.learn(
+            self.shape, self.state, roll, self.hp, update_fn, batch_fn, self.after_epoch
+        )
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        """Every agent's greedy env actions for raw observations (P * n, D), agent p's in
+        the p-th slice."""
+        shape, p = self.shape, self.size
+        norm = ppo.normalize(shape, self.state, obs.view(p, -1, shape.obs_dim))
+        action = mode(shape.policy, shape.layout.views(self.state["params"]), norm)
+        return action.reshape(obs.shape[0], *action.shape[2:])
+
+    @torch.no_grad()
+    def evaluate(
+        self, env: FunctionalEnv | VecEnv, start: torch.Tensor | None, seed: int, compiled: bool
+    ) -> list[EvalResult]:
+        """Score every agent greedily: on a functional env from ``start`` (P, N, state_dim),
+        one program; on a ``VecEnv`` of P x N sub-environments from its reset with ``seed``."""
+        if isinstance(env, FunctionalEnv):
+            state = self.state
+            args = (self.shape, env, state["params"], state["obs_mean"], state["obs_var"], start)
+            steps = functools.partial(_EVALUATE, self.device) if compiled else greedy_steps
+            return results(*greedy_scores(*args, steps))
+        return evaluate_groups(env, self.act, groups=self.size, seed=seed)
+
+    def agent(self, i: int, agent: PPO) -> PPO:
+        """Agent ``i`` written into ``agent`` (a fresh PPO of its shape): weights,
+        statistics, Adam state."""
+        return ppo.get_agent(self.shape, self.state, i, agent)
+
+    def put(self, i: int, agent: PPO, config: PPOConfig, seed: int, env_steps: int) -> None:
+        """``agent`` (with ``config``'s per-agent hyperparameters) into slot ``i``, in place:
+        the tensors the programs take stay the same objects, nothing compiles again."""
+        ppo.put_agent(self.shape, self.state, i, agent)
+        ppo.set_hyperparameters(self.hp, i, config, per_agent(config))
+        self.state["seed"][i] = seed  # the slot explores with its own random stream
+        self.state["env_steps"][i] = float(env_steps)
+
+    def copy(self, dst: int, src: int, hyperparameters: Mapping[str, float]) -> None:
+        """PBT's exploit inside the population: agent ``dst`` restarts from agent ``src``
+        with ``hyperparameters`` over its own."""
+        ppo.copy_agent(self.state, dst, src)
+        for name, value in hyperparameters.items():
+            self.hp[name][dst] = float(value)
+
+    def hyperparameters(self, i: int) -> dict[str, float]:
+        return {name: float(self.hp[name][i]) for name in ppo.HYPERPARAMETERS}
+
+
+def per_agent(config: PPOConfig) -> dict[str, float]:
+    """``config``'s per-agent hyperparameters (``ppo.HYPERPARAMETERS``)."""
+    return {k: float(getattr(config, k)) for k in ppo.HYPERPARAMETERS}
+
+
+def _copy_into(carry: Carry, new: Carry) -> None:
+    """Write ``new``'s tensors into ``carry``'s, in place."""
+    olds = [carry.obs, carry.discounted, carry.sde, *(carry.env or ())]
+    news = [new.obs, new.discounted, new.sde, *(new.env or ())]
+    for old, value in zip(olds, news, strict=True):
+        if value is not old:
+            old.copy_(value)
+
+
+@dataclass
+class PPOEnvs:
+    """A PPO run's envs: the functional env of training and of evaluation and the
+    evaluation's start states where the env is functional, else the host-stepped envs of
+    training and of evaluation (P x N and P x episodes sub-environments). ``worker`` /
+    ``evaluator`` False: that side is not built (a role process builds only its own)."""
+
+    fn: FunctionalEnv | None = None
+    eval_fn: FunctionalEnv | None = None
+    start: torch.Tensor | None = None
+    env: VecEnv | None = None
+    eval_env: VecEnv | None = None
+
+    @classmethod
+    def build(
+        cls, config: PPORunConfig, slots: int = 1, worker: bool = True, evaluator: bool = True
+    ) -> PPOEnvs:
+        device = torch.device(config.device)
+        kwargs = config.env_kwargs
+        eval_kwargs = {**kwargs, **config.eval_env_kwargs}
+        out = cls()
+        if is_functional(config.env):
+            if worker:
+                out.fn = functional_env(config.env, device, **kwargs)
+            if evaluator:
+                out.eval_fn = functional_env(config.env, device, **eval_kwargs)
+                evaluation = make_env(
+                    config.env, config.eval_episodes, device=device,
+                    seed=config.evaluation_seed, **eval_kwargs,
+                )  # fmt: skip
+                assert isinstance(evaluation, TorchVecEnv)
+                out.start = start_states(
+                    evaluation, config.evaluation_seed, slots, config.eval_episodes
+                )
+                evaluation.close()
+            return out
+        if worker:
+            out.env = make_env(
+                config.env, slots * config.ppo.num_envs, device=device, seed=config.seed,
+                **kwargs,
+            )  # fmt: skip
+        if evaluator:
+            out.eval_env = make_env(
+                config.env, slots * config.eval_episodes, device=device,
+                seed=config.evaluation_seed, **eval_kwargs,
+            )  # fmt: skip
+        return out
 
     @property
-    def policy(self):
-        return self.agent.policy
+    def train(self) -> FunctionalEnv | VecEnv | None:
+        return self.fn if self.fn is not None else self.env
 
-    def update(self, rollout: Rollout) -> dict[str, float]:
-        # Anneal by budget consumed, so a resumed run continues the same schedule.
-        lr_fraction = max(0.0, 1.0 - self.env_steps / self.total_env_steps)
-        stats = self.agent.update(rollout, lr_fraction=lr_fraction, after_epoch=self.after_epoch)
-        self.env_steps += rollout.env_steps * self.world
-        self.updates += 1
-        return stats
+    @property
+    def evaluation(self) -> FunctionalEnv | VecEnv | None:
+        return self.eval_fn if self.eval_fn is not None else self.eval_env
 
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        """Snapshot of what workers and evaluators need (actor + obs statistics)."""
-        return {k: v.detach().clone() for k, v in self.agent.policy.state_dict().items()}
+    def spaces(self, config: PPORunConfig) -> tuple[Any, Any]:
+        """The observation and action spaces of one sub-environment."""
+        probe: Any = self.train or self.evaluation
+        if probe is None:
+            probe = make_env(config.env, 1, device=config.device, **config.env_kwargs)
+            probe.close()
+        return probe.single_observation_space, probe.single_action_space
 
-    def counters(self) -> dict[str, int]:
-        return {
-            "env_steps": self.env_steps,
-            "updates": self.updates,
-            "total_env_steps": self.total_env_steps,
-        }
-
-    def load_counters(self, counters: dict[str, int]) -> None:
-        self.env_steps = int(counters["env_steps"])
-        self.updates = int(counters["updates"])
-
-
-class ReplayAgent(Protocol):
-    """What a ``ReplayLearner`` needs of an off-policy agent (services/pod/algorithms/)."""
-
-    def update(
-        self, batch: Batch, generator: torch.Generator, step: int
-    ) -> dict[str, torch.Tensor]: ...
+    def close(self) -> None:
+        for env in (self.env, self.eval_env):
+            if env is not None:
+                env.close()
+        self.env = self.eval_env = None
 
 
 class UpdateSchedule:
@@ -112,104 +320,10 @@ class UpdateSchedule:
 
 
 class ReplayLearner(UpdateSchedule):
-    """Pays the updates owed to the update-to-data ratio (``UpdateSchedule``), one at a time,
-    each on a fresh minibatch of the replay buffer."""
-
-    def __init__(
-        self,
-        agent: ReplayAgent,
-        buffer: ReplayBuffer,
-        generator: torch.Generator,
-        learning_starts: int,
-        updates_per_step: float,
-        batch_size: int,
-    ) -> None:
-        super().__init__(learning_starts, updates_per_step)
-        self.agent, self.buffer, self.generator = agent, buffer, generator
-        self.batch_size = batch_size
-
-    def learn(self, env_steps: int) -> dict[str, torch.Tensor]:
-        """Count ``env_steps`` new env steps, then run the updates they owe; the last
-        update's statistics (empty when none ran)."""
-        stats: dict[str, torch.Tensor] = {}
-        for _ in range(self.owed(env_steps)):
-            self.updates += 1
-            batch = self.buffer.sample(self.batch_size, self.generator)
-            stats = self.agent.update(batch, self.generator, self.updates)
-        return stats
-
-    def sync(self) -> None:
-        """Make the agent hold the whole learning state (before its files are written): it
-        always does here."""
-
-    def reloaded(self, seed: int) -> None:
-        """The agent's state was loaded from files (and is to explore with ``seed``)."""
-
-    def counters(self) -> dict[str, int | float]:
-        return {
-            "env_steps": self.env_steps,
-            "updates": self.updates,
-            "update_debt": self.update_debt,
-        }
-
-    def load_counters(self, counters: dict[str, int | float]) -> None:
-        self.env_steps = int(counters["env_steps"])
-        self.updates = int(counters["updates"])
-        self.update_debt = float(counters["update_debt"])
-        # Older files also hold "agent_updates": it always equalled "updates", so it is ignored.
-
-
-class KStepLearner(ReplayLearner):
-    """``ReplayLearner``'s schedule, paid ``k`` updates at a time by one ``KStep`` call on the
-    agent as a stack of one (services/pod/algorithms/kstep.py). The agent's modules get the new
-    weights and targets once per call (what the worker and evaluator read); its optimiser's
-    state only when ``sync`` writes the whole stack back, before its training files are
-    written. Its minibatches and noise come from the update's own counter-based stream, not
-    ``generator`` (the worker's).
-    """
-
-    def __init__(
-        self,
-        agent: ReplayAgent,
-        buffer: ReplayBuffer,
-        generator: torch.Generator,
-        learning_starts: int,
-        updates_per_step: float,
-        batch_size: int,
-        k: int,
-        seed: int,
-        compile: bool,
-    ) -> None:
-        super().__init__(agent, buffer, generator, learning_starts, updates_per_step, batch_size)
-        self.k = k
-        self.stack = POPULATIONS[agent.name]([agent])  # type: ignore[attr-defined]
-        replay = tuple(getattr(buffer, name).unsqueeze(0) for name in FIELDS)
-        self.kstep = KStep(self.stack, replay, buffer.filled.view(1), batch_size, seed, compile)
-        self._agent_tensors, self._slot_tensors = self.stack.weights(0, agent)
-
-    def learn(self, env_steps: int) -> dict[str, torch.Tensor]:
-        stats: dict[str, torch.Tensor] = {}
-        for _ in range(self.owed(env_steps)):
-            stats = self.kstep(self.k, self.updates + 1)
-            self.updates += self.k
-        if stats:  # the actor reads the new weights once per call
-            with torch.no_grad():
-                torch._foreach_copy_(self._agent_tensors, self._slot_tensors)
-        return {name: value[0] for name, value in stats.items()}
-
-    def sync(self) -> None:
-        self.stack.get(0, self.agent)
-
-    def reloaded(self, seed: int) -> None:
-        self.stack.put(0, self.agent)
-        self.kstep.reseed(seed)
-
-
-class PopulationReplayLearner(UpdateSchedule):
-    """The learner of P stacked agents and their ``StackedReplay``: the schedule of a single
-    agent's learner (``UpdateSchedule``) paid for every agent at once, one batched update per
-    update owed (``ReplayLearner``) or ``k`` at a time by one call of ``kstep``, the compiled
-    update (``KStepLearner``). The agents share its clock (``env_steps``, ``updates``).
+    """The learner of P stacked agents and their ``StackedReplay``: the schedule
+    (``UpdateSchedule``) paid for every agent at once, ``k`` updates per call of ``kstep``
+    (one eager, ``updates_per_call`` compiled). The agents share its clock (``env_steps``,
+    ``updates``).
 
     Each slot's own counters are the clock plus the offset of the files the slot was loaded
     from (``place``): kept on the host, for the slot's training files, and on the device
@@ -219,21 +333,20 @@ class PopulationReplayLearner(UpdateSchedule):
 
     def __init__(
         self,
-        population: PopulationSAC | PopulationTD3 | PopulationDQN,
+        population: Stack,
         replay: StackedReplay,
-        generator: torch.Generator,
         learning_starts: int,
         updates_per_step: float,
-        batch_size: int,
-        kstep: KStep | None = None,
+        kstep: KStep,
+        compiled: bool = False,
         k: int = 1,
     ) -> None:
-        super().__init__(learning_starts, updates_per_step, k if kstep is not None else 1)
-        self.population, self.replay, self.generator = population, replay, generator
-        self.batch_size, self.kstep = batch_size, kstep
+        super().__init__(learning_starts, updates_per_step, k if compiled else 1)
+        self.population, self.replay, self.kstep = population, replay, kstep
+        self.compiled = compiled
         # DQN's targets move on each slot's own update count, as a single DQN pod's do; the
         # other agents' schedules (TD3's policy delay) run on the population's.
-        self.slot_steps = isinstance(population, PopulationDQN)
+        self.slot_steps = population.slot_updates
         p, device = replay.p, replay.device
         self.offsets = [(0, 0)] * p  # each slot's (env steps, updates) less the clock's
         self.slot_env_steps = torch.zeros(p, dtype=torch.int64, device=device)
@@ -245,26 +358,20 @@ class PopulationReplayLearner(UpdateSchedule):
         calls = self.owed(env_steps)
         self.slot_env_steps.add_(env_steps)
         stats: dict[str, torch.Tensor] = {}
-        for _ in range(calls):
-            stats = self._update() if self.kstep is None else self._k_updates(self.kstep)
+        for done in range(calls):
+            slot_updates = self.slot_updates if self.slot_steps else None
+            try:
+                stats = self.kstep(self.k, self.updates + 1, self.compiled, slot_updates)
+            except CompileFailedError:
+                self.update_debt += (calls - done) * self.k  # still owed
+                raise
+            self.updates += self.k
+            self.slot_updates.add_(self.k)
         return stats
 
-    def _update(self) -> dict[str, torch.Tensor]:
-        """One update of every agent, eager, on a fresh minibatch of each one's replay."""
-        self.updates += 1
-        self.slot_updates.add_(1)
-        batch = self.replay.sample(self.batch_size, self.generator)
-        step = self.slot_updates if self.slot_steps else self.updates
-        return self.population.update(batch, self.generator, step)
-
-    def _k_updates(self, kstep: KStep) -> dict[str, torch.Tensor]:
-        """``k`` updates of every agent, one call of the K-step update; it numbers them from
-        the population's count (and DQN's from each slot's own)."""
-        slot_updates = self.slot_updates if self.slot_steps else None
-        stats = kstep(self.k, self.updates + 1, slot_updates)
-        self.updates += self.k
-        self.slot_updates.add_(self.k)
-        return stats
+    def compile(self, compiled: bool, k: int) -> None:
+        """From now on, pay the updates compiled (``k`` per call) or eager (one)."""
+        self.compiled, self.k = compiled, k if compiled else 1
 
     def slot_counters(self, slot: int) -> tuple[int, int]:
         """Slot ``slot``'s env steps and updates (read on the host: no sync)."""

@@ -13,10 +13,10 @@ Unix socket in a shared directory for JSON control messages, shared-memory files
 - a rollout is written by the worker into its shared file (allocated on the first rollout of a
   build) and the learner updates from the mapped tensors in place.
 
-``RemoteRoles`` are PPO's ``RolloutRoles`` (services/pod/training/onpolicy.py): its trainer collects
-and evaluates through them as through the roles in its own process. Each role builds its env
-and policy from the ``PPORunConfig`` the learner sends (JSON), and takes the learner's weights
-before every rollout or evaluation. Worker and learner alternate (collect with the newest
+PPO's trainer (services/pod/training/onpolicy.py) collects and evaluates through ``RemoteRoles``
+as through the roles in its own process. Each role builds its env and an agent's state from the
+``PPORunConfig`` the learner sends (JSON), and takes the learner's weights before every rollout
+or evaluation. Worker and learner alternate (collect with the newest
 weights, then update), exactly as in one process, so for the same seed every mode trains the
 same agent up to floating-point noise. A role exits when the learner says stop or goes away;
 the learner fails with a ``RoleError`` naming the role when one fails, exits or stops
@@ -41,11 +41,8 @@ import torch
 import torch.multiprocessing as mp
 
 from services.logs import get_logger
-from services.pod.algorithms.rollout import Rollout
 from services.pod.config import PPORunConfig
-from services.pod.envs.base import VecEnv
 from services.pod.roles.evaluator import EvalResult
-from services.pod.roles.learner import RolloutLearner
 from services.pod.roles.role_process import ROLES, RoleError, serve_role
 from services.pod.roles.transport import (
     POLL_S,
@@ -88,7 +85,6 @@ class RemoteRoles:
         self.directory, self.timeout_s = Path(directory), timeout_s
         self.server, self.token = listen(self.directory)
         self.peers: dict[str, _Peer] = {}
-        self.learner: RolloutLearner | None = None
         self._builds = 0
         self._device = "cpu"
         self._cancel = threading.Event()
@@ -176,23 +172,17 @@ class RemoteRoles:
                 f"the {peer.name} went away ({exc}): its process or container exited"
             ) from None
 
-    # -- RolloutRoles ---------------------------------------------------------------------
-    def build(
-        self, config: PPORunConfig, env: VecEnv, eval_env: VecEnv, learner: RolloutLearner
-    ) -> None:
-        """Have the roles build their env and policy for ``config``; the learner's envs are
-        not needed here."""
-        env.close()
-        eval_env.close()
+    # -- what the on-policy trainer asks ------------------------------------------------------
+    def build(self, config: PPORunConfig, weights: dict[str, torch.Tensor]) -> None:
+        """Have the roles build their env and agent for ``config``, with ``weights`` (the
+        agent's ``params``, ``obs_mean``, ``obs_var``, one row: what acting needs)."""
         self._connect_roles()
-        self.learner = learner
         self._device = config.device
-        state = self.learner.policy_state()
         self._builds += 1
         for peer in self.peers.values():
             # One copy per role: publishing to the worker leaves what the evaluator sees alone.
             path = self.directory / f"{os.getpid()}-weights-{peer.name}-{self._builds}.shm"
-            peer.weights = SharedTensors.create(path, state)
+            peer.weights = SharedTensors.create(path, weights)
             peer.version += 1
             message = {"file": path.name, "layout": peer.weights.layout}
             self._send(
@@ -204,28 +194,30 @@ class RemoteRoles:
             # is left behind in the shared directory if a process is killed.
             peer.weights.unlink()
 
-    def publish(self, role: str = "worker") -> None:
-        """Copy the learner's current policy into ``role``'s shared weights."""
-        assert self.learner is not None
+    def publish(self, role: str, weights: dict[str, torch.Tensor]) -> None:
+        """Copy the learner's current weights into ``role``'s shared weights."""
         peer = self.peers[role]
         assert peer.weights is not None
-        peer.weights.write(self.learner.agent.policy.state_dict())
+        peer.weights.write(weights)
         peer.version += 1
 
-    def collect(self) -> Rollout:
-        """One rollout, collected with the newest weights, mapped from shared memory."""
+    def collect(
+        self, weights: dict[str, torch.Tensor], device: torch.device | str
+    ) -> dict[str, torch.Tensor]:
+        """One rollout (services/pod/roles/worker.py's buffers, (T, 1, N, ...)), collected
+        with ``weights``, mapped from shared memory."""
         peer = self.peers["worker"]
-        self.publish("worker")
+        self.publish("worker", weights)
         self._send(peer, {"op": "collect", "weights_version": peer.version})
         reply = self._receive(peer, "rollout")
         if "layout" in reply:  # a new file (first rollout of a build): map it
             peer.rollout = SharedTensors(self.directory / Path(reply["file"]).name, reply["layout"])
             peer.rollout.unlink()  # mapped on both sides (see build)
         assert peer.rollout is not None and peer.rollout.path.name == reply["file"]
-        return Rollout.from_tensors(peer.rollout.tensors, int(reply["episodes"]), self._device)
+        return {k: v.to(device) for k, v in peer.rollout.tensors.items()}
 
-    def evaluate(self) -> EvalResult:
-        self.publish("evaluator")
+    def evaluate(self, weights: dict[str, torch.Tensor]) -> EvalResult:
+        self.publish("evaluator", weights)
         peer = self.peers["evaluator"]
         self._send(peer, {"op": "evaluate", "weights_version": peer.version})
         reply = self._receive(peer, "result")

@@ -1,6 +1,6 @@
 """Where a trainer's roles run: the interface every placement of worker and evaluator has
-(in the learner's process, services/pod/roles/rollout_roles.py ``LocalRoles``; apart, as
-processes or containers, services/pod/roles/multiprocess.py)."""
+(in the learner's process, where the trainers run them themselves; apart, as processes or
+containers, services/pod/roles/multiprocess.py)."""
 
 from __future__ import annotations
 

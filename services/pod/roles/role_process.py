@@ -2,10 +2,11 @@
 
 The learner (services/pod/roles/multiprocess.py ``RemoteRoles``) listens on a Unix socket in a
 directory both see (services/pod/roles/transport.py); ``serve_role`` connects, introduces itself,
-builds its env and policy from the ``PPORunConfig`` the learner sends and then acts on the learner's
-requests: collect a rollout into a shared-memory file (the worker) or evaluate (the evaluator), each
-time with the learner's newest weights from the shared weights file. It exits 0 when the learner
-says stop or goes away, 1 when its own work fails (the learner gets the error first)."""
+builds its env and an agent's state from the ``PPORunConfig`` the learner sends and then acts on the
+learner's requests: collect a rollout into a shared-memory file (the worker) or evaluate (the
+evaluator), each time with the learner's newest weights from the shared weights file. It exits
+0 when the learner says stop or goes away, 1 when its own work fails (the learner gets the
+error first)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,9 @@ from typing import Any
 import torch
 
 from services.logs import get_logger
-from services.pod.algorithms.rollout import VARIABLE
+from services.pod.algorithms.ppo import PPO
 from services.pod.config import PPORunConfig
-from services.pod.roles.evaluator import Evaluator
-from services.pod.roles.rollout_roles import build_agent, make_worker
+from services.pod.roles.learner import PPOEnvs, PPOLearner, per_agent
 from services.pod.roles.transport import (
     POLL_S,
     PROTOCOL,
@@ -36,7 +36,6 @@ from services.pod.roles.transport import (
     layout_of,
     retired,
 )
-from services.pod.roles.worker import RolloutWorker
 
 log = get_logger(__name__)
 
@@ -48,15 +47,17 @@ class RoleError(RuntimeError):
 
 
 class _Role:
-    """What a worker or evaluator process holds between messages."""
+    """What a worker or evaluator process holds between messages: a learner of one agent
+    (services/pod/roles/learner.py ``PPOLearner``) that only acts, with the learner's weights
+    copied into its state before every rollout or evaluation, and its env."""
 
     def __init__(self, name: str, directory: Path) -> None:
         self.name, self.directory = name, directory
-        self.worker: RolloutWorker | None = None
-        self.evaluator: Evaluator | None = None
-        self.policy: Any = None
+        self.learner: PPOLearner | None = None
+        self.envs: PPOEnvs | None = None
+        self.config: PPORunConfig | None = None
         self.weights: SharedTensors | None = None
-        self.loaded = -1  # the weights version the policy holds
+        self.loaded = -1  # the weights version the state holds
         self.rollout: SharedTensors | None = None
         self.files = 0
 
@@ -74,16 +75,28 @@ class _Role:
         config = PPORunConfig.model_validate(message["config"])
         torch.set_num_threads(config.torch_threads or 1)
         self.close()  # a restart from a parent replaces the env
-        # The agent built here is only a policy to act with; its weights come from the
-        # learner before every rollout or evaluation.
-        env, eval_env, agent = build_agent(config)
-        if self.name == "worker":
-            eval_env.close()
-            self.worker = make_worker(config, env, agent)
-        else:
-            env.close()
-            self.evaluator = Evaluator(eval_env, seed=config.evaluation_seed)
-        self.policy = agent.policy
+        self.config = config
+        worker = self.name == "worker"
+        # The env the trainer in one process would step (the functional one where the env has
+        # one): for the same seed, the same rollouts and scores as fused.
+        self.envs = PPOEnvs.build(config, 1, worker=worker, evaluator=not worker)
+        obs_space, action_space = self.envs.spaces(config)
+        # The agent built here only acts; its weights come from the learner before every
+        # rollout or evaluation.
+        torch.manual_seed(config.seed)
+        agent = PPO(obs_space, action_space, config.ppo)
+        train = self.envs.train
+        self.learner = PPOLearner(
+            train,
+            config.ppo,
+            [agent.to(config.device)],
+            [per_agent(config.ppo)],
+            [config.seed],
+            config.total_env_steps,
+            torch.device(config.device),
+            getattr(train, "max_episode_steps", None),
+            reset_seed=config.seed,
+        )
         weights = message["weights"]
         self.weights = SharedTensors(self._path(weights["file"]), weights["layout"])
         self.loaded = -1
@@ -98,41 +111,39 @@ class _Role:
     def _load(self, message: dict[str, Any]) -> None:
         version = int(message["weights_version"])
         if version != self.loaded:
-            assert self.weights is not None
-            self.policy.load_state_dict(self.weights.tensors)
+            assert self.weights is not None and self.learner is not None
+            with torch.no_grad():
+                for name, value in self.weights.tensors.items():
+                    self.learner.state[name].copy_(value)
             self.loaded = version
 
     def collect(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self.worker is None:
+        if self.name != "worker" or self.learner is None:
             raise TransportError(f"the {self.name} cannot collect (not built as a worker)")
         self._load(message)
-        tensors = self.worker.collect().tensors()
-        episodes = int(tensors[VARIABLE[0]].numel())
-        capacity = tensors["rewards"].numel()
-        shapes = {
-            k: torch.empty(capacity, dtype=v.dtype, device="meta") if k in VARIABLE else v
-            for k, v in tensors.items()
-        }
-        reply: dict[str, Any] = {"op": "rollout", "episodes": episodes}
-        if self.rollout is None or not self.rollout.fits(shapes):
+        tensors = self.learner.collect()
+        reply: dict[str, Any] = {"op": "rollout"}
+        if self.rollout is None or not self.rollout.fits(tensors):
             if self.rollout is not None:
                 self.rollout.unlink()  # gone already once the learner mapped it
             self.files += 1
             path = self.directory / f"{os.getpid()}-rollout-{self.files}.shm"
-            self.rollout = SharedTensors(path, layout_of(shapes), create=True)
+            self.rollout = SharedTensors(path, layout_of(tensors), create=True)
             reply["layout"] = self.rollout.layout
-        with torch.no_grad():
-            for name, value in tensors.items():
-                target = self.rollout.tensors[name]
-                (target[:episodes] if name in VARIABLE else target).copy_(value)
+        self.rollout.write(tensors)
         reply["file"] = self.rollout.path.name
         return reply
 
     def evaluate(self, message: dict[str, Any]) -> dict[str, Any]:
-        if self.evaluator is None:
+        if self.name != "evaluator" or self.learner is None:
             raise TransportError(f"the {self.name} cannot evaluate (not built as an evaluator)")
         self._load(message)
-        result = self.evaluator.evaluate(self.policy)
+        assert self.envs is not None and self.config is not None
+        envs = self.envs
+        assert envs.evaluation is not None
+        [result] = self.learner.evaluate(
+            envs.evaluation, envs.start, self.config.evaluation_seed, False
+        )
         return {
             "op": "result",
             "mean": result.mean,
@@ -142,10 +153,9 @@ class _Role:
         }
 
     def close(self) -> None:
-        for role in (self.worker, self.evaluator):
-            if role is not None:
-                role.env.close()
-        self.worker = self.evaluator = None
+        if self.envs is not None:
+            self.envs.close()
+        self.envs = self.learner = None
         if self.rollout is not None:
             self.rollout.unlink()
             self.rollout = None

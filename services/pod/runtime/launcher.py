@@ -47,8 +47,7 @@ PRELOAD = (
     "services.pod.runtime.rounds",
     "services.pod.training.onpolicy",
     "services.pod.training.offpolicy",
-    "services.pod.training.population_trainer",
-    "services.pod.training.offpolicy_population",
+    "services.pod.roles.learner",
 )
 
 

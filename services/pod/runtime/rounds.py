@@ -54,7 +54,7 @@ from services.pod.runtime.metrics import PodMetrics
 from services.pod.training.checkpoint import MANIFEST, CheckpointError, write_files
 from services.pod.training.presets import pod_config
 from services.pod.training.tensorboard import Board
-from services.pod.training.trainer import Roles, RunConfig, Trainer, build_trainer, note_trained
+from services.pod.training.trainer import Roles, RunConfig, Trainer, build_trainer
 
 log = get_logger(__name__)
 
@@ -324,7 +324,6 @@ class PodRuntime:
         trainer.wait()  # the round's seconds count its training, not only its launches
         self.rounds += 1
         steps, updates = trainer.env_steps - start_steps, trainer.updates - start_updates
-        note_trained(trainer, steps)
         for slot in self.slots:  # steps and updates are per slot
             slot.unreported_steps += steps
         self.env_steps += steps * self.size

@@ -1,15 +1,7 @@
-"""Backtest metrics of a trading agent, and the baselines it is compared with: buy-and-hold
-and equal weight rebalanced, both paying the env's transaction costs.
-
-Metrics follow pyfolio/empyrical (which FinRL reports), from an account-value series
-``V_0 .. V_n`` of one value per trading day, with daily returns ``r_t = V_t / V_{t-1} - 1``:
-
-* cumulative return ``V_n / V_0 - 1``;
-* annual return (CAGR) ``(V_n / V_0) ** (252 / n) - 1``;
-* annual volatility ``std(r, ddof=1) * sqrt(252)``;
-* Sharpe ratio ``mean(r) / std(r, ddof=1) * sqrt(252)`` (risk-free rate 0, as FinRL);
-* max drawdown ``min_t (V_t / max_{u<=t} V_u - 1)``, a fraction <= 0;
-* Calmar ratio ``annual return / |max drawdown|`` (NaN without a drawdown).
+"""Backtest metrics of a trading agent (pyfolio/empyrical's, which FinRL reports), the
+baselines it is compared with (buy-and-hold and equal weight rebalanced, both paying the env's
+transaction costs), and ``podium backtest``'s run of an agent's training files. Formulas:
+docs/trading.md, "Backtests".
 """
 
 from __future__ import annotations
@@ -51,7 +43,7 @@ class BacktestMetrics:
 def metrics(
     account_values: np.ndarray | list[float], periods_per_year: int = TRADING_DAYS_PER_YEAR
 ) -> BacktestMetrics:
-    """The metrics of the module docstring for one account-value series (>= 2 values)."""
+    """The metrics (docs/trading.md) of one account-value series (>= 2 values)."""
     values = np.asarray(account_values, dtype=np.float64)
     if values.ndim != 1 or len(values) < 2:
         raise ValueError("account_values must be a 1-D series of at least 2 values")

@@ -1,15 +1,8 @@
-"""The in-process tournaments' round loop, shared by the PPO tournament
-(services/pod/trading/tournament.py) and the portfolio gradient's
-(services/pod/trading/portfolio_gradient.py).
-
-Each round every agent trains, then is scored on the validation period; the best (agent,
-round) snapshot so far is kept (selection and early stopping on validation); then, but after
-the last round, PBT's exploit and explore: which agents restart from which parents is the
-leaderboard's decision (services/contracts/strategies.py ``population_exploits``: the bottom
-``truncation`` share copies a parent drawn from the top ``quantile``), and explore multiplies
-the named hyperparameters (learning rates: a log scale) by one of ``perturb_factors`` each, as
-the leaderboard's PBT does for a log-uniform hyperparameter. The copy takes the parent's
-weights, optimiser state and every per-agent hyperparameter, then the explored values.
+"""The in-process tournaments' round loop (tournament.py's PPO, portfolio_gradient.py's): each
+round every agent trains and is scored on the validation period, the best (agent, round)
+snapshot so far is kept, then PBT's exploit (the leaderboard's decision,
+services/contracts/strategies.py ``population_exploits``) and explore. Rules: docs/trading.md,
+"The in-process tournaments".
 """
 
 from __future__ import annotations
@@ -96,7 +89,7 @@ def run_local_tournament(
     seed: int,
     on_round: Callable[[int, list[float]], None] | None = None,
 ) -> Kept[S]:
-    """``rounds`` rounds of ``population`` (module docstring); without ``pbt`` the agents
+    """``rounds`` rounds of ``population`` (docs/trading.md); without ``pbt`` the agents
     train apart (best of P). ``explored``: the hyperparameters explore perturbs. ``seed``:
     PBT's draws (parents and factors), the only randomness here. ``on_round(round, scores)``:
     called with every agent's validation score after each round (a benchmark's clock)."""

@@ -1,43 +1,7 @@
-"""Market data for the stock-trading env: a synthetic market and a loader for users' OHLCV files.
-
-Nothing is downloaded. ``synthetic_market(seed, regime=...)`` is a deterministic market of
-several correlated stocks (daily log-returns: a common market factor times a per-stock beta
-plus an idiosyncratic part) in one of four regimes, each a documented generating process
-(``synthetic_market``'s docstring): ``mixed`` (the original market: slow per-stock AR(1)
-drifts on a bull/bear regime), ``trend`` (Markov-switching bull/bear market drift and
-persistent per-stock trends of both signs), ``mean_reversion`` (prices oscillate around a
-slowly growing fundamental value, an AR(1) log-deviation with a two-week half-life) and
-``crash`` (a calm bull market with rare crashes, each preceded by a stress spell of rising,
-more correlated volatility). ``load_csv(path)`` reads the user's own data.
-
-CSV format (one row per trading day and ticker; header required; extra columns ignored):
-
-======== ===================================================================
-column   meaning
-======== ===================================================================
-date     trading day, ISO ``YYYY-MM-DD``
-tic      ticker symbol (any non-empty string)
-open     opening price, > 0
-high     highest price of the day, >= max(open, close, low)
-low      lowest price of the day, > 0
-close    closing price, > 0 (the price trades are made at)
-volume   traded volume, >= 0
-======== ===================================================================
-
-Every date must list every ticker (a balanced panel, as FinRL requires); a bad row is reported
-with its line number and what is wrong with it.
-
-Technical indicators (per stock, causal: day t uses days <= t only, so splitting after the
-computation leaks nothing from the backtest period into training), a documented subset of
-FinRL's defaults: ``macd`` (EMA12 - EMA26 of the close), ``rsi_30`` (Wilder's RSI over 30
-days, 0..100), ``cci_30`` (commodity channel index over 30 days), ``dx_30`` (directional
-movement index over 30 days, 0..100). The first days, before a window is full, use the days
-available. Market-wide, FinRL's ``turbulence`` (``turbulence_index``): the Mahalanobis distance
-of day t's vector of returns from the mean of the previous year's returns, under their
-covariance (days t-252 .. t-1 only), 0 while fewer than 60 days of history exist. Per stock,
-``momentum``: the trailing log-returns over a quarter, half a year and a year of trading days
-(``MOMENTUM_WINDOWS``; FinRL's ``close_30_sma`` / ``close_60_sma`` play this role at shorter
-horizons), over the days available while fewer exist.
+"""Market data for the stock-trading env: deterministic synthetic markets in four regimes
+(``synthetic_market``), a loader for users' OHLCV files (``load_csv``) and the causal indicators
+the env observes. Nothing is downloaded. The regimes' generating processes, the CSV format and
+the indicators' definitions: docs/trading.md, "Market data".
 """
 
 from __future__ import annotations
@@ -72,7 +36,7 @@ class MarketData:
     close: np.ndarray
     volume: np.ndarray
     indicators: np.ndarray  # (T, S, len(INDICATORS))
-    turbulence: np.ndarray  # (T,) market-wide, causal (see the module docstring)
+    turbulence: np.ndarray  # (T,) market-wide, causal (docs/trading.md)
     momentum: np.ndarray  # (T, S, len(MOMENTUM_WINDOWS)) trailing log-returns, causal
 
     @classmethod
@@ -173,7 +137,7 @@ def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
 def compute_indicators(
     high: np.ndarray, low: np.ndarray, close: np.ndarray, window: int = 30
 ) -> np.ndarray:
-    """MACD, RSI, CCI and DX (see the module docstring) as (T, S, 4)."""
+    """MACD, RSI, CCI and DX (docs/trading.md, "Indicators") as (T, S, 4)."""
     macd = _ema(close, span=12) - _ema(close, span=26)
 
     change = np.diff(close, axis=0, prepend=close[:1])
@@ -253,8 +217,14 @@ def _markov_sign(rng: np.random.Generator, n: int, mean_duration: float) -> np.n
 def _regime_returns(
     rng: np.random.Generator, regime: str, num_days: int, num_stocks: int
 ) -> np.ndarray:
-    """Daily log-returns (T, S) of the non-``mixed`` regimes (see ``synthetic_market``)."""
+    """Daily log-returns (T, S) of ``regime`` (docs/trading.md, "Synthetic markets")."""
     t, s = num_days, num_stocks
+    if regime == "mixed":  # its own order of draws: the other regimes came later
+        drift = _ar1(rng, 0.995, 0.0015, (t, s))
+        bull_bear = _markov_sign(rng, t, 120.0) * 0.0005
+        beta = rng.uniform(0.6, 1.4, s)
+        market = rng.normal(0.0, 0.01, t)
+        return bull_bear[:, None] + drift + beta * market[:, None] + rng.normal(0.0, 0.01, (t, s))
     beta = rng.uniform(0.7, 1.3, s)
     if regime == "trend":
         bull = _markov_sign(rng, t, 250.0)
@@ -295,30 +265,9 @@ def synthetic_market(
     regime: str = "mixed",
     replica: int | None = None,
 ) -> MarketData:
-    """A deterministic market: same arguments, same data, on every machine.
-
-    ``replica`` = k >= 0 gives another market of the same regime and shape, drawn from a
-    stream of its own: replica k of market seed m is no market seed's market, so a simulator
-    of a regime can train on replicas while the markets it is judged on stay unseen.
-
-    Log-returns (per day t and stock s; ``beta_s`` uniform in the ranges below, the
-    market factor ``m`` common to every stock, ``e`` idiosyncratic, daily figures):
-
-    * ``mixed``: ``r = regime_drift[t] + drift[t, s] + beta_s * m[t] + e[t, s]``, ``m`` and
-      ``e`` vol 1%, a bull/bear regime switching on average every ~120 days (±0.05%) and a
-      per-stock drift that is a slow AR(1) (φ = 0.995, stationary std 0.15%): trends persist
-      for months, visible to MACD/RSI while each day is still mostly noise.
-    * ``trend``: a Markov bull/bear market (mean duration 250 days; drift +0.06% / -0.05%,
-      vol 0.9%), per-stock AR(1) drifts (φ = 0.998, std 0.10%: some stocks trend down for
-      years), ``e`` vol 1.2%, beta 0.7..1.3. Momentum pays.
-    * ``mean_reversion``: log price = fundamental + deviation; the fundamental is a random walk
-      (market drift +0.03%, market vol 0.6%, own vol 0.4%), the deviation an AR(1) (φ = 0.95,
-      half-life ~14 days, stationary std 6%). Buying below the moving average pays.
-    * ``crash``: a calm bull market (drift +0.07%, vol 0.8%, ``e`` vol 0.9%); about every 400
-      trading days a stress spell of 15-30 days (market vol 2.5%, drift -0.2%) then a crash of
-      5-10 days (drift -1.5% to -3% a day, vol 3%), then at least 40 calm days. Turbulence
-      rises in the stress spell, before the crash.
-    """
+    """A deterministic market: same arguments, same data, on every machine. ``replica`` = k >= 0
+    is another market of the same regime and shape, from a stream of its own (no market seed's
+    market). The regimes' processes: docs/trading.md, "Synthetic markets"."""
     if num_stocks < 1 or num_days < 60:
         raise ValueError("synthetic_market needs num_stocks >= 1 and num_days >= 60")
     if regime not in REGIMES:
@@ -332,31 +281,8 @@ def synthetic_market(
     if replica is not None:
         entropy += [0x5E9, replica]
     rng = np.random.default_rng(np.random.SeedSequence(entropy))
-    if regime != "mixed":
-        log_ret = _regime_returns(rng, regime, num_days, num_stocks)
-    else:
-        log_ret = _mixed_returns(rng, num_days, num_stocks)
+    log_ret = _regime_returns(rng, regime, num_days, num_stocks)
     return _ohlcv(rng, log_ret, num_stocks, num_days, start)
-
-
-def _mixed_returns(rng: np.random.Generator, num_days: int, num_stocks: int) -> np.ndarray:
-    """Daily log-returns (T, S) of the ``mixed`` regime (see ``synthetic_market``)."""
-    phi, drift_std = 0.995, 0.0015
-    drift = np.empty((num_days, num_stocks))
-    drift[0] = rng.normal(0.0, drift_std, num_stocks)
-    shocks = rng.normal(0.0, drift_std * math.sqrt(1 - phi**2), (num_days, num_stocks))
-    for t in range(1, num_days):
-        drift[t] = phi * drift[t - 1] + shocks[t]
-    regime = np.empty(num_days)
-    state = 1.0
-    switches = rng.random(num_days) < 1.0 / 120
-    for t in range(num_days):
-        state = -state if switches[t] else state
-        regime[t] = state * 0.0005
-    beta = rng.uniform(0.6, 1.4, num_stocks)
-    market = rng.normal(0.0, 0.01, num_days)
-    idio = rng.normal(0.0, 0.01, (num_days, num_stocks))
-    return regime[:, None] + drift + beta * market[:, None] + idio
 
 
 def _ohlcv(
@@ -381,7 +307,7 @@ def _ohlcv(
 
 # -- CSV loader --------------------------------------------------------------------------------
 def load_csv(path: str | Path) -> MarketData:
-    """Read OHLCV rows (columns in the module docstring) into a ``MarketData``.
+    """Read OHLCV rows (columns: docs/trading.md, "Your own data") into a ``MarketData``.
 
     Raises ``MarketDataError`` naming missing columns, or the line and the problem of a bad row."""
     path = Path(path)

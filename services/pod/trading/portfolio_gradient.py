@@ -1,36 +1,10 @@
 """Portfolio gradient: FinRL's policy gradient over an EIIE policy, for StockTrading-v0's
-target-weight actions (``action_mode="weights"``), as a tournament of P agents in one process.
-
-An account that holds the weights ``w_t`` (per stock, the rest cash) from one close to the
-next earns a known function of them: ``R_t = w_t · r_t - c |w_t - w_{t-1}|₁``, with ``r_t`` the
-stocks' returns to the next close and ``c`` the transaction cost. The market does not depend
-on the account (no market impact), so the Sharpe ratio of ``R`` over a whole period is a
-differentiable function of the policy's parameters, and its exact gradient over the whole
-train period replaces PPO's estimate from sampled actions (Jiang, Xu & Liang 2017, "A Deep
-Reinforcement Learning Framework for the Financial Portfolio Management Problem"; FinRL's
-``portfolio_optimization`` PolicyGradient). On the synthetic trend markets PPO's estimate,
-through actions of std 0.6, does not find the per-stock momentum that a fixed rule profits
-from; this gradient does (docs/benchmarks.md, "Session 17").
-
-Policy (EIIE: one scorer shared by every stock): stock s's score is a linear function of its
-own features (close / 30-day mean, the four indicators and, with ``momentum``, the three
-trailing returns), the split between the stocks is the softmax of the scores, and the invested
-fraction a logistic function of the market-wide features (with ``turbulence``: turbulence and
-realised volatility). A shared scorer sees every stock-day as a sample of one rule, and cannot
-learn "the stock in slot 3 rises" from the train period.
-
-The tournament: P agents (each its own learning rate and L2 penalty) climb their train Sharpe
-in lock-step, full-batch Adam (services/pod/algorithms/batched_adam.py), ``round_steps`` steps
-a round; after each round every agent is scored by its Sharpe on the validation period (the
-same closed form, fractional shares), the best (agent, round) snapshot is kept, and PBT's
-exploit and explore restart the worst quarter from a parent with its learning rate times 0.8
-or 1.2: the round loop of services/pod/trading/local_tournament.py, which the PPO tournament
-(``services.pod.trading.tournament``) runs too. The kept policy acts in StockTradingEnv
-(``PortfolioPolicy.act``), where a backtest pays whole shares and the env's costs.
-
-The same agent trains in a pod (``PortfolioGradient``, registered as ``portfolio_gradient``;
-its trainer is services/pod/trading/portfolio_trainer.py), where the experiment's tournament,
-not this module's loop, scores, keeps and copies the agents.
+target-weight actions (``action_mode="weights"``). The account's daily returns are a closed form
+of the weights (``net_returns``), so the exact gradient of the train period's Sharpe ratio
+replaces PPO's sampled estimate. Here: the shared per-stock scorer (``PortfolioPolicy``), its
+full-batch Adam (``PortfolioLearner``), the in-process tournament of P agents (``PortfolioPlan``,
+on local_tournament.py's round loop) and the pod algorithm ``portfolio_gradient`` (trained by
+portfolio_trainer.py). Reference: docs/trading.md, "The portfolio-gradient agent".
 """
 
 from __future__ import annotations
@@ -48,7 +22,7 @@ from torch import nn
 
 from services.contracts.algorithms.portfolio_gradient.config import PortfolioGradientConfig
 from services.contracts.strategies import PBTOptions
-from services.pod.algorithms.batched_adam import BatchedAdam
+from services.pod.algorithms.adam import BatchedAdam
 from services.pod.trading.env import ACCOUNT_BLOCKS, market_features, observation_blocks
 from services.pod.trading.local_tournament import LOCAL_PBT, run_local_tournament
 from services.pod.trading.market import (
@@ -361,7 +335,7 @@ def run_portfolio_tournament(
     on_round: Callable[[int, list[float]], None] | None = None,
 ) -> PortfolioResult:
     """Train the plan's agents on ``train``, keep the snapshot with the best Sharpe on
-    ``validation`` (module docstring). Reads neither any other period nor any randomness
+    ``validation`` (docs/trading.md). Reads neither any other period nor any randomness
     but PBT's choice of perturbation (``plan.seed``)."""
     p = len(plan.hyperparameters)
     if p < 1 or plan.rounds < 1 or plan.round_steps < 1:

@@ -1,14 +1,8 @@
-"""The portfolio gradient's trainer: one agent of services/pod/trading/portfolio_gradient.py
-in a pod, behind the trainer contract (services/pod/training/trainer.py), so ``podium train`` and an
-experiment's tournament train it as they train PPO.
-
-One ``step`` is one full-batch Adam step on the Sharpe ratio of the train period of the env's
-market (the period a PPO agent's train env runs in). It reads every day of that period once,
-so it counts as that many env steps: a budget in env steps buys a gradient agent as many
-market days as a PPO agent. The evaluation is the env's own: deterministic episodes of the
-evaluation env (with ``eval_env_kwargs`` ``{mode: validation, score: sharpe}``, one pass over
-the validation period in whole shares, paying the env's costs), the score a PPO agent of the
-same experiment gets, so the leaderboard ranks both on one scale.
+"""The portfolio gradient's trainer: one agent of portfolio_gradient.py in a pod, behind the
+trainer contract (services/pod/training/trainer.py), so ``podium train`` and an experiment's
+tournament train it as they train PPO. A ``step`` is one full-batch Adam step on the train
+period's Sharpe ratio; the evaluation is the env's own, on PPO's scale (docs/trading.md, "In a
+pod").
 """
 
 from __future__ import annotations
@@ -144,7 +138,9 @@ class PortfolioTrainer(Trainer[PortfolioRunConfig]):
 
     @property
     def step_env_steps(self) -> int:
-        return len(self.learner.train.close)  # every day of the train period, once
+        # Every day of the train period, read once: an env-step budget buys a gradient agent
+        # as many market days as a PPO agent.
+        return len(self.learner.train.close)
 
     def step(self) -> None:
         self._train_sharpe = float(self.learner.step()[0])

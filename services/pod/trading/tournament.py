@@ -1,22 +1,14 @@
-"""A stock-trading tournament in one process: P PPO agents, scored on the validation period
-(``evaluate_market`` also runs services/pod/trading/portfolio_gradient.py's tournament).
-
-The leaderboard's rule, in process: P agents (each its own hyperparameters and seed) train in
-lock-step (``services.pod.training.population.PopulationPPO``) on the train period; after every
-round each agent is scored by its Sharpe ratio over one deterministic pass of the validation
-period, the best (agent, round) snapshot so far is kept (selection and early stopping on
-validation), and, as PBT's exploit/explore, the worst quarter of the agents restart from a
-parent with its learning rate and entropy coefficient perturbed: the round loop of
-services/pod/trading/local_tournament.py, which the portfolio gradient's tournament runs too,
-with the leaderboard's PBT decision. What comes back is the kept snapshot's policy, to
-backtest afterwards.
-
-``run_tournament`` takes the train and validation periods only, so nothing it does (training,
-scoring, exploiting, keeping) can read the backtest period.
+"""A stock-trading tournament in one process: P PPO agents trained in lock-step on the train
+period and scored by their Sharpe ratio on the validation period, on local_tournament.py's
+round loop; ``evaluate_market`` runs it (or the portfolio gradient's) on one market and
+backtests what it kept. ``run_tournament`` takes the train and validation periods only, so
+nothing it does can read the backtest period. Reference: docs/trading.md, "The in-process
+tournaments".
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +19,8 @@ import torch
 
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.contracts.strategies import PBTOptions
-from services.pod.algorithms.ppo import PPO
+from services.pod.algorithms.ppo import HYPERPARAMETERS, PPO
+from services.pod.roles.learner import PPOLearner
 from services.pod.trading.backtest import (
     buy_and_hold,
     equal_weight,
@@ -35,11 +28,10 @@ from services.pod.trading.backtest import (
     run_backtest,
     run_backtest_batch,
 )
-from services.pod.trading.env import StockTradingEnv, split_periods
+from services.pod.trading.env import StockTrading, StockTradingEnv, split_periods
 from services.pod.trading.local_tournament import LOCAL_PBT, run_local_tournament
 from services.pod.trading.market import MarketData
 from services.pod.trading.portfolio_gradient import PortfolioPlan, PortfolioResult
-from services.pod.training.population import PopulationPPO
 
 
 @dataclass(frozen=True)
@@ -104,17 +96,13 @@ def sharpe_of(values: np.ndarray) -> float:
 
 
 def validation_sharpes(
-    population: PopulationPPO, validation: MarketData, env_kwargs: Mapping[str, Any]
+    population: PPOLearner, validation: MarketData, env_kwargs: Mapping[str, Any]
 ) -> list[float]:
     """Every agent's Sharpe over one deterministic pass of ``validation`` (one
     sub-environment per agent, all from the period's first day)."""
     p = population.size
     env = StockTradingEnv(num_envs=p, mode="validation", data=validation, **env_kwargs)
-
-    def act(obs: torch.Tensor) -> torch.Tensor:
-        return population._deterministic(obs.view(p, 1, -1)).reshape(p, -1)
-
-    values = run_backtest_batch(env, act)
+    values = run_backtest_batch(env, population.act)
     return [sharpe_of(values[:, i]) for i in range(p)]
 
 
@@ -138,21 +126,29 @@ def run_tournament(
         raise ValueError("need rounds >= 1 and round_env_steps >= 1")
     p = len(hyperparameters)
     kwargs = {k: v for k, v in env_kwargs.items() if k != "mode"}
-    env = StockTradingEnv(num_envs=p * ppo.num_envs, mode="train", data=train, seed=seed, **kwargs)
+    env = StockTrading(mode="train", data=train, **kwargs)
     iterations = plan.iterations
-    population = PopulationPPO(
+    seeds = [seed * 1000 + i for i in range(p)]
+    agents: list[PPO] = []
+    for agent_seed, values in zip(seeds, hyperparameters, strict=True):
+        torch.manual_seed(agent_seed)
+        config = ppo.model_copy(update=dict(values))
+        agents.append(PPO(env.single_observation_space, env.single_action_space, config))
+    population = PPOLearner(
         env,
         ppo,
+        agents,
         hyperparameters,
-        [seed * 1000 + i for i in range(p)],
+        seeds,
         total_env_steps=rounds * iterations * ppo.num_envs * ppo.num_steps,
+        device=torch.device("cpu"),
+        max_episode_steps=env.max_episode_steps,
     )
-    agents = _Population(population, validation, kwargs, iterations)
+    driver = _Population(population, validation, kwargs, iterations, agents)
     kept = run_local_tournament(
-        agents, rounds, plan.pbt if plan.exploit else None, EXPLORED, seed, on_round
+        driver, rounds, plan.pbt if plan.exploit else None, EXPLORED, seed, on_round
     )
-    final = [population.agent(i, adam_state=False) for i in range(p)]
-    env.close()
+    final = [driver.snapshot(i) for i in range(p)]
     return TournamentResult(kept.snapshot, kept.slot, kept.round, kept.score, kept.history, final)
 
 
@@ -167,29 +163,39 @@ class _Population:
 
     def __init__(
         self,
-        population: PopulationPPO,
+        population: PPOLearner,
         validation: MarketData,
         env_kwargs: Mapping[str, Any],
         iterations: int,
+        agents: Sequence[PPO],
     ) -> None:
         self.population, self.validation, self.env_kwargs = population, validation, env_kwargs
         self.size, self.iterations = population.size, iterations
+        self._agents = agents
+        # Each agent's hyperparameters as its config holds them (exact, not the tensors').
+        self._hyperparameters = [
+            {k: float(getattr(a.config, k)) for k in HYPERPARAMETERS} for a in agents
+        ]
 
     def train_round(self) -> None:
         for _ in range(self.iterations):
-            self.population.update(self.population.collect())
+            self.population.iterate()
 
     def validation_scores(self) -> list[float]:
         return validation_sharpes(self.population, self.validation, self.env_kwargs)
 
     def snapshot(self, i: int) -> PPO:
-        return self.population.agent(i, adam_state=False)  # to backtest, not to train
+        """Agent ``i`` as it is now, a module of its own (to keep and backtest)."""
+        agent = copy.deepcopy(self._agents[i])
+        agent.config = agent.config.model_copy(update=self._hyperparameters[i])
+        return self.population.agent(i, agent)
 
     def hyperparameters(self, i: int) -> dict[str, float]:
-        return self.population.hyperparameters[i]
+        return dict(self._hyperparameters[i])
 
     def copy(self, dst: int, src: int, hyperparameters: Mapping[str, float]) -> None:
-        self.population.copy_agent(dst, src, hyperparameters)
+        self._hyperparameters[dst] = {**self._hyperparameters[src], **hyperparameters}
+        self.population.copy(dst, src, self._hyperparameters[dst])
 
 
 #: The StockTradingEnv arguments that choose the periods, not the account or observation.
@@ -229,14 +235,11 @@ def evaluate_market(
     simulated: Sequence[MarketData] = (),
     on_round: Callable[[int, list[float]], None] | None = None,
 ) -> MarketReport:
-    """Split ``data`` in time (``env_kwargs``' split settings; a validation period is
-    required), run the tournament on train + validation (PPO agents for a ``TournamentPlan``,
-    services/pod/trading/portfolio_gradient.py's for a ``PortfolioPlan``), then backtest the kept
-    snapshot and the baselines, all paying the same transaction cost, on the backtest period.
-
-    ``simulated``: other markets of the same kind (``synthetic_market(replica=k)``) whose train
-    periods, cut at the same dates, the agents also train on; nothing else reads them. ``on_round``:
-    as ``run_tournament``'s."""
+    """Split ``data`` in time (``split_market``), run ``plan``'s tournament on train +
+    validation, then backtest the kept snapshot, slot 0's final policy and the baselines on the
+    backtest period (docs/trading.md). ``simulated``: other markets of the same kind whose train
+    periods, cut at the same dates, the agents also train on. ``on_round``: as
+    ``run_tournament``'s."""
     periods, kwargs = split_market(data, env_kwargs)
     split = {k: env_kwargs[k] for k in PERIOD_KWARGS if k in env_kwargs}
     train = [periods["train"], *(split_periods(m, **split)["train"] for m in simulated)]

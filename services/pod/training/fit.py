@@ -22,7 +22,6 @@ from services.pod.training.trainer import (
     RunConfig,
     Trainer,
     build_trainer,
-    note_trained,
     trainer_class,
 )
 
@@ -92,7 +91,6 @@ def fit(
     ``world`` > 1 the replicas agree on when to stop."""
     result = TrainResult(config=config)
     every = config.eval_every_steps
-    noted = trainer.env_steps  # told to the compiled trainer that declined, where one did
     next_eval = (trainer.env_steps // every + 1) * every
     clock = 0.0
     while trainer.env_steps < config.total_env_steps:
@@ -116,8 +114,6 @@ def fit(
             }
             if evaluate:
                 next_eval += every
-                note_trained(trainer, trainer.env_steps - noted)
-                noted = trainer.env_steps
                 [evaluation] = trainer.evaluate()
                 record["eval_return"] = evaluation.mean
                 record["eval_std"] = evaluation.std
@@ -138,6 +134,5 @@ def fit(
             stop = agree(stop)  # replicas must leave the loop together
         if stop:
             break
-    note_trained(trainer, trainer.env_steps - noted)
     result.train_seconds = clock
     return result

@@ -20,33 +20,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch import nn
 
 
-class ParameterAverager:
-    """Callable that replaces parameters, Adam moments and statistics by their group mean.
+class StateAverager:
+    """Callable that replaces a trainer's weights, Adam moments and statistics by their group
+    mean (``state``: services/pod/algorithms/ppo.py's, written in place).
 
-    Tensors are packed into one flat buffer per dtype, so a fusion is one all-reduce (two with
-    the float64 normalisation statistics) whatever the number of tensors. Adam's step counters
-    are equal on every replica (same number of minibatches) and are left alone. Running
-    observation statistics are averaged too: with equal counts the mean of means is exact and
-    the mean of variances leaves out the (small) spread between replicas.
+    One all-reduce per dtype (float32 weights and moments, float64 statistics), whatever the
+    number of layers. Adam's step counts are equal on every replica (same number of
+    minibatches) and are left alone. Running observation statistics are averaged too: with
+    equal counts the mean of means is exact and the mean of variances leaves out the (small)
+    spread between replicas.
     """
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None):
-        self.module = module
-        self.optimizer = optimizer
+    KEYS = ("params", "exp_avg", "exp_avg_sq", "obs_mean", "obs_var", "ret_mean", "ret_var")
+
+    def __init__(self, state: dict[str, torch.Tensor], shape: object = None) -> None:
+        self.state = state
 
     def _groups(self) -> dict[torch.dtype, list[torch.Tensor]]:
-        tensors = [p.data for p in self.module.parameters()]
-        tensors += [b for b in self.module.buffers() if b.dtype.is_floating_point]
-        if self.optimizer is not None:
-            for param in self.module.parameters():
-                state = self.optimizer.state.get(param, {})
-                tensors += [state[k] for k in ("exp_avg", "exp_avg_sq") if k in state]
         groups: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in tensors:
-            groups.setdefault(t.dtype, []).append(t)
+        for key in self.KEYS:
+            groups.setdefault(self.state[key].dtype, []).append(self.state[key])
         return groups
 
     @staticmethod
@@ -55,7 +50,7 @@ class ParameterAverager:
         torch._foreach_copy_(tensors, [p.view_as(t) for p, t in zip(parts, tensors, strict=True)])
 
     @torch.no_grad()
-    def __call__(self) -> None:
+    def __call__(self, state: object = None) -> None:
         world = dist.get_world_size()
         if world == 1:
             return
@@ -66,7 +61,7 @@ class ParameterAverager:
 
     @torch.no_grad()
     def broadcast(self, src: int = 0) -> None:
-        """Make every replica start from ``src``'s parameters (and moments, statistics)."""
+        """Make every replica start from ``src``'s weights (and moments, statistics)."""
         if dist.get_world_size() == 1:
             return
         for tensors in self._groups().values():

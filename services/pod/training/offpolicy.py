@@ -1,25 +1,34 @@
-"""The off-policy trainer (SAC, TD3, DDPG, DQN family): one agent, fused in one process.
+"""The off-policy trainer (SAC, TD3, DDPG, DQN family, and plugins of it): P agents ("slots")
+of one algorithm trained together in one process, P >= 1 (one agent is a stack of one).
 
 The same worker → learner → evaluator split as PPO's (services/pod/training/onpolicy.py), in the
 shape off-policy methods need, one vector step at a time:
 
-* worker (services/pod/roles/worker.py ``ReplayWorker``): step every sub-environment with the
-  exploring policy and append the N transitions to the replay buffer;
-* learner (services/pod/roles/learner.py ``ReplayLearner``): ``updates_per_step`` gradient updates
-  per env step (the update-to-data ratio), each on a fresh minibatch sampled from the buffer;
-* evaluator: deterministic episodes on its own env.
+* worker (services/pod/roles/worker.py ``ReplayWorker``): step the P x N sub-environments with
+  each agent's exploring policy and append its N transitions to its replay buffer;
+* learner (services/pod/roles/learner.py ``ReplayLearner``): ``updates_per_step`` gradient
+  updates per env step (the update-to-data ratio) of every agent, each on a fresh minibatch of
+  its buffer, by the algorithm's one update (services/pod/algorithms/stacked.py ``KStep``),
+  eager or compiled (``compile``, decided by the one rule of
+  services/pod/algorithms/compiled.py), ``updates_per_call`` per call compiled, and on a GPU one
+  CUDA graph per call;
+* evaluator: deterministic episodes of every agent on its slice of its own env.
 
-Many cheap torch-native sub-environments and few large-batch updates is what makes this fast
-in wall time: on a CPU a gradient step of small networks costs far more (per-op overhead and
-small matmuls) than a vector step of tens of sub-environments, so wall time tracks the number
-of gradient steps, and fresh data is nearly free (docs/benchmarks.md).
+Many cheap torch-native sub-environments and few large-batch updates is what makes this fast in
+wall time: on a CPU a gradient step of small networks costs far more (per-op overhead and small
+matmuls) than a vector step of tens of sub-environments, so wall time tracks the number of
+gradient steps, and fresh data is nearly free (docs/benchmarks.md).
 
-The roles always run in this process: the worker steps one vector step at a time into a replay
-buffer the learner samples, which the process split (services/pod/roles/multiprocess.py, built
-around PPO's rollouts) lacks."""
+Each slot saves and loads exactly the training files a single agent of its algorithm has
+(weights, optimiser, replay buffer, counters), so PBT's exploit copies a slot from any pod's
+files and ``podium export`` loads a slot's. Settings that shape the networks, the data or the
+loop are shared by the slots (refused when they differ: ``HyperparameterError`` naming the
+field); they may differ in the card's population hyperparameters and their seeds. The roles
+always run in this process."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -31,15 +40,17 @@ from pydantic import BaseModel, Field, create_model, model_validator
 from services.contracts.algorithms.card import AlgorithmCard, card
 from services.contracts.algorithms.ddpg.config import DDPGConfig
 from services.contracts.algorithms.dqn.config import DQNConfig
+from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.algorithms.offpolicy import ReplayLoopConfig
 from services.contracts.algorithms.sac.config import SACConfig
 from services.contracts.algorithms.td3.config import TD3Config
 from services.logs import get_logger
-from services.pod.algorithms.kstep import COMPILED, should_compile_updates
+from services.pod.algorithms.compiled import CompileFailedError, Decision, compile_clock
 from services.pod.algorithms.replay_buffer import ReplayBuffer
 from services.pod.algorithms.spaces import check_action_space
-from services.pod.roles.evaluator import EvalResult, Evaluator
-from services.pod.roles.learner import KStepLearner, ReplayLearner
+from services.pod.algorithms.stacked import KStep, Stack, StackedReplay
+from services.pod.roles.evaluator import EvalResult, evaluate_groups
+from services.pod.roles.learner import ReplayLearner
 from services.pod.roles.worker import ReplayWorker
 from services.pod.training.checkpoint import (
     CheckpointError,
@@ -118,8 +129,8 @@ def offpolicy_trainer(algorithm: str) -> type[OffPolicyTrainer]:
 
 
 class OffPolicyTrainer(Trainer[OffPolicyConfig]):
-    """One off-policy agent (one slot); ``step`` is one vector step of worker → replay →
-    learner."""
+    """``len(configs)`` agents of one off-policy algorithm; ``step`` is one vector step of
+    worker → replay → learner for every agent at once."""
 
     config_class = OffPolicyConfig
     one_update_per_step = False
@@ -129,151 +140,276 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
     def for_algorithm(cls, card: AlgorithmCard) -> type[Trainer]:
         return offpolicy_trainer(card.name)
 
-    def __init__(self, configs: Sequence[OffPolicyConfig], roles: Roles | None = None) -> None:
-        [config] = configs
+    def __init__(
+        self,
+        configs: Sequence[OffPolicyConfig],
+        roles: Roles | None = None,
+        horizon_env_steps: int | None = None,
+    ) -> None:
+        first = configs[0]
         train_in_process(
             roles,
             "off-policy agents train fused: worker, learner and evaluator in this process",
-            algorithm=config.algorithm,
+            algorithm=first.algorithm,
         )
-        self.size = 1
-        self._stats: dict[str, torch.Tensor] = {}
-        self._built = False
-        self.reset(0, config)
-
-    def reset(self, slot: int, config: OffPolicyConfig) -> None:
-        """Construct env, agent, replay buffer and evaluator for ``config``."""
-        self.close()
-        self._config = config
-        # Looked up by registered name: a config can name an algorithm, never a module.
-        algorithm = algorithm_class(config.algorithm)
-        torch.manual_seed(config.seed)
-        env, eval_env = config.make_envs(config.num_envs)
-        obs_space, action_space = env.single_observation_space, env.single_action_space
+        self.size = p = len(configs)
+        self.configs = list(configs)
+        self.algorithm = algorithm_class(first.algorithm)
+        for config in configs:
+            self._check(config)
+        self.env, self.eval_env = first.make_envs(first.num_envs, slots=p)
         try:
-            check_action_space(config.algorithm, action_space)
+            check_action_space(first.algorithm, self.env.single_action_space)
         except ValueError:
-            env.close()
-            eval_env.close()
+            self.close()
             raise
-        self.agent = algorithm(obs_space, action_space, config.agent_config).to(config.device)
-        self.buffer = ReplayBuffer(
-            config.buffer_size,
-            tuple(obs_space.shape),
-            self.agent.action_shape,
-            torch.int64 if self.agent.discrete else torch.float32,
-            device=env.device,
+        self.device = self.env.device
+        singles = [self._single(c) for c in configs]
+        self.population: Stack = self.algorithm.Stack([agent for agent, _ in singles])
+        self.replay = StackedReplay(p, singles[0][1])
+        # Exploration noise and random actions of every agent.
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(first.seed)
+        kstep = KStep(
+            self.population,
+            self.replay.fields,
+            self.replay.filled,
+            first.batch_size,
+            [c.seed for c in configs],
         )
-        # Exploration noise and minibatch sampling.
-        self.generator = torch.Generator(device=env.device)
-        self.generator.manual_seed(config.seed)
+        horizon = horizon_env_steps or first.total_env_steps
+        if first.target_return is not None and first.expected_env_steps:
+            horizon = min(horizon, 2 * first.expected_env_steps)
+        updates = max(0, horizon - first.learning_starts) * first.updates_per_step
+        self.decision = Decision(first.compile, "offpolicy", self.device, units=updates * p)
+        self.learner = ReplayLearner(
+            self.population,
+            self.replay,
+            first.learning_starts,
+            first.updates_per_step,
+            kstep,
+            compiled=bool(self.decision.compiled),
+            k=first.updates_per_call,
+        )
         self.worker = ReplayWorker(
-            env, self.agent, self.buffer, self.generator, config.learning_starts, config.seed
+            self.env,
+            self.population,
+            self.replay,
+            self.generator,
+            first.learning_starts,
+            first.seed,
+            self.learner.slot_env_steps,
         )
-        schedule = (config.learning_starts, config.updates_per_step, config.batch_size)
-        if compile_updates(config, env.device, 1):
-            self.learner: ReplayLearner = KStepLearner(
-                self.agent,
-                self.buffer,
-                self.generator,
-                *schedule,
-                k=config.updates_per_call,
-                seed=config.seed,
-                compile=True,
-            )
+        self._stats: dict[str, torch.Tensor] = {}
+        self.compile_seconds = 0.0
+        self._describe()
+
+    def _describe(self) -> None:
+        d = self.decision
+        if d.compiled is None:
+            self.compiled = f"deciding ({d.mode}: timing the first eager updates)"
+        elif d.compiled:
+            self.compiled = f"compiled (update; {d.reason})"
         else:
-            self.learner = ReplayLearner(self.agent, self.buffer, self.generator, *schedule)
-        self.evaluator = Evaluator(eval_env, seed=config.evaluation_seed)
-        self._built = True
+            self.compiled = f"eager ({d.reason})"
+
+    def _check(self, config: OffPolicyConfig) -> None:
+        """Refuse a config whose shared settings differ from the first slot's, naming them."""
+        first = self.configs[0].algorithm
+        if config.algorithm != first:
+            raise HyperparameterError(
+                f"algorithm: this population pod trains {first}, not {config.algorithm}"
+            )
+        if not hasattr(self.algorithm, "Stack"):
+            raise HyperparameterError(
+                f"{first} has no stacked update (its agent class names no Stack): the "
+                f"off-policy trainer cannot train it"
+            )
+        mine, theirs = _shared(config), _shared(self.configs[0])
+        if differ := sorted(k for k in mine if mine[k] != theirs[k]):
+            raise HyperparameterError(
+                f"population.agents_per_pod = {self.size}: {', '.join(differ)} differ between "
+                f"the agents of a population, which share them; it may vary "
+                f"{', '.join(_varied(config.algorithm))}"
+            )
+
+    def _single(self, config: OffPolicyConfig) -> tuple[Any, ReplayBuffer]:
+        """A fresh single agent and an empty buffer of the population's shape, seeded as a
+        single-agent pod seeds its agent."""
+        torch.manual_seed(config.seed)
+        env = self.env
+        agent = self.algorithm(
+            env.single_observation_space, env.single_action_space, config.agent_config
+        )
+        buffer = ReplayBuffer(
+            config.buffer_size,
+            tuple(env.single_observation_space.shape),
+            agent.action_shape,
+            torch.int64 if agent.discrete else torch.float32,
+            device=self.device,
+        )
+        return agent.to(self.device), buffer
+
+    # -- the clock ---------------------------------------------------------------------------
+    @property
+    def env_steps(self) -> int:
+        return self.learner.env_steps
 
     @property
-    def policy(self) -> torch.nn.Module:
-        return self.agent.policy
+    def updates(self) -> int:
+        return self.learner.updates
 
     @property
     def step_env_steps(self) -> int:
-        return self.worker.env.num_envs
+        return self.configs[0].num_envs
 
+    def counters(self, slot: int) -> Counters:
+        return Counters(*self.learner.slot_counters(slot))
+
+    # -- training ----------------------------------------------------------------------------
     def step(self) -> None:
         taken = self.worker.step(self.learner.env_steps)
-        self._stats = self.learner.learn(taken) or self._stats
+        before, updates, start = compile_clock(), self.learner.updates, time.perf_counter()
+        try:
+            self._stats = self.learner.learn(taken) or self._stats
+        except CompileFailedError as exc:
+            # Failed before its update ran: what is still owed is paid eager from here.
+            self.decision.failed(exc)
+            self.learner.compile(False, 1)
+            self._describe()
+            self._stats = self.learner.learn(0) or self._stats
+        done = self.learner.updates - updates
+        if done and self.decision.compiled is None:
+            seconds = time.perf_counter() - start
+            if self.decision.eager_call(seconds, done * self.size):
+                self.learner.compile(bool(self.decision.compiled), self.configs[0].updates_per_call)
+                self._describe()
+        spent = compile_clock() - before
+        if spent > 0.05:
+            self.compile_seconds += spent
+            log.info(
+                "compile.done", program="update", compile_s=round(spent, 2),
+                total_compile_s=round(self.compile_seconds, 2), agents=self.size,
+            )  # fmt: skip
 
     def progress(self) -> dict[str, float]:
-        record = {k: float(v) for k, v in self._stats.items()}
+        """The agents' last losses averaged; the mean return of every agent's episodes."""
+        record = {k: float(v.mean()) for k, v in self._stats.items()}
         if (train_return := self.worker.train_return()) is not None:
             record["train_return"] = train_return
         return record
 
     def evaluate(self) -> list[EvalResult]:
-        return [self.evaluator.evaluate(self.agent.policy)]
+        p = self.size
+
+        def act(obs: torch.Tensor) -> torch.Tensor:
+            action = self.population.deterministic(obs.view(p, obs.shape[0] // p, -1))
+            return action.reshape(obs.shape[0], *action.shape[2:])
+
+        return evaluate_groups(self.eval_env, act, groups=p, seed=self.configs[0].evaluation_seed)
 
     def config(self, slot: int) -> OffPolicyConfig:
-        return self._config
+        return self.configs[slot]
 
-    def counters(self, slot: int) -> Counters:
-        return Counters(self.learner.env_steps, self.learner.updates)
+    # -- training files ----------------------------------------------------------------------
+    def single(self, slot: int) -> tuple[Any, ReplayBuffer]:
+        """Slot ``slot`` as a single agent (weights, targets, Adam state) and its buffer."""
+        agent, buffer = self._single(self.configs[slot])
+        self.population.get(slot, agent)
+        self.replay.get(slot, buffer)
+        return agent, buffer
 
     def save(self, slot: int, directory: Path) -> None:
-        self.learner.sync()
-        save_offpolicy_files(directory, self, self._config)
+        config, counters = self.configs[slot], self.counters(slot)
+        agent, buffer = self.single(slot)
+        save_offpolicy_files(
+            directory, agent, buffer, self.generator, config,
+            {"env_steps": counters.env_steps, "updates": counters.updates,
+             "update_debt": self.learner.update_debt},
+        )  # fmt: skip
+
+    def _place(self, slot: int, agent: Any, buffer: ReplayBuffer, config: OffPolicyConfig,
+               counters: Counters) -> None:  # fmt: skip
+        self.population.put(slot, agent)
+        self.replay.put(slot, buffer)
+        self.configs[slot] = config
+        self.learner.place(slot, counters.env_steps, counters.updates)
+        # The slot updates with its own random stream, not its predecessor's next draws.
+        self.learner.kstep.reseed(slot, config.seed)
 
     def load(self, slot: int, directory: Path, config: OffPolicyConfig) -> None:
-        if config != self._config:
-            self.reset(slot, config)
-        load_offpolicy_files(directory, self)  # weights, optimiser, replay buffer
-        # A child explores with its own random stream, not its parent's next draws.
-        self.generator.manual_seed(config.seed)
-        for optimizer in self.agent.optimizers().values():
-            for group in optimizer.param_groups:
-                group["lr"] = config.agent_config.learning_rate
-        self.learner.reloaded(config.seed)
+        self._check(config)
+        agent, buffer = self._single(config)
+        counters = load_offpolicy_files(directory, agent, buffer)
+        # The slot trains with ``config``'s hyperparameters (PBT's explore), not its files'.
+        agent.config = config.agent_config
+        for group in agent.optimizer.param_groups:
+            group["lr"] = config.agent_config.learning_rate
+        self._place(
+            slot, agent, buffer, config,
+            Counters(int(counters["env_steps"]), int(counters["updates"])),
+        )  # fmt: skip
+        if self.size == 1:  # a child explores with its own random stream, not its parent's
+            self.generator.manual_seed(config.seed)
+            self.worker.obs = None  # fresh episodes, seeded by the loaded env steps
+            self.learner.env_steps = int(counters["env_steps"])
+            self.learner.updates = int(counters["updates"])
+            self.learner.update_debt = float(counters.get("update_debt", 0.0))
+            self.learner.place(slot, self.learner.env_steps, self.learner.updates)
+            # The update's draws go on where the files' agent left them (one per update).
+            self.learner.kstep.counter.fill_(self.learner.updates)
+
+    def reset(self, slot: int, config: OffPolicyConfig) -> None:
+        self._check(config)
+        agent, buffer = self._single(config)
+        self._place(slot, agent, buffer, config, Counters(0, 0))
 
     def close(self) -> None:
-        if self._built:
-            self.worker.env.close()
-            self.evaluator.env.close()
-            self._built = False
+        for env in (getattr(self, "env", None), getattr(self, "eval_env", None)):
+            if env is not None:
+                env.close()
+        self.env = self.eval_env = None  # type: ignore[assignment]
 
 
-def compile_updates(config: OffPolicyConfig, device: torch.device | str, agents: int) -> bool:
-    """Whether ``agents`` agents of ``config`` train with the compiled K-step update
-    (``config.compile``, resolved by services/pod/algorithms/kstep.py over the run's updates);
-    an algorithm without one (a plugin's) trains eager, logged where ``on`` asked for it."""
-    if config.compile == "off":
-        return False
-    if config.algorithm not in COMPILED:
-        if config.compile == "on":
-            log.warning(
-                "compile.unavailable",
-                mode=config.compile,
-                reason=f"no compiled K-step update for {config.algorithm}",
-                fallback="eager",
-            )
-        return False
-    updates = config.total_env_steps * config.updates_per_step * agents
-    return should_compile_updates(config.compile, device, updates)
+def _varied(algorithm: str) -> tuple[str, ...]:
+    found = card(algorithm).population
+    return found.hyperparameters if found else ()
+
+
+def _shared(config: OffPolicyConfig) -> dict[str, Any]:
+    """The fields every agent of a population shares (they shape the networks, the data or
+    the loop)."""
+    agent = config.agent_config.model_dump(exclude=set(_varied(config.algorithm)))
+    loop = {k: getattr(config, k) for k in ReplayLoopConfig.model_fields}
+    run = {
+        k: getattr(config, k)
+        for k in ("env", "env_kwargs", "eval_env_kwargs", "device", "eval_episodes")
+    }
+    return {**{f"{config.algorithm}.{k}": v for k, v in agent.items()}, **loop, **run}
 
 
 # -- training files --------------------------------------------------------------------------
 def save_offpolicy_files(
-    directory: Path, trainer: OffPolicyTrainer, config: OffPolicyConfig
+    directory: Path,
+    agent: Any,
+    buffer: ReplayBuffer,
+    generator: torch.Generator,
+    config: OffPolicyConfig,
+    counters: dict[str, int | float],
 ) -> dict[str, str]:
-    """Write the full training state, replay buffer included; returns file name → sha256.
-
-    ``actor.safetensors`` is the policy alone (enough to act), ``critic.safetensors`` every
-    other network (critics, targets, temperature).
-    """
-    agent = trainer.agent
+    """Write one agent's full training state, replay buffer included; returns file name →
+    sha256. ``actor.safetensors`` is the policy alone (enough to act), ``critic.safetensors``
+    every other network (critics, targets, temperature)."""
     state = agent.state_dict()
     files = {
         "actor.safetensors": tensor_bytes(agent.policy.state_dict()),
         "critic.safetensors": tensor_bytes(
             {k: v for k, v in state.items() if not k.startswith("policy.")}
         ),
-        "replay_buffer.safetensors": tensor_bytes(trainer.buffer.state_dict()),
-        "rng.safetensors": tensor_bytes({"generator": trainer.generator.get_state()}),
+        "replay_buffer.safetensors": tensor_bytes(buffer.state_dict()),
+        "rng.safetensors": tensor_bytes({"generator": generator.get_state()}),
         "hyperparameters.json": json_bytes(config.model_dump(mode="json")),
-        "counters.json": json_bytes(trainer.learner.counters()),
+        "counters.json": json_bytes(counters),
     }
     for name, optimizer in agent.optimizers().items():
         tensors, meta = optimizer_to_files(optimizer.state_dict())
@@ -282,9 +418,9 @@ def save_offpolicy_files(
     return write_files(directory, files, {"algorithm": agent.name})
 
 
-def load_offpolicy_files(directory: Path, trainer: OffPolicyTrainer) -> None:
-    """Restore ``trainer`` from verified training files. Raises ``CheckpointError``."""
-    agent = trainer.agent
+def load_offpolicy_files(directory: Path, agent: Any, buffer: ReplayBuffer) -> dict[str, Any]:
+    """Restore an agent and its replay buffer from verified training files; returns their
+    counters. Raises ``CheckpointError``."""
     optimizers = agent.optimizers()
     needed = {"actor", "critic", "replay_buffer", "rng", *optimizers}
     files = read_agent_files(directory, agent.name, needed)
@@ -292,13 +428,13 @@ def load_offpolicy_files(directory: Path, trainer: OffPolicyTrainer) -> None:
     state |= files.tensors["critic"]
     try:
         agent.load_state_dict(state, strict=True)
-        trainer.buffer.load_state_dict(files.tensors["replay_buffer"])
-        trainer.generator.set_state(files.tensors["rng"]["generator"])
+        buffer.load_state_dict(files.tensors["replay_buffer"])
         for name, optimizer in optimizers.items():
             optimizer.load_state_dict(
                 optimizer_from_files(files.tensors[name], files.documents[name])
             )
-        trainer.learner.load_counters(files.documents["counters"])
-        trainer.worker.obs = None  # fresh episodes, seeded by the loaded env steps
+        counters: dict[str, Any] = files.documents["counters"]
+        int(counters["env_steps"]), int(counters["updates"])
     except (KeyError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{directory}: does not fit this agent: {exc}") from exc
+    return counters

@@ -1,25 +1,56 @@
-"""PPO's trainer: worker → learner → evaluator over rollouts, one agent.
+"""The on-policy trainer: P PPO agents ("slots") trained together, P >= 1 (one agent is a
+population of one). What ``podium train`` and every PPO pod train.
 
-A step collects a rollout (services/pod/roles/worker.py ``RolloutWorker``) and makes one update
-(services/pod/roles/learner.py ``RolloutLearner``); the evaluator scores the learner's policy. The
-worker and evaluator run where the ``RolloutRoles`` put them: in this process, sharing the learner's
-policy object (``LocalRoles``, Anakin-style), or in processes or containers of their own
-(services/pod/roles/multiprocess.py), fed the learner's weights before every rollout or evaluation.
-``learners: N`` fuses N replicas by averaging (services/pod/training/fusion.py)."""
+Each step is one iteration of PPO (services/pod/algorithms/ppo.py) on explicit state: the worker's
+rollout (services/pod/roles/worker.py) of P agents x N sub-environments, then the learner's
+update (``ppo.learn``: GAE and epochs x minibatches), then, when asked, the evaluator's greedy
+episodes (services/pod/roles/evaluator.py). Where the env is functional
+(services/pod/envs/functional.py; its card says so) the whole iteration is functions of
+tensors: rollout chunks, the batch between rollout and updates, the minibatch update and the
+evaluation are programs (services/pod/algorithms/compiled.py) when ``compile`` says so, and on
+a GPU the iteration replays as one CUDA graph. A host-stepped env (gymnasium, EnvPool, a plugin
+``VecEnv``) steps on the host between the same functions, and its updates compile as well.
+Where the worker and evaluator run in other processes or containers
+(services/pod/roles/multiprocess.py) they step their own envs with the weights this trainer
+publishes; ``learners: N`` runs N replicas averaged after every epoch
+(services/pod/training/fusion.py).
+
+``compile`` (``auto | on | off``) is decided once per trainer by the one rule
+(``compiled.Decision``); the trainer's ``compiled`` line says what runs compiled and why.
+
+Each slot saves and loads the training files of a single PPO agent (``save_ppo_files``):
+weights, Adam moments and step, observation and return statistics, config and counters, so
+any PPO pod's files (a PBT parent) load into a slot and a slot's into any pod or ``podium
+export``. Loading writes into the state tensors the programs take, and its hyperparameters
+into the (P,) tensors: nothing compiles again. What would change the programs (the network,
+the rollout's shape, the env) is shared by the slots; the slots may differ only in the card's
+population hyperparameters (and the gradient clip) and their seeds.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, cast
+from typing import Any, ClassVar
 
 import torch
 
+from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
+from services.pod.algorithms import ppo
+from services.pod.algorithms.compiled import (
+    CompileFailedError,
+    Decision,
+    cached,
+    compile_clock,
+    mark_cached,
+)
+from services.pod.algorithms.ppo import PPO, PPO_STATS
+from services.pod.algorithms.spaces import check_action_space
 from services.pod.config import PPORunConfig
 from services.pod.roles.evaluator import EvalResult
-from services.pod.roles.learner import RolloutLearner
-from services.pod.roles.rollout_roles import LocalRoles, RolloutRoles, build_agent
+from services.pod.roles.learner import PPOEnvs, PPOLearner, per_agent
 from services.pod.training.checkpoint import (
     CheckpointError,
     TrainingFiles,
@@ -31,14 +62,23 @@ from services.pod.training.checkpoint import (
     tensor_bytes,
     write_files,
 )
-from services.pod.training.fusion import ParameterAverager
 from services.pod.training.trainer import Counters, Roles, Trainer
 
 log = get_logger(__name__)
 
+#: What the slots of one trainer may differ in: the per-agent tensors, the seed, ``compile``.
+_PER_SLOT = {*ppo.HYPERPARAMETERS, "compile"}
+
+
+def _shared(config: PPORunConfig) -> dict[str, Any]:
+    """The settings every slot of a trainer shares (all but ``_PER_SLOT`` and the seed)."""
+    run = config.model_dump(exclude={"ppo", "seed", "eval_seed"})
+    run["ppo"] = config.ppo.model_dump(exclude=_PER_SLOT)
+    return run
+
 
 class OnPolicyTrainer(Trainer[PPORunConfig]):
-    """One PPO agent (one slot)."""
+    """``len(configs)`` PPO agents (see the module docstring); counters are per agent."""
 
     config_class = PPORunConfig
     one_update_per_step = True
@@ -46,78 +86,267 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
     # LR is not annealed toward a budget unless the hyperparameters ask for it.
     pod_defaults: ClassVar[Mapping[str, object]] = {"ppo": {"anneal_lr": False}}
 
-    def __init__(self, configs: Sequence[PPORunConfig], roles: Roles | None = None) -> None:
-        [config] = configs
-        # Roles apart are services/pod/roles/multiprocess.py's, which implement RolloutRoles.
-        apart = roles is not None and not roles.in_process
-        self.roles = cast(RolloutRoles, roles) if apart else LocalRoles()
-        self.size = 1
-        self._stats: dict[str, float] = {}
-        self._returns = torch.zeros(0)
-        self.reset(0, config)
-
-    def reset(self, slot: int, config: PPORunConfig) -> None:
-        self._config = config
-        env, eval_env, agent = build_agent(config)
-        self.learner = RolloutLearner(agent, config.total_env_steps)
-        self.roles.build(config, env, eval_env, self.learner)
-
     @classmethod
     def replicas(cls, config: PPORunConfig) -> int:
         return config.learners
 
-    def join_group(self, world: int) -> None:
-        self.learner.world = world
-        averager = ParameterAverager(self.learner.agent, self.learner.agent.optimizer)
-        averager.broadcast(0)  # one starting point for all replicas
-        self.learner.after_epoch = averager
+    def __init__(
+        self,
+        configs: Sequence[PPORunConfig],
+        roles: Roles | None = None,
+        horizon_env_steps: int | None = None,
+    ) -> None:
+        first = configs[0]
+        self.size = p = len(configs)
+        self.configs = list(configs)
+        for config in configs:
+            self._check(config)
+        if reason := ppo.unsupported(first.ppo):
+            raise HyperparameterError(f"ppo: {reason}")
+        if p > 1 and first.learners > 1:
+            raise HyperparameterError("learners > 1 trains one agent per pod, not a population")
+        self.device = torch.device(first.device)
+        self.apart = roles is not None and not roles.in_process
+        if self.apart and p > 1:
+            raise HyperparameterError("a population pod runs its worker and evaluator in-process")
+        self.roles: Any = roles if self.apart else None
+        self._roles_built = False
+        self.world = 1
+        # Roles apart: the worker and the evaluator build and step their own envs.
+        self.envs = PPOEnvs.build(first, p, worker=not self.apart, evaluator=not self.apart)
+        self.fn = self.envs.fn
+        self.obs_space, self.action_space = self.envs.spaces(first)
+        try:
+            check_action_space("ppo", self.action_space)
+        except ValueError as exc:
+            self.close()
+            raise HyperparameterError(str(exc)) from None
+        train = self.envs.train
+        self.population = PPOLearner(
+            train,
+            first.ppo,
+            [self._fresh(c) for c in configs],
+            [per_agent(c.ppo) for c in configs],
+            [c.seed for c in configs],
+            first.total_env_steps,
+            self.device,
+            getattr(train, "max_episode_steps", None),
+            reset_seed=first.seed,
+        )
+        self.shape = self.population.shape
+        self.offsets = [Counters(0, 0) for _ in configs]
+        #: One agent's clock goes on from the counters of the files it was loaded from (a
+        #: resumed run trains what is left of its budget); a population's slots keep theirs
+        #: as offsets from the population's clock.
+        self.base = Counters(0, 0)
+        self.iterations = 0
+        self.compile_seconds = 0.0
+        self._metrics: dict[str, torch.Tensor] | None = None
+        horizon = horizon_env_steps or first.total_env_steps
+        if first.target_return is not None and first.expected_env_steps:
+            # A run with a target is expected to stop near where the preset's runs solve.
+            horizon = min(horizon, 2 * first.expected_env_steps)
+        self.decision = Decision(
+            first.ppo.compile, "ppo", self.device, units=float(horizon),
+            cached=cached(self.program_key()),
+        )  # fmt: skip
+        self._describe()
+
+    # -- building ---------------------------------------------------------------------------
+    def _check(self, config: PPORunConfig) -> None:
+        first = self.configs[0]
+        if config.algorithm != "ppo":
+            raise HyperparameterError(f"the on-policy trainer trains ppo, not {config.algorithm}")
+        mine, theirs = _shared(config), _shared(first)
+        if differ := sorted(k for k in mine if mine[k] != theirs[k]):
+            raise HyperparameterError(
+                f"population.agents_per_pod = {self.size}: {', '.join(differ)} differ between "
+                f"the agents of a population, which share them; they may vary "
+                f"{', '.join(ppo.HYPERPARAMETERS)}"
+            )
+
+    def _fresh(self, config: PPORunConfig) -> PPO:
+        torch.manual_seed(config.seed)
+        return PPO(self.obs_space, self.action_space, config.ppo).to(self.device)
+
+    def program_key(self) -> str:
+        """What fixes this trainer's programs: their shape, the env and the device type."""
+        env = self.configs[0].env
+        kwargs = sorted(self.configs[0].env_kwargs.items())
+        return f"ppo {self.shape!r} env={env} {kwargs} device={self.device.type}"
+
+    def _describe(self) -> None:
+        d = self.decision
+        if d.compiled is None:
+            what = f"deciding ({d.mode}: timing the first eager iterations)"
+        elif d.compiled:
+            parts = ["update"] if self.fn is None else ["rollout", "update", "evaluation"]
+            what = f"compiled ({', '.join(parts)}; {d.reason})"
+            if self.fn is None:
+                why = "roles in other processes" if self.apart else (
+                    f"env {self.configs[0].env!r} has no functional step"
+                )  # fmt: skip
+                what += f"; rollout and evaluation on the host ({why})"
+        else:
+            what = f"eager ({d.reason})"
+        self.compiled = what
+
+    # -- the clock --------------------------------------------------------------------------
+    @property
+    def env_steps(self) -> int:
+        return self.iterations * self.shape.batch * self.world + self.base.env_steps
+
+    @property
+    def updates(self) -> int:
+        return self.iterations + self.base.updates
 
     @property
     def step_env_steps(self) -> int:
-        return self._config.ppo.batch_size * self.learner.world
+        return self.shape.batch * self.world
+
+    def counters(self, slot: int) -> Counters:
+        offset = self.offsets[slot]
+        return Counters(self.env_steps + offset.env_steps, self.updates + offset.updates)
+
+    # -- training ---------------------------------------------------------------------------
+    def join_group(self, world: int) -> None:
+        """One of ``world`` learner replicas: start from rank 0's agent, average after every
+        epoch."""
+        from services.pod.training.fusion import StateAverager
+
+        averager = StateAverager(self.population.state)
+        averager.broadcast(0)
+        self.world = world
+        self.population.after_epoch = averager
+        # Each replica counts its own env steps: the budget its learning rate anneals over is
+        # its share.
+        self.population.hp["total_env_steps"].div_(world)
 
     def step(self) -> None:
-        rollout = self.roles.collect()
-        self._stats = self.learner.update(rollout)
-        self._returns = rollout.episode_returns.clone()  # shared memory when apart
+        d = self.decision
+        before = compile_clock()
+        roll = self._collect_apart() if self.apart else None
+        if d.compiled is None:
+            start = time.perf_counter()
+            self._metrics = self.population.iterate(False, roll)
+            self.iterations += 1
+            if d.eager_call(time.perf_counter() - start, self.shape.batch):
+                self._describe()
+            return
+        try:
+            self._metrics = self.population.iterate(bool(d.compiled), roll)
+        except CompileFailedError as exc:
+            d.failed(exc)
+            self._describe()
+            self._metrics = self.population.iterate(False, roll)
+        self.iterations += 1
+        self._count_compile(before, "iteration")
+
+    def _count_compile(self, before: float, program: str) -> None:
+        spent = compile_clock() - before
+        if spent > 0.05:
+            self.compile_seconds += spent
+            log.info(
+                "compile.done", program=program, compile_s=round(spent, 2),
+                total_compile_s=round(self.compile_seconds, 2), agents=self.size,
+            )  # fmt: skip
+            mark_cached(self.program_key())
 
     def progress(self) -> dict[str, float]:
-        record = dict(self._stats)
-        if self._returns.numel():
-            record["train_return"] = float(self._returns.mean())
+        """The agents' last-epoch statistics averaged; the mean return of every agent's
+        training episodes that finished in the last rollout."""
+        if self._metrics is None:
+            return {}
+        m = self._metrics
+        record = dict(zip(PPO_STATS, m["stats"].mean(0).tolist(), strict=True))
+        record["lr"] = float(m["lr"].mean())
+        episodes = int(m["episodes"].sum())
+        if episodes:
+            record["train_return"] = float(m["return_sum"].sum()) / episodes
         return record
 
     def evaluate(self) -> list[EvalResult]:
-        return [self.roles.evaluate()]
+        if self.apart:
+            return [self.roles.evaluate(self._weights())]
+        before = compile_clock()
+        envs, compiled = self.envs, bool(self.decision.compiled)
+        assert envs.evaluation is not None
+        seed = self.configs[0].evaluation_seed
+        try:
+            out = self.population.evaluate(envs.evaluation, envs.start, seed, compiled)
+        except CompileFailedError as exc:
+            self.decision.failed(exc)
+            self._describe()
+            out = self.population.evaluate(envs.evaluation, envs.start, seed, False)
+        self._count_compile(before, "evaluate")
+        return out
 
+    # -- roles in other processes -----------------------------------------------------------
+    def _weights(self) -> dict[str, torch.Tensor]:
+        state = self.population.state
+        if not self._roles_built:
+            self.roles.build(self.configs[0], {k: state[k] for k in _WEIGHTS})
+            self._roles_built = True
+        return {k: state[k] for k in _WEIGHTS}
+
+    def _collect_apart(self) -> dict[str, torch.Tensor]:
+        return self.roles.collect(self._weights(), self.device)
+
+    # -- slots ------------------------------------------------------------------------------
     def config(self, slot: int) -> PPORunConfig:
-        return self._config
+        return self.configs[slot]
 
-    def counters(self, slot: int) -> Counters:
-        return Counters(self.learner.env_steps, self.learner.updates)
+    def agent(self, slot: int) -> PPO:
+        """Slot ``slot`` as a single PPO agent: weights, statistics, Adam state."""
+        return self.population.agent(slot, self._fresh(self.configs[slot]))
 
     def save(self, slot: int, directory: Path) -> None:
-        save_ppo_files(directory, self.learner, self._config)
+        counters = self.counters(slot)
+        save_ppo_files(
+            directory, self.agent(slot), self.configs[slot],
+            {"env_steps": counters.env_steps, "updates": counters.updates,
+             "total_env_steps": self.configs[slot].total_env_steps},
+        )  # fmt: skip
+
+    def _place(self, slot: int, agent: PPO, config: PPORunConfig, counters: Counters) -> None:
+        self._check(config)
+        self.population.put(slot, agent, config.ppo, config.seed, counters.env_steps)
+        self.configs[slot] = config
+        if self.size == 1:
+            run = self.iterations * self.shape.batch * self.world
+            self.base = Counters(counters.env_steps - run, counters.updates - self.iterations)
+        else:
+            self.offsets[slot] = Counters(
+                counters.env_steps - self.env_steps, counters.updates - self.updates
+            )
 
     def load(self, slot: int, directory: Path, config: PPORunConfig) -> None:
-        if config != self._config:
-            self.reset(slot, config)
-        load_ppo_files(directory, self.learner)
-        # The optimiser state came with the parent's learning rate; use the proposed one.
-        for group in self.learner.agent.optimizer.param_groups:
-            group["lr"] = config.ppo.learning_rate
+        agent = self._fresh(config)
+        files = load_ppo_files(directory, agent)
+        counters = files.documents.get("counters", {})
+        self._place(
+            slot, agent, config,
+            Counters(int(counters.get("env_steps", 0)), int(counters.get("updates", 0))),
+        )  # fmt: skip
+
+    def reset(self, slot: int, config: PPORunConfig) -> None:
+        self._place(slot, self._fresh(config), config, Counters(0, 0))
 
     def close(self) -> None:
-        if self.roles.in_process:
+        self.envs.close()
+        if self.roles is not None:
             self.roles.close()
+
+
+#: What a worker or an evaluator in another process needs of the agents' state to act.
+_WEIGHTS = ("params", "obs_mean", "obs_var")
 
 
 # -- training files --------------------------------------------------------------------------
 def save_ppo_files(
-    directory: Path, learner: RolloutLearner, config: PPORunConfig
+    directory: Path, agent: PPO, config: PPORunConfig, counters: Mapping[str, int]
 ) -> dict[str, str]:
-    """Write the learner's full training state; returns file name → sha256."""
-    agent = learner.agent
+    """Write one agent's full training state; returns file name → sha256."""
     critic_state = {f"critic.{k}": v for k, v in agent.critic.state_dict().items()}
     critic_state |= {f"return_rms.{k}": v for k, v in agent.return_rms.state_dict().items()}
     opt_tensors, opt_meta = optimizer_to_files(agent.optimizer_state_dict())
@@ -127,14 +356,14 @@ def save_ppo_files(
         "optimizer.safetensors": opt_tensors,
         "optimizer.json": opt_meta,
         "hyperparameters.json": json_bytes(config.model_dump(mode="json")),
-        "counters.json": json_bytes(learner.counters()),
+        "counters.json": json_bytes(dict(counters)),
     }
     return write_files(directory, files, {"algorithm": agent.name})
 
 
-def load_ppo_files(directory: Path, learner: RolloutLearner) -> TrainingFiles:
-    """Restore a learner from a verified checkpoint (weights, optimiser, counters)."""
-    agent = learner.agent
+def load_ppo_files(directory: Path, agent: PPO) -> TrainingFiles:
+    """Restore an agent from verified training files (weights, statistics, optimiser);
+    returns them (their counters are the caller's)."""
     files = read_agent_files(directory, agent.name, {"actor", "critic", "optimizer"})
     load_into(agent.policy, files.tensors["actor"], "actor.safetensors")
     critic = files.tensors["critic"]
@@ -142,11 +371,12 @@ def load_ppo_files(directory: Path, learner: RolloutLearner) -> TrainingFiles:
         part = {k.removeprefix(prefix): v for k, v in critic.items() if k.startswith(prefix)}
         load_into(module, part, "critic.safetensors")
     try:
-        agent.optimizer.load_state_dict(
+        agent.load_optimizer_state_dict(
             optimizer_from_files(files.tensors["optimizer"], files.documents["optimizer"])
         )
     except (KeyError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"optimizer state does not fit this agent: {exc}") from exc
-    if "counters" in files.documents:
-        learner.load_counters(files.documents["counters"])
     return files
+
+
+__all__ = ["OnPolicyTrainer", "load_ppo_files", "save_ppo_files"]

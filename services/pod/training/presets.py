@@ -30,27 +30,22 @@ from services.contracts.algorithms.hyperparameters import (
     check_hyperparameter_names,
     preset_data,
 )
-from services.contracts.envpool_tasks import ENVPOOL_PREFIX
+from services.contracts.envs import target_return
 from services.contracts.spec import ExperimentSpec, describe_errors
 from services.pod.training.trainer import RunConfig, algorithm_card, trainer_class
 
-#: Returns at which the reference tasks count as solved (gymnasium's reward thresholds, and
-#: -200 for Pendulum, the usual bar since it has none): a preset's default target.
-TARGET_RETURNS: dict[str, float] = {
-    "CartPole-v1": 475.0,
-    "Pendulum-v1": -200.0,
-    "Acrobot-v1": -100.0,
-    "MountainCarContinuous-v0": 90.0,
-    # Not gymnasium's 4,800 (beyond PPO's reach in its 1M-step budget): a score good PPO runs
-    # pass within that budget and stuck ones never do (docs/tournaments.md).
-    "HalfCheetah-v5": 3000.0,
-}
-
 
 def default_target_return(env: str) -> float | None:
-    """``env``'s solve threshold (``TARGET_RETURNS``), None if it has none; an ``envpool:<task>``
-    env has ``<task>``'s."""
-    return TARGET_RETURNS.get(env, TARGET_RETURNS.get(env.removeprefix(ENVPOOL_PREFIX)))
+    """``env``'s solve threshold (its env card's, services/contracts/envs.py), None if it has
+    none; an ``envpool:<task>`` or ``gym:<task>`` env has ``<task>``'s."""
+    return target_return(env)
+
+
+_SOLVED = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0", "HalfCheetah-v5")
+#: The solve thresholds of the envs the presets and learning tests train (their env cards').
+TARGET_RETURNS: dict[str, float] = {
+    env: value for env in _SOLVED if (value := target_return(env)) is not None
+}
 
 
 def preset(algorithm: str, env: str, layers: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:

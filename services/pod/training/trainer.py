@@ -1,9 +1,9 @@
 """The trainer interface: every way the pod trains, behind one contract, and which trainer
 trains an algorithm.
 
-A *trainer* trains ``size`` agents ("slots") of one algorithm on one env: PPO on-policy
-(onpolicy.py), the off-policy algorithms (offpolicy.py), a population of P PPO agents in one process
-(population_trainer.py), the portfolio gradient (services/pod/trading/); a single agent is one slot.
+A *trainer* trains ``size`` agents ("slots") of one algorithm on one env, batched as one
+population: the on-policy algorithms (onpolicy.py), the off-policy ones (offpolicy.py), the
+portfolio gradient (services/pod/trading/); a single agent is P = 1.
 ``podium train``'s fit loop (fit.py) and the pod's round loop (services/pod/runtime/rounds.py) see
 nothing else of an algorithm: they step, evaluate, save and load slots, and read counters.
 
@@ -11,14 +11,15 @@ The trunk chooses the trainer, never the algorithm: an algorithm's card
 (services/contracts/algorithms/) declares its *family*, and the trainer registered under that
 family's name (entry points ``podium.trainers``; ``<family>.population`` for P agents in one
 process) trains it. Adding an algorithm of a known family is its card folder (card, config,
-presets), its agent class and two entry points; a new family also registers its trainer. A family
-may also register ``<family>.compiled`` (PPO: the Anakin trainer, anakin_trainer.py), which
-``build_trainer`` asks first whether it takes the configs (``compiled_trainer``)."""
+presets), its agent module and two entry points; a new family also registers its trainer. Each
+trainer runs its algorithm's functions eagerly or compiled, as ``compile`` and the machine say
+(services/pod/algorithms/compiled.py ``Decision``)."""
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
@@ -34,13 +35,10 @@ from services.pod.roles.evaluator import EvalResult
 from services.pod.roles.placement import Roles, train_in_process
 
 __all__ = [
-    "Declined",
     "Roles",
     "RunConfig",
     "Trainer",
     "build_trainer",
-    "compiled_trainer",
-    "note_trained",
     "train_in_process",
     "trainer_class",
 ]
@@ -49,19 +47,6 @@ log = get_logger(__name__)
 
 
 C = TypeVar("C", bound=RunConfig)
-
-
-@dataclass(frozen=True)
-class Declined:
-    """Why a family's compiled trainer does not train some configs (the eager one does);
-    ``warn``: the configs asked for it (``compile: on``), so the fallback is a warning;
-    ``record``: told the env steps per slot the eager trainer trains (``note_trained``),
-    where the compiled trainer keeps count of what training eagerly cost (a later run
-    weighs its compile against that)."""
-
-    reason: str
-    warn: bool = False
-    record: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,14 +79,21 @@ class Trainer(ABC, Generic[C]):
     size: int
     #: Seconds this trainer spent compiling so far (torch.compile); 0 for an eager one.
     compile_seconds: float = 0.0
-    #: Why the family's compiled trainer declined these configs, where one did
-    #: (``build_trainer``).
-    declined: Declined | None = None
+    #: What runs compiled and why (not) more, one line a user reads (``podium train`` prints
+    #: it).
+    compiled: str = "eager"
 
     @abstractmethod
-    def __init__(self, configs: Sequence[C], roles: Roles | None = None) -> None:
+    def __init__(
+        self,
+        configs: Sequence[C],
+        roles: Roles | None = None,
+        horizon_env_steps: int | None = None,
+    ) -> None:
         """Build ``len(configs)`` slots, slot i from ``configs[i]``; ``roles``: where the
-        worker and evaluator run (default: in this process)."""
+        worker and evaluator run (default: in this process); ``horizon_env_steps``: env steps
+        per slot the run is expected to train (a pod's share of the budget; None: the configs'
+        ``total_env_steps``), against which a compile must pay."""
 
     @classmethod
     def for_algorithm(cls, card: AlgorithmCard) -> type[Trainer]:
@@ -246,56 +238,16 @@ def trainer_class(algorithm: str, slots: int = 1) -> type[Trainer]:
     return trainer.for_algorithm(found)
 
 
-def compiled_trainer(
-    eager: type[Trainer],
-    configs: Sequence[RunConfig],
-    roles: Roles | None = None,
-    horizon_env_steps: int | None = None,
-) -> tuple[type[Trainer], Declined | None]:
-    """The trainer for ``configs``: the compiled trainer of the algorithm's family (registered
-    as ``<family>.compiled``, e.g. PPO's Anakin trainer) where it takes them, else ``eager``
-    (``trainer_class``'s), with why. Its class method ``declines(configs, roles,
-    horizon_env_steps)`` decides (None: it trains them; else a ``Declined``); one log line
-    says which and why. ``horizon_env_steps``: env steps per slot the run is expected to
-    train (a pod's share of the budget), against which a compile must pay; None: the configs'
-    ``total_env_steps``."""
-    name = f"{algorithm_card(configs[0].algorithm).family}.compiled"
-    if name not in registry.names(registry.TRAINERS):
-        return eager, None
-    compiled = registry.load(registry.TRAINERS, name, kind="trainer")
-    declined = compiled.declines(configs, roles, horizon_env_steps)
-    if declined is None:
-        log.info("trainer.chosen", trainer=compiled.__name__, agents=len(configs))
-        return compiled, None
-    (log.warning if declined.warn else log.info)(
-        "trainer.chosen",
-        trainer=eager.__name__,
-        declined=compiled.__name__,
-        reason=declined.reason,
-        agents=len(configs),
-    )
-    return eager, declined
-
-
 def build_trainer(
     configs: Sequence[RunConfig],
     roles: Roles | None = None,
     horizon_env_steps: int | None = None,
 ) -> Trainer:
-    """The trainer of ``configs`` (one per slot, all of one algorithm): the family's, or its
-    compiled one where that takes them (``compiled_trainer``; why not is the trainer's
-    ``declined``)."""
-    eager = trainer_class(configs[0].algorithm, len(configs))
-    cls, declined = compiled_trainer(eager, configs, roles, horizon_env_steps)
-    trainer = cls(configs, roles)
-    trainer.declined = declined
+    """The trainer of ``configs`` (one per slot, all of one algorithm): its family's."""
+    cls = trainer_class(configs[0].algorithm, len(configs))
+    # A trainer weighs its compiles against the horizon if it takes one (a plugin's may not).
+    takes = "horizon_env_steps" in inspect.signature(cls.__init__).parameters
+    extra = {"horizon_env_steps": horizon_env_steps} if takes else {}
+    trainer = cls(configs, roles, **extra)
+    log.info("trainer.chosen", trainer=cls.__name__, agents=len(configs), compiled=trainer.compiled)
     return trainer
-
-
-def note_trained(trainer: Trainer, env_steps: int) -> None:
-    """Tell the compiled trainer that declined ``trainer``'s configs, where one did and keeps
-    count (``Declined.record``), that ``trainer`` trained ``env_steps`` more per slot. The
-    loops that train call it: ``podium train``'s at each evaluation, a pod's every round."""
-    declined = trainer.declined
-    if declined is not None and declined.record is not None and env_steps > 0:
-        declined.record(env_steps)

@@ -21,8 +21,8 @@ from services.pod.envs import make_env
 from services.pod.envs.base import VecEnv
 from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
 from services.pod.envs.isaaclab_adapter import IsaacLabVecEnv
-from services.pod.envs.isaaclab_example import CartpoleDirectEnv
-from services.pod.envs.vectask_example import CartpoleVecTask
+from tests.pod.envs.isaaclab_example import CartpoleDirectEnv
+from tests.pod.envs.vectask_example import CartpoleVecTask
 
 N = 8
 

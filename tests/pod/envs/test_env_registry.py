@@ -104,7 +104,7 @@ def test_plugin_entry_point_is_found_by_name(tmp_path: Path, monkeypatch) -> Non
     source = textwrap.dedent(
         """
             from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
-            from services.pod.envs.vectask_example import CartpoleVecTask
+            from tests.pod.envs.vectask_example import CartpoleVecTask
 
             def cartpole(num_envs, device="cpu", seed=None, max_episode_length=500):
                 task = CartpoleVecTask(num_envs, device=str(device),
@@ -152,7 +152,7 @@ def test_bad_actions_are_rejected_and_leave_the_state_intact(prefix: str, name: 
             with pytest.raises(ValueError, match=message):
                 env.step(actions)
         if isinstance(env, PendulumEnv | CartPoleEnv):
-            assert torch.equal(env._observe(env.state), obs)
+            assert torch.equal(env.observe(env.state), obs)
     finally:
         env.close()
 

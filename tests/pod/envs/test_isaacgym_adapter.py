@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
-from services.pod.envs.vectask_example import CartpoleVecTask
+from tests.pod.envs.vectask_example import CartpoleVecTask
 
 
 def test_reset_puts_every_sub_env_at_a_fresh_start() -> None:

@@ -1,7 +1,7 @@
 """The Isaac Lab adapter maps DirectRLEnv's in-step resets and time-outs onto the protocol.
 
 Isaac Lab itself needs Isaac Sim and a GPU; these tests run the adapter on the in-repo
-stand-in (services/pod/envs/isaaclab_example.py), which has DirectRLEnv's interface and timing.
+stand-in (tests/pod/envs/isaaclab_example.py), which has DirectRLEnv's interface and timing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from services.pod.envs import list_envs, make_env
 from services.pod.envs.isaaclab_adapter import IsaacLabVecEnv, isaaclab_task, make_isaaclab_env
-from services.pod.envs.isaaclab_example import CartpoleDirectEnv
+from tests.pod.envs.isaaclab_example import CartpoleDirectEnv
 from tests.pod.plugins import register_plugin
 
 STAND_IN = "Podium-StandIn-Cartpole-Direct-v0"
@@ -104,7 +104,7 @@ def test_a_registered_task_is_built_by_its_id(registered_stand_in: str) -> None:
 
 def test_module_syntax_and_unregistered_ids_import_nothing() -> None:
     with pytest.raises(ValueError, match="module:id"):
-        make_isaaclab_env("services.pod.envs.isaaclab_example:CartpoleDirectEnv", 2, "cpu")
+        make_isaaclab_env("tests.pod.envs.isaaclab_example:CartpoleDirectEnv", 2, "cpu")
     # Not registered and no Isaac Lab here: the error says what to install.
     with pytest.raises(ImportError, match="Isaac Lab is not installed"):
         make_isaaclab_env("Isaac-Not-A-Task-v0", 2, "cpu")

@@ -582,7 +582,7 @@ def test_simulated_markets_train_on_each_replica_within_its_own_days() -> None:
             k = int(started_in[i])
             alone[k].state[i] = env.state[i]
             alone[k].state[i, 1] -= float(bounds[k])
-            torch.testing.assert_close(obs[i], alone[k]._observe(alone[k].state)[i])
+            torch.testing.assert_close(obs[i], alone[k].observe(alone[k].state)[i])
         obs, _, _, truncated, _ = env.step(action)
         now = market_of(env.day)
         inside = ~truncated.numpy()

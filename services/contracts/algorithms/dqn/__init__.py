@@ -6,7 +6,7 @@ from services.contracts.algorithms.offpolicy import off_policy_card
 
 # Its card (services/contracts/algorithms/card.py): the off-policy family's, with a population:
 # the fields that enter a population's update or its ε-greedy acting as per-agent (P,) tensors
-# (services/pod/training/offpolicy_population.py); the rest (double, dueling, the networks,
+# (services/pod/algorithms/stacked.py); the rest (double, dueling, the networks,
 # the replay, the loop) the agents share.
 CARD = off_policy_card(
     "dqn",

@@ -9,9 +9,8 @@ CARD = AlgorithmCard(
     family=ON_POLICY,
     config=PPOConfig,
     action_kinds=("discrete", "continuous"),
-    # The fields that enter a population's update as per-agent tensors
-    # (services/pod/training/population.py); gSDE's noise and the KL early stop (which would
-    # end one agent's epochs and not the others') have no batched form.
+    # The fields that enter the update as per-agent tensors (services/pod/algorithms/ppo.py):
+    # what the agents of a population pod may differ in.
     population=PopulationCard(
         hyperparameters=(
             "learning_rate",
@@ -21,7 +20,6 @@ CARD = AlgorithmCard(
             "gamma",
             "gae_lambda",
         ),
-        unsupported={"sde_sample_freq": "gSDE", "target_kl": "target_kl"},
     ),
     presets_package=__name__,
     summary="Proximal Policy Optimization (clipped surrogate, GAE)",

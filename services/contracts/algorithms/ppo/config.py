@@ -57,9 +57,10 @@ class PPOConfig(BaseModel):
     )
     compile: CompileSwitch = Field(
         "auto",
-        description="torch.compile the rollout step (act + env step + storage, torch-native "
-        "envs) and the update's loss; auto: only where it measures faster "
-        "(docs/compiled-loop.md). Falls back to eager, logged, where it cannot compile.",
+        description="torch.compile the whole iteration (rollout, GAE, update, evaluation) for "
+        "an env with a functional step, the update after a host rollout otherwise; auto: where "
+        "the estimate says it pays over the run (docs/compiled-loop.md); on: refused where it "
+        "cannot be honoured (no C++ compiler).",
     )
 
     @property

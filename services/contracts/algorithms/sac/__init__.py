@@ -6,7 +6,7 @@ from services.contracts.algorithms.sac.config import SACConfig
 
 # Its card (services/contracts/algorithms/card.py): the off-policy family's, with a population:
 # the fields that enter a population's update as per-agent (P,) tensors or only set an agent's
-# start (services/pod/training/offpolicy_population.py); everything else shapes the networks,
+# start (services/pod/algorithms/stacked.py); everything else shapes the networks,
 # the replay or the loop, which the agents share.
 CARD = off_policy_card(
     "sac",

@@ -6,7 +6,7 @@ from services.contracts.algorithms.td3.config import TD3Config
 
 # Its card (services/contracts/algorithms/card.py): the off-policy family's, with a population:
 # the fields that enter a population's update as per-agent (P,) tensors
-# (services/pod/training/offpolicy_population.py); the rest the agents share.
+# (services/pod/algorithms/stacked.py); the rest the agents share.
 CARD = off_policy_card(
     "td3",
     "TD3",

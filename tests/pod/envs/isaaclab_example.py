@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from services.pod.envs.vectask_example import cartpole_euler_step
+from tests.pod.envs.vectask_example import cartpole_euler_step
 
 
 class CartpoleDirectEnv(gym.Env):

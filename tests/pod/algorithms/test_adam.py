@@ -1,12 +1,13 @@
-"""The batched Adam (services/pod/algorithms/batched_adam.py): every agent's row steps as
-torch.optim.Adam steps that agent alone, and PBT's copy carries the whole optimiser state."""
+"""Adam, once (services/pod/algorithms/adam.py): every agent's row steps as torch.optim.Adam
+steps that agent alone, eager and compiled, and PBT's copy carries the whole optimiser state."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from services.pod.algorithms.batched_adam import BatchedAdam, adam_state_dict
+from services.pod.algorithms.adam import BatchedAdam, adam_, adam_state_dict
+from services.pod.algorithms.flat import Layout
 
 
 @pytest.mark.parametrize(
@@ -66,15 +67,30 @@ def test_copy_restarts_one_row_from_another() -> None:
 
 
 def test_the_state_lives_with_the_parameters_and_bad_shapes_are_refused() -> None:
-    """Moments, step counts and the gradient buffer are made where the parameters are (a pod
-    on ``device=cuda`` steps them there): on the meta device here, which any machine has."""
+    """Moments and step counts are made where the parameters are (a pod on ``device=cuda``
+    steps them there): on the meta device here, which any machine has."""
     params = torch.zeros(2, 5, dtype=torch.float64, device="meta")
     adam = BatchedAdam(params, torch.ones(2, dtype=torch.float64, device="meta"))
-    assert adam.moments.device == adam.steps.device == adam.grad.device == params.device
+    assert adam.moments.device == adam.steps.device == params.device
     with pytest.raises(ValueError, match=r"lr \(P,\)"):
         BatchedAdam(torch.zeros(2, 5), torch.ones(3))
-    with pytest.raises(ValueError, match="contiguous"):
-        BatchedAdam(torch.zeros(5, 2).t(), torch.ones(2))
+
+
+def test_the_compiled_step_is_the_eager_one() -> None:
+    """``adam_`` is what every compiled update runs: the same numbers as eager."""
+    torch.manual_seed(0)
+    p, n = 3, 11
+    state = [torch.randn(p, n), torch.zeros(p, n), torch.zeros(p, n), torch.zeros(p)]
+    eager = [t.clone() for t in state]
+    compiled = torch.compile(adam_, fullgraph=True)
+    lr = torch.tensor([0.1, 0.01, 0.0])  # a zero rate keeps the weights
+    for _ in range(3):
+        grad = torch.randn(p, n)
+        compiled(state[0], grad, *state[1:], lr)
+        adam_(eager[0], grad, *eager[1:], lr)
+    for mine, theirs in zip(state, eager, strict=True):
+        torch.testing.assert_close(mine, theirs)
+    torch.testing.assert_close(state[0][2], eager[0][2])
 
 
 def test_a_row_moves_to_and_from_a_single_agents_adam_state() -> None:
@@ -84,19 +100,20 @@ def test_a_row_moves_to_and_from_a_single_agents_adam_state() -> None:
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(2, 3)), torch.nn.Parameter(torch.randn(4))]
     opt = torch.optim.Adam(params, lr=0.1)
+    layout = Layout.of(["w", "b"], params)
     adam = BatchedAdam(torch.zeros(3, 10), torch.full((3,), 0.1))
     adam.moments.fill_(7.0)
     adam.steps.fill_(9.0)
-    adam.load_row(1, params, opt.state)  # never stepped
+    adam.load_row(1, layout, params, opt.state)  # never stepped
     assert adam.steps.tolist() == [9.0, 0.0, 9.0] and not adam.moments[:, 1].any()
-    assert adam.row_state(1, params) == {}
+    assert adam.row_state(1, layout, params) == {}
     for _ in range(3):
         opt.zero_grad()
         sum(p.square().sum() for p in params).backward()
         opt.step()
-    adam.load_row(1, params, opt.state)
+    adam.load_row(1, layout, params, opt.state)
     assert adam.steps.tolist() == [9.0, 3.0, 9.0] and bool((adam.moments[:, [0, 2]] == 7).all())
-    state = adam.row_state(1, params)
+    state = adam.row_state(1, layout, params)
     assert list(state) == params
     for t in params:
         assert float(state[t]["step"]) == 3.0 and state[t]["step"].dtype == torch.float32

@@ -1,0 +1,120 @@
+"""The env card: one torch-free description per environment, beside the algorithm cards
+(services/contracts/algorithms/): what the control plane, the CLI and a pod's trunk know of an
+env before anything of it is built.
+
+* ``action_kind``: discrete or continuous actions. The spec check refuses at submission an
+  algorithm whose card's kinds do not fit (DQN on Pendulum-v1, SAC on CartPole-v1) instead of
+  accepting it and having every pod exit "bad input".
+* ``target_return``: the return at which the env counts as solved: a preset's default target
+  (gymnasium's reward thresholds; -200 for Pendulum, the usual bar since it has none).
+* ``functional``: whether its physics is a functional env (services/pod/envs/functional.py):
+  then a pod's whole training iteration and evaluation compile into programs (and, on a GPU,
+  one CUDA graph); otherwise the env steps on the host and only the update compiles.
+
+Podium's own envs register their cards under the entry-point group ``podium.env_cards``, as a
+plugin env registers its own (beside its ``podium.envs`` entry); gymnasium's and EnvPool's envs,
+which steps on the host, have the cards of ``HOSTED`` by family (the id without ``gym:`` /
+``envpool:`` and ``-v<N>``). An env with no card (a plugin without one) is not checked at
+submission; its pods decide.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from services import registry
+from services.contracts.envpool_tasks import ENVPOOL_PREFIX
+
+ActionKind = Literal["discrete", "continuous"]
+DISCRETE: ActionKind = "discrete"
+CONTINUOUS: ActionKind = "continuous"
+
+
+@dataclass(frozen=True)
+class EnvCard:
+    """What one env is, torch-free (see the module docstring)."""
+
+    name: str
+    action_kind: ActionKind
+    target_return: float | None = None
+    functional: bool = False
+    summary: str = ""
+
+
+# -- Podium's own envs (registered under podium.env_cards) ----------------------------------------
+CARTPOLE = EnvCard("CartPole-v1", DISCRETE, 475.0, functional=True, summary="gymnasium's, batched")
+ACROBOT = EnvCard("Acrobot-v1", DISCRETE, -100.0, functional=True, summary="gymnasium's, batched")
+PENDULUM = EnvCard("Pendulum-v1", CONTINUOUS, -200.0, functional=True, summary="gymnasium's")
+MOUNTAIN_CAR_CONTINUOUS = EnvCard(
+    "MountainCarContinuous-v0", CONTINUOUS, 90.0, functional=True, summary="gymnasium's, batched"
+)
+STOCK_TRADING = EnvCard(
+    "StockTrading-v0", CONTINUOUS, functional=True, summary="FinRL-style trading accounts"
+)
+# GPU-native locomotion (docs/gpu_physics.md): simulators of their own, stepped from the host.
+MJWARP_ANT = EnvCard("MjWarp-Ant-v0", CONTINUOUS, summary="MuJoCo Warp (GPU)")
+MJWARP_HUMANOID = EnvCard("MjWarp-Humanoid-v0", CONTINUOUS, summary="MuJoCo Warp (GPU)")
+ISAAC_ANT = EnvCard("Isaac-Ant-v0", CONTINUOUS, summary="Isaac Lab (GPU)")
+ISAAC_HUMANOID = EnvCard("Isaac-Humanoid-v0", CONTINUOUS, summary="Isaac Lab (GPU)")
+ISAAC_ANT_DIRECT = EnvCard("Isaac-Ant-Direct-v0", CONTINUOUS, summary="Isaac Lab (GPU)")
+ISAAC_HUMANOID_DIRECT = EnvCard("Isaac-Humanoid-Direct-v0", CONTINUOUS, summary="Isaac Lab (GPU)")
+
+# -- gymnasium's and EnvPool's envs, stepped on the host, by family --------------------------------
+_HOST = "stepped on the host"
+_DISCRETE_FAMILIES = (
+    "CartPole", "Acrobot", "MountainCar", "LunarLander", "FrozenLake", "FrozenLake8x8",
+    "CliffWalking", "CliffWalkingSlippery", "Taxi", "Blackjack",
+)  # fmt: skip
+_CONTINUOUS_FAMILIES = (
+    "MountainCarContinuous", "Pendulum", "LunarLanderContinuous", "BipedalWalker",
+    "BipedalWalkerHardcore", "CarRacing", "Reacher", "Pusher", "InvertedPendulum",
+    "InvertedDoublePendulum", "Hopper", "Swimmer", "Walker2d", "Ant", "Humanoid",
+    "HumanoidStandup",
+)  # fmt: skip
+HOSTED: dict[str, EnvCard] = {
+    card.name: card
+    for card in (
+        *(EnvCard(family, DISCRETE, summary=_HOST) for family in _DISCRETE_FAMILIES),
+        *(EnvCard(family, CONTINUOUS, summary=_HOST) for family in _CONTINUOUS_FAMILIES),
+        # Not gymnasium's 4,800 (beyond PPO's reach in its 1M-step budget): a score good PPO runs
+        # pass within that budget and stuck ones never do (docs/tournaments.md).
+        EnvCard("HalfCheetah", CONTINUOUS, 3000.0, summary=_HOST),
+    )
+}
+
+_VERSION = re.compile(r"-v\d+$")
+
+
+class EnvCardError(ValueError):
+    """A name registered as an env card whose object is not an ``EnvCard`` of that name."""
+
+
+def env_card(name: str) -> EnvCard | None:
+    """The card of env ``name`` (a spec's ``env.name``): its registered card, else its
+    family's in ``HOSTED`` (named as asked); None where nothing is known of it."""
+    if name in registry.names(registry.ENV_CARDS):
+        found = registry.load(registry.ENV_CARDS, name, kind="env card")
+        if not isinstance(found, EnvCard) or found.name != name:
+            raise EnvCardError(f"the env card registered as {name!r} is not an EnvCard of it")
+        return found
+    family = _VERSION.sub("", name.removeprefix("gym:").removeprefix(ENVPOOL_PREFIX))
+    hosted = HOSTED.get(family)
+    if hosted is None:
+        return None
+    # A family's card holds for every version but the target, which is a version's.
+    target = hosted.target_return if name.endswith("-v5") or family != "HalfCheetah" else None
+    return replace(hosted, name=name, target_return=target)
+
+
+def env_action_kind(env: str) -> ActionKind | None:
+    """The action-space kind of env ``env``, None when not known."""
+    card = env_card(env)
+    return card.action_kind if card else None
+
+
+def target_return(env: str) -> float | None:
+    """Env ``env``'s solve threshold, None if it has none."""
+    card = env_card(env)
+    return card.target_return if card else None

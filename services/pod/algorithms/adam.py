@@ -1,0 +1,166 @@
+"""Adam, once: the update of every agent's parameters (rows of a flat (P, n) tensor,
+services/pod/algorithms/flat.py), each agent with its own learning rate and step count, in
+plain tensor ops that run eager, compiled and inside a CUDA graph alike; and the conversion of
+one row to and from the state a single agent's ``torch.optim.Adam`` holds, which is the
+training files' format (services/pod/training/checkpoint.py).
+
+The update is torch.optim.Adam's for each agent alone (tests/pod/algorithms/test_adam.py checks
+it against P separate ``torch.optim.Adam``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from services.pod.algorithms.flat import Layout, row_views
+
+
+def adam_(
+    params: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    steps: torch.Tensor,
+    lr: torch.Tensor,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> None:
+    """One Adam step of every row of ``params`` (P, n), in place: ``grad`` its gradient,
+    ``exp_avg`` / ``exp_avg_sq`` (P, n) the moments, ``steps`` (P,) float the step counts
+    (incremented), ``lr`` (P,) the learning rates (a row whose rate is 0 keeps its weights;
+    its moments still move, as torch.optim.Adam's would with lr 0)."""
+    b1, b2 = betas
+    steps.add_(1)
+    exp_avg.lerp_(grad, 1 - b1)
+    exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    # The bias corrections in the weights' precision (torch's Adam takes them in double).
+    t = steps.to(params.dtype)
+    bias1 = 1 - torch.pow(b1, t)
+    bias2 = 1 - torch.pow(b2, t)
+    denom = (exp_avg_sq.sqrt() / bias2.sqrt().unsqueeze(1)).add_(eps)
+    params.sub_((lr / bias1).unsqueeze(1) * exp_avg / denom)
+
+
+class BatchedAdam:
+    """The Adam state of a flat (P, n) ``params`` tensor: ``exp_avg`` and ``exp_avg_sq``
+    (P, n), ``steps`` (P,) float32; ``lr`` (P,) each agent's rate, held by reference (a PBT
+    explore writes into it). ``step(grad)`` is ``adam_`` on them."""
+
+    def __init__(
+        self,
+        params: torch.Tensor,
+        lr: torch.Tensor,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        if params.dim() != 2 or lr.shape != params.shape[:1]:
+            raise ValueError(
+                f"need params (P, n) and lr (P,); got {tuple(params.shape)}, {tuple(lr.shape)}"
+            )
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        #: Both moments in one (2, P, n) tensor (one file entry, one PBT row copy).
+        self.moments = torch.zeros(2, *params.shape, dtype=params.dtype, device=params.device)
+        self.exp_avg, self.exp_avg_sq = self.moments[0], self.moments[1]
+        self.steps = torch.zeros(len(params), dtype=torch.float32, device=params.device)
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor, lr: torch.Tensor | None = None) -> None:
+        """One step of every agent on ``grad`` (P, n), with ``lr`` (P,) instead of ``self.lr``
+        for this step (an annealed rate)."""
+        rate = self.lr if lr is None else lr
+        adam_(
+            self.params, grad, self.exp_avg, self.exp_avg_sq, self.steps, rate, self.betas, self.eps
+        )
+
+    @torch.no_grad()
+    def copy(self, dst: int, src: int) -> None:
+        """PBT's exploit: agent ``dst`` restarts from agent ``src``'s parameters, moments and
+        step count (the bias correction goes on from the source's count)."""
+        self.params[dst] = self.params[src]
+        self.moments[:, dst] = self.moments[:, src]
+        self.steps[dst] = self.steps[src]
+
+    def load_row(
+        self, i: int, layout: Layout, params: Sequence[torch.Tensor], state: Mapping
+    ) -> None:
+        """Row ``i``'s moments and step count from a single agent's ``torch.optim.Adam`` state
+        of ``params`` (its tensors in ``layout``'s order)."""
+        self.steps[i] = load_adam_state(
+            params, state, row_views(layout, self.exp_avg, i), row_views(layout, self.exp_avg_sq, i)
+        )
+
+    def row_state(
+        self, i: int, layout: Layout, params: Sequence[torch.Tensor]
+    ) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
+        """Row ``i`` as a single agent's ``torch.optim.Adam`` holds the state of ``params``."""
+        return adam_state(
+            params,
+            float(self.steps[i]),
+            row_views(layout, self.exp_avg, i),
+            row_views(layout, self.exp_avg_sq, i),
+        )
+
+
+@torch.no_grad()
+def load_adam_state(
+    params: Sequence[torch.Tensor],
+    state: Mapping[torch.Tensor, Any],
+    exp_avg: Sequence[torch.Tensor],
+    exp_avg_sq: Sequence[torch.Tensor],
+) -> float:
+    """Copy a single agent's ``torch.optim.Adam`` ``state`` of ``params`` into ``exp_avg`` and
+    ``exp_avg_sq`` (one tensor per parameter, shaped as it, written in place) and return its
+    step count; zeros and 0 where that optimiser never stepped them all (a fresh agent, a TD3
+    actor before its first delayed update)."""
+    if not all(t in state and "step" in state[t] for t in params):
+        for moment in (*exp_avg, *exp_avg_sq):
+            moment.zero_()
+        return 0.0
+    for t, m, v in zip(params, exp_avg, exp_avg_sq, strict=True):
+        m.copy_(state[t]["exp_avg"])
+        v.copy_(state[t]["exp_avg_sq"])
+    return float(state[params[0]]["step"])
+
+
+@torch.no_grad()
+def adam_state(
+    params: Sequence[torch.Tensor],
+    steps: float,
+    exp_avg: Sequence[torch.Tensor],
+    exp_avg_sq: Sequence[torch.Tensor],
+) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
+    """The state a single agent's ``torch.optim.Adam`` holds for ``params`` after ``steps``
+    steps with moments ``exp_avg`` and ``exp_avg_sq``: copies; empty where ``steps`` is 0 (so
+    that optimiser starts as a fresh one)."""
+    if steps == 0:
+        return {}
+    return {
+        t: {
+            # As torch's fused Adam keeps it: a float32 tensor on the parameter's device.
+            "step": torch.tensor(steps, dtype=torch.float32, device=t.device),
+            "exp_avg": m.clone(),
+            "exp_avg_sq": v.clone(),
+        }
+        for t, m, v in zip(params, exp_avg, exp_avg_sq, strict=True)
+    }
+
+
+def adam_state_dict(
+    state: Sequence[Mapping[str, torch.Tensor]], params: int, **settings: Any
+) -> dict[str, Any]:
+    """What ``torch.optim.Adam(ps, **settings).state_dict()`` gives for ``params`` parameters
+    ``ps`` whose per-parameter ``state`` (step, exp_avg, exp_avg_sq, in ``ps``' order; empty:
+    a fresh optimiser) is given, without building the optimiser (a process's first one imports
+    torch._dynamo, about a second). The param group holds Adam's own defaults, read from its
+    signature, with ``settings`` over them."""
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(torch.optim.Adam.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    group = {**defaults, **settings, "params": list(range(params))}
+    return {"state": dict(enumerate(state)), "param_groups": [group]}
