@@ -9,27 +9,24 @@
 #
 # a: installs Podium's missing imports and its entry points (the registered env, algorithm and
 #    generator names) into /tmp/site; the `gpu` tests; each algorithm's preset
-#    trained on cuda through `podium train` (PPO with two fused learners too); the batched
-#    population against a loop of agents. b: the compiled loop against eager on cuda, up to 4M
-#    envs. c: the pod's roles fused vs three processes on cuda (CUDA tensors between processes).
+#    trained on cuda through `podium train` (PPO with two fused learners too). b: the rule's
+#    CUDA rows for large populations (bench/compiled_rows.py). c: the pod's roles fused vs three
+#    processes on cuda (CUDA tensors between processes).
 # d: MuJoCo Warp's Ant and Humanoid (bench/gpu_physics.py). Each step has its own time limit, so
 # one that hangs leaves the others' results.
 #
 #   device run carry=[".gpuwheels/part-a"] command="bash bench/gpu_run.sh quick"  # ~5 min
-#   device run carry=[".gpuwheels/anakin"] command="bash bench/gpu_run.sh anakin"  # ~8 min
-#   device run carry=[".gpuwheels/anakin"] command="bash bench/gpu_run.sh anakin-check"  # ~4 min
+#   device run carry=[".gpuwheels/compiled"] command="bash bench/gpu_run.sh compiled"  # ~9 min
 #
 # quick: what a 15-minute lease affords in one call: part a's install, the `gpu` tests, two fused
 #    learners on cuda, and a tournament of GPU pods end to end (`podium run` on the embedded
 #    platform, examples/pendulum.yaml with one GPU per pod: the orchestrator gives the pod the GPU
 #    through CUDA_VISIBLE_DEVICES and PODIUM_GPUS, the pod trains on cuda, the updater ranks it),
 #    then the same with population pods of 16 agents (`pop` runs that alone).
-# anakin: issue 33's GPU rows (`bench/gpu_wheels.sh anakin` makes its wheels): the CUDA-graph
-#    check, PureJaxRL against Podium at P = 1, 64, 1,024 and the large batch (bench/gpu_rows.py);
-#    the Anakin trainer as a pod runs it (bench/anakin_trainer_rows.py); `podium train` on
-#    PureJaxRL's recipe from start to 5e5 env steps.
-# anakin-check: that `podium train` again, with its metrics.jsonl (fit's clock per iteration),
-#    then every `gpu` test. (py-spy sampling it there fell 70 s behind: no profile.)
+# compiled: the compiled iteration's GPU rows (`bench/gpu_wheels.sh compiled` makes its wheels):
+#    every `gpu` test (the CUDA graphs against eager), PureJaxRL against Podium compiled and eager
+#    on PureJaxRL's CartPole and Pendulum recipes at P = 1, 64, 1,024 (bench/purejaxrl_peer.py),
+#    and the rule's CUDA rows (bench/compiled_rows.py).
 set -uo pipefail
 stage=$1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -72,23 +69,17 @@ gpu_tournament() {
 POPULATION=(-e 's/^  max_pods: 4$/  max_pods: 4\n  agents_per_pod: 16/' -e '/^  update_epochs:/d'
     -e 's/^search_space:$/search_space:\n  sde_sample_freq: {type: choice, values: [0]}/')
 case $stage in
-anakin)
-    install_a anakin
-    step gpu_rows 280 $py bench/gpu_rows.py --rows check peer large
-    step trainer_rows 140 $py bench/anakin_trainer_rows.py --device cuda --recipes purejaxrl \
-        cartpole-pod --agents 1 64 --iterations 20
-    step train_recipe 80 bash -c "time $py -m services.cli train CartPole-v1 --config \
-        bench/configs/purejaxrl_cartpole.yaml --set device=cuda --quiet --out /tmp/train/recipe"
-    ;;
-anakin-check)
-    install_a anakin
-    step train_recipe 100 bash -c "time $py -m services.cli train CartPole-v1 --config \
-        bench/configs/purejaxrl_cartpole.yaml --set device=cuda --quiet --out /tmp/train/recipe"
-    cp /tmp/train/recipe/metrics.jsonl "$OUT/"
-    step gpu_tests 170 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_anakin.py \
-        tests/pod/test_kstep.py tests/pod/test_compiled.py tests/pod/envs/test_env_protocol.py \
-        tests/pod/test_fusion.py tests/pod/test_gpu_check.py tests/pod/test_portfolio_trainer.py \
-        tests/pod/test_multiprocess.py
+compiled)
+    install_a compiled
+    step gpu_tests 150 $py -m pytest -m gpu -p no:cacheprovider -q -rs tests/pod/test_compiled.py \
+        tests/pod/test_kstep.py tests/pod/envs/test_env_protocol.py tests/pod/test_fusion.py \
+        tests/pod/test_gpu_check.py tests/pod/test_multiprocess.py
+    for recipe in cartpole pendulum; do
+        step "peer_$recipe" 150 $py bench/purejaxrl_peer.py --device cuda --recipe "$recipe" \
+            --agents 1 64 1024 --seeds 1 --steps 500000 --out "$OUT/peer_$recipe.json"
+    done
+    step rows 120 $py bench/compiled_rows.py --device cuda --steps 20 --cases \
+        ppo:Pendulum-v1:1 ppo:Pendulum-v1:64 sac:Pendulum-v1:1 --out "$OUT/compiled_rows.json"
     ;;
 pop)
     install_a
@@ -112,14 +103,12 @@ a)
             --set device=cuda --quiet --out "/tmp/train/$1_$2"
     done
     fused_learners
-    step population 150 $py bench/population_vmap.py --device cuda --sizes 1 32 128 \
-        --hidden 64 256 --seeds 3 --repeats 3
     cat "$OUT"/train-*.log >"$OUT/train.log" && rm "$OUT"/train-*.log  # 8 files come back
     ;;
 b)
     mkdir -p /tmp/w && cp .gpuwheels/part-b/* /tmp/w/
-    step compiled_loop 280 $py bench/compiled_loop.py --device cuda --envs CartPole-v1 \
-        Pendulum-v1 --counts 4096 65536 1048576 4194304 --seconds 0.3 --repeats 3
+    step compiled_rows 280 $py bench/compiled_rows.py --device cuda --steps 20 --cases \
+        ppo:CartPole-v1:1024 ppo:Pendulum-v1:1024 td3:Pendulum-v1:64 dqn:CartPole-v1:64
     ;;
 c)
     cp .gpuwheels/part-c/* /tmp/w/

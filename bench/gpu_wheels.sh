@@ -3,8 +3,8 @@
 # there), cut into parts that fit one device call's 64 MiB carry each.
 #
 #   bench/gpu_wheels.sh            # here: fills .gpuwheels/part-{a,b,c,d}/ (in .gitignore)
-#   bench/gpu_wheels.sh anakin     # here: only .gpuwheels/anakin/ (12 MB): Podium's imports and
-#                                  # the PureJaxRL peer's gymnax, for `bench/gpu_run.sh anakin`
+#   bench/gpu_wheels.sh compiled   # here: only .gpuwheels/compiled/ (12 MB): Podium's imports
+#                                  # and the PureJaxRL peer's gymnax, for `gpu_run.sh compiled`
 #
 # part-a holds Podium's imports that the device image lacks (its torch, numpy, httpx, PyYAML,
 # typer, rich, psutil, safetensors, ... are used as they are) and MuJoCo; parts b-d the Warp
@@ -48,11 +48,11 @@ text = "".join(
 (out / "entry_points.txt").write_text(text)
 PY
 }
-if [[ ${1:-} == anakin ]]; then  # the device image has jax, flax, chex, matplotlib, seaborn
-    rm -rf "$dir/anakin" && mkdir -p "$dir/anakin"
-    download "$dir/anakin" "${PODIUM_WHEELS[@]}" gymnax==0.0.9
-    entry_points "$dir/anakin"
-    du -sh "$dir/anakin"
+if [[ ${1:-} == compiled ]]; then  # the device image has jax, flax, chex, matplotlib, seaborn
+    rm -rf "$dir/compiled" && mkdir -p "$dir/compiled"
+    download "$dir/compiled" "${PODIUM_WHEELS[@]}" gymnax==0.0.9
+    entry_points "$dir/compiled"
+    du -sh "$dir/compiled"
     exit 0
 fi
 rm -rf "$dir" && mkdir -p "$dir/dl" "$dir/part-a" "$dir/part-b" "$dir/part-c" "$dir/part-d"

@@ -1,35 +1,42 @@
-"""PureJaxRL's PPO against Podium's on one recipe, one machine, interleaved (issue 33, part 4).
+"""PureJaxRL's PPO against Podium's, on PureJaxRL's own recipes, one machine, interleaved.
 
-The recipe is PureJaxRL's CartPole-v1 config (purejaxrl/ppo.py's ``__main__``): per agent 4 envs
-x 128 steps, 4 epochs x 4 minibatches, a 64x64 tanh actor and critic, Adam at 2.5e-4 annealed
-to 0, 5e5 env steps, gamma 0.99, GAE lambda 0.95, clip 0.2 (the value loss clipped too), entropy
-0.01, value 0.5, gradient norm 0.5, advantages normalised per minibatch, no observation
-normalisation. P agents with different seeds:
+Recipes (``--recipe``):
 
-* PureJaxRL: its ``make_train``, transcribed below (nothing can be downloaded at run time here),
-  one ``jax.jit(jax.vmap(train))`` call for all P agents, as its README trains seeds;
-* Podium: P = 1 through ``podium train``'s trainer (``services.pod.training.fit.build``: the
-  on-policy trainer), P > 1 through the population trainer (what a pod with
-  ``population.agents_per_pod: P`` trains), both picked by ``trainer_class``.
+* ``cartpole``: purejaxrl/ppo.py's CartPole-v1 config: per agent 4 envs x 128 steps, 4 epochs x 4
+  minibatches, 64x64 tanh actor and critic, Adam at 2.5e-4 annealed to 0, 5e5 env steps, entropy
+  0.01, the value loss clipped, raw observations;
+* ``pendulum``: purejaxrl/ppo_continuous_action.py's config on gymnax's Pendulum-v1 (the script
+  trains Brax tasks, which do not install here; its recipe is otherwise unchanged): per agent
+  2,048 envs x 10 steps, 4 epochs x 32 minibatches, 256x256 tanh, a Gaussian policy with a
+  state-independent log-std, Adam at 3e-4 (no annealing), entropy 0, observations and rewards
+  normalised by running statistics, actions clipped;
+* ``pendulum-preset``: Podium's own PPO preset for Pendulum-v1 (128 envs x 16 steps, gSDE,
+  10 epochs x 8 minibatches), Podium only: the compiled iteration against the eager one.
 
-For each seed and P, PureJaxRL then Podium, so machine noise hits both alike. Measured per side:
+Sides, run in turn for each seed and P so that machine noise hits them alike:
 
-* ``startup_s``: PureJaxRL's compile (``jit(...).lower().compile()``), Podium's ``build`` (envs,
-  agents); the imports are done once before either and counted on neither side;
-* ``train_s``: the training call itself (PureJaxRL: the compiled call; Podium: its steps, as
-  ``fit``'s clock counts them), and ``steps_per_s`` = P x env steps / ``train_s``;
-* ``wall_s`` = ``startup_s`` + ``train_s``: the wall time to the budget for every agent;
-* returns, after the clock stops: each agent's mean over 10 greedy episodes on its own side's
-  CartPole, and ``solved``: the fraction of agents at >= 475.
+* ``purejaxrl``: its ``make_train``, transcribed below (nothing is downloaded at run time), one
+  ``jax.jit(jax.vmap(train))`` call for all P agents, as its README trains seeds;
+* ``podium``: ``podium train``'s trainer (P = 1) or a population pod's (P > 1) with
+  ``ppo.compile: on``: the whole iteration compiled;
+* ``podium-eager``: the same trainer with ``ppo.compile: off``.
 
-On CPU both sides get one core: XLA's CPU backend one thread (``XLA_FLAGS`` below, set before
-jax is imported), torch one thread (``torch_threads: 1``, Podium's default), and the process is
-pinned to ``--core``. Printed: a line per run, then a table of medians over seeds and the ratios
-(PureJaxRL / Podium for throughput, Podium / PureJaxRL for wall time); ``--out`` gets the JSON.
+Measured per side: ``startup_s`` (PureJaxRL: ``jit(...).lower().compile()``; Podium: building
+the trainer and its first two iterations, which is where it compiles), ``train_s`` (the rest of
+the budget; ``steps_per_s`` = P x those env steps / ``train_s``), ``wall_s`` = both, and after the
+clock each agent's greedy return (10 episodes on its own side's env) and ``solved`` (the fraction
+at the env's target). Printed: a line per run, then medians over seeds and, per seed, the ratios
+of Podium's steps/s to PureJaxRL's and of compiled to eager (each seed's runs are neighbours in
+time). ``--out`` gets the JSON.
+
+On CPU every side gets one core: XLA's CPU backend one thread (``XLA_FLAGS`` below, set before
+jax is imported), torch one thread, the process pinned to ``--core``. Both run with the
+allocator Podium's pods run with (services/malloc.py; ``apt install libtcmalloc-minimal4``).
 
     .venv/bin/pip install -e '.[bench]'                 # jax[cpu], gymnax, flax, optax
-    .venv/bin/python bench/purejaxrl_peer.py --agents 1 8 --seeds 3
-    .venv/bin/python bench/purejaxrl_peer.py --agents 64 --seeds 1 --steps 50000   # short
+    .venv/bin/python bench/purejaxrl_peer.py --recipe cartpole --agents 1 --seeds 3
+    .venv/bin/python bench/purejaxrl_peer.py --recipe pendulum --agents 1 --seeds 3
+    .venv/bin/python bench/purejaxrl_peer.py --recipe pendulum-preset --steps 100000
     .venv/bin/python bench/purejaxrl_peer.py --device cuda   # P = 1 64 1024; needs jax[cuda12]
 """
 
@@ -45,6 +52,7 @@ os.environ.setdefault(
 
 import argparse
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -63,87 +71,139 @@ from flax import struct
 from flax.linen.initializers import constant, orthogonal
 from flax.training.train_state import TrainState
 
-from services.contracts.algorithms.ppo.config import PPOConfig
-from services.pod.config import PPORunConfig
+from services.contracts.envs import target_return
 from services.pod.training import fit
+from services.pod.training.presets import train_config
 from services.pod.training.trainer import Trainer, build_trainer
 
-ENV_NAME = "CartPole-v1"
-SOLVED = 475.0
 EVAL_EPISODES = 10
 
-# PureJaxRL's own config for CartPole-v1 (purejaxrl/ppo.py, ``__main__``), DEBUG off.
-PUREJAXRL_CONFIG: dict[str, Any] = {
+
+@dataclass(frozen=True)
+class Recipe:
+    env: str
+    #: PureJaxRL's config (its script's ``__main__``, DEBUG off); None: Podium's preset only.
+    purejaxrl: dict[str, Any] | None
+    #: Podium's settings on top of its preset for ``env`` (``podium train --set`` layers).
+    podium: dict[str, Any]
+
+
+def _purejaxrl_in_podium_terms(c: dict[str, Any], continuous: bool) -> dict[str, Any]:
+    """PureJaxRL's config in Podium's (PPOConfig's CleanRL names)."""
+    return {
+        "num_envs": c["NUM_ENVS"],
+        "num_steps": c["NUM_STEPS"],
+        "learning_rate": c["LR"],
+        "anneal_lr": c["ANNEAL_LR"],
+        "gamma": c["GAMMA"],
+        "gae_lambda": c["GAE_LAMBDA"],
+        "num_minibatches": c["NUM_MINIBATCHES"],
+        "update_epochs": c["UPDATE_EPOCHS"],
+        "clip_coef": c["CLIP_EPS"],
+        "clip_vloss": True,  # PureJaxRL clips the value loss
+        "ent_coef": c["ENT_COEF"],
+        "vf_coef": c["VF_COEF"],
+        "max_grad_norm": c["MAX_GRAD_NORM"],
+        "norm_adv": True,  # per minibatch, as PureJaxRL's loss does
+        "norm_obs": c.get("NORMALIZE_ENV", False),
+        "norm_reward": c.get("NORMALIZE_ENV", False),
+        "hidden_sizes": [c["WIDTH"]] * 2,
+        "activation": c["ACTIVATION"],
+        # PureJaxRL's Gaussian: a state-independent log-std from 0, no gSDE.
+        **({"log_std_init": 0.0, "sde_sample_freq": 0} if continuous else {}),
+    }
+
+
+_COMMON = {
+    "UPDATE_EPOCHS": 4,
+    "GAMMA": 0.99,
+    "GAE_LAMBDA": 0.95,
+    "CLIP_EPS": 0.2,
+    "VF_COEF": 0.5,
+    "MAX_GRAD_NORM": 0.5,
+    "ACTIVATION": "tanh",
+}
+_CARTPOLE = {
+    **_COMMON,
     "LR": 2.5e-4,
     "NUM_ENVS": 4,
     "NUM_STEPS": 128,
     "TOTAL_TIMESTEPS": 5e5,
-    "UPDATE_EPOCHS": 4,
     "NUM_MINIBATCHES": 4,
-    "GAMMA": 0.99,
-    "GAE_LAMBDA": 0.95,
-    "CLIP_EPS": 0.2,
     "ENT_COEF": 0.01,
-    "VF_COEF": 0.5,
-    "MAX_GRAD_NORM": 0.5,
-    "ACTIVATION": "tanh",
-    "ENV_NAME": ENV_NAME,
+    "ENV_NAME": "CartPole-v1",
     "ANNEAL_LR": True,
+    "WIDTH": 64,
+    "CONTINUOUS": False,
+}
+_PENDULUM = {
+    **_COMMON,
+    "LR": 3e-4,
+    "NUM_ENVS": 2048,
+    "NUM_STEPS": 10,
+    "TOTAL_TIMESTEPS": 1e6,
+    "NUM_MINIBATCHES": 32,
+    "ENT_COEF": 0.0,
+    "ENV_NAME": "Pendulum-v1",
+    "ANNEAL_LR": False,
+    "NORMALIZE_ENV": True,
+    "WIDTH": 256,
+    "CONTINUOUS": True,
+}
+RECIPES = {
+    "cartpole": Recipe("CartPole-v1", _CARTPOLE, _purejaxrl_in_podium_terms(_CARTPOLE, False)),
+    "pendulum": Recipe("Pendulum-v1", _PENDULUM, _purejaxrl_in_podium_terms(_PENDULUM, True)),
+    "pendulum-preset": Recipe("Pendulum-v1", None, {}),
 }
 
 
-def podium_config(total_env_steps: int, seed: int, device: str) -> PPORunConfig:
-    """The same recipe in Podium's terms (PPOConfig's CleanRL names)."""
-    c = PUREJAXRL_CONFIG
-    ppo = PPOConfig(
-        num_envs=c["NUM_ENVS"],
-        num_steps=c["NUM_STEPS"],
-        learning_rate=c["LR"],
-        anneal_lr=c["ANNEAL_LR"],
-        gamma=c["GAMMA"],
-        gae_lambda=c["GAE_LAMBDA"],
-        num_minibatches=c["NUM_MINIBATCHES"],
-        update_epochs=c["UPDATE_EPOCHS"],
-        clip_coef=c["CLIP_EPS"],
-        clip_vloss=True,  # PureJaxRL clips the value loss
-        ent_coef=c["ENT_COEF"],
-        vf_coef=c["VF_COEF"],
-        max_grad_norm=c["MAX_GRAD_NORM"],
-        norm_adv=True,  # per minibatch, as PureJaxRL's loss does
-        norm_obs=False,  # PureJaxRL feeds raw observations
-        norm_reward=False,
-        hidden_sizes=[64, 64],
-        activation=c["ACTIVATION"],
-    )
-    return PPORunConfig(
-        env=ENV_NAME,
-        total_env_steps=total_env_steps,
-        eval_every_steps=total_env_steps,  # no evaluation inside the clock
-        eval_episodes=EVAL_EPISODES,
-        seed=seed,
-        device=device,
-        torch_threads=1,
-        ppo=ppo,
-    )
+def podium_configs(
+    recipe: Recipe, agents: int, env_steps: int, seed: int, device: str, compile: str
+) -> list[Any]:
+    """P run configs: the recipe on top of Podium's preset for the env, agent i seeded
+    seed * 10,000 + i, no evaluation inside the clock."""
+    return [
+        train_config(
+            recipe.env,
+            [
+                {
+                    "total_env_steps": env_steps,
+                    "eval_every_steps": env_steps,
+                    "eval_episodes": EVAL_EPISODES,
+                    "target_return": None,
+                    "seed": seed * 10_000 + i,
+                    "device": device,
+                    "torch_threads": 1,
+                    "ppo": {**recipe.podium, "compile": compile},
+                }
+            ],
+        )
+        for i in range(agents)
+    ]
 
 
 # --------------------------------------------------------------------------------------------
 # PureJaxRL: a transcription of make_train in github.com/luchris429/purejaxrl, purejaxrl/ppo.py
-# (commit 31756b1, 2024-09-09), with its LogWrapper from purejaxrl/wrappers.py and its
-# hyperparameters (PUREJAXRL_CONFIG above). The algorithm is theirs line for line; what differs:
-# * distrax.Categorical is the few lines of ``Categorical`` below (the same maths: sample with
-#   jax.random.categorical, log-softmax log-probabilities, entropy), so that the bench does not
-#   need distrax and tensorflow-probability;
-# * FlattenObservationWrapper is left out: CartPole's observation is already flat;
+# and purejaxrl/ppo_continuous_action.py (commit 31756b1, 2024-09-09), with the wrappers they use
+# from purejaxrl/wrappers.py. The two scripts' make_train are the same line for line but for the
+# network's head and the env's wrappers, so they are transcribed once, the config choosing
+# (``CONTINUOUS``, ``NORMALIZE_ENV``, ``WIDTH``). What differs from theirs:
+# * distrax's Categorical and MultivariateNormalDiag are the few lines of ``Categorical`` and
+#   ``DiagGaussian`` below (the same maths), so the bench needs neither distrax nor
+#   tensorflow-probability;
+# * ppo.py's explicit ``jax.vmap(env.step, ...)`` is its wrappers' ``VecEnv``, which
+#   ppo_continuous_action.py uses: the same call;
+# * ClipAction clips to the env's action bounds (the line its TODO says it should be) rather
+#   than to [-1, 1]: Pendulum's torque ranges over [-2, 2];
 # * the returned metric is two numbers per update (the returns and the count of the episodes that
 #   ended in the rollout) instead of the whole ``traj_batch.info``, which at P = 1,024 agents
-#   would be ~10 GB (the bench reads only the trained parameters); the DEBUG callback is left out;
+#   would be ~10 GB (the bench reads only the trained parameters); no DEBUG callback;
 # * NUM_UPDATES is made an int (newer JAX refuses a float scan length); ruff's formatting.
 # --------------------------------------------------------------------------------------------
 
 
 class Categorical:
-    """distrax.Categorical's sample, log_prob and entropy for logits."""
+    """distrax.Categorical's sample, log_prob, entropy and mode for logits."""
 
     def __init__(self, logits: jax.Array) -> None:
         self.logits = jax.nn.log_softmax(logits, axis=-1)
@@ -157,6 +217,37 @@ class Categorical:
     def entropy(self) -> jax.Array:
         return -jnp.sum(jnp.exp(self.logits) * self.logits, axis=-1)
 
+    def mode(self) -> jax.Array:
+        return jnp.argmax(self.logits, axis=-1)
+
+
+class DiagGaussian:
+    """distrax.MultivariateNormalDiag's sample, log_prob, entropy and mode."""
+
+    def __init__(self, loc: jax.Array, scale: jax.Array) -> None:
+        self.loc, self.scale = loc, jnp.broadcast_to(scale, loc.shape)
+
+    def sample(self, seed: jax.Array) -> jax.Array:
+        return self.loc + self.scale * jax.random.normal(seed, self.loc.shape)
+
+    def log_prob(self, value: jax.Array) -> jax.Array:
+        z = (value - self.loc) / self.scale
+        return jnp.sum(-0.5 * z**2 - jnp.log(self.scale) - 0.5 * jnp.log(2 * jnp.pi), axis=-1)
+
+    def entropy(self) -> jax.Array:
+        return jnp.sum(0.5 + 0.5 * jnp.log(2 * jnp.pi) + jnp.log(self.scale), axis=-1)
+
+    def mode(self) -> jax.Array:
+        return self.loc
+
+
+class GymnaxWrapper:
+    def __init__(self, env: Any) -> None:
+        self._env = env
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
 
 @struct.dataclass
 class LogEnvState:
@@ -168,14 +259,8 @@ class LogEnvState:
     timestep: int
 
 
-class LogWrapper:
-    """Log the episode returns and lengths (purejaxrl/wrappers.py)."""
-
-    def __init__(self, env: Any) -> None:
-        self._env = env
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._env, name)
+class LogWrapper(GymnaxWrapper):
+    """Log the episode returns and lengths."""
 
     @partial(jax.jit, static_argnums=(0,))
     def reset(self, key: jax.Array, params: Any = None) -> tuple[jax.Array, LogEnvState]:
@@ -207,27 +292,122 @@ class LogWrapper:
         return obs, state, reward, done, info
 
 
+class ClipAction(GymnaxWrapper):
+    def __init__(self, env: Any, low: jax.Array, high: jax.Array) -> None:
+        super().__init__(env)
+        self.low = low
+        self.high = high
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any = None) -> Any:
+        action = jnp.clip(action, self.low, self.high)
+        return self._env.step(key, state, action, params)
+
+
+class VecEnv(GymnaxWrapper):
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        self.reset = jax.vmap(self._env.reset, in_axes=(0, None))
+        self.step = jax.vmap(self._env.step, in_axes=(0, 0, 0, None))
+
+
+def _update_stats(
+    mean: jax.Array, var: jax.Array, count: float, x: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    # The parallel-variance update both of PureJaxRL's normalisers write out in full.
+    batch_mean = jnp.mean(x, axis=0)
+    batch_var = jnp.var(x, axis=0)
+    batch_count = x.shape[0]
+    delta = batch_mean - mean
+    tot_count = count + batch_count
+    new_mean = mean + delta * batch_count / tot_count
+    m_a = var * count
+    m_b = batch_var * batch_count
+    m2 = m_a + m_b + jnp.square(delta) * count * batch_count / tot_count
+    return new_mean, m2 / tot_count, tot_count
+
+
+@struct.dataclass
+class NormalizeVecObsEnvState:
+    mean: jax.Array
+    var: jax.Array
+    count: float
+    env_state: Any
+
+
+class NormalizeVecObservation(GymnaxWrapper):
+    def reset(self, key: jax.Array, params: Any = None) -> tuple[jax.Array, Any]:
+        obs, state = self._env.reset(key, params)
+        mean, var, count = _update_stats(jnp.zeros_like(obs), jnp.ones_like(obs), 1e-4, obs)
+        state = NormalizeVecObsEnvState(mean=mean, var=var, count=count, env_state=state)
+        return (obs - state.mean) / jnp.sqrt(state.var + 1e-8), state
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any = None) -> Any:
+        obs, env_state, reward, done, info = self._env.step(key, state.env_state, action, params)
+        mean, var, count = _update_stats(state.mean, state.var, state.count, obs)
+        state = NormalizeVecObsEnvState(mean=mean, var=var, count=count, env_state=env_state)
+        return (obs - state.mean) / jnp.sqrt(state.var + 1e-8), state, reward, done, info
+
+
+@struct.dataclass
+class NormalizeVecRewEnvState:
+    mean: jax.Array
+    var: jax.Array
+    count: float
+    return_val: float
+    env_state: Any
+
+
+class NormalizeVecReward(GymnaxWrapper):
+    def __init__(self, env: Any, gamma: float) -> None:
+        super().__init__(env)
+        self.gamma = gamma
+
+    def reset(self, key: jax.Array, params: Any = None) -> tuple[jax.Array, Any]:
+        obs, state = self._env.reset(key, params)
+        batch_count = obs.shape[0]
+        state = NormalizeVecRewEnvState(
+            mean=0.0, var=1.0, count=1e-4, return_val=jnp.zeros((batch_count,)), env_state=state
+        )
+        return obs, state
+
+    def step(self, key: jax.Array, state: Any, action: jax.Array, params: Any = None) -> Any:
+        obs, env_state, reward, done, info = self._env.step(key, state.env_state, action, params)
+        return_val = state.return_val * self.gamma * (1 - done) + reward
+        mean, var, count = _update_stats(state.mean, state.var, state.count, return_val)
+        state = NormalizeVecRewEnvState(
+            mean=mean, var=var, count=count, return_val=return_val, env_state=env_state
+        )
+        return obs, state, reward / jnp.sqrt(state.var + 1e-8), done, info
+
+
 class ActorCritic(nn.Module):
     action_dim: int
     activation: str = "tanh"
+    width: int = 64
+    continuous: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> tuple[Categorical, jax.Array]:
+    def __call__(self, x: jax.Array) -> tuple[Categorical | DiagGaussian, jax.Array]:
         activation = nn.relu if self.activation == "relu" else nn.tanh
-        actor_mean = nn.Dense(64, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(x)
+        w = self.width
+        actor_mean = nn.Dense(w, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(x)
         actor_mean = activation(actor_mean)
-        actor_mean = nn.Dense(64, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(
+        actor_mean = nn.Dense(w, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(
             actor_mean
         )
         actor_mean = activation(actor_mean)
         actor_mean = nn.Dense(
             self.action_dim, kernel_init=orthogonal(0.01), bias_init=constant(0.0)
         )(actor_mean)
-        pi = Categorical(logits=actor_mean)
+        if self.continuous:
+            actor_logtstd = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            pi: Categorical | DiagGaussian = DiagGaussian(actor_mean, jnp.exp(actor_logtstd))
+        else:
+            pi = Categorical(logits=actor_mean)
 
-        critic = nn.Dense(64, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(x)
+        critic = nn.Dense(w, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(x)
         critic = activation(critic)
-        critic = nn.Dense(64, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(critic)
+        critic = nn.Dense(w, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(critic)
         critic = activation(critic)
         critic = nn.Dense(1, kernel_init=orthogonal(1.0), bias_init=constant(0.0))(critic)
         return pi, jnp.squeeze(critic, axis=-1)
@@ -243,13 +423,28 @@ class Transition(NamedTuple):
     info: dict[str, jax.Array]
 
 
+def make_env(config: dict[str, Any]) -> tuple[Any, Any, ActorCritic]:
+    """The wrapped env, its params and the network, as each script builds them."""
+    env, env_params = gymnax.make(config["ENV_NAME"])
+    space = env.action_space(env_params)
+    env = LogWrapper(env)
+    if config["CONTINUOUS"]:
+        env = ClipAction(env, space.low, space.high)
+    env = VecEnv(env)
+    if config.get("NORMALIZE_ENV"):
+        env = NormalizeVecObservation(env)
+        env = NormalizeVecReward(env, config["GAMMA"])
+    action_dim = space.shape[0] if config["CONTINUOUS"] else space.n
+    network = ActorCritic(action_dim, config["ACTIVATION"], config["WIDTH"], config["CONTINUOUS"])
+    return env, env_params, network
+
+
 def make_train(config: dict[str, Any]) -> Any:
     config["NUM_UPDATES"] = int(
         config["TOTAL_TIMESTEPS"] // config["NUM_STEPS"] // config["NUM_ENVS"]
     )
     config["MINIBATCH_SIZE"] = config["NUM_ENVS"] * config["NUM_STEPS"] // config["NUM_MINIBATCHES"]
-    env, env_params = gymnax.make(config["ENV_NAME"])
-    env = LogWrapper(env)
+    env, env_params, network = make_env(config)
 
     def linear_schedule(count: jax.Array) -> jax.Array:
         frac = (
@@ -261,7 +456,6 @@ def make_train(config: dict[str, Any]) -> Any:
 
     def train(rng: jax.Array) -> dict[str, Any]:
         # INIT NETWORK
-        network = ActorCritic(env.action_space(env_params).n, activation=config["ACTIVATION"])
         rng, _rng = jax.random.split(rng)
         init_x = jnp.zeros(env.observation_space(env_params).shape)
         network_params = network.init(_rng, init_x)
@@ -280,7 +474,7 @@ def make_train(config: dict[str, Any]) -> Any:
         # INIT ENV
         rng, _rng = jax.random.split(rng)
         reset_rng = jax.random.split(_rng, config["NUM_ENVS"])
-        obsv, env_state = jax.vmap(env.reset, in_axes=(0, None))(reset_rng, env_params)
+        obsv, env_state = env.reset(reset_rng, env_params)
 
         # TRAIN LOOP
         def _update_step(runner_state: tuple, unused: None) -> tuple[tuple, jax.Array]:
@@ -297,7 +491,7 @@ def make_train(config: dict[str, Any]) -> Any:
                 # STEP ENV
                 rng, _rng = jax.random.split(rng)
                 rng_step = jax.random.split(_rng, config["NUM_ENVS"])
-                obsv, env_state, reward, done, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                obsv, env_state, reward, done, info = env.step(
                     rng_step, env_state, action, env_params
                 )
                 transition = Transition(done, action, value, reward, log_prob, last_obs, info)
@@ -429,17 +623,35 @@ def make_train(config: dict[str, Any]) -> Any:
 # ----------------------------------- end of the transcription -------------------------------
 
 
-def purejaxrl_evaluate(params: Any, rng: jax.Array, episodes: int) -> jax.Array:
-    """One agent's mean return over ``episodes`` greedy episodes of gymnax's CartPole-v1
-    (Podium's evaluator is greedy too): the reward summed until each episode's first done."""
-    env, env_params = gymnax.make(ENV_NAME)
-    network = ActorCritic(env.action_space(env_params).n, activation="tanh")
+def purejaxrl_evaluate(
+    config: dict[str, Any], params: Any, env_state: Any, rng: jax.Array, episodes: int
+) -> jax.Array:
+    """One agent's mean return over ``episodes`` greedy episodes of the recipe's gymnax env
+    (Podium's evaluator is greedy too), its observations normalised by the statistics training
+    ended with: the reward summed until each episode's first done."""
+    env, env_params = gymnax.make(config["ENV_NAME"])
+    _, _, network = make_env(config)
+    space = env.action_space(env_params)
+    if config.get("NORMALIZE_ENV"):
+        # NormalizeVecReward's state wraps NormalizeVecObservation's, whose statistics have a
+        # row per env (it starts them as zeros_like(obs)), all rows equal.
+        stats = env_state.env_state
+
+        def norm(obs: jax.Array) -> jax.Array:
+            return (obs - stats.mean[0]) / jnp.sqrt(stats.var[0] + 1e-8)
+    else:
+
+        def norm(obs: jax.Array) -> jax.Array:
+            return obs
+
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(rng, episodes), env_params)
 
     def step(carry: tuple, key: jax.Array) -> tuple[tuple, None]:
         obs, state, total, alive = carry
-        pi, _ = network.apply(params, obs)
-        action = jnp.argmax(pi.logits, axis=-1)
+        pi, _ = network.apply(params, norm(obs))
+        action = pi.mode()
+        if config["CONTINUOUS"]:
+            action = jnp.clip(action, space.low, space.high)
         keys = jax.random.split(key, episodes)
         obs, state, reward, done, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
             keys, state, action, env_params
@@ -458,10 +670,11 @@ class Run:
     side: str
     agents: int
     seed: int
-    env_steps: int  # per agent
+    env_steps: int  # per agent, inside the clock
     startup_s: float
     train_s: float
     eval_returns: list[float]  # per agent, greedy
+    target: float
 
     @property
     def wall_s(self) -> float:
@@ -477,11 +690,12 @@ class Run:
 
     @property
     def solved(self) -> float:
-        return sum(r >= SOLVED for r in self.eval_returns) / len(self.eval_returns)
+        return sum(r >= self.target for r in self.eval_returns) / len(self.eval_returns)
 
 
-def run_purejaxrl(agents: int, seed: int, env_steps: int, device: str) -> Run:
-    config = {**PUREJAXRL_CONFIG, "TOTAL_TIMESTEPS": env_steps}
+def run_purejaxrl(recipe: Recipe, agents: int, seed: int, env_steps: int, device: str) -> Run:
+    assert recipe.purejaxrl is not None
+    config = {**recipe.purejaxrl, "TOTAL_TIMESTEPS": env_steps}
     jax_device = jax.devices("cpu" if device == "cpu" else "gpu")[0]
     with jax.default_device(jax_device):
         rngs = jax.random.split(jax.random.PRNGKey(seed), agents)
@@ -492,31 +706,43 @@ def run_purejaxrl(agents: int, seed: int, env_steps: int, device: str) -> Run:
         out = jax.block_until_ready(compiled(rngs))
         train = time.perf_counter() - start
 
+        _, env_state, *_ = out["runner_state"]
         params = out["runner_state"][0].params
         eval_rngs = jax.random.split(jax.random.PRNGKey(seed + 10_000), agents)
-        evaluate = jax.jit(jax.vmap(purejaxrl_evaluate, in_axes=(0, 0, None)), static_argnums=2)
-        returns = np.asarray(evaluate(params, eval_rngs, EVAL_EPISODES))
+        evaluate = jax.jit(
+            jax.vmap(partial(purejaxrl_evaluate, config), in_axes=(0, 0, 0, None)),
+            static_argnums=3,
+        )
+        returns = np.asarray(evaluate(params, env_state, eval_rngs, EVAL_EPISODES))
     steps = config["NUM_UPDATES"] * config["NUM_STEPS"] * config["NUM_ENVS"]
-    return Run("purejaxrl", agents, seed, steps, startup, train, [float(r) for r in returns])
+    target = target_return(recipe.env)
+    return Run("purejaxrl", agents, seed, steps, startup, train, returns.tolist(), target)
 
 
-def run_podium(agents: int, seed: int, env_steps: int, device: str) -> Run:
-    # Agent i is seeded seed * 10,000 + i: the population seeds its agents first.seed + i.
-    configs = [podium_config(env_steps, seed * 10_000 + i, device) for i in range(agents)]
+def run_podium(
+    recipe: Recipe, agents: int, seed: int, env_steps: int, device: str, compile: str
+) -> Run:
+    configs = podium_configs(recipe, agents, env_steps, seed, device, compile)
     start = time.perf_counter()
     # P = 1: ``podium train``'s trainer (its thread setting too); P > 1: the population pod's.
     trainer: Trainer = fit.build(configs[0]) if agents == 1 else build_trainer(configs)
-    startup = time.perf_counter() - start
+    # The first two iterations compile (the first call traces, the second checks its guards).
+    for _ in range(2):
+        trainer.step()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    startup = time.perf_counter() - start
+    first = trainer.env_steps
     start = time.perf_counter()
     while trainer.env_steps < env_steps:  # fit's loop, without its evaluations
         trainer.step()
     sync()
     train = time.perf_counter() - start
     returns = [e.mean for e in trainer.evaluate()]
-    steps = trainer.env_steps
+    steps = trainer.env_steps - first
     trainer.close()
-    return Run("podium", agents, seed, steps, startup, train, returns)
+    side = "podium" if compile == "on" else "podium-eager"
+    return Run(side, agents, seed, steps, startup, train, returns, target_return(recipe.env))
 
 
 def median(runs: list[Run], key: str) -> float:
@@ -524,40 +750,62 @@ def median(runs: list[Run], key: str) -> float:
 
 
 def summarise(runs: list[Run], agents: int) -> dict[str, Any]:
-    """Medians over seeds for ``agents``, and the ratios of each seed's interleaved pair (the two
-    runs of a seed see the same moment of the machine's load) with their median."""
-    jx = [r for r in runs if r.agents == agents and r.side == "purejaxrl"]
-    pd = [r for r in runs if r.agents == agents and r.side == "podium"]
-    throughput = [j.steps_per_s / p.steps_per_s for j, p in zip(jx, pd, strict=True)]
-    wall = [p.wall_s / j.wall_s for j, p in zip(jx, pd, strict=True)]
-    return {
-        "agents": agents,
-        "purejaxrl_steps_per_s": median(jx, "steps_per_s"),
-        "podium_steps_per_s": median(pd, "steps_per_s"),
-        "purejaxrl_wall_s": median(jx, "wall_s"),
-        "purejaxrl_startup_s": median(jx, "startup_s"),
-        "podium_wall_s": median(pd, "wall_s"),
-        "podium_startup_s": median(pd, "startup_s"),
-        "purejaxrl_solved": median(jx, "solved"),
-        "podium_solved": median(pd, "solved"),
-        "throughput_ratios": throughput,  # PureJaxRL / Podium, per seed
-        "throughput_ratio": statistics.median(throughput),
-        "wall_ratios": wall,  # Podium / PureJaxRL, per seed
-        "wall_ratio": statistics.median(wall),
-    }
+    """Medians over seeds for ``agents`` per side, and the ratios of each seed's neighbouring
+    runs (the same moment of the machine's load) with their median."""
+    row: dict[str, Any] = {"agents": agents}
+    by_side = {}
+    for side in ("purejaxrl", "podium", "podium-eager"):
+        mine = [r for r in runs if r.agents == agents and r.side == side]
+        if not mine:
+            continue
+        by_side[side] = mine
+        row[side] = {k: median(mine, k) for k in ("steps_per_s", "wall_s", "startup_s", "solved")}
+
+    def ratios(a: str, b: str, key: str) -> None:
+        if a in by_side and b in by_side:
+            per_seed = [
+                getattr(x, key) / getattr(y, key)
+                for x, y in zip(by_side[a], by_side[b], strict=True)
+            ]
+            row[f"{a} / {b} {key}"] = {"per_seed": per_seed, "median": statistics.median(per_seed)}
+
+    ratios("podium", "purejaxrl", "steps_per_s")
+    ratios("podium-eager", "purejaxrl", "steps_per_s")
+    ratios("podium", "podium-eager", "steps_per_s")
+    ratios("purejaxrl", "podium", "wall_s")
+    return row
 
 
 def main() -> None:
+    from services.malloc import reexec_with_allocator, running_allocator
+
+    # Both sides with the allocator Podium's pods and `podium train` run with (tcmalloc, else
+    # jemalloc, where the machine has one): the process starts anew with it preloaded.
+    reexec_with_allocator()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="cartpole")
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        choices=["purejaxrl", "podium", "podium-eager"],
+        default=None,
+        help="default: all the recipe has",
+    )
     parser.add_argument("--agents", type=int, nargs="+", default=None, help="P values")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=500_000, help="env steps per agent")
+    parser.add_argument("--steps", type=int, default=None, help="env steps per agent")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--core", type=int, default=0, help="CPU core to pin to (cpu only)")
-    parser.add_argument("--out", type=Path, default=Path("runs/purejaxrl_peer.json"))
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    recipe = RECIPES[args.recipe]
     on_gpu = args.device.startswith("cuda")
-    agents = args.agents or ([1, 64, 1024] if on_gpu else [1, 8, 64])
+    agents = args.agents or ([1, 64, 1024] if on_gpu else [1])
+    steps = args.steps or int(recipe.purejaxrl["TOTAL_TIMESTEPS"] if recipe.purejaxrl else 1e5)
+    sides = args.sides or (
+        ["purejaxrl", "podium", "podium-eager"] if recipe.purejaxrl else ["podium", "podium-eager"]
+    )
+    out = args.out or Path(f"runs/purejaxrl_peer_{args.recipe}.json")
     if not on_gpu and hasattr(os, "sched_setaffinity"):
         # Every thread so far (the imports start a few), and so every one started later: the
         # libraries' thread pools start lazily, on first use, and inherit it.
@@ -571,54 +819,55 @@ def main() -> None:
         f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, "
         f"device {args.device}, load {os.getloadavg()[0]:.2f}"
     )
-    print(machine, flush=True)
+    machine += f", malloc {running_allocator().name}"
+    print(f"recipe {args.recipe}; {machine}", flush=True)
 
     runs: list[Run] = []
     for p in agents:
         for seed in range(args.seeds):
-            for side in (run_purejaxrl, run_podium):
-                run = side(p, seed, args.steps, args.device)
+            for side in sides:
+                if side == "purejaxrl":
+                    run = run_purejaxrl(recipe, p, seed, steps, args.device)
+                else:
+                    on = "on" if side == "podium" else "off"
+                    run = run_podium(recipe, p, seed, steps, args.device, on)
                 runs.append(run)
                 print(
-                    f"P={p:<5} seed {seed} {run.side:>9}: startup {run.startup_s:6.1f} s, "
+                    f"P={p:<5} seed {seed} {run.side:>12}: startup {run.startup_s:6.1f} s, "
                     f"train {run.train_s:7.1f} s, {run.steps_per_s:9,.0f} env steps/s, "
-                    f"solved {run.solved:4.0%}, mean return {run.mean_return:5.1f} "
+                    f"solved {run.solved:4.0%}, mean return {run.mean_return:7.1f} "
                     f"(load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
 
-    print(f"\n{args.steps:,} env steps per agent, medians over {args.seeds} seed(s)")
-    print(
-        "| P | PureJaxRL steps/s | Podium steps/s | throughput ratio (per seed) "
-        "| PureJaxRL wall s (compile) | Podium wall s (build) | wall ratio (per seed) "
-        "| solved PureJaxRL, Podium |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    print(f"\n{args.recipe}: {steps:,} env steps per agent, medians over {args.seeds} seed(s)")
     table = [summarise(runs, p) for p in agents]
     for row in table:
-        listed = {
-            k: " / ".join(f"{r:.1f}" for r in row[f"{k}_ratios"]) for k in ("throughput", "wall")
-        }
-        print(
-            f"| {row['agents']} | {row['purejaxrl_steps_per_s']:,.0f} "
-            f"| {row['podium_steps_per_s']:,.0f} | **{row['throughput_ratio']:.1f}x** "
-            f"({listed['throughput']}) "
-            f"| {row['purejaxrl_wall_s']:.1f} ({row['purejaxrl_startup_s']:.1f}) "
-            f"| {row['podium_wall_s']:.1f} ({row['podium_startup_s']:.1f}) "
-            f"| **{row['wall_ratio']:.1f}x** ({listed['wall']}) "
-            f"| {row['purejaxrl_solved']:.0%}, {row['podium_solved']:.0%} |"
-        )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+        print(f"P = {row['agents']}")
+        for side in sides:
+            m = row[side]
+            print(
+                f"  {side:>12}: {m['steps_per_s']:9,.0f} env steps/s, wall {m['wall_s']:6.1f} s "
+                f"(startup {m['startup_s']:5.1f}), solved {m['solved']:.0%}"
+            )
+        for key, value in row.items():
+            if " / " in key:
+                listed = " / ".join(f"{r:.2f}" for r in value["per_seed"])
+                print(f"  {key}: **{value['median']:.2f}x** ({listed})")
+    out.parent.mkdir(parents=True, exist_ok=True)
     record = {
+        "recipe": args.recipe,
         "machine": machine,
-        "steps_per_agent": args.steps,
+        "steps_per_agent": steps,
         "seeds": args.seeds,
         "device": args.device,
         "runs": [{**asdict(r), "wall_s": r.wall_s, "steps_per_s": r.steps_per_s} for r in runs],
         "medians": table,
     }
-    args.out.write_text(json.dumps(record, indent=2))
-    print(f"wrote {args.out}")
+    out.write_text(json.dumps(record, indent=2, default=float))
+    print(f"wrote {out}")
+    if any(math.isnan(r.mean_return) for r in runs):
+        raise SystemExit("a run's returns are NaN")
 
 
 if __name__ == "__main__":

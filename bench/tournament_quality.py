@@ -20,7 +20,7 @@ Hyperparameters come from a wide search space (below), so which ones a pod gets 
 - ``random-ensemble``: as ``random`` over the ensemble's algorithms (best of P);
 - ``single``: 1 pod, random generator, the task's one algorithm;
 - ``pop-pbt``: ONE population pod (``population.agents_per_pod = P``: P PPO agents trained
-  batched in one process, services/pod/training/population_trainer.py), PBT between its agents;
+  batched in one process, services/pod/training/onpolicy.py), PBT between its agents;
 - ``pop-random``: one population pod, random generator (each agent keeps its draw): the
   batched best of P, which splits ``pop-pbt``'s gain over ``random`` into batching
   (``pop-random`` / ``random``) and selection (``pop-pbt`` / ``pop-random``).
