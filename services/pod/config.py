@@ -7,11 +7,14 @@ services/pod/training/offpolicy.py's ``OffPolicyConfig``), the runtime writes it
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from services.contracts.algorithms.card import card
+from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.pod.envs.base import VecEnv
 from services.pod.envs.registry import make_env
@@ -102,4 +105,25 @@ class PPORunConfig(RunConfig):
         ge=1,
         le=64,
         description="Learner replicas, each with its own envs, averaged after every epoch.",
+    )
+
+
+@cache
+def on_policy_config(algorithm: str) -> type[PPORunConfig]:
+    """The run config of on-policy ``algorithm``: ``PPORunConfig``, with a field of the
+    algorithm's own config (its card's, which extends ``PPOConfig``: the rollout, GAE and
+    network settings every on-policy algorithm here shares) under its name for another."""
+    if algorithm == "ppo":
+        return PPORunConfig
+    agent = card(algorithm).config
+    if not (isinstance(agent, type) and issubclass(agent, PPOConfig)):
+        raise HyperparameterError(
+            f"the on-policy trainer trains algorithms whose config extends PPOConfig; "
+            f"{algorithm}'s is {agent.__name__}"
+        )
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        f"{agent.__name__}RunConfig",
+        __base__=PPORunConfig,
+        algorithm=(str, algorithm),
+        **{algorithm: (agent, Field(default_factory=agent))},
     )

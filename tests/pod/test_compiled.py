@@ -180,20 +180,20 @@ def test_auto_times_eager_iterations_and_compiles_where_it_pays(monkeypatch) -> 
     rest of the run saves more than it costs (both sides scaled by this machine)."""
     trainer = OnPolicyTrainer(configs("CartPole-v1", compile="auto"))
     assert trainer.decision.compiled is None and trainer.compiled.startswith("deciding")
-    monkeypatch.setitem(compiled.RULES, ("ppo", "cpu"), compiled.Rule(3.0, 1e9, 1e9))
+    monkeypatch.setitem(compiled.RULES, ("onpolicy", "cpu"), compiled.Rule(3.0, 1e9, 1e9))
     for _ in range(4):
         trainer.step()
     assert trainer.decision.compiled is False
     assert trainer.compiled.startswith("eager (auto: eager: the compiled programs save about")
-    d = Decision("auto", "ppo", torch.device("cpu"), units=1e9)
-    monkeypatch.setitem(compiled.RULES, ("ppo", "cpu"), compiled.Rule(3.0, 1.0, 0.1))
+    d = Decision("auto", "onpolicy", torch.device("cpu"), units=1e9)
+    monkeypatch.setitem(compiled.RULES, ("onpolicy", "cpu"), compiled.Rule(3.0, 1.0, 0.1))
     for _ in range(4):
         d.eager_call(0.01, 100)
     assert d.compiled is True and "compiling" in d.reason
     # A compile in the cache is a load: it pays where a cold one would not.
-    monkeypatch.setitem(compiled.RULES, ("ppo", "cpu"), compiled.Rule(3.0, 1e6, 1e-3))
-    cold = Decision("auto", "ppo", torch.device("cpu"), units=1e6)
-    warm = Decision("auto", "ppo", torch.device("cpu"), units=1e6, cached=True)
+    monkeypatch.setitem(compiled.RULES, ("onpolicy", "cpu"), compiled.Rule(3.0, 1e6, 1e-3))
+    cold = Decision("auto", "onpolicy", torch.device("cpu"), units=1e6)
+    warm = Decision("auto", "onpolicy", torch.device("cpu"), units=1e6, cached=True)
     for decision in (cold, warm):
         decision.decide(1e-3, 1e6)
     assert (cold.compiled, warm.compiled) == (False, True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
@@ -573,3 +574,103 @@ def test_every_preset_file_is_a_valid_run_config() -> None:
     for algorithm, env in shipped:
         config = trainer_class(algorithm).config_class.model_validate(preset(algorithm, env))
         assert (config.algorithm, config.env) == (algorithm, env)
+
+
+#: A second on-policy algorithm as a plugin: its card (a config extending PPO's) and one module,
+#: its agent class with its own loss (a vanilla policy gradient with a value baseline).
+VPG = {
+    "__init__.py": """
+from services.contracts.algorithms.card import ON_POLICY, AlgorithmCard, PopulationCard
+from services.contracts.algorithms.ppo.config import PPOConfig
+
+
+class VPGConfig(PPOConfig):
+    update_epochs: int = 1
+    num_minibatches: int = 1
+
+
+CARD = AlgorithmCard(
+    name="vpg",
+    family=ON_POLICY,
+    config=VPGConfig,
+    action_kinds=("discrete", "continuous"),
+    population=PopulationCard(hyperparameters=("learning_rate", "ent_coef", "vf_coef")),
+    presets_package=__name__,
+)
+""",
+    "agent.py": """
+import torch
+
+from podium_vpg import CARD
+from services.pod.algorithms import policies as pi
+from services.pod.algorithms.ppo import PPO
+
+
+class VPG(PPO):
+    name = "vpg"
+    card = CARD
+
+    @staticmethod
+    def loss(shape, params, minibatch, hp):
+        obs, actions, old_logp, adv, returns, _ = minibatch
+        logp, entropy = pi.log_prob_entropy(shape.policy, params, obs, actions)
+        value = pi.value(shape.policy, params, obs)
+        pg = -(logp * adv).mean(1)
+        v = 0.5 * (value - returns).square().mean(1)
+        ent = entropy.mean(1)
+        with torch.no_grad():
+            kl = (old_logp - logp).mean(1)
+            stats = torch.stack((pg, v, ent, kl, torch.full_like(pg, -1.0)), 1)
+        return (pg - hp["ent_coef"] * ent + hp["vf_coef"] * v).sum(), stats
+""",
+    "presets/CartPole-v1.yaml": "total_env_steps: 4096\neval_episodes: 2\n",
+}
+
+
+def test_a_second_on_policy_algorithm_is_its_card_and_one_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The on-policy family builds what the card names: the plugin's agent class, its run
+    config (its own field), its loss inside PPO's rollout, GAE and update; one agent and a
+    population (the card's hyperparameters per agent); compiled like PPO."""
+    from services.pod.training.trainer import build_trainer
+
+    (tmp_path / "vpg").mkdir()
+    register_plugin(
+        tmp_path / "vpg",
+        monkeypatch,
+        "podium_vpg",
+        VPG,
+        {
+            "podium.algorithm_cards": {"vpg": "podium_vpg:CARD"},
+            "podium.algorithms": {"vpg": "podium_vpg.agent:VPG"},
+        },
+    )
+    small = {"algorithm": "vpg", "vpg": {"num_envs": 8, "num_steps": 32}}
+    config = train_config("CartPole-v1", [small])
+    assert config.total_env_steps == 4096 and config.vpg.update_epochs == 1  # type: ignore[attr-defined]
+    trainer = build_trainer([config])
+    try:
+        assert type(trainer.agent(0)).__name__ == "VPG"
+        before = trainer.population.state["params"].clone()  # type: ignore[attr-defined]
+        trainer.step()
+        assert trainer.progress()["clipfrac"] == -1.0  # the statistics of its own loss
+        assert not torch.equal(before, trainer.population.state["params"])  # type: ignore[attr-defined]
+        trainer.save(0, tmp_path / "files")
+        manifest = json.loads((tmp_path / "files" / "manifest.json").read_text())
+        assert manifest["algorithm"] == "vpg"
+    finally:
+        trainer.close()
+    rates = [{**small, "seed": i, "vpg": {**small["vpg"], "learning_rate": lr}} for i, lr in
+             enumerate((1e-3, 3e-3))]  # fmt: skip
+    population = build_trainer([train_config("CartPole-v1", [r]) for r in rates])
+    try:
+        population.step()
+        hp = population.population.hp  # type: ignore[attr-defined]
+        assert hp["learning_rate"].tolist() == pytest.approx([1e-3, 3e-3])
+        assert "clip_coef" not in hp  # not one of its per-agent hyperparameters
+    finally:
+        population.close()
+    compiled = build_trainer([train_config("CartPole-v1", [{**small, "vpg": {"compile": "on"}}])])
+    assert compiled.compiled.startswith("compiled (rollout, update, evaluation")
+    compiled.close()

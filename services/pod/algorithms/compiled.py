@@ -331,12 +331,12 @@ class Rule:
     warm_s: float
 
 
-#: Path and device type → its rule. PPO: an iteration (rollout, GAE, updates) and its share of
-#: the evaluations, on a functional env; off-policy: one gradient update (SAC, 256x256). The CPU
-#: rows are this project's 2-core machine, one thread; CUDA, an H200.
+#: Path and device type → its rule. On-policy: an iteration (rollout, GAE, updates) on a
+#: functional env, per env step; off-policy: per gradient update. The CPU rows are this
+#: project's 2-core machine, one thread (bench/compiled_rows.py); CUDA, an H200.
 RULES: dict[tuple[str, str], Rule] = {
-    ("ppo", "cpu"): Rule(speedup=3.0, compile_s=40.0, warm_s=8.0),
-    ("ppo", "cuda"): Rule(speedup=20.0, compile_s=20.0, warm_s=6.0),
+    ("onpolicy", "cpu"): Rule(speedup=3.0, compile_s=40.0, warm_s=8.0),
+    ("onpolicy", "cuda"): Rule(speedup=20.0, compile_s=20.0, warm_s=6.0),
     ("offpolicy", "cpu"): Rule(speedup=1.2, compile_s=91.0, warm_s=15.0),
     ("offpolicy", "cuda"): Rule(speedup=18.0, compile_s=21.0, warm_s=6.0),
 }
@@ -433,7 +433,7 @@ class Decision:
         verdict = "compiling" if self.compiled else "eager"
         self.reason = (
             f"auto: {verdict}: the compiled programs save about {saved:.0f} s over the "
-            f"{units_left:.0f} {'env steps' if self.path == 'ppo' else 'updates'} left "
+            f"{units_left:.0f} {'env steps' if self.path == 'onpolicy' else 'updates'} left "
             f"(eager {eager_s_per_unit * 1e6:.1f} us each here, about {rule.speedup:g}x "
             f"compiled), compiling costs about {cost:.0f} s"
             + (" (in the compile cache)" if self.cached else "")

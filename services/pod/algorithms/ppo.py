@@ -33,6 +33,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
+from services.contracts.algorithms.card import AlgorithmCard
 from services.contracts.algorithms.ppo import CARD
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.pod.algorithms import policies as pi
@@ -47,20 +48,44 @@ from services.pod.algorithms.policies import Policy, PolicySpec, build_actor, bu
 PPO_STATS = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
 #: PPO's Adam.
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-5
-#: Per-agent hyperparameters, (P,) tensors: what a population may vary (the card's) and the
-#: gradient clip.
-HYPERPARAMETERS: tuple[str, ...] = (
-    *(CARD.population.hyperparameters if CARD.population else ()),
-    "max_grad_norm",
-)
+#: The per-agent hyperparameters every on-policy algorithm's update reads (the rollout's
+#: discount, GAE, the optimiser, the gradient clip), (P,) tensors.
+MACHINERY: tuple[str, ...] = ("learning_rate", "gamma", "gae_lambda", "max_grad_norm")
+
+
+def hyperparameter_names(card: AlgorithmCard) -> tuple[str, ...]:
+    """An on-policy algorithm's per-agent hyperparameters, (P,) tensors: what its card lets a
+    population vary, and ``MACHINERY``."""
+    own = card.population.hyperparameters if card.population else ()
+    return tuple(dict.fromkeys((*own, *MACHINERY)))
+
+
+#: PPO's.
+HYPERPARAMETERS = hyperparameter_names(CARD)
 State = dict[str, torch.Tensor]
 
 
 class PPO(nn.Module):
     """One PPO agent: policy (actor + observation statistics), critic, return statistics and
-    Adam's state in ``torch.optim.Adam``'s format (what its training files hold)."""
+    Adam's state in ``torch.optim.Adam``'s format (what its training files hold).
+
+    A second on-policy algorithm is a subclass with its own ``name``, ``card`` (whose config
+    extends ``PPOConfig``: the rollout, GAE and network settings) and ``loss``; the on-policy
+    trainer runs it through the same rollout, batch and update."""
 
     name = "ppo"
+    card = CARD
+
+    @staticmethod
+    def loss(
+        shape: PPOShape,
+        params: Mapping[str, torch.Tensor],
+        minibatch: Sequence[torch.Tensor],
+        hp: Mapping[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The update's loss (``ppo_loss``'s contract): every agent's loss summed, and their
+        statistics (P, len(PPO_STATS))."""
+        return ppo_loss(shape, params, minibatch, hp)
 
     def __init__(
         self, obs_space: gym.spaces.Box, action_space: gym.Space, config: PPOConfig
@@ -134,6 +159,9 @@ class PPOShape:
     norm_adv: bool
     clip_vloss: bool
     target_kl: bool
+    #: The algorithm's loss (``PPO.loss``) and its per-agent hyperparameters.
+    loss: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    hyperparameters: tuple[str, ...]
     #: The time limit of the env's episodes (None: unknown or none): how many truncations a
     #: rollout can hold, so that only their final observations are valued.
     max_episode_steps: int | None = None
@@ -190,6 +218,8 @@ def build(
         norm_adv=config.norm_adv,
         clip_vloss=config.clip_vloss,
         target_kl=config.target_kl is not None,
+        loss=type(first).loss,
+        hyperparameters=hyperparameter_names(type(first).card),
         max_episode_steps=max_episode_steps,
     )
     # One object per distinct shape: compiled programs take it as a constant, and an equal
@@ -212,21 +242,25 @@ def build(
         "seed": torch.zeros(p, dtype=torch.int64, device=device),
         "iteration": torch.zeros((), dtype=torch.int64, device=device),
     }
-    hp: State = {name: torch.zeros(p, device=device) for name in HYPERPARAMETERS}
+    hp: State = {name: torch.zeros(p, device=device) for name in shape.hyperparameters}
     hp["target_kl"] = torch.full((p,), math.inf, device=device)
     hp["anneal_lr"] = torch.tensor(float(config.anneal_lr), device=device)
     hp["total_env_steps"] = torch.tensor(float(max(1, total_env_steps)), device=device)
     for i, (agent, values) in enumerate(zip(agents, hyperparameters, strict=True)):
         put_agent(shape, state, i, agent)
-        set_hyperparameters(hp, i, config, values)
+        set_hyperparameters(shape, hp, i, config, values)
     return shape, state, hp
 
 
 def set_hyperparameters(
-    hp: State, i: int, config: PPOConfig, values: Mapping[str, float] | None = None
+    shape: PPOShape,
+    hp: State,
+    i: int,
+    config: PPOConfig,
+    values: Mapping[str, float] | None = None,
 ) -> None:
     """Agent i's hyperparameter tensors: ``config``'s, with ``values`` over them."""
-    for name in HYPERPARAMETERS:
+    for name in shape.hyperparameters:
         hp[name][i] = float((values or {}).get(name, getattr(config, name)))
     if config.target_kl is not None:
         hp["target_kl"][i] = config.target_kl
@@ -492,7 +526,7 @@ def minibatch_update(
     # The gradient of each tensor, then one flat row per agent: a gradient taken of the flat
     # row itself would be assembled from every view's slice, element by element.
     views = shape.layout.views(opt["params"])
-    grads, stats = compiled_grad(lambda w: ppo_loss(shape, w, minibatch, hp))(views)
+    grads, stats = compiled_grad(lambda w: shape.loss(shape, w, minibatch, hp))(views)
     grad = flat_rows(grads, views)
     norm = torch.sqrt(grad.square().sum(1, keepdim=True))
     grad = grad * (hp["max_grad_norm"].view(p, 1) / (norm + 1e-6)).clamp(max=1.0)

@@ -42,8 +42,6 @@ from services.pod.roles.worker import Carry, HostStep, collect, rollout, start_c
 #: microseconds on the host whatever it computes, while the compile grows with the steps
 #: (docs/benchmarks.md).
 ROLLOUT_CHUNK = 8
-#: What the slots of one trainer may differ in: the per-agent tensors, the seed, ``compile``.
-_PER_SLOT = {*ppo.HYPERPARAMETERS, "compile"}
 
 # The programs, module-level: every trainer of the same shape in a process (a PBT child's,
 # a restarted slot's) reuses them.
@@ -191,7 +189,7 @@ class PPOLearner:
         """``agent`` (with ``config``'s per-agent hyperparameters) into slot ``i``, in place:
         the tensors the programs take stay the same objects, nothing compiles again."""
         ppo.put_agent(self.shape, self.state, i, agent)
-        ppo.set_hyperparameters(self.hp, i, config, per_agent(config))
+        ppo.set_hyperparameters(self.shape, self.hp, i, config, per_agent(config))
         self.state["seed"][i] = seed  # the slot explores with its own random stream
         self.state["env_steps"][i] = float(env_steps)
 
@@ -203,12 +201,18 @@ class PPOLearner:
             self.hp[name][dst] = float(value)
 
     def hyperparameters(self, i: int) -> dict[str, float]:
-        return {name: float(self.hp[name][i]) for name in ppo.HYPERPARAMETERS}
+        return {name: float(self.hp[name][i]) for name in self.shape.hyperparameters}
 
 
 def per_agent(config: PPOConfig) -> dict[str, float]:
-    """``config``'s per-agent hyperparameters (``ppo.HYPERPARAMETERS``)."""
-    return {k: float(getattr(config, k)) for k in ppo.HYPERPARAMETERS}
+    """``config``'s numbers: what its agent's hyperparameter tensors are set from (the
+    shape's ``hyperparameters`` pick theirs)."""
+    values = config.model_dump()
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _copy_into(carry: Carry, new: Carry) -> None:
@@ -258,7 +262,8 @@ class PPOEnvs:
             return out
         if worker:
             out.env = make_env(
-                config.env, slots * config.ppo.num_envs, device=device, seed=config.seed,
+                config.env, slots * config.agent_config.num_envs, device=device,
+                seed=config.seed,
                 **kwargs,
             )  # fmt: skip
         if evaluator:

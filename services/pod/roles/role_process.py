@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from services import registry
 from services.logs import get_logger
-from services.pod.algorithms.ppo import PPO
-from services.pod.config import PPORunConfig
+from services.pod.config import PPORunConfig, on_policy_config
 from services.pod.roles.learner import PPOEnvs, PPOLearner, per_agent
 from services.pod.roles.transport import (
     POLL_S,
@@ -72,7 +72,8 @@ class _Role:
         raise TransportError(f"unknown message {op!r}")
 
     def build(self, message: dict[str, Any]) -> dict[str, Any]:
-        config = PPORunConfig.model_validate(message["config"])
+        raw = message["config"]
+        config = on_policy_config(str(raw.get("algorithm", "ppo"))).model_validate(raw)
         torch.set_num_threads(config.torch_threads or 1)
         self.close()  # a restart from a parent replaces the env
         self.config = config
@@ -84,13 +85,14 @@ class _Role:
         # The agent built here only acts; its weights come from the learner before every
         # rollout or evaluation.
         torch.manual_seed(config.seed)
-        agent = PPO(obs_space, action_space, config.ppo)
+        agent_class = registry.load(registry.ALGORITHMS, config.algorithm, kind="algorithm")
+        agent = agent_class(obs_space, action_space, config.agent_config)
         train = self.envs.train
         self.learner = PPOLearner(
             train,
-            config.ppo,
+            config.agent_config,
             [agent.to(config.device)],
-            [per_agent(config.ppo)],
+            [per_agent(config.agent_config)],
             [config.seed],
             config.total_env_steps,
             torch.device(config.device),

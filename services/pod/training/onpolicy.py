@@ -1,5 +1,6 @@
-"""The on-policy trainer: P PPO agents ("slots") trained together, P >= 1 (one agent is a
-population of one). What ``podium train`` and every PPO pod train.
+"""The on-policy trainer: P agents ("slots") of an on-policy algorithm trained together, P >= 1
+(one agent is a population of one). What ``podium train`` and every PPO pod train; another
+on-policy algorithm is its card and its agent class (``PPO``'s subclass with its own loss).
 
 Each step is one iteration of PPO (services/pod/algorithms/ppo.py) on explicit state: the worker's
 rollout (services/pod/roles/worker.py) of P agents x N sub-environments, then the learner's
@@ -36,6 +37,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from services.contracts.algorithms.card import AlgorithmCard
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
 from services.pod.algorithms import ppo
@@ -48,7 +50,7 @@ from services.pod.algorithms.compiled import (
 )
 from services.pod.algorithms.ppo import PPO, PPO_STATS
 from services.pod.algorithms.spaces import check_action_space
-from services.pod.config import PPORunConfig
+from services.pod.config import PPORunConfig, on_policy_config
 from services.pod.roles.evaluator import EvalResult
 from services.pod.roles.learner import PPOEnvs, PPOLearner, per_agent
 from services.pod.training.checkpoint import (
@@ -62,18 +64,17 @@ from services.pod.training.checkpoint import (
     tensor_bytes,
     write_files,
 )
-from services.pod.training.trainer import Counters, Roles, Trainer
+from services.pod.training.trainer import Counters, Roles, Trainer, algorithm_class
 
 log = get_logger(__name__)
 
-#: What the slots of one trainer may differ in: the per-agent tensors, the seed, ``compile``.
-_PER_SLOT = {*ppo.HYPERPARAMETERS, "compile"}
 
-
-def _shared(config: PPORunConfig) -> dict[str, Any]:
-    """The settings every slot of a trainer shares (all but ``_PER_SLOT`` and the seed)."""
-    run = config.model_dump(exclude={"ppo", "seed", "eval_seed"})
-    run["ppo"] = config.ppo.model_dump(exclude=_PER_SLOT)
+def _shared(config: PPORunConfig, per_slot: set[str]) -> dict[str, Any]:
+    """The settings every slot of a trainer shares: all but the per-agent hyperparameters
+    (``per_slot``), ``compile`` and the seeds."""
+    name = config.algorithm
+    run = config.model_dump(exclude={name, "seed", "eval_seed"})
+    run[name] = config.agent_config.model_dump(exclude={*per_slot, "compile"})
     return run
 
 
@@ -85,6 +86,17 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
     # Pods train open-ended rounds and the generator tunes the learning rate (PBT), so PPO's
     # LR is not annealed toward a budget unless the hyperparameters ask for it.
     pod_defaults: ClassVar[Mapping[str, object]] = {"ppo": {"anneal_lr": False}}
+
+    @classmethod
+    def for_algorithm(cls, card: AlgorithmCard) -> type[Trainer]:
+        config_class = on_policy_config(card.name)
+        if config_class is PPORunConfig:
+            return cls
+        return type(
+            f"{config_class.__name__}Trainer",
+            (cls,),
+            {"config_class": config_class, "pod_defaults": {card.name: {"anneal_lr": False}}},
+        )
 
     @classmethod
     def replicas(cls, config: PPORunConfig) -> int:
@@ -99,10 +111,12 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         first = configs[0]
         self.size = p = len(configs)
         self.configs = list(configs)
+        self.agent_class: type[PPO] = algorithm_class(first.algorithm)  # type: ignore[assignment]
+        self.per_slot = set(ppo.hyperparameter_names(self.agent_class.card))
         for config in configs:
             self._check(config)
-        if reason := ppo.unsupported(first.ppo):
-            raise HyperparameterError(f"ppo: {reason}")
+        if reason := ppo.unsupported(first.agent_config):
+            raise HyperparameterError(f"{first.algorithm}: {reason}")
         if p > 1 and first.learners > 1:
             raise HyperparameterError("learners > 1 trains one agent per pod, not a population")
         self.device = torch.device(first.device)
@@ -117,16 +131,16 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         self.fn = self.envs.fn
         self.obs_space, self.action_space = self.envs.spaces(first)
         try:
-            check_action_space("ppo", self.action_space)
+            check_action_space(first.algorithm, self.action_space)
         except ValueError as exc:
             self.close()
             raise HyperparameterError(str(exc)) from None
         train = self.envs.train
         self.population = PPOLearner(
             train,
-            first.ppo,
+            first.agent_config,
             [self._fresh(c) for c in configs],
-            [per_agent(c.ppo) for c in configs],
+            [per_agent(c.agent_config) for c in configs],
             [c.seed for c in configs],
             first.total_env_steps,
             self.device,
@@ -147,7 +161,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
             # A run with a target is expected to stop near where the preset's runs solve.
             horizon = min(horizon, 2 * first.expected_env_steps)
         self.decision = Decision(
-            first.ppo.compile, "ppo", self.device, units=float(horizon),
+            first.agent_config.compile, "onpolicy", self.device, units=float(horizon),
             cached=cached(self.program_key()),
         )  # fmt: skip
         self._describe()
@@ -155,25 +169,29 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
     # -- building ---------------------------------------------------------------------------
     def _check(self, config: PPORunConfig) -> None:
         first = self.configs[0]
-        if config.algorithm != "ppo":
-            raise HyperparameterError(f"the on-policy trainer trains ppo, not {config.algorithm}")
-        mine, theirs = _shared(config), _shared(first)
+        if config.algorithm != first.algorithm:
+            raise HyperparameterError(
+                f"the slots of one trainer train one algorithm: {first.algorithm}, not "
+                f"{config.algorithm}"
+            )
+        mine, theirs = _shared(config, self.per_slot), _shared(first, self.per_slot)
         if differ := sorted(k for k in mine if mine[k] != theirs[k]):
             raise HyperparameterError(
                 f"population.agents_per_pod = {self.size}: {', '.join(differ)} differ between "
                 f"the agents of a population, which share them; they may vary "
-                f"{', '.join(ppo.HYPERPARAMETERS)}"
+                f"{', '.join(sorted(self.per_slot))}"
             )
 
     def _fresh(self, config: PPORunConfig) -> PPO:
         torch.manual_seed(config.seed)
-        return PPO(self.obs_space, self.action_space, config.ppo).to(self.device)
+        agent = self.agent_class(self.obs_space, self.action_space, config.agent_config)
+        return agent.to(self.device)
 
     def program_key(self) -> str:
         """What fixes this trainer's programs: their shape, the env and the device type."""
         env = self.configs[0].env
         kwargs = sorted(self.configs[0].env_kwargs.items())
-        return f"ppo {self.shape!r} env={env} {kwargs} device={self.device.type}"
+        return f"{self.shape!r} env={env} {kwargs} device={self.device.type}"
 
     def _describe(self) -> None:
         d = self.decision
@@ -310,7 +328,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
 
     def _place(self, slot: int, agent: PPO, config: PPORunConfig, counters: Counters) -> None:
         self._check(config)
-        self.population.put(slot, agent, config.ppo, config.seed, counters.env_steps)
+        self.population.put(slot, agent, config.agent_config, config.seed, counters.env_steps)
         self.configs[slot] = config
         if self.size == 1:
             run = self.iterations * self.shape.batch * self.world
