@@ -26,6 +26,7 @@ from services.pod.algorithms import compiled
 from services.pod.algorithms.compiled import (
     CompileRefusedError,
     Decision,
+    Program,
     compile_clock,
     compile_counters,
     grad,
@@ -315,3 +316,12 @@ def test_on_cuda_the_iteration_replays_as_one_cuda_graph_and_sees_new_hyperparam
     fast.step()
     slow.step()
     assert_same(fast, slow)
+
+
+def test_a_program_holds_a_graph_per_env_past_dynamos_default_limit() -> None:
+    """A process may train more envs and shapes than dynamo's default of 8 graphs per code
+    object (a test session did: its ninth env's rollout failed to compile)."""
+    program = Program(lambda x, k: x * k + 1, "scale")
+    x = torch.ones(3)
+    for k in range(10):
+        assert program(x.device, x, k).tolist() == [k + 1.0] * 3

@@ -203,6 +203,10 @@ def per_agent(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+#: Graphs one program may hold in a process (one per env, shape and device).
+RECOMPILE_LIMIT = 64
+
+
 class Program:
     """``fn`` compiled on first call, one per process and device type (module-level programs
     are shared: a pod that rebuilds its agent, a PBT child, reuses them).
@@ -218,6 +222,10 @@ class Program:
 
     def _for(self, device: torch.device) -> Callable[..., Any]:
         if device.type not in self._compiled:
+            # One graph per env and shape a process trains (a test session, an in-process
+            # tournament, a plugin's envs): more than dynamo's default of 8 is no error.
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
             options = {}
             if device.type == "cpu":
                 trust_vec_isa()
