@@ -395,3 +395,32 @@ def test_the_routers_own_credential_check_runs_before_the_body() -> None:
             f"{srv.url}/api/v1/things", json={"a": 1}, headers={"Authorization": "Bearer x"}
         )
         assert r.status_code == 200 and r.json() == {"a": 1}
+
+
+# -- stream cursors: ASCII digits only ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("digit", ["\uff11", "\u0663", "\u0967"])  # fullwidth, Arabic, Devanagari 1
+def test_a_cursor_of_non_ascii_digits_is_422_on_both_services(
+    services: Platform, digit: str
+) -> None:
+    """``\\d`` matches any Unicode digit, Redis only ASCII ones: such a cursor was a 500."""
+    headers = auth(services)
+    exp_id = httpx.post(
+        f"{services.orchestrator_url}/api/v1/experiments",
+        json=spec("cursor", target_return=None),
+        headers=headers,
+    ).json()["id"]
+    httpx.put(
+        f"{services.leaderboard_url}/api/v1/experiments/e1",
+        json=experiment(),
+        headers=auth(services),
+    )
+    for url in (
+        f"{services.orchestrator_url}/api/v1/experiments/{exp_id}/events",
+        f"{services.leaderboard_url}/api/v1/experiments/e1/submissions",
+    ):
+        for after in (f"{digit}-0", f"0-{digit}", f"1{digit}-0"):
+            r = httpx.get(url, params={"after": after}, headers=headers)
+            assert r.status_code == 422, (url, after, r.status_code, r.text[:300])
+            assert r.json()["detail"][0]["loc"] == ["query", "after"]

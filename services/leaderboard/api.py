@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import AfterValidator, ValidationError
+from pydantic import ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from services import registry
@@ -42,14 +42,13 @@ from services.contracts.leaderboard import (
     SubmissionResponse,
 )
 from services.contracts.search_space import NUMERIC
-from services.http import SPEC_BODY_LIMIT, api_router, body_limit, problems
+from services.http import SPEC_BODY_LIMIT, StreamCursor, api_router, body_limit, problems
 from services.leaderboard.auth import require_access
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService, file_location, load_strategy
 from services.leaderboard.metrics import LeaderboardMetrics
 from services.leaderboard.settings import LeaderboardSettings
 from services.leaderboard.store import (
-    STREAM_ID_MAX,
     LeaderboardStore,
     UnknownExperimentError,
     parse_experiment,
@@ -458,22 +457,6 @@ async def lineage(experiment_id: ExperimentId, svc: Svc) -> Response:
     body = Lineage(experiment_id=experiment_id, nodes=nodes, events=len(events))
     # Serialized once here; FastAPI would validate thousands of nodes again for response_model.
     return Response(body.model_dump_json(), media_type="application/json")
-
-
-def _stream_id(value: str | None) -> str | None:
-    if value is not None and any(int(part) > STREAM_ID_MAX for part in value.split("-")):
-        raise ValueError(f"not a stream id: each part must be at most {STREAM_ID_MAX}")
-    return value
-
-
-StreamCursor = Annotated[
-    str | None,
-    Query(
-        pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
-        description="`next_after` of the previous page; omit for the first.",
-    ),
-    AfterValidator(_stream_id),
-]
 
 
 @api.get(

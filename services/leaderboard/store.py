@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from services.contracts.leaderboard import Experiment
 from services.contracts.spec import describe_errors
+from services.redis_client import STREAM_ID_MAX
 
 PREFIX = "podium:lb:"
 EXPERIMENTS = PREFIX + "experiments"
@@ -55,7 +56,6 @@ BLOB_HOLDS = "podium:blob:holds:"
 LEASE = "podium:lease:"
 # A collector that died mid-delete leaves its mark; after this long an upload may proceed.
 DELETING_STALE_MS = 60_000
-STREAM_ID_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit integer
 LAST_STREAM_ID = f"{STREAM_ID_MAX}-{STREAM_ID_MAX}"
 
 
