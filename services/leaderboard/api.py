@@ -516,6 +516,7 @@ async def submission_log(
                     algorithm=e.get("algorithm", ""),
                     score=float(e["score"]),
                     env_steps=int(e.get("env_steps") or 0),
+                    batch_env_steps=int(e["batch"]) if e.get("batch") else None,
                     accepted=kind == "insert",
                     candidate_id=e.get("candidate_id") if kind == "insert" else None,
                     parent_id=e.get("parent_id") or None,

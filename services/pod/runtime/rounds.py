@@ -358,7 +358,10 @@ class PodRuntime:
             trainer.save(i, directory)
             files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
             result = slot.submission(
-                slot.unreported_steps, evaluation, trainer.counters(i).env_steps
+                slot.unreported_steps,
+                evaluation,
+                trainer.counters(i).env_steps,
+                trainer.step_env_steps,
             )
             answer = self.client.submit(result, files)
             self.metrics.submissions.inc()
