@@ -424,3 +424,17 @@ def test_a_cursor_of_non_ascii_digits_is_422_on_both_services(
             r = httpx.get(url, params={"after": after}, headers=headers)
             assert r.status_code == 422, (url, after, r.status_code, r.text[:300])
             assert r.json()["detail"][0]["loc"] == ["query", "after"]
+
+
+def test_a_misspelled_search_space_name_is_answered_with_the_name_meant(services: Platform) -> None:
+    """The API cuts a long message in its middle: the valid names listed at its end hid
+    ``learning_rate`` from whoever misspelled it."""
+    body = spec("typo", search_space={"learning_rat": {"type": "uniform", "low": 0.1, "high": 0.2}})
+    r = httpx.post(
+        f"{services.orchestrator_url}/api/v1/experiments", json=body, headers=auth(services)
+    )
+    assert r.status_code == 422, r.text
+    error = r.json()["detail"][0]
+    assert error["loc"] == ["body", "search_space"]
+    assert "'learning_rat': did you mean 'learning_rate'?" in error["msg"], error["msg"]
+    assert "podium algorithms --names" in error["msg"]

@@ -51,6 +51,7 @@ def test_a_budget_the_batches_do_not_divide_ends_without_churning_pods(
     r = orch.http.post("/experiments", json=spec(budget))
     assert r.status_code == 201, r.text
     exp_id = r.json()["id"]
+
     def experiment() -> dict:
         return orch.http.get(f"/experiments/{exp_id}").json()
 
