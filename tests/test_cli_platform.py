@@ -289,6 +289,19 @@ def test_status_leaderboard_export_cancel(cli: Any, tmp_path: Path, platform: Pl
     assert board.returncode == 0, board.stderr
     assert "1e+06" in board.stdout and "p-files" in board.stdout
     assert "123,456" in board.stdout  # the agent's env steps, not its report's 10
+    # On an 80-column terminal: the rank and the hyperparameters stay (rich shrank both
+    # columns to nothing); what a reader can do without (± std, pod, trained) goes.
+    narrow = podium(
+        "leaderboard", exp_id, "--url", platform.orchestrator_url, "--token",
+        str(platform.token), "--leaderboard-url", platform.leaderboard_url,
+        env=clean_env(FORCE_COLOR="1", NO_COLOR="1", COLUMNS="80"),
+    )  # fmt: skip
+    assert narrow.returncode == 0, narrow.stderr
+    text = re.sub(r"\x1b\[[0-9;]*m", "", narrow.stdout)
+    rows = [line for line in text.splitlines() if "1e+06" in line]
+    assert rows and rows[0].split("│")[1].strip() == "1", text  # the rank
+    assert "┃ hyperparameters" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
     top = json.loads(cli("leaderboard", exp_id, "--json", "--top", "1").stdout)
     assert [c["pod_id"] for c in top["candidates"]] == ["p-files"]
 

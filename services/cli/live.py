@@ -214,7 +214,9 @@ class Watch:
         )
         parts: list[Any] = [grid]
         if self.board and self.board.candidates:
-            parts.append(board_table(self.board, self.top, title="leaderboard"))
+            parts.append(
+                board_table(self.board, self.top, title="leaderboard", width=self.console.width)
+            )
         return Group(*parts)
 
     def line(self, exp: dict[str, Any]) -> str | None:
@@ -237,38 +239,54 @@ class Watch:
         return None
 
 
-def board_table(board: Leaderboard, top: int, title: str | None = None) -> Any:
+#: Below this many columns the leaderboard table leaves out ± std, pod and trained: every
+#: column at its width would not fit 80, and rich would shrink the rank and hyperparameter
+#: columns to nothing.
+WIDE_TABLE = 120
+
+
+def board_table(
+    board: Leaderboard, top: int, title: str | None = None, width: int | None = None
+) -> Any:
+    """The best ``top`` candidates; ``width``: the console's (narrower than ``WIDE_TABLE``:
+    the columns a reader can do without are left out; the hyperparameters wrap, one per line
+    where need be)."""
     from rich.table import Table
 
+    wide = width is None or width >= WIDE_TABLE
     table = Table(title=title, title_justify="left", header_style="bold")
-    for col, kw in (
-        ("#", {"justify": "right", "no_wrap": True}),
+    columns = [
+        ("#", {"justify": "right", "no_wrap": True, "min_width": len(str(top))}),
         ("candidate", {"no_wrap": True, "min_width": 22}),
         ("score", {"justify": "right", "no_wrap": True, "min_width": 7}),
         ("± std", {"justify": "right", "no_wrap": True, "min_width": 5}),
         ("algorithm", {"no_wrap": True, "min_width": 9}),
-        ("gen", {"justify": "right", "no_wrap": True}),
+        ("gen", {"justify": "right", "no_wrap": True, "min_width": 3}),
         ("pod", {"no_wrap": True, "min_width": 8}),
         ("trained", {"justify": "right", "no_wrap": True, "min_width": 9}),
-        ("hyperparameters", {"overflow": "fold", "ratio": 1}),
-    ):
-        table.add_column(col, **kw)
+        ("hyperparameters", {"overflow": "fold", "ratio": 1, "min_width": 16}),
+    ]
+    narrow = {"± std", "pod", "trained"}
+    for col, kw in columns:
+        if wide or col not in narrow:
+            table.add_column(col, **kw)
     for c in board.candidates[:top]:
         hp = ", ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in sorted(c.hyperparameters.items())
         )
-        table.add_row(
-            str(c.rank or ""),
-            c.candidate_id,
-            f"{c.score:.4g}",
-            f"{c.eval.get('std', 0.0):.3g}",
-            c.algorithm,
-            str(c.generation),
-            c.pod_id,
-            "" if c.trained_env_steps is None else f"{c.trained_env_steps:,}",
-            hp,
-        )
+        cells = {
+            "#": str(c.rank or ""),
+            "candidate": c.candidate_id,
+            "score": f"{c.score:.4g}",
+            "± std": f"{c.eval.get('std', 0.0):.3g}",
+            "algorithm": c.algorithm,
+            "gen": str(c.generation),
+            "pod": c.pod_id,
+            "trained": "" if c.trained_env_steps is None else f"{c.trained_env_steps:,}",
+            "hyperparameters": hp,
+        }
+        table.add_row(*(cells[col] for col, _ in columns if wide or col not in narrow))
     return table
 
 
@@ -314,7 +332,8 @@ def print_board(console: Console, board: Leaderboard, experiment: str) -> None:
         console.print(f"the leaderboard of {experiment} is empty")
         return
     stats = board.stats
-    console.print(board_table(board, len(board.candidates), title=f"leaderboard of {experiment}"))
+    title = f"leaderboard of {experiment}"
+    console.print(board_table(board, len(board.candidates), title, width=console.width))
     console.print(
         f"{stats.size}/{stats.top_k} candidates, score mean {fmt(stats.score_mean)} "
         f"± {fmt(stats.score_std)}, algorithms {stats.algorithms}"
