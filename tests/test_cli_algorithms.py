@@ -53,3 +53,14 @@ def test_every_hyperparameter_name_is_shown_whole_at_80_columns_and_piped() -> N
             end = min([i for i in following if i >= 0] or [len(rest)])
             shown = {n.strip() for n in rest[:end].split(",")}
             assert shown == set(card(name).hyperparameter_names), (columns, name, shown)
+
+
+def test_a_gym_id_trains_with_the_preset_of_the_env_it_names() -> None:
+    """`podium train gym:HalfCheetah-v5` trained untuned defaults: the preset lookup knew the
+    ``envpool:`` prefix only."""
+    from services.contracts.algorithms.card import card, card_names
+
+    for name in card_names():
+        found = card(name)
+        for env in found.preset_files():
+            assert found.preset(f"gym:{env}") == found.preset(env) != {}, (name, env)
