@@ -733,3 +733,23 @@ def test_the_experiment_list_follows_the_orchestrators_pages(platform: Platform)
     assert len(listed) == len(set(listed))  # no page read twice
     assert set(created) <= set(listed)
     assert listed.index(created[2]) < listed.index(created[0])  # newest first
+
+
+@pytest.mark.parametrize("example", ["examples/cartpole.yaml", "examples/stock_trading.yaml"])
+def test_an_examples_curl_line_submits_it(platform: Platform, example: str) -> None:
+    """The comment's command, as a user pastes it after `podium up`'s `export` line: it used
+    $PODIUM_API_TOKEN, which nothing sets (401)."""
+    text = (ROOT / example).read_text()
+    block = re.search(r"^#   (python -c .*?)\n(?!#     )", text, re.M | re.S)
+    assert block is not None, example
+    command = " ".join(line.lstrip("#").strip().rstrip("\\") for line in block[1].splitlines())
+    env = clean_env(PODIUM_URL=platform.orchestrator_url, PODIUM_TOKEN=str(platform.token))
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    created = json.loads(proc.stdout)
+    assert created["name"] == yaml.safe_load(text)["name"], created
+    with api(platform) as client:
+        assert client.post(f"/experiments/{created['id']}/cancel").status_code in (200, 202)
