@@ -34,9 +34,13 @@ disconnected; a connection that never sent a byte is just closed.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import resource
+import struct
+import termios
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -125,6 +129,23 @@ class _CountingTransport:
         return getattr(self._transport, name)
 
 
+#: Answers a connection may have written and its client not yet read before the server starts
+#: on its next pipelined request (uvicorn's own write high-water mark).
+PIPELINE_UNSENT_LIMIT = 64 << 10
+#: How soon a connection whose pipelined requests wait for its client to read looks again
+#: (then twice as late each time, up to a second).
+PIPELINE_RECHECK_S = 0.05
+
+
+def _kernel_unsent(fd: int) -> int:
+    """Bytes in a TCP socket's send queue its peer has not acknowledged (Linux ``SIOCOUTQ``;
+    0 where the system has no such call): what a client that does not read leaves there."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+    except (OSError, AttributeError):
+        return 0
+
+
 # Phases of a connection, as the deadlines see them.
 _HEAD, _BODY, _SERVER = "head", "body", "server"
 
@@ -142,6 +163,9 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._out = _CountingTransport(transport)
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
+        self._held: asyncio.TimerHandle | None = None  # pipelined requests wait for a read
         super().connection_made(self._out)
         self._timer: asyncio.TimerHandle | None = None
         self._received = 0  # bytes since the connection opened
@@ -166,6 +190,9 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         if getattr(self, "_timer", None) is not None:
             self._timer.cancel()
             self._timer = None
+        if getattr(self, "_held", None) is not None:
+            self._held.cancel()
+            self._held = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -237,10 +264,46 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
             return _BODY
         return _SERVER
 
+    def _unsent(self) -> int:
+        """Bytes written for the client that it has not read: buffered here or in the kernel."""
+        return self.transport.get_write_buffer_size() + (
+            _kernel_unsent(self._fd) if self._fd >= 0 else 0
+        )
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, except that a pipelined request waits while the client has not read what
+        was written for the ones before it: a client that pipelines and never reads would
+        otherwise have every request it sent answered into the socket's buffers, a few
+        megabytes and as many answers' CPU per connection."""
+        pipeline = getattr(self, "pipeline", None)
+        if not pipeline or self.transport.is_closing() or self._unsent() <= PIPELINE_UNSENT_LIMIT:
+            super().on_response_complete()
+            return
+        self.pipeline = deque()  # uvicorn's own bookkeeping, without starting the next one
+        super().on_response_complete()
+        self._unset_keepalive_if_required()  # not idle: requests are waiting
+        self.flow.pause_reading()
+        self.pipeline = pipeline
+        self._held = self.loop.call_later(PIPELINE_RECHECK_S, self._release_pipelined, 1)
+
+    def _release_pipelined(self, waits: int) -> None:
+        self._held = None
+        if self.transport.is_closing() or not self.pipeline:
+            return
+        if self._unsent() > PIPELINE_UNSENT_LIMIT:
+            # Looked at again soon, then less and less often (at most every second): a client
+            # that reads is answered at once, one that does not costs the server nothing.
+            delay = min(1.0, PIPELINE_RECHECK_S * 2**waits)
+            self._held = self.loop.call_later(delay, self._release_pipelined, waits + 1)
+            return
+        self.flow.resume_reading()
+        cycle, app = self.pipeline.pop()
+        self._start_asgi_task(cycle, app)
+
     def _send_stalled(self, now: float) -> bool:
         """Whether the client has left its answers unread past the limits (see the module
         docstring); sampled at each check."""
-        pending = self.transport.get_write_buffer_size()
+        pending = self._unsent()
         if not pending:
             self._stalled_since = None
             return False
@@ -264,7 +327,7 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
             self._abort("answers left unread")
             return
         if self.transport.is_closing():
-            if self.transport.get_write_buffer_size():
+            if self._unsent():
                 # Closed, but what is buffered must still reach the client: until it does,
                 # the socket stays open, so its reading stays bounded.
                 self._timer = self.loop.call_later(self.limits.tick_s, self._check)
@@ -312,8 +375,8 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         return True
 
     def _stalled(self) -> bool:
-        """Whether the server has answers buffered that the client has not read."""
-        return self.transport.get_write_buffer_size() > 0
+        """Whether the client has answers written for it that it has not read."""
+        return self._stalled_since is not None or self._unsent() > 0
 
     def _drop(self, why: str) -> None:
         log.info("client connection closed", reason=why, client=self._client_name())

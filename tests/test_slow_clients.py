@@ -432,3 +432,19 @@ def test_slow_downloads_lock_nobody_out_and_aborted_ones_close_their_files(
     while _blob_descriptors(proc.pid, blobs) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _blob_descriptors(proc.pid, blobs) == 0
+
+
+def test_a_client_that_pipelines_and_reads_gets_its_answers_up_to_the_bound(
+    deployed: dict[str, Served],
+) -> None:
+    """Pipelining is served, in order, as long as the client reads; past the bound (16) the
+    connection closes after the 16th answer instead of queueing without end."""
+    served = deployed["leaderboard-process"]
+    host = urlsplit(served.url).netloc
+    for sent, answered in ((5, 5), (40, 16)):
+        s = connect(served.url)
+        s.sendall(f"GET /api/v1/openapi.json HTTP/1.1\r\nHost: {host}\r\n\r\n".encode() * sent)
+        (out,) = trickle([s], b"", 0.3, 10)
+        assert out.answer.count(b"HTTP/1.1 200 OK") == answered, (sent, out.closed_after_s)
+        if sent > answered:
+            assert out.closed_after_s is not None  # closed after its last answer
