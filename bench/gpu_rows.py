@@ -1,4 +1,5 @@
-"""The GPU rows of issues 33 and 34 in one prepared call (a lent GPU has minutes, not hours).
+"""The GPU rows of the Anakin and off-policy benches in one prepared call (a lent GPU has
+minutes, not hours).
 
 Rows, each printed as a JSON line as it finishes and appended to ``$OUT/gpu_rows.jsonl``:
 

@@ -24,7 +24,7 @@
 #    platform, examples/pendulum.yaml with one GPU per pod: the orchestrator gives the pod the GPU
 #    through CUDA_VISIBLE_DEVICES and PODIUM_GPUS, the pod trains on cuda, the updater ranks it),
 #    then the same with population pods of 16 agents (`pop` runs that alone).
-# anakin: issue 33's GPU rows (`bench/gpu_wheels.sh anakin` makes its wheels): the CUDA-graph
+# anakin: the Anakin trainer's GPU rows (`bench/gpu_wheels.sh anakin` makes its wheels): the CUDA-graph
 #    check, PureJaxRL against Podium at P = 1, 64, 1,024 and the large batch (bench/gpu_rows.py);
 #    the Anakin trainer as a pod runs it (bench/anakin_trainer_rows.py); `podium train` on
 #    PureJaxRL's recipe from start to 5e5 env steps.

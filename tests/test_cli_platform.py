@@ -312,7 +312,7 @@ def test_status_leaderboard_export_cancel(cli: Any, tmp_path: Path, platform: Pl
     for name, data in files.items():
         assert (out / name).read_bytes() == data
     assert json.loads((out / "candidate.json").read_text())["pod_id"] == "p-files"
-    # Issue 35: against a deployment (--url, no session file) export needed --leaderboard-url;
+    # Against a deployment (--url, no session file) export needed --leaderboard-url;
     # the orchestrator says where its leaderboard is.
     found = cli("export", exp_id, "--out", str(tmp_path / "found"), leaderboard=False)
     assert found.returncode == 0, found.stderr
@@ -364,7 +364,7 @@ def test_logs_of_the_embedded_platform(cli: Any, tmp_path: Path, platform: Platf
 def test_logs_of_an_ended_experiment_show_its_ended_pods_last_lines(
     cli: Any, tmp_path: Path, platform: Platform
 ) -> None:
-    """Issue 35 item 9: against a deployment, `podium logs` of an ended experiment answered
+    """Against a deployment, `podium logs` of an ended experiment answered
     "has no pods now" (exit 1), so a CI gate that had just failed could not show why."""
     body = spec(target=None, crash_after_s=0.3)  # crash-loops: failed after crash_loop_limit
     exp_id = cli("submit", write_spec(tmp_path, body)).stdout.strip()
@@ -418,7 +418,7 @@ def test_unreachable_url_and_wrong_token(platform: Platform, tmp_path: Path) -> 
     down = podium("status", "--url", "http://127.0.0.1:9", "--token", "x")
     assert down.returncode == 3
     assert "cannot reach the orchestrator at http://127.0.0.1:9" in down.stderr
-    # Issue 35: the client's retry warnings were printed as JSON lines before the error.
+    # The client's retry warnings were printed as JSON lines before the error.
     assert down.stderr.strip().splitlines() == [down.stderr.strip()], down.stderr
     assert down.stdout == ""
     wrong = podium("status", "--url", platform.orchestrator_url, "--token", "wrong")
@@ -506,7 +506,7 @@ def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> Non
             up.kill()
     assert up.returncode == 0, err
     assert "Podium is up" in err and f"{session['orchestrator_url']}/api/v1/docs" in err
-    # Issue 35: the services' JSON log lines were printed beside the banner; they go to a
+    # The services' JSON log lines were printed beside the banner; they go to a
     # file the banner names (``--verbose`` shows them instead).
     assert out == "" and '{"' not in err, (out, err)
     log_file = data / "podium.log"

@@ -1,4 +1,4 @@
-"""Hostile HTTP against both real services (issue 12, findings 2, 3, 8 and 11).
+"""Hostile HTTP against both real services.
 
 Requests are sent with http.client where a test needs to send headers without the body they
 announce: a server that answers at once has not waited for (or read) the body."""
@@ -84,7 +84,7 @@ def auth(services: Platform, name: str = "") -> dict[str, str]:
     return {"Authorization": f"Bearer {services.token}"}
 
 
-# -- finding 2: the token before the body, and bounded bodies --------------------------------
+# -- the token before the body, and bounded bodies --------------------------------
 
 
 @pytest.mark.parametrize(("service", "method", "path"), MUTATING)
@@ -179,7 +179,7 @@ def test_every_route_declares_and_enforces_a_body_limit(services: Platform) -> N
             assert status == 413, (service, method, path, status)
 
 
-# -- finding 3: errors echo at most a short prefix ---------------------------------------------
+# -- errors echo at most a short prefix ---------------------------------------------
 
 
 def test_errors_echo_only_a_prefix_of_huge_input(services: Platform) -> None:
@@ -214,7 +214,7 @@ def test_errors_echo_only_a_prefix_of_huge_input(services: Platform) -> None:
     assert r.status_code == 404 and len(r.content) < 4 * ECHO_CHARS
 
 
-# -- finding 11: no slash redirect may re-target a request --------------------------------------
+# -- no slash redirect may re-target a request --------------------------------------
 
 
 def test_a_trailing_slash_is_404_and_never_redirected(services: Platform) -> None:
@@ -245,7 +245,7 @@ def test_a_trailing_slash_is_404_and_never_redirected(services: Platform) -> Non
         orch.delete(f"/api/v1/experiments/{exp_id}")
 
 
-# -- finding 8: the OpenAPI documents list every status ----------------------------------------
+# -- the OpenAPI documents list every status ----------------------------------------
 
 # Statuses each route returns besides the common ones, by (method, path).
 ROUTE_STATUSES = {
@@ -348,7 +348,7 @@ def test_a_body_that_is_not_text_is_422_naming_the_body(
 def test_json_nested_too_deep_is_422_naming_the_body(
     services: Platform, service: str, method: str, path: str
 ) -> None:
-    """Issue 35, item 5: JSON nested 10,000 deep was a bare 400 (the parser's recursion limit).
+    """JSON nested 10,000 deep was a bare 400 (the parser's recursion limit).
     Every body is within the smallest JSON limit (64 KiB)."""
     deep = [b"[" * d + b"]" * d for d in (10_000, 30_000)]
     for body in (*deep, b'{"a":' * 10_000 + b"1" + b"}" * 10_000):
