@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 
 from services.cli.platform import Platform
 from services.orchestrator.backends.memory import CgroupLimit, _cgroup_limit
-from tests.e2e.conftest import live_pods
+from tests.e2e.conftest import live_pods, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -83,15 +82,6 @@ def _api(platform: Platform) -> httpx.Client:
     )
 
 
-def _wait(fn: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := fn():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s")
-
-
 def test_pods_over_their_memory_limit_fail_the_experiment_and_outside_kills_do_not(
     platform: Platform,
 ) -> None:
@@ -105,10 +95,10 @@ def test_pods_over_their_memory_limit_fail_the_experiment_and_outside_kills_do_n
         # The one with room: a pod killed from outside (as by a person, or the machine's own
         # OOM killer) is replaced, and not counted as a crash.
         data = Path(platform.data_dir)
-        pods = _wait(lambda: live_pods(data, ample), timeout=120)
+        pods = wait_for(lambda: live_pods(data, ample), timeout=120)
         os.killpg(next(iter(pods.values())), signal.SIGKILL)
 
-        exp = _wait(
+        exp = wait_for(
             lambda: (e := experiment(hungry))["state"] not in ("pending", "running") and e,
             timeout=240,
         )
@@ -116,7 +106,7 @@ def test_pods_over_their_memory_limit_fail_the_experiment_and_outside_kills_do_n
         assert "pods keep crashing" in exp["reason"] and "OOMKilled" in exp["reason"], exp
         assert exp["progress"]["pods_launched"] == CRASH_LOOP_LIMIT, exp
 
-        failed = _wait(
+        failed = wait_for(
             lambda: [
                 e["message"]
                 for e in api.get(f"/experiments/{ample}/events").json()
