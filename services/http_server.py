@@ -355,28 +355,34 @@ class LimitedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     # -- closing -------------------------------------------------------------------------------
     def _evict_one(self) -> bool:
         """Close the connection that has waited longest for a request head, else the one that
-        has left its answers unread longest; False if none."""
-        others = [
-            c
-            for c in self.connections
-            if c is not self and isinstance(c, LimitedHTTPProtocol) and not c._out.is_closing()
-        ]
-        waiting = [c for c in others if c._awaiting_head() and not c._stalled()]
-        if waiting:
-            oldest = min(waiting, key=lambda c: c._phase_start)
+        has left its answers unread longest; False if none. Runs on every connection past the
+        limit, so a flood of them is one pass over the connections each, with no system call
+        but where every connection is busy."""
+        now = time.monotonic()
+        oldest: LimitedHTTPProtocol | None = None
+        longest: LimitedHTTPProtocol | None = None
+        busy: list[LimitedHTTPProtocol] = []
+        for c in self.connections:
+            if c is self or not isinstance(c, LimitedHTTPProtocol) or c.transport.is_closing():
+                continue
+            if c._stalled_since is not None or c.transport.get_write_buffer_size():
+                if longest is None or (c._stalled_since or now) < (longest._stalled_since or now):
+                    longest = c
+            elif c._awaiting_head():
+                if oldest is None or c._phase_start < oldest._phase_start:
+                    oldest = c
+            else:
+                busy.append(c)
+        if oldest is not None:
             oldest._drop("connection limit reached; closed the longest waiting")
             return True
-        now = time.monotonic()
-        stalled = [c for c in others if c._stalled()]
-        if not stalled:
+        if longest is None:
+            # Not seen stalled yet: what they have not read may all be in the kernel's buffers.
+            longest = next((c for c in busy if _kernel_unsent(c._fd) > 0), None)
+        if longest is None:
             return False
-        longest = min(stalled, key=lambda c: c._stalled_since or now)
         longest._abort("connection limit reached; dropped the longest unread")
         return True
-
-    def _stalled(self) -> bool:
-        """Whether the client has answers written for it that it has not read."""
-        return self._stalled_since is not None or self._unsent() > 0
 
     def _drop(self, why: str) -> None:
         log.info("client connection closed", reason=why, client=self._client_name())
