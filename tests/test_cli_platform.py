@@ -694,6 +694,7 @@ def test_run_an_ensemble_trains_each_algorithm_in_its_own_pod(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # a learning check of about 90 s (the PPO tournaments above stay in CI)
 def test_run_the_portfolio_gradient_tournament_and_backtest_its_best(tmp_path: Path) -> None:
     """The stock-trading tournament of portfolio-gradient pods (PBT among them) until its
     env-step budget is spent; the best agent's files, exported, beat buy-and-hold's Sharpe

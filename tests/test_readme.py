@@ -5,12 +5,12 @@ Layout: each row's path exists, every package of services/ is a row or named in 
 and every module a row names (``name.py``) exists where the row says, and the reverse for the
 rows that list their modules: a module missing from its row fails.
 
-Commands: each line of the README's ``bash`` blocks, as written, run from a scratch directory
-in order (``podium backtest`` reads what the ``podium train`` before it wrote), with a budget of
-a few thousand env steps appended to each ``podium train``; the set-up scripts with arguments
-that stop them soon after they start. The commands the prose names (``podium run SPEC``,
-``podium up``, ``podium submit ...``) are parsed (``--help``); tests/test_cli_platform.py runs
-them for real.
+Commands: each line of the README's ``bash`` blocks, as written, run from a scratch directory of
+its own (``podium backtest`` in that of the ``podium train`` before it, whose output it reads),
+with a budget of a few thousand env steps appended to each ``podium train``; the set-up scripts
+with arguments that stop them soon after they start. The commands the prose names (``podium
+run SPEC``, ``podium up``, ``podium submit ...``) are parsed (``--help``);
+tests/test_cli_platform.py runs them for real.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -110,39 +111,65 @@ def _env() -> dict[str, str]:
 SMOKE_STEPS = ["--set", "total_env_steps=4096", "--set", "eval_every_steps=4096"]
 
 
+def _run(argv: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _check_podium(line: str, proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, (line, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, (line, proc.stderr[-3000:])
+    if "--quiet" in line:  # no log line, JSON or other, under --quiet
+        assert not re.search(r"^\{.*\"event\"", proc.stderr, re.M), (line, proc.stderr)
+
+
 @pytest.mark.slow
 def test_every_command_line_of_the_readme_runs(tmp_path: Path) -> None:
+    """Each command in a directory of its own, two at a time (they are independent), but a
+    command that reads what the one before it wrote (``podium backtest runs/train/...``), which
+    runs after it, where it ran."""
     lines = _bash_lines()
     assert any(line.startswith("podium train") for line in lines), lines
-    (tmp_path / "my.yaml").write_text(_yaml_block())  # what `--config my.yaml` reads
-    env = _env()
-    for line in lines:
+    jobs: list[tuple[str, list[str], Path]] = []  # (line, argv, cwd)
+    after: dict[int, tuple[str, list[str]]] = {}  # job index -> the line that reads its output
+    for i, line in enumerate(lines):
         argv = shlex.split(line)
+        cwd = tmp_path / f"line{i}"
+        cwd.mkdir()
+        (cwd / "my.yaml").write_text(_yaml_block())  # what `--config my.yaml` reads
         if argv[0] == ".":  # `. .venv/bin/activate`: what it puts on PATH, this venv's bin
             assert (ROOT / argv[1]).exists() or (VENV_BIN / "activate").exists(), line
-            continue
-        if argv[0] == "./scripts/quickstart.sh":
+        elif argv[0] == "./scripts/quickstart.sh":
             # Set-up (nothing to do: the venv is there), then the tournament, stopped at once.
-            argv = [str(ROOT / argv[0]), "--out", str(tmp_path / "qs"), "--timeout", "1"]
-            proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                                  timeout=300, check=False)  # fmt: skip
-            assert "submitted cartpole-ppo" in proc.stderr, (line, proc.stderr[-3000:])
-            continue
-        if argv[0] == "./scripts/test.sh":
+            argv = [str(ROOT / argv[0]), "--out", str(cwd / "qs"), "--timeout", "1"]
+            jobs.append((line, argv, cwd))
+        elif argv[0] == "./scripts/test.sh":
             argv = [str(ROOT / argv[0]), "--collect-only", "-q", "tests/test_layers.py"]
-            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=600, check=False)  # fmt: skip
+            jobs.append((line, argv, ROOT))
+        elif argv[:2] == ["podium", "backtest"]:
+            assert jobs and jobs[-1][1][:2] == ["podium", "train"], line
+            after[len(jobs) - 1] = (line, argv)
+        else:
+            assert argv[0] == "podium", f"a README command this test does not know: {line}"
+            jobs.append((line, argv + SMOKE_STEPS if argv[1] == "train" else argv, cwd))
+
+    def run(k: int) -> None:
+        line, argv, cwd = jobs[k]
+        proc = _run(argv, cwd)
+        if line.startswith("./scripts/quickstart.sh"):
+            assert "submitted cartpole-ppo" in proc.stderr, (line, proc.stderr[-3000:])
+        elif line.startswith("./scripts/test.sh"):
             assert proc.returncode == 0, (line, proc.stdout[-2000:], proc.stderr[-2000:])
-            continue
-        assert argv[0] == "podium", f"a README command this test does not know: {line}"
-        if argv[1] == "train":
-            argv += SMOKE_STEPS
-        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600, check=False)  # fmt: skip
-        assert proc.returncode == 0, (line, proc.stderr[-3000:])
-        assert "Traceback" not in proc.stderr, (line, proc.stderr[-3000:])
-        if "--quiet" in argv:
-            assert not re.search(r"^\{.*\"event\"", proc.stderr, re.M), (line, proc.stderr)
+        else:
+            _check_podium(line, proc)
+        if k in after:
+            then, argv = after[k]
+            _check_podium(then, _run(argv, cwd))
+
+    with ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(run, k) for k in range(len(jobs))]:
+            future.result()
 
 
 PROSE_COMMANDS = ["run", "up", "submit", "status", "leaderboard", "cancel", "logs", "export"]
