@@ -4,12 +4,12 @@ environment, and tell which allocator a process runs with.
 Why: a compiled training step (torch.compile, inductor) allocates every intermediate and every
 output anew on each call, and on a CPU glibc's malloc and free took a good part of a compiled
 PPO iteration; tcmalloc preloaded (``LD_PRELOAD``) cut it more than jemalloc did, and glibc's
-own tunables did nothing (docs/benchmarks.md, "Session 24: fewer tensors per call, one draw per
-iteration, and the allocator"). PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu
---enable-tcmalloc``) does the same. A process cannot change its allocator once it runs: the
-library has to be named in the environment of the process that is about to start, so this
-module builds that environment (``with_allocator``), and a process that must switch
-(``podium train``) re-executes itself (``reexec_with_allocator``).
+own tunables did nothing (docs/benchmarks.md, "The pods' allocator"). PyTorch's own CPU
+launcher (``torch.backends.xeon.run_cpu --enable-tcmalloc``) does the same. A process cannot
+change its allocator once it runs: the library has to be named in the environment of the
+process that is about to start, so this module builds that environment (``with_allocator``),
+and a process that must switch (``podium train``) re-executes itself
+(``reexec_with_allocator``).
 
 The choice is a setting (the orchestrator's ``pod_malloc``, ``PODIUM_POD_MALLOC``):
 

@@ -141,6 +141,8 @@ def train(
 
     with reported():
         preload_malloc()  # before torch is imported: it may start this command anew
+        # Processes the run starts (learner replicas, roles) log as this one does.
+        os.environ.setdefault("PODIUM_LOG_LEVEL", "ERROR")
         train_agent(env, config, set_ or [], out, quiet)
 
 

@@ -300,6 +300,7 @@ class Updater:
                 algorithm=result.algorithm,
                 pod_id=result.pod_id,
                 env_steps=result.env_steps,
+                batch_env_steps=result.batch_env_steps,
             )
         finally:
             for blob in staged.values():

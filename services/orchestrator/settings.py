@@ -123,6 +123,14 @@ class OrchestratorSettings(PodiumSettings):
         "docs/benchmarks.md); system: the system's; or the absolute path of an allocator's "
         "shared library.",
     )
+    pod_memory_limit: Literal["auto", "cgroup", "watch", "off"] = Field(
+        default="auto",
+        description="Local backend: how each pod is held to its spec's resources.memory "
+        "(services/orchestrator/backends/memory.py). cgroup: a memory cgroup per pod (the "
+        "kernel kills it over the limit; refused at start where none can be made); watch: its "
+        "memory sampled, its processes killed over the limit; auto: cgroup where one can be "
+        "made, else watch; off: no limit. A pod killed for its memory counts as a crash.",
+    )
     # Kubernetes backend.
     pod_image: str = "ghcr.io/podium-rl/podium-pod:0.1.0"  # release.yml publishes it (appVersion)
     pod_image_cpu: str | None = Field(

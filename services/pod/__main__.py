@@ -54,6 +54,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.contracts.spec import ExperimentSpec, describe_errors
 from services.logs import configure, get_logger
 from services.malloc import running_allocator
+from services.pod.runtime import activity  # imports no torch
 from services.pod.runtime.compile_cache import use_compile_cache  # imports no torch
 
 log = get_logger("services.pod")
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadInputError as exc:
         log.error("bad input", error=str(exc))
         return 2
+    activity.start()  # "starting", until the round loop says what it does
     # Imported after the environment is checked: torch takes a second or two to import.
     from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
 

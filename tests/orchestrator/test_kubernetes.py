@@ -149,7 +149,7 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
 def test_pods_without_gpus_run_the_cpu_image_when_one_is_configured(
     k8s_settings: OrchestratorSettings,
 ) -> None:
-    """Issue 35: a CPU pod pulled the CUDA image (gigabytes of CUDA libraries it never uses)."""
+    """A CPU pod pulled the CUDA image (gigabytes of CUDA libraries it never uses)."""
     cuda, cpu = "ghcr.io/podium-rl/podium-pod:0.1.0", "ghcr.io/podium-rl/podium-pod:0.1.0-cpu"
     both = k8s_settings.model_copy(update={"pod_image": cuda, "pod_image_cpu": cpu})
     for mode in ("fused", "processes"):
@@ -453,7 +453,7 @@ def test_informer_relists_after_410_gone(
     assert backend.relists == 2
 
 
-# -- faults (issue 12: findings 12, 14, 16) --------------------------------------------------------
+# -- faults --------------------------------------------------------
 def test_on_kubernetes_exit_2_fails_at_once_and_evictions_are_not_crashes(
     cluster: tuple[FakeCluster, ServerThread],
     k8s_settings: OrchestratorSettings,
@@ -511,7 +511,7 @@ def test_on_kubernetes_pods_killed_or_lost_with_their_node_are_not_crashes(
     k8s_settings: OrchestratorSettings,
     flush_redis: None,
 ) -> None:
-    # Issue 35 item 3: pods that never reported, ended from outside more times than the
+    # Pods that never reported, ended from outside more times than the
     # crash-loop limit: a container killed by SIGKILL or SIGTERM (exit code 137 / 143, not
     # OOMKilled) and a node lost. How they ended says they did not crash; an OOM kill did.
     limit = k8s_settings.crash_loop_limit
@@ -555,7 +555,7 @@ def test_pods_get_their_experiments_credential_from_a_secret_the_orchestrator_ow
     cluster: tuple[FakeCluster, ServerThread],
     k8s_settings: OrchestratorSettings,
 ) -> None:
-    """Issue 12, finding 10: every pod got the platform token (which also works on the
+    """Every pod got the platform token (which also works on the
     orchestrator). Now each experiment has a Secret, owned by its ConfigMap and deleted with
     it, holding a credential that works for that experiment's pod routes only."""
     fc, srv = cluster
@@ -609,7 +609,7 @@ def test_on_kubernetes_ended_pods_last_lines_outlive_their_pod_objects(
     k8s_settings: OrchestratorSettings,
     flush_redis: None,
 ) -> None:
-    """Issue 35 item 9: a pod's log goes with its object, which the orchestrator deletes once
+    """A pod's log goes with its object, which the orchestrator deletes once
     the pod has failed (and Kubernetes deletes once a stopped pod has exited): read through
     the API before, and kept with the experiment."""
     fc, srv = cluster

@@ -1,5 +1,5 @@
 """Where torch.compile keeps what it built, so a pod's restart and a PBT child's new pod do not
-pay the compile again (issue 33, deliverable 2).
+pay the compile again.
 
 Inductor writes its kernels (C++ or Triton sources and their builds) and, with the FX graph
 cache and AOTAutograd's cache on (their defaults in torch 2.13, set here explicitly so that an

@@ -49,6 +49,7 @@ from services.contracts.search_space import pinned_names
 from services.contracts.spec import ExperimentSpec
 from services.contracts.strategies import parent_is_better
 from services.logs import get_logger
+from services.pod.runtime import activity
 from services.pod.runtime.lineage import Lineage, ReadyRule
 from services.pod.runtime.metrics import PodMetrics
 from services.pod.training.checkpoint import MANIFEST, CheckpointError, write_files
@@ -173,15 +174,19 @@ class PodRuntime:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> None:
+        activity.now("loading")
         self.start()
         while not self.stopping:
+            activity.now("training")
             self.train_round()
             if self.stopping:
                 break  # the final report comes next
             if self.rounds % self.spec.evaluation.every_rounds == 0:
+                activity.now("evaluating")
                 self.report()
                 if not self.stopping:
                     self.maybe_exploit()
+        activity.now("evaluating")
         self.finish()
 
     def finish(self) -> None:
@@ -357,7 +362,10 @@ class PodRuntime:
             trainer.save(i, directory)
             files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
             result = slot.submission(
-                slot.unreported_steps, evaluation, trainer.counters(i).env_steps
+                slot.unreported_steps,
+                evaluation,
+                trainer.counters(i).env_steps,
+                trainer.step_env_steps,
             )
             answer = self.client.submit(result, files)
             self.metrics.submissions.inc()
@@ -417,6 +425,7 @@ class PodRuntime:
                 except HyperparameterError as exc:  # e.g. a parent from another kind of pod
                     log.warning("parent does not fit this pod", slot=i, error=str(exc))
                     continue
+                activity.now("loading")
                 log.info(
                     "restarting from a better parent",
                     slot=i,
