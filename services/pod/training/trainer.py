@@ -265,11 +265,12 @@ def compiled_trainer(
     compiled = registry.load(registry.TRAINERS, name, kind="trainer")
     declined = compiled.declines(configs, roles, horizon_env_steps)
     if declined is None:
-        log.info("trainer.chosen", trainer=compiled.__name__, agents=len(configs))
+        log.info("trainer.chosen", trainer=compiled.__name__, compiled=True, agents=len(configs))
         return compiled, None
     (log.warning if declined.warn else log.info)(
         "trainer.chosen",
         trainer=eager.__name__,
+        compiled=False,
         declined=compiled.__name__,
         reason=declined.reason,
         agents=len(configs),

@@ -1,0 +1,165 @@
+"""Sharing a compile cache between an experiment's pods (services/pod/runtime/compile_share.py)
+against the real leaderboard: the program key, the claim, the wait, the fetch; corrupt and
+foreign caches refused and compiled again; an eager pod keeps nobody waiting. The compiles here
+are files a "trainer" writes into its cache directory: what moves between pods is files,
+whatever they hold (tests/e2e/test_compile_once.py and tests/containers/test_pod_image.py run
+the real compiles)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from pathlib import Path
+
+from services.contracts.artifacts import CompileClaim
+from services.contracts.bundles import files_under, pack
+from services.contracts.spec import ExperimentSpec
+from services.pod.runtime.compile_share import KIND, CompileShare, compile_facts, program_digest
+from services.pod.training.presets import pod_config
+from tests.pod.harness import Leaderboard, client, make_spec, register
+
+HYPER = {"learning_rate": 3e-3, "gamma": 0.99, "clip_coef": 0.2}
+
+
+def configs(slots: int = 1, seed: int = 1, **over: float) -> list:
+    spec = ExperimentSpec.model_validate(make_spec())
+    return [pod_config(spec, {**HYPER, **over}, seed + i) for i in range(slots)]
+
+
+def test_the_program_key_ignores_per_agent_hyperparameters_and_seeds() -> None:
+    base = program_digest(configs())
+    assert program_digest(configs(seed=99, learning_rate=1e-4, gamma=0.9, ent_coef=0.01)) == base
+    # What shapes the programs changes the key: the network, the batch, the slot count.
+    assert program_digest(configs(num_envs=32)) != base
+    assert program_digest(configs(hidden_sizes=[64, 64])) != base  # type: ignore[arg-type]
+    assert program_digest(configs(slots=2)) != base
+    facts = compile_facts(configs())
+    assert facts.device.startswith("cpu-") and facts.torch.startswith("2.")
+
+
+def compiled(cache: Path, name: str = "kernel.so", data: bytes = b"compiled code") -> None:
+    """What a trainer's first compile leaves in its cache directory."""
+    (cache / "ab").mkdir(parents=True, exist_ok=True)
+    (cache / "ab" / name).write_bytes(data)
+    (cache / "locks").mkdir(exist_ok=True)
+    (cache / "locks" / "ab.lock").write_bytes(b"")  # never shared
+
+
+def share(lb: Leaderboard, pod: str, cache: Path, **kw: float) -> CompileShare:
+    return CompileShare(client(lb, "exp"), pod, cache, **kw)
+
+
+def in_thread(fn, *args) -> threading.Thread:
+    thread = threading.Thread(target=fn, args=args, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_first_pod_compiles_and_the_others_load_what_it_published(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    register(leaderboard, "exp", make_spec())
+    first = share(leaderboard, "p0", tmp_path / "c0")
+    first.before_build(configs())
+    assert first.outcome["state"] == "claimed" and first.pending
+    # Two more pods start meanwhile: they wait for p0's compile, then load it.
+    others = [share(leaderboard, f"p{i}", tmp_path / f"c{i}") for i in (1, 2)]
+    threads = [in_thread(o.before_build, configs(seed=10 + i)) for i, o in enumerate(others)]
+    time.sleep(1.5)
+    assert all(t.is_alive() for t in threads), "a pod did not wait for the compile"
+    compiled(tmp_path / "c0")
+    first.stepped(compile_seconds=12.0)  # compiled: it publishes at its first report
+    assert first.pending
+    first.reported()
+    assert first.outcome["state"] == "published" and first.outcome["files"] == 1
+    for t in threads:
+        t.join(timeout=30)
+    for i, other in enumerate(others, 1):
+        assert other.outcome["state"] == "loaded" and other.outcome["holder"] == "p0"
+        assert other.outcome["waited_s"] >= 1.0
+        assert (tmp_path / f"c{i}" / "ab" / "kernel.so").read_bytes() == b"compiled code"
+        assert set(files_under(tmp_path / f"c{i}")) == {"ab/kernel.so"}
+    # A pod started later (a PBT child's, a replacement) loads at once.
+    late = share(leaderboard, "p9", tmp_path / "c9")
+    late.before_build(configs(seed=77, learning_rate=1e-4))
+    assert late.outcome["state"] == "loaded" and late.outcome["waited_s"] < 1.0
+
+
+def test_an_eager_pod_keeps_nobody_waiting(leaderboard: Leaderboard, tmp_path: Path) -> None:
+    register(leaderboard, "exp", make_spec())
+    first = share(leaderboard, "p0", tmp_path / "c0")
+    first.before_build(configs())
+    waiting = share(leaderboard, "p1", tmp_path / "c1")
+    thread = in_thread(waiting.before_build, configs())
+    first.stepped(compile_seconds=0.0)  # its first step compiled nothing
+    assert not first.pending and first.outcome["state"] == "published"
+    thread.join(timeout=30)
+    assert waiting.outcome["state"] == "nothing_to_fetch"
+
+
+def publish_raw(lb: Leaderboard, tmp_path: Path, meta: dict, data: bytes = b"x") -> None:
+    """A bundle published under the key of ``configs()`` as another pod would."""
+    facts = compile_facts(configs())
+    src = tmp_path / "raw"
+    compiled(src, data=data)
+    out = io.BytesIO()
+    pack(src, files_under(src, ("locks",)), meta, out)
+    with client(lb, "exp") as c:
+        c.compile_claim(CompileClaim(pod_id="other", facts=facts))
+        c.compile_publish(CompileClaim(pod_id="other", facts=facts), out.getvalue())
+
+
+def test_a_corrupt_cache_is_refused_and_compiled_again(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    register(leaderboard, "exp", make_spec())
+    facts = compile_facts(configs())
+    publish_raw(leaderboard, tmp_path, {"kind": KIND, **facts.model_dump()})
+    # The stored blob rots on disk: its bytes no longer match the record's sha256.
+    [blob] = [p for p in (tmp_path / "lb" / "blobs").rglob("*") if len(p.name) == 64]
+    blob.write_bytes(blob.read_bytes()[:-10] + b"0123456789")
+    pod = share(leaderboard, "p1", tmp_path / "c1")
+    pod.before_build(configs())
+    assert pod.outcome["state"] == "claimed", pod.outcome  # refused, so it compiles
+    assert files_under(tmp_path / "c1") == {}  # nothing of the corrupt cache kept
+    compiled(tmp_path / "c1", data=b"good code")
+    pod.reported()
+    later = share(leaderboard, "p2", tmp_path / "c2")
+    later.before_build(configs())
+    assert later.outcome["state"] == "loaded" and later.outcome["holder"] == "p1"
+    assert (tmp_path / "c2" / "ab" / "kernel.so").read_bytes() == b"good code"
+
+
+def test_a_cache_for_other_facts_is_refused(leaderboard: Leaderboard, tmp_path: Path) -> None:
+    register(leaderboard, "exp", make_spec())
+    facts = compile_facts(configs())
+    foreign = {"kind": KIND, **facts.model_dump(), "device": "cuda-H200-sm90-cu12.8"}
+    publish_raw(leaderboard, tmp_path, foreign)
+    pod = share(leaderboard, "p1", tmp_path / "c1")
+    pod.before_build(configs())
+    assert pod.outcome["state"] == "claimed"
+    assert files_under(tmp_path / "c1") == {}
+
+
+def test_a_pod_compiles_itself_after_waiting_its_limit(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    register(leaderboard, "exp", make_spec())
+    share(leaderboard, "p0", tmp_path / "c0").before_build(configs())  # and never publishes
+    waiting = share(leaderboard, "p1", tmp_path / "c1", wait_s=1.0)
+    begin = time.monotonic()
+    waiting.before_build(configs())
+    assert waiting.outcome["state"] == "wait_expired" and time.monotonic() - begin < 10
+    compiled(tmp_path / "c1")  # it compiles, and publishes since nobody has
+    waiting.reported()
+    assert waiting.outcome["state"] == "published"
+
+
+def test_without_a_leaderboard_the_pod_compiles_itself(tmp_path: Path) -> None:
+    lb = Leaderboard(tmp_path / "lb")  # never started: nothing listens on its port
+    pod = CompileShare(
+        client(lb, "exp").__class__(lb.url, "exp", retry_for_s=0), "p0", tmp_path / "c0"
+    )
+    pod.before_build(configs())
+    assert pod.outcome["state"] == "failed" and not pod.pending
