@@ -22,8 +22,9 @@ pod's code). Before its trainer is built, a pod claims its key at the leaderboar
   evaluation) publishes the files that appeared as one bundle. A trainer that compiled nothing
   in its first step publishes at once that there is nothing to share, so nobody waits for an
   eager pod's first round.
-- ``wait``: another pod compiles: ask again (``retry_after_s`` with jitter, backing off), at
-  most ``wait_s`` in all; then compile here.
+- ``wait``: another pod compiles: ask again (after the leaderboard's ``retry_after_s``, backing
+  off to ``MAX_POLL_S``, with jitter so that many pods spread their asks), at most ``wait_s``
+  in all; then compile here.
 
 Any failure to share (the leaderboard unreachable, a full disk) is logged and the pod compiles
 for itself: sharing saves time, it is never needed to train. The trust: the pods of one
@@ -47,7 +48,12 @@ from pathlib import Path
 import torch
 
 from services.api_client import LeaderboardClient, LeaderboardError
-from services.contracts.artifacts import CompileCacheState, CompileClaim, CompileFacts
+from services.contracts.artifacts import (
+    COMPILE_CACHE_KIND,
+    CompileCacheState,
+    CompileClaim,
+    CompileFacts,
+)
 from services.contracts.bundles import BundleError, files_under, pack, unpack
 from services.logs import get_logger
 from services.pod.config import RunConfig
@@ -55,7 +61,8 @@ from services.pod.training.trainer import algorithm_card
 
 log = get_logger(__name__)
 
-KIND = "podium.compile-cache"
+#: The longest pause between two claims of a pod waiting for another's compile.
+MAX_POLL_S = 10.0
 #: Directories of the cache that are no program: inductor's lock files.
 SKIP = ("locks",)
 _CODE = Path(__file__).resolve().parents[1]  # services/pod: the code that is compiled
@@ -164,7 +171,7 @@ class CompileShare:
 
     def _settle(self, claim: CompileClaim, start: float) -> None:
         key = claim.facts.key()
-        delay, refused, waited_before = 0.5, set(), False
+        delay, refused, waited_before = 0.0, set(), False
         while True:
             state = self.client.compile_claim(claim)
             if state.state == "ready":
@@ -194,9 +201,10 @@ class CompileShare:
                 self.claim, self.before = claim, files_under(self.cache_dir, SKIP)
                 self._log("wait_expired", start, holder=state.holder)
                 return
-            pause = min(delay, state.retry_after_s or delay, self.wait_s - waited)
-            time.sleep(pause * random.uniform(0.5, 1.5))
-            delay = min(delay * 1.5, 10.0)
+            # From the leaderboard's hint, backing off to MAX_POLL_S: a thousand waiting pods
+            # ask about a hundred times a second, and the last loads at most that late.
+            delay = min(max(delay * 1.5, state.retry_after_s or 0.0), MAX_POLL_S)
+            time.sleep(min(delay * random.uniform(0.5, 1.5), self.wait_s - waited))
 
     def _fetch(self, claim: CompileClaim, state: CompileCacheState, start: float) -> str | None:
         """Download, check and unpack the published cache; why it was refused, or None.
@@ -210,7 +218,7 @@ class CompileShare:
             sha256, size, header = self.client.compile_fetch(key, tmp)
             if sha256 != state.sha256 or header != state.sha256:
                 return f"sha256 {sha256} does not match the record's {state.sha256}"
-            expect = {"kind": KIND, **claim.facts.model_dump()}
+            expect = {"kind": COMPILE_CACHE_KIND, **claim.facts.model_dump()}
             with open(tmp, "rb") as f:
                 manifest = unpack(f, self.cache_dir, expect=expect)
         except BundleError as exc:
@@ -288,7 +296,8 @@ class CompileShare:
                 fd, name = tempfile.mkstemp(prefix=".pack-", dir=self.cache_dir)
                 try:
                     with os.fdopen(fd, "w+b") as f:
-                        meta = {"kind": KIND, **claim.facts.model_dump(), "pod": self.pod_id}
+                        meta = {"kind": COMPILE_CACHE_KIND, **claim.facts.model_dump()}
+                        meta["pod"] = self.pod_id
                         pack(self.cache_dir, new, meta, f)
                         f.seek(0)
                         data = f.read()

@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 
 from services.api_client import LeaderboardClient, LeaderboardError
+from services.contracts.artifacts import TENSORBOARD_KIND
 from services.contracts.bundles import BundleError, files_under, pack
 from services.logs import LogTail, get_logger
 
 log = get_logger(__name__)
-
-KIND = "podium.tensorboard"
 
 
 class PodFiles:
@@ -54,7 +53,8 @@ class PodFiles:
             return
         out = io.BytesIO()
         try:
-            pack(self.tensorboard_dir, files, {"kind": KIND, "pod": self.pod_id}, out)
+            meta = {"kind": TENSORBOARD_KIND, "pod": self.pod_id}
+            pack(self.tensorboard_dir, files, meta, out)
             self.client.put_pod_file(self.pod_id, "tensorboard", out.getvalue())
         except (LeaderboardError, OSError, BundleError) as exc:
             log.warning("pod_files.upload_failed", name="tensorboard", error=str(exc))
