@@ -26,6 +26,10 @@ POD_ID_PATTERN = ID_PATTERN
 #: event files (a bundle).
 PodFileName = Literal["log", "tensorboard"]
 POD_FILE_NAMES: tuple[str, ...] = ("log", "tensorboard")
+#: The ``kind`` in the meta of each bundle (services/contracts/bundles.py): a reader refuses
+#: a bundle of another kind.
+COMPILE_CACHE_KIND = "podium.compile-cache"
+TENSORBOARD_KIND = "podium.tensorboard"
 
 
 class CompileFacts(InputModel):

@@ -12,10 +12,10 @@ import threading
 import time
 from pathlib import Path
 
-from services.contracts.artifacts import CompileClaim
+from services.contracts.artifacts import COMPILE_CACHE_KIND, CompileClaim
 from services.contracts.bundles import files_under, pack
 from services.contracts.spec import ExperimentSpec
-from services.pod.runtime.compile_share import KIND, CompileShare, compile_facts, program_digest
+from services.pod.runtime.compile_share import CompileShare, compile_facts, program_digest
 from services.pod.training.presets import pod_config
 from tests.pod.harness import Leaderboard, client, make_spec, register
 
@@ -115,7 +115,7 @@ def test_a_corrupt_cache_is_refused_and_compiled_again(
 ) -> None:
     register(leaderboard, "exp", make_spec())
     facts = compile_facts(configs())
-    publish_raw(leaderboard, tmp_path, {"kind": KIND, **facts.model_dump()})
+    publish_raw(leaderboard, tmp_path, {"kind": COMPILE_CACHE_KIND, **facts.model_dump()})
     # The stored blob rots on disk: its bytes no longer match the record's sha256.
     [blob] = [p for p in (tmp_path / "lb" / "blobs").rglob("*") if len(p.name) == 64]
     blob.write_bytes(blob.read_bytes()[:-10] + b"0123456789")
@@ -134,7 +134,7 @@ def test_a_corrupt_cache_is_refused_and_compiled_again(
 def test_a_cache_for_other_facts_is_refused(leaderboard: Leaderboard, tmp_path: Path) -> None:
     register(leaderboard, "exp", make_spec())
     facts = compile_facts(configs())
-    foreign = {"kind": KIND, **facts.model_dump(), "device": "cuda-H200-sm90-cu12.8"}
+    foreign = {"kind": COMPILE_CACHE_KIND, **facts.model_dump(), "device": "cuda-H200-sm90-cu12.8"}
     publish_raw(leaderboard, tmp_path, foreign)
     pod = share(leaderboard, "p1", tmp_path / "c1")
     pod.before_build(configs())
