@@ -105,10 +105,12 @@ RUN KEEP_SETUPTOOLS=1 venv-install.sh project
 # ---- pod (last, so a plain `docker build .` gives the training image) -------------------------
 FROM runtime AS pod
 # What the compiled training paths need at run time (Debian's packages: both bases are
-# bookworm): a C/C++ compiler (inductor's CPU kernels and the host side of every backend are
-# C++; Triton, in the CUDA builds, compiles its launchers with a C compiler against Python's
-# headers: Debian's Python needs python3-dev for them, python:*-slim has them), and tcmalloc,
-# which the pod preloads itself (services/malloc.py; PODIUM_POD_MALLOC=system turns it off).
+# bookworm): a C/C++ compiler and Python's headers (inductor's CPU kernels and the host side of
+# every backend are C++ that includes Python.h; Triton, in the CUDA builds, compiles its
+# launchers with a C compiler against them too: Debian's Python needs python3-dev for them,
+# python:*-slim has them), and tcmalloc, which the pod preloads itself (services/malloc.py;
+# PODIUM_POD_MALLOC=system turns it off). The compile cache must be on an exec-mountable
+# volume (the chart's emptyDir is; Docker's --tmpfs is noexec).
 # hadolint ignore=DL3008,SC2086
 RUN set -eu; \
     pkgs="g++ libtcmalloc-minimal4"; \
