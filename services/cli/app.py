@@ -423,8 +423,6 @@ def tensorboard(
 ) -> None:
     """Download every pod's TensorBoard files (as each pod last uploaded them, sha256-checked)
     into OUT/<pod id>/, for `tensorboard --logdir OUT`."""
-    from services.cli.live import stderr_console
-
     out = out or Path("runs") / experiment / "tensorboard"
     with reported(), _client(url, token, leaderboard_url, data_dir) as client:
         pods = client.tensorboard(experiment, out)
@@ -435,9 +433,9 @@ def tensorboard(
             raise CliError(
                 f"no pod of experiment {experiment} kept TensorBoard files", EXIT_NOT_REACHED
             )
-    stderr_console().print(
-        f"{len(pods)} pods' TensorBoard files in {out}: tensorboard --logdir {out}"
-    )
+    # Plain lines (no wrapping): the command is to be copied.
+    typer.echo(f"{len(pods)} pods' TensorBoard files in {out}; see them with", err=True)
+    typer.echo(f"tensorboard --logdir {out}", err=True)
 
 
 @app.command()

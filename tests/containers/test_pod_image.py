@@ -25,7 +25,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.containers.conftest import Docker
-from tests.containers.test_platform import TARGET, TOKEN, Service, run_experiment, start_stack
+from tests.containers.test_platform import TOKEN, Service, run_experiment, spec, start_stack
 from tests.pod.harness import TOKEN as LB_TOKEN
 from tests.pod.harness import Leaderboard, make_spec, register
 
@@ -133,17 +133,11 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
 ) -> None:
     stack = start_stack(images, docker)
     body = {
-        "name": "cartpole-compiled",
-        "env": {"name": "CartPole-v1"},
-        "algorithms": {"ppo": 1.0},
+        **spec("cartpole-compiled"),
         "search_space": COMPILE_ON,
-        "generator": {"strategy": "pbt"},
         "population": {"min_pods": 4, "max_pods": 4},
         "resources": {"cpu": 0.5, "gpus": 0, "memory": "1Gi"},
         "round": {"env_steps": 2048},
-        "target_return": TARGET,
-        "evaluation": {"episodes": 5},
-        "budget": {"wall_time_s": 900},
     }
     out = tmp_path / "out"
     out.mkdir()
