@@ -8,9 +8,16 @@ the real compiles)."""
 from __future__ import annotations
 
 import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from services.contracts.artifacts import COMPILE_CACHE_KIND, CompileClaim
 from services.contracts.bundles import files_under, pack
@@ -163,3 +170,48 @@ def test_without_a_leaderboard_the_pod_compiles_itself(tmp_path: Path) -> None:
     )
     pod.before_build(configs())
     assert pod.outcome["state"] == "failed" and not pod.pending
+
+
+NOEXEC_PROBE = """
+import os, sys, tempfile
+from pathlib import Path
+from services.pod.runtime.compile_cache import use_compile_cache
+use_compile_cache(Path(sys.argv[1]))
+print(tempfile.gettempdir())
+"""
+
+
+def test_where_tmp_is_noexec_temporary_files_go_to_the_compile_cache(tmp_path: Path) -> None:
+    """AOTInductor unpacks a program package into the temporary directory and loads it from
+    there: on a noexec /tmp (Docker's --tmpfs, compose's hardening) that fails. A private mount
+    namespace with such a /tmp, as root (skipped elsewhere)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private noexec /tmp")
+    # Outside /tmp: the namespace's own /tmp hides the test's directories there.
+    outside = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    cache = outside / "cache"
+    env = {k: v for k, v in os.environ.items() if k not in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    script = f'mount -t tmpfs -o noexec tmpfs /tmp && exec {sys.executable} -c "$0" "$1"'
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, NOEXEC_PROBE, str(cache)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    shutil.rmtree(outside, ignore_errors=True)
+    if "mount" in proc.stderr and proc.returncode != 0:
+        pytest.skip(f"cannot mount here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(cache / "tmp"), proc.stdout
+    # On an exec-capable /tmp nothing moves.
+    plain = subprocess.run(
+        [sys.executable, "-c", NOEXEC_PROBE, str(tmp_path / "c2")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+    )
+    assert plain.stdout.strip() != str(tmp_path / "c2" / "tmp")

@@ -57,14 +57,15 @@ from services.contracts.artifacts import (
 from services.contracts.bundles import BundleError, files_under, pack, unpack
 from services.logs import get_logger
 from services.pod.config import RunConfig
+from services.pod.runtime.compile_cache import TMP
 from services.pod.training.trainer import algorithm_card
 
 log = get_logger(__name__)
 
 #: The longest pause between two claims of a pod waiting for another's compile.
 MAX_POLL_S = 10.0
-#: Directories of the cache that are no program: inductor's lock files.
-SKIP = ("locks",)
+#: Directories of the cache that are no program: inductor's lock files, temporary files.
+SKIP = ("locks", TMP)
 _CODE = Path(__file__).resolve().parents[1]  # services/pod: the code that is compiled
 
 
