@@ -22,7 +22,12 @@ import pytest
 from services.contracts.artifacts import COMPILE_CACHE_KIND, CompileClaim
 from services.contracts.bundles import files_under, pack
 from services.contracts.spec import ExperimentSpec
-from services.pod.runtime.compile_share import CompileShare, compile_facts, program_digest
+from services.pod.runtime.compile_share import (
+    SKIP,
+    CompileShare,
+    compile_facts,
+    program_digest,
+)
 from services.pod.training.presets import pod_config
 from tests.pod.harness import Leaderboard, client, make_spec, register
 
@@ -86,11 +91,45 @@ def test_the_first_pod_compiles_and_the_others_load_what_it_published(
         assert other.outcome["state"] == "loaded" and other.outcome["holder"] == "p0"
         assert other.outcome["waited_s"] >= 1.0
         assert (tmp_path / f"c{i}" / "ab" / "kernel.so").read_bytes() == b"compiled code"
-        assert set(files_under(tmp_path / f"c{i}")) == {"ab/kernel.so"}
+        assert set(files_under(tmp_path / f"c{i}", SKIP)) == {"ab/kernel.so"}
     # A pod started later (a PBT child's, a replacement) loads at once.
     late = share(leaderboard, "p9", tmp_path / "c9")
     late.before_build(configs(seed=77, learning_rate=1e-4))
     assert late.outcome["state"] == "loaded" and late.outcome["waited_s"] < 1.0
+
+
+def test_a_pod_whose_cache_holds_the_key_publishes_it_at_once(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """A cache that fetched (or published) a key before, claimed again for it in another
+    experiment (a second run on the same volume): its files go out before any training, and
+    the experiment's other pods load them; a marker file touched again is not new."""
+    register(leaderboard, "exp", make_spec())
+    first = share(leaderboard, "p0", tmp_path / "c0")
+    first.before_build(configs())
+    compiled(tmp_path / "c0")
+    first.reported()
+    register(leaderboard, "exp2", make_spec())
+    again = CompileShare(client(leaderboard, "exp2"), "p5", tmp_path / "c0")
+    again.before_build(configs())
+    assert again.outcome["state"] == "published" and again.outcome["from_cache"], again.outcome
+    assert not again.pending
+    other = CompileShare(client(leaderboard, "exp2"), "p6", tmp_path / "c6")
+    other.before_build(configs())
+    assert other.outcome["state"] == "loaded" and other.outcome["holder"] == "p5"
+    assert (tmp_path / "c6" / "ab" / "kernel.so").read_bytes() == b"compiled code"
+    # A claimant whose cache lacks one of the files compiles (and publishes what it builds).
+    (tmp_path / "c6" / "ab" / "kernel.so").unlink()
+    marker = tmp_path / "c6" / "ready-abc"
+    marker.write_bytes(b"")
+    register(leaderboard, "exp3", make_spec())
+    third = CompileShare(client(leaderboard, "exp3"), "p7", tmp_path / "c6")
+    third.before_build(configs())
+    assert third.outcome["state"] == "claimed"
+    later = time.time() + 60
+    os.utime(marker, (later, later))  # touched again by the trainer: not new
+    third.reported()
+    assert third.outcome["state"] == "published" and third.outcome["files"] == 0
 
 
 def test_an_eager_pod_keeps_nobody_waiting(leaderboard: Leaderboard, tmp_path: Path) -> None:
@@ -129,7 +168,7 @@ def test_a_corrupt_cache_is_refused_and_compiled_again(
     pod = share(leaderboard, "p1", tmp_path / "c1")
     pod.before_build(configs())
     assert pod.outcome["state"] == "claimed", pod.outcome  # refused, so it compiles
-    assert files_under(tmp_path / "c1") == {}  # nothing of the corrupt cache kept
+    assert files_under(tmp_path / "c1", SKIP) == {}  # nothing of the corrupt cache kept
     compiled(tmp_path / "c1", data=b"good code")
     pod.reported()
     later = share(leaderboard, "p2", tmp_path / "c2")
@@ -146,7 +185,7 @@ def test_a_cache_for_other_facts_is_refused(leaderboard: Leaderboard, tmp_path: 
     pod = share(leaderboard, "p1", tmp_path / "c1")
     pod.before_build(configs())
     assert pod.outcome["state"] == "claimed"
-    assert files_under(tmp_path / "c1") == {}
+    assert files_under(tmp_path / "c1", SKIP) == {}
 
 
 def test_a_pod_compiles_itself_after_waiting_its_limit(

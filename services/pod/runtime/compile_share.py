@@ -16,10 +16,12 @@ pod's code). Before its trainer is built, a pod claims its key at the leaderboar
   bundles.py: every file checked against the bundle's manifest, the manifest's facts against its
   own; nothing unpickled) into its cache directory, and its trainer loads instead of compiling.
   A cache that fails a check is refused (the leaderboard drops the record) and compiled again.
-- ``compile``: the pod is the first: it notes what its cache directory holds, compiles while
-  training (renewing its claim every third of its TTL, so that a pod that dies frees the key),
-  and at its first report (every program a pod runs has run by then: a training step and an
-  evaluation) publishes the files that appeared as one bundle. A trainer that compiled nothing
+- ``compile``: the pod is the first. Where its cache directory already holds the key's files
+  (it fetched or published them before: an index in the cache lists them), it publishes them at
+  once. Otherwise it notes what its cache directory holds, compiles while training (renewing
+  its claim every third of its TTL, so that a pod that dies frees the key), and at its first
+  report (every program a pod runs has run by then: a training step and an evaluation)
+  publishes the files that appeared (or changed size) as one bundle. A trainer that compiled nothing
   in its first step publishes at once that there is nothing to share, so nobody waits for an
   eager pod's first round.
 - ``wait``: another pod compiles: ask again (after the leaderboard's ``retry_after_s``, backing
@@ -64,8 +66,13 @@ log = get_logger(__name__)
 
 #: The longest pause between two claims of a pod waiting for another's compile.
 MAX_POLL_S = 10.0
-#: Directories of the cache that are no program: inductor's lock files, temporary files.
-SKIP = ("locks", TMP)
+#: Where the cache keeps, per program key, the files of that key's bundle (fetched, or
+#: published by this cache's pod): a pod that claims a key its cache already holds publishes
+#: them at once.
+INDEX = "podium-share"
+#: Directories of the cache that are no program: inductor's lock files, temporary files, the
+#: index.
+SKIP = ("locks", TMP, INDEX)
 _CODE = Path(__file__).resolve().parents[1]  # services/pod: the code that is compiled
 
 
@@ -191,6 +198,9 @@ class CompileShare:
                 continue
             claim = claim.model_copy(update={"refused": None})
             if state.state == "compile":
+                if indexed := self._indexed(key):  # this cache holds them: publish at once
+                    self._publish(claim, indexed, start, from_cache=True)
+                    return
                 self._claimed(claim, state, start)
                 return
             waited = time.monotonic() - start
@@ -230,6 +240,7 @@ class CompileShare:
             raise
         finally:
             tmp.unlink(missing_ok=True)
+        self._write_index(key, manifest["files"])
         self._log(
             "loaded",
             begin,
@@ -274,10 +285,11 @@ class CompileShare:
             self.publish()
 
     def _new_files(self) -> list[str]:
-        """The cache's files that appeared (or changed) since the claim."""
+        """The cache's files that appeared, or changed size, since the claim (a marker file
+        touched again is not new)."""
         before = self.before or {}
         now = files_under(self.cache_dir, SKIP)
-        return sorted(rel for rel, stat in now.items() if before.get(rel) != stat)
+        return sorted(rel for rel, (size, _) in now.items() if before.get(rel, (-1,))[0] != size)
 
     def reported(self) -> None:
         if self.pending:
@@ -288,34 +300,72 @@ class CompileShare:
         claim, new = self.claim, self._new_files()
         self.claim = self.before = None
         self._stop_renewing()
-        if claim is None:
-            return
-        begin = time.monotonic()
+        if claim is not None:
+            self._publish(claim, new, time.monotonic())
+
+    def _publish(
+        self, claim: CompileClaim, files: list[str], since: float, from_cache: bool = False
+    ) -> None:
+        """``files`` of the cache as the key's bundle (none: nothing to share), indexed here."""
+        key = claim.facts.key()
         try:
-            data = b""
-            if new:
+            data, manifest = b"", {"files": {}}
+            if files:
                 fd, name = tempfile.mkstemp(prefix=".pack-", dir=self.cache_dir)
                 try:
                     with os.fdopen(fd, "w+b") as f:
                         meta = {"kind": COMPILE_CACHE_KIND, **claim.facts.model_dump()}
                         meta["pod"] = self.pod_id
-                        pack(self.cache_dir, new, meta, f)
+                        manifest = pack(self.cache_dir, files, meta, f)
                         f.seek(0)
                         data = f.read()
                 finally:
                     os.unlink(name)
             state = self.client.compile_publish(claim, data)
+            if files:
+                self._write_index(key, manifest["files"])
         except (LeaderboardError, OSError, BundleError) as exc:
-            log.warning("compile_cache.publish_failed", key=claim.facts.key(), error=str(exc))
+            log.warning("compile_cache.publish_failed", key=key, error=str(exc))
             return
         self._log(
             "published",
-            begin,
-            files=len(new),
+            since,
+            files=len(files),
             bytes=len(data),
             sha256=state.sha256,
             first=state.holder == self.pod_id,
+            from_cache=from_cache,
         )
+
+    # -- the index: which files a key's bundle holds ---------------------------------------
+    def _index_path(self, key: str) -> Path:
+        return self.cache_dir / INDEX / f"{key}.json"
+
+    def _write_index(self, key: str, files: dict[str, dict]) -> None:
+        path = self._index_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".index-", dir=path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"files": files}, f)
+            os.replace(tmp, path)
+        except OSError as exc:  # only a later claim's shortcut is lost
+            log.warning("compile_cache.index_failed", key=key, error=str(exc))
+
+    def _indexed(self, key: str) -> list[str]:
+        """The files of ``key``'s bundle where this cache holds every one of them (each of the
+        size the index says), else []."""
+        try:
+            listed = json.loads(self._index_path(key).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        present = files_under(self.cache_dir, SKIP)
+        if not isinstance(listed, dict) or not listed:
+            return []
+        for rel, entry in listed.items():
+            if not isinstance(entry, dict) or present.get(rel, (-1,))[0] != entry.get("bytes"):
+                return []
+        return sorted(listed)
 
     def _stop_renewing(self) -> None:
         if self._renew is not None:
