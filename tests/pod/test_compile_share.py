@@ -102,7 +102,7 @@ def test_a_pod_whose_cache_holds_the_key_publishes_it_at_once(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:
     """A cache that fetched (or published) a key before, claimed again for it in another
-    experiment (a second run on the same volume): its files go out before any training, and
+    experiment (a second run on the same volume): its files go out after its first step, and
     the experiment's other pods load them; a marker file touched again is not new."""
     register(leaderboard, "exp", make_spec())
     first = share(leaderboard, "p0", tmp_path / "c0")
@@ -112,6 +112,8 @@ def test_a_pod_whose_cache_holds_the_key_publishes_it_at_once(
     register(leaderboard, "exp2", make_spec())
     again = CompileShare(client(leaderboard, "exp2"), "p5", tmp_path / "c0")
     again.before_build(configs())
+    assert again.indexed == ["ab/kernel.so"], again.outcome
+    again.stepped(compile_seconds=0.01)  # it loaded: its first step publishes them
     assert again.outcome["state"] == "published" and again.outcome["from_cache"], again.outcome
     assert not again.pending
     other = CompileShare(client(leaderboard, "exp2"), "p6", tmp_path / "c6")

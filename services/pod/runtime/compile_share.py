@@ -17,13 +17,13 @@ pod's code). Before its trainer is built, a pod claims its key at the leaderboar
   own; nothing unpickled) into its cache directory, and its trainer loads instead of compiling.
   A cache that fails a check is refused (the leaderboard drops the record) and compiled again.
 - ``compile``: the pod is the first. Where its cache directory already holds the key's files
-  (it fetched or published them before: an index in the cache lists them), it publishes them at
-  once. Otherwise it notes what its cache directory holds, compiles while training (renewing
-  its claim every third of its TTL, so that a pod that dies frees the key), and at its first
-  report (every program a pod runs has run by then: a training step and an evaluation)
-  publishes the files that appeared (or changed size) as one bundle. A trainer that compiled nothing
-  in its first step publishes at once that there is nothing to share, so nobody waits for an
-  eager pod's first round.
+  (it fetched or published them before: an index in the cache lists them), it publishes them
+  after its first training step. Otherwise it notes what its cache directory holds, compiles
+  while training (renewing its claim every third of its TTL, so that a pod that dies frees the
+  key), and at its first report (every program a pod runs has run by then: a training step
+  and an evaluation) publishes the files that appeared (or changed size) as one bundle. A
+  trainer that compiled nothing in its first step publishes at once that there is nothing to
+  share, so nobody waits for an eager pod's first round.
 - ``wait``: another pod compiles: ask again (after the leaderboard's ``retry_after_s``, backing
   off to ``MAX_POLL_S``, with jitter so that many pods spread their asks), at most ``wait_s``
   in all; then compile here.
@@ -151,6 +151,7 @@ class CompileShare:
         self.claim: CompileClaim | None = None
         self.before: dict[str, tuple[int, int]] | None = None  # the cache when we claimed
         self.done: set[str] = set()  # keys settled in this process
+        self.indexed: list[str] = []  # the claimed key's files, where this cache holds them
         self._renew: threading.Event | None = None
         self.outcome: dict[str, object] = {}  # how the last key was settled (logs, tests)
 
@@ -198,9 +199,9 @@ class CompileShare:
                 continue
             claim = claim.model_copy(update={"refused": None})
             if state.state == "compile":
-                if indexed := self._indexed(key):  # this cache holds them: publish at once
-                    self._publish(claim, indexed, start, from_cache=True)
-                    return
+                # This cache holds them already: publish them after the first training step
+                # (packing takes a second, not to be added to this pod's start).
+                self.indexed = self._indexed(key)
                 self._claimed(claim, state, start)
                 return
             waited = time.monotonic() - start
@@ -281,7 +282,7 @@ class CompileShare:
         """After the pod's first training step: a trainer that compiled nothing (no compile
         seconds, no new files in its cache) says so at once, so that no pod waits for a round
         of an eager one."""
-        if self.pending and compile_seconds <= 0 and not self._new_files():
+        if self.pending and (self.indexed or (compile_seconds <= 0 and not self._new_files())):
             self.publish()
 
     def _new_files(self) -> list[str]:
@@ -297,11 +298,12 @@ class CompileShare:
 
     def publish(self) -> None:
         """Publish what appeared in the cache directory since the claim (nothing: say so)."""
-        claim, new = self.claim, self._new_files()
+        claim, files, indexed = self.claim, self.indexed or self._new_files(), bool(self.indexed)
         self.claim = self.before = None
+        self.indexed = []
         self._stop_renewing()
         if claim is not None:
-            self._publish(claim, new, time.monotonic())
+            self._publish(claim, files, time.monotonic(), from_cache=indexed)
 
     def _publish(
         self, claim: CompileClaim, files: list[str], since: float, from_cache: bool = False
