@@ -24,6 +24,10 @@ from services.logs import LogTail, get_logger
 log = get_logger(__name__)
 
 
+#: How long a pod that was not asked to stop (it failed) retries its final uploads.
+FINAL_S = 30.0
+
+
 class PodFiles:
     def __init__(
         self,
@@ -62,7 +66,11 @@ class PodFiles:
         self._uploaded = files
 
     def final(self) -> None:
-        """Before the pod exits: its TensorBoard files and its last log lines."""
+        """Before the pod exits: its TensorBoard files and its last log lines; retried until
+        the client's deadline (a stopped pod's grace period), else for ``FINAL_S``: a pod that
+        failed while the leaderboard is down must still exit."""
+        if self.client.deadline is None:
+            self.client.deadline = time.monotonic() + FINAL_S
         self.tensorboard()
         if self.tail is None:
             return
