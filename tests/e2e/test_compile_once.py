@@ -53,7 +53,10 @@ def test_a_compiled_tournament_compiles_once_and_keeps_every_pods_files(
             "compile": {"type": "choice", "values": ["on"]},
         },
         round={"env_steps": 2048},
-        budget={"wall_time_s": 900},
+        # No target: it could be reached before the kill below is seen, and then nobody is
+        # replaced (tests/e2e/test_tournament.py); an env-step budget ends it instead.
+        target_return=None,
+        budget={"total_env_steps": 600 * 1024, "wall_time_s": 900},
     )
     exp_id = create(orch, body)
     pods = wait_for(lambda: len(p := live_pods(data, exp_id)) == 4 and p, timeout=60)
@@ -67,11 +70,14 @@ def test_a_compiled_tournament_compiles_once_and_keeps_every_pods_files(
         interval=2,
     )
     victim = next(
-        p for p, lines in logs().items() if any(x["event"] == "pod.first_report" for x in lines)
+        p
+        for p, lines in logs().items()
+        if any(x["event"] == "pod.first_report" for x in lines)
+        and not any(x["event"] == "compile_cache.claimed" for x in lines)
     )
     os.killpg(pods[victim], signal.SIGKILL)
     wait_for(lambda: [e for e in events(orch, exp_id) if e["type"] == "pod_replaced"])
-    finished(orch, exp_id, data)
+    finished(orch, exp_id, data, state="budget_exhausted")
 
     every = {
         p.stem: pod_log(data, exp_id, p.stem)

@@ -4,8 +4,9 @@ leaderboard's blob store (services/leaderboard/artifacts.py), where ``podium ten
 
 On Kubernetes a pod has no volume that outlives it, and the orchestrator reads a pod's log when
 it asks the pod to stop, before the pod's final report and its last lines. So the pod uploads
-its TensorBoard files (as a bundle, services/contracts/bundles.py) after a report when
-``interval_s`` has passed since the last upload and they changed, and before it exits (stopped
+its TensorBoard files (as a bundle, services/contracts/bundles.py) after its first report and
+after a report when ``interval_s`` has passed since the last upload and they changed, and
+before it exits (stopped
 or failed): its TensorBoard files once more and its last ``lines`` log lines
 (services/logs.py ``keep_tail``). An upload that fails is logged, never fatal.
 """
@@ -13,6 +14,7 @@ or failed): its TensorBoard files once more and its last ``lines`` log lines
 from __future__ import annotations
 
 import io
+import math
 import time
 from pathlib import Path
 
@@ -40,7 +42,7 @@ class PodFiles:
         self.client, self.pod_id = client, pod_id
         self.tensorboard_dir, self.tail, self.interval_s = tensorboard_dir, tail, interval_s
         self._uploaded: dict[str, tuple[int, int]] | None = None  # the files last uploaded
-        self._last = time.monotonic()
+        self._last = -math.inf  # the first report uploads: a pod killed later keeps those
 
     def reported(self) -> None:
         """After a report: the TensorBoard files, at most every ``interval_s``."""
