@@ -60,21 +60,19 @@ def test_a_compiled_tournament_compiles_once_and_keeps_every_pods_files(
     )
     exp_id = create(orch, body)
     pods = wait_for(lambda: len(p := live_pods(data, exp_id)) == 4 and p, timeout=60)
-    # Once a pod has loaded the published programs, kill another: its replacement loads too.
+    # Once a pod that loaded the published programs has reported, kill it: its replacement
+    # loads them too.
     logs = lambda: {p: pod_log(data, exp_id, p) for p in pods}  # noqa: E731
-    wait_for(
-        lambda: any(
-            line["event"] == "pod.first_report" for lines in logs().values() for line in lines
-        ),
-        timeout=900,
-        interval=2,
-    )
-    victim = next(
-        p
-        for p, lines in logs().items()
-        if any(x["event"] == "pod.first_report" for x in lines)
-        and not any(x["event"] == "compile_cache.claimed" for x in lines)
-    )
+
+    def loaded_and_reported() -> list[str]:
+        return [
+            p
+            for p, lines in logs().items()
+            if any(x["event"] == "pod.first_report" for x in lines)
+            and any(x.get("state") == "loaded" for x in lines)
+        ]
+
+    victim = wait_for(loaded_and_reported, timeout=900, interval=2)[0]
     os.killpg(pods[victim], signal.SIGKILL)
     wait_for(lambda: [e for e in events(orch, exp_id) if e["type"] == "pod_replaced"])
     finished(orch, exp_id, data, state="budget_exhausted")
