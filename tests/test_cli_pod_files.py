@@ -15,6 +15,7 @@ import pytest
 from services.contracts.artifacts import TENSORBOARD_KIND
 from services.contracts.bundles import files_under, pack
 from services.contracts.credentials import pod_token
+from tests.pod.harness import eval_returns
 from tests.test_cli_platform import api, no_traceback, platform, podium, spec, wait_for, write_spec
 
 __all__ = ["platform"]  # the module-scoped platform fixture, shared
@@ -79,12 +80,8 @@ def test_logs_and_tensorboard_read_what_ended_pods_kept(platform: Any, tmp_path:
     boards = podium("tensorboard", exp_id, "--out", str(out), *auth)
     assert boards.returncode == 0, boards.stderr
     assert f"tensorboard --logdir {out}" in boards.stderr
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     for pod in pods:
-        acc = EventAccumulator(str(out / pod))
-        acc.Reload()
-        assert [e.value for e in acc.Scalars("eval/return")] == [0.0, 10.0, 20.0]
+        assert eval_returns(out / pod) == [0.0, 10.0, 20.0]
 
     # A bundle changed in the store: refused with the pod named, nothing of it written.
     upload(lb, token, exp_id, "p-tampered", "tensorboard", board(tmp_path, "p-tampered"))

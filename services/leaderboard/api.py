@@ -22,7 +22,7 @@ from pydantic import AfterValidator, ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from services import registry
-from services.checkpoint_store import BlobNotFoundError, BlobStore
+from services.checkpoint_store import BlobNotFoundError, BlobStore, StagedBlob
 from services.contracts.artifacts import (
     KEY_PATTERN,
     POD_FILE_NAMES,
@@ -635,9 +635,8 @@ async def publish_compile_cache(
 ) -> CompileCacheState:
     facts = CompileFacts(torch=torch, device=device, program=program)
     _check_key(key, facts, ("query", "program"))
-    await svc.store.get_config(experiment_id)
-    staged = await stage_body(request, svc.blobs, svc.settings.max_upload_bytes)
-    if staged.size == 0:
+    staged: StagedBlob | None = await _upload(experiment_id, request, svc)
+    if staged is not None and staged.size == 0:
         await run_in_threadpool(staged.discard)
         staged = None
     req = CompileClaim(pod_id=pod_id, facts=facts)
@@ -676,9 +675,15 @@ async def fetch_compile_cache(
 async def put_pod_file(
     experiment_id: ExperimentId, pod_id: PodId, name: PodFileName, request: Request, svc: Svc
 ) -> PodFile:
-    await svc.store.get_config(experiment_id)
-    staged = await stage_body(request, svc.blobs, svc.settings.max_upload_bytes)
+    staged = await _upload(experiment_id, request, svc)
     return await svc.artifacts.put_pod_file(experiment_id, pod_id, name, staged)
+
+
+async def _upload(experiment_id: str, request: Request, svc: Services) -> StagedBlob:
+    """The body, staged in the blob store (404 first for an unknown experiment: nothing is
+    staged for it)."""
+    await svc.store.get_config(experiment_id)
+    return await stage_body(request, svc.blobs, svc.settings.max_upload_bytes)
 
 
 @api.get(

@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from services.contracts.bundles import files_under
 from services.pod.runtime.compile_share import SKIP
 from tests.containers.conftest import Docker
 from tests.containers.test_platform import TOKEN, Service, run_experiment, spec, start_stack
 from tests.pod.harness import TOKEN as LB_TOKEN
-from tests.pod.harness import Leaderboard, make_spec, register
+from tests.pod.harness import Leaderboard, eval_returns, make_spec, register
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]
 
@@ -192,6 +191,4 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
         assert '"pod stopped"' in own, own
     assert "tensorboard --logdir /out/tb" in cli["tensorboard"], cli["tensorboard"]
     for pod in pods:
-        acc = EventAccumulator(str(out / "tb" / pod))
-        acc.Reload()
-        assert "eval/return" in acc.Tags()["scalars"], (pod, acc.Tags())
+        assert eval_returns(out / "tb" / pod), pod

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.e2e.conftest import LB_TOKEN, Service, live_pods, pod_log, wait_for
 from tests.e2e.test_tournament import create, events, finished, spec
+from tests.pod.harness import eval_returns
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +120,4 @@ def test_a_compiled_tournament_compiles_once_and_keeps_every_pods_files(
     assert boards.returncode == 0, boards.stderr
     assert f"tensorboard --logdir {out}" in boards.stderr
     for pod in every:
-        acc = EventAccumulator(str(out / pod))
-        acc.Reload()
-        assert "eval/return" in acc.Tags()["scalars"], (pod, acc.Tags())
+        assert eval_returns(out / pod), pod

@@ -10,11 +10,17 @@ import json
 from pathlib import Path
 
 import httpx
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from services.contracts.artifacts import TENSORBOARD_KIND
 from services.contracts.bundles import unpack
-from tests.pod.harness import Leaderboard, make_spec, register, sigterm_pod_when, start_pod
+from tests.pod.harness import (
+    Leaderboard,
+    eval_returns,
+    make_spec,
+    register,
+    sigterm_pod_when,
+    start_pod,
+)
 
 
 def test_a_stopped_pod_keeps_its_files_and_says_its_start_up(
@@ -58,6 +64,4 @@ def test_a_stopped_pod_keeps_its_files_and_says_its_start_up(
     assert any(x["event"] == "reported" and x["final"] for x in last)
     assert text.splitlines() == log.read_text().splitlines()[-len(text.splitlines()) :]
     unpack(io.BytesIO(bundle), tmp_path / "boards", expect={"kind": TENSORBOARD_KIND})
-    acc = EventAccumulator(str(tmp_path / "boards"))
-    acc.Reload()
-    assert acc.Scalars("eval/return"), acc.Tags()
+    assert eval_returns(tmp_path / "boards")
