@@ -81,7 +81,9 @@ def test_a_compiled_tournament_compiles_once_and_keeps_every_pods_files(
         p.stem: pod_log(data, exp_id, p.stem)
         for p in (data / "experiments" / exp_id / "pods").glob("*.log")
     }
-    assert len(every) == 5, sorted(every)
+    # The four, the killed one's replacement, and any pod started for the budget left by pods
+    # whose share of it was spent.
+    assert len(every) >= 5, sorted(every)
     states: dict[str, list[str]] = {}
     for pod, lines in every.items():
         chosen = [x for x in lines if x["event"] == "trainer.chosen"]
