@@ -144,6 +144,10 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
         "population": {"min_pods": 4, "max_pods": 4},
         "resources": {"cpu": 0.5, "gpus": 0, "memory": "1Gi"},
         "round": {"env_steps": 2048},
+        # No target: the compiling pod could reach it before the others trained a step; every
+        # pod trains until the budget is spent.
+        "target_return": None,
+        "budget": {"total_env_steps": 300 * 1024, "wall_time_s": 900},
     }
     out = tmp_path / "out"
     out.mkdir()
@@ -168,7 +172,8 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
 
     _, cluster = run_experiment(docker, images, stack, "fused", tmp_path, body, 3, read_back)
     runs = list(cluster.runs.values())
-    assert len(runs) == 4, [r.manifest["metadata"]["name"] for r in runs]
+    # The four, and any started for the budget left by pods whose share of it was spent.
+    assert len(runs) >= 4, [r.manifest["metadata"]["name"] for r in runs]
     pods = {r.manifest["metadata"]["labels"]["podium.dev/pod"]: events(r.logs["pod"]) for r in runs}
     states = {
         pod: [x["state"] for x in lines if x["event"].startswith("compile_cache.") and "state" in x]
@@ -181,9 +186,10 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
     seconds = {pod: compile_seconds(lines) for pod, lines in pods.items()}
     print(f"compile seconds by pod: {seconds}; {first} compiled, the others loaded")
     assert sum(seconds.values()) <= 1.3 * seconds[first], seconds
-    for pod, lines in pods.items():
+    for pod, lines in pods.items():  # every pod trained: its programs ran, compiled or loaded
         [step] = named(lines, "pod.first_env_step")
         print(f"{pod}: first env step {step['seconds']:.2f} s after its process started")
+        assert named(lines, "compile.done"), pod
     for lines in pods.values():
         assert named(lines, "trainer.chosen")[0]["compiled"] is True
 
