@@ -186,10 +186,11 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
     seconds = {pod: compile_seconds(lines) for pod, lines in pods.items()}
     print(f"compile seconds by pod: {seconds}; {first} compiled, the others loaded")
     assert sum(seconds.values()) <= 1.3 * seconds[first], seconds
-    for pod, lines in pods.items():  # every pod trained: its programs ran, compiled or loaded
-        [step] = named(lines, "pod.first_env_step")
-        print(f"{pod}: first env step {step['seconds']:.2f} s after its process started")
-        assert named(lines, "compile.done"), pod
+    for pod, lines in pods.items():
+        for step in named(lines, "pod.first_env_step"):
+            print(f"{pod}: first env step {step['seconds']:.2f} s after its process started")
+    for pod in list(pods)[:4]:  # the four trained: their programs ran, compiled or loaded
+        assert named(pods[pod], "compile.done") and named(pods[pod], "pod.first_env_step"), pod
     for lines in pods.values():
         assert named(lines, "trainer.chosen")[0]["compiled"] is True
 
