@@ -66,6 +66,8 @@ log = get_logger(__name__)
 
 #: The longest pause between two claims of a pod waiting for another's compile.
 MAX_POLL_S = 10.0
+#: Downloads of a published cache that failed in transit, tried again before giving up.
+FETCH_TRIES = 6
 #: Where the cache keeps, per program key, the files of that key's bundle (fetched, or
 #: published by this cache's pod): a pod that claims a key its cache already holds publishes
 #: them at once.
@@ -180,7 +182,7 @@ class CompileShare:
 
     def _settle(self, claim: CompileClaim, start: float) -> None:
         key = claim.facts.key()
-        delay, refused, waited_before = 0.0, set(), False
+        delay, refused, waited_before, fetch_tries = 0.0, set(), False, 0
         while True:
             state = self.client.compile_claim(claim)
             if state.state == "ready":
@@ -190,7 +192,16 @@ class CompileShare:
                 if state.sha256 in refused:  # refused already, and nobody published anew
                     self._log("refused_twice", start, sha256=state.sha256)
                     return
-                why = self._fetch(claim, state, start)
+                try:
+                    why = self._fetch(claim, state, start)
+                except LeaderboardError as exc:
+                    # A download cut off (a leaderboard that sheds connections while hundreds
+                    # of pods fetch at once): ask again after a pause, a few times.
+                    if exc.status is not None or fetch_tries >= FETCH_TRIES:
+                        raise
+                    fetch_tries += 1
+                    time.sleep(min(2.0**fetch_tries, MAX_POLL_S) * random.uniform(0.5, 1.5))
+                    continue
                 if why is None:
                     return
                 refused.add(state.sha256)
