@@ -45,7 +45,9 @@ def spec(name: str) -> dict[str, Any]:
         "search_space": {"learning_rate": {"type": "log_uniform", "low": 4e-3, "high": 1.2e-2}},
         "generator": {"strategy": "pbt"},
         "population": {"min_pods": 1, "max_pods": 1},
-        "resources": {"cpu": 1, "gpus": 0, "memory": "1Gi"},
+        # The processes mode's learner gets a quarter: torch and its TensorBoard writer (pods
+        # write their TensorBoard files on Kubernetes too) take more than 256 MiB.
+        "resources": {"cpu": 1, "gpus": 0, "memory": "2Gi"},
         "round": {"env_steps": 4096},
         "target_return": TARGET,
         "evaluation": {"episodes": 5},

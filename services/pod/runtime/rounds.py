@@ -151,8 +151,11 @@ class PodRuntime:
         self.train_seconds = 0.0  # spent in rounds (the env-steps/s curve's clock)
         self.board, self.boards = self.open_boards()
         cache = self.settings.compile_cache_dir
+        # Roles in other processes wait for the trainer to answer them (30 s): such a pod does
+        # not wait for another's compile (its trainer is the eager one anyway).
+        wait_s = 0.0 if roles is not None else self.settings.compile_wait_s
         self.compile_share = (
-            CompileShare(client, pod_id, cache, self.settings.compile_wait_s, lambda: self.stopping)
+            CompileShare(client, pod_id, cache, wait_s, lambda: self.stopping)
             if cache is not None
             else None
         )
