@@ -33,6 +33,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: The environment variable (and orchestrator setting) that picks the pods' allocator.
 SETTING = "PODIUM_POD_MALLOC"
@@ -293,8 +294,27 @@ def running_allocator() -> Allocator:
         return Allocator(SYSTEM)
     for start, end, library in _maps():
         if address is not None and start <= address < end:
+            if ".so" not in library.name:  # a non-PIE interpreter's own address for malloc
+                return _first_defining(ctypes)
             return Allocator(_allocator_name(library) or _system_or(library), library)
     return Allocator(SYSTEM)
+
+
+def _first_defining(ctypes: Any) -> Allocator:
+    """Where the symbol's address is the executable's (a non-PIE program that calls malloc
+    has it at its own PLT: Debian's python3.11), the dynamic linker's order decides: the first
+    ``LD_PRELOAD`` library mapped here that defines ``malloc``, else the system's."""
+    mapped = mapped_libraries()
+    for entry in _preloaded(os.environ):
+        for library in mapped:
+            if _same(entry, library):
+                try:
+                    ctypes.CDLL(str(library)).malloc  # noqa: B018 (defines it?)
+                except (OSError, AttributeError):
+                    continue
+                return Allocator(_allocator_name(library) or library.name, library)
+    libc = next((lib for lib in mapped if _system_or(lib) == SYSTEM), None)
+    return Allocator(SYSTEM, libc)
 
 
 def _system_or(library: Path) -> str:

@@ -646,6 +646,8 @@ def test_dashboard_queries_only_series_the_services_export() -> None:
         "best score by algorithm",
         "api latency",
         "api errors",
+        "pod start-up",
+        "compile seconds",
     ]:
         assert want in titles, want
 

@@ -126,7 +126,9 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
     }
     # Fused (the default): one container runs all three roles with all of the pod's resources.
     assert spec_["volumes"] == [
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        {"name": "compile-cache", "emptyDir": {}},
+        {"name": "tensorboard", "emptyDir": {}},
     ]
     [c] = spec_["containers"]
     assert c["name"] == "pod" and c["image"] == "ghcr.io/podium-rl/podium:0.1.0"
@@ -244,21 +246,31 @@ def test_the_compile_cache_claim_is_every_containers_cache(
     k8s_settings: OrchestratorSettings,
 ) -> None:
     """``k8s_compile_cache_claim``: the claim mounted in every container, where the pod's
-    PODIUM_COMPILE_CACHE_DIR points (services/pod/runtime/compile_cache.py); unset, none."""
-    plain = pod_manifest(k8s_settings, NS, request(), owner_uid="u")
-    assert [v["name"] for v in plain["spec"]["volumes"]] == ["shm"]
-    for mode in ("fused", "processes"):
+    PODIUM_COMPILE_CACHE_DIR points (services/pod/runtime/compile_cache.py); unset, an emptyDir
+    of the Pod (its containers share it; the experiment's pods share through the leaderboard).
+    The learner (fused: the pod) writes TensorBoard files into an emptyDir of its own, and
+    every container is told the allocator to preload (``pod_malloc``)."""
+    for claim, mode in [(None, "fused"), ("podium-compile-cache", "fused"), (None, "processes")]:
         s = k8s_settings.model_copy(
-            update={"k8s_compile_cache_claim": "podium-compile-cache", "pod_mode": mode}
+            update={"k8s_compile_cache_claim": claim, "pod_mode": mode, "pod_malloc": "system"}
         )
         m = pod_manifest(s, NS, request(), owner_uid="u")
         validate(m)
         [volume] = [v for v in m["spec"]["volumes"] if v["name"] == "compile-cache"]
-        assert volume["persistentVolumeClaim"] == {"claimName": "podium-compile-cache"}
+        if claim:
+            assert volume["persistentVolumeClaim"] == {"claimName": claim}
+        else:
+            assert volume["emptyDir"] == {}
         for c in m["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in c["env"]}
-            mount = next(v for v in c["volumeMounts"] if v["name"] == "compile-cache")
-            assert env["PODIUM_COMPILE_CACHE_DIR"] == mount["mountPath"]
+            mounts = {v["name"]: v["mountPath"] for v in c["volumeMounts"]}
+            assert env["PODIUM_COMPILE_CACHE_DIR"] == mounts["compile-cache"]
+            assert env["PODIUM_POD_MALLOC"] == "system"
+            writes_board = c["name"] in ("pod", "learner")
+            assert ("tensorboard" in mounts) == writes_board, c["name"]
+            assert env["PODIUM_TENSORBOARD_DIR"] == mounts.get(
+                "tensorboard", env["PODIUM_TENSORBOARD_DIR"]
+            )
 
 
 def test_schema_validation_catches_a_broken_manifest(k8s_settings: OrchestratorSettings) -> None:

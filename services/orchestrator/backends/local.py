@@ -204,6 +204,8 @@ class LocalBackend(Backend):
             "PODIUM_COMPILE_CACHE_DIR": str(self.root.parent / "compile-cache"),
             "PODIUM_CPU": f"{req.resources.cpu:g}",
             "PODIUM_GPUS": str(req.resources.gpus),
+            # Preloaded below already; said too, so that the pod does not choose another.
+            "PODIUM_POD_MALLOC": self.settings.pod_malloc,
             # Each pod sees only its own GPUs (none for a CPU pod).
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         }
