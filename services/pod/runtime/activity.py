@@ -35,8 +35,6 @@ COMPILERS = frozenset(
         ("torch/export/_trace.py", "_export"),
         ("torch/_inductor/compile_fx.py", "compile_fx"),
         ("torch/_inductor/__init__.py", "aoti_compile_and_package"),
-        ("services/pod/algorithms/aot_program.py", "build_concurrently"),
-        ("services/pod/algorithms/aot_program.py", "_build"),
     }
 )
 _FILE_ENDS = tuple({path for path, _ in COMPILERS})

@@ -255,8 +255,8 @@ class PodRuntime:
     def horizon_env_steps(self) -> int | None:
         """Env steps each slot can expect to train: this pod's share of the experiment's
         budget (``spec.budget.total_env_steps`` over ``max_pods`` pods of ``size`` agents), at
-        least a round; None without a budget. What a compile must pay for
-        (``Trainer`` selection, services/pod/training/trainer.py ``compiled_trainer``)."""
+        least a round; None without a budget. What a compile must pay for (``compile: auto``,
+        services/pod/algorithms/compiled.py ``Decision``)."""
         total = self.spec.budget.total_env_steps
         if not total:
             return None
