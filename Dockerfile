@@ -1,7 +1,8 @@
 # Podium images, one Dockerfile, two targets (docs/deploy.md; scripts/build-images.sh builds both):
 #   control-plane  orchestrator + leaderboard + the `podium` CLI (no torch):
 #                  docker build --target control-plane -t podium-control-plane .
-#   pod            a training pod (torch): docker build --target pod -t podium-pod .
+#   pod            a training pod (torch, a C/C++ compiler and tcmalloc for the compiled paths):
+#                  docker build --target pod -t podium-pod .
 #
 # Build arguments:
 #   BASE_IMAGE     the Python base of every stage (default python:3.12-slim-bookworm). Any
@@ -98,10 +99,27 @@ COPY pyproject.toml ./
 RUN PIN="torch==${TORCH_VERSION}+${TORCH_VARIANT}" venv-install.sh requirements pod
 COPY README.md ./
 COPY services ./services
-RUN venv-install.sh project
+# setuptools stays: inductor's C++ builds import it (torch.utils.cpp_extension).
+RUN KEEP_SETUPTOOLS=1 venv-install.sh project
 
 # ---- pod (last, so a plain `docker build .` gives the training image) -------------------------
 FROM runtime AS pod
+# What the compiled training paths need at run time (Debian's packages: both bases are
+# bookworm): a C/C++ compiler and Python's headers (inductor's CPU kernels and the host side of
+# every backend are C++ that includes Python.h; Triton, in the CUDA builds, compiles its
+# launchers with a C compiler against them too: Debian's Python needs python3-dev for them,
+# python:*-slim has them), and tcmalloc, which the pod preloads itself (services/malloc.py;
+# PODIUM_POD_MALLOC=system turns it off). The compile cache must be on an exec-mountable
+# volume (the chart's emptyDir is; Docker's --tmpfs is noexec).
+# hadolint ignore=DL3008,SC2086
+RUN set -eu; \
+    pkgs="g++ libtcmalloc-minimal4"; \
+    python3 -c 'import os, sysconfig; os.stat(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+        2>/dev/null || pkgs="$pkgs python3-dev"; \
+    apt-get update; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $pkgs; \
+    apt-get clean; \
+    rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/*
 COPY --from=pod-deps /opt/venv /opt/venv
 USER 10001:10001
 # The pod's Prometheus endpoint (PODIUM_METRICS_PORT); the healthcheck is that the process is

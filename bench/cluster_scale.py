@@ -1,5 +1,5 @@
-"""Load at cluster scale, by simulation (issue 35, item 7; results in docs/benchmarks.md,
-section "Cluster scale").
+"""Load at cluster scale, by simulation (results in docs/benchmarks.md, section "Cluster
+scale").
 
 Two scenarios, each on fresh services: one experiment of ``--pods`` pods, and
 ``--experiments`` experiments of ``--pods / --experiments`` pods each. In each:

@@ -1,4 +1,4 @@
-"""The GPU measurements of issue 15 part 4, in one run: MuJoCo Warp's Ant (and Humanoid).
+"""The MuJoCo Warp GPU measurements, in one run: MuJoCo Warp's Ant (and Humanoid).
 
     python bench/gpu_physics.py                       # on a GPU: the full measurement
     python bench/gpu_physics.py --tiny --device cpu   # a smoke run on the CPU (~2-3 min)

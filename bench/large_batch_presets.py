@@ -11,7 +11,7 @@ evaluation return.
     python bench/large_batch_presets.py --device cpu --num-envs 1024 --cap-seconds 120
 
 ``--cpu-preset`` trains each env with its CPU preset's fields instead (the large-batch section
-left out, the budget per env kept): the shape issue 33 found failing on an H200. ``--set
+left out, the budget per env kept): the shape that failed on an H200. ``--set
 key=value`` goes on top of every run (e.g. ``--set ppo.compile=on``).
 """
 

@@ -57,7 +57,7 @@ SPACE = {
 }
 #: ``--algorithm portfolio_gradient`` (services/pod/trading/portfolio_gradient.py): its
 #: search space; its env is its own preset's (the PPO preset's plus the trailing-return
-#: features that the trend markets reward; docs/benchmarks.md "Session 17").
+#: features that the trend markets reward; docs/benchmarks.md "Stock trading").
 PORTFOLIO_SPACE = {"learning_rate": [0.02, 0.05, 0.1], "l2": [1e-4, 1e-3, 1e-2]}
 #: Per algorithm: rounds, and env steps (PPO, per agent) or full-batch gradient steps a round.
 ROUNDS = {"ppo": (6, 32768), "portfolio_gradient": (30, 10)}

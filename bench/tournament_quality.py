@@ -145,8 +145,8 @@ MCC_SPACE = {
 CHEETAH_SPACE = offpolicy_space(4, 0.25, 4000, 128, 3e-3, 0.5, 1.0)
 
 TASKS: dict[str, Task] = {
-    # PPO on Pendulum (docs/benchmarks.md, session 3): the ensemble adds PPO's off-policy
-    # rivals, which learn Pendulum in a tenth of PPO's env steps.
+    # PPO on Pendulum (docs/benchmarks.md, "Tournament learning quality"): the ensemble adds
+    # PPO's off-policy rivals, which learn Pendulum in a tenth of PPO's env steps.
     "pendulum": Task(
         "Pendulum-v1",
         -200.0,

@@ -106,7 +106,7 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
-# The same, for population pods (arms podium-pop, podium-pairs; issue 34): PBT over the learning
+# The same, for population pods (arms podium-pop, podium-pairs): PBT over the learning
 # rate and soft-update rate only. A population's agents share their batch size (it shapes the
 # minibatch tensors), so a spec whose search space draws it is refused for population pods;
 # every arm of this task, Ray's too, gets the same narrower space.

@@ -33,6 +33,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from services.contracts.artifacts import CompileCacheState, CompileClaim, PodFile
 from services.contracts.leaderboard import (
     Candidate,
     ExperimentConfig,
@@ -347,7 +348,50 @@ class LeaderboardClient(ServiceClient):
             if exc.status != 404:
                 raise
 
+    def compile_claim(self, claim: CompileClaim) -> CompileCacheState:
+        """Ask for the compile cache of ``claim.facts``' key: ``ready`` (fetch it), ``compile``
+        (this pod compiles and publishes; claiming again renews it) or ``wait``."""
+        key = claim.facts.key()
+        path = f"{self._exp(None)}/compile-caches/{key}/claim"
+        body = claim.model_dump(mode="json", exclude_none=True)
+        return self.model(CompileCacheState, "POST", path, "compile cache claim", json=body)
+
+    def compile_publish(self, claim: CompileClaim, data: bytes) -> CompileCacheState:
+        """Publish a compile cache bundle (empty: nothing to share); the key's state after."""
+        facts = claim.facts
+        params = {"pod_id": claim.pod_id, **facts.model_dump()}
+        path = f"{self._exp(None)}/compile-caches/{facts.key()}"
+        return self.model(
+            CompileCacheState,
+            "PUT",
+            path,
+            "compile cache publish",
+            params=params,
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+
+    def compile_fetch(self, key: str, dest: Path) -> tuple[str, int, str | None]:
+        """Stream the key's published cache into ``dest``: its sha256, size and the sha256
+        the leaderboard's record names (the caller compares them with the claim's answer)."""
+        return self.stream_to(f"{self._exp(None)}/compile-caches/{key}", dest)
+
+    def put_pod_file(self, pod_id: str, name: str, data: bytes) -> PodFile:
+        """Keep one of the pod's files (``log``, ``tensorboard``), replacing its last upload."""
+        path = f"{self._exp(None)}/pods/{pod_id}/files/{name}"
+        headers = {"Content-Type": "application/octet-stream"}
+        return self.model(PodFile, "PUT", path, f"upload {name}", content=data, headers=headers)
+
     # -- the CLI's calls -----------------------------------------------------------------------
+    def pod_files(self, experiment_id: str) -> list[PodFile]:
+        """The files the experiment's pods kept, oldest upload first."""
+        body = self.json("GET", f"{self._exp(experiment_id)}/pod-files", "pod files")
+        return [PodFile.model_validate(f) for f in body]
+
+    def pod_file_path(self, experiment_id: str, pod_id: str, name: str) -> str:
+        """Where ``stream_to`` downloads a pod's file from."""
+        return f"{self._exp(experiment_id)}/pods/{pod_id}/files/{name}"
+
     def board(self, experiment_id: str, limit: int | None = None) -> Leaderboard:
         params = {"limit": limit} if limit else None
         path = f"{self._exp(experiment_id)}/leaderboard"

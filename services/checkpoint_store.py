@@ -34,6 +34,7 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -256,8 +257,9 @@ class BlobStore(abc.ABC):
     def size(self, sha256: str) -> int: ...
 
     @abc.abstractmethod
-    def read(self, sha256: str) -> Iterator[bytes]:
-        """The blob's bytes in chunks; raises ``BlobNotFoundError``."""
+    def read(self, sha256: str) -> BlobChunks:
+        """The blob's bytes in chunks (close it when done with it before the end); raises
+        ``BlobNotFoundError``."""
 
     @abc.abstractmethod
     def delete(self, sha256: str) -> None:
@@ -305,12 +307,12 @@ class FilesystemBlobStore(BlobStore):
         except FileNotFoundError as e:
             raise BlobNotFoundError(sha256) from e
 
-    def read(self, sha256: str) -> Iterator[bytes]:
+    def read(self, sha256: str) -> BlobChunks:
         try:
             f = self._path(sha256).open("rb")
         except FileNotFoundError as e:
             raise BlobNotFoundError(sha256) from e
-        return _chunks(f)
+        return BlobChunks(f)
 
     def delete(self, sha256: str) -> None:
         self._path(sha256).unlink(missing_ok=True)
@@ -336,10 +338,37 @@ def _unlocked(path: str) -> bool:
         return False
 
 
-def _chunks(f: BinaryIO) -> Iterator[bytes]:
-    with f:
-        while chunk := f.read(CHUNK):
-            yield chunk
+class BlobChunks(Iterator[bytes]):
+    """A blob's bytes, ``CHUNK`` at a time, from an open file or stream (closed at the end).
+
+    ``close`` releases the file at once, from any thread, even while another thread is reading
+    a chunk (a download whose client went away: the read in flight is not waited for, and the
+    reader closes the file once its read returns). A generator left unfinished would keep its
+    file open until the garbage collector found it."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()  # held while reading a chunk
+        self._closed = False
+
+    def __next__(self) -> bytes:
+        with self._lock:
+            chunk = b"" if self._closed else self._stream.read(CHUNK)
+            if not chunk:
+                self._closed = True
+                self._stream.close()
+                raise StopIteration
+        if self._closed:  # closed while this chunk was read: nobody else will close it
+            self.close()
+        return chunk
+
+    def close(self) -> None:
+        self._closed = True
+        if self._lock.acquire(blocking=False):  # else the read in flight closes it after
+            try:
+                self._stream.close()
+            finally:
+                self._lock.release()
 
 
 class S3BlobStore(BlobStore):
@@ -411,7 +440,7 @@ class S3BlobStore(BlobStore):
             raise BlobNotFoundError(sha256)
         return int(head["ContentLength"])
 
-    def read(self, sha256: str) -> Iterator[bytes]:
+    def read(self, sha256: str) -> BlobChunks:
         from botocore.exceptions import ClientError
 
         try:
@@ -420,7 +449,7 @@ class S3BlobStore(BlobStore):
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 raise BlobNotFoundError(sha256) from e
             raise
-        return obj["Body"].iter_chunks(CHUNK)
+        return BlobChunks(obj["Body"])
 
     def delete(self, sha256: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(sha256))

@@ -10,17 +10,17 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Annotated, Any, ClassVar
 
 import redis
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive
 
 from services.logs import get_logger
-from services.redis_client import describe_error
+from services.redis_client import STREAM_ID_MAX, describe_error
 
 log = get_logger(__name__)
 
@@ -56,6 +56,24 @@ def clip(text: str, limit: int = ECHO_CHARS) -> str:
         return text
     tail = limit // 4
     return f"{text[: limit - tail]}…({len(text) - limit} characters left out)…{text[-tail:]}"
+
+
+def _stream_id(value: str | None) -> str | None:
+    if value is not None and any(int(part) > STREAM_ID_MAX for part in value.split("-")):
+        raise ValueError(f"not a stream id: each part must be at most {STREAM_ID_MAX}")
+    return value
+
+
+#: A query parameter holding a Redis stream id (a page's cursor): ASCII digits only, since
+#: ``\d`` also matches other scripts' digits, which Redis refuses (a 500, not a 422).
+StreamCursor = Annotated[
+    str | None,
+    Query(
+        pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
+        description="`next_after` of the previous page; omit for the first.",
+    ),
+    AfterValidator(_stream_id),
+]
 
 
 def _unauthorized() -> HTTPException:

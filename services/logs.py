@@ -5,12 +5,51 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from collections import deque
 from pathlib import Path
 
 import structlog
 
 _configured = False
 _log_file: _File | None = None  # the file the last configure opened, closed by the next
+
+
+class LogTail:
+    """The last lines this process logged (``keep_tail``), for a process whose log is lost
+    with it (a pod on Kubernetes uploads them before it exits)."""
+
+    def __init__(self, lines: int) -> None:
+        self._lines: deque[str] = deque(maxlen=lines)
+        self._lock = threading.Lock()
+
+    def add(self, text: str) -> None:
+        with self._lock:
+            self._lines.extend(line for line in text.splitlines() if line)
+
+    def resize(self, lines: int) -> None:
+        with self._lock:
+            self._lines = deque(self._lines, maxlen=lines)
+
+    def text(self) -> str:
+        with self._lock:
+            return "".join(line + "\n" for line in self._lines)
+
+
+_tail: LogTail | None = None
+
+
+def keep_tail(lines: int) -> LogTail:
+    """From now on, keep the last ``lines`` lines this process logs (every record, structlog's
+    and the standard library's, as written)."""
+    global _tail
+    _tail = LogTail(lines)
+    return _tail
+
+
+def _kept(text: str) -> None:
+    if _tail is not None:
+        _tail.add(text)
 
 
 class _Stderr:
@@ -21,6 +60,7 @@ class _Stderr:
     """
 
     def write(self, text: str) -> int:
+        _kept(text)
         return sys.stderr.write(text)
 
     def flush(self) -> None:
@@ -35,6 +75,7 @@ class _File:
         self._file = path.open("a", buffering=1, encoding="utf-8")
 
     def write(self, text: str) -> int:
+        _kept(text)
         return self._file.write(text)
 
     def flush(self) -> None:

@@ -4,12 +4,12 @@ environment, and tell which allocator a process runs with.
 Why: a compiled training step (torch.compile, inductor) allocates every intermediate and every
 output anew on each call, and on a CPU glibc's malloc and free took a good part of a compiled
 PPO iteration; tcmalloc preloaded (``LD_PRELOAD``) cut it more than jemalloc did, and glibc's
-own tunables did nothing (docs/benchmarks.md, "Session 24: fewer tensors per call, one draw per
-iteration, and the allocator"). PyTorch's own CPU launcher (``torch.backends.xeon.run_cpu
---enable-tcmalloc``) does the same. A process cannot change its allocator once it runs: the
-library has to be named in the environment of the process that is about to start, so this
-module builds that environment (``with_allocator``), and a process that must switch
-(``podium train``) re-executes itself (``reexec_with_allocator``).
+own tunables did nothing (docs/benchmarks.md, "The pods' allocator"). PyTorch's own CPU
+launcher (``torch.backends.xeon.run_cpu --enable-tcmalloc``) does the same. A process cannot
+change its allocator once it runs: the library has to be named in the environment of the
+process that is about to start, so this module builds that environment (``with_allocator``),
+and a process that must switch (``podium train``) re-executes itself
+(``reexec_with_allocator``).
 
 The choice is a setting (the orchestrator's ``pod_malloc``, ``PODIUM_POD_MALLOC``):
 
@@ -33,6 +33,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: The environment variable (and orchestrator setting) that picks the pods' allocator.
 SETTING = "PODIUM_POD_MALLOC"
@@ -293,8 +294,27 @@ def running_allocator() -> Allocator:
         return Allocator(SYSTEM)
     for start, end, library in _maps():
         if address is not None and start <= address < end:
+            if ".so" not in library.name:  # a non-PIE interpreter's own address for malloc
+                return _first_defining(ctypes)
             return Allocator(_allocator_name(library) or _system_or(library), library)
     return Allocator(SYSTEM)
+
+
+def _first_defining(ctypes: Any) -> Allocator:
+    """Where the symbol's address is the executable's (a non-PIE program that calls malloc
+    has it at its own PLT: Debian's python3.11), the dynamic linker's order decides: the first
+    ``LD_PRELOAD`` library mapped here that defines ``malloc``, else the system's."""
+    mapped = mapped_libraries()
+    for entry in _preloaded(os.environ):
+        for library in mapped:
+            if _same(entry, library):
+                try:
+                    ctypes.CDLL(str(library)).malloc  # noqa: B018 (defines it?)
+                except (OSError, AttributeError):
+                    continue
+                return Allocator(_allocator_name(library) or library.name, library)
+    libc = next((lib for lib in mapped if _system_or(lib) == SYSTEM), None)
+    return Allocator(SYSTEM, libc)
 
 
 def _system_or(library: Path) -> str:

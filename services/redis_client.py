@@ -48,6 +48,8 @@ log = get_logger(__name__)
 
 EMBEDDED_SUBDIR = "redis"
 DB_FILENAME = "podium.rdb"
+#: Each half of a stream id (``<ms>-<seq>``) is an unsigned 64-bit integer.
+STREAM_ID_MAX = 2**64 - 1
 
 
 # The embedded server's configuration. The AOF makes writes durable between snapshots; the

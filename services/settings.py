@@ -65,6 +65,24 @@ class PodiumSettings(BaseSettings):
     http_max_header_bytes: int = Field(
         default=64 << 10, ge=1024, description="Largest request head (line and headers), 431."
     )
+    http_send_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest a client may leave an answer unread (the server's writes stalled) "
+        "without reading a byte of it; else the connection is closed.",
+    )
+    http_min_send_rate: int = Field(
+        default=1024,
+        ge=0,
+        description="Bytes/s a client must read an answer at once the server's writes have "
+        "been stalled longer than http_send_timeout_s (0: no minimum).",
+    )
+    http_max_pipelined: int = Field(
+        default=16,
+        ge=1,
+        description="Requests a client may pipeline on one connection ahead of their answers; "
+        "the connection is closed after the last of them is answered.",
+    )
 
     def token(self) -> str | None:
         """The API token, or None when none is configured (an open, local-only API)."""

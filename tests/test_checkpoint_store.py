@@ -134,7 +134,7 @@ def test_leaderboard_on_s3(s3_endpoint: str, tmp_path: Path, aws_env) -> None:
         files = {"actor": b"A" * 1000, "optimizer": b"O"}
         a = client.post(f"{api}/submissions", files=multipart(result("a", 1.0, files), files))
         cand = client.get(f"{api}/candidates/{a.json()['candidate_id']}").json()
-        # An opaque reference: the API path, not the bucket (issue 12, finding 10).
+        # An opaque reference: the API path, not the bucket.
         assert cand["files"]["actor"]["uri"] == cand["files"]["actor"]["download_path"]
         assert "podium-lb" not in client.get(f"{api}/leaderboard").text
         assert client.get(cand["files"]["actor"]["download_path"]).content == b"A" * 1000

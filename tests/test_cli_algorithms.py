@@ -27,4 +27,40 @@ def test_algorithms_lists_every_card_without_importing_torch() -> None:
     assert "one agent a pod" in rows["portfolio_gradient"]  # a card without a population
     assert "learning_rate, gamma, tau" in rows["dqn"] and "CartPole-v1" in rows["dqn"]
     assert "learning_rate, gamma, tau" in rows["td3"]  # what a TD3 population may vary
-    assert "clip_coef" in rows["ppo"]  # --names: what a search space may name
+
+
+def test_every_hyperparameter_name_is_shown_whole_at_80_columns_and_piped() -> None:
+    """--names cut names (``learning_r…``) at 80 and 120 columns and when piped."""
+    from services.contracts.algorithms.card import card, card_names
+
+    for columns in ("80", "120"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.cli", "algorithms", "--names"],
+            capture_output=True,
+            text=True,
+            env={"COLUMNS": columns, "PATH": "/usr/bin:/bin"},
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "…" not in proc.stdout
+        listed = proc.stdout.split("hyperparameters (search_space names):")[1]
+        # Each algorithm's names: from "name:" to the next algorithm's (lines joined).
+        text = " ".join(listed.split())
+        for name in card_names():
+            start = text.index(f"{name}: ") + len(name) + 2
+            rest = text[start:]
+            following = [rest.find(f" {other}: ") for other in card_names() if other != name]
+            end = min([i for i in following if i >= 0] or [len(rest)])
+            shown = {n.strip() for n in rest[:end].split(",")}
+            assert shown == set(card(name).hyperparameter_names), (columns, name, shown)
+
+
+def test_a_gym_id_trains_with_the_preset_of_the_env_it_names() -> None:
+    """`podium train gym:HalfCheetah-v5` trained untuned defaults: the preset lookup knew the
+    ``envpool:`` prefix only."""
+    from services.contracts.algorithms.card import card, card_names
+
+    for name in card_names():
+        found = card(name)
+        for env in found.preset_files():
+            assert found.preset(f"gym:{env}") == found.preset(env) != {}, (name, env)

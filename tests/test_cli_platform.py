@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -288,6 +289,19 @@ def test_status_leaderboard_export_cancel(cli: Any, tmp_path: Path, platform: Pl
     assert board.returncode == 0, board.stderr
     assert "1e+06" in board.stdout and "p-files" in board.stdout
     assert "123,456" in board.stdout  # the agent's env steps, not its report's 10
+    # On an 80-column terminal: the rank and the hyperparameters stay (rich shrank both
+    # columns to nothing); what a reader can do without (± std, pod, trained) goes.
+    narrow = podium(
+        "leaderboard", exp_id, "--url", platform.orchestrator_url, "--token",
+        str(platform.token), "--leaderboard-url", platform.leaderboard_url,
+        env=clean_env(FORCE_COLOR="1", NO_COLOR="1", COLUMNS="80"),
+    )  # fmt: skip
+    assert narrow.returncode == 0, narrow.stderr
+    text = re.sub(r"\x1b\[[0-9;]*m", "", narrow.stdout)
+    rows = [line for line in text.splitlines() if "1e+06" in line]
+    assert rows and rows[0].split("│")[1].strip() == "1", text  # the rank
+    assert "┃ hyperparameters" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
     top = json.loads(cli("leaderboard", exp_id, "--json", "--top", "1").stdout)
     assert [c["pod_id"] for c in top["candidates"]] == ["p-files"]
 
@@ -298,7 +312,7 @@ def test_status_leaderboard_export_cancel(cli: Any, tmp_path: Path, platform: Pl
     for name, data in files.items():
         assert (out / name).read_bytes() == data
     assert json.loads((out / "candidate.json").read_text())["pod_id"] == "p-files"
-    # Issue 35: against a deployment (--url, no session file) export needed --leaderboard-url;
+    # Against a deployment (--url, no session file) export needed --leaderboard-url;
     # the orchestrator says where its leaderboard is.
     found = cli("export", exp_id, "--out", str(tmp_path / "found"), leaderboard=False)
     assert found.returncode == 0, found.stderr
@@ -350,7 +364,7 @@ def test_logs_of_the_embedded_platform(cli: Any, tmp_path: Path, platform: Platf
 def test_logs_of_an_ended_experiment_show_its_ended_pods_last_lines(
     cli: Any, tmp_path: Path, platform: Platform
 ) -> None:
-    """Issue 35 item 9: against a deployment, `podium logs` of an ended experiment answered
+    """Against a deployment, `podium logs` of an ended experiment answered
     "has no pods now" (exit 1), so a CI gate that had just failed could not show why."""
     body = spec(target=None, crash_after_s=0.3)  # crash-loops: failed after crash_loop_limit
     exp_id = cli("submit", write_spec(tmp_path, body)).stdout.strip()
@@ -404,7 +418,7 @@ def test_unreachable_url_and_wrong_token(platform: Platform, tmp_path: Path) -> 
     down = podium("status", "--url", "http://127.0.0.1:9", "--token", "x")
     assert down.returncode == 3
     assert "cannot reach the orchestrator at http://127.0.0.1:9" in down.stderr
-    # Issue 35: the client's retry warnings were printed as JSON lines before the error.
+    # The client's retry warnings were printed as JSON lines before the error.
     assert down.stderr.strip().splitlines() == [down.stderr.strip()], down.stderr
     assert down.stdout == ""
     wrong = podium("status", "--url", platform.orchestrator_url, "--token", "wrong")
@@ -492,7 +506,7 @@ def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> Non
             up.kill()
     assert up.returncode == 0, err
     assert "Podium is up" in err and f"{session['orchestrator_url']}/api/v1/docs" in err
-    # Issue 35: the services' JSON log lines were printed beside the banner; they go to a
+    # The services' JSON log lines were printed beside the banner; they go to a
     # file the banner names (``--verbose`` shows them instead).
     assert out == "" and '{"' not in err, (out, err)
     log_file = data / "podium.log"
@@ -638,6 +652,12 @@ def test_run_example_tournament_end_to_end(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"succeeded: target return {target:g} reached" in proc.stderr
+    # The progress lines (CI's: stderr is no terminal) say what the running pods do.
+    lines = [
+        x for x in proc.stderr.splitlines() if re.match(r"\[\d+:\d\d:\d\d\] running +pods [1-9]", x)
+    ]
+    assert lines and all(" | " in x for x in lines), lines
+    assert any(re.search(r"\| .*\d training", x) for x in lines), lines
     best = json.loads((out / "best" / "candidate.json").read_text())
     assert best["score"] >= target
     files = read_files(out / "best")  # a complete, verified set of training files
@@ -674,6 +694,7 @@ def test_run_an_ensemble_trains_each_algorithm_in_its_own_pod(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # a learning check of about 90 s (the PPO tournaments above stay in CI)
 def test_run_the_portfolio_gradient_tournament_and_backtest_its_best(tmp_path: Path) -> None:
     """The stock-trading tournament of portfolio-gradient pods (PBT among them) until its
     env-step budget is spent; the best agent's files, exported, beat buy-and-hold's Sharpe
@@ -713,3 +734,23 @@ def test_the_experiment_list_follows_the_orchestrators_pages(platform: Platform)
     assert len(listed) == len(set(listed))  # no page read twice
     assert set(created) <= set(listed)
     assert listed.index(created[2]) < listed.index(created[0])  # newest first
+
+
+@pytest.mark.parametrize("example", ["examples/cartpole.yaml", "examples/stock_trading.yaml"])
+def test_an_examples_curl_line_submits_it(platform: Platform, example: str) -> None:
+    """The comment's command, as a user pastes it after `podium up`'s `export` line: it used
+    $PODIUM_API_TOKEN, which nothing sets (401)."""
+    text = (ROOT / example).read_text()
+    block = re.search(r"^#   (python -c .*?)\n(?!#     )", text, re.M | re.S)
+    assert block is not None, example
+    command = " ".join(line.lstrip("#").strip().rstrip("\\") for line in block[1].splitlines())
+    env = clean_env(PODIUM_URL=platform.orchestrator_url, PODIUM_TOKEN=str(platform.token))
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    created = json.loads(proc.stdout)
+    assert created["name"] == yaml.safe_load(text)["name"], created
+    with api(platform) as client:
+        assert client.post(f"/experiments/{created['id']}/cancel").status_code in (200, 202)

@@ -21,6 +21,9 @@ def test_metrics_are_on_disk_while_training_and_after_a_kill(tmp_path: Path) -> 
             "--quiet", "--set", "algorithm=sac", "--set", "total_env_steps=100000000",
             "--set", "eval_every_steps=640", "--set", "eval_episodes=1",
             "--set", "learning_starts=320", "--set", "target_return=1",  # never reached
+            # The records, not a compile: with a budget of 1e8 env steps `auto` compiles,
+            # minutes on a loaded machine with a cold cache.
+            "--set", "compile=off",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

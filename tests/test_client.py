@@ -111,7 +111,7 @@ def test_resolve_explicit_then_running_platform_then_defaults(tmp_path: Path) ->
 def test_without_a_leaderboard_url_the_orchestrator_is_asked_for_it() -> None:
     client = PodiumClient(Endpoints("http://127.0.0.1:9", None, None, None, "test"))
     with pytest.raises(ApiError, match="cannot reach the orchestrator at http://127.0.0.1:9"):
-        client.best("x")  # the orchestrator says where its leaderboard is (issue 35)
+        client.best("x")  # the orchestrator says where its leaderboard is
     with pytest.raises(ApiError, match="cannot reach the orchestrator at http://127.0.0.1:9") as e:
         client.experiment("x")
     assert e.value.exit_code == EXIT_API

@@ -1,4 +1,4 @@
-"""Hostile HTTP against both real services (issue 12, findings 2, 3, 8 and 11).
+"""Hostile HTTP against both real services.
 
 Requests are sent with http.client where a test needs to send headers without the body they
 announce: a server that answers at once has not waited for (or read) the body."""
@@ -84,7 +84,7 @@ def auth(services: Platform, name: str = "") -> dict[str, str]:
     return {"Authorization": f"Bearer {services.token}"}
 
 
-# -- finding 2: the token before the body, and bounded bodies --------------------------------
+# -- the token before the body, and bounded bodies --------------------------------
 
 
 @pytest.mark.parametrize(("service", "method", "path"), MUTATING)
@@ -179,7 +179,7 @@ def test_every_route_declares_and_enforces_a_body_limit(services: Platform) -> N
             assert status == 413, (service, method, path, status)
 
 
-# -- finding 3: errors echo at most a short prefix ---------------------------------------------
+# -- errors echo at most a short prefix ---------------------------------------------
 
 
 def test_errors_echo_only_a_prefix_of_huge_input(services: Platform) -> None:
@@ -214,7 +214,7 @@ def test_errors_echo_only_a_prefix_of_huge_input(services: Platform) -> None:
     assert r.status_code == 404 and len(r.content) < 4 * ECHO_CHARS
 
 
-# -- finding 11: no slash redirect may re-target a request --------------------------------------
+# -- no slash redirect may re-target a request --------------------------------------
 
 
 def test_a_trailing_slash_is_404_and_never_redirected(services: Platform) -> None:
@@ -245,7 +245,7 @@ def test_a_trailing_slash_is_404_and_never_redirected(services: Platform) -> Non
         orch.delete(f"/api/v1/experiments/{exp_id}")
 
 
-# -- finding 8: the OpenAPI documents list every status ----------------------------------------
+# -- the OpenAPI documents list every status ----------------------------------------
 
 # Statuses each route returns besides the common ones, by (method, path).
 ROUTE_STATUSES = {
@@ -348,7 +348,7 @@ def test_a_body_that_is_not_text_is_422_naming_the_body(
 def test_json_nested_too_deep_is_422_naming_the_body(
     services: Platform, service: str, method: str, path: str
 ) -> None:
-    """Issue 35, item 5: JSON nested 10,000 deep was a bare 400 (the parser's recursion limit).
+    """JSON nested 10,000 deep was a bare 400 (the parser's recursion limit).
     Every body is within the smallest JSON limit (64 KiB)."""
     deep = [b"[" * d + b"]" * d for d in (10_000, 30_000)]
     for body in (*deep, b'{"a":' * 10_000 + b"1" + b"}" * 10_000):
@@ -395,3 +395,46 @@ def test_the_routers_own_credential_check_runs_before_the_body() -> None:
             f"{srv.url}/api/v1/things", json={"a": 1}, headers={"Authorization": "Bearer x"}
         )
         assert r.status_code == 200 and r.json() == {"a": 1}
+
+
+# -- stream cursors: ASCII digits only ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("digit", ["\uff11", "\u0663", "\u0967"])  # fullwidth, Arabic, Devanagari 1
+def test_a_cursor_of_non_ascii_digits_is_422_on_both_services(
+    services: Platform, digit: str
+) -> None:
+    """``\\d`` matches any Unicode digit, Redis only ASCII ones: such a cursor was a 500."""
+    headers = auth(services)
+    exp_id = httpx.post(
+        f"{services.orchestrator_url}/api/v1/experiments",
+        json=spec("cursor", target_return=None),
+        headers=headers,
+    ).json()["id"]
+    httpx.put(
+        f"{services.leaderboard_url}/api/v1/experiments/e1",
+        json=experiment(),
+        headers=auth(services),
+    )
+    for url in (
+        f"{services.orchestrator_url}/api/v1/experiments/{exp_id}/events",
+        f"{services.leaderboard_url}/api/v1/experiments/e1/submissions",
+    ):
+        for after in (f"{digit}-0", f"0-{digit}", f"1{digit}-0"):
+            r = httpx.get(url, params={"after": after}, headers=headers)
+            assert r.status_code == 422, (url, after, r.status_code, r.text[:300])
+            assert r.json()["detail"][0]["loc"] == ["query", "after"]
+
+
+def test_a_misspelled_search_space_name_is_answered_with_the_name_meant(services: Platform) -> None:
+    """The API cuts a long message in its middle: the valid names listed at its end hid
+    ``learning_rate`` from whoever misspelled it."""
+    body = spec("typo", search_space={"learning_rat": {"type": "uniform", "low": 0.1, "high": 0.2}})
+    r = httpx.post(
+        f"{services.orchestrator_url}/api/v1/experiments", json=body, headers=auth(services)
+    )
+    assert r.status_code == 422, r.text
+    error = r.json()["detail"][0]
+    assert error["loc"] == ["body", "search_space"]
+    assert "'learning_rat': did you mean 'learning_rate'?" in error["msg"], error["msg"]
+    assert "podium algorithms --names" in error["msg"]

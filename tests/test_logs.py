@@ -53,7 +53,7 @@ def test_a_record_is_one_write(monkeypatch: pytest.MonkeyPatch, restored: None) 
 def test_a_log_file_takes_json_lines_and_the_terminal_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restored: None
 ) -> None:
-    """``podium up`` logs to a file so its terminal shows only the banner (issue 35)."""
+    """``podium up`` logs to a file so its terminal shows only the banner."""
     stream = Recorder()
     monkeypatch.setattr(sys, "stderr", stream)
     path = tmp_path / "data" / "podium.log"

@@ -193,7 +193,7 @@ def test_lineage_of_a_very_long_chain_and_a_wide_board(tmp_path: Path) -> None:
 
 
 def test_lineage_legend_covers_no_node_and_the_y_axis_says_what_it_is() -> None:
-    """Issue 35: the legend (upper left, inside the axes) covered the top lineage's first node
+    """The legend (upper left, inside the axes) covered the top lineage's first node
     and its label, and the y axis had no label."""
     nodes = [node("r0", None, 0, 1.0, t=0)]
     nodes += [node(f"c{g}", f"c{g - 1}" if g else "r0", g + 1, 2.0 + g, t=g + 1) for g in range(3)]

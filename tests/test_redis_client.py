@@ -156,7 +156,7 @@ def test_workers_stopping_together_stop_the_server(settings: PodiumSettings) -> 
 
 
 def test_errors_are_described_with_redis_own_message(settings: PodiumSettings) -> None:
-    """Issue 13: redis-py 8 renders a server error as "server:ResponseError" alone; health and
+    """redis-py 8 renders a server error as "server:ResponseError" alone; health and
     log messages must carry what Redis said."""
     r = redis_client.connect(settings)
     try:

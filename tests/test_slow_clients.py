@@ -1,17 +1,20 @@
-"""Slow and idle clients against real service processes over real sockets (issue 35, item 4).
+"""Slow and idle clients against real service processes over real sockets.
 
 Each service runs as its own process the way it is deployed: ``podium up`` (both services in
 one process) and ``python -m services.leaderboard`` / ``python -m services.orchestrator`` (the
 containers' command), with small limits set through the ``PODIUM_HTTP_*`` settings so that the
 deadlines pass in about a second. The clients are plain sockets: a request head or body sent
-a few bytes at a time, or nothing at all (slow-loris)."""
+a few bytes at a time, nothing at all (slow-loris), or requests pipelined by a client that
+never reads the answers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import select
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -21,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+import psutil
 import pytest
 
 from services.cli.platform import read_session
@@ -39,6 +43,7 @@ LIMITS = {
     "PODIUM_HTTP_KEEP_ALIVE_S": str(TIMEOUT_S),
     "PODIUM_HTTP_MIN_BODY_RATE": "1024",
     "PODIUM_HTTP_MAX_CONNECTIONS": "32",
+    "PODIUM_HTTP_SEND_TIMEOUT_S": str(TIMEOUT_S),
 }
 
 
@@ -68,6 +73,8 @@ def wait_ready(proc: subprocess.Popen, urls: Callable[[], list[str] | None]) -> 
 class Served:
     url: str
     post_path: str  # a route with a JSON body
+    pid: int  # the process serving it
+    data_dir: Path
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -129,10 +136,14 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ser
         )
         procs.append(orch_proc)
         yield {
-            "up-orchestrator": Served(orch, "/api/v1/experiments"),
-            "up-leaderboard": Served(lb, "/api/v1/experiments/e1"),
-            "leaderboard-process": Served(lb_url, "/api/v1/experiments/e1"),
-            "orchestrator-process": Served(orch_url, "/api/v1/experiments"),
+            "up-orchestrator": Served(orch, "/api/v1/experiments", up.pid, root / "up"),
+            "up-leaderboard": Served(lb, "/api/v1/experiments/e1", up.pid, root / "up"),
+            "leaderboard-process": Served(
+                lb_url, "/api/v1/experiments/e1", lb_proc.pid, root / "lb"
+            ),
+            "orchestrator-process": Served(
+                orch_url, "/api/v1/experiments", orch_proc.pid, root / "orch"
+            ),
         }
     finally:
         for proc in procs:
@@ -314,3 +325,126 @@ def test_an_oversized_head_is_431(deployed: dict[str, Served]) -> None:
     s.sendall(b"X-Big: " + b"a" * (100 << 10) + b"\r\n")  # the default limit is 64 KiB
     (out,) = trickle([s], b"", 0.3, 5)
     assert status_of(out.answer) == 431 and out.closed_after_s is not None, out
+
+
+# -- clients that do not read their answers ------------------------------------------------------
+ATTACKERS = 100  # against a limit of 32 connections
+NORMAL_REQUESTS = 67
+
+
+def never_reading(url: str, path: str, headers: str = "", pipelined: int = 1500) -> socket.socket:
+    """A connection that pipelines ``pipelined`` GETs of ``path`` and never reads an answer
+    (a small receive buffer: the server's writes stall after a few answers)."""
+    parts = urlsplit(url)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(5)
+    s.connect((parts.hostname, parts.port))
+    request = f"GET {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{headers}\r\n".encode()
+    s.setblocking(False)
+    with contextlib.suppress(BlockingIOError):  # what the server does not read stays here
+        s.send(request * pipelined)
+    return s
+
+
+def normal_requests(url: str, path: str, n: int = NORMAL_REQUESTS) -> list[float | None]:
+    """``n`` GETs of ``path``, each on a new connection: seconds to a 200 (None: none in 1 s)."""
+    times: list[float | None] = []
+    for _ in range(n):
+        start = time.monotonic()
+        try:
+            r = httpx.get(url + path, timeout=1.0, headers={"Authorization": f"Bearer {TOKEN}"})
+            took = time.monotonic() - start
+            times.append(took if r.status_code == 200 and took <= 1.0 else None)
+        except httpx.HTTPError:
+            times.append(None)
+        time.sleep(0.02)
+    return times
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_clients_that_never_read_their_answers_lock_nobody_out(
+    deployed: dict[str, Served], service: str
+) -> None:
+    """The measured lock-out: connections that pipelined GETs of the 41 KB OpenAPI document and
+    never read were never closed (a writing server had no deadline, and only connections
+    waiting for a head could be evicted): no other client was answered, and each connection
+    held every request it had pipelined (4,400 connections: 0.73 -> 3.56 GB)."""
+    served = deployed[service]
+    proc = psutil.Process(served.pid)
+    rss_before = proc.memory_info().rss
+    attackers = [never_reading(served.url, "/api/v1/openapi.json") for _ in range(ATTACKERS)]
+    try:
+        time.sleep(0.5)
+        times = normal_requests(
+            served.url, "/api/v1/experiments" if "orch" in service else "/livez"
+        )
+        grown = proc.memory_info().rss - rss_before
+    finally:
+        for s in attackers:
+            s.close()
+    answered = [t for t in times if t is not None]
+    assert len(answered) >= 0.95 * len(times), f"{len(answered)}/{len(times)} answered in 1 s"
+    assert grown < 100 << 20, f"RSS grew by {grown >> 20} MiB"
+
+
+def _blob_descriptors(pid: int, blobs: Path) -> int:
+    n = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            n += os.readlink(fd).startswith(str(blobs))
+    return n
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs /proc")
+def test_slow_downloads_lock_nobody_out_and_aborted_ones_close_their_files(
+    deployed: dict[str, Served],
+) -> None:
+    """300 downloads of a 4 MB candidate file that were never read: 0 of 227 other requests
+    answered in 120 s; once aborted, the leaderboard kept each one's blob file open until its
+    next garbage collection."""
+    from tests.leaderboard.conftest import experiment, multipart, result
+
+    served = deployed["leaderboard-process"]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    api = f"{served.url}/api/v1/experiments/slow-dl"
+    assert httpx.put(api, json=experiment(), headers=auth).status_code in (200, 201)
+    files = {"actor": os.urandom(4 << 20)}
+    r = httpx.post(
+        f"{api}/submissions", files=multipart(result("s0", 1.0, files), files), headers=auth
+    )
+    assert r.status_code == 200, r.text
+    path = f"/api/v1/experiments/slow-dl/candidates/{r.json()['candidate_id']}/files/actor"
+    blobs = served.data_dir / "blobs"
+    proc = psutil.Process(served.pid)
+    headers = f"Authorization: Bearer {TOKEN}\r\n"
+    attackers = [never_reading(served.url, path, headers, pipelined=4) for _ in range(ATTACKERS)]
+    try:
+        time.sleep(0.5)
+        times = normal_requests(served.url, "/livez")
+    finally:
+        for s in attackers:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()  # a reset: the download is aborted
+    answered = [t for t in times if t is not None]
+    assert len(answered) >= 0.95 * len(times), f"{len(answered)}/{len(times)} answered in 1 s"
+    deadline = time.monotonic() + 3
+    while _blob_descriptors(proc.pid, blobs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _blob_descriptors(proc.pid, blobs) == 0
+
+
+def test_a_client_that_pipelines_and_reads_gets_its_answers_up_to_the_bound(
+    deployed: dict[str, Served],
+) -> None:
+    """Pipelining is served, in order, as long as the client reads; past the bound (16) the
+    connection closes after the 16th answer instead of queueing without end."""
+    served = deployed["leaderboard-process"]
+    host = urlsplit(served.url).netloc
+    for sent, answered in ((5, 5), (40, 16)):
+        s = connect(served.url)
+        s.sendall(f"GET /api/v1/openapi.json HTTP/1.1\r\nHost: {host}\r\n\r\n".encode() * sent)
+        (out,) = trickle([s], b"", 0.3, 10)
+        assert out.answer.count(b"HTTP/1.1 200 OK") == answered, (sent, out.closed_after_s)
+        if sent > answered:
+            assert out.closed_after_s is not None  # closed after its last answer

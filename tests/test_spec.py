@@ -114,7 +114,7 @@ def test_quantities() -> None:
         (
             {"search_space": {"lr": {"type": "uniform", "low": 0.1, "high": 0.2}}},
             "search_space",  # the pods would refuse it: PPO's field is learning_rate
-            "'lr' not hyperparameters of 'ppo'; they are: ",
+            "'lr' not hyperparameters of 'ppo'; `podium algorithms --names` lists them: ppo: ",
         ),
     ],
 )
@@ -151,8 +151,8 @@ def _space(*names: str) -> dict:
         ({"sac": 1}, ("tau", "batch_size", "updates_per_step", "init_alpha"), None),
         ({"dqn": 1}, ("double", "dueling", "epsilon_end", "buffer_size"), None),
         ({"td3": 1, "ddpg": 1}, ("policy_delay", "exploration_noise"), None),
-        ({"sac": 1}, ("gae_lambda",), "'gae_lambda' not hyperparameters of 'sac'; they are: "),
-        ({"ppo": 1}, ("tau",), "'tau' not hyperparameters of 'ppo'; they are: "),
+        ({"sac": 1}, ("gae_lambda",), "'gae_lambda' not hyperparameters of 'sac'; `podium"),
+        ({"ppo": 1}, ("tau",), "'tau' not hyperparameters of 'ppo'; `podium"),
         ({"ppo": 1, "sac": 1}, ("lr", "tau"), "'lr' not hyperparameters of 'ppo' or 'sac'; "),
         ({"dqn": 1, "td3": 1}, ("init_alpha",), "'init_alpha' not hyperparameters of 'dqn' or"),
     ],

@@ -3,7 +3,9 @@
 # the same plus torch and the `pod` extra), run from the build context in /src:
 #   venv-install.sh list [EXTRA...]          print pyproject's dependencies (+ those extras)
 #   venv-install.sh requirements [EXTRA...]  install them into /opt/venv (created if missing)
-#   venv-install.sh project                  install Podium itself, then drop pip/setuptools
+#   venv-install.sh project                  install Podium itself, then drop pip (and setuptools
+#                                            unless KEEP_SETUPTOOLS=1: the pod's torch.compile
+#                                            imports it, through torch.utils.cpp_extension)
 # PIP_OFFLINE=1: only ./wheelhouse (pip --no-index); wheelhouse/ca.pem: a proxy's CA to trust.
 # Extra requirements (the exact torch build) come in as $PIN. NO_COMPILE=1 leaves out the byte
 # code (the control plane: a third of its venv; it compiles at start instead).
@@ -37,7 +39,11 @@ print("\n".join(p["dependencies"] + [r for e in sys.argv[1:] for r in p["optiona
     ;;
   project)
     /opt/venv/bin/pip install --no-deps --no-build-isolation .
-    /opt/venv/bin/pip uninstall -y -q pip setuptools
+    if [ "${KEEP_SETUPTOOLS:-0}" = 1 ]; then
+      /opt/venv/bin/pip uninstall -y -q pip
+    else
+      /opt/venv/bin/pip uninstall -y -q pip setuptools
+    fi
     strip_bytecode
     ;;
   *)

@@ -1,14 +1,17 @@
 """``podium algorithms``: what a pod can train, read from the algorithm cards (torch-free).
 
 One row per registered card (services/contracts/algorithms/; plugins' cards too): its family
-(which trainer trains it), the action kinds and envs it takes, what a population pod may vary,
-the envs it has presets for, and its hyperparameter names (what a spec's ``search_space`` may
-name)."""
+(which trainer trains it), the action kinds and envs it takes, what a population pod may vary
+and the envs it has presets for; with ``--names``, then each one's hyperparameter names (what
+a spec's ``search_space`` may name), as wrapped text under the table: a table column would cut
+them at a terminal's width (or a pipe's 80 columns). Nothing is ever cut: a cell too narrow
+folds."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from services.contracts.algorithms.card import AlgorithmCard, card, card_names
 
@@ -29,24 +32,29 @@ def show(names: bool = False) -> None:
         "docs/presets.md)",
     )
     for column in ("algorithm", "family", "actions", "population may vary", "presets"):
-        table.add_column(column)
-    if names:
-        table.add_column("hyperparameters (search_space names)")
-    for found in rows():
+        table.add_column(column, overflow="fold")
+    cards = rows()
+    for found in cards:
         kinds = " or ".join(found.action_kinds)
         if found.envs is not None:
             kinds += f" ({', '.join(found.envs)} only)"
         population = (
             ", ".join(found.population.hyperparameters) if found.population else "one agent a pod"
         )
-        cells = [
+        table.add_row(
             found.name,
             found.family,
             kinds,
             population,
             ", ".join(_preset_name(found, env) for env in sorted(found.preset_files())),
-        ]
-        if names:
-            cells.append(", ".join(sorted(found.hyperparameter_names)))
-        table.add_row(*cells)
-    Console().print(table)
+        )
+    console = Console()
+    console.print(table)
+    if not names:
+        return
+    console.print("\nhyperparameters (search_space names):")
+    for found in cards:
+        line = Text.assemble(
+            (f"{found.name}: ", "bold"), ", ".join(sorted(found.hyperparameter_names))
+        )
+        console.print(line, overflow="fold")

@@ -141,6 +141,8 @@ def train(
 
     with reported():
         preload_malloc()  # before torch is imported: it may start this command anew
+        # Processes the run starts (learner replicas, roles) log as this one does.
+        os.environ.setdefault("PODIUM_LOG_LEVEL", "ERROR")
         train_agent(env, config, set_ or [], out, quiet)
 
 
@@ -398,13 +400,44 @@ def logs(
     ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
+    leaderboard_url: LeaderboardUrlOpt = None,
     data_dir: DataDirOpt = Path("data"),
 ) -> None:
-    """Pod logs: the embedded platform's files under DATA_DIR, else the orchestrator's API."""
+    """Pod logs: the embedded platform's files under DATA_DIR, else the orchestrator's API; an
+    ended pod's last lines as it uploaded them when it exited."""
     from services.cli.pod_logs import show_logs
 
-    with reported(), _client(url, token, None, data_dir) as client:
+    with reported(), _client(url, token, leaderboard_url, data_dir) as client:
         show_logs(client, data_dir, experiment, pod, tail, follow)
+
+
+@app.command()
+def tensorboard(
+    experiment: ExperimentArg,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Directory (default: runs/<id>/tensorboard).", show_default=False),
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    leaderboard_url: LeaderboardUrlOpt = None,
+    data_dir: DataDirOpt = Path("data"),
+) -> None:
+    """Download every pod's TensorBoard files (as each pod last uploaded them, sha256-checked)
+    into OUT/<pod id>/, for `tensorboard --logdir OUT`."""
+    out = out or Path("runs") / experiment / "tensorboard"
+    with reported(), _client(url, token, leaderboard_url, data_dir) as client:
+        pods = client.tensorboard(experiment, out)
+    if not pods:
+        from services.cli.errors import EXIT_NOT_REACHED
+
+        with reported():
+            raise CliError(
+                f"no pod of experiment {experiment} kept TensorBoard files", EXIT_NOT_REACHED
+            )
+    # Plain lines (no wrapping): the command is to be copied.
+    typer.echo(f"{len(pods)} pods' TensorBoard files in {out}; see them with", err=True)
+    typer.echo(f"tensorboard --logdir {out}", err=True)
 
 
 @app.command()

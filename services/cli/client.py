@@ -13,8 +13,10 @@ found through its session file; otherwise the defaults are the embedded platform
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +27,8 @@ from typing import Any, TypeVar
 from services.api_client import LeaderboardClient, ServiceClient, ServiceError
 from services.cli.errors import EXIT_API, EXIT_NOT_REACHED, EXIT_USAGE, CliError
 from services.cli.platform import DEFAULT_LEADERBOARD_PORT, DEFAULT_ORCHESTRATOR_PORT, read_session
+from services.contracts.artifacts import TENSORBOARD_KIND, PodFile
+from services.contracts.bundles import BundleError, unpack
 from services.contracts.leaderboard import Candidate, Leaderboard, Lineage, SubmissionRecord
 from services.contracts.training_files import (
     FILE_NAME_RE,
@@ -306,6 +310,40 @@ class PodiumClient:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return cand
+
+    # -- what pods kept (services/pod/runtime/pod_files.py) --------------------------------------
+    def pod_files(self, exp_id: str, name: str) -> list[PodFile]:
+        """The experiment's pods' uploads of ``name`` (``log``, ``tensorboard``), oldest first."""
+        files = self._ask(lambda lb: lb.pod_files(exp_id), "pod files")
+        return [f for f in files if f.name == name]
+
+    def pod_log(self, exp_id: str, entry: PodFile) -> str:
+        """A pod's uploaded log lines, checked against their sha256."""
+        path = self.leaderboard.pod_file_path(exp_id, entry.pod_id, entry.name)
+        data = self._ask(lambda lb: lb.request("GET", path, "pod log").content, "pod log")
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise ApiError(f"pod {entry.pod_id}'s log does not match its sha256")
+        return data.decode(errors="replace")
+
+    def tensorboard(self, exp_id: str, out: Path) -> list[PodFile]:
+        """Every pod's TensorBoard files into ``out/<pod id>/`` (each download checked against
+        its sha256, each bundle unpacked only once it checks out whole:
+        services/contracts/bundles.py); the uploads read."""
+        entries = self.pod_files(exp_id, "tensorboard")
+        out.mkdir(parents=True, exist_ok=True)
+        for entry in entries:
+            path = self.leaderboard.pod_file_path(exp_id, entry.pod_id, entry.name)
+            fd, name = tempfile.mkstemp(prefix=".download-", dir=out)
+            os.close(fd)
+            try:
+                self._download(path, Path(name), entry.sha256)
+                with open(name, "rb") as f:
+                    unpack(f, out / entry.pod_id, expect={"kind": TENSORBOARD_KIND})
+            except BundleError as exc:
+                raise ApiError(f"pod {entry.pod_id}'s TensorBoard files: {exc}") from None
+            finally:
+                os.unlink(name)
+        return entries
 
     def _download(self, path: str, dest: Path, sha256: str) -> tuple[str, int]:
         """Stream ``path`` into ``dest``, checking its sha256; returns (sha256, size)."""

@@ -10,6 +10,7 @@ from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 
 from services.cli.client import TERMINAL, ApiError
+from services.contracts.pod_activity import ACTIVITIES, last_activity
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -57,10 +58,21 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+#: How often the live pods' activity is read from their logs, and of at most how many pods.
+ACTIVITY_EVERY_S = 2.0
+ACTIVITY_PODS = 8
+
+
+def _live(exp: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in exp.get("pods", []) if p["phase"] in ("Pending", "Running")]
+
+
 class Watch:
-    """Polls an experiment (2 Hz) and its leaderboard (0.5 Hz) and renders its progress: a
-    live panel on a terminal; in CI logs a line when the state, the number of pods or the best
-    score changes, and every 10 s otherwise."""
+    """Polls an experiment (2 Hz), its leaderboard (0.5 Hz) and what its pods say they are doing
+    (``pod activity`` records of their logs, every ``ACTIVITY_EVERY_S``), and renders its
+    progress: a live panel on a terminal; in CI logs a line when the state, the number of pods,
+    what they do or the best score changes, and every 10 s otherwise (with the seconds a pod
+    has been compiling, say: no wait is silent)."""
 
     def __init__(self, client: PodiumClient, exp_id: str, console: Console, top: int = 5):
         self.client = client
@@ -73,6 +85,9 @@ class Watch:
         self.board_at = 0.0
         self.first_best: float | None = None
         self.last_line = ("", 0.0)
+        #: pod id -> (what it said it does, since when: epoch seconds)
+        self.activities: dict[str, tuple[str, float]] = {}
+        self.activity_at = 0.0
 
     def poll(self) -> dict[str, Any]:
         exp = self.client.experiment(self.exp_id)
@@ -88,6 +103,7 @@ class Watch:
             self.rates.append((now, steps))
             while len(self.rates) > 2 and now - self.rates[0][0] > 10:
                 self.rates.popleft()
+        self._read_activities(exp, now)
         due = now - self.board_at > 2.0 or exp["state"] in TERMINAL  # the final board, fresh
         if self.top and due and self.client.endpoints.leaderboard_url:
             self.board_at = now
@@ -95,6 +111,41 @@ class Watch:
             with contextlib.suppress(ApiError):
                 self.board = self.client.board(self.exp_id, limit=self.top)
         return exp
+
+    def _read_activities(self, exp: dict[str, Any], now: float) -> None:
+        live = _live(exp)
+        self.activities = {
+            k: v for k, v in self.activities.items() if k in {p["pod_id"] for p in live}
+        }
+        if not live or now - self.activity_at < ACTIVITY_EVERY_S:
+            return
+        self.activity_at = now
+        # The pods least recently started first: with more than ACTIVITY_PODS, those are the
+        # ones whose wait is longest.
+        for pod in sorted(live, key=lambda p: p["created_at"])[:ACTIVITY_PODS]:
+            with contextlib.suppress(ApiError):  # gone meanwhile, or the log is not there yet
+                found = last_activity(self.client.pod_logs(self.exp_id, pod["pod_id"], 200))
+                if found is not None:
+                    self.activities[pod["pod_id"]] = found
+
+    def doing(self, exp: dict[str, Any], seconds: bool = True) -> str:
+        """What the live pods do, e.g. ``2 compiling (34 s), 1 training``: per activity, the
+        number of pods and (``seconds``) the longest any has been at it; a pod that has said
+        nothing yet is ``starting`` (``pending`` before its process runs)."""
+        now = time.time()
+        groups: dict[str, list[float]] = {}
+        for pod in _live(exp):
+            default = ("pending" if pod["phase"] == "Pending" else "starting", pod["created_at"])
+            activity, since = self.activities.get(pod["pod_id"], default)
+            groups.setdefault(activity, []).append(since)
+        order = ("pending", *ACTIVITIES)
+        parts = []
+        for activity in sorted(groups, key=order.index):
+            text = f"{len(groups[activity])} {activity}"
+            if seconds and activity != "training":
+                text += f" ({max(0.0, now - min(groups[activity])):.0f} s)"
+            parts.append(text)
+        return ", ".join(parts)
 
     def rate(self) -> float | None:
         if len(self.rates) < 2:
@@ -143,7 +194,7 @@ class Watch:
         if rate is not None:
             steps_text += f"   {rate:,.0f} env steps/s"
         bar_row("env steps", (steps or 0) / total if total else None, steps_text)
-        live = [p for p in exp.get("pods", []) if p["phase"] in ("Pending", "Running")]
+        live = _live(exp)
         launched = f"{prog.get('pods_launched', 0)}" + (
             f"/{prog['pods_budget']}" if prog.get("pods_budget") else ""
         )
@@ -154,6 +205,8 @@ class Watch:
             f"{len(live)} running{f' ({trains})' if trains else ''}, "
             f"{exp.get('desired_pods', 0)} wanted, {launched} launched",
         )
+        if doing := self.doing(exp):
+            grid.add_row("pods doing", doing)
         wall = prog.get("wall_time_s")
         grid.add_row(
             "elapsed",
@@ -161,19 +214,23 @@ class Watch:
         )
         parts: list[Any] = [grid]
         if self.board and self.board.candidates:
-            parts.append(board_table(self.board, self.top, title="leaderboard"))
+            parts.append(
+                board_table(self.board, self.top, title="leaderboard", width=self.console.width)
+            )
         return Group(*parts)
 
     def line(self, exp: dict[str, Any]) -> str | None:
         prog = exp["progress"]
-        live = sum(p["phase"] in ("Pending", "Running") for p in exp.get("pods", []))
+        live = len(_live(exp))
         rate = self.rate()
-        key = f"{exp['state']}|{live}|{exp.get('best_score')}"
+        key = f"{exp['state']}|{live}|{exp.get('best_score')}|{self.doing(exp, seconds=False)}"
+        doing = self.doing(exp)
         text = (
             f"[{duration(prog.get('elapsed_s'))}] {exp['state']:<9} pods {live} "
             f"best {fmt(exp.get('best_score'))}/{fmt(prog.get('target_return'))} "
             f"env steps {prog.get('env_steps') or 0:,}"
             + (f" ({rate:,.0f}/s)" if rate is not None else "")
+            + (f" | {doing}" if doing else "")
         )
         now = time.monotonic()
         if key != self.last_line[0] or now - self.last_line[1] >= 10:
@@ -182,38 +239,54 @@ class Watch:
         return None
 
 
-def board_table(board: Leaderboard, top: int, title: str | None = None) -> Any:
+#: Below this many columns the leaderboard table leaves out ± std, pod and trained: every
+#: column at its width would not fit 80, and rich would shrink the rank and hyperparameter
+#: columns to nothing.
+WIDE_TABLE = 120
+
+
+def board_table(
+    board: Leaderboard, top: int, title: str | None = None, width: int | None = None
+) -> Any:
+    """The best ``top`` candidates; ``width``: the console's (narrower than ``WIDE_TABLE``:
+    the columns a reader can do without are left out; the hyperparameters wrap, one per line
+    where need be)."""
     from rich.table import Table
 
+    wide = width is None or width >= WIDE_TABLE
     table = Table(title=title, title_justify="left", header_style="bold")
-    for col, kw in (
-        ("#", {"justify": "right", "no_wrap": True}),
+    columns = [
+        ("#", {"justify": "right", "no_wrap": True, "min_width": len(str(top))}),
         ("candidate", {"no_wrap": True, "min_width": 22}),
         ("score", {"justify": "right", "no_wrap": True, "min_width": 7}),
         ("± std", {"justify": "right", "no_wrap": True, "min_width": 5}),
         ("algorithm", {"no_wrap": True, "min_width": 9}),
-        ("gen", {"justify": "right", "no_wrap": True}),
+        ("gen", {"justify": "right", "no_wrap": True, "min_width": 3}),
         ("pod", {"no_wrap": True, "min_width": 8}),
         ("trained", {"justify": "right", "no_wrap": True, "min_width": 9}),
-        ("hyperparameters", {"overflow": "fold", "ratio": 1}),
-    ):
-        table.add_column(col, **kw)
+        ("hyperparameters", {"overflow": "fold", "ratio": 1, "min_width": 16}),
+    ]
+    narrow = {"± std", "pod", "trained"}
+    for col, kw in columns:
+        if wide or col not in narrow:
+            table.add_column(col, **kw)
     for c in board.candidates[:top]:
         hp = ", ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
             for k, v in sorted(c.hyperparameters.items())
         )
-        table.add_row(
-            str(c.rank or ""),
-            c.candidate_id,
-            f"{c.score:.4g}",
-            f"{c.eval.get('std', 0.0):.3g}",
-            c.algorithm,
-            str(c.generation),
-            c.pod_id,
-            "" if c.trained_env_steps is None else f"{c.trained_env_steps:,}",
-            hp,
-        )
+        cells = {
+            "#": str(c.rank or ""),
+            "candidate": c.candidate_id,
+            "score": f"{c.score:.4g}",
+            "± std": f"{c.eval.get('std', 0.0):.3g}",
+            "algorithm": c.algorithm,
+            "gen": str(c.generation),
+            "pod": c.pod_id,
+            "trained": "" if c.trained_env_steps is None else f"{c.trained_env_steps:,}",
+            "hyperparameters": hp,
+        }
+        table.add_row(*(cells[col] for col, _ in columns if wide or col not in narrow))
     return table
 
 
@@ -259,7 +332,8 @@ def print_board(console: Console, board: Leaderboard, experiment: str) -> None:
         console.print(f"the leaderboard of {experiment} is empty")
         return
     stats = board.stats
-    console.print(board_table(board, len(board.candidates), title=f"leaderboard of {experiment}"))
+    title = f"leaderboard of {experiment}"
+    console.print(board_table(board, len(board.candidates), title, width=console.width))
     console.print(
         f"{stats.size}/{stats.top_k} candidates, score mean {fmt(stats.score_mean)} "
         f"± {fmt(stats.score_std)}, algorithms {stats.algorithms}"

@@ -1,6 +1,7 @@
 """``podium logs``: the embedded platform's pod log files under DATA_DIR (with ``--follow``),
-else the orchestrator's pod-logs endpoint; with no pod running, the last lines the orchestrator kept
-of the experiment's ended pods."""
+else the orchestrator's pod-logs endpoint; for a pod that has ended, the last lines it uploaded
+to the leaderboard's blob store as it exited (services/pod/runtime/pod_files.py: its final report
+and its last line included), else those the orchestrator kept when the pod ended."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import typer
 
 from services.cli.client import PodiumClient
 from services.cli.errors import EXIT_NOT_REACHED, CliError
+from services.contracts.artifacts import PodFile
+
+#: Ended pods shown without a pod id when the orchestrator kept none of them.
+ENDED_SHOWN = 8
 
 
 def show_logs(
@@ -49,9 +54,13 @@ def show_logs(
 
 
 def _remote(client: PodiumClient, experiment: str, pod: str | None, tail: int) -> None:
-    pods = (
-        [pod] if pod is not None else [p["pod_id"] for p in client.experiment(experiment)["pods"]]
-    )
+    live = [p["pod_id"] for p in client.experiment(experiment)["pods"]]
+    if pod is not None and pod not in live:
+        uploaded = _uploaded(client, experiment)
+        if pod in uploaded:  # an ended pod's own last lines
+            typer.echo(_last(client.pod_log(experiment, uploaded[pod]), tail), nl=False)
+            return
+    pods = [pod] if pod is not None else live
     if not pods:
         _ended(client, experiment, tail)
         return
@@ -61,26 +70,61 @@ def _remote(client: PodiumClient, experiment: str, pod: str | None, tail: int) -
         typer.echo(client.pod_logs(experiment, pod_id, tail), nl=False)
 
 
+def _uploaded(client: PodiumClient, experiment: str) -> dict[str, PodFile]:
+    """Pod id -> the log lines it uploaded; {} where the leaderboard cannot be asked (only
+    the orchestrator's URL given, and the one it knows does not resolve from here)."""
+    try:
+        return {f.pod_id: f for f in client.pod_files(experiment, "log")}
+    except CliError as exc:
+        typer.echo(f"(the pods' own last lines are not readable: {exc.message})", err=True)
+        return {}
+
+
+def _last(text: str, lines: int) -> str:
+    kept = text.splitlines()[-lines:]
+    return "".join(line + "\n" for line in kept) if kept else "(no log)\n"
+
+
 def _ended(client: PodiumClient, experiment: str, tail: int) -> None:
-    """No pod runs now (the experiment ended, or is between pods): the last lines the
-    orchestrator kept of its ended pods, so that a gate that just failed shows why."""
+    """No pod runs now (the experiment ended, or is between pods): the last lines of its most
+    recently ended pods (those the orchestrator kept a record of), each as the pod uploaded
+    them when it exited, else as the orchestrator read them when the pod ended; so that a gate
+    that just failed shows why."""
     ended = client.ended_pods(experiment, tail)
-    if not ended:
+    uploaded = _uploaded(client, experiment)
+    if not ended and not uploaded:
         raise CliError(
             f"experiment {experiment} has no pods now, and no logs of ended pods were kept",
             EXIT_NOT_REACHED,
         )
+    # Pods the orchestrator kept no record of (it keeps the newest few) but that uploaded
+    # their lines: the newest of them, up to as many as it keeps.
+    known = {p["pod_id"] for p in ended}
+    rest = [f for f in uploaded.values() if f.pod_id not in known]
+    shown = rest[-max(len(ended), ENDED_SHOWN) :]
     typer.echo(
-        f"experiment {experiment} has no pods now: the last lines of its {len(ended)} most "
-        "recently ended pods, kept by the orchestrator",
+        f"experiment {experiment} has no pods now: the last lines of its "
+        f"{len(ended) + len(shown)} most recently ended pods",
         err=True,
     )
+    for f in shown:
+        typer.secho(f"==> pod {f.pod_id} (ended) <==", bold=True)
+        typer.echo(_last(client.pod_log(experiment, f), tail), nl=False)
     for p in ended:
         how = "stopped" if p["stopped"] else str(p["phase"]).lower()
         if p.get("reason"):
             how += f", {p['reason']}"
         typer.secho(f"==> pod {p['pod_id']} (ended: {how}) <==", bold=True)
-        typer.echo(p["log"] + "\n" if p["log"] else "(no log)\n", nl=False)
+        if p["pod_id"] in uploaded:
+            typer.echo(_last(client.pod_log(experiment, uploaded[p["pod_id"]]), tail), nl=False)
+        else:
+            typer.echo(p["log"] + "\n" if p["log"] else "(no log)\n", nl=False)
+    if len(rest) > len(shown):
+        typer.echo(
+            f"{len(rest) - len(shown)} more ended pods kept their last lines: "
+            f"podium logs {experiment} POD",
+            err=True,
+        )
 
 
 def _follow(pods_dir: Path, pod: str | None, positions: dict[Path, int]) -> None:

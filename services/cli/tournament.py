@@ -184,7 +184,8 @@ def run(
     write_plots(watch.samples, collected, out, spec.name, spec.target_return, console, higher)
     board = collected.get("board")
     if board and board.candidates:
-        console.print(board_table(board, top, title=f"final leaderboard of {spec.name}"))
+        title = f"final leaderboard of {spec.name}"
+        console.print(board_table(board, top, title, width=console.width))
     ok, why = reached(exp, None)
     console.print(f"results: {out}   pod logs: podium logs {exp_id} --data-dir {data_dir}")
     if interrupted:

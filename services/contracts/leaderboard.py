@@ -86,6 +86,13 @@ class SubmissionResult(InputModel):
         le=10**15,
         description="The agent's own env steps, its parents' included (its learner's count).",
     )
+    batch_env_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**15,
+        description="Env steps the agent trains per step: its reports' env steps are whole "
+        "multiples of it (the orchestrator hands out env-step budgets in whole batches).",
+    )
     score: float = Field(allow_inf_nan=False, description="The evaluator's mean return.")
     eval: EvalStats
     files: dict[str, str] = Field(
@@ -269,6 +276,9 @@ class SubmissionRecord(BaseModel):
     env_steps: int = Field(
         description="Env steps the pod trained since its previous report; their running sum "
         "over the log is the experiment's env steps (0 for rejects recorded before this field)."
+    )
+    batch_env_steps: int | None = Field(
+        default=None, description="Env steps the pod trains per step, when it said."
     )
     accepted: bool
     candidate_id: str | None = Field(default=None, description="When accepted.")

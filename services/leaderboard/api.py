@@ -18,11 +18,19 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import AfterValidator, ValidationError
+from pydantic import ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from services import registry
-from services.checkpoint_store import BlobNotFoundError, BlobStore
+from services.checkpoint_store import BlobChunks, BlobNotFoundError, BlobStore, StagedBlob
+from services.contracts.artifacts import (
+    KEY_PATTERN,
+    POD_FILE_NAMES,
+    CompileCacheState,
+    CompileClaim,
+    CompileFacts,
+    PodFile,
+)
 from services.contracts.leaderboard import (
     ID_PATTERN,
     Candidate,
@@ -42,14 +50,14 @@ from services.contracts.leaderboard import (
     SubmissionResponse,
 )
 from services.contracts.search_space import NUMERIC
-from services.http import SPEC_BODY_LIMIT, api_router, body_limit, problems
+from services.http import SPEC_BODY_LIMIT, StreamCursor, api_router, body_limit, problems
+from services.leaderboard.artifacts import ArtifactStore, stage_body
 from services.leaderboard.auth import require_access
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService, file_location, load_strategy
 from services.leaderboard.metrics import LeaderboardMetrics
 from services.leaderboard.settings import LeaderboardSettings
 from services.leaderboard.store import (
-    STREAM_ID_MAX,
     LeaderboardStore,
     UnknownExperimentError,
     parse_experiment,
@@ -73,6 +81,7 @@ class Services:
     generator: GeneratorService
     collector: BlobCollector
     metrics: LeaderboardMetrics
+    artifacts: ArtifactStore
     # (experiment, limit) -> (board version, rendered JSON); see ``leaderboard``.
     board_cache: dict[tuple[str, int], tuple[str, bytes]] = field(default_factory=dict)
 
@@ -187,12 +196,14 @@ async def get_experiment(experiment_id: ExperimentId, svc: Svc) -> ExperimentSum
     status_code=204,
     responses=problems(404),
     summary="Drop an experiment's leaderboard",
-    description="Removes the board, candidates, lineage and idempotency records; blobs nothing "
-    "else references are collected (files leased to pods stay until the leases end).",
+    description="Removes the board, candidates, lineage and idempotency records, compile caches "
+    "and pod files; blobs nothing else references are collected (files leased to pods stay "
+    "until the leases end).",
 )
 async def delete_experiment(experiment_id: ExperimentId, svc: Svc) -> Response:
     if not await svc.store.drop(experiment_id):
         raise UnknownExperimentError(experiment_id)
+    await svc.artifacts.drop(experiment_id)
     svc.metrics.forget(experiment_id)
     await svc.collector.collect()
     return Response(status_code=204)
@@ -387,6 +398,23 @@ async def candidate(experiment_id: ExperimentId, candidate_id: CandidateId, svc:
     return await _get_candidate(svc, experiment_id, candidate_id)
 
 
+class _BlobResponse(StreamingResponse):
+    """A blob streamed to the client whose file (or S3 stream) is closed as the response ends,
+    however it ends: a client that goes away mid-download cancels the stream, and starlette
+    leaves its iterator to the garbage collector (256 descriptors of aborted downloads stayed
+    open for minutes)."""
+
+    def __init__(self, chunks: BlobChunks, **kw: Any) -> None:
+        super().__init__(iterate_in_threadpool(chunks), **kw)
+        self.chunks = chunks
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.chunks.close()
+
+
 @api.get(
     "/experiments/{experiment_id}/candidates/{candidate_id}/files/{name}",
     summary="Download one training file",
@@ -405,14 +433,19 @@ async def download(
     cand = await _get_candidate(svc, experiment_id, candidate_id)
     if name not in cand.files:
         raise HTTPException(404, f"candidate {candidate_id!r} has no file {name!r}")
-    sha = cand.files[name].sha256
+    return await _stream_blob(svc, cand.files[name].sha256, name)
+
+
+async def _stream_blob(svc: Services, sha: str, name: str) -> StreamingResponse:
+    """The blob ``sha`` as a download named ``name``; its sha256 in ``X-Checkpoint-SHA256``
+    and ``ETag`` for the client to verify. 410 when it is gone from the store."""
     try:
         size = await run_in_threadpool(svc.blobs.size, sha)
         chunks = await run_in_threadpool(svc.blobs.read, sha)
     except BlobNotFoundError as e:
         raise HTTPException(410, f"file {name!r} was collected") from e
-    return StreamingResponse(
-        iterate_in_threadpool(chunks),
+    return _BlobResponse(
+        chunks,
         media_type="application/octet-stream",
         headers={
             "X-Checkpoint-SHA256": sha,
@@ -460,22 +493,6 @@ async def lineage(experiment_id: ExperimentId, svc: Svc) -> Response:
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-def _stream_id(value: str | None) -> str | None:
-    if value is not None and any(int(part) > STREAM_ID_MAX for part in value.split("-")):
-        raise ValueError(f"not a stream id: each part must be at most {STREAM_ID_MAX}")
-    return value
-
-
-StreamCursor = Annotated[
-    str | None,
-    Query(
-        pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
-        description="`next_after` of the previous page; omit for the first.",
-    ),
-    AfterValidator(_stream_id),
-]
-
-
 @api.get(
     "/experiments/{experiment_id}/submissions",
     response_model=SubmissionLog,
@@ -516,6 +533,7 @@ async def submission_log(
                     algorithm=e.get("algorithm", ""),
                     score=float(e["score"]),
                     env_steps=int(e.get("env_steps") or 0),
+                    batch_env_steps=int(e["batch"]) if e.get("batch") else None,
                     accepted=kind == "insert",
                     candidate_id=e.get("candidate_id") if kind == "insert" else None,
                     parent_id=e.get("parent_id") or None,
@@ -556,6 +574,144 @@ async def release_lease(
     if not await svc.store.release(experiment_id, lease_id):
         raise HTTPException(404, f"no lease {lease_id!r} (released or expired)")
     return Response(status_code=204)
+
+
+# -- pods' artifacts: compile caches and pod files (services/leaderboard/artifacts.py) ----------
+
+COMPILE_CACHE_PATH = "/api/v1/experiments/{experiment_id}/compile-caches/{key}"
+POD_FILE_PATH = "/api/v1/experiments/{experiment_id}/pods/{pod_id}/files/{name}"
+CompileKey = Annotated[str, Path(pattern=KEY_PATTERN, description="sha256 of the facts")]
+PodId = Annotated[str, Path(pattern=ID_PATTERN)]
+PodFileName = Annotated[str, Path(pattern=f"^({'|'.join(POD_FILE_NAMES)})$")]
+_OCTETS = {
+    "requestBody": {
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+    }
+}
+
+
+def _check_key(key: str, facts: CompileFacts, loc: tuple[Any, ...]) -> None:
+    if facts.key() != key:
+        raise _field_error(loc, f"the facts' key is {facts.key()}, not the path's {key}")
+
+
+@api.post(
+    "/experiments/{experiment_id}/compile-caches/{key}/claim",
+    response_model=CompileCacheState,
+    responses=problems(404),
+    summary="Claim a program key's compile cache",
+    description="`ready`: fetch the published cache (GET .../compile-caches/{key}; `sha256` "
+    "null: nothing to fetch). `compile`: this pod compiles and publishes (PUT); its claim lasts "
+    "`ttl_s` and is renewed by claiming again. `wait`: another pod compiles; ask again after "
+    "`retry_after_s`. `refused` drops a published cache this pod found corrupt. The path's key "
+    "must be the sha256 of `facts` (422 otherwise).",
+)
+async def claim_compile_cache(
+    experiment_id: ExperimentId, key: CompileKey, req: CompileClaim, svc: Svc
+) -> CompileCacheState:
+    _check_key(key, req.facts, ("body", "facts"))
+    await svc.store.get_config(experiment_id)
+    return await svc.artifacts.claim(experiment_id, key, req)
+
+
+@api.put(
+    "/experiments/{experiment_id}/compile-caches/{key}",
+    response_model=CompileCacheState,
+    responses=problems(404, 413),
+    openapi_extra=_OCTETS,
+    summary="Publish a program key's compile cache",
+    description="The body is the cache as a bundle (services/contracts/bundles.py), stored in "
+    "the blob store; an empty body says the first pod compiled nothing worth sharing. The first "
+    "publish of a key wins (a later one is discarded). The answer is the key's state.",
+)
+async def publish_compile_cache(
+    experiment_id: ExperimentId,
+    key: CompileKey,
+    request: Request,
+    svc: Svc,
+    pod_id: Annotated[str, Query(pattern=ID_PATTERN)],
+    torch: Annotated[str, Query(min_length=1, max_length=64)],
+    device: Annotated[str, Query(min_length=1, max_length=200)],
+    program: Annotated[str, Query(pattern=KEY_PATTERN)],
+) -> CompileCacheState:
+    facts = CompileFacts(torch=torch, device=device, program=program)
+    _check_key(key, facts, ("query", "program"))
+    staged: StagedBlob | None = await _upload(experiment_id, request, svc)
+    if staged is not None and staged.size == 0:
+        await run_in_threadpool(staged.discard)
+        staged = None
+    req = CompileClaim(pod_id=pod_id, facts=facts)
+    return await svc.artifacts.publish(experiment_id, key, req, staged)
+
+
+@api.get(
+    "/experiments/{experiment_id}/compile-caches/{key}",
+    summary="Download a program key's published compile cache",
+    description="Streams the bundle; `X-Checkpoint-SHA256` carries the sha256 the record "
+    "names, which the pod checks before it unpacks anything. 404: none published (or nothing "
+    "to fetch).",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}, **problems(404, 410)},
+)
+async def fetch_compile_cache(
+    experiment_id: ExperimentId, key: CompileKey, svc: Svc
+) -> StreamingResponse:
+    record = await svc.artifacts.record(experiment_id, key)
+    if not record or not record.get("sha256"):
+        raise HTTPException(404, f"no compile cache published for key {key}")
+    return await _stream_blob(svc, record["sha256"], f"compile-cache-{key[:16]}.tar.gz")
+
+
+@api.put(
+    "/experiments/{experiment_id}/pods/{pod_id}/files/{name}",
+    response_model=PodFile,
+    responses=problems(404, 413),
+    openapi_extra=_OCTETS,
+    summary="Keep a pod's file (its last log lines, its TensorBoard files)",
+    description="`log`: the pod's last log lines (text); `tensorboard`: its TensorBoard event "
+    "files as a bundle (services/contracts/bundles.py). Replaces the pod's previous upload of "
+    "that name. Pods upload them as they run and before they exit, so that nothing a user "
+    "reads is lost with the pod.",
+)
+async def put_pod_file(
+    experiment_id: ExperimentId, pod_id: PodId, name: PodFileName, request: Request, svc: Svc
+) -> PodFile:
+    staged = await _upload(experiment_id, request, svc)
+    return await svc.artifacts.put_pod_file(experiment_id, pod_id, name, staged)
+
+
+async def _upload(experiment_id: str, request: Request, svc: Services) -> StagedBlob:
+    """The body, staged in the blob store (404 first for an unknown experiment: nothing is
+    staged for it)."""
+    await svc.store.get_config(experiment_id)
+    return await stage_body(request, svc.blobs, svc.settings.max_upload_bytes)
+
+
+@api.get(
+    "/experiments/{experiment_id}/pod-files",
+    response_model=list[PodFile],
+    responses=problems(404),
+    summary="The files the experiment's pods kept (oldest upload first)",
+)
+async def list_pod_files(experiment_id: ExperimentId, svc: Svc) -> list[PodFile]:
+    await svc.store.get_config(experiment_id)
+    return await svc.artifacts.pod_files(experiment_id)
+
+
+@api.get(
+    "/experiments/{experiment_id}/pods/{pod_id}/files/{name}",
+    summary="Download a pod's file",
+    description="Streams it with its sha256 in `X-Checkpoint-SHA256`.",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}, **problems(404, 410)},
+)
+async def get_pod_file(
+    experiment_id: ExperimentId, pod_id: PodId, name: PodFileName, svc: Svc
+) -> StreamingResponse:
+    entry = await svc.artifacts.pod_file(experiment_id, pod_id, name)
+    if entry is None:
+        raise HTTPException(404, f"pod {pod_id!r} of {experiment_id!r} kept no {name!r}")
+    return await _stream_blob(svc, entry.sha256, f"{pod_id}-{name}")
 
 
 # -- probes and metrics --------------------------------------------------------------------------

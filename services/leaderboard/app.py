@@ -16,7 +16,14 @@ from services import redis_client
 from services.checkpoint_store import StorageFullError
 from services.contracts.leaderboard import SubmissionResult
 from services.http import BODY_LIMIT_KEY, add_common_error_handlers, clip, error_response
-from services.leaderboard.api import Services, api, root
+from services.leaderboard.api import (
+    COMPILE_CACHE_PATH,
+    POD_FILE_PATH,
+    Services,
+    api,
+    root,
+)
+from services.leaderboard.artifacts import ArtifactStore
 from services.leaderboard.collector import BlobCollector
 from services.leaderboard.generator import GeneratorService
 from services.leaderboard.metrics import LatencyMiddleware, LeaderboardMetrics
@@ -65,6 +72,9 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
             generator=GeneratorService(store, metrics, settings.lease_ttl_s),
             collector=collector,
             metrics=metrics,
+            artifacts=ArtifactStore(
+                store, blobs, settings.compile_claim_ttl_s, settings.compile_retry_after_s
+            ),
         )
         task = asyncio.create_task(collector.run_forever(settings.gc_interval_s))
         log.info("leaderboard ready", storage=settings.storage, data_dir=str(settings.data_dir))
@@ -98,7 +108,12 @@ def create_app(settings: LeaderboardSettings | None = None) -> FastAPI:
     if app.state.metrics_token is None:
         log.info("/metrics is open (names experiments and scores); set PODIUM_METRICS_TOKEN")
     # Checkpoint uploads stream to disk and keep their own, configured, limit.
-    app.state.body_limits = {("POST", SUBMISSIONS_PATH): settings.max_upload_bytes}
+    # So do the compile caches and pod files pods upload.
+    app.state.body_limits = {
+        ("POST", SUBMISSIONS_PATH): settings.max_upload_bytes,
+        ("PUT", COMPILE_CACHE_PATH): settings.max_upload_bytes,
+        ("PUT", POD_FILE_PATH): settings.max_upload_bytes,
+    }
     if app.state.token is None:
         log.warning("no API token configured: /api/v1 is open (set PODIUM_API_TOKEN)")
     app.include_router(api)

@@ -2,7 +2,8 @@
 
 - The platform token (PODIUM_API_TOKEN): every route.
 - A pod credential (services/contracts/credentials.py): only what a pod does, only for its own
-  experiment: generate, submit, download a candidate's files (its parent's), release a lease.
+  experiment: generate, submit, download a candidate's files (its parent's), release a lease,
+  claim, fetch and publish a compile cache, upload its own files (log, TensorBoard).
   Anything else answers 403.
 - Anything else: 401 (``services.http.require_token``).
 
@@ -30,12 +31,15 @@ POD_ROUTES = [
     ({"POST"}, re.compile(rf"{_EXPERIMENT}/submissions$")),
     ({"GET"}, re.compile(rf"{_EXPERIMENT}/candidates/{_ID}/files/{_ID}$")),
     ({"DELETE"}, re.compile(rf"{_EXPERIMENT}/leases/{_ID}$")),
+    ({"POST"}, re.compile(rf"{_EXPERIMENT}/compile-caches/[0-9a-f]{{64}}/claim$")),
+    ({"GET", "PUT"}, re.compile(rf"{_EXPERIMENT}/compile-caches/[0-9a-f]{{64}}$")),
+    ({"PUT"}, re.compile(rf"{_EXPERIMENT}/pods/{_ID}/files/{_ID}$")),
 ]
 
 _bearer = HTTPBearer(
     auto_error=False,
     description="The API token (PODIUM_API_TOKEN), or a pod's credential (its experiment's "
-    "generate, submissions, candidate files and leases only).",
+    "generate, submissions, candidate files, leases, compile caches and pod file uploads only).",
 )
 
 
@@ -60,7 +64,8 @@ def authorize_pod(platform_token: str | None, given: str, method: str, path: str
         raise HTTPException(
             status_code=403,
             detail=f"a pod credential (experiment {experiment_id!r}) may only generate, "
-            "submit, download candidate files and release leases of its own experiment",
+            "submit, download candidate files, release leases, share compile caches and "
+            "upload pod files of its own experiment",
         )
     return True
 

@@ -45,6 +45,21 @@ class LeaderboardSettings(PodiumSettings):
         description="A blob no candidate ever referenced (an interrupted upload) is swept only "
         "after this age.",
     )
+    compile_claim_ttl_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="How long a pod's claim to compile a program key lasts unless it claims "
+        "again (it does every third of this while it compiles): a pod that died frees the key "
+        "for another one within this time.",
+    )
+    compile_retry_after_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="How soon a pod waiting for another's compile asks again (it adds jitter "
+        "and backs off).",
+    )
     storage: Literal["fs", "s3"] = Field(default="fs", description="Checkpoint store backend.")
     blob_dir: Path | None = Field(
         default=None, description="Filesystem backend root (a PVC mount); data_dir/blobs if unset."

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from services.contracts.leaderboard import Experiment
 from services.contracts.spec import describe_errors
+from services.redis_client import STREAM_ID_MAX
 
 PREFIX = "podium:lb:"
 EXPERIMENTS = PREFIX + "experiments"
@@ -55,7 +56,6 @@ BLOB_HOLDS = "podium:blob:holds:"
 LEASE = "podium:lease:"
 # A collector that died mid-delete leaves its mark; after this long an upload may proceed.
 DELETING_STALE_MS = 60_000
-STREAM_ID_MAX = 2**64 - 1  # each half of a stream id is an unsigned 64-bit integer
 LAST_STREAM_ID = f"{STREAM_ID_MAX}-{STREAM_ID_MAX}"
 
 
@@ -104,7 +104,7 @@ end
 
 # KEYS: config board subs lineage refs gc all stats
 # ARGV: submission_id candidate_id score cand_prefix now fields_json shas_json
-#       parent_id generation algorithm pod_id env_steps
+#       parent_id generation algorithm pod_id env_steps batch_env_steps ('' when not said)
 # Returns {code, answer_json}: 0 = the stored answer of an earlier try, 1 = new answer,
 # -1 = unknown experiment, -2 = algorithm not in the experiment's ensemble, -3 = parent_id is
 # not a candidate of this experiment (another's, or none: its lineage would point outside it).
@@ -139,7 +139,7 @@ if redis.call('ZCARD', KEYS[2]) >= k then
     redis.call('HSET', KEYS[3], ARGV[1], ans)
     redis.call('XADD', KEYS[4], '*', 'event', 'reject', 'submission_id', ARGV[1],
       'score', ARGV[3], 'pod_id', ARGV[11], 'algorithm', ARGV[10], 'env_steps', ARGV[12],
-      'parent_id', ARGV[8], 'generation', ARGV[9], 'time', now)
+      'batch', ARGV[13], 'parent_id', ARGV[8], 'generation', ARGV[9], 'time', now)
     return {1, ans}
   end
 end
@@ -158,7 +158,7 @@ for _, sha in ipairs(shas) do
 end
 redis.call('XADD', KEYS[4], '*', 'event', 'insert', 'candidate_id', cid, 'parent_id', ARGV[8],
   'generation', ARGV[9], 'algorithm', ARGV[10], 'score', ARGV[3], 'submission_id', ARGV[1],
-  'pod_id', ARGV[11], 'env_steps', ARGV[12], 'time', now)
+  'pod_id', ARGV[11], 'env_steps', ARGV[12], 'batch', ARGV[13], 'time', now)
 local evicted = evict_to(KEYS[2], KEYS[5], KEYS[6], KEYS[4], ARGV[4], k, sign, now, cid)
 redis.call('HSET', KEYS[1], 'version', redis.call('INCR', 'podium:lb:version'))
 local rank = redis.call('ZREVRANK', KEYS[2], cid) + 1
@@ -459,6 +459,7 @@ class LeaderboardStore:
         algorithm: str,
         pod_id: str,
         env_steps: int = 0,
+        batch_env_steps: int | None = None,
     ) -> tuple[bool, dict[str, Any]]:
         """Insert if in the top K (evicting the worst). Returns (is_retry, answer)."""
         if not math.isfinite(score):
@@ -479,6 +480,7 @@ class LeaderboardStore:
                 algorithm,
                 pod_id,
                 env_steps,
+                "" if batch_env_steps is None else batch_env_steps,
             ],
         )
         if code == -1:

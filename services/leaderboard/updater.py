@@ -281,13 +281,8 @@ class Updater:
         held = False
         try:
             if staged:
-                for _ in range(100):
-                    if await self.store.hold_blobs(holder, shas, UPLOAD_HOLD_S):
-                        held = True
-                        break
-                    await asyncio.sleep(0.05)
-                else:
-                    raise StoreBusyError("blob store busy collecting; retry")
+                await hold_for_upload(self.store, holder, shas)
+                held = True
                 await run_in_threadpool(_commit_all, self.blobs, list(staged.values()))
             retry, answer = await self.store.insert(
                 experiment_id,
@@ -300,6 +295,7 @@ class Updater:
                 algorithm=result.algorithm,
                 pod_id=result.pod_id,
                 env_steps=result.env_steps,
+                batch_env_steps=result.batch_env_steps,
             )
         finally:
             for blob in staged.values():
@@ -319,6 +315,16 @@ class Updater:
             duplicate=retry,
         )
         return response
+
+
+async def hold_for_upload(store: LeaderboardStore, holder: str, shas: list[str]) -> None:
+    """Hold ``shas`` for an upload (the collector will not delete them until released), waiting
+    a moment while the collector is deleting one of them; ``StoreBusyError`` (503) if it goes on."""
+    for _ in range(100):
+        if await store.hold_blobs(holder, shas, UPLOAD_HOLD_S):
+            return
+        await asyncio.sleep(0.05)
+    raise StoreBusyError("blob store busy collecting; retry")
 
 
 def _commit_all(blobs: BlobStore, staged: list[StagedBlob]) -> None:

@@ -48,8 +48,9 @@ class ProgressSource(Protocol):
 
     def reporters(self, experiment_id: str, after: str | None) -> tuple[dict[str, int], str | None]:
         """Pod ids with a decided report after stream id ``after`` (each with the greatest
-        common divisor of its reports' env steps, 0 when none had any: a pod trains whole
-        batches, so this is a whole number of them), and the new cursor."""
+        common divisor of its reports' env steps and the batches they said, 0 when none had
+        any: a pod trains whole batches, so this is a whole number of them, its batch once it
+        said it), and the new cursor."""
         ...
 
 
@@ -112,7 +113,9 @@ class LeaderboardProgress:
             raise
         steps: dict[str, int] = {}
         for sub in log_.submissions:
-            steps[sub.pod_id] = math.gcd(steps.get(sub.pod_id, 0), sub.env_steps)
+            # A report's env steps are whole batches: with the batch the pod said, the batch.
+            said = sub.batch_env_steps or 0
+            steps[sub.pod_id] = math.gcd(steps.get(sub.pod_id, 0), sub.env_steps, said)
         return steps, cursor
 
     def close(self) -> None:

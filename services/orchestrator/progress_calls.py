@@ -163,9 +163,14 @@ class ProgressCalls:
 
     def batch(self, exp_id: str) -> int | None:
         """Env steps one agent trains per step, as far as the reports show: the largest over
-        the pods of the gcd of each one's reports (at least its batch: every report is a whole
-        number of batches). None before any report with steps."""
+        the pods of the gcd of each one's reports and the batches they said (its batch once a
+        report said it; at least its batch: every report is a whole number of batches). None
+        before any report with steps or a batch."""
         return max(self._board(exp_id).reporters.values(), default=0) or None
+
+    def batch_is_uniform(self, exp_id: str) -> bool:
+        """Whether every pod that reported steps trains the same batch (``batch``)."""
+        return len({steps for steps in self._board(exp_id).reporters.values() if steps}) == 1
 
     def reported(self, exp_id: str, pod_id: str) -> bool:
         """Whether the pod had a report decided by the leaderboard (as far as known now); a

@@ -439,6 +439,7 @@ class Reconciler:
         batch = self.calls.batch(exp.id)
         if batch is not None:  # per agent in the reports; a pod steps all its agents at once
             status.batch_env_steps = batch * exp.spec.population.agents_per_pod
+            status.batch_uniform = self.calls.batch_is_uniform(exp.id)
 
     def _check_end(
         self, exp: Experiment, status: ExperimentStatus, now: float, live: list[PodInfo]
@@ -726,7 +727,11 @@ class Reconciler:
         ended = self._ended_at.get(exp.id)
         if ended is None or not status.registered:
             return None
-        prog, settled = self.calls.progress(exp.id, self.settings.progress_poll_s, since=ended)
+        # With the submission log read (``batches``): the ended pods' reports hold the batch
+        # that the new pods' allowances are counted in.
+        prog, settled = self.calls.progress(
+            exp.id, self.settings.progress_poll_s, since=ended, batches=True
+        )
         self._record_progress(exp, status, prog)
         left = ended + STEPS_SETTLE_S - time.monotonic()
         if settled or left <= 0:

@@ -43,11 +43,14 @@ def env_steps_left(
 ) -> int | None:
     """What is left of the env-step budget for pods not started yet (None without one): the
     total, minus what the leaderboard has counted, minus the allowances running pods were
-    given (counted whole: their reports so far are already in the count)."""
+    given (counted whole: their reports so far are already in the count; in whole batches
+    where every pod trains the same batch, since a pod trains whole batches only and what is
+    left of its allowance below one comes back when it ends)."""
     total = spec.budget.total_env_steps
     if total is None:
         return None
-    committed = sum(v for k, v in status.allowances.items() if k in active)
+    unit = status.batch_env_steps if status.batch_uniform and status.batch_env_steps else 1
+    committed = sum(v // unit * unit for k, v in status.allowances.items() if k in active)
     return total - (status.env_steps or 0) - committed
 
 
@@ -64,10 +67,12 @@ def env_step_allowance(
     What is left (``env_steps_left``) is split evenly over the pods still to start toward the
     target, in whole units of a pod's batch (``status.batch_env_steps``) once it is known: a
     pod trains whole batches only, so a share that is not a whole number of batches leaves the
-    rest untrained, and a share below one batch trains nothing. The pods alive at once can
-    never take more than the budget together; a pod cuts its round at its allowance, reports
-    and exits 0, and its replacement gets a share of what is left. ``left``: what
-    ``env_steps_left`` returns, where the caller has it already.
+    rest untrained, and a share below one batch trains nothing. Fewer batches left than pods
+    to start go to one pod: a pod's start (an interpreter, torch, maybe a compile) costs far
+    more than a batch, so spreading the last batches one a pod would only multiply starts. The
+    pods alive at once can never take more than the budget together; a pod cuts its round at
+    its allowance, reports and exits 0, and its replacement gets a share of what is left.
+    ``left``: what ``env_steps_left`` returns, where the caller has it already.
     """
     if left is None:
         left = env_steps_left(spec, status, active)
@@ -78,8 +83,8 @@ def env_step_allowance(
     batches = left // unit
     if batches <= 0:
         return 0
-    # Fewer pods with a whole batch each beat more pods with none.
-    return max(1, batches // sharing) * unit
+    # Fewer pods with whole batches beat more pods with one, or none, each.
+    return (batches // sharing or batches) * unit
 
 
 def plan_scale(

@@ -117,11 +117,20 @@ class OrchestratorSettings(PodiumSettings):
     )
     pod_malloc: str = Field(
         default="auto",
-        description="Local backend: the malloc its pods (and the pod launcher) run with, "
-        "preloaded through LD_PRELOAD (services/malloc.py). auto: tcmalloc, else jemalloc, where "
-        "this machine has one (a compiled training step allocates anew on every call: "
+        description="The malloc pods run with, preloaded through LD_PRELOAD (services/malloc.py; "
+        "the local backend preloads it into its pods and the pod launcher, a Kubernetes pod "
+        "into itself, as PODIUM_POD_MALLOC). auto: tcmalloc, else jemalloc, where the machine "
+        "(or the pod image) has one (a compiled training step allocates anew on every call: "
         "docs/benchmarks.md); system: the system's; or the absolute path of an allocator's "
         "shared library.",
+    )
+    pod_memory_limit: Literal["auto", "cgroup", "watch", "off"] = Field(
+        default="auto",
+        description="Local backend: how each pod is held to its spec's resources.memory "
+        "(services/orchestrator/backends/memory.py). cgroup: a memory cgroup per pod (the "
+        "kernel kills it over the limit; refused at start where none can be made); watch: its "
+        "memory sampled, its processes killed over the limit; auto: cgroup where one can be "
+        "made, else watch; off: no limit. A pod killed for its memory counts as a crash.",
     )
     # Kubernetes backend.
     pod_image: str = "ghcr.io/podium-rl/podium-pod:0.1.0"  # release.yml publishes it (appVersion)
@@ -146,8 +155,9 @@ class OrchestratorSettings(PodiumSettings):
     k8s_compile_cache_claim: str | None = Field(
         default=None,
         description="A ReadWriteMany PersistentVolumeClaim mounted into every training pod as "
-        "torch.compile's cache (PODIUM_COMPILE_CACHE_DIR): a replaced pod or a PBT child's pod "
-        "loads what an earlier one compiled. None: each pod compiles into its container's disk.",
+        "torch.compile's cache (PODIUM_COMPILE_CACHE_DIR), kept across experiments. None: an "
+        "emptyDir per pod; either way an experiment's pods share what the first of them "
+        "compiled through the leaderboard's blob store.",
     )
     k8s_gpu_claim_template: str | None = Field(
         default=None,

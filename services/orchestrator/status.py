@@ -86,6 +86,9 @@ class ExperimentStatus(_Stored):
     #: Env steps one pod trains per step, as seen in its reports (the largest over the
     #: pods): allowances are handed out in whole units of it. None until a pod reported.
     batch_env_steps: int | None = None
+    #: Every pod that reported trains ``batch_env_steps``: running pods' allowances count as
+    #: the whole batches they can train.
+    batch_uniform: bool = False
     consecutive_failures: int = 0
     last_failure_at: float | None = None
     last_failure: LastFailure | None = None

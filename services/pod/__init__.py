@@ -8,7 +8,10 @@ contract in pyproject.toml):
   round, evaluate, report to the leaderboard, PBT's exploit), ``lineage.py`` (who each slot's
   agent is on the leaderboard), ``launcher.py`` (CPU pods forked from one process that imported
   torch once), ``metrics.py``, ``gpu_check.py`` (a pod granted GPUs it cannot use stops at
-  start), ``compile_cache.py`` (torch.compile's cache on a volume that outlives the pod).
+  start), ``compile_cache.py`` (torch.compile's cache on a volume that outlives the pod),
+  ``compile_share.py`` (one compile per experiment: the first pod's cache published to the
+  leaderboard's blob store, fetched by the others), ``pod_files.py`` (its TensorBoard files and
+  last log lines kept in the blob store).
   ``__main__.py`` starts it as the orchestrator starts a pod.
 * ``trading/`` — FinRL-style stock trading on the platform's parts: the market and the env,
   the portfolio gradient (its agent and trainer), the backtest, the in-process tournaments.

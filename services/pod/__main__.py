@@ -14,7 +14,13 @@ this pod may still take before the experiment's budget is spent: it stops before
 would exceed them, makes its final report and exits 0), ``PODIUM_TENSORBOARD_DIR`` (where it
 writes its TensorBoard event files; services/pod/training/tensorboard.py),
 ``PODIUM_COMPILE_CACHE_DIR`` (torch.compile's cache, kept across restarts and shared by PBT
-children; default ``<PODIUM_POD_DIR>/compile-cache``; services/pod/runtime/compile_cache.py).
+children; default ``<PODIUM_POD_DIR>/compile-cache``; services/pod/runtime/compile_cache.py; the
+experiment's pods share what one of them compiled through the leaderboard, waiting at most
+``PODIUM_COMPILE_WAIT_S`` for another's compile: services/pod/runtime/compile_share.py),
+``PODIUM_POD_MALLOC`` (the allocator, services/malloc.py: ``python -m services.pod`` starts
+itself anew with it preloaded), ``PODIUM_POD_LOG_LINES`` and ``PODIUM_POD_FILES_INTERVAL_S``
+(the last log lines, and how often the TensorBoard files, it keeps in the leaderboard's blob
+store: services/pod/runtime/pod_files.py).
 
 Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made), 2 for bad input (the message
 names what is wrong), 1 when training fails (the error is the last log line).
@@ -45,16 +51,21 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.contracts.spec import ExperimentSpec, describe_errors
-from services.logs import configure, get_logger
-from services.malloc import running_allocator
+from services.logs import configure, get_logger, keep_tail
+from services.malloc import AllocatorError, reexec_with_allocator, running_allocator
+from services.pod.runtime import activity  # imports no torch
 from services.pod.runtime.compile_cache import use_compile_cache  # imports no torch
+
+if TYPE_CHECKING:
+    from services.pod.runtime.rounds import PodRuntime
 
 log = get_logger("services.pod")
 S = TypeVar("S", bound=BaseSettings)
@@ -129,6 +140,25 @@ class PodSettings(RoleSettings):
         description="Where the pod writes its TensorBoard event files (its curves and "
         "hyperparameters); unset: none written.",
     )
+    compile_wait_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="How long the pod waits for another pod of the experiment to compile the "
+        "programs it needs (then loads them) before it compiles them itself.",
+    )
+    pod_log_lines: int = Field(
+        default=200,
+        ge=0,
+        le=100_000,
+        description="Last log lines the pod keeps in the leaderboard's blob store when it "
+        "exits (`podium logs` of an ended pod); 0: none.",
+    )
+    pod_files_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How often (at most, after a report) the pod uploads its TensorBoard "
+        "files while it runs; it always does before it exits.",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -191,6 +221,7 @@ def _settings(args: argparse.Namespace) -> tuple[PodSettings, ExperimentSpec, st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure()
+    tail = keep_tail(200)  # its last lines outlive the pod (pod_files.py); resized below
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     # Before the role branch: a split pod's worker and evaluator containers compile too and
     # must load what the pod compiled, not fill torch's default under /tmp that dies with
@@ -200,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadInputError as exc:
         log.error("bad input", error=str(exc))
         return 2
-    use_compile_cache(cache.compile_cache())
+    cache_dir = use_compile_cache(cache.compile_cache())
     if args.role in ("worker", "evaluator"):
         return _serve_role(args)
     try:
@@ -208,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadInputError as exc:
         log.error("bad input", error=str(exc))
         return 2
+    activity.start()  # "starting", until the round loop says what it does
     # Imported after the environment is checked: torch takes a second or two to import.
     from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
 
@@ -225,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.pod.roles.transport import TransportError, retire
     from services.pod.runtime.gpu_check import gpu_problem
     from services.pod.runtime.metrics import PodMetrics
+    from services.pod.runtime.pod_files import PodFiles
     from services.pod.runtime.rounds import PodRuntime, RuntimeSettings
     from services.pod.training.trainer import Roles
 
@@ -277,8 +310,19 @@ def main(argv: list[str] | None = None) -> int:
         max_env_steps=settings.max_env_steps,
         algorithm=settings.algorithm,
         tensorboard_dir=settings.tensorboard_dir,
+        compile_cache_dir=cache_dir,
+        compile_wait_s=settings.compile_wait_s,
+        started_at=process_start(),
     )
-    runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, roles)
+    tail.resize(max(settings.pod_log_lines, 1))
+    files = PodFiles(
+        client,
+        pod_id,
+        settings.tensorboard_dir,
+        tail if settings.pod_log_lines else None,
+        settings.pod_files_interval_s,
+    )
+    runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, roles, files)
 
     def on_signal(signum: int, _frame: object) -> None:
         runtime.stop()
@@ -297,6 +341,18 @@ def main(argv: list[str] | None = None) -> int:
         malloc_library=malloc.library and str(malloc.library),
     )
     try:
+        code = _run(runtime)
+    finally:
+        files.final()  # after its last line: the TensorBoard files and the log tail
+        client.close()
+    return code
+
+
+def _run(runtime: PodRuntime) -> int:
+    """The round loop to its end; the exit code, its reason the log's last line."""
+    from services.pod.runtime.rounds import HyperparameterError
+
+    try:
         runtime.run()
     except HyperparameterError as exc:  # e.g. DQN asked of a continuous-action env
         log.error("bad input", error=str(exc))
@@ -310,14 +366,26 @@ def main(argv: list[str] | None = None) -> int:
         log.error("pod failed", error=error, exc_info=True)
         return 1
     finally:
-        runtime.close()
+        runtime.close(keep_client=True)
     log.info(
         "pod stopped",
         rounds=runtime.rounds,
         submissions=len(runtime.submissions),
         env_steps=runtime.env_steps,
+        startup_s={k: round(v, 3) for k, v in runtime.startup.items()},
     )
     return 0
+
+
+def process_start() -> float:
+    """When this process started (epoch seconds): a pod's start-up counts from there, its
+    interpreter's start, imports and a re-execution with the allocator included."""
+    import psutil
+
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return time.time()
 
 
 def _serve_role(args: argparse.Namespace) -> int:
@@ -351,5 +419,19 @@ def _serve_role(args: argparse.Namespace) -> int:
         return 1
 
 
+def preload_allocator() -> int | None:
+    """Start this command anew with the allocator ``PODIUM_POD_MALLOC`` picks (default auto:
+    tcmalloc where the machine, the pod image included, has it; services/malloc.py) unless it
+    runs with one already (the local backend preloads it). Only as ``python -m services.pod``:
+    a pod forked by the launcher runs with the launcher's. 2 for a setting that cannot work."""
+    try:
+        reexec_with_allocator()
+    except AllocatorError as exc:
+        configure()
+        log.error("bad input", error=str(exc))
+        return 2
+    return None
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(preload_allocator() or main())

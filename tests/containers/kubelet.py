@@ -2,17 +2,21 @@
 runs each Pod the orchestrator creates as Docker containers, the way a node would: one container
 per manifest container, from the manifest's image, command, args and env, with its security
 context (capabilities dropped, no privilege escalation; read-only root as the chart sets for its
-services) and the pod's memory-backed /dev/shm emptyDir as a tmpfs volume shared by its
-containers. A graceful delete is `docker stop` with the pod's grace period (SIGTERM, then
-SIGKILL); a pod whose containers exit on their own becomes Succeeded or Failed.
+services), the pod's memory-backed /dev/shm emptyDir as a tmpfs volume shared by its containers
+and its other emptyDirs as world-writable directories of the test. A graceful delete is `docker
+stop` with the pod's grace period (SIGTERM, then SIGKILL); a pod whose containers exit on their
+own becomes Succeeded or Failed.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import os
+import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -34,9 +38,10 @@ class RunPod:
 
 
 class DockerKubelet(FakeCluster):
-    def __init__(self, docker: Docker, prefix: str) -> None:
+    def __init__(self, docker: Docker, prefix: str, disk: Path) -> None:
+        """``disk``: where the pods' disk-backed emptyDirs go (a directory of the test's)."""
         super().__init__(exit_delay_s=0.0)
-        self.docker, self.prefix = docker, prefix
+        self.docker, self.prefix, self.disk = docker, prefix, disk
         self.runs: dict[str, RunPod] = {}  # by pod name
         self.errors: list[str] = []
 
@@ -52,9 +57,15 @@ class DockerKubelet(FakeCluster):
         meta, spec = run.manifest["metadata"], run.manifest["spec"]
         name = f"{self.prefix}-{meta['name']}"
         try:
-            mounts: list[str] = []
+            sources: dict[str, str] = {}  # volume name -> what `docker run --volume` mounts
             for vol in spec.get("volumes", []):
-                if vol.get("emptyDir", {}).get("medium") == "Memory":
+                if "emptyDir" in vol and vol["emptyDir"].get("medium") != "Memory":
+                    # A node's disk: a directory every container of the pod may write (0777, as
+                    # the kubelet makes an emptyDir), gone with the pod.
+                    path = tempfile.mkdtemp(prefix=f"{name}-{vol['name']}-", dir=self.disk)
+                    os.chmod(path, 0o777)
+                    sources[vol["name"]] = path
+                elif vol.get("emptyDir", {}).get("medium") == "Memory":
                     size = int(parse_quantity(vol["emptyDir"].get("sizeLimit", "64Mi")))
                     vname = f"{name}-{vol['name']}"
                     self.docker(
@@ -62,14 +73,16 @@ class DockerKubelet(FakeCluster):
                         "--opt", "type=tmpfs", "--opt", "device=tmpfs",
                         "--opt", f"o=size={size},uid=10001,gid=10001,mode=1777", vname,
                     )  # fmt: skip
-                    mounts.append(vname)
+                    sources[vol["name"]] = vname
             for c in spec["containers"]:
                 ns = meta["namespace"]
                 flags = [f"--env={e['name']}={self._env_value(ns, e)}" for e in c.get("env", [])]
                 for m in c.get("volumeMounts", []):
                     # nocopy: an empty, world-writable tmpfs like the emptyDir, not the
                     # image's /dev/shm permissions copied onto it.
-                    flags.append(f"--volume={name}-{m['name']}:{m['mountPath']}:nocopy")
+                    source = sources[m["name"]]
+                    nocopy = "" if source.startswith("/") else ":nocopy"
+                    flags.append(f"--volume={source}:{m['mountPath']}{nocopy}")
                 memory = c.get("resources", {}).get("limits", {}).get("memory")
                 if memory:
                     flags.append(f"--memory={int(parse_quantity(memory))}")

@@ -1,4 +1,4 @@
-"""The chart hands the orchestrator the release's CPU pod image for pods without GPUs (issue 35),
+"""The chart hands the orchestrator the release's CPU pod image for pods without GPUs,
 rendered by the real ``helm template`` and read back as the orchestrator's settings."""
 
 from __future__ import annotations

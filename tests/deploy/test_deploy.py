@@ -115,7 +115,7 @@ def test_dockerfile_targets_are_non_root_with_exec_form_entrypoints_and_healthch
 
 
 def test_dockerfile_builds_without_a_registry_and_control_plane_without_torch() -> None:
-    """Issue 13: no frontend directive (BuildKit would fetch it from Docker Hub); the base image
+    """No frontend directive (BuildKit would fetch it from Docker Hub); the base image
     named once, as a build argument; the classic builder, which builds every stage before the
     target, meets no torch stage on the way to control-plane; no anonymous volumes."""
     text = (ROOT / "Dockerfile").read_text()
@@ -212,7 +212,7 @@ def test_compose_file_matches_the_compose_spec_schema() -> None:
 
 
 def test_compose_passes_the_token_only_when_set() -> None:
-    """Issue 13: `${PODIUM_API_TOKEN:-}` handed the services an empty token, which they refuse
+    """`${PODIUM_API_TOKEN:-}` handed the services an empty token, which they refuse
     (the leaderboard restarted in a loop). A bare name passes the variable only when it is set."""
     for name in ("leaderboard", "orchestrator"):
         env = _compose()["services"][name]["environment"]
@@ -487,7 +487,7 @@ def test_servicemonitor_only_with_the_operator_and_matching_the_services(
             selected.append(svc["metadata"]["name"])
             assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert sorted(selected) == ["podium-leaderboard", "podium-orchestrator"]
-    # The leaderboard's /metrics needs a token (issue 12, finding 10): the ServiceMonitor sends
+    # The leaderboard's /metrics needs a token: the ServiceMonitor sends
     # the one the leaderboard reads, from a Secret the chart generated.
     auth = sm["spec"]["endpoints"][0]["authorization"]
     assert auth["type"] == "Bearer" and auth["credentials"]["key"] == "token"
@@ -646,6 +646,8 @@ def test_dashboard_queries_only_series_the_services_export() -> None:
         "best score by algorithm",
         "api latency",
         "api errors",
+        "pod start-up",
+        "compile seconds",
     ]:
         assert want in titles, want
 
@@ -689,7 +691,7 @@ def test_image_workflows_match_the_github_workflow_schema(name: str) -> None:
 
 
 def test_published_images_are_the_ones_the_chart_k8s_and_orchestrator_name() -> None:
-    """Issue 13: the defaults named images nothing published. The release workflow publishes
+    """The defaults named images nothing published. The release workflow publishes
     ghcr.io/<owner>/podium-<target>:<tag without v>, refusing a tag other than the chart's
     appVersion; the chart, k8s/ and the orchestrator's default pod image name exactly those."""
     from services.orchestrator.settings import OrchestratorSettings
@@ -709,7 +711,7 @@ def test_published_images_are_the_ones_the_chart_k8s_and_orchestrator_name() -> 
     assert "appVersion" in meta and "exit 1" in meta
     push = next(s for s in steps if str(s.get("uses", "")).startswith("docker/build-push-action"))
     assert push["with"]["target"] == "${{ matrix.target }}" and push["with"]["push"] is True
-    # Issue 35: the pod image was built without build arguments, so torch +cpu under the name
+    # The pod image was built without build arguments, so torch +cpu under the name
     # the GPU docs and the chart use. Each entry's torch build reaches the Dockerfile.
     assert push["with"]["build-args"].splitlines() == ["TORCH_VARIANT=${{ matrix.torch }}"]
     published = {
@@ -751,7 +753,7 @@ def _pod_image(*args: str) -> str:
 
 
 def test_chart_runs_pods_on_the_cuda_image_where_they_may_get_gpus_else_the_cpu_one() -> None:
-    """Issue 35: GPU pods must not run a CPU build of torch. The chart's default pod image is
+    """GPU pods must not run a CPU build of torch. The chart's default pod image is
     the release's CUDA build where pods may get GPUs (orchestrator.limits.maxPodGpus > 0) and
     its -cpu build where they may not; an explicit tag or digest wins."""
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
@@ -776,7 +778,7 @@ def test_chart_runs_pods_on_the_cuda_image_where_they_may_get_gpus_else_the_cpu_
 
 
 def test_nightly_checks_are_left_out_by_default_and_run_with_m_nightly(tmp_path: Path) -> None:
-    """Issue 35: CI runs the tests without the `nightly` ones (pyproject's addopts); `-m nightly`
+    """CI runs the tests without the `nightly` ones (pyproject's addopts); `-m nightly`
     (what .github/workflows/nightly.yml runs through scripts/test.sh) runs exactly them."""
     (tmp_path / "test_marked.py").write_text(
         "import pytest\n\n\n@pytest.mark.nightly\n@pytest.mark.slow\ndef test_long():\n    pass"

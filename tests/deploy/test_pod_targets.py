@@ -1,6 +1,6 @@
 """deploy/prometheus/pod_targets.py lists only live pods as Prometheus targets.
 
-Issue 35: seconds after an experiment ended, 2 of its 4 pod targets were still listed and
+Seconds after an experiment ended, 2 of its 4 pod targets were still listed and
 scraped `down`: a pod's record stays until the reconciler's next pass removes it, and the
 script listed every pod that still had one. The local backend marks the record `ended` the
 moment the process exits; a target must go then. Real local backend, real pod processes, the

@@ -515,7 +515,7 @@ def test_submission_log_pages_through_every_decided_report(client: TestClient) -
 
 
 def test_a_parent_from_another_experiment_is_refused(client: TestClient) -> None:
-    """Issue 35, item 6: a report whose ``parent_id`` named another experiment's candidate was
+    """A report whose ``parent_id`` named another experiment's candidate was
     accepted, so one experiment's lineage pointed into another's."""
     for exp in ("mine", "theirs"):
         assert client.put(f"{API}/{exp}", json=experiment(top_k=4)).is_success

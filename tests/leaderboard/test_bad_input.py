@@ -225,7 +225,7 @@ def test_redis_down_is_503_without_partial_writes(lb_settings) -> None:
 def test_stream_cursor_beyond_64_bits_is_refused_and_the_last_id_ends_the_log(
     client: TestClient,
 ) -> None:
-    """Issue 12, finding 4: a cursor part above 2^64-1 answered 500 (Redis refused the id)."""
+    """A cursor part above 2^64-1 answered 500 (Redis refused the id)."""
     client.put(f"{API}/e", json=experiment())
     assert client.post(f"{API}/e/submissions", json=result("s1", 1.0)).status_code == 200
     big = str(2**64)
@@ -261,7 +261,7 @@ def raw_put(client: TestClient, exp: str, body: dict, **literals: str):
 def test_non_finite_generator_options_are_refused_naming_the_field(
     client: TestClient, strategy: str, options: dict, literal: str, field: str
 ) -> None:
-    """Issue 12, finding 1: these were stored as null and every generate then answered 500."""
+    """These were stored as null and every generate then answered 500."""
     r = raw_put(client, "x", experiment(strategy=strategy, options=options), x=literal)
     assert r.status_code == 422, r.text
     assert locs(r) == [["body", "generator", "options"]]
@@ -330,7 +330,7 @@ def test_a_board_with_hand_made_hyperparameters_outside_the_space_still_generate
 
 
 def test_unregistered_algorithm_names_are_refused(client: TestClient) -> None:
-    """Issue 12, finding 8: any algorithm name was accepted; pods then failed to build it."""
+    """Any algorithm name was accepted; pods then failed to build it."""
     r = client.put(f"{API}/x", json=experiment(algorithms={"ppo": 1.0, "a3c": 1.0}))
     assert r.status_code == 422 and locs(r) == [["body", "algorithms", "a3c"]], r.text
     assert "ppo" in r.json()["detail"][0]["msg"]  # lists the known names

@@ -1,4 +1,4 @@
-"""A full checkpoint volume (issue 12, finding 15): an upload answers a retryable 503 naming the
+"""A full checkpoint volume: an upload answers a retryable 503 naming the
 cause, leaves no staging file behind (reading and discarding both hit ENOSPC), /readyz says the
 blob store is not writable, reports without files and the generator keep working, and uploads
 work again once space is freed.

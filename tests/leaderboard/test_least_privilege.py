@@ -1,4 +1,4 @@
-"""Least privilege on the leaderboard (issue 12, finding 10): a pod's credential does what a
+"""Least privilege on the leaderboard: a pod's credential does what a
 pod needs on its own experiment and nothing else, and no answer shows where the checkpoint
 store keeps files."""
 

@@ -151,7 +151,7 @@ def test_restart_keeps_leaderboard_and_lineage(data: Path) -> None:
 
 
 def test_a_leaderboard_killed_mid_upload_sweeps_its_partial_file_at_start_up(data: Path) -> None:
-    """Issue 12, finding 15: the partial file of an upload cut by a crash stayed for an hour
+    """The partial file of an upload cut by a crash stayed for an hour
     (STAGING_MAX_AGE_S); a leaderboard that keeps crashing during uploads filled its volume."""
     svc = Service(data)
     staging = data / "blobs" / ".staging"

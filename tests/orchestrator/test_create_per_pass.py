@@ -1,4 +1,4 @@
-"""A reconcile pass creates a bounded number of pods (issue 35, item 7): scaling 50
+"""A reconcile pass creates a bounded number of pods: scaling 50
 experiments of 20 pods from zero was one pass of 4.9 s (1,000 creates against the API server),
 during which nothing else was reconciled: a pod failure or a deletion in another experiment
 waited for it. The rest are created by the next passes, which run at once."""

@@ -1,4 +1,4 @@
-"""Ended pods' last log lines outlive the pods (issue 35 item 9): kept with the experiment in
+"""Ended pods' last log lines outlive the pods: kept with the experiment in
 Redis when each pod ends, bounded, served by a restarted orchestrator, deleted with the
 experiment. Local backend, real stand-in pod processes, real Redis, the real leaderboard."""
 

@@ -1,4 +1,4 @@
-"""Faults the orchestrator must take in its stride (issue 12: findings 12, 14, 16, 17).
+"""Faults the orchestrator must take in its stride.
 
 Local backend with real stand-in pod processes, the real leaderboard over HTTP, real Redis;
 the hung leaderboard is a real TCP server that accepts connections and never answers.
@@ -51,7 +51,7 @@ def _board(leaderboard, exp_id: str) -> dict:
     return httpx.get(url, headers={"Authorization": f"Bearer {LB_TOKEN}"}).json()
 
 
-# -- finding 12: input that can never work ------------------------------------------------------
+# -- input that can never work ------------------------------------------------------
 def test_a_pods_bad_input_exit_fails_the_experiment_at_once(client: TestClient) -> None:
     body = spec(
         population={"min_pods": 1, "max_pods": 1}, standin={"crash_after_s": 0.1, "crash_code": 2}
@@ -103,7 +103,7 @@ def test_what_no_pod_can_train_is_refused_at_submission(
     assert client.get(API).json() == []
 
 
-# -- finding 14: an outside kill is not a crash loop --------------------------------------------
+# -- an outside kill is not a crash loop --------------------------------------------
 def _kill_every_pod_limit_times(
     client: TestClient, exp_id: str, ready: Callable[[dict[str, int]], bool]
 ) -> list[dict[str, Any]]:
@@ -144,7 +144,7 @@ def test_killing_pods_that_had_reported_is_not_a_crash_loop(client: TestClient) 
 
 
 def test_killing_pods_before_they_report_is_not_a_crash_loop(client: TestClient) -> None:
-    # Issue 35 item 3: pods killed from outside (SIGKILL) before their first report, more
+    # Pods killed from outside (SIGKILL) before their first report, more
     # times than the crash-loop limit: how they ended says they did not crash.
     body = spec(population={"min_pods": 2, "max_pods": 2}, standin={"info_lines": True})
     client.app.state.reconciler.calls.source = _Silent()  # no pod ever reports
@@ -199,7 +199,7 @@ class _Silent:
         return {}, after
 
 
-# -- finding 16: budgets and targets -------------------------------------------------------------
+# -- budgets and targets -------------------------------------------------------------
 def test_the_env_step_budget_is_not_overshot(client: TestClient, leaderboard) -> None:
     budget = 5000
     body = spec(
@@ -223,7 +223,7 @@ def test_the_env_step_budget_is_not_overshot(client: TestClient, leaderboard) ->
 def test_a_budget_the_batches_do_not_divide_is_handed_out_in_whole_batches(
     client: TestClient, leaderboard
 ) -> None:
-    # Issue 35 item 2: 3 pods training 4,096-step batches, a budget of 40,960. The first pods
+    # 3 pods training 4,096-step batches, a budget of 40,960. The first pods
     # train 12,288 steps each; the 4,096 left were split 1,365 per pod, each of which trained
     # nothing, reported, exited and was replaced (27 pods in 8 s).
     budget, batch = 40_960, 4_096
@@ -304,7 +304,7 @@ def test_a_target_met_by_the_final_reports_wins_over_a_spent_budget(
     )
 
 
-# -- finding 17: a hung leaderboard ---------------------------------------------------------------
+# -- a hung leaderboard ---------------------------------------------------------------
 class HungServer:
     """Accepts TCP connections and never answers (a SIGSTOPped leaderboard)."""
 

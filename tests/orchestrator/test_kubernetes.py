@@ -126,7 +126,9 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
     }
     # Fused (the default): one container runs all three roles with all of the pod's resources.
     assert spec_["volumes"] == [
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        {"name": "compile-cache", "emptyDir": {}},
+        {"name": "tensorboard", "emptyDir": {}},
     ]
     [c] = spec_["containers"]
     assert c["name"] == "pod" and c["image"] == "ghcr.io/podium-rl/podium:0.1.0"
@@ -149,7 +151,7 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
 def test_pods_without_gpus_run_the_cpu_image_when_one_is_configured(
     k8s_settings: OrchestratorSettings,
 ) -> None:
-    """Issue 35: a CPU pod pulled the CUDA image (gigabytes of CUDA libraries it never uses)."""
+    """A CPU pod pulled the CUDA image (gigabytes of CUDA libraries it never uses)."""
     cuda, cpu = "ghcr.io/podium-rl/podium-pod:0.1.0", "ghcr.io/podium-rl/podium-pod:0.1.0-cpu"
     both = k8s_settings.model_copy(update={"pod_image": cuda, "pod_image_cpu": cpu})
     for mode in ("fused", "processes"):
@@ -244,21 +246,31 @@ def test_the_compile_cache_claim_is_every_containers_cache(
     k8s_settings: OrchestratorSettings,
 ) -> None:
     """``k8s_compile_cache_claim``: the claim mounted in every container, where the pod's
-    PODIUM_COMPILE_CACHE_DIR points (services/pod/runtime/compile_cache.py); unset, none."""
-    plain = pod_manifest(k8s_settings, NS, request(), owner_uid="u")
-    assert [v["name"] for v in plain["spec"]["volumes"]] == ["shm"]
-    for mode in ("fused", "processes"):
+    PODIUM_COMPILE_CACHE_DIR points (services/pod/runtime/compile_cache.py); unset, an emptyDir
+    of the Pod (its containers share it; the experiment's pods share through the leaderboard).
+    The learner (fused: the pod) writes TensorBoard files into an emptyDir of its own, and
+    every container is told the allocator to preload (``pod_malloc``)."""
+    for claim, mode in [(None, "fused"), ("podium-compile-cache", "fused"), (None, "processes")]:
         s = k8s_settings.model_copy(
-            update={"k8s_compile_cache_claim": "podium-compile-cache", "pod_mode": mode}
+            update={"k8s_compile_cache_claim": claim, "pod_mode": mode, "pod_malloc": "system"}
         )
         m = pod_manifest(s, NS, request(), owner_uid="u")
         validate(m)
         [volume] = [v for v in m["spec"]["volumes"] if v["name"] == "compile-cache"]
-        assert volume["persistentVolumeClaim"] == {"claimName": "podium-compile-cache"}
+        if claim:
+            assert volume["persistentVolumeClaim"] == {"claimName": claim}
+        else:
+            assert volume["emptyDir"] == {}
         for c in m["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in c["env"]}
-            mount = next(v for v in c["volumeMounts"] if v["name"] == "compile-cache")
-            assert env["PODIUM_COMPILE_CACHE_DIR"] == mount["mountPath"]
+            mounts = {v["name"]: v["mountPath"] for v in c["volumeMounts"]}
+            assert env["PODIUM_COMPILE_CACHE_DIR"] == mounts["compile-cache"]
+            assert env["PODIUM_POD_MALLOC"] == "system"
+            writes_board = c["name"] in ("pod", "learner")
+            assert ("tensorboard" in mounts) == writes_board, c["name"]
+            assert env["PODIUM_TENSORBOARD_DIR"] == mounts.get(
+                "tensorboard", env["PODIUM_TENSORBOARD_DIR"]
+            )
 
 
 def test_schema_validation_catches_a_broken_manifest(k8s_settings: OrchestratorSettings) -> None:
@@ -453,7 +465,7 @@ def test_informer_relists_after_410_gone(
     assert backend.relists == 2
 
 
-# -- faults (issue 12: findings 12, 14, 16) --------------------------------------------------------
+# -- faults --------------------------------------------------------
 def test_on_kubernetes_exit_2_fails_at_once_and_evictions_are_not_crashes(
     cluster: tuple[FakeCluster, ServerThread],
     k8s_settings: OrchestratorSettings,
@@ -511,7 +523,7 @@ def test_on_kubernetes_pods_killed_or_lost_with_their_node_are_not_crashes(
     k8s_settings: OrchestratorSettings,
     flush_redis: None,
 ) -> None:
-    # Issue 35 item 3: pods that never reported, ended from outside more times than the
+    # Pods that never reported, ended from outside more times than the
     # crash-loop limit: a container killed by SIGKILL or SIGTERM (exit code 137 / 143, not
     # OOMKilled) and a node lost. How they ended says they did not crash; an OOM kill did.
     limit = k8s_settings.crash_loop_limit
@@ -555,7 +567,7 @@ def test_pods_get_their_experiments_credential_from_a_secret_the_orchestrator_ow
     cluster: tuple[FakeCluster, ServerThread],
     k8s_settings: OrchestratorSettings,
 ) -> None:
-    """Issue 12, finding 10: every pod got the platform token (which also works on the
+    """Every pod got the platform token (which also works on the
     orchestrator). Now each experiment has a Secret, owned by its ConfigMap and deleted with
     it, holding a credential that works for that experiment's pod routes only."""
     fc, srv = cluster
@@ -609,7 +621,7 @@ def test_on_kubernetes_ended_pods_last_lines_outlive_their_pod_objects(
     k8s_settings: OrchestratorSettings,
     flush_redis: None,
 ) -> None:
-    """Issue 35 item 9: a pod's log goes with its object, which the orchestrator deletes once
+    """A pod's log goes with its object, which the orchestrator deletes once
     the pod has failed (and Kubernetes deletes once a stopped pod has exited): read through
     the API before, and kept with the experiment."""
     fc, srv = cluster

@@ -1,10 +1,12 @@
-"""A leaderboard that is down or gone does not make the reconcile loop spin (issue 35 item 1).
+"""A leaderboard that is down or gone does not make the reconcile loop spin.
 
 Passes are counted while the real leaderboard is stopped (its port closed: calls are refused
 at once, then an open circuit breaker answers them at once), after it comes back on the same
-port, and with a leaderboard URL nothing ever listens on (experiments cannot register). The
-old loop ran thousands of passes a second in each case: a failed call woke it and the next
-pass asked again at once.
+port, and with a leaderboard URL nothing ever listens on (experiments cannot register). A
+loop that spins runs thousands of passes a second: a failed call woke it and the next pass
+asked again at once. A healthy loop's own rate depends on the pods' reports and the machine
+(23-53 passes in 3 s were seen on a busy 2-core machine), so the outage's passes are compared
+with the healthy rate measured in the same test, not with a fixed count.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ API = "/api/v1/experiments"
 #: Timed passes every 0.5 s, so an idle loop runs ~6 in 3 s; a spinning one runs thousands.
 INTERVAL_S = 0.5
 WINDOW_S = 3.0
-MAX_PASSES = 30
+MAX_PASSES = 30  # with no pod running: timed passes and the leaderboard's answers only
+#: Passes during and after an outage, at most this many times the healthy loop's.
+MAX_RATIO = 4.0
+
+
+def _not_spinning(passes: int, healthy: int) -> bool:
+    # A floor of the idle loop's own passes: a healthy count can be small on a quiet machine.
+    return passes <= MAX_RATIO * max(healthy, MAX_PASSES / MAX_RATIO)
 
 
 def _passes_in(client: TestClient, seconds: float) -> int:
@@ -73,7 +82,7 @@ def test_a_stopped_leaderboard_does_not_make_the_loop_spin(
 
             board.__exit__(None, None, None)  # the leaderboard is gone
             down = _passes_in(client, WINDOW_S)
-            assert down <= MAX_PASSES, f"{down} passes in {WINDOW_S}s while it was down"
+            assert _not_spinning(down, healthy), f"{down} passes down, {healthy} healthy"
             assert client.app.state.reconciler.last_error is None
 
             board = ServerThread(create_leaderboard_app(lb_settings), port=port).__enter__()
@@ -85,7 +94,7 @@ def test_a_stopped_leaderboard_does_not_make_the_loop_spin(
             )
             # ... and the loop is idle again.
             back = _passes_in(client, WINDOW_S)
-            assert back <= MAX_PASSES, f"{back} passes in {WINDOW_S}s after it came back"
+            assert _not_spinning(back, healthy), f"{back} passes back, {healthy} healthy"
             print(f"passes in {WINDOW_S}s: healthy {healthy}, down {down}, back {back}")
     finally:
         board.__exit__(None, None, None)

@@ -1,4 +1,4 @@
-"""Least privilege (issue 12, finding 10): a pod never receives the platform token. It gets a
+"""Least privilege: a pod never receives the platform token. It gets a
 credential scoped to its experiment (services/contracts/credentials.py) that works on that
 experiment's pod routes of the leaderboard only; the orchestrator refuses it.
 

@@ -91,7 +91,7 @@ def test_the_env_step_budget_is_split_over_the_pods_to_start() -> None:
     )
 
 
-# -- allowances in whole batches (issue 35 item 2) ---------------------------------------------
+# -- allowances in whole batches ------------------------------------------------------------
 def test_allowances_are_whole_batches_and_a_remainder_goes_to_fewer_pods() -> None:
     s = _spec(budget={"total_env_steps": 40_960}, population={"min_pods": 1, "max_pods": 3})
     # Three pods trained 12,288 steps each in 4,096-step batches; 4,096 are left.
@@ -113,3 +113,36 @@ def test_what_is_left_below_one_batch_ends_the_experiment_once_no_pod_runs() -> 
     # A pod still running (or stopping) may still report steps: no end yet, no new pod.
     running = plan_scale(s, status, [_pod("a", 1, terminating=True)], 2, POD, ROOMY, NOW)
     assert running.end is None and running.create == []
+
+
+def test_fewer_batches_left_than_pods_to_start_go_to_one_pod() -> None:
+    s = _spec(budget={"total_env_steps": 40_960}, population={"min_pods": 1, "max_pods": 3})
+    # Three Pendulum pods (2,048-step batches) allowed 13,653 each trained 12,288: 4,096 left,
+    # two batches for three pods to start. One pod trains both (one start, not two).
+    status = ExperimentStatus(env_steps=36_864, batch_env_steps=2_048, batch_uniform=True)
+    plan = plan_scale(s, status, [], 3, POD, ROOMY, NOW)
+    assert plan.create == [None] and plan.allowance == 4_096
+    # Five batches for three pods: one each now, the two left to one pod later.
+    status = ExperimentStatus(env_steps=40_960 - 5 * 2_048, batch_env_steps=2_048)
+    plan = plan_scale(s, status, [], 3, POD, ROOMY, NOW)
+    assert plan.create == [None, None, None] and plan.allowance == 2_048
+
+
+def test_running_pods_hold_the_whole_batches_of_their_allowances() -> None:
+    s = _spec(budget={"total_env_steps": 40_960}, population={"min_pods": 1, "max_pods": 3})
+    # One of three pods (allowed 13,653 each) ended after 12,288 steps; the two running will
+    # train 12,288 each too, whatever their allowance says: 4,096 are left for one new pod.
+    allowances = {"b": 13_653, "c": 13_653}
+    running = [_pod("b", 1), _pod("c", 2)]
+    status = ExperimentStatus(
+        env_steps=12_288, batch_env_steps=2_048, batch_uniform=True, allowances=allowances
+    )
+    plan = plan_scale(s, status, running, 3, POD, ROOMY, NOW)
+    assert plan.create == [None] and plan.allowance == 4_096
+    # Pods of different batches: a running pod's allowance counts whole (it may train more of
+    # it than the largest batch's whole units): nothing is left to start a pod with.
+    mixed = status.model_copy(update={"batch_uniform": False})
+    plan = plan_scale(s, mixed, running, 3, POD, ROOMY, NOW)
+    assert (
+        plan.create == [] and plan.reason == "the env-step budget left is held by the running pods"
+    )

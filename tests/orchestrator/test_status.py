@@ -120,7 +120,7 @@ def test_a_new_status_stores_only_what_was_set() -> None:
 
 
 def test_an_ended_experiment_wants_no_pods(client: TestClient) -> None:
-    # Issue 35 item 9: `podium status` of an ended experiment said "pods 0 running, 2 wanted".
+    # `podium status` of an ended experiment said "pods 0 running, 2 wanted".
     from tests.orchestrator.conftest import wait_for
 
     body = spec("ends", population={"min_pods": 2, "max_pods": 2})

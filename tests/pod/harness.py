@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from services.api_client import LeaderboardClient
 from services.contracts.leaderboard import Candidate, ManifestCheckpoint
@@ -259,3 +260,12 @@ def run_fresh_python(code: str, timeout: float = 120.0) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def eval_returns(directory: Path) -> list[float]:
+    """The ``eval/return`` curve of the TensorBoard files in ``directory`` ([] if none)."""
+    acc = EventAccumulator(str(directory))
+    acc.Reload()
+    if "eval/return" not in acc.Tags()["scalars"]:
+        return []
+    return [e.value for e in acc.Scalars("eval/return")]

@@ -233,7 +233,7 @@ def test_hyperparameter_names_are_checked_against_the_listed_algorithms() -> Non
 def test_an_algorithm_the_env_cannot_take_is_a_clear_error(
     tmp_path: Path, env: str, algorithm: str, message: str
 ) -> None:
-    # The spec refuses this pairing at submission (services/contracts/action_spaces.py): the
+    # The spec refuses this pairing at submission (services/contracts/envs.py): the
     # pod's own check is the defence for a spec that reaches it anyway, built unvalidated here.
     spec = make_spec(env={"name": env}, algorithms={"ppo": 1.0}, search_space={})
     rt = runtime(Leaderboard(tmp_path), "e", spec, "pod", tmp_path)  # never contacted

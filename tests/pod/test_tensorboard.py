@@ -212,3 +212,22 @@ def test_the_local_backend_gives_each_pod_a_tensorboard_dir_in_its_data_dir(
         backend.close()
     expected = (tmp_path / "data").resolve() / "tensorboard" / "e1" / "p1"
     assert Path(env["PODIUM_TENSORBOARD_DIR"]).resolve() == expected
+
+
+def test_a_curve_only_some_records_hold_is_written_though_records_are_thinned(
+    tmp_path: Path,
+) -> None:
+    """Records closer together than the write interval were dropped whole, and with them the
+    train/return of Pendulum and Acrobot (held only by the records where episodes ended)."""
+    board = Board(tmp_path, min_interval_s=60.0)
+    board.record({"env_steps": 100, "train_seconds": 0.1, "entropy": 1.0})  # written
+    for n in range(200, 1000, 100):  # thinned out: within the interval
+        ended = {"train_return": -float(n)} if n == 500 else {}
+        board.record({"env_steps": n, "train_seconds": n / 1000, "entropy": 0.5, **ended})
+    board.record({"env_steps": 1000, "train_seconds": 1.0, "eval_return": -150.0})  # written
+    board.record({"env_steps": 1100, "train_seconds": 1.1, "train_return": -120.0})  # held
+    board.close()
+    events = read(tmp_path)
+    assert values(events, "train/return") == [-500.0, -120.0]
+    assert steps(events, "train/return") == [1000, 1100]
+    assert values(events, "train/entropy") == [1.0, 0.5]

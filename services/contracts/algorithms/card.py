@@ -25,6 +25,9 @@ from services import registry
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.contracts.envs import ActionKind
 
+#: gymnasium's own env of an id a built-in env also has (services/pod/envs/registry.py).
+GYM_PREFIX = "gym:"
+
 #: A preset's section for accelerator-sized runs (docs/presets.md): the fields it holds replace
 #: the preset's when the run's ``num_envs`` is at least the section's ``min_num_envs``.
 LARGE_BATCH = "large_batch"
@@ -94,7 +97,8 @@ class AlgorithmCard:
         none ships. From the preset's ``large_batch.min_num_envs`` on, its ``large_batch``
         section is layered on top (``large_batch_layer``); below it, or with ``num_envs``
         None, the preset as its file says. An ``envpool:<task>`` env reads the preset of
-        ``<task>``: its transitions are the same (tests/pod/envs/test_envpool_adapter.py)."""
+        ``<task>``: its transitions are the same (tests/pod/envs/test_envpool_adapter.py); so
+        does ``gym:<id>``, the very env ``<id>`` names where no built-in env has that name."""
         data = self._preset_file(env)
         section = data.pop(LARGE_BATCH, None)
         layer = large_batch_layer(section, num_envs) if section else {}
@@ -108,7 +112,8 @@ class AlgorithmCard:
 
     def _preset_file(self, env: str) -> dict[str, Any]:
         files = self.preset_files()
-        text = files.get(env) or files.get(env.removeprefix(ENVPOOL_PREFIX))
+        task = env.removeprefix(ENVPOOL_PREFIX).removeprefix(GYM_PREFIX)
+        text = files.get(env) or files.get(task)
         return yaml.safe_load(text) if text else {}
 
     def num_envs(self, settings: Mapping[str, Any]) -> int | None:

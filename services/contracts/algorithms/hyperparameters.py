@@ -9,6 +9,7 @@ config fields plus its family loop's (the card's ``config`` and ``loop_config``)
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
@@ -63,10 +64,21 @@ def check_hyperparameter_names(
     known = {a: f for a, f in fields.items() if f is not None}
     unknown = sorted(set(names) - set().union(*known.values()))
     if unknown:
+        valid = sorted(set().union(*known.values()))
+        # What the reader most likely meant comes first, and the names quoted from the input
+        # are short: an API error is cut to a few hundred characters, the list at its end.
+        guesses = [
+            f"{name[:64]!r}: did you mean {', '.join(map(repr, close))}?"
+            for name in unknown[:3]
+            if (close := difflib.get_close_matches(name, valid, n=2, cutoff=0.6))
+        ]
+        shown = ", ".join(repr(name[:64]) for name in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         listing = "; ".join(f"{a}: {', '.join(sorted(f))}" for a, f in known.items())
         raise HyperparameterError(
-            f"{', '.join(map(repr, unknown))} not hyperparameters of "
-            f"{' or '.join(map(repr, known))}; they are: {listing}"
+            f"{shown}{more} not hyperparameters of {' or '.join(map(repr, known))}"
+            + (f" ({'; '.join(guesses)})" if guesses else "")
+            + f"; `podium algorithms --names` lists them: {listing}"
         )
 
 

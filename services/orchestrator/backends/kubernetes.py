@@ -7,9 +7,14 @@
   meet in ``PODIUM_ROLES_DIR`` on the shared /dev/shm: a Unix socket for control, rollouts and
   weights in shared-memory files (services/pod/roles/transport.py).
 - /dev/shm is a memory-backed emptyDir (``k8s_shared_memory``; a container's own is 64 MiB).
-- With ``k8s_compile_cache_claim``, a ReadWriteMany PersistentVolumeClaim mounted at
-  ``COMPILE_CACHE_DIR`` in every container holds torch.compile's cache, so a replaced pod or a
-  PBT child's new pod loads compiled programs instead of compiling them again.
+- torch.compile's cache is at ``COMPILE_CACHE_DIR`` in every container: an emptyDir of the Pod,
+  or, with ``k8s_compile_cache_claim``, a ReadWriteMany PersistentVolumeClaim. Either way the
+  experiment's pods share what the first of them compiled through the leaderboard's blob store
+  (services/pod/runtime/compile_share.py); the claim also keeps it across experiments.
+- The learner (fused: the pod) writes its TensorBoard files into an emptyDir at
+  ``TENSORBOARD_DIR`` and uploads them, and its last log lines, to the leaderboard's blob store
+  as it runs and before it exits (services/pod/runtime/pod_files.py): nothing a user reads is
+  lost with the Pod. ``PODIUM_POD_MALLOC`` (``pod_malloc``) is the allocator the pod preloads.
 - The GPU: ``nvidia.com/gpu`` limits on the fused container with the NVIDIA device plugin, or,
   with ``k8s_gpu_claim_template`` set, one DRA ResourceClaim that every container references.
   Three containers with GPUs need the claim: the worker and the evaluator build their envs and
@@ -83,8 +88,10 @@ ROLE_SHARE = {"worker": 0.5, "learner": 0.25, "evaluator": 0.25}
 FUSED_CONTAINER = "pod"  # runs --role all
 #: Where the three containers of the processes mode meet (inside the shared /dev/shm).
 ROLES_DIR = "/dev/shm/podium-roles"
-#: Where a training pod mounts the compile cache claim (``k8s_compile_cache_claim``).
+#: Where a training pod's compile cache is (an emptyDir, or ``k8s_compile_cache_claim``).
 COMPILE_CACHE_DIR = "/var/cache/podium/compile"
+#: Where the learner writes its TensorBoard files (an emptyDir; uploaded as they grow).
+TENSORBOARD_DIR = "/var/lib/podium/tensorboard"
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -177,6 +184,9 @@ def pod_manifest(
         {"name": "PODIUM_SPEC", "value": req.spec_json},
         {"name": "PODIUM_CPU", "value": f"{r.cpu:g}"},
         {"name": "PODIUM_GPUS", "value": str(r.gpus)},
+        {"name": "PODIUM_POD_MALLOC", "value": settings.pod_malloc},
+        {"name": "PODIUM_COMPILE_CACHE_DIR", "value": COMPILE_CACHE_DIR},
+        {"name": "PODIUM_TENSORBOARD_DIR", "value": TENSORBOARD_DIR},
     ]
     for k, v in sorted(req.pod_env().items()):
         if k not in PLATFORM_SECRETS:
@@ -189,15 +199,20 @@ def pod_manifest(
                 "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}},
             }
         )
-    mounts = [{"name": "shm", "mountPath": "/dev/shm"}]
-    volumes: list[dict[str, Any]] = [
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.k8s_shared_memory}}
+    mounts = [
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR},
     ]
-    if settings.k8s_compile_cache_claim:  # services/pod/runtime/compile_cache.py
-        env.append({"name": "PODIUM_COMPILE_CACHE_DIR", "value": COMPILE_CACHE_DIR})
-        mounts.append({"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR})
-        claim_ref = {"claimName": settings.k8s_compile_cache_claim}
-        volumes.append({"name": "compile-cache", "persistentVolumeClaim": claim_ref})
+    cache: dict[str, Any] = (  # services/pod/runtime/compile_cache.py
+        {"persistentVolumeClaim": {"claimName": settings.k8s_compile_cache_claim}}
+        if settings.k8s_compile_cache_claim
+        else {"emptyDir": {}}
+    )
+    volumes: list[dict[str, Any]] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.k8s_shared_memory}},
+        {"name": "compile-cache", **cache},
+        {"name": "tensorboard", "emptyDir": {}},
+    ]
     mode = settings.pod_mode  # the reconciler tells the pod the same (PODIUM_POD_MODE)
     claim = bool(r.gpus and settings.k8s_gpu_claim_template)
     if mode == "processes" and r.gpus and not claim:
@@ -213,6 +228,7 @@ def pod_manifest(
         roles = {role: (role, ROLE_SHARE[role]) for role in ROLES}
     # A pod without GPUs has no use for CUDA torch: the CPU build, where one is configured.
     image = settings.pod_image_cpu if not r.gpus and settings.pod_image_cpu else settings.pod_image
+    board = [{"name": "tensorboard", "mountPath": TENSORBOARD_DIR}]
     containers = []
     for name, (role, share) in roles.items():
         mem = _mem(r.memory * share)
@@ -238,7 +254,7 @@ def pod_manifest(
                 "args": ["--role", role, "--experiment", req.experiment_id, "--pod-id", req.pod_id],
                 "env": [*role_env, {"name": "PODIUM_ROLE", "value": role}],
                 "resources": resources,
-                "volumeMounts": mounts,
+                "volumeMounts": [*mounts, *board] if role in ("all", "learner") else mounts,
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "capabilities": {"drop": ["ALL"]},

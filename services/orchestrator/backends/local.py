@@ -41,6 +41,7 @@ from services.orchestrator.backends.base import (
     PodRequest,
     pod_credential,
 )
+from services.orchestrator.backends.memory import pod_memory
 from services.orchestrator.backends.pod_launcher import (
     LaunchedPod,
     LauncherUnavailableError,
@@ -81,11 +82,12 @@ def _exit_reason(code: int) -> str:
 
 #: Signals a process does not send itself when it crashes: a pod that died of one was stopped
 #: from outside (a kill, a shutdown, a closed terminal), not by its own fault. A crash is an
-#: exit code or a signal such as SIGSEGV or SIGABRT. (The kernel's OOM killer also sends
-#: SIGKILL: a pod that outgrows the machine's memory is not counted as crashing here.)
-def _disruption(code: int | None, terminating: bool) -> str | None:
+#: exit code or a signal such as SIGSEGV or SIGABRT, or a kill for going over its memory limit
+#: (``oom``, told by services/orchestrator/backends/memory.py: the kernel's OOM killer and a
+#: person both send SIGKILL).
+def _disruption(code: int | None, terminating: bool, oom: bool = False) -> str | None:
     """Why a pod that was not asked to stop was stopped from outside, or None."""
-    if code is None or code >= 0 or terminating or -code not in OUTSIDE_SIGNALS:
+    if code is None or code >= 0 or terminating or oom or -code not in OUTSIDE_SIGNALS:
         return None
     return f"killed by {signal.Signals(-code).name} from outside"
 
@@ -127,6 +129,9 @@ class LocalBackend(Backend):
         self.launcher = (
             PodLauncher(malloc_library=library) if launcher and sys.platform == "linux" else None
         )
+        # Each pod held to its spec's memory (raises where pod_memory_limit cannot be had).
+        self.memory = pod_memory(settings.pod_memory_limit)
+        log.info("pod memory limits", mode=settings.pod_memory_limit, by=self.memory.name)
         cpu, gpus, mem = settings.local_capacity()
         self._capacity = Res(cpu, gpus, mem)
         self._lock = threading.RLock()
@@ -199,6 +204,8 @@ class LocalBackend(Backend):
             "PODIUM_COMPILE_CACHE_DIR": str(self.root.parent / "compile-cache"),
             "PODIUM_CPU": f"{req.resources.cpu:g}",
             "PODIUM_GPUS": str(req.resources.gpus),
+            # Preloaded below already; said too, so that the pod does not choose another.
+            "PODIUM_POD_MALLOC": self.settings.pod_malloc,
             # Each pod sees only its own GPUs (none for a CPU pod).
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         }
@@ -213,6 +220,7 @@ class LocalBackend(Backend):
             with self._lock:
                 self._reserved.pop(key, None)
             raise
+        self.memory.attach(key, proc.pid, req.resources.memory)
         try:
             started = psutil.Process(proc.pid).create_time()
         except psutil.NoSuchProcess:
@@ -293,11 +301,14 @@ class LocalBackend(Backend):
             if self._closed:
                 return  # a newer orchestrator owns the records now
             # None: its launcher died before it ended, and nobody can read its status.
-            status = (
+            status: dict[str, Any] = (
                 {"exit_code": code, "reason": _exit_reason(code)}
                 if code is not None
                 else {"reason": "exited (its pod launcher stopped first; status unknown)"}
             )
+            if self.memory.ended((exp, pod)):
+                status["oom_killed"] = True
+                status["reason"] = f"{status['reason']} (OOMKilled: over its memory limit)"
             self._update(exp, pod, ended=time.time(), **status)
         self.changed.set()
 
@@ -346,15 +357,20 @@ class LocalBackend(Backend):
                 if not child and rec.get("exit_code") is None and rec.get("ended") is None:
                     p = self._alive(rec)
                     if p is None:
-                        # Adopted and gone: the status is unknowable for a non-child.
+                        # Adopted and gone: the status is unknowable for a non-child, but its
+                        # memory cgroup (if it had one) says whether its limit killed it.
                         reason = "exited (adopted after an orchestrator restart; status unknown)"
-                        rec.update(ended=now, reason=reason)
-                        self._update(exp, pod, ended=now, reason=reason)
+                        oom = self.memory.ended(key)
+                        if oom:
+                            reason = "OOMKilled: over its memory limit (adopted; exit unknown)"
+                        rec.update(ended=now, reason=reason, oom_killed=oom)
+                        self._update(exp, pod, ended=now, reason=reason, oom_killed=oom)
                     else:
                         with self._lock:
                             watch = key not in self._watched
                             self._watched.add(key)
                         if watch:
+                            self.memory.attach(key, p.pid, int(rec["resources"]["memory"]))
                             threading.Thread(
                                 target=self._watch_adopted, args=(exp, pod, p), daemon=True
                             ).start()
@@ -380,7 +396,7 @@ class LocalBackend(Backend):
                     exit_code=code,
                     reason=rec.get("reason"),
                     algorithm=rec.get("algorithm"),
-                    disruption=_disruption(code, terminating),
+                    disruption=_disruption(code, terminating, bool(rec.get("oom_killed"))),
                 )
             )
         return out

@@ -1,5 +1,5 @@
 """Where torch.compile keeps what it built, so a pod's restart and a PBT child's new pod do not
-pay the compile again (issue 33, deliverable 2).
+pay the compile again.
 
 Inductor writes its kernels (C++ or Triton sources and their builds) and, with the FX graph
 cache and AOTAutograd's cache on (their defaults in torch 2.13, set here explicitly so that an
@@ -11,12 +11,19 @@ directory that outlives the process: ``PODIUM_COMPILE_CACHE_DIR``, which the loc
 beside the experiments (every pod of the platform shares it: entries are keyed by the graph,
 the torch version and the device, so sharing is safe), else ``<PODIUM_POD_DIR>/compile-cache``.
 
+Compiled programs are shared libraries, loaded from where they were written: the cache directory
+must allow executables (an emptyDir or a volume does), and so must the temporary directory, where
+AOTInductor unpacks a program package before it loads it. Docker's ``--tmpfs /tmp`` (compose's
+hardening) is mounted ``noexec``: where ``/tmp`` is, temporary files go to ``<cache>/tmp``
+instead (``TMPDIR``; an operator's own wins).
+
 Imports no torch: ``use_compile_cache`` runs before torch is imported.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from services.logs import get_logger
@@ -24,6 +31,8 @@ from services.logs import get_logger
 log = get_logger(__name__)
 
 CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
+#: The cache's subdirectory that takes temporary files where /tmp is noexec (never shared).
+TMP = "tmp"
 #: Torch's switches of the caches that hold whole compiled graphs (the FX graph cache and
 #: AOTAutograd's, which holds the forward and backward of a differentiated graph).
 FLAGS = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
@@ -38,6 +47,7 @@ def use_compile_cache(directory: Path | None) -> Path | None:
     if os.environ.get(CACHE_DIR):
         chosen = Path(os.environ[CACHE_DIR])
         log.info("compile cache", dir=str(chosen), source=CACHE_DIR)
+        _executable_tmp(chosen)
         return chosen
     if directory is None:
         return None
@@ -48,4 +58,30 @@ def use_compile_cache(directory: Path | None) -> Path | None:
         return None
     os.environ[CACHE_DIR] = str(directory)
     log.info("compile cache", dir=str(directory), source="PODIUM_COMPILE_CACHE_DIR")
+    _executable_tmp(directory)
     return directory
+
+
+def _noexec(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
+    except OSError:
+        return False
+
+
+def _executable_tmp(cache: Path) -> None:
+    """Where the temporary directory cannot hold a library to load (noexec), use
+    ``<cache>/tmp``, unless the operator chose ``TMPDIR`` or the cache is noexec too."""
+    if os.environ.get("TMPDIR") or not _noexec(tempfile.gettempdir()):
+        return
+    tmp = cache / TMP
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    if _noexec(str(tmp)):
+        log.warning("compile cache is noexec: compiled programs cannot load", dir=str(cache))
+        return
+    os.environ["TMPDIR"] = str(tmp)
+    tempfile.tempdir = None  # gettempdir() looks again
+    log.info("temporary files in the compile cache: /tmp is noexec", dir=str(tmp))

@@ -1,4 +1,4 @@
-"""Refuse to train on the CPU when the pod was granted GPUs (issue 35, item 8).
+"""Refuse to train on the CPU when the pod was granted GPUs.
 
 The orchestrator tells a pod how many GPUs it was granted in ``PODIUM_GPUS`` (both backends:
 the Kubernetes one from the spec's ``resources.gpus`` beside the ``nvidia.com/gpu`` limit or

@@ -35,11 +35,16 @@ class Lineage:
     unreported_steps: int = 0
 
     def submission(
-        self, env_steps: int, evaluation: EvalResult, trained_env_steps: int
+        self,
+        env_steps: int,
+        evaluation: EvalResult,
+        trained_env_steps: int,
+        batch_env_steps: int | None = None,
     ) -> dict[str, Any]:
         """The updater's submission for this agent's latest evaluation (without files):
         ``env_steps`` since the previous report (the experiment's budget), ``trained_env_steps``
-        the agent's own (its learner's count, its parents' included)."""
+        the agent's own (its learner's count, its parents' included), ``batch_env_steps`` what
+        one of its steps trains (the unit of the orchestrator's env-step allowances)."""
         return {
             "submission_id": uuid.uuid4().hex,  # the same for every retry of this report
             "pod_id": self.pod_id,
@@ -49,6 +54,7 @@ class Lineage:
             "generation": self.generation,
             "env_steps": env_steps,
             "trained_env_steps": trained_env_steps,
+            "batch_env_steps": batch_env_steps,
             "score": evaluation.mean,
             "eval": {
                 "mean": evaluation.mean,

@@ -1,5 +1,5 @@
 """The pod's Prometheus metrics: env steps/s, updates/s, latest and best eval return, rounds,
-compile seconds.
+compile seconds, start-up seconds (to the first env step and to the first report).
 
 Served on ``PODIUM_METRICS_PORT`` when it is set (``0`` = any free port; the bound port is
 written to ``<PODIUM_POD_DIR>/<pod id>.metrics_port``, since the directory is shared by the
@@ -49,6 +49,15 @@ class PodMetrics:
             "podium_pod_compile_seconds",
             "Seconds spent compiling (torch.compile: dynamo and inductor) by this pod.",
         )
+        self.startup_seconds = Gauge(
+            "podium_pod_startup_seconds",
+            "Seconds from the pod's process start to a milestone: its first env step "
+            "(milestone=first_env_step: start-up, compile included) and its first report "
+            "(milestone=first_report).",
+            [*labels, "milestone"],
+            registry=self.registry,
+        )
+        self._labels = labels
         self._compiled = 0.0
         self._best: float | None = None
         self.server = None
@@ -58,6 +67,10 @@ class PodMetrics:
         if total_seconds > self._compiled:
             self.compile_seconds.inc(total_seconds - self._compiled)
             self._compiled = total_seconds
+
+    def started(self, milestone: str, seconds: float) -> None:
+        """The pod reached ``milestone`` ``seconds`` after its process started."""
+        self.startup_seconds.labels(**self._labels, milestone=milestone).set(seconds)
 
     def round_done(self, env_steps: int, updates: int, seconds: float) -> None:
         self.rounds.inc()

@@ -49,8 +49,11 @@ from services.contracts.search_space import pinned_names
 from services.contracts.spec import ExperimentSpec
 from services.contracts.strategies import parent_is_better
 from services.logs import get_logger
+from services.pod.runtime import activity
+from services.pod.runtime.compile_share import CompileShare
 from services.pod.runtime.lineage import Lineage, ReadyRule
 from services.pod.runtime.metrics import PodMetrics
+from services.pod.runtime.pod_files import PodFiles
 from services.pod.training.checkpoint import MANIFEST, CheckpointError, write_files
 from services.pod.training.presets import pod_config
 from services.pod.training.tensorboard import Board
@@ -77,6 +80,14 @@ class RuntimeSettings:
     #: Where this pod writes its TensorBoard event files (a population: each agent's in
     #: ``m<i>/`` below it); None: none written.
     tensorboard_dir: Path | None = None
+    #: The compile cache directory this process uses (``TORCHINDUCTOR_CACHE_DIR``): shared
+    #: with the experiment's other pods through the leaderboard (compile_share.py); None: not
+    #: shared.
+    compile_cache_dir: Path | None = None
+    #: How long a pod waits for another pod's compile of its programs before compiling itself.
+    compile_wait_s: float = 900.0
+    #: When this pod's process started (epoch seconds): its start-up is measured from there.
+    started_at: float | None = None
 
 
 def fetch_parent(
@@ -112,6 +123,7 @@ class PodRuntime:
         settings: RuntimeSettings | None = None,
         metrics: PodMetrics | None = None,
         roles: Roles | None = None,
+        files: PodFiles | None = None,
     ) -> None:
         size = spec.population.agents_per_pod
         if size > 1:  # the spec validator's own check, for a spec that reached us raw
@@ -126,6 +138,7 @@ class PodRuntime:
             experiment_id, pod_id, spec.evaluation.higher_is_better
         )
         self.roles = roles  # where the trainer's worker and evaluator run; None: here
+        self.files = files  # the TensorBoard files and log lines kept beyond the pod
         self.ready = ReadyRule.of(spec)
         self.seed = zlib.crc32(pod_id.encode()) % (2**31)
         self.slots = [
@@ -138,6 +151,18 @@ class PodRuntime:
         self.submissions: list[dict[str, Any]] = []  # answers of this pod's reports
         self.train_seconds = 0.0  # spent in rounds (the env-steps/s curve's clock)
         self.board, self.boards = self.open_boards()
+        cache = self.settings.compile_cache_dir
+        # Roles in other processes wait for the trainer to answer them (30 s): such a pod does
+        # not wait for another's compile (its trainer is the eager one anyway).
+        wait_s = 0.0 if roles is not None else self.settings.compile_wait_s
+        self.compile_share = (
+            CompileShare(client, pod_id, cache, wait_s, lambda: self.stopping)
+            if cache is not None
+            else None
+        )
+        self.started_at = self.settings.started_at or time.time()
+        #: Seconds from the process's start to its first env step and to its first report.
+        self.startup: dict[str, float] = {}
 
     @property
     def size(self) -> int:
@@ -173,15 +198,19 @@ class PodRuntime:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> None:
+        activity.now("loading")
         self.start()
         while not self.stopping:
+            activity.now("training")
             self.train_round()
             if self.stopping:
                 break  # the final report comes next
             if self.rounds % self.spec.evaluation.every_rounds == 0:
+                activity.now("evaluating")
                 self.report()
                 if not self.stopping:
                     self.maybe_exploit()
+        activity.now("evaluating")
         self.finish()
 
     def finish(self) -> None:
@@ -203,6 +232,8 @@ class PodRuntime:
             for slot in self.slots[len(manifests) :]:
                 manifests.append(self.client.generate(slot.pod_id, self.settings.algorithm))
             configs = [self.slot_config(m) for m in manifests]
+            if self.compile_share is not None:  # another pod's compile, before ours starts
+                self.compile_share.before_build(configs)
             if self.trainer is not None:
                 self.trainer.close()
                 self.trainer = None
@@ -224,8 +255,8 @@ class PodRuntime:
     def horizon_env_steps(self) -> int | None:
         """Env steps each slot can expect to train: this pod's share of the experiment's
         budget (``spec.budget.total_env_steps`` over ``max_pods`` pods of ``size`` agents), at
-        least a round; None without a budget. What a compile must pay for
-        (``Trainer`` selection, services/pod/training/trainer.py ``compiled_trainer``)."""
+        least a round; None without a budget. What a compile must pay for (``compile: auto``,
+        services/pod/algorithms/compiled.py ``Decision``)."""
         total = self.spec.budget.total_env_steps
         if not total:
             return None
@@ -316,6 +347,8 @@ class PodRuntime:
                 self.stopping = True
                 break
             trainer.step()
+            if "first_env_step" not in self.startup:
+                self.started("first_env_step", trainer)
             steps = trainer.env_steps - start_steps
             if round_steps is not None and steps >= round_steps:
                 break
@@ -357,7 +390,10 @@ class PodRuntime:
             trainer.save(i, directory)
             files = {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
             result = slot.submission(
-                slot.unreported_steps, evaluation, trainer.counters(i).env_steps
+                slot.unreported_steps,
+                evaluation,
+                trainer.counters(i).env_steps,
+                trainer.step_env_steps,
             )
             answer = self.client.submit(result, files)
             self.metrics.submissions.inc()
@@ -385,6 +421,26 @@ class PodRuntime:
                 duplicate=answer.duplicate,
             )
             slot.unreported_steps = 0
+        if self.compile_share is not None:
+            self.compile_share.reported()
+        if self.files is not None:
+            self.files.reported()
+        if "first_report" not in self.startup:
+            self.started("first_report", trainer)
+
+    def started(self, milestone: str, trainer: Trainer) -> None:
+        """Log and export the seconds from the process's start to ``milestone`` (its first env
+        step, its first report): what start-up, a compile included, cost this pod."""
+        seconds = time.time() - self.started_at
+        self.startup[milestone] = seconds
+        self.metrics.started(milestone, seconds)
+        if milestone == "first_env_step" and self.compile_share is not None:
+            self.compile_share.stepped(trainer.compile_seconds)
+        log.info(
+            f"pod.{milestone}",
+            seconds=round(seconds, 3),
+            compile_s=round(trainer.compile_seconds, 3),
+        )
 
     def better_parent(self, i: int) -> Manifest | None:
         """PBT's exploit for slot i: once it is ready, ask the generator; its manifest when it
@@ -417,6 +473,7 @@ class PodRuntime:
                 except HyperparameterError as exc:  # e.g. a parent from another kind of pod
                     log.warning("parent does not fit this pod", slot=i, error=str(exc))
                     continue
+                activity.now("loading")
                 log.info(
                     "restarting from a better parent",
                     slot=i,
@@ -427,12 +484,17 @@ class PodRuntime:
             finally:
                 self.release(manifest)
 
-    def close(self) -> None:
+    def close(self, keep_client: bool = False) -> None:
+        """Release everything; the leaderboard client too unless ``keep_client`` (the pod's
+        files are uploaded with it after the loop, services/pod/__main__.py)."""
+        if self.compile_share is not None:
+            self.compile_share.close()
         if self.trainer is not None:
             self.trainer.close()
         if self.roles is not None:
             self.roles.close()
-        self.client.close()
+        if not keep_client:
+            self.client.close()
         self.metrics.close()
         for board in (self.board, *self.boards):  # closing twice is harmless
             board.close()

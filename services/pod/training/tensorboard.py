@@ -70,8 +70,11 @@ class Board:
     """One run's event files in ``log_dir`` (None: a board that writes nothing).
 
     ``min_interval_s``: training records (those without an evaluation) closer together than
-    this are dropped, so that a trainer that reports every vector step (the off-policy ones)
-    does not spend its time serialising summaries; evaluations are always written."""
+    this are not written one by one, so that a trainer that reports every vector step (the
+    off-policy ones) does not spend its time serialising summaries; the latest value of each of
+    their curves is written with the next record written (or at ``flush``), so a statistic that
+    only some records hold (``train/return``: only those where episodes ended) is never lost.
+    Evaluations are always written."""
 
     def __init__(
         self, log_dir: Path | None, min_interval_s: float = 0.5, replace: bool = False
@@ -84,6 +87,9 @@ class Board:
         self._last_write = -math.inf
         self._rate_from: tuple[float, float] | None = None  # (env steps, train seconds)
         self._hparams_written = False
+        #: The latest value of each curve of the records not written yet, and their step.
+        self._held: dict[str, float] = {}
+        self._held_step = 0
 
     @property
     def enabled(self) -> bool:
@@ -126,11 +132,15 @@ class Board:
             return
         evaluated = "eval_return" in record
         now = time.monotonic()
-        if not evaluated and now - self._last_write < self.min_interval_s:
-            return
-        self._last_write = now
         x = int(record["env_steps"] if step is None else step)
         scalars = {t: float(v) for k, v in record.items() if (t := tag(k)) is not None}
+        if not evaluated and now - self._last_write < self.min_interval_s:
+            self._held.update(scalars)
+            self._held_step = x
+            return
+        self._last_write = now
+        scalars = {**self._held, **scalars}
+        self._held.clear()
         if "env_steps" in record and "train_seconds" in record:
             steps, seconds = float(record["env_steps"]), float(record["train_seconds"])
             if self._rate_from is not None:
@@ -175,11 +185,18 @@ class Board:
 
         self._call(write)
 
+    def _write_held(self) -> None:
+        if self._held and not self._dead:
+            held, self._held = self._held, {}
+            self.scalars(held, self._held_step)
+
     def flush(self) -> None:
+        self._write_held()
         if self._writer is not None:
             self._call(lambda writer: writer.flush())
 
     def close(self) -> None:
+        self._write_held()
         if self._writer is not None:
             self._call(lambda writer: writer.close())
         self._writer = None

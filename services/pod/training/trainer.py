@@ -249,5 +249,11 @@ def build_trainer(
     takes = "horizon_env_steps" in inspect.signature(cls.__init__).parameters
     extra = {"horizon_env_steps": horizon_env_steps} if takes else {}
     trainer = cls(configs, roles, **extra)
-    log.info("trainer.chosen", trainer=cls.__name__, agents=len(configs), compiled=trainer.compiled)
+    log.info(
+        "trainer.chosen",
+        trainer=cls.__name__,
+        agents=len(configs),
+        compiled=trainer.compiled.startswith("compiled"),
+        how=trainer.compiled,
+    )
     return trainer

@@ -1,0 +1,32 @@
+"""What a pod says it is doing: the ``pod activity`` records of its log (written by
+services/pod/runtime/activity.py), read back by the live display (services/cli/live.py).
+
+A record is a JSON log line ``{"event": "pod activity", "activity": A, "seconds": S,
+"timestamp": ISO-8601}``: the pod has been doing A for S seconds at that time. Torch-free, so
+the command line reads it without importing the pod."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+EVENT = "pod activity"
+#: In the order a pod goes through them (evaluating and loading come again with each report).
+ACTIVITIES = ("starting", "loading", "compiling", "training", "evaluating")
+
+
+def last_activity(log_text: str) -> tuple[str, float] | None:
+    """The pod's last said activity in ``log_text`` (its log's last lines) and since when
+    (epoch seconds); None if the lines hold none."""
+    for line in reversed(log_text.splitlines()):
+        if EVENT not in line:
+            continue
+        try:
+            record = json.loads(line)
+            if record.get("event") != EVENT or record.get("activity") not in ACTIVITIES:
+                continue
+            at = datetime.fromisoformat(record["timestamp"]).timestamp()
+            return record["activity"], at - float(record.get("seconds") or 0.0)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None

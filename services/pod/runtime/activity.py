@@ -1,0 +1,110 @@
+"""What the pod is doing, said in its log: ``pod activity`` records (their format:
+services/contracts/pod_activity.py) that the live display of ``podium run`` / ``submit --wait``
+reads (services/cli/live.py), so that a pod that compiles for a minute is seen compiling, not
+silent.
+
+Activities: ``starting`` (the process is up: importing, checking its input), ``loading``
+(asking the generator where to start, fetching a parent's files, building the trainer),
+``compiling``, ``training``, ``evaluating`` (an evaluation and its report). The round loop says
+which phase it is in (``now``); compiling is seen, not said: a thread samples the pod's main
+thread every ``SAMPLE_S`` and reports ``compiling`` while its stack is in one of the compilers
+(``COMPILERS``: dynamo tracing a frame, ``torch.export``, inductor or AOTInductor compiling, the
+pod's programs being built ahead of time), whichever trainer asked for it, so the trainers need
+not say it. A record is logged when the activity changes and every ``HEARTBEAT_S`` while it
+stays one other than training, with ``seconds`` in it so far.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from services.contracts.pod_activity import EVENT
+from services.logs import get_logger
+
+log = get_logger("services.pod")
+
+SAMPLE_S = 0.5
+HEARTBEAT_S = 10.0
+
+#: (end of a source file's path, function): a stack with one of these frames is compiling.
+COMPILERS = frozenset(
+    {
+        ("torch/_dynamo/convert_frame.py", "_compile"),
+        ("torch/export/_trace.py", "_export"),
+        ("torch/_inductor/compile_fx.py", "compile_fx"),
+        ("torch/_inductor/__init__.py", "aoti_compile_and_package"),
+    }
+)
+_FILE_ENDS = tuple({path for path, _ in COMPILERS})
+
+
+def compiling(thread_id: int) -> bool:
+    """Whether the thread's stack is in one of the ``COMPILERS`` now."""
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_FILE_ENDS) and any(
+            code.co_filename.endswith(path) and code.co_name == name for path, name in COMPILERS
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Activity:
+    """The pod's activity, logged by a thread of its own (see the module docstring)."""
+
+    def __init__(self, sample_s: float = SAMPLE_S, heartbeat_s: float = HEARTBEAT_S) -> None:
+        self.sample_s, self.heartbeat_s = sample_s, heartbeat_s
+        self._thread_id = threading.get_ident()  # the thread that trains: the pod's main one
+        self._phase = "starting"
+        self._shown: tuple[str, float] = ("", 0.0)  # (activity, since when: monotonic)
+        self._logged_at = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._show(time.monotonic())
+        self._thread = threading.Thread(target=self._run, name="pod-activity", daemon=True)
+        self._thread.start()
+
+    def now(self, phase: str) -> None:
+        """The round loop's phase from now on (shown unless the pod is compiling)."""
+        self._phase = phase
+        self._show(time.monotonic())
+
+    def _show(self, now: float) -> None:
+        with self._lock:
+            current = "compiling" if compiling(self._thread_id) else self._phase
+            activity, since = self._shown
+            if current != activity:
+                self._shown = (current, now)
+                since = now
+            elif current == "training" or now - self._logged_at < self.heartbeat_s:
+                return
+            self._logged_at = now
+        log.info(EVENT, activity=current, seconds=round(now - since, 1))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.sample_s):
+            self._show(time.monotonic())
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+_current: Activity | None = None
+
+
+def start() -> Activity:
+    """Start saying the pod's activity (once per process; ``now`` is a no-op before)."""
+    global _current
+    if _current is None:
+        _current = Activity()
+    return _current
+
+
+def now(phase: str) -> None:
+    """The pod's phase from now on, if its activity is being said (``start``)."""
+    if _current is not None:
+        _current.now(phase)

@@ -1,0 +1,393 @@
+"""One compile per experiment and program: the first pod that compiles a program shares its
+compile cache with every other pod of the experiment through the leaderboard's blob store.
+
+A pod's compiled programs live as files in its compile cache directory
+(``TORCHINDUCTOR_CACHE_DIR``, services/pod/runtime/compile_cache.py): inductor's graph and kernel
+caches, and whatever else the trainers keep there. This module moves those files between pods,
+whatever they are, keyed by what they depend on (``CompileFacts``): the torch build, the device
+kind (a CPU's model and flags, since inductor compiles for the CPU it runs on; a GPU's name,
+compute capability and CUDA version) and the program (a digest of the pod's run configs without
+the per-agent hyperparameters and seeds, which the compiled programs take as inputs, and of the
+pod's code). Before its trainer is built, a pod claims its key at the leaderboard
+(services/leaderboard/artifacts.py):
+
+- ``ready``: another pod published the cache: the pod downloads it, checks its sha256 against
+  the record (the claim's answer and the download's header), unpacks it (services/contracts/
+  bundles.py: every file checked against the bundle's manifest, the manifest's facts against its
+  own; nothing unpickled) into its cache directory, and its trainer loads instead of compiling.
+  A cache that fails a check is refused (the leaderboard drops the record) and compiled again.
+- ``compile``: the pod is the first. Where its cache directory already holds the key's files
+  (it fetched or published them before: an index in the cache lists them), it publishes them
+  after its first training step. Otherwise it notes what its cache directory holds, compiles
+  while training (renewing its claim every third of its TTL, so that a pod that dies frees the
+  key), and at its first report (every program a pod runs has run by then: a training step
+  and an evaluation) publishes the files that appeared (or changed size) as one bundle. A
+  trainer that compiled nothing in its first step publishes at once that there is nothing to
+  share, so nobody waits for an eager pod's first round.
+- ``wait``: another pod compiles: ask again (after the leaderboard's ``retry_after_s``, backing
+  off to ``MAX_POLL_S``, with jitter so that many pods spread their asks), at most ``wait_s``
+  in all; then compile here.
+
+Any failure to share (the leaderboard unreachable, a full disk) is logged and the pod compiles
+for itself: sharing saves time, it is never needed to train. The trust: the pods of one
+experiment run one image with one credential, and only they may publish its caches.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from services.api_client import LeaderboardClient, LeaderboardError
+from services.contracts.artifacts import (
+    COMPILE_CACHE_KIND,
+    CompileCacheState,
+    CompileClaim,
+    CompileFacts,
+)
+from services.contracts.bundles import BundleError, files_under, pack, unpack
+from services.logs import get_logger
+from services.pod.config import RunConfig
+from services.pod.runtime.compile_cache import TMP
+from services.pod.training.trainer import algorithm_card
+
+log = get_logger(__name__)
+
+#: The longest pause between two claims of a pod waiting for another's compile.
+MAX_POLL_S = 10.0
+#: Downloads of a published cache that failed in transit, tried again before giving up.
+FETCH_TRIES = 6
+#: Where the cache keeps, per program key, the files of that key's bundle (fetched, or
+#: published by this cache's pod): a pod that claims a key its cache already holds publishes
+#: them at once.
+INDEX = "podium-share"
+#: Directories of the cache that are no program: inductor's lock files, temporary files, the
+#: index.
+SKIP = ("locks", TMP, INDEX)
+_CODE = Path(__file__).resolve().parents[1]  # services/pod: the code that is compiled
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The pod's sources: a program traced from other code is another program."""
+    digest = hashlib.sha256()
+    for path in sorted(_CODE.rglob("*.py")):
+        digest.update(path.relative_to(_CODE).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor()
+    keep = ("model name", "flags", "Features", "CPU part")
+    lines = {line.strip() for line in text.splitlines() if line.startswith(keep)}
+    return "\n".join(sorted(lines))
+
+
+def device_kind(device: str | torch.device) -> str:
+    """The device a compiled program is for, as one string: ``cpu-<arch>-<model and flags>``,
+    or ``cuda-<name>-sm<capability>-cu<CUDA version>``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index).replace(" ", "_")
+        return f"cuda-{name}-sm{major}{minor}-cu{torch.version.cuda}"
+    model = hashlib.sha256(_cpu_model().encode()).hexdigest()[:16]
+    return f"{device.type}-{platform.machine()}-{model}"
+
+
+def program_digest(configs: Sequence[RunConfig]) -> str:
+    """The digest of what fixes a pod's compiled programs: its slot count, its run config but
+    for the seeds and the per-agent hyperparameters (the algorithm card's
+    ``population.hyperparameters``: inputs of the programs, not part of them), and its code."""
+    first = configs[0]
+    card = algorithm_card(first.algorithm)
+    per_agent = set(card.population.hyperparameters) if card.population else set()
+    config = first.model_dump(mode="json", exclude={"seed", "eval_seed"})
+    section = config.get(first.algorithm)
+    for name in per_agent:
+        config.pop(name, None)
+        if isinstance(section, dict):
+            section.pop(name, None)
+    facts = {"slots": len(configs), "config": config, "code": _code_digest()}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def compile_facts(configs: Sequence[RunConfig]) -> CompileFacts:
+    return CompileFacts(
+        torch=torch.__version__,
+        device=device_kind(configs[0].device),
+        program=program_digest(configs),
+    )
+
+
+class CompileShare:
+    """A pod's side of the sharing (the module docstring): ``before_build`` before its trainer
+    is built, ``stepped`` after its first training step, ``reported`` after each report."""
+
+    def __init__(
+        self,
+        client: LeaderboardClient,
+        pod_id: str,
+        cache_dir: Path,
+        wait_s: float = 900.0,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.client, self.pod_id, self.cache_dir = client, pod_id, Path(cache_dir)
+        self.wait_s, self.stopping = wait_s, stopping
+        self.claim: CompileClaim | None = None
+        self.before: dict[str, tuple[int, int]] | None = None  # the cache when we claimed
+        self.done: set[str] = set()  # keys settled in this process
+        self.indexed: list[str] = []  # the claimed key's files, where this cache holds them
+        self._renew: threading.Event | None = None
+        self.outcome: dict[str, object] = {}  # how the last key was settled (logs, tests)
+
+    # -- before the trainer ----------------------------------------------------------------
+    def before_build(self, configs: Sequence[RunConfig]) -> None:
+        """Fetch the configs' compile cache if another pod published it, or claim the compile
+        (waiting while another pod compiles). Never raises: a failure means compiling here."""
+        start = time.monotonic()
+        try:
+            facts = compile_facts(configs)
+        except Exception as exc:  # e.g. an algorithm without a card: nothing to share
+            log.warning("compile_cache.off", reason=f"{type(exc).__name__}: {exc}")
+            return
+        key = facts.key()
+        if key in self.done:
+            return
+        self.done.add(key)
+        self.outcome = {"key": key, "device": facts.device}
+        try:
+            self._settle(CompileClaim(pod_id=self.pod_id, facts=facts), start)
+        except (LeaderboardError, OSError) as exc:
+            self.outcome["state"] = "failed"
+            log.warning(
+                "compile_cache.unavailable", key=key, error=str(exc), fallback="compile here"
+            )
+
+    def _settle(self, claim: CompileClaim, start: float) -> None:
+        key = claim.facts.key()
+        delay, refused, waited_before, fetch_tries = 0.0, set(), False, 0
+        while True:
+            state = self.client.compile_claim(claim)
+            if state.state == "ready":
+                if state.sha256 is None:
+                    self._log("nothing_to_fetch", start, holder=state.holder)
+                    return
+                if state.sha256 in refused:  # refused already, and nobody published anew
+                    self._log("refused_twice", start, sha256=state.sha256)
+                    return
+                try:
+                    why = self._fetch(claim, state, start)
+                except LeaderboardError as exc:
+                    # A download cut off (a leaderboard that sheds connections while hundreds
+                    # of pods fetch at once): ask again after a pause, a few times.
+                    if exc.status is not None or fetch_tries >= FETCH_TRIES:
+                        raise
+                    fetch_tries += 1
+                    time.sleep(min(2.0**fetch_tries, MAX_POLL_S) * random.uniform(0.5, 1.5))
+                    continue
+                if why is None:
+                    return
+                refused.add(state.sha256)
+                log.warning("compile_cache.refused", key=key, sha256=state.sha256, reason=why)
+                claim = claim.model_copy(update={"refused": state.sha256})
+                continue
+            claim = claim.model_copy(update={"refused": None})
+            if state.state == "compile":
+                # This cache holds them already: publish them after the first training step
+                # (packing takes a second, not to be added to this pod's start).
+                self.indexed = self._indexed(key)
+                self._claimed(claim, state, start)
+                return
+            waited = time.monotonic() - start
+            if not waited_before:
+                waited_before = True
+                log.info("compile_cache.waiting", key=key, holder=state.holder)
+            if waited >= self.wait_s or self.stopping():
+                # Compile here; if nobody has published by our first report, we do.
+                self.claim, self.before = claim, files_under(self.cache_dir, SKIP)
+                self._log("wait_expired", start, holder=state.holder)
+                return
+            # From the leaderboard's hint, backing off to MAX_POLL_S: a thousand waiting pods
+            # ask about a hundred times a second, and the last loads at most that late.
+            delay = min(max(delay * 1.5, state.retry_after_s or 0.0), MAX_POLL_S)
+            time.sleep(min(delay * random.uniform(0.5, 1.5), self.wait_s - waited))
+
+    def _fetch(self, claim: CompileClaim, state: CompileCacheState, start: float) -> str | None:
+        """Download, check and unpack the published cache; why it was refused, or None.
+        ``start``: when the pod began to settle the key (its wait is logged)."""
+        key, begin = claim.facts.key(), time.monotonic()
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".fetch-", dir=self.cache_dir)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            sha256, size, header = self.client.compile_fetch(key, tmp)
+            if sha256 != state.sha256 or header != state.sha256:
+                return f"sha256 {sha256} does not match the record's {state.sha256}"
+            expect = {"kind": COMPILE_CACHE_KIND, **claim.facts.model_dump()}
+            with open(tmp, "rb") as f:
+                manifest = unpack(f, self.cache_dir, expect=expect)
+        except BundleError as exc:
+            return str(exc)
+        except LeaderboardError as exc:
+            if exc.status in (404, 410):  # dropped or collected meanwhile: claim again
+                return f"gone: {exc}"
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._write_index(key, manifest["files"])
+        self._log(
+            "loaded",
+            begin,
+            holder=state.holder,
+            files=len(manifest["files"]),
+            bytes=size,
+            sha256=sha256,
+            waited_s=round(begin - start, 3),
+        )
+        return None
+
+    def _claimed(self, claim: CompileClaim, state: CompileCacheState, start: float) -> None:
+        self.claim, self.before = claim, files_under(self.cache_dir, SKIP)
+        self._log("claimed", start)
+        ttl = state.ttl_s or 60.0
+        self._renew = stop = threading.Event()
+        # A client of its own: the round loop's is not shared between threads.
+        renewer = LeaderboardClient(self.client.url, self.client.experiment_id, retry_for_s=0)
+        renewer.http.headers.update(self.client.http.headers)
+
+        def renew() -> None:
+            with renewer:
+                while not stop.wait(ttl / 3):
+                    try:
+                        renewer.compile_claim(claim)
+                    except LeaderboardError as exc:
+                        log.warning("compile_cache.renew_failed", error=str(exc))
+
+        threading.Thread(target=renew, name="compile-claim", daemon=True).start()
+
+    # -- after training --------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        """This pod compiles a key it has not published yet."""
+        return self.claim is not None
+
+    def stepped(self, compile_seconds: float) -> None:
+        """After the pod's first training step: a trainer that compiled nothing (no compile
+        seconds, no new files in its cache) says so at once, so that no pod waits for a round
+        of an eager one."""
+        if self.pending and (self.indexed or (compile_seconds <= 0 and not self._new_files())):
+            self.publish()
+
+    def _new_files(self) -> list[str]:
+        """The cache's files that appeared, or changed size, since the claim (a marker file
+        touched again is not new)."""
+        before = self.before or {}
+        now = files_under(self.cache_dir, SKIP)
+        return sorted(rel for rel, (size, _) in now.items() if before.get(rel, (-1,))[0] != size)
+
+    def reported(self) -> None:
+        if self.pending:
+            self.publish()
+
+    def publish(self) -> None:
+        """Publish what appeared in the cache directory since the claim (nothing: say so)."""
+        claim, files, indexed = self.claim, self.indexed or self._new_files(), bool(self.indexed)
+        self.claim = self.before = None
+        self.indexed = []
+        self._stop_renewing()
+        if claim is not None:
+            self._publish(claim, files, time.monotonic(), from_cache=indexed)
+
+    def _publish(
+        self, claim: CompileClaim, files: list[str], since: float, from_cache: bool = False
+    ) -> None:
+        """``files`` of the cache as the key's bundle (none: nothing to share), indexed here."""
+        key = claim.facts.key()
+        try:
+            data, manifest = b"", {"files": {}}
+            if files:
+                fd, name = tempfile.mkstemp(prefix=".pack-", dir=self.cache_dir)
+                try:
+                    with os.fdopen(fd, "w+b") as f:
+                        meta = {"kind": COMPILE_CACHE_KIND, **claim.facts.model_dump()}
+                        meta["pod"] = self.pod_id
+                        manifest = pack(self.cache_dir, files, meta, f)
+                        f.seek(0)
+                        data = f.read()
+                finally:
+                    os.unlink(name)
+            state = self.client.compile_publish(claim, data)
+            if files:
+                self._write_index(key, manifest["files"])
+        except (LeaderboardError, OSError, BundleError) as exc:
+            log.warning("compile_cache.publish_failed", key=key, error=str(exc))
+            return
+        self._log(
+            "published",
+            since,
+            files=len(files),
+            bytes=len(data),
+            sha256=state.sha256,
+            first=state.holder == self.pod_id,
+            from_cache=from_cache,
+        )
+
+    # -- the index: which files a key's bundle holds ---------------------------------------
+    def _index_path(self, key: str) -> Path:
+        return self.cache_dir / INDEX / f"{key}.json"
+
+    def _write_index(self, key: str, files: dict[str, dict]) -> None:
+        path = self._index_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".index-", dir=path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"files": files}, f)
+            os.replace(tmp, path)
+        except OSError as exc:  # only a later claim's shortcut is lost
+            log.warning("compile_cache.index_failed", key=key, error=str(exc))
+
+    def _indexed(self, key: str) -> list[str]:
+        """The files of ``key``'s bundle where this cache holds every one of them (each of the
+        size the index says), else []."""
+        try:
+            listed = json.loads(self._index_path(key).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        present = files_under(self.cache_dir, SKIP)
+        if not isinstance(listed, dict) or not listed:
+            return []
+        for rel, entry in listed.items():
+            if not isinstance(entry, dict) or present.get(rel, (-1,))[0] != entry.get("bytes"):
+                return []
+        return sorted(listed)
+
+    def _stop_renewing(self) -> None:
+        if self._renew is not None:
+            self._renew.set()
+            self._renew = None
+
+    def close(self) -> None:
+        self._stop_renewing()
+
+    def _log(self, state: str, since: float, **fields: object) -> None:
+        self.outcome.update(state=state, seconds=round(time.monotonic() - since, 3), **fields)
+        log.info(f"compile_cache.{state}", **self.outcome)
