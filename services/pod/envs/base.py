@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import operator
 from abc import ABC, abstractmethod
+from types import EllipsisType
 from typing import Any
 
 import gymnasium as gym
@@ -204,15 +205,17 @@ class TorchVecEnv(VecEnv):
         num_envs: int = 1,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-        max_episode_steps: int | None = None,
+        max_episode_steps: int | EllipsisType | None = ...,
         seed: int | None = None,
         check_actions: bool = True,
         **env_kwargs: Any,
     ):
+        """``max_episode_steps``: the time limit, None for none, ``...`` the functional env's
+        own; ``env_kwargs``: the functional env's other settings (Pendulum's ``g``, …)."""
         num_envs = check_num_envs(num_envs)
-        self.fn = self.functional(
-            device=device, dtype=dtype, max_episode_steps=max_episode_steps, **env_kwargs
-        )
+        if max_episode_steps is not ...:
+            env_kwargs["max_episode_steps"] = max_episode_steps
+        self.fn = self.functional(device=device, dtype=dtype, **env_kwargs)
         self.num_envs = num_envs
         self.device = self.fn.device
         self.dtype = dtype

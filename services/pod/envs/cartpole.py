@@ -103,14 +103,3 @@ class CartPole(FunctionalEnv):
 
 class CartPoleEnv(TorchVecEnv):
     functional = CartPole
-
-    def __init__(
-        self,
-        num_envs: int = 1,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        max_episode_steps: int | None = 500,
-        seed: int | None = None,
-        check_actions: bool = True,
-    ):
-        super().__init__(num_envs, device, dtype, max_episode_steps, seed, check_actions)

@@ -76,18 +76,3 @@ class MountainCarContinuous(FunctionalEnv):
 
 class MountainCarContinuousEnv(TorchVecEnv):
     functional = MountainCarContinuous
-
-    def __init__(
-        self,
-        num_envs: int = 1,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        max_episode_steps: int | None = 999,
-        seed: int | None = None,
-        check_actions: bool = True,
-        goal_velocity: float = 0.0,
-    ):
-        super().__init__(
-            num_envs, device, dtype, max_episode_steps, seed, check_actions,
-            goal_velocity=goal_velocity,
-        )  # fmt: skip

@@ -72,15 +72,3 @@ class Pendulum(FunctionalEnv):
 
 class PendulumEnv(TorchVecEnv):
     functional = Pendulum
-
-    def __init__(
-        self,
-        num_envs: int = 1,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        max_episode_steps: int | None = 200,
-        seed: int | None = None,
-        check_actions: bool = True,
-        g: float = 10.0,
-    ):
-        super().__init__(num_envs, device, dtype, max_episode_steps, seed, check_actions, g=g)
