@@ -165,8 +165,8 @@ def main() -> None:
             f"{max(row['load']):.1f}",
             flush=True,
         )
-    for path in ("ppo", "offpolicy"):
-        mine = [r for r in rows if (r["case"].startswith("ppo:")) == (path == "ppo")]
+    for path in ("onpolicy", "offpolicy"):
+        mine = [r for r in rows if (r["case"].startswith("ppo:")) == (path == "onpolicy")]
         if mine:
             print(
                 f"Rule for ({path!r}, {args.device.split(':')[0]!r}): speedup "
