@@ -325,3 +325,14 @@ def test_a_program_holds_a_graph_per_env_past_dynamos_default_limit() -> None:
     x = torch.ones(3)
     for k in range(10):
         assert program(x.device, x, k).tolist() == [k + 1.0] * 3
+
+
+def test_a_program_called_with_other_constants_runs_their_graph() -> None:
+    """After two calls a program skips dynamo's guards; another trainer's constants (a new
+    shape, env or module) must still find their own graph, not the last one's."""
+    program = Program(lambda x, k: x * k, "times")
+    x = torch.ones(2)
+    for _ in range(3):
+        assert program(x.device, x, 2).tolist() == [2.0, 2.0]
+    assert program(x.device, x, 3).tolist() == [3.0, 3.0]
+    assert program(x.device, x, 2).tolist() == [2.0, 2.0]

@@ -219,6 +219,7 @@ class Program:
         self.fn, self.name = fn, name
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._calls: dict[str, int] = {}
+        self._marks: dict[str, list[Any]] = {}
 
     def _for(self, device: torch.device) -> Callable[..., Any]:
         if device.type not in self._compiled:
@@ -237,6 +238,14 @@ class Program:
 
     def __call__(self, device: torch.device, *args: Any) -> Any:
         fn = self._for(device)
+        # Skipping guards is safe only while the constants (a trainer's shape, env, modules:
+        # the arguments that are no tensors or containers of them) are those of the last calls;
+        # other constants (another trainer in this process) are looked up guarded again.
+        marks = [a for a in args if not isinstance(a, (torch.Tensor, dict, tuple, list))]
+        last = self._marks.get(device.type, [])
+        if len(last) != len(marks) or any(a is not b for a, b in zip(marks, last, strict=True)):
+            self._marks[device.type] = marks
+            self._calls[device.type] = 0
         calls = self._calls.get(device.type, 0)
         self._calls[device.type] = calls + 1
         if calls < 2:
