@@ -156,6 +156,28 @@ def test_a_second_process_loads_the_programs_from_the_cache(tmp_path) -> None:
     assert second["seconds"] < first["seconds"]
 
 
+KEY = """
+from tests.pod.test_compiled import configs
+from services.pod.training.onpolicy import OnPolicyTrainer
+print(OnPolicyTrainer(configs("Pendulum-v1", compile="off")).program_key())
+"""
+
+
+def test_the_programs_key_is_the_same_in_every_process() -> None:
+    """What the compile cache's notes are keyed by names no object's address: a second
+    process (a restarted pod, a PBT child) finds the programs the first compiled."""
+
+    def key() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", KEY], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    first = key()
+    assert " at 0x" not in first and first == key()
+
+
 def test_the_trainer_says_what_compiles_for_every_functional_env() -> None:
     """``compile: on``: every functional env trains its whole iteration compiled, one agent and
     a population (nothing compiles before the first step); a host-stepped env compiles its

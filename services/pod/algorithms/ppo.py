@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import torch
@@ -159,8 +159,10 @@ class PPOShape:
     norm_adv: bool
     clip_vloss: bool
     target_kl: bool
-    #: The algorithm's loss (``PPO.loss``) and its per-agent hyperparameters.
-    loss: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    #: The algorithm's loss (``PPO.loss``; in the repr by name, which keys the compile cache's
+    #: notes across processes) and its per-agent hyperparameters.
+    loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
+    loss_name: str
     hyperparameters: tuple[str, ...]
     #: The time limit of the env's episodes (None: unknown or none): how many truncations a
     #: rollout can hold, so that only their final observations are valued.
@@ -219,6 +221,7 @@ def build(
         clip_vloss=config.clip_vloss,
         target_kl=config.target_kl is not None,
         loss=type(first).loss,
+        loss_name=f"{type(first).__module__}.{type(first).__qualname__}.loss",
         hyperparameters=hyperparameter_names(type(first).card),
         max_episode_steps=max_episode_steps,
     )
