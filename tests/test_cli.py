@@ -74,21 +74,23 @@ def test_compile_on_and_off_as_yaml_reads_them():
         train_config("CartPole-v1", [parse_set("ppo.compile=3")])
 
 
-def test_train_says_which_trainer_trains_and_why_not_the_compiled_one(tmp_path):
+def test_train_says_what_the_trainer_compiles_and_why(tmp_path):
     """The CLI shows no logs; which trainer trains (and so how fast) is said in one line."""
     proc = run(
         "train", "CartPole-v1", "--out", str(tmp_path / "run"),
         "--set", "total_env_steps=2048", "--set", "eval_every_steps=2048",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    [line] = [x for x in proc.stderr.splitlines() if x.startswith("trainer: ")]
-    assert line.startswith("trainer: OnPolicyTrainer (not the compiled one: auto: compiling")
-    assert line.endswith("env steps per iteration))")  # one line, however wide
+    # auto times its first eager iterations, then says what it decided, a line each.
+    first, decided = [x for x in proc.stderr.splitlines() if x.startswith("trainer: ")]
+    assert first == "trainer: OnPolicyTrainer, deciding (auto: timing the first eager iterations)"
+    assert decided.startswith("trainer: OnPolicyTrainer, eager (auto: eager: the compiled")
+    assert decided.endswith(" s)")  # one line, however wide
     proc = run(
         "train", "CartPole-v1", "--out", str(tmp_path / "off"), "--set", "ppo.compile=off",
         "--set", "total_env_steps=2048", "--set", "eval_every_steps=2048",
     )  # fmt: skip
-    assert "trainer: OnPolicyTrainer (not the compiled one: compile: off)" in proc.stderr
+    assert "trainer: OnPolicyTrainer, eager (compile: off)" in proc.stderr
 
 
 def test_unknown_env_lists_known_names_without_traceback(tmp_path):

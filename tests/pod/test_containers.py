@@ -210,8 +210,9 @@ def test_the_learner_refuses_strangers_and_names_the_roles_that_never_came(
         stranger.connect(str(roles_dir / SOCKET))
         channel = Channel(stranger)
         channel.send({"op": "hello", "role": "worker", "token": "guess", "protocol": 1})
+        trainer = OnPolicyTrainer([config()], remote)  # the roles are awaited at its first step
         with pytest.raises(RoleError, match=r"the worker and evaluator did not connect to .*1.5s"):
-            OnPolicyTrainer([config()], remote)
+            trainer.step()
         answer = channel.receive(timeout=5)
         assert answer["op"] == "refused" and "wrong token" in answer["error"]
         channel.close()
