@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.cli.platform import Platform
+from services.contracts.artifacts import CompileFacts
 from services.http import (
     BODY_LIMIT_KEY,
     ECHO_CHARS,
@@ -172,7 +173,12 @@ def test_every_route_declares_and_enforces_a_body_limit(services: Platform) -> N
         for method, path, op in _operations(doc):
             limit = op[BODY_LIMIT_KEY]
             assert isinstance(limit, int) and limit > 0, (service, method, path)
-            concrete = re.sub(r"\{[^}]+\}", "nosuch-1", path)
+            # Parameters that pass their checks: the body limit is what is tested.
+            facts = CompileFacts(torch="2", device="cpu", program="0" * 64)
+            concrete = path.replace("{key}", facts.key()).replace("{name}", "log")
+            concrete = re.sub(r"\{[^}]+\}", "nosuch-1", concrete)
+            if method == "PUT" and "/compile-caches/" in path:
+                concrete += f"?pod_id=nosuch-1&torch=2&device=cpu&program={'0' * 64}"
             status, _ = send_head(
                 url, method, concrete, huge(auth(services, service), limit + 1), b"{"
             )
@@ -280,6 +286,16 @@ ROUTE_STATUSES = {
         ("GET", "/api/v1/experiments/{experiment_id}/lineage"): {200, 404},
         ("POST", "/api/v1/experiments/{experiment_id}/generate"): {200, 404, 409},
         ("DELETE", "/api/v1/experiments/{experiment_id}/leases/{lease_id}"): {204, 404},
+        ("POST", "/api/v1/experiments/{experiment_id}/compile-caches/{key}/claim"): {200, 404},
+        ("PUT", "/api/v1/experiments/{experiment_id}/compile-caches/{key}"): {200, 404},
+        ("GET", "/api/v1/experiments/{experiment_id}/compile-caches/{key}"): {200, 404, 410},
+        ("PUT", "/api/v1/experiments/{experiment_id}/pods/{pod_id}/files/{name}"): {200, 404},
+        ("GET", "/api/v1/experiments/{experiment_id}/pods/{pod_id}/files/{name}"): {
+            200,
+            404,
+            410,
+        },
+        ("GET", "/api/v1/experiments/{experiment_id}/pod-files"): {200, 404},
     },
 }
 COMMON = {

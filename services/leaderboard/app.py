@@ -139,7 +139,13 @@ def _document_multipart_models(app: FastAPI, settings: LeaderboardSettings) -> N
             components = spec.setdefault("components", {}).setdefault("schemas", {})
             components.update(schema.pop("$defs", {}))
             components["SubmissionResult"] = schema
-            spec["paths"][SUBMISSIONS_PATH]["post"][BODY_LIMIT_KEY] = settings.max_upload_bytes
+            # The uploads' configured limit (app.state.body_limits) is what they document.
+            for method, path in (
+                ("post", SUBMISSIONS_PATH),
+                ("put", COMPILE_CACHE_PATH),
+                ("put", POD_FILE_PATH),
+            ):
+                spec["paths"][path][method][BODY_LIMIT_KEY] = settings.max_upload_bytes
             app.openapi_schema = spec
         return app.openapi_schema
 

@@ -576,7 +576,7 @@ def test_a_compiled_dqn_population_trains_and_a_slot_loads_into_a_single_dqn_pod
         with capture_logs() as logs:
             for _ in range(40):
                 trainer.step()
-        assert not [e for e in logs if "failed" in e["event"]], logs
+        assert not [e for e in logs if e["event"] == "compile.failed"], logs
         assert trainer.updates > 0 and trainer.updates % 3 == 0
         assert torch.equal(trainer.learner.slot_updates, torch.full((2,), trainer.updates))
         trainer.save(1, tmp_path / "slot")

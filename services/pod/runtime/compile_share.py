@@ -274,12 +274,19 @@ class CompileShare:
         renewer.http.headers.update(self.client.http.headers)
 
         def renew() -> None:
+            renewed = time.monotonic()
             with renewer:
                 while not stop.wait(ttl / 3):
                     try:
                         renewer.compile_claim(claim)
+                        renewed = time.monotonic()
                     except LeaderboardError as exc:
                         log.warning("compile_cache.renew_failed", error=str(exc))
+                        if time.monotonic() - renewed > ttl:
+                            # The claim has expired at the leaderboard: another pod may compile
+                            # the key now, and renewing is over.
+                            log.warning("compile_cache.claim_lost", pod=claim.pod_id)
+                            return
 
         threading.Thread(target=renew, name="compile-claim", daemon=True).start()
 

@@ -31,6 +31,7 @@ import math
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,15 +284,17 @@ class PodRuntime:
         if isinstance(manifest.checkpoint, ManifestCheckpoint):
             try:
                 parent = self.slot_dir(i, "parent")
-                trainer.load(i, fetch_parent(self.client, parent, manifest.checkpoint), config)
+                files = fetch_parent(self.client, parent, manifest.checkpoint)
+                self.into_slot(i, config, lambda t: t.load(i, files, config))
                 parent_id, generation = manifest.parent_id, manifest.generation
             except CheckpointError as exc:
                 # Hyperparameters that change the network's shape (or a smaller replay
                 # buffer) cannot take the parent's files: train them from scratch.
                 log.warning("parent does not fit; starting fresh", slot=i, error=str(exc))
-                trainer.reset(i, config)
+                self.into_slot(i, config, lambda t: t.reset(i, config))
         elif not fresh:
-            trainer.reset(i, config)
+            self.into_slot(i, config, lambda t: t.reset(i, config))
+        trainer = self.trainer  # a new one where the slot's config needed it
         algorithm, hyperparameters = manifest.algorithm, dict(manifest.hyperparameters)
         self.slots[i] = Lineage(
             pod_id=self.slots[i].pod_id,
@@ -457,6 +460,22 @@ class PodRuntime:
             return manifest
         self.release(manifest)
         return None
+
+    def into_slot(self, i: int, config: RunConfig, put: Callable[[Trainer], None]) -> None:
+        """``put`` the slot's new agent into the trainer. A single agent's settings that fix
+        the trainer's programs (epochs, minibatches, network, envs) may differ from its parent's
+        or its own last ones: then a trainer for the new config, built anew, takes it (a
+        population's slots share them: refused)."""
+        assert self.trainer is not None
+        try:
+            put(self.trainer)
+        except HyperparameterError:
+            if self.size != 1:
+                raise
+            self.trainer.close()
+            self.trainer = None
+            self.trainer = build_trainer([config], self.roles, self.horizon_env_steps())
+            put(self.trainer)
 
     def maybe_exploit(self) -> None:
         """Per slot: replace its agent by the generator's parent when that one scored better
