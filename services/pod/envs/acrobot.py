@@ -58,11 +58,7 @@ class Acrobot(FunctionalEnv):
         high = np.array([1.0, 1.0, 1.0, 1.0, self.MAX_VEL_1, self.MAX_VEL_2], dtype=np.float32)
         self.single_observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
         self.single_action_space = gym.spaces.Discrete(3)
-        self._low = self.const([-0.1] * 4)
-        self._span = self.const([0.2] * 4)
-
-    def init(self, u: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(self._low, self._span, u)
+        self.uniform_start([-0.1] * 4, [0.2] * 4)
 
     def _dsdt(self, s: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """Time derivative of the state (gymnasium's ``_dsdt``, "book" variant)."""

@@ -51,19 +51,12 @@ class CartPole(FunctionalEnv):
         )
         self.single_observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
         self.single_action_space = gym.spaces.Discrete(2)
-        self._low = self.const([-0.05] * 4)
-        self._span = self.const([0.1] * 4)
+        self.uniform_start([-0.05] * 4, [0.1] * 4)
         # gymnasium's physics regrouped into fewer tensor ops (same values up to rounding): the
         # force enters through F / total_mass, picked by the action.
         self._force_over_mass = self.const(self.force_mag / self.total_mass)
         self._neg_gravity = self.const(-self.gravity)
         self._neg_4l_3 = self.const(-self.length * 4.0 / 3.0)
-
-    def init(self, u: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(self._low, self._span, u)
-
-    def observe(self, state: torch.Tensor) -> torch.Tensor:
-        return state.to(torch.float32, copy=True)
 
     def step(
         self, state: torch.Tensor, action: torch.Tensor

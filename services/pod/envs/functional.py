@@ -88,11 +88,19 @@ class FunctionalEnv(ABC):
         inside the step could not be captured in a CUDA graph)."""
         return torch.tensor(value, device=self.device, dtype=self.dtype)
 
-    @abstractmethod
-    def init(self, u: torch.Tensor) -> torch.Tensor: ...
+    def uniform_start(self, low: list[float], span: list[float]) -> None:
+        """Initial states drawn uniformly from the box [low, low + span] (``init``'s
+        default)."""
+        self._low, self._span = self.const(low), self.const(span)
 
-    @abstractmethod
-    def observe(self, state: torch.Tensor) -> torch.Tensor: ...
+    def init(self, u: torch.Tensor) -> torch.Tensor:
+        """The initial state from uniforms ``u`` (..., reset_uniforms): by default, the box
+        of ``uniform_start``."""
+        return torch.addcmul(self._low, self._span, u)
+
+    def observe(self, state: torch.Tensor) -> torch.Tensor:
+        """The observation of ``state``: by default the state itself, as float32."""
+        return state.to(torch.float32, copy=True)
 
     @abstractmethod
     def step(

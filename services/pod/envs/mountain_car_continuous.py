@@ -50,14 +50,7 @@ class MountainCarContinuous(FunctionalEnv):
         self.single_action_space = gym.spaces.Box(
             self.min_action, self.max_action, shape=(1,), dtype=np.float32
         )
-        self._low = self.const([-0.6, 0.0])
-        self._span = self.const([0.2, 0.0])
-
-    def init(self, u: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(self._low, self._span, u)
-
-    def observe(self, state: torch.Tensor) -> torch.Tensor:
-        return state.to(torch.float32, copy=True)
+        self.uniform_start([-0.6, 0.0], [0.2, 0.0])
 
     def step(
         self, state: torch.Tensor, action: torch.Tensor

@@ -43,13 +43,9 @@ class Pendulum(FunctionalEnv):
         self.single_action_space = gym.spaces.Box(
             -self.max_torque, self.max_torque, shape=(1,), dtype=np.float32
         )
-        self._low = self.const([-math.pi, -1.0])
-        self._span = self.const([2 * math.pi, 2.0])
+        self.uniform_start([-math.pi, -1.0], [2 * math.pi, 2.0])
         self._pi = self.const(math.pi)
         self._gravity_term = self.const(3 * self.g / (2 * self.l))
-
-    def init(self, u: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(self._low, self._span, u)
 
     def observe(self, state: torch.Tensor) -> torch.Tensor:
         th, thdot = state.unbind(-1)
