@@ -46,7 +46,10 @@ class LeaderboardSettings(PodiumSettings):
         "after this age.",
     )
     compile_claim_ttl_s: float = Field(
-        default=60.0,
+        # Short: the replacement of a pod that died holding the claim waits this long, and a
+        # pod that lives past the orchestrator's pod_healthy_after_s (60 s) while it waits
+        # resets the crash-loop count.
+        default=20.0,
         gt=0,
         le=3600,
         description="How long a pod's claim to compile a program key lasts unless it claims "
