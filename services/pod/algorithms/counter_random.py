@@ -66,6 +66,11 @@ def normal(
 ) -> torch.Tensor:
     """Standard normal draws (Box-Muller) from ``uniform``'s streams 2 * stream and
     2 * stream + 1."""
-    u1 = uniform(seed, counter, 2 * stream, shape)
-    u2 = uniform(seed, counter, 2 * stream + 1, shape)
+    return box_muller(
+        uniform(seed, counter, 2 * stream, shape), uniform(seed, counter, 2 * stream + 1, shape)
+    )
+
+
+def box_muller(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
+    """Standard normals from two uniforms in (0, 1) each."""
     return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * math.pi) * u2)

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from services.pod.algorithms import policies as pi
-from services.pod.algorithms.counter_random import uniform
+from services.pod.algorithms.counter_random import box_muller, uniform
 from services.pod.algorithms.ppo import PPOShape, normalize, rollout_noise
 from services.pod.algorithms.stacked import Stack, StackedReplay
 from services.pod.envs.base import VecEnv
@@ -101,8 +101,7 @@ STEP_KEYS = (
 
 def _normal(u: torch.Tensor) -> torch.Tensor:
     """Standard normals from pairs of uniforms (Box-Muller): (..., 2k) -> (..., k)."""
-    u1, u2 = u.chunk(2, dim=-1)
-    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * torch.pi) * u2)
+    return box_muller(*u.chunk(2, dim=-1))
 
 
 def noise_widths(shape: PPOShape, reset_uniforms: int) -> tuple[int, int, int]:
