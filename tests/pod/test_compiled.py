@@ -178,6 +178,17 @@ def test_the_programs_key_is_the_same_in_every_process() -> None:
     assert " at 0x" not in first and first == key()
 
 
+def test_auto_counts_a_load_only_when_every_program_is_in_the_cache(monkeypatch, tmp_path):
+    """A short run that compiled only the evaluation leaves no iteration in the cache: the
+    next trainer of that key counts a cold compile, not a load of both."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    key = OnPolicyTrainer(configs("CartPole-v1", compile="auto")).program_key()
+    compiled.mark_cached(f"{key} evaluate")
+    assert OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached is False
+    compiled.mark_cached(f"{key} iteration")
+    assert OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached is True
+
+
 def test_the_trainer_says_what_compiles_for_every_functional_env() -> None:
     """``compile: on``: every functional env trains its whole iteration compiled, one agent and
     a population (nothing compiles before the first step); a host-stepped env compiles its

@@ -215,8 +215,14 @@ def test_rounds_report_files_that_load_back(leaderboard: Leaderboard, tmp_path: 
     original = json.loads(files.pop("manifest.json"))
     write_files(tmp_path / "dl", files, {"algorithm": original["algorithm"]})
     assert read_files(tmp_path / "dl").manifest["files"] == original["files"]
-    trainer = build(rt.trainer.config(0))  # a fresh agent of the pod's config
-    trainer.load(0, tmp_path / "dl", rt.trainer.config(0))
+    # A fresh agent of the pod's config, evaluated as the pod evaluated (compiled or eager:
+    # their numbers may differ in the last bits, and a greedy action with them).
+    config = rt.trainer.config(0)
+    assert isinstance(config, PPORunConfig)
+    how = "on" if rt.trainer.decision.compiled else "off"
+    config = config.model_copy(update={"ppo": config.ppo.model_copy(update={"compile": how})})
+    trainer = build(config)
+    trainer.load(0, tmp_path / "dl", config)
     assert trainer.evaluate()[0].mean == pytest.approx(best["score"])
 
 

@@ -162,7 +162,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
             horizon = min(horizon, 2 * first.expected_env_steps)
         self.decision = Decision(
             first.agent_config.compile, "onpolicy", self.device, units=float(horizon),
-            cached=cached(self.program_key()),
+            cached=all(cached(f"{self.program_key()} {p}") for p in self._programs()),
         )  # fmt: skip
         self._describe()
 
@@ -192,6 +192,11 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         env = self.configs[0].env
         kwargs = sorted(self.configs[0].env_kwargs.items())
         return f"{self.shape!r} env={env} {kwargs} device={self.device.type}"
+
+    def _programs(self) -> tuple[str, ...]:
+        """The programs compiling builds: each is noted in the compile cache on its own, as a
+        short run may build the evaluation and never the iteration."""
+        return ("iteration",) if self.fn is None or self.apart else ("iteration", "evaluate")
 
     def _describe(self) -> None:
         d = self.decision
@@ -268,7 +273,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
                 "compile.done", program=program, compile_s=round(spent, 2),
                 total_compile_s=round(self.compile_seconds, 2), agents=self.size,
             )  # fmt: skip
-            mark_cached(self.program_key())
+            mark_cached(f"{self.program_key()} {program}")
 
     def progress(self) -> dict[str, float]:
         """The agents' last-epoch statistics averaged; the mean return of every agent's
