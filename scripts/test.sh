@@ -11,4 +11,7 @@ venv="${PODIUM_VENV:-$root/.venv}"
 "$venv/bin/ruff" format --check .
 # The layering (pyproject.toml [tool.importlinter]): contracts, control plane and pod apart.
 "$venv/bin/lint-imports"
-exec "$venv/bin/python" -m pytest "$@"
+# Two worker processes (PODIUM_TEST_WORKERS; 0 runs in this one): most tests wait on pods,
+# services and compilers in other processes, so one worker leaves a 2-core machine half idle.
+# Each test file runs in one worker (tests/conftest.py); pytest arguments of your own come last.
+exec "$venv/bin/python" -m pytest -n "${PODIUM_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
 
 from services import logs, redis_client
 from services.settings import PodiumSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The test command runs two worker processes (pytest-xdist, ``--dist loadgroup``): a
+    file's tests stay in one process, in order (they share module fixtures and dynamo's
+    in-process cache of what they compiled), and the container tests all in one (they share
+    one Docker engine and its images)."""
+    for item in items:
+        if not item.config.pluginmanager.hasplugin("xdist"):
+            return  # run with -p no:xdist
+        path = item.path.relative_to(ROOT)
+        group = "containers" if path.parts[:2] == ("tests", "containers") else str(path)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +50,12 @@ def _compile_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> I
 
     name = "TORCHINDUCTOR_CACHE_DIR"
     saved = os.environ.get(name)
-    os.environ[name] = str(tmp_path_factory.mktemp("compile-cache"))
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's directory: its workers share the one cache
+    cache = base / "compile-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ[name] = str(cache)
     yield
     if saved is None:
         os.environ.pop(name, None)

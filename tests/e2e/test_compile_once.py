@@ -42,7 +42,9 @@ def test_a_compiled_tournament_compiles_once_and_keeps_every_pods_files(
     make_orchestrator: Callable[..., Service], leaderboard: Service, tmp_path: Path
 ) -> None:
     # One token for both services, as `podium` takes one (--token).
-    orch = make_orchestrator(PODIUM_API_TOKEN=LB_TOKEN)
+    # Each pod its own compile cache in its pod directory, as deployed (not the session's,
+    # where another test may have compiled these programs already): only the share saves.
+    orch = make_orchestrator(PODIUM_API_TOKEN=LB_TOKEN, TORCHINDUCTOR_CACHE_DIR="")
     orch.http.headers["Authorization"] = f"Bearer {LB_TOKEN}"
     data = tmp_path / "orchestrator"
     body = spec(
