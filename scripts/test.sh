@@ -14,4 +14,4 @@ venv="${PODIUM_VENV:-$root/.venv}"
 # Two worker processes (PODIUM_TEST_WORKERS; 0 runs in this one): most tests wait on pods,
 # services and compilers in other processes, so one worker leaves a 2-core machine half idle.
 # Each test file runs in one worker (tests/conftest.py); pytest arguments of your own come last.
-exec "$venv/bin/python" -m pytest -n "${PODIUM_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec "$venv/bin/python" -m pytest -n "${PODIUM_TEST_WORKERS:-2}" "$@"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import structlog
@@ -12,20 +11,21 @@ import structlog
 from services import logs, redis_client
 from services.settings import PodiumSettings
 
-ROOT = Path(__file__).resolve().parents[1]
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """The test command runs two worker processes (pytest-xdist): a file's tests stay in one
+    process, in order (they share module fixtures and dynamo's in-process cache of what they
+    compiled), and the container tests all in one (they share one Docker engine, held for the
+    worker's session, and its images)."""
+    from xdist.scheduler import LoadScopeScheduling
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The test command runs two worker processes (pytest-xdist, ``--dist loadgroup``): a
-    file's tests stay in one process, in order (they share module fixtures and dynamo's
-    in-process cache of what they compiled), and the container tests all in one (they share
-    one Docker engine and its images)."""
-    for item in items:
-        if not item.config.pluginmanager.hasplugin("xdist"):
-            return  # run with -p no:xdist
-        path = item.path.relative_to(ROOT)
-        group = "containers" if path.parts[:2] == ("tests", "containers") else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/containers" if path.startswith("tests/containers/") else path
+
+    return ByFile(config, log)
 
 
 @pytest.fixture(autouse=True)

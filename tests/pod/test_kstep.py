@@ -218,7 +218,8 @@ def test_an_update_dynamo_cannot_capture_trains_eager_under_auto_and_is_refused_
 @pytest.mark.parametrize(
     ("algorithm", "p"),
     [
-        ("sac", 1),
+        # One agent is the population's P = 1 (the same functions): nightly, beside P = 3.
+        pytest.param("sac", 1, marks=pytest.mark.nightly),
         ("sac", 3),
         ("td3", 3),
         # TD3's update without target smoothing: nightly, its compile is TD3's again.
