@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -29,6 +30,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 @pytest.fixture(autouse=True)
+def _environment_as_it_was() -> Iterator[None]:
+    """The environment as it was before the test: a command run in this process sets variables
+    for the processes it starts (`podium train` sets PODIUM_LOG_LEVEL=ERROR), which the pods and
+    services of later tests in this worker would inherit (and log nothing)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def _logging_as_it_was() -> Iterator[None]:
     """Logging as it was before the test: a test that configures it (the CLI run in-process
     sets level ERROR for people) must not silence the logs the tests after it read."""
@@ -46,8 +59,6 @@ def _compile_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> I
     """One compile cache for the session, empty at its start: what a test compiles, and what
     ``compile: auto`` finds already built, does not depend on what ran on this machine before
     (tests that measure a warm cache make their own). Pods the tests start inherit it."""
-    import os
-
     name = "TORCHINDUCTOR_CACHE_DIR"
     saved = os.environ.get(name)
     base = tmp_path_factory.getbasetemp()
