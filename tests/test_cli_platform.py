@@ -596,7 +596,12 @@ def test_run_interrupted_cancels_saves_results_and_stops_every_pod(tmp_path: Pat
         logs = wait_for(lambda: list(pods_dir.glob("*.log")))
         wait_for(lambda: "started" in logs[0].read_text())
         run.send_signal(signal.SIGINT)  # Ctrl-C
-        _, err = run.communicate(timeout=60)
+        try:
+            _, err = run.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            _, err = run.communicate()
+            pytest.fail(f"podium run did not stop within 120 s of Ctrl-C; it said:\n{err[-3000:]}")
     finally:
         if run.poll() is None:
             run.kill()
