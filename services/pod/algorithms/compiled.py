@@ -28,7 +28,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -310,28 +310,30 @@ class Graphed:
         return self._out
 
 
-def _marker(key: str) -> Path:
+def _marker(key: str, program: str) -> Path:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    digest = hashlib.sha256(f"{torch.__version__} {key}".encode()).hexdigest()[:32]
+    digest = hashlib.sha256(f"{torch.__version__} {key} {program}".encode()).hexdigest()[:32]
     return Path(cache_dir()) / "podium-programs" / digest
 
 
-def cached(key: str) -> bool:
-    """Whether programs of ``key`` (a trainer's description of what fixes them) were compiled
-    into this process's compile cache before (``mark_cached``): their compile is a load."""
+def cached(key: str, programs: Sequence[str]) -> bool:
+    """Whether every one of ``programs`` of ``key`` (a trainer's description of what fixes
+    them) was compiled into this process's compile cache before (``mark_cached``): their
+    compile is a load. Each program is noted on its own: a short run may build its evaluation
+    and never its iteration."""
     try:
-        return _marker(key).exists()
+        return all(_marker(key, program).exists() for program in programs)
     except OSError:
         return False
 
 
-def mark_cached(key: str) -> None:
-    """Note in the compile cache that programs of ``key`` are in it (a best effort)."""
+def mark_cached(key: str, program: str) -> None:
+    """Note in the compile cache that ``program`` of ``key`` is in it (a best effort)."""
     try:
-        path = _marker(key)
+        path = _marker(key, program)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(key)
+        path.write_text(f"{key} {program}")
     except OSError as exc:
         log.info("compile.mark_failed", error=str(exc))
 

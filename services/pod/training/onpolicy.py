@@ -162,7 +162,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
             horizon = min(horizon, 2 * first.expected_env_steps)
         self.decision = Decision(
             first.agent_config.compile, "onpolicy", self.device, units=float(horizon),
-            cached=all(cached(f"{self.program_key()} {p}") for p in self._programs()),
+            cached=cached(self.program_key(), self._programs()),
         )  # fmt: skip
         self._describe()
 
@@ -194,8 +194,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         return f"{self.shape!r} env={env} {kwargs} device={self.device.type}"
 
     def _programs(self) -> tuple[str, ...]:
-        """The programs compiling builds: each is noted in the compile cache on its own, as a
-        short run may build the evaluation and never the iteration."""
+        """The programs compiling builds."""
         return ("iteration",) if self.fn is None or self.apart else ("iteration", "evaluate")
 
     def _describe(self) -> None:
@@ -273,7 +272,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
                 "compile.done", program=program, compile_s=round(spent, 2),
                 total_compile_s=round(self.compile_seconds, 2), agents=self.size,
             )  # fmt: skip
-            mark_cached(f"{self.program_key()} {program}")
+            mark_cached(self.program_key(), program)
 
     def progress(self) -> dict[str, float]:
         """The agents' last-epoch statistics averaged; the mean return of every agent's
