@@ -273,3 +273,18 @@ def test_podium_train_run_inside_another_program_does_not_restart_it(
     assert result.exit_code == 2
     assert "PODIUM_POD_MALLOC" not in result.output
     assert "NoSuchEnv-v0" in result.output
+
+
+def test_podium_train_run_inside_another_program_leaves_its_log_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The command sets PODIUM_LOG_LEVEL for the processes it starts, for its own run only:
+    the calling program's later processes must not all log nothing."""
+    from services.cli.app import app
+
+    monkeypatch.delenv("PODIUM_LOG_LEVEL", raising=False)
+    assert CliRunner().invoke(app, ["train", "NoSuchEnv-v0"]).exit_code == 2
+    assert "PODIUM_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("PODIUM_LOG_LEVEL", "DEBUG")
+    assert CliRunner().invoke(app, ["train", "NoSuchEnv-v0"]).exit_code == 2
+    assert os.environ["PODIUM_LOG_LEVEL"] == "DEBUG"

@@ -141,9 +141,15 @@ def train(
 
     with reported():
         preload_malloc()  # before torch is imported: it may start this command anew
-        # Processes the run starts (learner replicas, roles) log as this one does.
-        os.environ.setdefault("PODIUM_LOG_LEVEL", "ERROR")
-        train_agent(env, config, set_ or [], out, quiet)
+        # Processes the run starts (learner replicas, roles) log as this one does, for this
+        # command only: a caller that runs it in-process keeps its own environment.
+        level = os.environ.get("PODIUM_LOG_LEVEL")
+        os.environ["PODIUM_LOG_LEVEL"] = level or "ERROR"
+        try:
+            train_agent(env, config, set_ or [], out, quiet)
+        finally:
+            if level is None:
+                os.environ.pop("PODIUM_LOG_LEVEL", None)
 
 
 @app.command()

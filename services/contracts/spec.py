@@ -36,7 +36,7 @@ from services.contracts.algorithms.hyperparameters import (
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
 from services.contracts.search_space import SearchSpace, pinned_values
-from services.contracts.strategies import options_model
+from services.contracts.strategies import PopulationExploit, options_model
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _GYM_ID = re.compile(r"^[A-Za-z0-9_\-./]+$")
@@ -165,11 +165,19 @@ class Population(InputModel):
         "architecture); "
         "each is its own candidate on the leaderboard.",
     )
+    exploit: PopulationExploit | None = Field(
+        default=None,
+        description="PBT among each pod's agents, between its iterations (needs "
+        "agents_per_pod >= 2); unset: the pod's agents train apart and only the generator's "
+        "strategy selects, across pods.",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> Population:
         if self.min_pods > self.max_pods:
             raise ValueError("min_pods must be <= max_pods")
+        if self.exploit is not None and self.agents_per_pod < 2:
+            raise ValueError("exploit needs agents_per_pod >= 2: it selects among one pod's agents")
         return self
 
 

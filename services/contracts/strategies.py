@@ -15,13 +15,14 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from services import registry
 from services.contracts.inputs import InputModel
 from services.contracts.leaderboard import Manifest
+from services.contracts.search_space import SearchSpace, contains
 
 if TYPE_CHECKING:
     from services.contracts.spec import ExperimentSpec
@@ -99,6 +100,57 @@ class PBTOptions(StrategyOptions):
         "exploring and scores a little below idle ones (a hard-exploration task's action cost) "
         "from being overwritten by a copy of an idle agent. 0: any better score.",
     )
+
+
+#: PBTOptions' names that only the leaderboard's pods and generator read: a population pod's
+#: own PBT judges every agent at every decision, from the pod's scores, with no board.
+_BOARD_ONLY = {
+    "ready_reports": "there are no reports between a pod's decisions",
+    "min_candidates": "every agent of the pod is a candidate",
+    "protect_improving": "the pod ranks recent scores, not their rise between reports",
+}
+
+
+class PopulationExploit(InputModel):
+    """PBT among the agents of one population pod (Fast PBT, Flajolet et al. 2022): every
+    ``every_env_steps`` env steps the pod ranks its agents, copies the top ``quantile``'s
+    weights, optimiser state and (off-policy) replay into the bottom ``truncation`` share and
+    explores their hyperparameters over the search space, between iterations, in place (no
+    compile, no leaderboard round trip). The leaderboard's strategy still seeds new pods across
+    pods (``generator``)."""
+
+    every_env_steps: int = Field(
+        ge=1,
+        le=10**12,
+        description="Env steps each agent trains between two of the pod's decisions.",
+    )
+    by: Literal["train_return", "evaluation"] = Field(
+        default="train_return",
+        description="What agents are ranked on: the mean return of their training episodes "
+        "that ended since the last decision (free), or an evaluation of every agent (the "
+        "experiment's evaluation episodes, deterministic actions).",
+    )
+    pbt: PBTOptions = Field(
+        default_factory=lambda: PBTOptions(truncation=0.25, ready_env_steps=0),
+        description="The leaderboard PBT's options (quantile, truncation, perturb_factors, "
+        "resample_probability, explore, exploit_margin, ready_env_steps, seed), one "
+        "implementation. Default: the worst quarter replaced at each decision (truncation "
+        "0.25), an agent judged from its first decision (ready_env_steps 0).",
+    )
+
+    @field_validator("pbt", mode="before")
+    @classmethod
+    def _pod_options(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            if unusable := sorted(set(value) & set(_BOARD_ONLY)):
+                raise ValueError(
+                    "; ".join(
+                        f"{name} does not apply here: {_BOARD_ONLY[name]}" for name in unusable
+                    )
+                )
+            # Unset, the in-pod defaults hold (a quarter replaced, judged at once).
+            value = {"truncation": 0.25, "ready_env_steps": 0, **value}
+        return value
 
 
 class CEMOptions(StrategyOptions):
@@ -213,6 +265,27 @@ def population_exploits(
         if sign * (scores[parent] - scores[i]) > options.exploit_margin:
             pairs.append((i, parent))
     return pairs
+
+
+def explore(
+    hyperparameters: dict[str, Any], space: SearchSpace, options: PBTOptions, rng: random.Random
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """PBT's explore of a parent's ``hyperparameters`` over ``space`` (the generator's, and a
+    population pod's among its agents): each searched name is resampled with
+    ``resample_probability``, else stepped with one of ``perturb_factors`` in its own scale
+    (services/contracts/search_space.py); a name the parent lacks, or holds outside the space,
+    is sampled. Returns the new values and how each name got its value."""
+    out = dict(hyperparameters)
+    how: dict[str, str] = {}
+    for name, dist in space.items():
+        if name not in out or not contains(dist, out[name]):
+            out[name], how[name] = dist.sample(rng), "sampled"
+        elif rng.random() < options.resample_probability:
+            out[name], how[name] = dist.sample(rng), "resampled"
+        else:
+            out[name] = dist.perturb(out[name], rng, options.perturb_factors)
+            how[name] = "perturbed"
+    return out, how
 
 
 # -- PBT's decision: the pod's half -------------------------------------------------------------

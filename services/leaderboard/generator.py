@@ -51,6 +51,7 @@ from services.contracts.strategies import (
     CEMOptions,
     PBTOptions,
     StrategyOptions,
+    explore,
     in_bottom,
     parents,
 )
@@ -134,21 +135,6 @@ class PBTGenerator(Strategy):
         """Truncation selection: the top ``quantile`` (at least one)."""
         return parents(candidates, self.options.quantile)
 
-    def explore(
-        self, hyperparameters: dict[str, Any], space: SearchSpace, rng: random.Random
-    ) -> tuple[dict[str, Any], dict[str, str]]:
-        out = dict(hyperparameters)
-        how: dict[str, str] = {}
-        for name, dist in space.items():
-            if name not in out or not contains(dist, out[name]):
-                out[name], how[name] = dist.sample(rng), "sampled"
-            elif rng.random() < self.options.resample_probability:
-                out[name], how[name] = dist.sample(rng), "resampled"
-            else:
-                out[name] = dist.perturb(out[name], rng, self.options.perturb_factors)
-                how[name] = "perturbed"
-        return out, how
-
     def in_bottom(self, ctx: Context) -> bool:
         """Whether the asking pod is in the bottom ``truncation`` share of the pods."""
         assert self.options.truncation is not None and ctx.score is not None
@@ -168,7 +154,7 @@ class PBTGenerator(Strategy):
         parent = ctx.rng.choice(self.parents(ctx.candidates))
         if not self.options.explore:
             return Proposal("exploit", dict(parent.hyperparameters), parent)
-        hyper, how = self.explore(parent.hyperparameters, ctx.search_space, ctx.rng)
+        hyper, how = explore(parent.hyperparameters, ctx.search_space, self.options, ctx.rng)
         return Proposal("explore", hyper, parent, {"explore": json.dumps(how, sort_keys=True)})
 
 

@@ -5,8 +5,9 @@ Layers, top to bottom; each imports only those below it (checked by import-linte
 contract in pyproject.toml):
 
 * ``runtime/`` — the pod as a process: ``rounds.py`` (the round loop over its slots: train a
-  round, evaluate, report to the leaderboard, PBT's exploit), ``lineage.py`` (who each slot's
-  agent is on the leaderboard), ``launcher.py`` (CPU pods forked from one process that imported
+  round, evaluate, report to the leaderboard, PBT's exploit across pods), ``in_pod_pbt.py``
+  (PBT among a population's own agents), ``lineage.py`` (who each slot's agent is on the
+  leaderboard), ``launcher.py`` (CPU pods forked from one process that imported
   torch once), ``metrics.py``, ``gpu_check.py`` (a pod granted GPUs it cannot use stops at
   start), ``compile_cache.py`` (torch.compile's cache on a volume that outlives the pod),
   ``compile_share.py`` (one compile per experiment: the first pod's cache published to the

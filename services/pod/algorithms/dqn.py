@@ -207,7 +207,7 @@ class DQNStack(Stack):
             self.hp[k] = self.hp[k].double()
         self.hp["target_update_every"] = self.hp["target_update_every"].long()
         for i, agent in enumerate(agents):
-            self.set_hyperparameters(i, agent)
+            self.set_hyperparameters(i, agent.config)
 
     def groups(self, agent: DQN) -> dict[str, tuple[list[str], list[torch.Tensor]]]:
         names = {id(t): n for n, t in agent.named_parameters()}

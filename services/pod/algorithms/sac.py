@@ -293,9 +293,14 @@ class SACStack(Stack):
         if not self.autotune:
             agent.log_alpha.copy_(self.fixed_log_alpha[i])
 
-    def set_hyperparameters(self, i: int, agent: SAC) -> None:
-        super().set_hyperparameters(i, agent)
-        self.hp["target_entropy"][i] = target_entropy(agent.config, math.prod(self.action_shape))
+    @torch.no_grad()
+    def copy(self, dst: int, src: int) -> None:
+        super().copy(dst, src)
+        self.fixed_log_alpha[dst] = self.fixed_log_alpha[src]
+
+    def set_hyperparameters(self, i: int, config: SACConfig) -> None:
+        super().set_hyperparameters(i, config)
+        self.hp["target_entropy"][i] = target_entropy(config, math.prod(self.action_shape))
 
     def state(self) -> dict[str, torch.Tensor]:
         return {**super().state(), "fixed_log_alpha": self.fixed_log_alpha}

@@ -87,12 +87,12 @@ class Stack:
         choices (hashable, equal for an equal stack: a program's constants)."""
         raise NotImplementedError
 
-    def set_hyperparameters(self, i: int, agent: Any) -> None:
-        """Agent i's (P,) tensors from ``agent``'s config."""
+    def set_hyperparameters(self, i: int, config: Any) -> None:
+        """Agent i's (P,) tensors from ``config`` (its agent's config)."""
         for name in self.HYPERPARAMETERS:
-            value = getattr(agent.config, name, 0.0)
+            value = getattr(config, name, 0.0)
             self.hp[name][i] = math.inf if value is None else value
-        self.configs[i] = agent.config
+        self.configs[i] = config
 
     def check(self, agent: Any) -> None:
         """Refuse an agent that differs in what the stack's programs are fixed on."""
@@ -106,7 +106,7 @@ class Stack:
             self.flats[group][i] = torch.cat([t.detach().flatten() for t in tensors])
             if group in self.adams:
                 self.adams[group].load_row(i, self.layouts[group], tensors, agent.optimizer.state)
-        self.set_hyperparameters(i, agent)
+        self.set_hyperparameters(i, agent.config)
 
     @torch.no_grad()
     def get(self, i: int, agent: Any) -> None:

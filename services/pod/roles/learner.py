@@ -193,12 +193,11 @@ class PPOLearner:
         self.state["seed"][i] = seed  # the slot explores with its own random stream
         self.state["env_steps"][i] = float(env_steps)
 
-    def copy(self, dst: int, src: int, hyperparameters: Mapping[str, float]) -> None:
+    def copy(self, dst: int, src: int, config: PPOConfig) -> None:
         """PBT's exploit inside the population: agent ``dst`` restarts from agent ``src``
-        with ``hyperparameters`` over its own."""
+        with ``config``'s hyperparameters (explore)."""
         ppo.copy_agent(self.state, dst, src)
-        for name, value in hyperparameters.items():
-            self.hp[name][dst] = float(value)
+        ppo.set_hyperparameters(self.shape, self.hp, dst, config, per_agent(config))
 
     def hyperparameters(self, i: int) -> dict[str, float]:
         return {name: float(self.hp[name][i]) for name in self.shape.hyperparameters}

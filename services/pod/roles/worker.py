@@ -215,13 +215,49 @@ def collect(
     return carry, roll
 
 
+class EpisodeTally:
+    """The returns of P agents' finished training episodes, summed per agent on the device
+    (read only when asked). Each reader (``since``) gets what ended since its own last read: a
+    record of the curves and PBT's ranking read the same episodes apart."""
+
+    def __init__(self, p: int, device: torch.device | str) -> None:
+        self.returns = torch.zeros(p, device=device, dtype=torch.float64)
+        self.episodes = torch.zeros(p, device=device, dtype=torch.int64)
+        self._read: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def add(self, returns: torch.Tensor, episodes: torch.Tensor) -> None:
+        """Per agent (P,): the summed returns and the count of the episodes that just ended."""
+        self.returns += returns
+        self.episodes += episodes
+
+    def since(self, reader: str) -> tuple[list[float], list[int]]:
+        """Per agent: the summed returns and count of the episodes ended since ``reader``'s
+        last call."""
+        returns, episodes = self.returns.clone(), self.episodes.clone()
+        before = self._read.get(reader)
+        self._read[reader] = (returns, episodes)
+        if before is not None:
+            returns, episodes = returns - before[0], episodes - before[1]
+        return returns.tolist(), episodes.tolist()
+
+    def mean(self, reader: str) -> float | None:
+        """Mean return of every agent's episodes ended since ``reader``'s last call."""
+        returns, episodes = self.since(reader)
+        return sum(returns) / sum(episodes) if sum(episodes) else None
+
+    def means(self, reader: str) -> list[float | None]:
+        """Each agent's mean return of its episodes ended since ``reader``'s last call."""
+        returns, episodes = self.since(reader)
+        return [r / n if n else None for r, n in zip(returns, episodes, strict=True)]
+
+
 class ReplayWorker:
     """Steps P stacked agents' env of P * n sub-environments once per call, agent p acting in
     the slice [p * n, (p + 1) * n) (uniform random actions until the agents have taken
     ``learning_starts`` env steps, then exploring, each on its own schedule:
     ``slot_env_steps``, each agent's env steps (P,) on the device, which the learner counts in
     place), and appends each agent's n transitions to its own buffer of ``replay``, on the
-    env's device. The returns of every agent's finished episodes are counted together."""
+    env's device. The returns of every agent's finished episodes are tallied per agent."""
 
     def __init__(
         self,
@@ -237,9 +273,7 @@ class ReplayWorker:
         self.generator, self.learning_starts, self.seed = generator, learning_starts, seed
         self.slot_env_steps = slot_env_steps
         self.obs: torch.Tensor | None = None  # the current observations; None: reset first
-        # Returns of finished episodes, summed on the device and read only when asked.
-        self.return_sum = torch.zeros((), device=env.device, dtype=torch.float64)
-        self.episodes = torch.zeros((), device=env.device, dtype=torch.int64)
+        self.tally = EpisodeTally(replay.p, env.device)
 
     def reset(self, env_steps: int) -> None:
         """Start fresh episodes (seeded by the env steps so far, so a resumed run differs)."""
@@ -247,8 +281,6 @@ class ReplayWorker:
         self.population.end_episodes(
             torch.ones(self.env.num_envs, dtype=torch.bool, device=self.env.device)
         )
-        self.return_sum.zero_()
-        self.episodes.zero_()
 
     def step(self, env_steps: int) -> int:
         """One vector step (``env_steps``: the agents' count so far); the env steps each
@@ -268,18 +300,8 @@ class ReplayWorker:
         final_obs = info["final_obs"].view(p, n, -1)
         self.replay.add(obs, action, reward.view(p, n), final_obs, terminated.view(p, n))
         self.obs = next_obs
-        self.return_sum += info["episode_return"].sum()  # zero where no episode ended
         done = terminated | truncated
-        self.episodes += done.sum()
+        # episode_return is zero where no episode ended.
+        self.tally.add(info["episode_return"].view(p, n).sum(1), done.view(p, n).sum(1))
         pop.end_episodes(done)
         return n
-
-    def train_return(self) -> float | None:
-        """Mean return of the episodes finished since the last call (None if none did)."""
-        episodes = int(self.episodes)
-        if not episodes:
-            return None
-        mean = float(self.return_sum) / episodes
-        self.return_sum.zero_()
-        self.episodes.zero_()
-        return mean

@@ -35,6 +35,10 @@ class PodMetrics:
         self.updates = counter("podium_pod_updates", "Learner updates.")
         self.rounds = counter("podium_pod_rounds", "Rounds finished.")
         self.submissions = counter("podium_pod_submissions", "Results reported to the updater.")
+        self.exploits = counter(
+            "podium_pod_exploits",
+            "Agents replaced by a copy of a better agent of the same pod (population.exploit).",
+        )
         self.env_steps_per_s = gauge(
             "podium_pod_env_steps_per_second", "Env steps per second over the last round."
         )

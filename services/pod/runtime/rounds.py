@@ -12,10 +12,14 @@ pod of its own: the pod's id for a single agent, ``<pod id>.m<i>`` in a populati
 * Report (every ``evaluation.every_rounds`` rounds): one evaluation of every slot, on the
   experiment's shared evaluation start states, then each slot is submitted with its training
   files as its own candidate, with its own lineage (services/pod/runtime/lineage.py).
-* PBT: after each report, each slot that is ready asks the generator again; when it proposes a
-  parent (of the same algorithm) that scored better than the slot's agent (exploit), the parent's
-  files with the proposed hyperparameters (explore) replace that slot's agent; the other slots train
-  on.
+* PBT across pods: after each report, each slot that is ready asks the generator again; when it
+  proposes a parent (of the same algorithm) that scored better than the slot's agent (exploit), the
+  parent's files with the proposed hyperparameters (explore) replace that slot's agent; the other
+  slots train on.
+* PBT inside the pod (``spec.population.exploit``): every ``every_env_steps`` env steps the pod
+  ranks its slots (recent training returns, or an evaluation) and the trainer copies the top
+  agents into the bottom slots in place, with explored hyperparameters (``select``); a copy
+  reports as a child of its source's last candidate.
 * Stop (SIGTERM, or ``max_env_steps`` reached): the update in flight finishes, then one
   evaluation and a final report of every slot trained since its last report.
 
@@ -52,6 +56,7 @@ from services.contracts.strategies import parent_is_better
 from services.logs import get_logger
 from services.pod.runtime import activity
 from services.pod.runtime.compile_share import CompileShare
+from services.pod.runtime.in_pod_pbt import InPodPBT
 from services.pod.runtime.lineage import Lineage, ReadyRule
 from services.pod.runtime.metrics import PodMetrics
 from services.pod.runtime.pod_files import PodFiles
@@ -159,6 +164,12 @@ class PodRuntime:
         self.compile_share = (
             CompileShare(client, pod_id, cache, wait_s, lambda: self.stopping)
             if cache is not None
+            else None
+        )
+        rule = spec.population.exploit
+        self.pbt = (
+            InPodPBT(rule, spec.search_space, size, pod_id, spec.evaluation.higher_is_better)
+            if rule is not None
             else None
         )
         self.started_at = self.settings.started_at or time.time()
@@ -272,8 +283,11 @@ class PodRuntime:
             pinned = pinned_names(self.spec.search_space)
             check_population(self.size, [algorithm], hyperparameters, pinned)
         self.seed += 1
+        return self.config_for(hyperparameters, algorithm, self.seed)
+
+    def config_for(self, hyperparameters: dict[str, Any], algorithm: str, seed: int) -> RunConfig:
         s = self.settings
-        return pod_config(self.spec, hyperparameters, self.seed, s.device, s.threads, algorithm)
+        return pod_config(self.spec, hyperparameters, seed, s.device, s.threads, algorithm)
 
     def place(self, i: int, manifest: Manifest, config: RunConfig, fresh: bool) -> None:
         """Put the manifest's agent into slot i: the parent's training files with the proposed
@@ -352,6 +366,8 @@ class PodRuntime:
             trainer.step()
             if "first_env_step" not in self.startup:
                 self.started("first_env_step", trainer)
+            if self.pbt is not None and self.pbt.due(trainer.env_steps):
+                self.select()
             steps = trainer.env_steps - start_steps
             if round_steps is not None and steps >= round_steps:
                 break
@@ -460,6 +476,49 @@ class PodRuntime:
             return manifest
         self.release(manifest)
         return None
+
+    def select(self) -> None:
+        """PBT among this pod's slots (services/pod/runtime/in_pod_pbt.py). A copy descends
+        from what its source's next report would: its source's last candidate."""
+        trainer, pbt = self.trainer, self.pbt
+        assert trainer is not None and pbt is not None
+        before = list(self.slots)  # a source replaced later in the decision was copied first
+        if pbt.rule.by == "evaluation":
+            activity.now("evaluating")
+        copies = pbt.select(
+            trainer,
+            [s.hyperparameters for s in before],
+            [s.env_steps_at_start for s in before],
+            lambda hp, src, dst: self.config_for(
+                hp, before[src].algorithm, trainer.config(dst).seed
+            ),
+        )
+        activity.now("training")
+        for c in copies:
+            old, parent = before[c.dst], before[c.src]
+            self.slots[c.dst] = Lineage(
+                pod_id=old.pod_id,
+                algorithm=parent.algorithm,
+                hyperparameters=c.hyperparameters,
+                parent_id=parent.parent_id,
+                generation=parent.generation,
+                env_steps_at_start=trainer.counters(c.dst).env_steps,
+                unreported_steps=old.unreported_steps,  # the experiment's budget counts them
+            )
+            self.metrics.exploits.inc()
+            self.boards[c.dst].hyperparameters(
+                {"algorithm": parent.algorithm, "parent": f"m{c.src}", **c.hyperparameters},
+                step=self.board_step,
+            )
+            log.info(
+                "pbt in the pod: copied",
+                slot=c.dst,
+                source=c.src,
+                score=c.scores[c.dst],
+                source_score=c.scores[c.src],
+                explore=c.how,
+                hyperparameters=c.hyperparameters,
+            )
 
     def into_slot(self, i: int, config: RunConfig, put: Callable[[Trainer], None]) -> None:
         """``put`` the slot's new agent into the trainer. A single agent's settings that fix

@@ -195,7 +195,8 @@ class _Population:
 
     def copy(self, dst: int, src: int, hyperparameters: Mapping[str, float]) -> None:
         self._hyperparameters[dst] = {**self._hyperparameters[src], **hyperparameters}
-        self.population.copy(dst, src, self._hyperparameters[dst])
+        config = self._agents[dst].config.model_copy(update=self._hyperparameters[dst])
+        self.population.copy(dst, src, config)
 
 
 #: The StockTradingEnv arguments that choose the periods, not the account or observation.

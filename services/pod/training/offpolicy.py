@@ -295,7 +295,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
     def progress(self) -> dict[str, float]:
         """The agents' last losses averaged; the mean return of every agent's episodes."""
         record = {k: float(v.mean()) for k, v in self._stats.items()}
-        if (train_return := self.worker.train_return()) is not None:
+        if (train_return := self.worker.tally.mean("progress")) is not None:
             record["train_return"] = train_return
         return record
 
@@ -363,6 +363,16 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         self._check(config)
         agent, buffer = self._single(config)
         self._place(slot, agent, buffer, config, Counters(0, 0))
+
+    def copy(self, dst: int, src: int, config: OffPolicyConfig) -> None:
+        self._check(config)
+        self.population.copy(dst, src)
+        self.population.set_hyperparameters(dst, config.agent_config)
+        self.replay.copy(dst, src)
+        self.configs[dst] = config
+
+    def recent_returns(self) -> list[float | None]:
+        return self.worker.tally.means("pbt")
 
     def close(self) -> None:
         for env in (getattr(self, "env", None), getattr(self, "eval_env", None)):

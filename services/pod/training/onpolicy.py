@@ -53,6 +53,7 @@ from services.pod.algorithms.spaces import check_action_space
 from services.pod.config import PPORunConfig, on_policy_config
 from services.pod.roles.evaluator import EvalResult
 from services.pod.roles.learner import PPOEnvs, PPOLearner, per_agent
+from services.pod.roles.worker import EpisodeTally
 from services.pod.training.checkpoint import (
     CheckpointError,
     TrainingFiles,
@@ -156,6 +157,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         self.iterations = 0
         self.compile_seconds = 0.0
         self._metrics: dict[str, torch.Tensor] | None = None
+        self.tally = EpisodeTally(p, self.device)
         horizon = horizon_env_steps or first.total_env_steps
         if first.target_return is not None and first.expected_env_steps:
             # A run with a target is expected to stop near where the preset's runs solve.
@@ -250,19 +252,24 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         roll = self._collect_apart() if self.apart else None
         if d.compiled is None:
             start = time.perf_counter()
-            self._metrics = self.population.iterate(False, roll)
-            self.iterations += 1
+            self._took(self.population.iterate(False, roll))
             if d.eager_call(time.perf_counter() - start, self.shape.batch):
                 self._describe()
             return
         try:
-            self._metrics = self.population.iterate(bool(d.compiled), roll)
+            metrics = self.population.iterate(bool(d.compiled), roll)
         except CompileFailedError as exc:
             d.failed(exc)
             self._describe()
-            self._metrics = self.population.iterate(False, roll)
-        self.iterations += 1
+            metrics = self.population.iterate(False, roll)
+        self._took(metrics)
         self._count_compile(before, "iteration")
+
+    def _took(self, metrics: dict[str, torch.Tensor]) -> None:
+        """An iteration's statistics: kept for ``progress``, its episodes tallied."""
+        self._metrics = metrics
+        self.tally.add(metrics["return_sum"], metrics["episodes"])
+        self.iterations += 1
 
     def _count_compile(self, before: float, program: str) -> None:
         spent = compile_clock() - before
@@ -282,10 +289,12 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         m = self._metrics
         record = dict(zip(PPO_STATS, m["stats"].mean(0).tolist(), strict=True))
         record["lr"] = float(m["lr"].mean())
-        episodes = int(m["episodes"].sum())
-        if episodes:
-            record["train_return"] = float(m["return_sum"].sum()) / episodes
+        if (train_return := self.tally.mean("progress")) is not None:
+            record["train_return"] = train_return
         return record
+
+    def recent_returns(self) -> list[float | None]:
+        return self.tally.means("pbt")
 
     def evaluate(self) -> list[EvalResult]:
         if self.apart:
@@ -353,6 +362,11 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
 
     def reset(self, slot: int, config: PPORunConfig) -> None:
         self._place(slot, self._fresh(config), config, Counters(0, 0))
+
+    def copy(self, dst: int, src: int, config: PPORunConfig) -> None:
+        self._check(config)
+        self.population.copy(dst, src, config.agent_config)
+        self.configs[dst] = config
 
     def close(self) -> None:
         self.envs.close()

@@ -167,6 +167,19 @@ class Trainer(ABC, Generic[C]):
     def reset(self, slot: int, config: C) -> None:
         """Put a fresh agent built from ``config`` into slot ``slot``."""
 
+    # -- PBT among the slots (a population's trainers) ----------------------------------------
+    def copy(self, dst: int, src: int, config: C) -> None:
+        """PBT's exploit inside the population: slot ``dst``'s agent becomes slot ``src``'s
+        (weights, optimiser state, statistics; an off-policy agent's replay too) with
+        ``config``'s hyperparameters (explore), in place: nothing compiles again. ``dst``
+        keeps its counters and its random stream."""
+        raise NotImplementedError(f"{type(self).__name__} trains one agent: no slot to copy")
+
+    def recent_returns(self) -> list[float | None]:
+        """Each slot's mean return of the training episodes that ended since the last call
+        (None where none did): what PBT inside a population ranks on by default."""
+        raise NotImplementedError(f"{type(self).__name__} counts no training episodes")
+
     @abstractmethod
     def close(self) -> None: ...
 

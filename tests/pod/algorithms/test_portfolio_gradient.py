@@ -140,6 +140,7 @@ HELD_OUT_SEEDS = range(50, 65)
 
 
 @pytest.mark.slow
+@pytest.mark.nightly  # 45 markets' tournaments: minutes
 def test_the_kept_agent_beats_buy_and_hold_held_out() -> None:
     """The learning result of docs/benchmarks.md ("Stock trading"), on the held-out market
     seeds 50-64 of each regime: the kept agent's Sharpe on the backtest period (read by nothing
