@@ -1,7 +1,7 @@
 """Does PBT inside a population pod beat the best of the same P agents trained apart?
 
     python bench/pod_pbt.py --task cartpole [--agents 8] [--reps 10] [--every 8192]
-                            [--budget N] [--by train_return] [--png docs/img/pod_pbt_cartpole.png]
+                            [--budget N] [--by train_return] [--png docs/pod_pbt_cartpole.png]
 
 For each repetition r, both arms start from the same P hyperparameter draws (the task's search
 space, sampled with seed r: random search's draws) and the same agent seeds, in one population
