@@ -10,6 +10,8 @@ trainer of the pod (services/pod/training/, eager), and train ``--budget`` env s
 - ``pbt``: the pod's own PBT (services/pod/runtime/in_pod_pbt.py, the spec's
   ``population.exploit`` with ``every_env_steps = --every`` and the in-pod defaults: the worst
   quarter copies a top-quarter agent and explores its hyperparameters);
+  with ``--halving``, successive halving in the pod instead (intervals doubling from
+  ``--every``; at each rung the worse half becomes unexplored copies of the better half);
 - ``apart``: no selection: each agent keeps its draw (best of P, which is also random search
   over P draws).
 
@@ -172,6 +174,13 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=4096)
     parser.add_argument("--budget", type=int, default=None, help="env steps per agent")
     parser.add_argument("--by", choices=("train_return", "evaluation"), default="train_return")
+    parser.add_argument(
+        "--halving",
+        action="store_true",
+        help="successive halving in the pod: intervals doubling from --every, the worse half "
+        "replaced by unexplored copies of the better half",
+    )
+    parser.add_argument("--arms", nargs="+", choices=("pbt", "apart"), default=["pbt", "apart"])
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--jsonl", type=Path, default=None)
     args = parser.parse_args()
@@ -179,13 +188,18 @@ def main() -> None:
     task = TASKS[args.task]
     if args.budget:
         task = Task(task.env, task.algorithm, task.target, args.budget, task.space)
-    rule = PopulationExploit(every_env_steps=args.every, by=args.by)
-    results: dict[str, list[dict]] = {"pbt": [], "apart": []}
+    halving = {"truncation": 0.5, "quantile": 0.5, "explore": False}
+    rule = PopulationExploit(
+        every_env_steps=args.every,
+        by=args.by,
+        **({"growth": 2.0, "pbt": halving} if args.halving else {}),
+    )
+    results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
     print(f"# {args.task}: {task.env} {task.algorithm}, P = {args.agents}, budget {task.budget:,}")
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     for rep in range(args.first_rep, args.first_rep + args.reps):
-        for arm in ("pbt", "apart"):
+        for arm in args.arms:
             out = run(task, rep, args.agents, rule if arm == "pbt" else None, args.eval_every)
             results[arm].append(out)
             last = out["curve"][-1]
@@ -200,7 +214,7 @@ def main() -> None:
     budget = task.budget
     ratios = [
         (p["reached"] or budget) / (a["reached"] or budget)
-        for p, a in zip(results["pbt"], results["apart"], strict=True)
+        for p, a in zip(results.get("pbt", []), results.get("apart", []), strict=False)
     ]
     print()
     print(

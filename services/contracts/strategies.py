@@ -124,6 +124,16 @@ class PopulationExploit(InputModel):
         le=10**12,
         description="Env steps each agent trains between two of the pod's decisions.",
     )
+    growth: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=16.0,
+        allow_inf_nan=False,
+        description="Each interval between decisions is this times the one before. 2, with "
+        "pbt {truncation: 0.5, quantile: 0.5, explore: false}, is successive halving inside the "
+        "pod: at each rung the worse half stops and its slots train copies of the better half "
+        "for twice as long.",
+    )
     by: Literal["train_return", "evaluation"] = Field(
         default="train_return",
         description="What agents are ranked on: the mean return of their training episodes "

@@ -66,6 +66,7 @@ def test_the_spec_takes_the_leaderboards_pbt_options_with_in_pod_defaults() -> N
         ({"agents_per_pod": 1, "exploit": {"every_env_steps": 10}}, "agents_per_pod >= 2"),
         ({"agents_per_pod": 4, "exploit": {}}, "every_env_steps"),
         ({"agents_per_pod": 4, "exploit": {"every_env_steps": 0}}, "every_env_steps"),
+        ({"agents_per_pod": 4, "exploit": {"every_env_steps": 8, "growth": 0.5}}, "growth"),
         (
             {"agents_per_pod": 4, "exploit": {"every_env_steps": 10, "by": "luck"}},
             "train_return",
@@ -286,3 +287,33 @@ def test_pbt_in_the_pod_lifts_the_population_over_the_same_draws_trained_apart()
     assert statistics.median(together) >= 300, together
     assert statistics.median(together) >= statistics.median(apart) + 100, (together, apart)
     assert together[-1] >= 475, together  # and the best is not lost to a copy
+
+
+def test_growing_intervals_make_the_decisions_rungs_of_successive_halving() -> None:
+    """``growth: 2`` with the halving options: decisions at 1, 3, 7 x the first interval, and at
+    each the worse half of the agents becomes copies of the better half, unexplored."""
+    rule = PopulationExploit(
+        every_env_steps=1024,
+        growth=2.0,
+        by="evaluation",
+        pbt={"truncation": 0.5, "quantile": 0.5, "explore": False},
+    )
+    trainer, _ = _trainer("CartPole-v1", "ppo", {"learning_rate": SPACE["learning_rate"]}, 4)
+    pbt = InPodPBT(rule, {}, 4, "halving")
+    hyperparameters = [trainer.config(i).ppo.model_dump() for i in range(4)]
+    decided, copied = [], 0
+    while trainer.env_steps < 8 * 1024:
+        trainer.step()
+        if pbt.due(trainer.env_steps):
+            decided.append(trainer.env_steps)
+            done = pbt.select(trainer, hyperparameters, [0] * 4, lambda h, s, d: trainer.config(s))
+            for c in done:
+                assert c.hyperparameters == hyperparameters[c.src] and c.how == {}
+                ranked = sorted(range(4), key=lambda i: -c.scores[i])
+                assert c.dst in ranked[2:] and c.src in ranked[:2]
+            copied += len(done)
+    # The clock starts at the first step (the pod's agents may come with counts of their own).
+    start = trainer.step_env_steps
+    assert decided == [start + k * 1024 for k in (1, 3, 7)], decided
+    assert copied >= 2  # ties aside, each rung replaces the worse half
+    trainer.close()

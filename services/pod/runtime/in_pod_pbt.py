@@ -1,5 +1,6 @@
 """PBT among one population pod's agents (``spec.population.exploit``; Fast PBT, Flajolet et al.
-2022): every ``every_env_steps`` env steps rank the agents, copy each winner into a loser's slot
+2022): every ``every_env_steps`` env steps (each interval ``growth`` times the last: 2 makes
+them the rungs of successive halving) rank the agents, copy each winner into a loser's slot
 in place (the trainer's ``copy``: weights, optimiser state, statistics, an off-policy agent's
 replay) with hyperparameters explored over the search space. Nothing compiles again (a copy
 changes values, never a program) and nothing goes to the leaderboard: who descends from whom is
@@ -55,6 +56,7 @@ class InPodPBT:
         # Seeded by the spec's option and the pod: pods of one experiment draw apart.
         self.rng = random.Random(f"{rule.pbt.seed}:{seed}")
         self.next_decision: int | None = None  # per-slot env steps
+        self.interval = float(rule.every_env_steps)  # grows by ``rule.growth`` per decision
         # Each slot's last known recent return: a slot whose episodes are long may end none
         # between two decisions.
         self.recent: list[float | None] = [None] * size
@@ -63,7 +65,7 @@ class InPodPBT:
         """Whether to decide now (``env_steps``: the trainer's per-slot clock); the first call
         starts the clock."""
         if self.next_decision is None:
-            self.next_decision = env_steps + self.rule.every_env_steps
+            self.next_decision = env_steps + round(self.interval)
         return env_steps >= self.next_decision
 
     def scores(self, trainer: Trainer) -> list[float] | None:
@@ -88,8 +90,10 @@ class InPodPBT:
         """Decide and copy: ``hyperparameters[i]`` and ``built_at[i]`` (its env steps when
         its agent was built) are slot i's; ``config_for(hyperparameters, src, dst)`` is the
         run config slot ``dst`` trains ``src``'s agent with. The copies made, in order."""
-        self.next_decision = trainer.env_steps + self.rule.every_env_steps
         scores = self.scores(trainer)
+        if scores is not None:  # a decision made: the next rung is further off
+            self.interval *= self.rule.growth
+        self.next_decision = trainer.env_steps + round(self.interval)
         if scores is None:
             return []
         options = self.rule.pbt
