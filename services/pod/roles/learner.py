@@ -197,7 +197,7 @@ class PPOLearner:
         """PBT's exploit inside the population: agent ``dst`` restarts from agent ``src``
         with ``config``'s hyperparameters (explore)."""
         ppo.copy_agent(self.state, dst, src)
-        ppo.set_hyperparameters(self.shape, self.hp, dst, config, per_agent(config))
+        ppo.set_hyperparameters(self.shape, self.hp, dst, config)
 
     def hyperparameters(self, i: int) -> dict[str, float]:
         return {name: float(self.hp[name][i]) for name in self.shape.hyperparameters}
