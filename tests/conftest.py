@@ -21,12 +21,48 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     worker's session, and its images)."""
     from xdist.scheduler import LoadScopeScheduling
 
+    # xdist would queue the files by their number of tests, most first, whatever the
+    # collection order: the container tests (few, and the longest scope) would start last and
+    # be the run's tail on one worker while the other idles.
+    config.option.loadscopereorder = False
+
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return "tests/containers" if path.startswith("tests/containers/") else path
 
     return ByFile(config, log)
+
+
+#: The longest test files (minutes each in the test command's `--durations`), queued first:
+#: the workers take files in collection order, and a long file taken last is the run's tail
+#: on one worker while the other idles. The container tests (one worker, one scope) lead.
+LONGEST_FIRST = (
+    "tests/containers/",
+    "tests/pod/test_compiled.py",
+    "tests/pod/test_kstep.py",
+    "tests/pod/test_offpolicy_population.py",
+    "tests/e2e/test_compile_once.py",
+    "tests/test_cli_platform.py",
+    "tests/test_readme.py",
+    "tests/pod/test_offpolicy.py",
+    "tests/pod/test_presets_solve.py",
+    "tests/test_cli.py",
+    "tests/test_schemathesis.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``LONGEST_FIRST``'s files first, in its order; the rest as collected. The same order in
+    every worker (xdist checks that they collected alike); a file's tests keep theirs."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return next(
+            (i for i, p in enumerate(LONGEST_FIRST) if path.startswith(p)), len(LONGEST_FIRST)
+        )
+
+    items.sort(key=rank)  # stable: the collected order within a rank
 
 
 @pytest.fixture(autouse=True)

@@ -55,8 +55,14 @@ def named(lines: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
     return [x for x in lines if x.get("event") == event]
 
 
-def compile_seconds(lines: list[dict[str, Any]]) -> float:
-    return sum(x["compile_s"] for x in named(lines, "compile.done"))
+def compiled(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """A pod's compile seconds and the graphs it built and loaded, from its log."""
+    done = named(lines, "compile.done")
+    return {
+        "seconds": sum(x["compile_s"] for x in done),
+        "built": sum(x["graphs_built"] for x in done),
+        "loaded": sum(x["graphs_loaded"] for x in done),
+    }
 
 
 @pytest.fixture
@@ -112,7 +118,7 @@ def test_the_pod_image_trains_compiled_and_a_second_pod_loads_the_cache(
     assert started["malloc"] == "tcmalloc", started  # preloaded by the pod itself
     [chosen] = named(cold, "trainer.chosen")
     assert chosen["compiled"] is True, chosen  # a compiler in the image: not the eager loop
-    assert compile_seconds(cold) > 0, named(cold, "compile.done")
+    assert compiled(cold)["built"] > 0, named(cold, "compile.done")
     [published] = named(cold, "compile_cache.published")
     assert published["files"] > 0, published
 
@@ -126,10 +132,8 @@ def test_the_pod_image_trains_compiled_and_a_second_pod_loads_the_cache(
     assert set(files_under(cache, SKIP)) == set(held)
     [published] = named(warm, "compile_cache.published")
     assert published["from_cache"] and published["files"] > 0, published
-    assert compile_seconds(warm) < 0.5 * compile_seconds(cold), (
-        compile_seconds(warm),
-        compile_seconds(cold),
-    )
+    work = compiled(warm)
+    assert work["built"] == 0 and work["loaded"] > 0, (work, compiled(cold))
     [first_step] = named(warm, "pod.first_env_step")
     print(f"warm pod: first env step {first_step['seconds']:.2f} s after its process started")
 
@@ -183,11 +187,12 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
     assert len(compilers) == 1, states
     [first] = compilers
     assert all(states[p][-1] == "loaded" for p in pods if p != first), states
-    seconds = {pod: compile_seconds(lines) for pod, lines in pods.items()}
-    print(f"compile seconds by pod: {seconds}; {first} compiled, the others loaded")
-    # A pod that loads still has dynamo trace its programs (torch.compile's cache keeps the
-    # compiled graphs, not the traces): less than the compile, never nothing.
-    assert all(s < seconds[first] for p, s in seconds.items() if p != first), seconds
+    work = {pod: compiled(lines) for pod, lines in pods.items()}
+    print(f"compile work by pod: {work}; {first} compiled, the others loaded")
+    # Compiled once: the others built no graph (dynamo still traces their programs, which is
+    # what their compile seconds are; on a shared machine they may exceed the compiler's).
+    assert work[first]["built"] > 0, work
+    assert all(w["built"] == 0 for p, w in work.items() if p != first), work
     for pod, lines in pods.items():
         for step in named(lines, "pod.first_env_step"):
             print(f"{pod}: first env step {step['seconds']:.2f} s after its process started")

@@ -116,14 +116,45 @@ def trust_vec_isa(compiler: str | None = None) -> bool:
     return True
 
 
-def compile_clock() -> float:
-    """Seconds this process spent compiling so far (dynamo's own per-frame timing, which
-    includes inductor's). Reading it imports nothing where nothing was compiled."""
-    if "torch._dynamo.utils" not in sys.modules:
-        return 0.0
-    from torch._dynamo.utils import compilation_time_metrics
+@dataclass(frozen=True)
+class CompileWork:
+    """What this process compiled so far, or between two readings (their difference): seconds
+    (dynamo's own per-frame timing, which includes inductor's), graphs inductor generated code
+    for, and graphs it read from the compile cache instead (the FX graph cache's misses and
+    hits): a pod that loads builds none."""
 
-    return float(sum(compilation_time_metrics.get("_compile.compile_inner", ())))
+    seconds: float = 0.0
+    built: int = 0
+    loaded: int = 0
+
+    def __sub__(self, other: CompileWork) -> CompileWork:
+        return CompileWork(
+            self.seconds - other.seconds, self.built - other.built, self.loaded - other.loaded
+        )
+
+
+def compile_work() -> CompileWork:
+    """This process's ``CompileWork`` so far. Reading it imports nothing where nothing was
+    compiled."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return CompileWork()
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    inductor = counters["inductor"]
+    return CompileWork(
+        float(sum(compilation_time_metrics.get("_compile.compile_inner", ()))),
+        int(inductor["fxgraph_cache_miss"]),
+        int(inductor["fxgraph_cache_hit"]),
+    )
+
+
+def log_compile(done: CompileWork, program: str, total_s: float, agents: int) -> None:
+    """The ``compile.done`` line a trainer writes after a call that compiled."""
+    log.info(
+        "compile.done", program=program, compile_s=round(done.seconds, 2),
+        graphs_built=done.built, graphs_loaded=done.loaded,
+        total_compile_s=round(total_s, 2), agents=agents,
+    )  # fmt: skip
 
 
 def compile_counters() -> dict[str, int]:

@@ -45,7 +45,12 @@ from services.contracts.algorithms.offpolicy import ReplayLoopConfig
 from services.contracts.algorithms.sac.config import SACConfig
 from services.contracts.algorithms.td3.config import TD3Config
 from services.logs import get_logger
-from services.pod.algorithms.compiled import CompileFailedError, Decision, compile_clock
+from services.pod.algorithms.compiled import (
+    CompileFailedError,
+    Decision,
+    compile_work,
+    log_compile,
+)
 from services.pod.algorithms.replay_buffer import ReplayBuffer
 from services.pod.algorithms.spaces import check_action_space
 from services.pod.algorithms.stacked import KStep, Stack, StackedReplay
@@ -269,7 +274,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
     # -- training ----------------------------------------------------------------------------
     def step(self) -> None:
         taken = self.worker.step(self.learner.env_steps)
-        before, updates, start = compile_clock(), self.learner.updates, time.perf_counter()
+        before, updates, start = compile_work(), self.learner.updates, time.perf_counter()
         try:
             self._stats = self.learner.learn(taken) or self._stats
         except CompileFailedError as exc:
@@ -284,13 +289,10 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
             if self.decision.eager_call(seconds, done * self.size):
                 self.learner.compile(bool(self.decision.compiled), self.configs[0].updates_per_call)
                 self._describe()
-        spent = compile_clock() - before
-        if spent > 0.05:
-            self.compile_seconds += spent
-            log.info(
-                "compile.done", program="update", compile_s=round(spent, 2),
-                total_compile_s=round(self.compile_seconds, 2), agents=self.size,
-            )  # fmt: skip
+        done = compile_work() - before
+        if done.seconds > 0.05:
+            self.compile_seconds += done.seconds
+            log_compile(done, "update", self.compile_seconds, self.size)
 
     def progress(self) -> dict[str, float]:
         """The agents' last losses averaged; the mean return of every agent's episodes."""

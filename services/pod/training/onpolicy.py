@@ -43,9 +43,11 @@ from services.logs import get_logger
 from services.pod.algorithms import ppo
 from services.pod.algorithms.compiled import (
     CompileFailedError,
+    CompileWork,
     Decision,
     cached,
-    compile_clock,
+    compile_work,
+    log_compile,
     mark_cached,
 )
 from services.pod.algorithms.ppo import PPO, PPO_STATS
@@ -248,7 +250,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
 
     def step(self) -> None:
         d = self.decision
-        before = compile_clock()
+        before = compile_work()
         roll = self._collect_apart() if self.apart else None
         if d.compiled is None:
             start = time.perf_counter()
@@ -271,14 +273,11 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         self.tally.add(metrics["return_sum"], metrics["episodes"])
         self.iterations += 1
 
-    def _count_compile(self, before: float, program: str) -> None:
-        spent = compile_clock() - before
-        if spent > 0.05:
-            self.compile_seconds += spent
-            log.info(
-                "compile.done", program=program, compile_s=round(spent, 2),
-                total_compile_s=round(self.compile_seconds, 2), agents=self.size,
-            )  # fmt: skip
+    def _count_compile(self, before: CompileWork, program: str) -> None:
+        done = compile_work() - before
+        if done.seconds > 0.05:
+            self.compile_seconds += done.seconds
+            log_compile(done, program, self.compile_seconds, self.size)
             mark_cached(self.program_key(), program)
 
     def progress(self) -> dict[str, float]:
@@ -299,7 +298,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
     def evaluate(self) -> list[EvalResult]:
         if self.apart:
             return [self.roles.evaluate(self._weights())]
-        before = compile_clock()
+        before = compile_work()
         envs, compiled = self.envs, bool(self.decision.compiled)
         assert envs.evaluation is not None
         seed = self.configs[0].evaluation_seed
