@@ -1,7 +1,8 @@
 """Does PBT inside a population pod beat the best of the same P agents trained apart?
 
     python bench/pod_pbt.py --task cartpole [--agents 8] [--reps 10] [--every 8192]
-                            [--budget N] [--by train_return] [--png docs/pod_pbt_cartpole.png]
+                            [--budget N] [--by train_return] [--pbt '{"quantile": 0.125}']
+                            [--png docs/pod_pbt_cartpole.png]
 
 For each repetition r, both arms start from the same P hyperparameter draws (the task's search
 space, sampled with seed r: random search's draws) and the same agent seeds, in one population
@@ -180,6 +181,14 @@ def main() -> None:
         help="successive halving in the pod: intervals doubling from --every, the worse half "
         "replaced by unexplored copies of the better half",
     )
+    parser.add_argument(
+        "--pbt",
+        type=json.loads,
+        default=None,
+        help="the in-pod PBT options as JSON (the spec's population.exploit.pbt), e.g. "
+        '\'{"truncation": 0.5, "quantile": 0.125}\': half the agents become explored copies of '
+        "the best",
+    )
     parser.add_argument("--arms", nargs="+", choices=("pbt", "apart"), default=["pbt", "apart"])
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--jsonl", type=Path, default=None)
@@ -189,10 +198,12 @@ def main() -> None:
     if args.budget:
         task = Task(task.env, task.algorithm, task.target, args.budget, task.space)
     halving = {"truncation": 0.5, "quantile": 0.5, "explore": False}
+    options = {**(halving if args.halving else {}), **(args.pbt or {})}
     rule = PopulationExploit(
         every_env_steps=args.every,
         by=args.by,
-        **({"growth": 2.0, "pbt": halving} if args.halving else {}),
+        **({"growth": 2.0} if args.halving else {}),
+        **({"pbt": options} if options else {}),
     )
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
     print(f"# {args.task}: {task.env} {task.algorithm}, P = {args.agents}, budget {task.budget:,}")
