@@ -178,11 +178,13 @@ def test_on_without_a_cxx_compiler_is_refused_and_auto_trains_eager_saying_why(
 
 
 def test_an_update_dynamo_cannot_capture_trains_eager_under_auto_and_is_refused_under_on(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     """A compile that fails (here: an update that reads the host, which ``fullgraph`` refuses)
     is logged once under ``auto`` and the run trains on with the same update, eager, every
-    owed update paid; under ``on`` it is refused, naming it."""
+    owed update paid, and is not noted in the compile cache as compiled; under ``on`` it is
+    refused, naming it."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
 
     def host_reading(*args: Any) -> dict[str, torch.Tensor]:
         if float(args[7]["params"].abs().sum()) < 0:  # never, but read on the host
@@ -203,6 +205,7 @@ def test_an_update_dynamo_cannot_capture_trains_eager_under_auto_and_is_refused_
         assert trainer.learner.updates == 10  # (48 - 32 + 4) env steps x 0.5, all paid
         assert trainer.compiled.startswith("eager (auto: compiling failed")
         assert not torch.equal(before, trainer.population.flats["params"])
+        assert not compiled.cached(trainer.program_key(), ("update",))
     finally:
         trainer.close()
     trainer = OffPolicyTrainer([_config("on")])

@@ -306,7 +306,8 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         if done.seconds > 0.05:
             self.compile_seconds += done.seconds
             log_compile(done, "update", self.compile_seconds, self.size)
-            mark_cached(self.program_key(), "update")
+            if self.learner.compiled:  # not a compile that failed over to eager
+                mark_cached(self.program_key(), "update")
 
     def progress(self) -> dict[str, float]:
         """The agents' last losses averaged; the mean return of every agent's episodes."""
