@@ -16,7 +16,6 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-from services.pod.algorithms import compiled
 from services.pod.algorithms.compiled import CompileRefusedError, Program, compile_counters
 from services.pod.algorithms.counter_random import uniform
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
@@ -178,13 +177,11 @@ def test_on_without_a_cxx_compiler_is_refused_and_auto_trains_eager_saying_why(
 
 
 def test_an_update_dynamo_cannot_capture_trains_eager_under_auto_and_is_refused_under_on(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A compile that fails (here: an update that reads the host, which ``fullgraph`` refuses)
     is logged once under ``auto`` and the run trains on with the same update, eager, every
-    owed update paid, and is not noted in the compile cache as compiled; under ``on`` it is
-    refused, naming it."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    owed update paid; under ``on`` it is refused, naming it."""
 
     def host_reading(*args: Any) -> dict[str, torch.Tensor]:
         if float(args[7]["params"].abs().sum()) < 0:  # never, but read on the host
@@ -205,7 +202,6 @@ def test_an_update_dynamo_cannot_capture_trains_eager_under_auto_and_is_refused_
         assert trainer.learner.updates == 10  # (48 - 32 + 4) env steps x 0.5, all paid
         assert trainer.compiled.startswith("eager (auto: compiling failed")
         assert not torch.equal(before, trainer.population.flats["params"])
-        assert not compiled.cached(trainer.program_key(), ("update",))
     finally:
         trainer.close()
     trainer = OffPolicyTrainer([_config("on")])
@@ -281,8 +277,6 @@ def test_a_single_sac_pod_trains_with_the_compiled_update_and_saves_its_files(tm
                 trainer.step()
         assert not [e for e in logs if e["event"] == "compile.failed"], logs
         assert trainer.learner.compiled and trainer.learner.updates == 10
-        # Noted in the compile cache: the next pod of this shape counts its compile as a load.
-        assert compiled.cached(trainer.program_key(), ("update",))
         trainer.save(0, tmp_path)
         child = OffPolicyTrainer([_config("off")])
         child.load(0, tmp_path, _config("off"))
@@ -303,33 +297,6 @@ def test_a_single_sac_pod_trains_with_the_compiled_update_and_saves_its_files(tm
         child.close()
     finally:
         trainer.close()
-
-
-def test_auto_counts_the_update_as_a_load_once_this_shape_compiled_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:
-    """An off-policy trainer's program key names what shapes its update (not the seeds or
-    the hyperparameters PBT varies, nor the compile switch); ``auto`` counts a compile as a
-    load only where that key's update is noted in the compile cache."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    trainer = OffPolicyTrainer([_config("auto")])
-    trainer.close()
-    assert trainer.decision.cached is False
-    compiled.mark_cached(trainer.program_key(), "update")
-    explored = _config("auto", seed=9, sac={"hidden_sizes": [16], "learning_rate": 5e-4})
-    for config, cached in [
-        (_config("auto"), True),
-        (explored, True),
-        (_config("on"), True),
-        (_config("auto", batch_size=BATCH * 2), False),
-        (_config("auto", sac={"hidden_sizes": [32]}), False),
-    ]:
-        other = OffPolicyTrainer([config])
-        other.close()
-        assert other.decision.cached is cached, config
-    pair = OffPolicyTrainer([_config("auto"), _config("auto", seed=5)])
-    pair.close()
-    assert pair.decision.cached is False  # P = 2 is another program
 
 
 @pytest.mark.nightly

@@ -28,7 +28,6 @@ always run in this process."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from functools import cache
@@ -49,10 +48,8 @@ from services.logs import get_logger
 from services.pod.algorithms.compiled import (
     CompileFailedError,
     Decision,
-    cached,
     compile_work,
     log_compile,
-    mark_cached,
 )
 from services.pod.algorithms.replay_buffer import ReplayBuffer
 from services.pod.algorithms.spaces import check_action_space
@@ -189,10 +186,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         if first.target_return is not None and first.expected_env_steps:
             horizon = min(horizon, 2 * first.expected_env_steps)
         updates = max(0, horizon - first.learning_starts) * first.updates_per_step
-        self.decision = Decision(
-            first.compile, "offpolicy", self.device, units=updates * p,
-            cached=cached(self.program_key(), ("update",)),
-        )  # fmt: skip
+        self.decision = Decision(first.compile, "offpolicy", self.device, units=updates * p)
         self.learner = ReplayLearner(
             self.population,
             self.replay,
@@ -214,13 +208,6 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         self._stats: dict[str, torch.Tensor] = {}
         self.compile_seconds = 0.0
         self._describe()
-
-    def program_key(self) -> str:
-        """What fixes the update program: the population's size, the settings its agents
-        share (networks, batch, buffer, env) and the device type; not the compile switch."""
-        shared = {k: v for k, v in _shared(self.configs[0]).items() if k != "compile"}
-        text = json.dumps(shared, sort_keys=True, default=str)
-        return f"offpolicy P={self.size} {text} device={self.device.type}"
 
     def _describe(self) -> None:
         d = self.decision
@@ -306,8 +293,6 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         if done.seconds > 0.05:
             self.compile_seconds += done.seconds
             log_compile(done, "update", self.compile_seconds, self.size)
-            if self.learner.compiled:  # not a compile that failed over to eager
-                mark_cached(self.program_key(), "update")
 
     def progress(self) -> dict[str, float]:
         """The agents' last losses averaged; the mean return of every agent's episodes."""
