@@ -29,7 +29,7 @@ from services.pod.runtime.compile_share import SKIP
 from tests.containers.conftest import Docker
 from tests.containers.test_platform import TOKEN, Service, run_experiment, spec, start_stack
 from tests.pod.harness import TOKEN as LB_TOKEN
-from tests.pod.harness import Leaderboard, eval_returns, make_spec, register
+from tests.pod.harness import Leaderboard, compile_work, eval_returns, make_spec, register
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]
 
@@ -53,16 +53,6 @@ def events(log: str) -> list[dict[str, Any]]:
 
 def named(lines: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
     return [x for x in lines if x.get("event") == event]
-
-
-def compiled(lines: list[dict[str, Any]]) -> dict[str, float]:
-    """A pod's compile seconds and the graphs it built and loaded, from its log."""
-    done = named(lines, "compile.done")
-    return {
-        "seconds": sum(x["compile_s"] for x in done),
-        "built": sum(x["graphs_built"] for x in done),
-        "loaded": sum(x["graphs_loaded"] for x in done),
-    }
 
 
 @pytest.fixture
@@ -118,7 +108,7 @@ def test_the_pod_image_trains_compiled_and_a_second_pod_loads_the_cache(
     assert started["malloc"] == "tcmalloc", started  # preloaded by the pod itself
     [chosen] = named(cold, "trainer.chosen")
     assert chosen["compiled"] is True, chosen  # a compiler in the image: not the eager loop
-    assert compiled(cold)["built"] > 0, named(cold, "compile.done")
+    assert compile_work(cold)["built"] > 0, named(cold, "compile.done")
     [published] = named(cold, "compile_cache.published")
     assert published["files"] > 0, published
 
@@ -132,8 +122,8 @@ def test_the_pod_image_trains_compiled_and_a_second_pod_loads_the_cache(
     assert set(files_under(cache, SKIP)) == set(held)
     [published] = named(warm, "compile_cache.published")
     assert published["from_cache"] and published["files"] > 0, published
-    work = compiled(warm)
-    assert work["built"] == 0 and work["loaded"] > 0, (work, compiled(cold))
+    work = compile_work(warm)
+    assert work["built"] == 0 and work["loaded"] > 0, (work, compile_work(cold))
     [first_step] = named(warm, "pod.first_env_step")
     print(f"warm pod: first env step {first_step['seconds']:.2f} s after its process started")
 
@@ -187,7 +177,7 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
     assert len(compilers) == 1, states
     [first] = compilers
     assert all(states[p][-1] == "loaded" for p in pods if p != first), states
-    work = {pod: compiled(lines) for pod, lines in pods.items()}
+    work = {pod: compile_work(lines) for pod, lines in pods.items()}
     print(f"compile work by pod: {work}; {first} compiled, the others loaded")
     # Compiled once: the others built no graph (dynamo still traces their programs, which is
     # what their compile seconds are; on a shared machine they may exceed the compiler's).

@@ -13,25 +13,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import LB_TOKEN, Service, live_pods, pod_log, wait_for
 from tests.e2e.test_tournament import create, events, finished, spec
-from tests.pod.harness import eval_returns
+from tests.pod.harness import compile_work, eval_returns
 
 pytestmark = pytest.mark.slow
-
-
-def compiled(lines: list[dict[str, Any]]) -> dict[str, float]:
-    """A pod's compile seconds and the graphs it built and loaded, from its log."""
-    done = [line for line in lines if line.get("event") == "compile.done"]
-    return {
-        "seconds": sum(x["compile_s"] for x in done),
-        "built": sum(x["graphs_built"] for x in done),
-        "loaded": sum(x["graphs_loaded"] for x in done),
-    }
 
 
 def podium(*args: str) -> subprocess.CompletedProcess[str]:
@@ -106,9 +95,9 @@ def test_a_compiled_tournament_compiles_once_and_keeps_every_pods_files(
     assert published["files"] > 0 and published["first"], published
     for pod in set(every) - {first}:
         assert states[pod][-1] == "loaded", (pod, states[pod])
-    # Compiled once: the other pods built no graph, they loaded every one (dynamo still traces
-    # their programs, which is what their compile seconds are).
-    work = {pod: compiled(lines) for pod, lines in every.items()}
+    # Compiled once: the other pods built no graph and loaded what they ran (dynamo still
+    # traces their programs, which is what their compile seconds are).
+    work = {pod: compile_work(lines) for pod, lines in every.items()}
     print(f"compile work by pod: {work}; {first} compiled")
     assert work[first]["built"] > 0, work
     assert all(w["built"] == 0 for p, w in work.items() if p != first), work

@@ -269,3 +269,14 @@ def eval_returns(directory: Path) -> list[float]:
     if "eval/return" not in acc.Tags()["scalars"]:
         return []
     return [e.value for e in acc.Scalars("eval/return")]
+
+
+def compile_work(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """A pod's compile seconds and the graphs it built and loaded, from its JSON log lines
+    (its ``compile.done`` lines)."""
+    done = [line for line in lines if line.get("event") == "compile.done"]
+    return {
+        "seconds": sum(x["compile_s"] for x in done),
+        "built": sum(x["graphs_built"] for x in done),
+        "loaded": sum(x["graphs_loaded"] for x in done),
+    }
