@@ -295,26 +295,36 @@ def test_the_pod_exports_compile_seconds() -> None:
     assert 'podium_pod_compile_seconds_total{experiment="e",pod="p"} 14.0' in text
 
 
-def test_a_pods_horizon_is_its_share_of_the_budget() -> None:
+def test_a_pods_horizon_is_its_share_of_the_budget_or_near_its_target() -> None:
     """What a compile must pay for in a pod: the budget over its pods' agents, at least a
-    round; without a budget, the configs' own (None)."""
+    round; without a budget, the configs' own (None). With a target, at most twice the env
+    steps the preset's runs took to reach theirs: the tournament stops there (a SAC
+    tournament on Pendulum, target -200, solves in about 10k env steps, not its 1M budget)."""
     from services.api_client import LeaderboardClient
     from services.contracts.spec import load_spec
     from services.pod.runtime.rounds import PodRuntime
+    from services.pod.training.presets import pod_config
 
-    spec = load_spec(ROOT / "examples" / "cartpole.yaml")
     unreachable = LeaderboardClient("http://127.0.0.1:9", "e", None)
 
-    def horizon(**changes: object) -> int | None:
-        changed = spec.model_copy(update=changes)
-        return PodRuntime("e", "p", changed, unreachable).horizon_env_steps()
+    def horizon(example: str, **changes: object) -> int | None:
+        changed = load_spec(ROOT / "examples" / example).model_copy(update=changes)
+        pod = PodRuntime("e", "p", changed, unreachable)
+        return pod.horizon_env_steps(pod_config(changed, {}, 0))
 
-    total = spec.budget.total_env_steps
-    assert total and horizon() == total // spec.population.max_pods
-    assert horizon(budget=spec.budget.model_copy(update={"total_env_steps": 1_000})) == (
-        spec.round.env_steps
-    )
-    assert horizon(budget=spec.budget.model_copy(update={"total_env_steps": None})) is None
+    for example in ("cartpole.yaml", "pendulum-sac.yaml"):
+        spec = load_spec(ROOT / "examples" / example)
+        expected = pod_config(spec, {}, 0).expected_env_steps
+        assert expected and spec.target_return is not None
+        share = spec.budget.total_env_steps // spec.population.max_pods
+        assert share > 2 * expected
+        assert horizon(example) == 2 * expected  # the target's, not the budget's
+        assert horizon(example, target_return=None) == share
+        small = spec.budget.model_copy(update={"total_env_steps": 1_000})
+        assert horizon(example, target_return=None, budget=small) == spec.round.env_steps
+        unlimited = spec.budget.model_copy(update={"total_env_steps": None})
+        assert horizon(example, target_return=None, budget=unlimited) is None
+        assert horizon(example, budget=unlimited) == 2 * expected
     unreachable.close()
 
 

@@ -250,7 +250,8 @@ class PodRuntime:
                 self.trainer.close()
                 self.trainer = None
             try:
-                self.trainer = build_trainer(configs, self.roles, self.horizon_env_steps())
+                horizon = self.horizon_env_steps(configs[0])
+                self.trainer = build_trainer(configs, self.roles, horizon)
             except HyperparameterError:
                 raise
             except ValueError as exc:  # e.g. DQN on a continuous env, SAC on a discrete one
@@ -264,16 +265,21 @@ class PodRuntime:
             for manifest in manifests:
                 self.release(manifest)
 
-    def horizon_env_steps(self) -> int | None:
+    def horizon_env_steps(self, config: RunConfig) -> int | None:
         """Env steps each slot can expect to train: this pod's share of the experiment's
         budget (``spec.budget.total_env_steps`` over ``max_pods`` pods of ``size`` agents), at
-        least a round; None without a budget. What a compile must pay for (``compile: auto``,
-        services/pod/algorithms/compiled.py ``Decision``)."""
-        total = self.spec.budget.total_env_steps
-        if not total:
-            return None
-        share = total // (self.spec.population.max_pods * self.size)
-        return max(share, self.spec.round.env_steps or 0, 1)
+        least a round; and where the experiment has a target, at most twice the env steps the
+        preset's runs took to reach theirs (``config.expected_env_steps``: a tournament stops
+        at its target, as ``podium train`` does). None with neither. What a compile must pay
+        for (``compile: auto``, services/pod/algorithms/compiled.py ``Decision``)."""
+        horizon = None
+        if total := self.spec.budget.total_env_steps:
+            share = total // (self.spec.population.max_pods * self.size)
+            horizon = max(share, self.spec.round.env_steps or 0, 1)
+        expected = getattr(config, "expected_env_steps", None)
+        if self.spec.target_return is not None and expected:
+            horizon = min(horizon or 2 * expected, 2 * expected)
+        return horizon
 
     def slot_config(self, manifest: Manifest) -> RunConfig:
         """The run config of the manifest's agent, seeded on: every agent built explores with
@@ -533,7 +539,7 @@ class PodRuntime:
                 raise
             self.trainer.close()
             self.trainer = None
-            self.trainer = build_trainer([config], self.roles, self.horizon_env_steps())
+            self.trainer = build_trainer([config], self.roles, self.horizon_env_steps(config))
             put(self.trainer)
 
     def maybe_exploit(self) -> None:
