@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 from pydantic import ValidationError
+from structlog.testing import capture_logs
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.pod.algorithms import compiled
@@ -191,6 +192,28 @@ def test_auto_counts_a_load_only_when_every_program_is_in_the_cache(monkeypatch,
     assert OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached is False
     compiled.mark_cached(short.program_key(), "iteration")
     assert OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached is True
+
+
+def test_a_compile_that_failed_is_not_noted_in_the_cache(monkeypatch, tmp_path) -> None:
+    """``auto`` trains eager after a program fails to compile, and notes nothing: the next
+    trainer of that key must not count the program as a cheap load."""
+    from services.pod.roles import evaluator, learner
+
+    def host_reading(*args: Any) -> Any:
+        if float(args[2].abs().sum()) < 0:  # never, but read on the host: fullgraph refuses
+            raise AssertionError
+        return evaluator.greedy_steps(*args)
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(learner, "_EVALUATE", compiled.Program(host_reading, "evaluate"))
+    trainer = OnPolicyTrainer(configs("CartPole-v1", compile="auto"))
+    trainer.decision.compiled = True  # as auto decides where compiling pays
+    with capture_logs() as logs:
+        trainer.evaluate()
+    assert [e["fallback"] for e in logs if e["event"] == "compile.failed"] == ["eager"]
+    assert trainer.compile_seconds > 0 and trainer.decision.compiled is False
+    assert not compiled.cached(trainer.program_key(), ["evaluate"])
+    trainer.close()
 
 
 def test_the_trainer_says_what_compiles_for_every_functional_env() -> None:

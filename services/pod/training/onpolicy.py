@@ -278,7 +278,8 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         if done.seconds > 0.05:
             self.compile_seconds += done.seconds
             log_compile(done, program, self.compile_seconds, self.size)
-            mark_cached(self.program_key(), program)
+            if self.decision.compiled:  # not a compile that failed over to eager
+                mark_cached(self.program_key(), program)
 
     def progress(self) -> dict[str, float]:
         """The agents' last-epoch statistics averaged; the mean return of every agent's
