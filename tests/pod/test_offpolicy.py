@@ -215,10 +215,11 @@ def test_continuous_agents_solve_pendulum_within_env_step_budget(algorithm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("double", "dueling"), [(False, False), (True, False), (False, True), (True, True)]
-)
+@pytest.mark.nightly  # about a minute each; D3QN (both on), the preset, is in every run
+@pytest.mark.parametrize(("double", "dueling"), [(False, False), (True, False), (False, True)])
 def test_dqn_family_solves_cartpole_within_env_step_budget(double, dueling):
+    """DQN without one or both of its preset's switches (test_presets_solve.py trains the
+    preset, double and dueling, on CartPole and Acrobot)."""
     dqn = {**preset("dqn", "CartPole-v1")["dqn"], "double": double, "dueling": dueling}
     assert_solves("dqn", "CartPole-v1", 80_000, seed=1, dqn=dqn)
 
