@@ -39,16 +39,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 #: on one worker while the other idles. The container tests (one worker, one scope) lead.
 LONGEST_FIRST = (
     "tests/containers/",
-    "tests/pod/test_compiled.py",
-    "tests/pod/test_kstep.py",
     "tests/pod/test_offpolicy_population.py",
+    "tests/pod/test_kstep.py",
+    "tests/pod/test_compiled.py",
     "tests/e2e/test_compile_once.py",
+    "tests/test_cli.py",
     "tests/test_cli_platform.py",
     "tests/test_readme.py",
-    "tests/pod/test_offpolicy.py",
+    "tests/e2e/test_tournament.py",
+    "tests/pod/test_trainers.py",
     "tests/pod/test_presets_solve.py",
-    "tests/test_cli.py",
-    "tests/test_schemathesis.py",
+    "tests/pod/test_offpolicy.py",
 )
 
 
