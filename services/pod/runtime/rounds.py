@@ -278,7 +278,7 @@ class PodRuntime:
             horizon = max(share, self.spec.round.env_steps or 0, 1)
         expected = getattr(config, "expected_env_steps", None)
         if self.spec.target_return is not None and expected:
-            horizon = min(horizon or 2 * expected, 2 * expected)
+            horizon = 2 * expected if horizon is None else min(horizon, 2 * expected)
         return horizon
 
     def slot_config(self, manifest: Manifest) -> RunConfig:
