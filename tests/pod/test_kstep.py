@@ -16,7 +16,12 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-from services.pod.algorithms.compiled import CompileRefusedError, Program, compile_counters
+from services.pod.algorithms.compiled import (
+    CompileRefusedError,
+    Program,
+    cached,
+    compile_counters,
+)
 from services.pod.algorithms.counter_random import uniform
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
 from services.pod.algorithms.dqn import DQN, DQNConfig
@@ -177,17 +182,19 @@ def test_on_without_a_cxx_compiler_is_refused_and_auto_trains_eager_saying_why(
 
 
 def test_an_update_dynamo_cannot_capture_trains_eager_under_auto_and_is_refused_under_on(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
     """A compile that fails (here: an update that reads the host, which ``fullgraph`` refuses)
     is logged once under ``auto`` and the run trains on with the same update, eager, every
-    owed update paid; under ``on`` it is refused, naming it."""
+    owed update paid, and notes nothing in the compile cache; under ``on`` it is refused,
+    naming it."""
 
     def host_reading(*args: Any) -> dict[str, torch.Tensor]:
         if float(args[7]["params"].abs().sum()) < 0:  # never, but read on the host
             raise AssertionError
         return sac_update(*args)
 
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(SACStack, "update", Program(host_reading, "sac_update"))
     trainer = OffPolicyTrainer([_config("auto")])
     trainer.decision.compiled = True  # as auto decides where compiling pays
@@ -202,6 +209,7 @@ def test_an_update_dynamo_cannot_capture_trains_eager_under_auto_and_is_refused_
         assert trainer.learner.updates == 10  # (48 - 32 + 4) env steps x 0.5, all paid
         assert trainer.compiled.startswith("eager (auto: compiling failed")
         assert not torch.equal(before, trainer.population.flats["params"])
+        assert not cached(trainer.program_key(), ["update"])
     finally:
         trainer.close()
     trainer = OffPolicyTrainer([_config("on")])
@@ -268,6 +276,36 @@ def test_new_hyperparameters_or_agents_compile_nothing_new(algorithm: str) -> No
     assert all(bool(torch.isfinite(v).all()) for v in stats.values())
 
 
+def test_auto_counts_a_load_only_when_every_update_program_ran_compiled(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """TD3 builds two programs, its delayed update (actor and targets too) and the critics'
+    own: a run whose compiled calls ran only one of them leaves the other to compile, so the
+    next trainer of that shape counts a cold compile, not a load; once both ran, a load."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    trainer = OffPolicyTrainer([_config("off", "td3")])
+    try:
+        assert " at 0x" not in trainer.program_key()  # the same in every process
+        other = OffPolicyTrainer([_config("on", "td3")])
+        other.close()
+        assert trainer.program_key() == other.program_key()
+        trainer.learner.kstep.compiled_kinds.add(True)  # as after a call of the delayed update
+        trainer.step()
+        assert not _cached(_config("auto", "td3"))
+        trainer.learner.kstep.compiled_kinds.add(False)
+        trainer.step()
+        assert _cached(_config("auto", "td3"))
+        assert not _cached(_config("auto", "td3", batch_size=8))  # another shape
+    finally:
+        trainer.close()
+
+
+def _cached(config: OffPolicyConfig) -> bool:
+    trainer = OffPolicyTrainer([config])
+    trainer.close()
+    return bool(trainer.decision.cached)
+
+
 @pytest.mark.slow
 def test_a_single_sac_pod_trains_with_the_compiled_update_and_saves_its_files(tmp_path) -> None:
     trainer = OffPolicyTrainer([_config("on")])
@@ -277,6 +315,8 @@ def test_a_single_sac_pod_trains_with_the_compiled_update_and_saves_its_files(tm
                 trainer.step()
         assert not [e for e in logs if e["event"] == "compile.failed"], logs
         assert trainer.learner.compiled and trainer.learner.updates == 10
+        # Noted in the compile cache: auto in the next process counts its compile a load.
+        assert cached(trainer.program_key(), ["update"]) and _cached(_config("auto"))
         trainer.save(0, tmp_path)
         child = OffPolicyTrainer([_config("off")])
         child.load(0, tmp_path, _config("off"))

@@ -226,6 +226,8 @@ class KStep:
             "slot_updates": torch.zeros(stack.size, dtype=torch.int64, device=device),
         }
         self._graphs: dict[Hashable, Graphed] = {}
+        #: The kinds of update (``delayed`` or not) that ran compiled: the programs built.
+        self.compiled_kinds: set[bool] = set()
 
     def reseed(self, slot: int, seed: int) -> None:
         self.seed[slot] = seed
@@ -242,7 +244,9 @@ class KStep:
             self.filled,
         )
         if compiled:
-            return stack.update(self.device, *args)
+            out = stack.update(self.device, *args)
+            self.compiled_kinds.add(delayed)
+            return out
         return stack.update.fn(*args)
 
     def _run(self, k: int, first: int, compiled: bool) -> dict[str, torch.Tensor]:

@@ -48,8 +48,10 @@ from services.logs import get_logger
 from services.pod.algorithms.compiled import (
     CompileFailedError,
     Decision,
+    cached,
     compile_work,
     log_compile,
+    mark_cached,
 )
 from services.pod.algorithms.replay_buffer import ReplayBuffer
 from services.pod.algorithms.spaces import check_action_space
@@ -186,7 +188,10 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         if first.target_return is not None and first.expected_env_steps:
             horizon = min(horizon, 2 * first.expected_env_steps)
         updates = max(0, horizon - first.learning_starts) * first.updates_per_step
-        self.decision = Decision(first.compile, "offpolicy", self.device, units=updates * p)
+        self.decision = Decision(
+            first.compile, "offpolicy", self.device, units=updates * p,
+            cached=cached(self.program_key(), self._programs()),
+        )  # fmt: skip
         self.learner = ReplayLearner(
             self.population,
             self.replay,
@@ -207,7 +212,23 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         )
         self._stats: dict[str, torch.Tensor] = {}
         self.compile_seconds = 0.0
+        self._noted: set[bool] = set()
         self._describe()
+
+    def program_key(self) -> str:
+        """What fixes this trainer's update programs: the algorithm, the agents' shared
+        settings (networks, replay and batch shapes, env), P and the device type."""
+        first = self.configs[0]
+        shared = {k: v for k, v in _shared(first).items() if k.rpartition(".")[2] != "compile"}
+        shared["device"] = self.device.type
+        return f"{first.algorithm} P={self.size} {sorted(shared.items())}"
+
+    def _programs(self) -> tuple[str, ...]:
+        """The update programs compiling builds: TD3's delayed update (actor and targets
+        too) and, where the actor waits, the critics' own."""
+        return tuple(
+            _program(d) for d in ((True, False) if self.population.policy_delay > 1 else (True,))
+        )
 
     def _describe(self) -> None:
         d = self.decision
@@ -293,6 +314,11 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         if done.seconds > 0.05:
             self.compile_seconds += done.seconds
             log_compile(done, "update", self.compile_seconds, self.size)
+        # Each program that ran compiled is in the compile cache (built or loaded there, here
+        # or by an earlier trainer of this process): noted once, for the next process's auto.
+        for delayed in self.learner.kstep.compiled_kinds - self._noted:
+            mark_cached(self.program_key(), _program(delayed))
+            self._noted.add(delayed)
 
     def progress(self) -> dict[str, float]:
         """The agents' last losses averaged; the mean return of every agent's episodes."""
@@ -381,6 +407,10 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
             if env is not None:
                 env.close()
         self.env = self.eval_env = None  # type: ignore[assignment]
+
+
+def _program(delayed: bool) -> str:
+    return "update" if delayed else "critics' update"
 
 
 def _varied(algorithm: str) -> tuple[str, ...]:
