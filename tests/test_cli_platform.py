@@ -657,12 +657,15 @@ def test_run_example_tournament_end_to_end(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"succeeded: target return {target:g} reached" in proc.stderr
-    # The progress lines (CI's: stderr is no terminal) say what the running pods do.
+    # The progress lines (CI's: stderr is no terminal) say what the running pods do. A pod's
+    # log is read every 2 s, and a busy machine's CartPole pod may load its programs and reach
+    # the target between two readings: any activity a pod reports counts, not "training" only.
     lines = [
         x for x in proc.stderr.splitlines() if re.match(r"\[\d+:\d\d:\d\d\] running +pods [1-9]", x)
     ]
     assert lines and all(" | " in x for x in lines), lines
-    assert any(re.search(r"\| .*\d training", x) for x in lines), lines
+    said = r"\| .*\d (loading|compiling|training|evaluating)"
+    assert any(re.search(said, x) for x in lines), lines
     best = json.loads((out / "best" / "candidate.json").read_text())
     assert best["score"] >= target
     files = read_files(out / "best")  # a complete, verified set of training files

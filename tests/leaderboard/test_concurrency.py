@@ -17,20 +17,37 @@ N = 1000
 CLIENTS = 64
 
 
+#: Submissions sent again after a transport error (their first answer may be lost).
+RESENT: set[str] = set()
+
+
 async def _run(url: str, jobs: list[tuple[str, dict, dict[str, bytes]]]) -> dict[str, list]:
     answers: dict[str, list] = {}
     queue: asyncio.Queue = asyncio.Queue()
     for job in jobs:
         queue.put_nowait(job)
 
+    async def post(client: httpx.AsyncClient, res: dict, files: dict[str, bytes]) -> httpx.Response:
+        path = "/api/v1/experiments/race/submissions"
+        # As Podium's own client does (services/api_client.py): a connection the server closed
+        # as it was reused (its keep-alive ran out on a busy machine) is retried; a submission
+        # is idempotent by its id, so a retry of one that landed gets the first answer.
+        for attempt in range(5):
+            try:
+                if files:
+                    return await client.post(path, files=multipart(res, files))
+                return await client.post(path, json=res)
+            except httpx.TransportError:
+                if attempt == 4:
+                    raise
+                RESENT.add(res["submission_id"])
+                await asyncio.sleep(0.1 * (attempt + 1))
+        raise AssertionError("unreachable")
+
     async def updater(client: httpx.AsyncClient) -> None:
         while not queue.empty():
             sid, res, files = queue.get_nowait()
-            path = "/api/v1/experiments/race/submissions"
-            if files:
-                r = await client.post(path, files=multipart(res, files))
-            else:
-                r = await client.post(path, json=res)
+            r = await post(client, res, files)
             assert r.status_code == 200, r.text
             answers.setdefault(sid, []).append(r.json())
 
@@ -58,10 +75,12 @@ def test_concurrent_updaters_lose_nothing(lb_settings) -> None:
         assert set(answers) == set(scores)  # every result answered
         for sid, got in answers.items():
             firsts = [a for a in got if not a["duplicate"]]
-            assert len(firsts) == 1, sid  # decided exactly once
+            # Decided exactly once (the lineage below counts the decisions); only a resent
+            # submission may have lost its first answer.
+            assert len(firsts) == 1 or (not firsts and sid in RESENT), sid
             for a in got:
                 assert {k: a[k] for k in ("accepted", "candidate_id")} == {
-                    k: firsts[0][k] for k in ("accepted", "candidate_id")
+                    k: (firsts or got)[0][k] for k in ("accepted", "candidate_id")
                 }
 
         true_top = sorted(scores, key=scores.get, reverse=True)[:K]
