@@ -180,16 +180,19 @@ class ProgressCalls:
 
     # -- register / delete -------------------------------------------------------------------
     def register(self, exp_id: str, spec: ExperimentSpec) -> bool:
-        """True once registered; False while the call is in flight (sent now if not yet).
-        Raises what the call raised (then the next call tries again)."""
+        """True once registered; False while the first call is in flight (sent now if not
+        yet). Raises what the call raised (then the next call tries again), and while a retry
+        is in flight the failure before it: a user reads that the leaderboard is unavailable
+        until it answers, not that the experiment is being registered."""
         board = self._board(exp_id)
         fut = board.registered
         if fut is None:
             if board.register_error is not None and time.monotonic() < board.register_retry_at:
                 raise board.register_error  # backing off: the last failure stands
-            board.registered = self._pool.submit(self._register, exp_id, spec)
-            return False
+            board.registered = fut = self._pool.submit(self._register, exp_id, spec)
         if not fut.done():
+            if board.register_error is not None:
+                raise board.register_error  # retrying: the last failure stands
             return False
         board.registered = None
         error = fut.exception()

@@ -443,3 +443,53 @@ def test_the_circuit_breaker_stops_calling_a_failing_leaderboard_and_tries_again
             wait_for(woken.is_set)
         finally:
             calls.close()
+
+
+def test_while_a_registration_is_retried_the_leaderboards_failure_stands() -> None:
+    """A new experiment's reason says the leaderboard is unavailable for as long as it is,
+    also while a retry is in flight (on a busy machine that window is long): not that the
+    experiment is being registered."""
+    from fastapi import FastAPI
+
+    from services.api_client import ServiceError
+    from services.contracts.spec import ExperimentSpec
+    from services.orchestrator.progress_calls import ProgressCalls, make_breaker
+    from tests.orchestrator.servers import ServerThread
+
+    seen: list[str] = []
+    release = threading.Event()
+    app = FastAPI()
+
+    @app.put("/api/v1/experiments/{exp_id}")
+    def register(exp_id: str) -> Any:
+        seen.append(exp_id)
+        if len(seen) == 1:
+            from fastapi import Response
+
+            return Response(status_code=503)
+        release.wait(30)  # the retry hangs until the test lets it answer
+        return {}
+
+    exp = ExperimentSpec.model_validate(spec())
+    with ServerThread(app) as srv:
+        calls = ProgressCalls(
+            LeaderboardProgress(srv.url, LB_TOKEN), 2, make_breaker(10, 1.0), lambda: None,
+            min_retry_s=0.01, max_retry_s=0.02,
+        )  # fmt: skip
+        try:
+            assert calls.register("e", exp) is False  # the first call, in flight
+            wait_for(lambda: calls._board("e").registered.done())
+            with pytest.raises(ServiceError):
+                calls.register("e", exp)  # its 503
+            time.sleep(0.05)  # past the back-off: the retry is sent, and hangs
+            with pytest.raises(ServiceError):
+                calls.register("e", exp)
+            wait_for(lambda: len(seen) == 2)
+            with pytest.raises(ServiceError):
+                calls.register("e", exp)  # still in flight: the 503 stands
+            release.set()
+            wait_for(lambda: calls._board("e").registered.done())
+            assert calls.register("e", exp) is True
+        finally:
+            release.set()
+            calls.close()
