@@ -17,12 +17,13 @@ N = 1000
 CLIENTS = 64
 
 
-#: Submissions sent again after a transport error (their first answer may be lost).
-RESENT: set[str] = set()
-
-
-async def _run(url: str, jobs: list[tuple[str, dict, dict[str, bytes]]]) -> dict[str, list]:
+async def _run(
+    url: str, jobs: list[tuple[str, dict, dict[str, bytes]]]
+) -> tuple[dict[str, list], set[str]]:
+    """Every job's answers, and the submissions sent again after a transport error (their
+    first answer may be lost)."""
     answers: dict[str, list] = {}
+    resent: set[str] = set()
     queue: asyncio.Queue = asyncio.Queue()
     for job in jobs:
         queue.put_nowait(job)
@@ -40,7 +41,7 @@ async def _run(url: str, jobs: list[tuple[str, dict, dict[str, bytes]]]) -> dict
             except httpx.TransportError:
                 if attempt == 4:
                     raise
-                RESENT.add(res["submission_id"])
+                resent.add(res["submission_id"])
                 await asyncio.sleep(0.1 * (attempt + 1))
         raise AssertionError("unreachable")
 
@@ -54,7 +55,7 @@ async def _run(url: str, jobs: list[tuple[str, dict, dict[str, bytes]]]) -> dict
     limits = httpx.Limits(max_connections=CLIENTS)
     async with httpx.AsyncClient(base_url=url, headers=AUTH, limits=limits, timeout=60) as c:
         await asyncio.gather(*(updater(c) for _ in range(CLIENTS)))
-    return answers
+    return answers, resent
 
 
 def test_concurrent_updaters_lose_nothing(lb_settings) -> None:
@@ -69,7 +70,7 @@ def test_concurrent_updaters_lose_nothing(lb_settings) -> None:
 
     with ThreadedServer(lb_settings) as server:
         httpx.put(f"{server.url}/api/v1/experiments/race", json=experiment(top_k=K), headers=AUTH)
-        answers = asyncio.run(_run(server.url, jobs))
+        answers, resent = asyncio.run(_run(server.url, jobs))
         board = httpx.get(f"{server.url}/api/v1/experiments/race/leaderboard", headers=AUTH).json()
 
         assert set(answers) == set(scores)  # every result answered
@@ -77,7 +78,7 @@ def test_concurrent_updaters_lose_nothing(lb_settings) -> None:
             firsts = [a for a in got if not a["duplicate"]]
             # Decided exactly once (the lineage below counts the decisions); only a resent
             # submission may have lost its first answer.
-            assert len(firsts) == 1 or (not firsts and sid in RESENT), sid
+            assert len(firsts) == 1 or (not firsts and sid in resent), sid
             for a in got:
                 assert {k: a[k] for k in ("accepted", "candidate_id")} == {
                     k: (firsts or got)[0][k] for k in ("accepted", "candidate_id")

@@ -449,7 +449,7 @@ def test_while_a_registration_is_retried_the_leaderboards_failure_stands() -> No
     """A new experiment's reason says the leaderboard is unavailable for as long as it is,
     also while a retry is in flight (on a busy machine that window is long): not that the
     experiment is being registered."""
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Response
 
     from services.api_client import ServiceError
     from services.contracts.spec import ExperimentSpec
@@ -464,8 +464,6 @@ def test_while_a_registration_is_retried_the_leaderboards_failure_stands() -> No
     def register(exp_id: str) -> Any:
         seen.append(exp_id)
         if len(seen) == 1:
-            from fastapi import Response
-
             return Response(status_code=503)
         release.wait(30)  # the retry hangs until the test lets it answer
         return {}

@@ -316,9 +316,11 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
             log_compile(done, "update", self.compile_seconds, self.size)
         # Each program that ran compiled is in the compile cache (built or loaded there, here
         # or by an earlier trainer of this process): noted once, for the next process's auto.
-        for delayed in self.learner.kstep.compiled_kinds - self._noted:
-            mark_cached(self.program_key(), _program(delayed))
-            self._noted.add(delayed)
+        ran = self.learner.kstep.compiled_kinds
+        if len(ran) > len(self._noted):  # a length check: this runs every env step
+            for delayed in ran - self._noted:
+                mark_cached(self.program_key(), _program(delayed))
+            self._noted |= ran
 
     def progress(self) -> dict[str, float]:
         """The agents' last losses averaged; the mean return of every agent's episodes."""
