@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 
@@ -114,6 +114,24 @@ def _answers(env: dict[str, str]) -> str | None:
     return None if proc.returncode == 0 else (proc.stderr.strip() or "docker info failed")
 
 
+#: How long a session waits for another one's engine: below pytest-timeout's 600 s per test,
+#: which the first container test's set-up counts against.
+ENGINE_WAIT_S = 480.0
+
+
+def _locked(lock: TextIO, wait_s: float) -> bool:
+    """Take ``lock``'s exclusive flock within ``wait_s``; whether it was taken."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1.0)
+
+
 @pytest.fixture(scope="session")
 def engine() -> Iterator[dict[str, str]]:
     """The environment under which `docker` reaches a running engine."""
@@ -131,9 +149,16 @@ def engine() -> Iterator[dict[str, str]]:
     run_dir = Path(tempfile.mkdtemp(prefix="podium-dockerd-", dir="/run"))
     DATA_ROOT.mkdir(parents=True, exist_ok=True)
     # One engine per data-root at a time (as scripts/build-images.sh): a concurrent session
-    # waits here until the other one's engine is gone.
+    # waits here until the other one's engine is gone, but not past the test's timeout (its
+    # container tests run for many minutes): then these are skipped, saying why.
     lock = (DATA_ROOT.parent / f"{DATA_ROOT.name}.lock").open("w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not _locked(lock, ENGINE_WAIT_S):
+        lock.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        pytest.skip(
+            f"another test session on this machine has held the Docker engine of {DATA_ROOT} "
+            f"for over {ENGINE_WAIT_S:.0f} s (set PODIUM_DOCKER_ROOT to use another data-root)"
+        )
     env["DOCKER_HOST"] = f"unix://{run_dir}/docker.sock"
     # Only Podium uses this data-root: scripts/build-images.sh may prune every dangling image
     # (the build stages a rebuild replaced), not just the ones it replaced itself.

@@ -29,7 +29,14 @@ from services.pod.runtime.compile_share import SKIP
 from tests.containers.conftest import Docker
 from tests.containers.test_platform import TOKEN, Service, run_experiment, spec, start_stack
 from tests.pod.harness import TOKEN as LB_TOKEN
-from tests.pod.harness import Leaderboard, compile_work, eval_returns, make_spec, register
+from tests.pod.harness import (
+    Leaderboard,
+    compile_trail,
+    compile_work,
+    eval_returns,
+    make_spec,
+    register,
+)
 
 pytestmark = [pytest.mark.container, pytest.mark.slow]
 
@@ -174,9 +181,9 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
         for pod, lines in pods.items()
     }
     compilers = [pod for pod, s in states.items() if "claimed" in s]
-    assert len(compilers) == 1, states
+    assert len(compilers) == 1, compile_trail(pods)
     [first] = compilers
-    assert all(states[p][-1] == "loaded" for p in pods if p != first), states
+    assert all(states[p][-1] == "loaded" for p in pods if p != first), compile_trail(pods)
     work = {pod: compile_work(lines) for pod, lines in pods.items()}
     print(f"compile work by pod: {work}; {first} compiled, the others loaded")
     # Compiled once: the others built no graph (dynamo still traces their programs, which is

@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.conftest import LB_TOKEN, Service, live_pods, pod_log, wait_for
 from tests.e2e.test_tournament import create, events, finished, spec
-from tests.pod.harness import compile_work, eval_returns
+from tests.pod.harness import compile_trail, compile_work, eval_returns
 
 pytestmark = pytest.mark.slow
 
@@ -89,12 +89,12 @@ def test_a_compiled_tournament_compiles_once_and_keeps_every_pods_files(
             if x["event"].startswith("compile_cache.") and "state" in x:
                 states.setdefault(pod, []).append(x["state"])
     compilers = [p for p, s in states.items() if "claimed" in s]
-    assert len(compilers) == 1, states
+    assert len(compilers) == 1, compile_trail(every)
     [first] = compilers
     published = next(x for x in every[first] if x["event"] == "compile_cache.published")
     assert published["files"] > 0 and published["first"], published
     for pod in set(every) - {first}:
-        assert states[pod][-1] == "loaded", (pod, states[pod])
+        assert states[pod][-1] == "loaded", (pod, compile_trail(every))
     # Compiled once: the other pods built no graph and loaded what they ran (dynamo still
     # traces their programs, which is what their compile seconds are).
     work = {pod: compile_work(lines) for pod, lines in every.items()}

@@ -280,3 +280,16 @@ def compile_work(lines: list[dict[str, Any]]) -> dict[str, float]:
         "built": sum(x["graphs_built"] for x in done),
         "loaded": sum(x["graphs_loaded"] for x in done),
     }
+
+
+def compile_trail(pods: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Every pod's compile-sharing log lines (claims, waits, fetches, refusals, renewals,
+    publishes), without their timestamps: what a failed compile-once check shows."""
+    return {
+        pod: [
+            {k: v for k, v in x.items() if k not in ("timestamp", "level")}
+            for x in lines
+            if str(x.get("event", "")).startswith("compile_cache.")
+        ]
+        for pod, lines in pods.items()
+    }
