@@ -53,7 +53,7 @@ class LeaderboardSettings(PodiumSettings):
         gt=0,
         le=3600,
         description="How long a pod's claim to compile a program key lasts unless it claims "
-        "again (it does every third of this while it compiles): a pod that died frees the key "
+        "again (it does every sixth of this while it compiles): a pod that died frees the key "
         "for another one within this time.",
     )
     compile_retry_after_s: float = Field(

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 class Leaderboard:
     """The leaderboard app served by uvicorn in a thread; ``restart`` keeps port and data."""
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = data_dir
+    def __init__(self, data_dir: Path, port: int | None = None, **settings: Any) -> None:
+        self.data_dir, self.settings = data_dir, settings
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server: uvicorn.Server | None = None
@@ -46,7 +46,11 @@ class Leaderboard:
 
     def start(self) -> Leaderboard:
         settings = LeaderboardSettings(
-            data_dir=self.data_dir, api_token=TOKEN, gc_interval_s=3600, redis_url=None
+            data_dir=self.data_dir,
+            api_token=TOKEN,
+            gc_interval_s=3600,
+            redis_url=None,
+            **self.settings,
         )
         config = uvicorn.Config(
             create_app(settings),

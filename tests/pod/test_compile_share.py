@@ -7,9 +7,11 @@ the real compiles)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from services.api_client import LeaderboardClient
 from services.contracts.artifacts import COMPILE_CACHE_KIND, CompileClaim
 from services.contracts.bundles import files_under, pack
 from services.contracts.spec import ExperimentSpec
@@ -29,7 +32,7 @@ from services.pod.runtime.compile_share import (
     program_digest,
 )
 from services.pod.training.presets import pod_config
-from tests.pod.harness import Leaderboard, client, make_spec, register
+from tests.pod.harness import TOKEN, Leaderboard, client, make_spec, register
 
 HYPER = {"learning_rate": 3e-3, "gamma": 0.99, "clip_coef": 0.2}
 
@@ -285,3 +288,68 @@ def test_a_pod_with_roles_in_other_processes_does_not_wait_for_a_compile(
         assert time.monotonic() - begin < 5
     finally:
         roles.close()
+
+
+class StallingProxy:
+    """A TCP proxy to a local ``port`` that forwards every connection but the ``stall``-th,
+    which it accepts and never answers: a request lost on the way, the leaderboard healthy."""
+
+    def __init__(self, port: int, stall: int) -> None:
+        self.port, self.stall, self.count = port, stall, 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        in_thread(self._serve)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.count += 1
+            if self.count == self.stall:
+                self.held.append(conn)
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            in_thread(_pump, conn, upstream)
+            in_thread(_pump, upstream, conn)
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (src, dst):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+
+def test_a_renewal_lost_on_the_way_does_not_lose_the_claim(tmp_path: Path) -> None:
+    lb = Leaderboard(tmp_path / "lb", compile_claim_ttl_s=3.0).start()
+    proxy = StallingProxy(lb.port, stall=2)  # 1: the pod's claim; 2: its first renewal
+    try:
+        register(lb, "exp", make_spec())
+        pod = LeaderboardClient(proxy.url, "exp", TOKEN, initial_backoff_s=0.05)
+        first = CompileShare(pod, "p0", tmp_path / "c0")
+        first.before_build(configs())
+        assert first.outcome["state"] == "claimed"
+        time.sleep(3 * 3.0)  # three TTLs of compiling, the first renewal never answered
+        other = share(lb, "p1", tmp_path / "c1", wait_s=0.5)
+        other.before_build(configs())
+        # p0 still holds the key: p1 waited (its limit here is short), it did not claim.
+        assert other.outcome["state"] == "wait_expired", other.outcome
+        assert other.outcome["holder"] == "p0", other.outcome
+        assert proxy.count >= 3  # p0 renewed on a new connection
+        first.close()
+    finally:
+        proxy.close()
+        lb.stop()
