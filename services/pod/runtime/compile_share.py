@@ -19,11 +19,12 @@ pod's code). Before its trainer is built, a pod claims its key at the leaderboar
 - ``compile``: the pod is the first. Where its cache directory already holds the key's files
   (it fetched or published them before: an index in the cache lists them), it publishes them
   after its first training step. Otherwise it notes what its cache directory holds, compiles
-  while training (renewing its claim every sixth of its TTL, so that a pod that dies frees the
-  key and one renewal lost on the way does not), and at its first report (every program a pod
-  runs has run by then: a training step and an evaluation) publishes the files that appeared
-  (or changed size) as one bundle. A trainer that compiled nothing in its first step publishes
-  at once that there is nothing to share, so nobody waits for an eager pod's first round.
+  while training (renewing its claim every sixth of its TTL, each request given up after 0.4 of
+  it, so that a pod that dies frees the key and one renewal lost on the way does not), and at
+  its first report (every program a pod runs has run by then: a training step and an
+  evaluation) publishes the files that appeared (or changed size) as one bundle. A trainer that
+  compiled nothing in its first step publishes at once that there is nothing to share, so
+  nobody waits for an eager pod's first round.
 - ``wait``: another pod compiles: ask again (after the leaderboard's ``retry_after_s``, backing
   off to ``MAX_POLL_S``, with jitter so that many pods spread their asks), at most ``wait_s``
   in all; then compile here.
@@ -68,8 +69,11 @@ log = get_logger(__name__)
 MAX_POLL_S = 10.0
 #: Downloads of a published cache that failed in transit, tried again before giving up.
 FETCH_TRIES = 6
-#: Claim renewals per claim TTL (each request's timeout is as long as the pause between them).
+#: Claim renewals per claim TTL, and how long one renewal may take, as a share of the TTL:
+#: a request that never answers is given up early enough for the next one to renew in time,
+#: and a slow leaderboard's answers still count.
 RENEWALS_PER_TTL = 6
+RENEWAL_TIMEOUT = 0.4
 #: Where the cache keeps, per program key, the files of that key's bundle (fetched, or
 #: published by this cache's pod): a pod that claims a key its cache already holds publishes
 #: them at once.
@@ -270,13 +274,14 @@ class CompileShare:
         self.claim, self.before = claim, files_under(self.cache_dir, SKIP)
         self._log("claimed", start)
         ttl = state.ttl_s or 60.0
-        # Renewals every sixth of the TTL, each given as long: one lost on the way (a
-        # connection that never answers) is followed by two more before the claim expires.
         period = ttl / RENEWALS_PER_TTL
         self._renew = stop = threading.Event()
         # A client of its own: the round loop's is not shared between threads.
         renewer = LeaderboardClient(
-            self.client.url, self.client.experiment_id, retry_for_s=0, timeout_s=period
+            self.client.url,
+            self.client.experiment_id,
+            retry_for_s=0,
+            timeout_s=ttl * RENEWAL_TIMEOUT,
         )
         renewer.http.headers.update(self.client.http.headers)
 
