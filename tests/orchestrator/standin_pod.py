@@ -9,6 +9,8 @@ Configured through the experiment spec it receives (``PODIUM_SPEC``), under env.
   pod); code 2 is a pod refusing its input, with the real pod's JSON "bad input" line; with
   ``crash_signal`` (e.g. "SIGSEGV") it kills itself with that signal instead, without a line;
 - ``info_lines``: print a JSON info line (as the real pod logs) after each report;
+- ``activity``: say this activity at the start, in the real pod's ``pod activity`` record
+  (services/contracts/pod_activity.py), as if it had been at it for ``activity_s`` seconds;
 - ``ignore_max_env_steps``: do not cut at ``PODIUM_MAX_ENV_STEPS`` (a pod whose last report
   arrives after the experiment ended).
 
@@ -30,6 +32,7 @@ import signal
 import sys
 import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 exp_id = os.environ["PODIUM_EXPERIMENT_ID"]
@@ -98,6 +101,15 @@ print(
     f"pod {pod_id} of {exp_id} started argv={sys.argv[1:]} gpus={gpus!r} max_env_steps={allowance}",
     flush=True,
 )
+if cfg.get("activity"):
+    said = {
+        "event": "pod activity",
+        "level": "info",
+        "activity": cfg["activity"],
+        "seconds": cfg.get("activity_s", 0.0),
+        "timestamp": datetime.now(UTC).isoformat(),
+    }
+    print(json.dumps(said), flush=True)
 start = time.monotonic()
 interval = cfg.get("report_interval_s", 0.0)
 next_report = start + interval if interval else float("inf")
