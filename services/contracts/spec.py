@@ -154,6 +154,26 @@ class GeneratorSpec(InputModel):
         return self
 
 
+class Halving(InputModel):
+    """Successive halving across the experiment's pods (Jamieson and Talwalkar, 2016): rung
+    after rung, the better ``1/eta`` of the pods train on and the rest are stopped, so the
+    env steps of the stopped pods go to the better ones. Rung k is reached once the pods'
+    reports count ``(k + 1) * max_pods * agents_per_pod * rung_env_steps`` env steps (each
+    rung spends the same env steps: with eta 2, half the pods, each trained twice as long); the
+    pods kept are then ``ceil(max_pods / eta**(k + 1))``, those with the best last scores, down
+    to one."""
+
+    rung_env_steps: int = Field(
+        ge=1,
+        le=10**12,
+        description="Env steps each agent of max_pods pods trains before the first rung "
+        "(counted over all pods: a rung is max_pods * agents_per_pod times this).",
+    )
+    eta: int = Field(
+        default=2, ge=2, le=16, description="Each rung keeps the best 1/eta of the pods."
+    )
+
+
 class Population(InputModel):
     min_pods: int = Field(default=1, ge=1)
     max_pods: int = Field(default=4, ge=1)
@@ -171,6 +191,12 @@ class Population(InputModel):
         "agents_per_pod >= 2); unset: the pod's agents train apart and only the generator's "
         "strategy selects, across pods.",
     )
+    halving: Halving | None = Field(
+        default=None,
+        description="Successive halving across pods: at each rung the orchestrator stops "
+        "the pods with the worse last scores and runs fewer pods from then on; unset: the "
+        "pod count follows capacity only.",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> Population:
@@ -178,7 +204,31 @@ class Population(InputModel):
             raise ValueError("min_pods must be <= max_pods")
         if self.exploit is not None and self.agents_per_pod < 2:
             raise ValueError("exploit needs agents_per_pod >= 2: it selects among one pod's agents")
+        if self.halving is not None and self.max_pods < self.halving.eta:
+            raise ValueError(
+                f"halving needs max_pods >= eta ({self.halving.eta}): its first rung keeps "
+                f"1/eta of max_pods pods"
+            )
         return self
+
+    @property
+    def halving_rung_env_steps(self) -> int:
+        """The env steps all pods' reports count between two rungs of ``halving``."""
+        assert self.halving is not None
+        return self.max_pods * self.agents_per_pod * self.halving.rung_env_steps
+
+
+def halving_pods(population: Population, env_steps: int | None) -> int | None:
+    """Pods successive halving keeps once the pods' reports count ``env_steps`` env steps;
+    None without halving."""
+    halving = population.halving
+    if halving is None:
+        return None
+    pods = population.max_pods
+    rungs = (env_steps or 0) // population.halving_rung_env_steps
+    for _ in range(min(rungs, 64)):  # 64 rungs halve any max_pods to one
+        pods = math.ceil(pods / halving.eta)
+    return pods
 
 
 class Resources(InputModel):
@@ -262,6 +312,19 @@ class ExperimentSpec(InputModel):
     budget: Budget = Field(default_factory=Budget)
     evaluation: Evaluation = Field(default_factory=Evaluation)
     priority: int = Field(default=0, ge=-1000, le=1000, description="Higher preempts lower.")
+
+    @model_validator(mode="after")
+    def _halving_budget(self) -> ExperimentSpec:
+        total = self.budget.total_env_steps
+        if self.population.halving is not None and total is not None:
+            rung = self.population.halving_rung_env_steps
+            if total <= rung:
+                raise ValueError(
+                    f"population.halving: its first rung comes at {rung:,} env steps counted "
+                    f"(max_pods * agents_per_pod * rung_env_steps), not below "
+                    f"budget.total_env_steps ({total:,}): no pod would ever be stopped"
+                )
+        return self
 
     @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:

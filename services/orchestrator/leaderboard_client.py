@@ -39,6 +39,21 @@ class Progress:
         return float(self.best["score"])
 
 
+@dataclass
+class Reports:
+    """What the submission log holds after a cursor, by reporter (a pod, or ``<pod>.m<i>``
+    for an agent of a population pod)."""
+
+    #: The greatest common divisor of each one's reports' env steps and the batches they
+    #: said (0 when none had any): a pod trains whole batches, so this is a whole number of
+    #: them, its batch once it said it.
+    batches: dict[str, int]
+    #: Each one's last score.
+    scores: dict[str, float]
+    #: The cursor to read on from.
+    cursor: str | None
+
+
 class ProgressSource(Protocol):
     def register(self, experiment_id: str, spec: ExperimentSpec) -> None: ...
 
@@ -46,11 +61,8 @@ class ProgressSource(Protocol):
 
     def delete(self, experiment_id: str) -> None: ...
 
-    def reporters(self, experiment_id: str, after: str | None) -> tuple[dict[str, int], str | None]:
-        """Pod ids with a decided report after stream id ``after`` (each with the greatest
-        common divisor of its reports' env steps and the batches they said, 0 when none had
-        any: a pod trains whole batches, so this is a whole number of them, its batch once it
-        said it), and the new cursor."""
+    def reporters(self, experiment_id: str, after: str | None) -> Reports:
+        """The decided reports after stream id ``after``."""
         ...
 
 
@@ -66,8 +78,8 @@ class NoLeaderboard:
     def delete(self, experiment_id: str) -> None:
         return None
 
-    def reporters(self, experiment_id: str, after: str | None) -> tuple[dict[str, int], str | None]:
-        return {}, after
+    def reporters(self, experiment_id: str, after: str | None) -> Reports:
+        return Reports({}, {}, after)
 
 
 def leaderboard_config(spec: ExperimentSpec) -> ExperimentConfig:
@@ -101,7 +113,7 @@ class LeaderboardProgress:
     def delete(self, experiment_id: str) -> None:
         self.client.delete(experiment_id)
 
-    def reporters(self, experiment_id: str, after: str | None) -> tuple[dict[str, int], str | None]:
+    def reporters(self, experiment_id: str, after: str | None) -> Reports:
         """From the submission log (``GET …/submissions``): the cursor returned is that of the
         last full page read, since the log gives one for full pages only; the caller keeps the
         union, so the partial page read again next time adds nothing twice."""
@@ -109,14 +121,16 @@ class LeaderboardProgress:
             log_, cursor = self.client.submissions_since(experiment_id, after, page=1000)
         except LeaderboardError as exc:
             if exc.status == 404:
-                return {}, after
+                return Reports({}, {}, after)
             raise
-        steps: dict[str, int] = {}
+        reports = Reports({}, {}, cursor)
         for sub in log_.submissions:
             # A report's env steps are whole batches: with the batch the pod said, the batch.
             said = sub.batch_env_steps or 0
-            steps[sub.pod_id] = math.gcd(steps.get(sub.pod_id, 0), sub.env_steps, said)
-        return steps, cursor
+            pod = sub.pod_id
+            reports.batches[pod] = math.gcd(reports.batches.get(pod, 0), sub.env_steps, said)
+            reports.scores[pod] = sub.score
+        return reports
 
     def close(self) -> None:
         self.client.close()

@@ -35,7 +35,7 @@ import circuitbreaker
 from services.api_client import ServiceError
 from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
-from services.orchestrator.leaderboard_client import Progress, ProgressSource
+from services.orchestrator.leaderboard_client import Progress, ProgressSource, Reports
 
 log = get_logger(__name__)
 
@@ -54,6 +54,8 @@ class _Board:
     failed_at: float = 0.0  # when the last request that failed was sent
     #: Pods with a decided report → the gcd of their reports' env steps (whole batches).
     reporters: dict[str, int] = field(default_factory=dict)
+    #: Pods with a decided report → the score of their last.
+    scores: dict[str, float] = field(default_factory=dict)
     cursor: str | None = None  # submission-log cursor of ``reporters``
     inflight: bool = False  # a progress request is sent and not answered yet
     awaited: bool = False  # a pass waits for an answer newer than some time: wake it
@@ -103,10 +105,9 @@ class ProgressCalls:
     def _fetch(self, exp_id: str, board: _Board, asked_at: float, read_log: bool) -> None:
         try:
             prog = self._call(self.source.progress, exp_id)
-            pods: dict[str, int] = {}
-            cursor = board.cursor
+            reports = Reports({}, {}, board.cursor)
             if read_log:
-                pods, cursor = self._call(self.source.reporters, exp_id, board.cursor)
+                reports = self._call(self.source.reporters, exp_id, board.cursor)
         except Exception as e:
             board.failed_at = asked_at
             board.failures += 1
@@ -116,14 +117,19 @@ class ProgressCalls:
             changed = False  # nothing new is known: only a pass waiting for it is woken
         else:
             merged = {
-                pod: math.gcd(board.reporters.get(pod, 0), steps) for pod, steps in pods.items()
+                pod: math.gcd(board.reporters.get(pod, 0), steps)
+                for pod, steps in reports.batches.items()
             }
-            changed = prog != board.progress or any(
-                board.reporters.get(pod) != steps for pod, steps in merged.items()
+            changed = (
+                prog != board.progress
+                or any(board.reporters.get(pod) != steps for pod, steps in merged.items())
+                or any(board.scores.get(pod) != score for pod, score in reports.scores.items())
             )
             board.progress, board.asked_at = prog, asked_at
-            board.reporters = {**board.reporters, **merged}  # rebound: read by other threads
-            board.cursor = cursor
+            # Rebound, not updated: read by other threads.
+            board.reporters = {**board.reporters, **merged}
+            board.scores = {**board.scores, **reports.scores}
+            board.cursor = reports.cursor
             board.failures, board.retry_at = 0, 0.0
         finally:
             board.inflight = False
@@ -138,15 +144,16 @@ class ProgressCalls:
         max_age_s: float,
         since: float | None = None,
         pods: Iterable[str] = (),
-        batches: bool = False,
+        read_log: bool = False,
     ) -> tuple[Progress, bool]:
         """The last known progress (empty when none yet), and whether it is settled: an answer
         (or a failure) to a request sent at or after ``since`` (monotonic) is in.
 
         Sends a request when the last answer is older than ``max_age_s`` or than ``since``,
         unless backing off after a failure; it also reads the submission log (which pods
-        have reported, ``batch``) while one of ``pods`` (the live ones) is not known to have,
-        or always with ``batches`` (an experiment with an env-step budget).
+        have reported, ``batch``, ``pod_scores``) while one of ``pods`` (the live ones) is not
+        known to have, or always with ``read_log`` (an experiment with an env-step budget,
+        or successive halving).
         """
         board = self._board(exp_id)
         now = time.monotonic()
@@ -157,7 +164,7 @@ class ProgressCalls:
         if stale and not board.inflight and now >= board.retry_at:
             # Marked before it is sent: the answer may come before submit returns.
             board.inflight = True
-            read_log = batches or any(not self.reported(exp_id, p) for p in pods)
+            read_log = read_log or any(not self.reported(exp_id, p) for p in pods)
             self._pool.submit(self._fetch, exp_id, board, now, read_log)
         return board.progress or Progress(), settled
 
@@ -171,6 +178,21 @@ class ProgressCalls:
     def batch_is_uniform(self, exp_id: str) -> bool:
         """Whether every pod that reported steps trains the same batch (``batch``)."""
         return len({steps for steps in self._board(exp_id).reporters.values() if steps}) == 1
+
+    def pod_scores(
+        self, exp_id: str, pods: Iterable[str], higher_is_better: bool = True
+    ) -> dict[str, float]:
+        """The last score each of ``pods`` reported, as far as known now (a population pod's:
+        its best agent's, each agent reporting as ``<pod>.m<i>``); a pod with no report yet
+        is left out."""
+        best = max if higher_is_better else min
+        by_pod: dict[str, list[float]] = {}
+        wanted = set(pods)
+        for reporter, score in self._board(exp_id).scores.items():
+            pod = reporter if reporter in wanted else reporter.rsplit(".", 1)[0]
+            if pod in wanted:
+                by_pod.setdefault(pod, []).append(score)
+        return {pod: best(scores) for pod, scores in by_pod.items()}
 
     def reported(self, exp_id: str, pod_id: str) -> bool:
         """Whether the pod had a report decided by the leaderboard (as far as known now); a

@@ -33,7 +33,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 from services.api_client import ServiceError
-from services.contracts.spec import ExperimentSpec
+from services.contracts.spec import ExperimentSpec, halving_pods
 from services.logs import get_logger
 from services.orchestrator import metrics
 from services.orchestrator import store as st
@@ -215,13 +215,17 @@ class Reconciler:
                 continue
             statuses[exp.id] = status
             spec = exp.spec
+            # Successive halving: fewer pods wanted at each rung (their capacity freed for
+            # other experiments).
+            most = spec.population.max_pods
+            most = min(most, halving_pods(spec.population, status.env_steps) or most)
             demands.append(
                 Demand(
                     experiment_id=exp.id,
                     priority=spec.priority,
                     created_at=exp.created_at,
-                    min_pods=spec.population.min_pods,
-                    max_pods=spec.population.max_pods,
+                    min_pods=min(spec.population.min_pods, most),
+                    max_pods=most,
                     per_pod=pod_resources(spec),
                 )
             )
@@ -471,9 +475,11 @@ class Reconciler:
         if status.registered:
             # The last known progress: a pass never waits on the leaderboard.
             pods = [p.pod_id for p in live]
-            budget = spec.budget.total_env_steps is not None  # allowances in whole batches
+            # The submission log: the batch a budget's allowances are counted in, the scores
+            # successive halving ranks the pods by.
+            read_log = spec.budget.total_env_steps is not None or spec.population.halving
             prog, _ = self.calls.progress(
-                exp.id, self.settings.progress_poll_s, pods=pods, batches=budget
+                exp.id, self.settings.progress_poll_s, pods=pods, read_log=bool(read_log)
             )
             self._record_progress(exp, status, prog)
         # The target first: met, the experiment succeeded whatever else ran out meanwhile.
@@ -607,23 +613,30 @@ class Reconciler:
     ) -> tuple[Res, str | None]:
         """Plan (scaling.plan_scale) and apply: the free capacity left, and why fewer pods than
         the target run (None: no reason of this experiment's own)."""
+        spec = exp.spec
         if target != status.desired_pods:
-            self.store.event(
-                exp.id,
-                "scaled",
-                f"desired pods {status.desired_pods} -> {target} (capacity and priority)",
-            )
+            halving = halving_pods(spec.population, status.env_steps)
+            why = "capacity and priority"
+            if halving is not None and target == halving < spec.population.max_pods:
+                steps = status.env_steps or 0
+                why = f"successive halving at {steps:,} env steps: the best {target}"
+            message = f"desired pods {status.desired_pods} -> {target} ({why})"
+            self.store.event(exp.id, "scaled", message)
             status.desired_pods = target
+        scores = None
+        if spec.population.halving is not None:  # scale-in stops the worst, not the newest
+            higher = spec.evaluation.higher_is_better
+            scores = self.calls.pod_scores(exp.id, (p.pod_id for p in live), higher)
         # The time now, not the pass's start: a backoff that ended during a slow pass does not
         # wait for another pass (and the loop wakes when the earliest backoff ends).
-        plan = plan_scale(exp.spec, status, live, target, per_pod, free, time.time())
+        plan = plan_scale(spec, status, live, target, per_pod, free, time.time(), scores)
         if plan.create or plan.end:
             # New pods' allowances (and an end for a budget spent) need the ended pods' steps
             # counted: wait for that, then plan again with the count.
             waiting = self._steps_counted(exp, status)
             if waiting:
                 return free, waiting
-            plan = plan_scale(exp.spec, status, live, target, per_pod, free, time.time())
+            plan = plan_scale(spec, status, live, target, per_pod, free, time.time(), scores)
         return self._apply(exp, status, plan, live, per_pod, free)
 
     def _apply(
@@ -644,7 +657,7 @@ class Reconciler:
         by_id = {p.pod_id: p for p in live}
         for pod_id in plan.stop:
             self._terminate(by_id[pod_id], exp.id)
-            self.store.event(exp.id, "pod_scaled_in", "pod stopped to free capacity", pod_id)
+            self.store.event(exp.id, "pod_scaled_in", plan.stop_reasons[pod_id], pod_id)
         if not plan.create:
             active = sum(1 for p in live if not p.terminating)
             if plan.reason is None and active < plan.target:
@@ -730,7 +743,7 @@ class Reconciler:
         # With the submission log read (``batches``): the ended pods' reports hold the batch
         # that the new pods' allowances are counted in.
         prog, settled = self.calls.progress(
-            exp.id, self.settings.progress_poll_s, since=ended, batches=True
+            exp.id, self.settings.progress_poll_s, since=ended, read_log=True
         )
         self._record_progress(exp, status, prog)
         left = ended + STEPS_SETTLE_S - time.monotonic()

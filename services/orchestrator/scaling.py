@@ -11,7 +11,7 @@ here is tested without either (tests/orchestrator/test_scaling.py).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from services.contracts.spec import ExperimentSpec
@@ -24,8 +24,11 @@ from services.orchestrator.store import BUDGET_EXHAUSTED
 @dataclass(frozen=True)
 class ScalePlan:
     target: int
-    #: Pods to stop gracefully (scale in), newest first.
+    #: Pods to stop gracefully (scale in): newest first, or with successive halving the worst
+    #: first.
     stop: list[str] = field(default_factory=list)
+    #: Why each of ``stop`` is stopped (its event's message).
+    stop_reasons: dict[str, str] = field(default_factory=dict)
     #: One entry per pod to create: its ensemble algorithm (None: a single algorithm).
     create: list[str | None] = field(default_factory=list)
     #: Env steps each created pod may take (``PODIUM_MAX_ENV_STEPS``); None: no budget.
@@ -87,6 +90,34 @@ def env_step_allowance(
     return (batches // sharing or batches) * unit
 
 
+_FREE = "pod stopped to free capacity"
+
+
+def _halve(
+    spec: ExperimentSpec, active: list[PodInfo], target: int, scores: Mapping[str, float]
+) -> ScalePlan:
+    """Successive halving's scale-in: the pods with the worst last scores stop, and a pod
+    that has not reported yet ranks below every one that has (among those, the newest
+    first); the ensemble's shares do not count, the scores do."""
+    sign = 1.0 if spec.evaluation.higher_is_better else -1.0
+
+    def rank(p: PodInfo) -> tuple[bool, float, float]:
+        score = scores.get(p.pod_id)
+        return (score is not None, sign * score if score is not None else 0.0, -p.created_at)
+
+    stop = sorted(active, key=rank)[: len(active) - target]
+    reasons = {
+        p.pod_id: (
+            f"pod stopped by successive halving: last score {scores[p.pod_id]:.4g}, "
+            f"not among the best {target}"
+            if p.pod_id in scores
+            else f"pod stopped by successive halving: no score yet, the best {target} have"
+        )
+        for p in stop
+    }
+    return ScalePlan(target, stop=[p.pod_id for p in stop], stop_reasons=reasons)
+
+
 def plan_scale(
     spec: ExperimentSpec,
     status: ExperimentStatus,
@@ -95,14 +126,19 @@ def plan_scale(
     per_pod: Res,
     free: Res,
     now: float,
+    scores: Mapping[str, float] | None = None,
 ) -> ScalePlan:
+    """``scores``: each live pod's last score (successive halving stops the worst first)."""
     active = sorted((p for p in live if not p.terminating), key=lambda p: p.created_at)
     if len(active) > target:
+        # SIGTERM lets each report before exiting.
+        if scores is not None:
+            return _halve(spec, active, target, scores)
         # Newest first: they have trained least; in an ensemble, of the algorithm furthest
-        # above its share. SIGTERM lets each report before exiting.
+        # above its share.
         running = [p.algorithm for p in active]
         stop = [active[i].pod_id for i in scale_in(spec.algorithms, running, len(active) - target)]
-        return ScalePlan(target, stop=stop)
+        return ScalePlan(target, stop=stop, stop_reasons=dict.fromkeys(stop, _FREE))
     if len(active) == target:
         return ScalePlan(target)
     wait = (status.next_launch_at or 0.0) - now

@@ -4,6 +4,9 @@ Configured through the experiment spec it receives (``PODIUM_SPEC``), under env.
 
 - ``report_interval_s``: how often it reports to the leaderboard (``PODIUM_LEADERBOARD_URL``);
 - ``score_step``: each report's score is ``score_step * report_number``;
+- ``score_by_pod``: each report's score is instead this pod's own, the same in each of its
+  reports: a number in [0, score_by_pod) drawn from its pod id (a tournament's better and
+  worse pods);
 - ``env_steps_per_report``: env steps each report carries;
 - ``crash_after_s``: exit with code ``crash_code`` (default 3) after this long (a crashing
   pod); code 2 is a pod refusing its input, with the real pod's JSON "bad input" line; with
@@ -26,6 +29,7 @@ and exits 0, as a real pod does when scaled in or stopped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -55,6 +59,9 @@ def report() -> None:
         return
     reports += 1
     score = cfg.get("score_step", 0.0) * reports
+    if cfg.get("score_by_pod"):
+        draw = int(hashlib.sha256(pod_id.encode()).hexdigest()[:8], 16) / 16**8
+        score = cfg["score_by_pod"] * draw
     steps = cfg.get("env_steps_per_report", 0)
     if max_steps is not None:
         steps = max(0, min(steps, (max_steps - taken) // batch * batch))

@@ -196,7 +196,9 @@ class _Silent:
         return None
 
     def reporters(self, experiment_id, after):
-        return {}, after
+        from services.orchestrator.leaderboard_client import Reports
+
+        return Reports({}, {}, after)
 
 
 # -- budgets and targets -------------------------------------------------------------

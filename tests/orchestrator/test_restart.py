@@ -23,7 +23,7 @@ import redis
 
 from services.contracts.spec import ExperimentSpec
 from services.orchestrator.backends.base import Backend, PodInfo, PodRequest
-from services.orchestrator.leaderboard_client import Progress
+from services.orchestrator.leaderboard_client import Progress, Reports
 from services.orchestrator.reconciler import Reconciler
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
@@ -209,8 +209,8 @@ class Board:
     def delete(self, experiment_id: str) -> None:
         return None
 
-    def reporters(self, experiment_id: str, after: str | None) -> tuple[dict[str, int], str | None]:
-        return {}, after
+    def reporters(self, experiment_id: str, after: str | None) -> Reports:
+        return Reports({}, {}, after)
 
 
 class DyingStore(Store):

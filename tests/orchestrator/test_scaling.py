@@ -146,3 +146,17 @@ def test_running_pods_hold_the_whole_batches_of_their_allowances() -> None:
     assert (
         plan.create == [] and plan.reason == "the env-step budget left is held by the running pods"
     )
+
+
+def test_halving_stops_the_worst_scores_first_and_pods_without_one_before_them() -> None:
+    s = _spec(population={"max_pods": 4, "halving": {"rung_env_steps": 10}})
+    pods = [_pod("best", 1), _pod("worst", 2), _pod("mid", 3), _pod("new", 4), _pod("newer", 5)]
+    scores = {"best": 90.0, "worst": -5.0, "mid": 40.0}
+    plan = plan_scale(s, ExperimentStatus(), pods, 2, POD, ROOMY, NOW, scores)
+    assert plan.stop == ["newer", "new", "worst"] and plan.create == []
+    assert plan.stop_reasons["worst"].endswith("last score -5, not among the best 2")
+    assert "no score yet" in plan.stop_reasons["new"]
+    # Lower is better: the highest scores stop.
+    s.evaluation.higher_is_better = False
+    plan = plan_scale(s, ExperimentStatus(), pods[:3], 1, POD, ROOMY, NOW, scores)
+    assert plan.stop == ["best", "mid"]
