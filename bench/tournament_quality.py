@@ -23,7 +23,12 @@ Hyperparameters come from a wide search space (below), so which ones a pod gets 
   batched in one process, services/pod/training/onpolicy.py), PBT between its agents;
 - ``pop-random``: one population pod, random generator (each agent keeps its draw): the
   batched best of P, which splits ``pop-pbt``'s gain over ``random`` into batching
-  (``pop-random`` / ``random``) and selection (``pop-pbt`` / ``pop-random``).
+  (``pop-random`` / ``random``) and selection (``pop-pbt`` / ``pop-random``);
+- ``halving``: the ``random`` arm's P pods (the same draws and seeds) under successive halving
+  across pods (``population.halving``, ``--rung-env-steps``, eta 2), stopped by the
+  orchestrator's own rule (services/orchestrator/scaling.py ``plan_scale`` with the pods'
+  last scores, at the rungs of services/contracts/spec.py ``halving_pods``); round-robin
+  mode only, where a stopped pod's rounds go to the others.
 
 The population arms start their P agents from the same draws as pods 0..P-1 of the other arms
 (the generator's seeded draw depends on the asking id, and the bench asks with those pods'
@@ -250,7 +255,7 @@ TASKS: dict[str, Task] = {
         improvement=100.0,
     ),
 }
-TOURNAMENT_ARMS = ("pbt", "ensemble", "improving", "pop-pbt")
+TOURNAMENT_ARMS = ("pbt", "ensemble", "improving", "pop-pbt", "halving")
 POPULATION_ARMS = ("pop-pbt", "pop-random")
 ARMS = (*TOURNAMENT_ARMS, "random", "random-ensemble", "single", "pop-random")
 
@@ -284,7 +289,7 @@ def run(
 ) -> dict[str, Any]:
     task: Task = args.task_config
     pods = 1 if arm == "single" or arm in POPULATION_ARMS else args.pods
-    strategy = "pbt" if arm in TOURNAMENT_ARMS else "random"
+    strategy = "pbt" if arm in TOURNAMENT_ARMS and arm != "halving" else "random"
     # One generator seed per repetition and the same pod ids in every arm: the arms' pods
     # start from the same draws and torch seeds (a pod seeds torch from its id), so a
     # repetition compares strategies rather than luck; the single pod is the random arm's
@@ -317,6 +322,11 @@ def run(
     }
     if arm in POPULATION_ARMS:
         spec["population"] = {"min_pods": 1, "max_pods": 1, "agents_per_pod": args.pods}
+    if arm == "halving":
+        if args.mode != "round-robin":
+            raise SystemExit("the halving arm runs in --mode round-robin only")
+        halving = {"rung_env_steps": args.rung_env_steps or args.ready_env_steps}
+        spec["population"] = {"min_pods": 1, "max_pods": pods, "halving": halving}
     config = {k: spec[k] for k in ("search_space", "generator", "algorithms", "top_k")}
     lb.http.put(f"/experiments/{exp}", json=config).raise_for_status()
     if args.mode == "round-robin":
@@ -392,7 +402,11 @@ def run_round_robin(
     import torch
 
     from services.api_client import LeaderboardClient
-    from services.contracts.spec import ExperimentSpec
+    from services.contracts.spec import ExperimentSpec, halving_pods
+    from services.orchestrator.backends.base import PodInfo
+    from services.orchestrator.scaling import plan_scale
+    from services.orchestrator.scheduler import Res
+    from services.orchestrator.status import ExperimentStatus
     from services.pod.runtime.rounds import PodRuntime, RuntimeSettings
 
     torch.set_num_threads(1)
@@ -410,6 +424,20 @@ def run_round_robin(
         for i in range(pods)
     ]
     clock, reached = 0.0, None
+    stopped: list[PodRuntime] = []
+
+    def halve() -> None:
+        """The orchestrator's rule, between two rounds: at a rung, the worst pods stop."""
+        counted = lb.http.get(f"/experiments/{exp}").json()["env_steps"]
+        keep = halving_pods(model.population, counted)
+        live = [rt for rt in runtimes if rt not in stopped]
+        if keep is None or len(live) <= keep:
+            return
+        pods = [PodInfo(exp, rt.pod_id, "Running", i, Res()) for i, rt in enumerate(live)]
+        scores = {rt.pod_id: rt.slots[0].score for rt in live if rt.slots[0].score is not None}
+        plan = plan_scale(model, ExperimentStatus(), pods, keep, Res(), Res(), 0.0, scores)
+        stopped.extend(rt for rt in live if rt.pod_id in plan.stop)
+
     try:
         for i, rt in enumerate(runtimes):
             start = time.thread_time()
@@ -428,6 +456,8 @@ def run_round_robin(
             clock += time.thread_time() - start
         while reached is None and clock < args.cap_s:
             for rt in runtimes:
+                if rt in stopped:
+                    continue
                 start = time.thread_time()
                 rt.train_round()
                 rt.report()
@@ -436,6 +466,8 @@ def run_round_robin(
                 if not done:
                     rt.maybe_exploit()
                 clock += time.thread_time() - start
+                if not done and model.population.halving is not None:
+                    halve()
                 if done:
                     reached = clock
                     break
@@ -514,6 +546,12 @@ def main() -> None:
         default="processes",
         help="processes: real pod processes sharing the machine (wall time); round-robin: "
         "the pods' code in this process, one round at a time (CPU time, no start-up)",
+    )
+    parser.add_argument(
+        "--rung-env-steps",
+        type=int,
+        default=None,
+        help="halving: env steps per pod before the first rung; default: --ready-env-steps",
     )
     parser.add_argument("--arms", nargs="+", default=["pbt", "random", "single"], choices=ARMS)
     parser.add_argument(

@@ -614,8 +614,8 @@ class Reconciler:
         """Plan (scaling.plan_scale) and apply: the free capacity left, and why fewer pods than
         the target run (None: no reason of this experiment's own)."""
         spec = exp.spec
+        halving = halving_pods(spec.population, status.env_steps)
         if target != status.desired_pods:
-            halving = halving_pods(spec.population, status.env_steps)
             why = "capacity and priority"
             if halving is not None and target == halving < spec.population.max_pods:
                 steps = status.env_steps or 0
@@ -624,7 +624,7 @@ class Reconciler:
             self.store.event(exp.id, "scaled", message)
             status.desired_pods = target
         scores = None
-        if spec.population.halving is not None:  # scale-in stops the worst, not the newest
+        if halving is not None and target == halving:  # a rung's cut stops the worst pods
             higher = spec.evaluation.higher_is_better
             scores = self.calls.pod_scores(exp.id, (p.pod_id for p in live), higher)
         # The time now, not the pass's start: a backoff that ended during a slow pass does not

@@ -96,26 +96,28 @@ _FREE = "pod stopped to free capacity"
 def _halve(
     spec: ExperimentSpec, active: list[PodInfo], target: int, scores: Mapping[str, float]
 ) -> ScalePlan:
-    """Successive halving's scale-in: the pods with the worst last scores stop, and a pod
-    that has not reported yet ranks below every one that has (among those, the newest
-    first); the ensemble's shares do not count, the scores do."""
+    """Successive halving's scale-in: the pods whose last scores rank below the best
+    ``target`` stop, worst first. A pod that has not reported yet is ranked once it has: a
+    scored pod stops now only if ``target`` scored pods beat it already (whatever the others
+    report, it is out); the rest of the cut waits for their reports. The ensemble's shares
+    do not count, the scores do."""
     sign = 1.0 if spec.evaluation.higher_is_better else -1.0
-
-    def rank(p: PodInfo) -> tuple[bool, float, float]:
-        score = scores.get(p.pod_id)
-        return (score is not None, sign * score if score is not None else 0.0, -p.created_at)
-
-    stop = sorted(active, key=rank)[: len(active) - target]
+    scored = sorted(
+        (p for p in active if p.pod_id in scores),
+        key=lambda p: (sign * scores[p.pod_id], p.created_at),  # a tie: the older stays
+        reverse=True,
+    )
+    out = scored[target:][::-1][: len(active) - target]
     reasons = {
-        p.pod_id: (
-            f"pod stopped by successive halving: last score {scores[p.pod_id]:.4g}, "
-            f"not among the best {target}"
-            if p.pod_id in scores
-            else f"pod stopped by successive halving: no score yet, the best {target} have"
-        )
-        for p in stop
+        p.pod_id: f"pod stopped by successive halving: last score {scores[p.pod_id]:.4g}, "
+        f"not among the best {target}"
+        for p in out
     }
-    return ScalePlan(target, stop=[p.pod_id for p in stop], stop_reasons=reasons)
+    unscored = len(active) - len(scored)
+    reason = None
+    if len(out) < len(active) - target:
+        reason = f"successive halving: waiting for {unscored} pods' first report to rank them"
+    return ScalePlan(target, stop=[p.pod_id for p in out], stop_reasons=reasons, reason=reason)
 
 
 def plan_scale(
@@ -128,7 +130,8 @@ def plan_scale(
     now: float,
     scores: Mapping[str, float] | None = None,
 ) -> ScalePlan:
-    """``scores``: each live pod's last score (successive halving stops the worst first)."""
+    """``scores``: each live pod's last score, when successive halving sets ``target``: it
+    stops the worst first."""
     active = sorted((p for p in live if not p.terminating), key=lambda p: p.created_at)
     if len(active) > target:
         # SIGTERM lets each report before exiting.

@@ -148,14 +148,20 @@ def test_running_pods_hold_the_whole_batches_of_their_allowances() -> None:
     )
 
 
-def test_halving_stops_the_worst_scores_first_and_pods_without_one_before_them() -> None:
+def test_halving_stops_the_worst_scores_first_and_waits_to_rank_pods_without_one() -> None:
     s = _spec(population={"max_pods": 4, "halving": {"rung_env_steps": 10}})
-    pods = [_pod("best", 1), _pod("worst", 2), _pod("mid", 3), _pod("new", 4), _pod("newer", 5)]
-    scores = {"best": 90.0, "worst": -5.0, "mid": 40.0}
+    pods = [_pod("best", 1), _pod("worst", 2), _pod("mid", 3), _pod("low", 4)]
+    scores = {"best": 90.0, "worst": -5.0, "mid": 40.0, "low": 0.0}
     plan = plan_scale(s, ExperimentStatus(), pods, 2, POD, ROOMY, NOW, scores)
-    assert plan.stop == ["newer", "new", "worst"] and plan.create == []
+    assert plan.stop == ["worst", "low"] and plan.create == [] and plan.reason is None
     assert plan.stop_reasons["worst"].endswith("last score -5, not among the best 2")
-    assert "no score yet" in plan.stop_reasons["new"]
+    # Two pods have not reported: only what two others beat already stops now.
+    new = [*pods, _pod("new", 5), _pod("newer", 6)]
+    plan = plan_scale(s, ExperimentStatus(), new, 2, POD, ROOMY, NOW, scores)
+    assert plan.stop == ["worst", "low"]
+    assert plan.reason == "successive halving: waiting for 2 pods' first report to rank them"
+    plan = plan_scale(s, ExperimentStatus(), new, 3, POD, ROOMY, NOW, {"best": 1.0, "mid": 2.0})
+    assert plan.stop == [] and plan.reason is not None
     # Lower is better: the highest scores stop.
     s.evaluation.higher_is_better = False
     plan = plan_scale(s, ExperimentStatus(), pods[:3], 1, POD, ROOMY, NOW, scores)
