@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import platform
 import signal
@@ -425,6 +426,8 @@ def run_round_robin(
     ]
     clock, reached = 0.0, None
     stopped: list[PodRuntime] = []
+    best = -math.inf  # every task's score: higher is better
+    curve: list[tuple[int, float]] = []  # (env steps the board counts, best score so far)
 
     def halve() -> None:
         """The orchestrator's rule, between two rounds: at a rung, the worst pods stop."""
@@ -463,6 +466,10 @@ def run_round_robin(
                 rt.report()
                 scores = [s.score for s in rt.slots if s.score is not None]
                 done = bool(scores) and max(scores) >= target
+                if scores:
+                    best = max(best, *scores)
+                    counted = lb.http.get(f"/experiments/{exp}").json()["env_steps"]
+                    curve.append((counted, best))
                 if not done:
                     rt.maybe_exploit()
                 clock += time.thread_time() - start
@@ -484,7 +491,51 @@ def run_round_robin(
         "final": best.json()["score"] if best.status_code == 200 else None,
         "env_steps": summary["env_steps"],
         "exit_codes": [],
+        "curve": curve,
     }
+
+
+def plot(path: Path, results: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Best score so far against the env steps all pods took, per arm: the median over the
+    repetitions (a run's curve holds its last value past its end), and the quartiles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in results if r.get("curve")]
+    end = max(x for r in runs for x, _ in r["curve"])
+    grid = [end * k / 200 for k in range(201)]
+
+    def at(curve: list[list[float]], x: float) -> float | None:
+        seen = [y for s, y in curve if s <= x]
+        return seen[-1] if seen else None
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm in ARMS:
+        curves = [r["curve"] for r in runs if r["arm"] == arm]
+        if not curves:
+            continue
+        xs, mid, low, high = [], [], [], []
+        for x in grid:
+            ys = [y for c in curves if (y := at(c, x)) is not None]
+            if len(ys) < len(curves):  # not every run has reported yet
+                continue
+            q = statistics.quantiles(ys, n=4, method="inclusive") if len(ys) > 1 else [ys[0]] * 3
+            xs.append(x)
+            mid.append(statistics.median(ys))
+            low.append(q[0])
+            high.append(q[2])
+        ax.plot(xs, mid, label=f"{arm} (median of {len(curves)})")
+        ax.fill_between(xs, low, high, alpha=0.15)
+    ax.axhline(args.task_config.target, color="grey", linestyle="--", label="target")
+    ax.set_xlabel("env steps, all pods")
+    ax.set_ylabel("best evaluation score so far")
+    ax.set_title(f"{args.task}: {args.pods} pods, cap {args.cap_s:g} CPU s")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
 
 
 def median(values: list[float]) -> float | None:
@@ -554,6 +605,12 @@ def main() -> None:
         help="halving: env steps per pod before the first rung; default: --ready-env-steps",
     )
     parser.add_argument("--arms", nargs="+", default=["pbt", "random", "single"], choices=ARMS)
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="round-robin: a PNG of the best score so far against env steps, per arm",
+    )
     parser.add_argument(
         "--summarize",
         nargs="+",
@@ -645,6 +702,8 @@ def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"{sum(t is not None for t in times)}/{len(runs)} | "
             f"{per_run} | {fmt(median(finals))} | {', '.join(f'{f:.1f}' for f in finals)} |"
         )
+    if args.plot is not None:
+        plot(args.plot, results, args)
     for tournament in (a for a in arms if a in TOURNAMENT_ARMS):
         for arm in arms:
             if arm in TOURNAMENT_ARMS:
