@@ -138,31 +138,15 @@ def median(values: list[float]) -> float:
 
 
 def plot(path: Path, task: str, results: dict[str, list[dict]], target: float) -> None:
-    import matplotlib
+    from curves import plot_curves  # bench/curves.py, beside this script
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    arms = {}
     for arm, runs in results.items():
-        steps = [x for x, _, _ in runs[0]["curve"]]
         n = min(len(r["curve"]) for r in runs)
-        best = [[r["curve"][k][1] for r in runs] for k in range(n)]
-        ax.plot(steps[:n], [statistics.median(b) for b in best], label=f"{arm} (median)")
-        ax.fill_between(
-            steps[:n],
-            [statistics.quantiles(b, n=4)[0] if len(b) > 1 else b[0] for b in best],
-            [statistics.quantiles(b, n=4)[2] if len(b) > 1 else b[0] for b in best],
-            alpha=0.2,
-        )
-    ax.axhline(target, color="grey", linestyle="--", label="target")
-    ax.set_xlabel("env steps per agent")
-    ax.set_ylabel("best agent's evaluation return")
-    ax.set_title(f"{task}: PBT in the pod vs the best of P apart")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+        steps = [x for x, _, _ in runs[0]["curve"][:n]]
+        arms[f"{arm}"] = (steps, [[r["curve"][k][1] for r in runs] for k in range(n)])
+    title = f"{task}: PBT in the pod vs the best of P apart"
+    plot_curves(path, arms, target, title, "env steps per agent", "best agent's evaluation return")
 
 
 def main() -> None:

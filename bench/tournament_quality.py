@@ -498,10 +498,7 @@ def run_round_robin(
 def plot(path: Path, results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     """Best score so far against the env steps all pods took, per arm: the median over the
     repetitions (a run's curve holds its last value past its end), and the quartiles."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from curves import plot_curves  # bench/curves.py, beside this script
 
     runs = [r for r in results if r.get("curve")]
     end = max(x for r in runs for x, _ in r["curve"])
@@ -511,31 +508,17 @@ def plot(path: Path, results: list[dict[str, Any]], args: argparse.Namespace) ->
         seen = [y for s, y in curve if s <= x]
         return seen[-1] if seen else None
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    arms: dict[str, tuple[list[float], list[list[float]]]] = {}
     for arm in ARMS:
         curves = [r["curve"] for r in runs if r["arm"] == arm]
-        if not curves:
-            continue
-        xs, mid, low, high = [], [], [], []
-        for x in grid:
-            ys = [y for c in curves if (y := at(c, x)) is not None]
-            if len(ys) < len(curves):  # not every run has reported yet
-                continue
-            q = statistics.quantiles(ys, n=4, method="inclusive") if len(ys) > 1 else [ys[0]] * 3
-            xs.append(x)
-            mid.append(statistics.median(ys))
-            low.append(q[0])
-            high.append(q[2])
-        ax.plot(xs, mid, label=f"{arm} (median of {len(curves)})")
-        ax.fill_between(xs, low, high, alpha=0.15)
-    ax.axhline(args.task_config.target, color="grey", linestyle="--", label="target")
-    ax.set_xlabel("env steps, all pods")
-    ax.set_ylabel("best evaluation score so far")
-    ax.set_title(f"{args.task}: {args.pods} pods, cap {args.cap_s:g} CPU s")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+        if curves:
+            # From the first x where every run has reported.
+            points = [(x, [at(c, x) for c in curves]) for x in grid]
+            kept = [(x, ys) for x, ys in points if None not in ys]
+            arms[arm] = ([x for x, _ in kept], [ys for _, ys in kept])  # type: ignore[misc]
+    title = f"{args.task}: {args.pods} pods, cap {args.cap_s:g} CPU s"
+    ylabel = "best evaluation score so far"
+    plot_curves(path, arms, args.task_config.target, title, "env steps, all pods", ylabel)
 
 
 def median(values: list[float]) -> float | None:
