@@ -321,8 +321,8 @@ class ExperimentSpec(InputModel):
             if total <= rung:
                 raise ValueError(
                     f"population.halving: its first rung comes at {rung:,} env steps counted "
-                    f"(max_pods * agents_per_pod * rung_env_steps), not below "
-                    f"budget.total_env_steps ({total:,}): no pod would ever be stopped"
+                    f"(max_pods * agents_per_pod * rung_env_steps), and the experiment ends "
+                    f"at budget.total_env_steps ({total:,}): no pod would ever be stopped"
                 )
         return self
 
