@@ -43,24 +43,31 @@ def test_each_rung_stops_the_pods_with_the_worse_scores_and_runs_fewer(
     wait_for(lambda: not live_pods(client.app.state.settings.data_dir, exp_id))
     events = client.get(f"{API}/{exp_id}/events", params={"limit": 1000}).json()
     scaled = [e["message"] for e in events if e["type"] == "scaled"]
-    # 4 pods, then the best 2 at 8,000 env steps counted, then the best one at 16,000.
-    assert [m.split(" (")[0] for m in scaled] == ["desired pods 0 -> 4", *(
-        f"desired pods {a} -> {b}" for a, b in ((4, 2), (2, 1))
-    )], scaled  # fmt: skip
+    # 4 pods, then the best 2 at 8,000 env steps counted, then the best one at 16,000 (a
+    # reconciler slower than the reports may see both rungs in one pass: 4 -> 1).
+    wanted = [int(m.split(" (")[0].split(" -> ")[1]) for m in scaled]
+    assert wanted in ([4, 2, 1], [4, 1]), scaled
     assert all("successive halving" in m for m in scaled[1:]), scaled
     scores = _scores(leaderboard, exp_id)
     started = [e["pod_id"] for e in events if e["type"] == "pod_started"]
     stopped = [e["pod_id"] for e in events if e["type"] == "pod_scaled_in"]
-    first, second = stopped[:2], stopped[2:]
-    # The first rung: the two worst of the first four pods; the second: the worse of the rest.
+    # The three worst of the first four, worst first (each rung stops its worst first); the
+    # best trains on.
     ranked = sorted(started[:4], key=scores.__getitem__)
-    assert sorted(first) == sorted(ranked[:2]), (ranked, stopped, scores)
-    assert second == [ranked[2]], (ranked, stopped, scores)
+    assert stopped == ranked[:3], (ranked, stopped, scores)
     stops = [e["message"] for e in events if e["type"] == "pod_scaled_in"]
     assert all(m.startswith("pod stopped by successive halving: last score") for m in stops)
-    # Past the last rung one pod runs at a time (the best's allowance spent, another starts).
-    after = events[[e["type"] for e in events].index("pod_scaled_in") :]
-    assert all(e["type"] != "pod_started" or e["pod_id"] not in started[:4] for e in after)
+    # Past the last rung one pod trains at a time: a pod starts only once the one before has
+    # ended (its allowance spent) or been stopped.
+    last_rung = max(i for i, e in enumerate(events) if e["type"] == "scaled")
+    active: set[str] = set()
+    for i, e in enumerate(events):
+        if e["type"] == "pod_started":
+            assert i < last_rung or not active, (e, active)
+            active.add(e["pod_id"])
+        elif e["type"] in ("pod_scaled_in", "pod_completed", "pod_stopped", "pod_failed"):
+            active.discard(e["pod_id"])
+    assert len(started) > 4  # the best's allowance (a quarter of the budget) ran out
     board = httpx.get(
         f"{leaderboard.url}/api/v1/experiments/{exp_id}",
         headers={"Authorization": f"Bearer {LB_TOKEN}"},
