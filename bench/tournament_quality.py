@@ -501,7 +501,9 @@ def plot(path: Path, results: list[dict[str, Any]], args: argparse.Namespace) ->
     from curves import plot_curves  # bench/curves.py, beside this script
 
     runs = [r for r in results if r.get("curve")]
-    end = max(x for r in runs for x, _ in r["curve"])
+    # To the last solved run's end (past it the capped runs only hold their last value).
+    solved = [r["curve"][-1][0] for r in runs if r["time_to_target_s"] is not None]
+    end = 1.1 * max(solved) if solved else max(r["curve"][-1][0] for r in runs)
     grid = [end * k / 200 for k in range(201)]
 
     def at(curve: list[list[float]], x: float) -> float | None:
