@@ -429,9 +429,8 @@ def run_round_robin(
     best = -math.inf  # every task's score: higher is better
     curve: list[tuple[int, float]] = []  # (env steps the board counts, best score so far)
 
-    def halve() -> None:
+    def halve(counted: int) -> None:
         """The orchestrator's rule, between two rounds: at a rung, the worst pods stop."""
-        counted = lb.http.get(f"/experiments/{exp}").json()["env_steps"]
         keep = halving_pods(model.population, counted)
         live = [rt for rt in runtimes if rt not in stopped]
         if keep is None or len(live) <= keep:
@@ -466,15 +465,16 @@ def run_round_robin(
                 rt.report()
                 scores = [s.score for s in rt.slots if s.score is not None]
                 done = bool(scores) and max(scores) >= target
-                if scores:
-                    best = max(best, *scores)
-                    counted = lb.http.get(f"/experiments/{exp}").json()["env_steps"]
-                    curve.append((counted, best))
                 if not done:
                     rt.maybe_exploit()
                 clock += time.thread_time() - start
+                # Off the clock: the board's count, read once a round for the curve and the rungs.
+                counted = lb.http.get(f"/experiments/{exp}").json()["env_steps"]
+                if scores:
+                    best = max(best, *scores)
+                    curve.append((counted, best))
                 if not done and model.population.halving is not None:
-                    halve()
+                    halve(counted)
                 if done:
                     reached = clock
                     break

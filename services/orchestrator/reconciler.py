@@ -477,9 +477,11 @@ class Reconciler:
             pods = [p.pod_id for p in live]
             # The submission log: the batch a budget's allowances are counted in, the scores
             # successive halving ranks the pods by.
-            read_log = spec.budget.total_env_steps is not None or spec.population.halving
+            read_log = (
+                spec.budget.total_env_steps is not None or spec.population.halving is not None
+            )
             prog, _ = self.calls.progress(
-                exp.id, self.settings.progress_poll_s, pods=pods, read_log=bool(read_log)
+                exp.id, self.settings.progress_poll_s, pods=pods, read_log=read_log
             )
             self._record_progress(exp, status, prog)
         # The target first: met, the experiment succeeded whatever else ran out meanwhile.

@@ -49,6 +49,13 @@ def wait_for(fn: Callable[[], Any], timeout: float = 15.0, interval: float = 0.0
     raise AssertionError(f"condition not met in {timeout}s; last value: {last!r}")
 
 
+def create(client: Any, body: dict[str, Any]) -> str:
+    """Submit ``body`` through the orchestrator's API (a TestClient); the experiment's id."""
+    r = client.post("/api/v1/experiments", json=body)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
 def spec(name: str = "exp", **over: Any) -> dict[str, Any]:
     """A valid spec for the stand-in pod; ``standin`` configures the stand-in's behaviour."""
     standin = over.pop("standin", {})

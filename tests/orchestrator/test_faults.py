@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from services.orchestrator.app import create_app
 from services.orchestrator.leaderboard_client import LeaderboardProgress
-from tests.orchestrator.conftest import LB_TOKEN, TOKEN, live_pods, spec, started, wait_for
+from tests.orchestrator.conftest import LB_TOKEN, TOKEN, create, live_pods, spec, started, wait_for
 
 API = "/api/v1/experiments"
 
@@ -34,12 +34,6 @@ def _get(client: TestClient, exp_id: str) -> dict:
 
 def _events(client: TestClient, exp_id: str) -> list[dict]:
     return client.get(f"{API}/{exp_id}/events", params={"limit": 1000}).json()
-
-
-def _create(client: TestClient, body: dict) -> str:
-    r = client.post(API, json=body)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
 
 
 def _data_dir(client: TestClient) -> Path:
@@ -56,7 +50,7 @@ def test_a_pods_bad_input_exit_fails_the_experiment_at_once(client: TestClient) 
     body = spec(
         population={"min_pods": 1, "max_pods": 1}, standin={"crash_after_s": 0.1, "crash_code": 2}
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "failed" and e)
     assert exp["reason"].startswith("a pod refused its input (exit code 2)")
     assert "cannot train dqn on Pendulum-v1" in exp["reason"]  # the pod's own message
@@ -134,7 +128,7 @@ def test_killing_pods_that_had_reported_is_not_a_crash_loop(client: TestClient) 
         population={"min_pods": 2, "max_pods": 2},
         standin={"report_interval_s": 0.05, "info_lines": True},
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     calls = client.app.state.reconciler.calls
     # Each has trained and reported, and the orchestrator has seen the report.
     failed = _kill_every_pod_limit_times(
@@ -148,7 +142,7 @@ def test_killing_pods_before_they_report_is_not_a_crash_loop(client: TestClient)
     # times than the crash-loop limit: how they ended says they did not crash.
     body = spec(population={"min_pods": 2, "max_pods": 2}, standin={"info_lines": True})
     client.app.state.reconciler.calls.source = _Silent()  # no pod ever reports
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     d = _data_dir(client)
     failed = _kill_every_pod_limit_times(client, exp_id, lambda pods: started(d, exp_id, pods))
     assert all(
@@ -172,7 +166,7 @@ def test_the_last_log_line_is_left_out_of_a_reason_when_it_is_an_info_line(
         },
     )
     client.app.state.reconciler.calls.source = _Silent()
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "failed" and e)
     assert (
         exp["reason"]
@@ -209,7 +203,7 @@ def test_the_env_step_budget_is_not_overshot(client: TestClient, leaderboard) ->
         budget={"total_env_steps": budget},
         standin={"report_interval_s": 0.05, "env_steps_per_report": 1000},
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     d = _data_dir(client)
     exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e)
     assert exp["state"] == "budget_exhausted"
@@ -239,7 +233,7 @@ def test_a_budget_the_batches_do_not_divide_is_handed_out_in_whole_batches(
             "batch_env_steps": batch,
         },
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     d = _data_dir(client)
     exp = wait_for(
         lambda: (e := _get(client, exp_id))["result"] or e["progress"]["pods_launched"] > 8,
@@ -268,7 +262,7 @@ def test_what_is_left_below_one_batch_ends_the_experiment(client: TestClient, le
             "batch_env_steps": 4_096,
         },
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     exp = wait_for(
         lambda: (e := _get(client, exp_id))["result"] or e["progress"]["pods_launched"] > 4,
         timeout=30,
@@ -295,7 +289,7 @@ def test_a_target_met_by_the_final_reports_wins_over_a_spent_budget(
             "ignore_max_env_steps": True,
         },
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e, timeout=30)
     assert exp["result"]["best"]["score"] >= 20.0
     assert exp["state"] == "succeeded" and exp["result"]["state"] == "succeeded"
@@ -352,7 +346,7 @@ def test_a_hung_leaderboard_does_not_stall_replacing_pods(
         client.headers["Authorization"] = f"Bearer {TOKEN}"
         d = Path(settings.data_dir)
         ids = [
-            _create(client, spec(f"e{i}", population={"min_pods": 1, "max_pods": 1}))
+            create(client, spec(f"e{i}", population={"min_pods": 1, "max_pods": 1}))
             for i in range(8)
         ]
         wait_for(lambda: all(len(live_pods(d, i)) == 1 for i in ids), timeout=60)
@@ -388,7 +382,7 @@ def test_a_backoff_end_does_not_wait_for_the_next_timed_pass(
     with TestClient(create_app(settings)) as client:
         client.headers["Authorization"] = f"Bearer {TOKEN}"
         body = spec(population={"min_pods": 1, "max_pods": 1}, standin={"crash_after_s": 0.3})
-        exp_id = _create(client, body)
+        exp_id = create(client, body)
         # 1st failure: replaced at once; 2nd: after 0.5 s; 3rd: after 1 s.
         wait_for(lambda: _get(client, exp_id)["progress"]["pods_launched"] >= 4, timeout=20)
         waits = [e for e in _events(client, exp_id) if "replacing in" in e["message"]]

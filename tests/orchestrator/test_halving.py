@@ -8,15 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from services.contracts.spec import ExperimentSpec, halving_pods
-from tests.orchestrator.conftest import LB_TOKEN, live_pods, spec, wait_for
+from tests.orchestrator.conftest import LB_TOKEN, create, live_pods, spec, wait_for
 
 API = "/api/v1/experiments"
-
-
-def _create(client: TestClient, body: dict) -> str:
-    r = client.post(API, json=body)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
 
 
 def _scores(leaderboard, exp_id: str) -> dict[str, float]:
@@ -37,7 +31,7 @@ def test_each_rung_stops_the_pods_with_the_worse_scores_and_runs_fewer(
         budget={"total_env_steps": budget},
         standin={"report_interval_s": 0.1, "env_steps_per_report": 250, "score_by_pod": 100.0},
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     exp = wait_for(lambda: (e := client.get(f"{API}/{exp_id}").json())["result"] and e, 60)
     assert exp["state"] == "budget_exhausted", exp
     wait_for(lambda: not live_pods(client.app.state.settings.data_dir, exp_id))

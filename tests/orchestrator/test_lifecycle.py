@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 from fastapi.testclient import TestClient
 
-from tests.orchestrator.conftest import live_pods, spec, started, wait_for
+from tests.orchestrator.conftest import create, live_pods, spec, started, wait_for
 
 
 def _data_dir(client: TestClient) -> Path:
@@ -27,14 +27,8 @@ def _events(client: TestClient, exp_id: str) -> list[dict]:
     return client.get(f"/api/v1/experiments/{exp_id}/events?limit=1000").json()
 
 
-def _create(client: TestClient, body: dict) -> str:
-    r = client.post("/api/v1/experiments", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
 def test_replaces_a_pod_killed_with_sigkill(client: TestClient) -> None:
-    exp_id = _create(client, spec(population={"min_pods": 2, "max_pods": 2}))
+    exp_id = create(client, spec(population={"min_pods": 2, "max_pods": 2}))
     d = _data_dir(client)
     pods = wait_for(lambda: len(live_pods(d, exp_id)) == 2 and live_pods(d, exp_id))
     victim, pid = sorted(pods.items())[0]
@@ -68,7 +62,7 @@ def test_an_ensemble_keeps_each_algorithms_share_of_the_pods(client: TestClient)
     # drawing its algorithm would give no DQN pod in 8 of 27 launches), and a failed pod
     # comes back as its own algorithm.
     body = spec(algorithms={"ppo": 2.0, "dqn": 1.0}, population={"min_pods": 3, "max_pods": 3})
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     d = _data_dir(client)
     pods = wait_for(lambda: len(p := live_pods(d, exp_id)) == 3 and p)
     algorithms = _algorithms(pods)
@@ -91,13 +85,13 @@ def test_an_ensemble_scaled_in_keeps_each_algorithms_share(client: TestClient) -
     d = _data_dir(client)  # capacity: 4 CPUs, 1 CPU per pod
     pods3 = {"min_pods": 1, "max_pods": 3}
     body = spec("ens", algorithms={"ppo": 1.0, "dqn": 1.0}, population=pods3)
-    low = _create(client, body)
+    low = create(client, body)
     pods = wait_for(lambda: len(p := live_pods(d, low)) == 3 and p)
     [victim] = [pod for pod, algorithm in _algorithms(pods).items() if algorithm == "ppo"]
     os.killpg(pods[victim], signal.SIGKILL)
     after = wait_for(lambda: (p := live_pods(d, low)) and len(p) == 3 and victim not in p and p)
     wait_for(lambda: started(d, low, after))
-    high = _create(client, spec("high", priority=10, population={"min_pods": 2, "max_pods": 2}))
+    high = create(client, spec("high", priority=10, population={"min_pods": 2, "max_pods": 2}))
     wait_for(lambda: len(live_pods(d, high)) == 2)
     remaining = wait_for(lambda: len(p := live_pods(d, low)) == 2 and p)
     assert sorted(_algorithms(remaining).values()) == ["dqn", "ppo"]
@@ -111,13 +105,13 @@ def test_an_ensemble_scaled_in_keeps_each_algorithms_share(client: TestClient) -
 
 
 def test_a_single_algorithm_leaves_the_choice_to_the_generator(client: TestClient) -> None:
-    exp_id = _create(client, spec(population={"min_pods": 1, "max_pods": 1}))
+    exp_id = create(client, spec(population={"min_pods": 1, "max_pods": 1}))
     pods = wait_for(lambda: len(p := live_pods(_data_dir(client), exp_id)) == 1 and p)
     assert list(_algorithms(pods).values()) == [None]
 
 
 def test_cancel_stops_every_pod_gracefully(client: TestClient) -> None:
-    exp_id = _create(client, spec(population={"min_pods": 1, "max_pods": 3}))
+    exp_id = create(client, spec(population={"min_pods": 1, "max_pods": 3}))
     d = _data_dir(client)
     pods = wait_for(lambda: len(p := live_pods(d, exp_id)) == 3 and p)
     wait_for(lambda: started(d, exp_id, pods))
@@ -142,7 +136,7 @@ def test_stops_at_target_reward_and_records_the_best(client: TestClient) -> None
         target_return=50.0,
         standin={"report_interval_s": 0.1, "score_step": 10.0},
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     d = _data_dir(client)
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "succeeded" and e)
     assert exp["reason"] == "target return 50 reached"
@@ -158,7 +152,7 @@ def test_stops_when_the_env_step_budget_is_spent(client: TestClient) -> None:
         budget={"total_env_steps": 5000},
         standin={"report_interval_s": 0.05, "env_steps_per_report": 1000},
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     d = _data_dir(client)
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "budget_exhausted" and e)
     assert exp["reason"].startswith("env-step budget spent")
@@ -167,7 +161,7 @@ def test_stops_when_the_env_step_budget_is_spent(client: TestClient) -> None:
 
 
 def test_stops_when_the_wall_time_budget_is_spent(client: TestClient) -> None:
-    exp_id = _create(client, spec(budget={"wall_time_s": 1.0}))
+    exp_id = create(client, spec(budget={"wall_time_s": 1.0}))
     d = _data_dir(client)
     wait_for(lambda: live_pods(d, exp_id))
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "budget_exhausted" and e)
@@ -182,7 +176,7 @@ def test_pod_budget_caps_launches_and_replacements(client: TestClient) -> None:
         budget={"pods_launched": 2},
         standin={"crash_after_s": 0.3},
     )
-    exp_id = _create(client, body)
+    exp_id = create(client, body)
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "budget_exhausted" and e)
     assert exp["progress"]["pods_launched"] == 2
     assert "pod budget spent" in exp["reason"]
@@ -190,7 +184,7 @@ def test_pod_budget_caps_launches_and_replacements(client: TestClient) -> None:
 
 
 def test_crash_looping_pods_fail_the_experiment_with_the_reason(client: TestClient) -> None:
-    exp_id = _create(client, spec(standin={"crash_after_s": 0.05}))
+    exp_id = create(client, spec(standin={"crash_after_s": 0.05}))
     exp = wait_for(lambda: (e := _get(client, exp_id))["state"] == "failed" and e)
     assert "pods keep crashing: 4 consecutive failures" in exp["reason"]
     assert "exit code 3" in exp["reason"] and "CUDA error: out of memory" in exp["reason"]
@@ -207,11 +201,11 @@ def test_higher_priority_scales_lower_in_then_capacity_frees_and_it_scales_out(
     client: TestClient,
 ) -> None:
     d = _data_dir(client)  # capacity: 4 CPUs, 1 CPU per pod
-    low = _create(client, spec("low", population={"min_pods": 1, "max_pods": 4}))
+    low = create(client, spec("low", population={"min_pods": 1, "max_pods": 4}))
     low_pods = wait_for(lambda: len(p := live_pods(d, low)) == 4 and p)
     wait_for(lambda: started(d, low, low_pods))
 
-    high = _create(client, spec("high", priority=10, population={"min_pods": 3, "max_pods": 3}))
+    high = create(client, spec("high", priority=10, population={"min_pods": 3, "max_pods": 3}))
     wait_for(lambda: len(live_pods(d, high)) == 3)
     remaining = live_pods(d, low)
     assert len(remaining) == 1
@@ -230,15 +224,15 @@ def test_higher_priority_scales_lower_in_then_capacity_frees_and_it_scales_out(
 
 def test_fair_share_between_equal_priorities(client: TestClient) -> None:
     d = _data_dir(client)
-    a = _create(client, spec("a", population={"min_pods": 1, "max_pods": 4}))
+    a = create(client, spec("a", population={"min_pods": 1, "max_pods": 4}))
     wait_for(lambda: started(d, a, p := live_pods(d, a)) and len(p) == 4)
-    b = _create(client, spec("b", population={"min_pods": 1, "max_pods": 4}))
+    b = create(client, spec("b", population={"min_pods": 1, "max_pods": 4}))
     wait_for(lambda: len(live_pods(d, a)) == 2 and len(live_pods(d, b)) == 2)
 
 
 def test_cannot_fit_now_is_accepted_and_pending_with_the_reason(client: TestClient) -> None:
-    big = _create(client, spec("big", resources={"cpu": 8, "memory": "1Gi"}))
-    many = _create(client, spec("many", population={"min_pods": 5, "max_pods": 5}))
+    big = create(client, spec("big", resources={"cpu": 8, "memory": "1Gi"}))
+    many = create(client, spec("many", population={"min_pods": 5, "max_pods": 5}))
     e = wait_for(lambda: (x := _get(client, big))["reason"] and "needs" in x["reason"] and x)
     assert e["state"] == "pending"
     assert "one pod needs 8 CPU" in e["reason"] and "the cluster has 4 CPU" in e["reason"]
@@ -251,7 +245,7 @@ def test_cannot_fit_now_is_accepted_and_pending_with_the_reason(client: TestClie
 
 def test_pause_then_resume(client: TestClient) -> None:
     d = _data_dir(client)
-    exp_id = _create(client, spec(population={"min_pods": 2, "max_pods": 2}))
+    exp_id = create(client, spec(population={"min_pods": 2, "max_pods": 2}))
     pods = wait_for(lambda: len(p := live_pods(d, exp_id)) == 2 and p)
     wait_for(lambda: started(d, exp_id, pods))
     assert client.post(f"/api/v1/experiments/{exp_id}/pause").status_code == 202
@@ -267,7 +261,7 @@ def test_pause_then_resume(client: TestClient) -> None:
 
 def test_delete_stops_pods_and_forgets_the_experiment(client: TestClient, leaderboard) -> None:
     d = _data_dir(client)
-    exp_id = _create(client, spec())
+    exp_id = create(client, spec())
     wait_for(lambda: live_pods(d, exp_id))
     import httpx
 
@@ -310,7 +304,7 @@ def test_target_reward_with_the_real_leaderboard(
                 target_return=30.0,
                 standin={"report_interval_s": 0.1, "score_step": 10.0},
             )
-            exp_id = _create(client, body)
+            exp_id = create(client, body)
             exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e)
             assert exp["state"] == "succeeded"
             best = exp["result"]["best"]
@@ -333,7 +327,7 @@ def test_local_gpus_are_assigned_exclusively(make_settings, flush_redis: None) -
     with TestClient(create_app(settings)) as client:
         client.headers["Authorization"] = f"Bearer {TOKEN}"
         d = Path(settings.data_dir)
-        exp_id = _create(
+        exp_id = create(
             client,
             spec(population={"min_pods": 1, "max_pods": 4}, resources={"cpu": 1, "gpus": 1}),
         )
