@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -26,7 +29,7 @@ def _replica_state(rank: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def _average_and_save(rank: int, world: int, directory: str) -> None:
+def _average_and_save(rank: int, world: int, directory: str, *_: object) -> None:
     state = _replica_state(rank)
     StateAverager(state)()
     save_file(state, f"{directory}/rank{rank}.safetensors")
@@ -47,7 +50,7 @@ def test_two_processes_average_exactly(tmp_path):
     assert torch.equal(after[0]["adam_step"], before[0]["adam_step"])
 
 
-def _fails(rank: int, world: int) -> None:
+def _fails(rank: int, world: int, *_: object) -> None:
     if rank == 1:
         raise RuntimeError("replica 1 broke")
 
@@ -55,6 +58,51 @@ def _fails(rank: int, world: int) -> None:
 def test_a_failing_replica_is_reported():
     with pytest.raises(RuntimeError, match="replicas exited"):
         run_group(_fails, 2)
+
+
+class _DiesInTheReplica:
+    """An argument a replica cannot take: unpickling it in the spawned process exits that
+    process before it reaches the group, as a replica killed (or out of memory) at start-up."""
+
+    def __reduce__(self):
+        return (os._exit, (3,))
+
+
+def _exit_the_first_time(marker: str) -> str:
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(3)
+    return marker
+
+
+class _DiesOnceInTheReplica:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (_exit_the_first_time, (self.marker,))
+
+
+def test_a_group_that_did_not_form_is_formed_again(tmp_path):
+    marker = str(tmp_path / "replica-died-once")
+    run_group(
+        _average_and_save,
+        2,
+        args=(str(tmp_path), _DiesOnceInTheReplica(marker)),
+        rank0_args=(str(tmp_path), None),
+    )
+    assert os.path.exists(marker)  # the first group did not form
+    after = [load_file(tmp_path / f"rank{rank}.safetensors") for rank in range(2)]
+    assert torch.equal(after[0]["params"], after[1]["params"])
+
+
+def test_a_replica_that_dies_before_joining_fails_the_group_at_once():
+    # Rank 0 used to wait for it in the rendezvous for torch's default 30 minutes; now each of
+    # the two attempts to form the group ends when the replica's process does.
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="replica 1 exited with 3 before joining"):
+        run_group(_fails, 2, args=(_DiesInTheReplica(),), rank0_args=(None,))
+    assert time.monotonic() - started < 60
 
 
 def _average_cpu_tensors(rank: int, world: int) -> None:
@@ -69,7 +117,7 @@ def test_fusion_on_a_machine_with_cuda_uses_gloo(monkeypatch):
     run_group(_average_cpu_tensors, 2)
 
 
-ON_ONE_GPU = pytest.param(  # two replicas on one GPU: NCCL refused it (H100, session 10)
+ON_ONE_GPU = pytest.param(  # two replicas on one GPU: NCCL refused it (seen on an H100)
     "cuda",
     marks=[
         pytest.mark.gpu,

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from services.logs import get_logger
 
 
 class StateAverager:
@@ -77,19 +81,36 @@ def agree(flag: bool, src: int = 0) -> bool:
     return bool(value.item())
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# Forming the group (replicas spawned, torch imported, gloo's mesh connected) is bounded on its
+# own: a replica that never joins, or a connect that never completes, raises instead of holding
+# the pod for the collectives' allowance. That allowance stays torch's default for gloo, since a
+# replica may wait at an all-reduce while the other compiles.
+FORM_TIMEOUT = timedelta(seconds=120)
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+FORM_ATTEMPTS = 2
+LOOPBACK = "127.0.0.1"
+log = get_logger(__name__)
 
 
-def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> Any:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+class GroupFormationError(RuntimeError):
+    """The group did not form; nothing was trained yet, so forming it again is safe."""
+
+
+def _joined_key(rank: int) -> str:
+    return f"podium/replica/{rank}/joined"
+
+
+def _entry(rank: int, world: int, store: dist.Store, fn: Callable[..., Any], args: tuple) -> Any:
     # gloo whatever the device: a pod's replicas share its device, and NCCL refuses two ranks on
     # one GPU ("Duplicate GPU detected", seen on an H100) and any CPU tensor (``agree``'s flag);
     # gloo all-reduces and broadcasts CUDA tensors too.
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=world, timeout=FORM_TIMEOUT
+        )
+    except RuntimeError as exc:  # torch's DistError and gloo's connect errors alike
+        raise GroupFormationError(f"rank {rank} could not join the group: {exc}") from exc
+    dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
     try:
         return fn(rank, world, *args)
     finally:
@@ -97,12 +118,15 @@ def _entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple
 
 
 def _replica_entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
-    """A spawned replica: ``_entry``, then exit at once. Left to interpreter finalization,
-    gloo's worker threads are sometimes destroyed while still joinable and the process dies
-    by SIGABRT ("terminate called without an active exception") after its work is done."""
+    """A spawned replica: join rank 0's store, ``_entry``, then exit at once. Left to interpreter
+    finalization, gloo's worker threads are sometimes destroyed while still joinable and the
+    process dies by SIGABRT ("terminate called without an active exception") after its work is
+    done."""
     code = 0
     try:
-        _entry(rank, world, port, fn, args)
+        store = dist.TCPStore(LOOPBACK, port, world, is_master=False, timeout=FORM_TIMEOUT)
+        store.set(_joined_key(rank), "1")
+        _entry(rank, world, store, fn, args)
     except SystemExit as exc:  # sys.exit(n) in the replica: keep its meaning
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -112,6 +136,27 @@ def _replica_entry(rank: int, world: int, port: int, fn: Callable[..., Any], arg
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _await_replicas(store: dist.TCPStore, others: list[BaseProcess]) -> None:
+    """Wait until every spawned replica has joined the store; one that exits first (killed, out
+    of memory, unable to start) fails the group now, not at the end of the rendezvous."""
+    deadline = time.monotonic() + FORM_TIMEOUT.total_seconds()
+    waiting = dict(enumerate(others, start=1))
+    while waiting:
+        for rank, proc in list(waiting.items()):
+            if store.check([_joined_key(rank)]):
+                del waiting[rank]
+            elif proc.exitcode is not None:
+                raise GroupFormationError(
+                    f"learner replica {rank} exited with {proc.exitcode} before joining the group"
+                )
+        if waiting and time.monotonic() > deadline:
+            raise GroupFormationError(
+                f"learner replicas {sorted(waiting)} did not join the group within "
+                f"{FORM_TIMEOUT.total_seconds():.0f} s"
+            )
+        time.sleep(0.05)
 
 
 def run_group(
@@ -125,22 +170,43 @@ def run_group(
     Rank 0 runs in this process (so it can report progress to the caller, with ``rank0_args`` in
     place of ``args`` for things that cannot be pickled, like callbacks); the others are spawned,
     not forked, since forking a process that runs torch threads is unsafe. ``fn`` must therefore be
-    importable at module level. A replica that fails makes the call raise."""
-    port = free_port()
+    importable at module level. A replica that fails makes the call raise. A group that does not
+    form (a replica dead before joining, a connect timed out) is formed once more from scratch
+    before the call raises."""
+    for attempt in range(1, FORM_ATTEMPTS):
+        try:
+            return _run_group_once(fn, world, args, rank0_args)
+        except GroupFormationError as exc:
+            log.warning("learner_group.retry", attempt=attempt, reason=str(exc))
+    return _run_group_once(fn, world, args, rank0_args)
+
+
+def _run_group_once(
+    fn: Callable[..., Any], world: int, args: tuple, rank0_args: tuple | None
+) -> Any:
+    # The store listens on a port the kernel picks and keeps (no free-port probe to race).
+    store = dist.TCPStore(
+        LOOPBACK, 0, world, is_master=True, timeout=FORM_TIMEOUT, wait_for_workers=False
+    )
     ctx = mp.get_context("spawn")
     others = [
-        ctx.Process(target=_replica_entry, args=(rank, world, port, fn, args), daemon=True)
+        ctx.Process(target=_replica_entry, args=(rank, world, store.port, fn, args), daemon=True)
         for rank in range(1, world)
     ]
     for proc in others:
         proc.start()
+    done = False
     try:
-        result = _entry(0, world, port, fn, rank0_args if rank0_args else args)
+        _await_replicas(store, others)
+        result = _entry(0, world, store, fn, rank0_args if rank0_args else args)
+        done = True
     finally:
+        # After a failure here the replicas may wait at a collective rank 0 will never join.
         for proc in others:
-            proc.join(timeout=60)
+            proc.join(timeout=60 if done else 0)
             if proc.is_alive():
                 proc.kill()
+                proc.join()
     failed = [p.exitcode for p in others if p.exitcode != 0]
     if failed:
         raise RuntimeError(f"learner replicas exited with {failed}")
