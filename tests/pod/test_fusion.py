@@ -60,27 +60,26 @@ def test_a_failing_replica_is_reported():
         run_group(_fails, 2)
 
 
-class _DiesInTheReplica:
-    """An argument a replica cannot take: unpickling it in the spawned process exits that
-    process before it reaches the group, as a replica killed (or out of memory) at start-up."""
-
-    def __reduce__(self):
-        return (os._exit, (3,))
-
-
-def _exit_the_first_time(marker: str) -> str:
-    if not os.path.exists(marker):
-        open(marker, "w").close()
+def _exit_unless(marker: str | None) -> str | None:
+    """Exit the process (code 3) unless ``marker`` exists; create it first (so the next process
+    lives). ``None``: always exit."""
+    if marker is None or not os.path.exists(marker):
+        if marker is not None:
+            open(marker, "w").close()
         os._exit(3)
     return marker
 
 
-class _DiesOnceInTheReplica:
-    def __init__(self, marker: str) -> None:
+class _DiesInTheReplica:
+    """An argument a replica cannot take: unpickling it in the spawned process exits that
+    process before it reaches the group, as a replica killed (or out of memory) at start-up;
+    with ``marker``, only the first replica that unpickles it."""
+
+    def __init__(self, marker: str | None = None) -> None:
         self.marker = marker
 
     def __reduce__(self):
-        return (_exit_the_first_time, (self.marker,))
+        return (_exit_unless, (self.marker,))
 
 
 def test_a_group_that_did_not_form_is_formed_again(tmp_path):
@@ -88,7 +87,7 @@ def test_a_group_that_did_not_form_is_formed_again(tmp_path):
     run_group(
         _average_and_save,
         2,
-        args=(str(tmp_path), _DiesOnceInTheReplica(marker)),
+        args=(str(tmp_path), _DiesInTheReplica(marker)),
         rank0_args=(str(tmp_path), None),
     )
     assert os.path.exists(marker)  # the first group did not form
