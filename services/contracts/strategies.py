@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, FieldSerializationInfo, field_serializer, field_validator
 
 from services import registry
 from services.contracts.inputs import InputModel
@@ -162,6 +162,12 @@ class PopulationExploit(InputModel):
             value = {"truncation": 0.25, "ready_env_steps": 0, **value}
         return value
 
+    @field_serializer("pbt")
+    def _pod_options_only(self, value: PBTOptions, info: FieldSerializationInfo) -> dict[str, Any]:
+        # The options a pod reads: the board's own, even at their defaults, would be refused
+        # when the stored spec is read again.
+        return value.model_dump(mode=info.mode, exclude=set(_BOARD_ONLY))
+
 
 class CEMOptions(StrategyOptions):
     elite: int | None = Field(
@@ -255,7 +261,7 @@ def population_exploits(
     rng: random.Random,
     higher_is_better: bool = True,
 ) -> list[tuple[int, int]]:
-    """PBT's decision for a population scored all at once (an in-process tournament, whose
+    """PBT's decision for a population scored all at once (a population pod's agents, whose
     board is every agent's current score): ``(agent, parent)`` for each agent that restarts from a
     parent, by the rules the leaderboard and its pods apply: an agent is replaced if it is in the
     bottom ``truncation`` share (``in_bottom``; unset: any agent below the best), by a parent drawn

@@ -60,6 +60,16 @@ def test_the_spec_takes_the_leaderboards_pbt_options_with_in_pod_defaults() -> N
     assert ExperimentSpec.model_validate(make_spec(None)).population.exploit is None
 
 
+def test_a_spec_with_pbt_in_the_pod_reads_back_as_it_was_written() -> None:
+    """The orchestrator stores a spec as JSON and hands a pod its JSON: what is dumped must
+    validate again (the options a pod cannot use are refused when given, never dumped)."""
+    pbt = {"quantile": 0.5, "perturb_factors": [0.5]}
+    spec = ExperimentSpec.model_validate(make_spec({"every_env_steps": 4096, "pbt": pbt}))
+    again = ExperimentSpec.model_validate_json(spec.model_dump_json())
+    assert again == spec
+    assert ExperimentSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
 @pytest.mark.parametrize(
     ("population", "words"),
     [
@@ -103,7 +113,8 @@ def _trainer(env: str, algorithm: str, space: dict[str, dict[str, Any]], p: int 
 
     def config(values: dict[str, Any], seed: int) -> Any:
         # Eager: these tests are about what a copy moves, not about compiling.
-        return pod_config(spec, {**values, "compile": "off"}, seed, "cpu", 1)
+        eager = {"compile": "off"} if algorithm != "portfolio_gradient" else {}
+        return pod_config(spec, {**values, **eager}, seed, "cpu", 1)
 
     configs = [config({k: (i + 1) * d["high"] / p for k, d in space.items()}, i) for i in range(p)]
     return build_trainer(configs), config
@@ -155,6 +166,36 @@ def test_an_off_policy_population_copies_weights_moments_and_replay(
     assert torch.equal(replay.obs[1], obs[2]) and int(replay.filled[1]) == int(replay.filled[2])
     assert float(stack.hp["learning_rate"][1]) == pytest.approx(0.0042)
     assert trainer.config(1).agent_config.learning_rate == 0.0042
+    trainer.step()
+    trainer.close()
+
+
+def test_a_portfolio_gradient_population_copies_scorer_and_moments_in_place() -> None:
+    space = {
+        "learning_rate": {"type": "log_uniform", "low": 0.02, "high": 0.1},
+        "l2": {"type": "uniform", "low": 0.0, "high": 1e-2},
+    }
+    trainer, config = _trainer("StockTrading-v0", "portfolio_gradient", space)
+    for _ in range(3):
+        trainer.step()
+    adam, learner = trainer.learner.adam, trainer.learner
+    params, moments = trainer.policy.params.clone(), adam.moments.clone()
+    objects = (trainer.policy.params.data_ptr(), adam.moments.data_ptr(), adam.lr.data_ptr())
+    assert not torch.equal(params[0], params[2])
+    recent = trainer.recent_returns()  # each agent's train Sharpe: what PBT ranks by default
+    assert len(recent) == 3 and len(set(recent)) == 3
+    trainer.copy(0, 2, config({"learning_rate": 0.0321, "l2": 0.004}, 0))
+    assert torch.equal(trainer.policy.params[0], params[2])
+    assert torch.equal(adam.moments[:, 0], moments[:, 2]) and adam.steps[0] == adam.steps[2]
+    assert torch.equal(trainer.policy.params[1:], params[1:])  # the others untouched
+    assert float(adam.lr[0]) == pytest.approx(0.0321) and float(learner.l2[0]) == 0.004
+    assert trainer.config(0).portfolio_gradient.learning_rate == 0.0321
+    assert (trainer.policy.params.data_ptr(), adam.moments.data_ptr(), adam.lr.data_ptr()) == (
+        objects
+    )
+    # Slot 0 now evaluates as slot 2 did, and trains on.
+    scores = [r.mean for r in trainer.evaluate()]
+    assert scores[0] == pytest.approx(scores[2])
     trainer.step()
     trainer.close()
 
