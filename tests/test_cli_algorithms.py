@@ -24,7 +24,7 @@ def test_algorithms_lists_every_card_without_importing_torch() -> None:
     assert {"ppo", "sac", "td3", "ddpg", "dqn", "portfolio_gradient"} <= set(rows)
     assert "on_policy" in rows["ppo"] and "discrete or continuous" in rows["ppo"]
     assert "StockTrading-v0 only" in rows["portfolio_gradient"]
-    assert "one agent a pod" in rows["portfolio_gradient"]  # a card without a population
+    assert "learning_rate, l2" in rows["portfolio_gradient"]  # what its population may vary
     assert "learning_rate, gamma, tau" in rows["dqn"] and "CartPole-v1" in rows["dqn"]
     assert "learning_rate, gamma, tau" in rows["td3"]  # what a TD3 population may vary
 

@@ -178,11 +178,6 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
     ("change", "message"),
     [
         (
-            {"algorithms": {"ppo": 0.5, "portfolio_gradient": 0.5}},
-            "population pods train DDPG and DQN and PPO and SAC and TD3 only, not "
-            "portfolio_gradient",
-        ),
-        (
             {"search_space": {"num_envs": {"type": "choice", "values": [8, 16]}}},
             "search_space 'num_envs' cannot vary within a population",
         ),

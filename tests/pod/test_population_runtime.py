@@ -319,15 +319,6 @@ def test_a_pinned_shared_setting_lets_a_population_train_a_gsde_preset(
             {"search_space": {"num_envs": {"type": "int_uniform", "low": 8, "high": 16}}},
             "'num_envs' cannot vary",
         ),
-        (
-            {
-                # An env both fit, so that only the population rule refuses the mix.
-                "env": {"name": "StockTrading-v0"},
-                "algorithms": {"ppo": 1.0, "portfolio_gradient": 1.0},
-                "search_space": {"learning_rate": {"type": "uniform", "low": 1e-4, "high": 1e-3}},
-            },
-            "train DDPG and DQN and PPO and SAC and TD3 only, not portfolio_gradient",
-        ),
     ],
 )
 def test_what_a_population_cannot_vary_is_refused(change: dict, message: str) -> None:

@@ -48,6 +48,15 @@ def configs(kind: str) -> list[dict[str, Any]]:
             {**ppo, "seed": 5 + i, "ppo": {**ppo["ppo"], **small, "learning_rate": lr}}
             for i, lr in enumerate((1e-3, 3e-3))
         ]
+    if kind.startswith("portfolio_gradient"):  # portfolio_gradient, portfolio_gradient-population
+        pg = preset("portfolio_gradient", "StockTrading-v0")
+        pg = {**pg, "eval_episodes": 2, "env_kwargs": {**pg["env_kwargs"], "num_days": 600}}
+        if kind == "portfolio_gradient":
+            return [pg]
+        return [
+            {**pg, "seed": 5 + i, "portfolio_gradient": {"learning_rate": lr, "l2": l2}}
+            for i, (lr, l2) in enumerate(((0.02, 1e-3), (0.05, 1e-2), (0.1, 1e-4)))
+        ]
     if kind == "population":
         ppo = {**preset("ppo", "CartPole-v1"), "eval_episodes": 2, "eval_seed": 1234}
         return [
@@ -67,9 +76,6 @@ def configs(kind: str) -> list[dict[str, Any]]:
         return [
             {**ppo, "eval_episodes": 2, "eval_seed": 1234, "ppo": {**ppo["ppo"], "num_envs": 4}}
         ]
-    if kind == "portfolio_gradient":
-        pg = preset(kind, "StockTrading-v0")
-        return [{**pg, "eval_episodes": 2, "env_kwargs": {**pg["env_kwargs"], "num_days": 600}}]
     env = "CartPole-v1" if kind == "dqn" else "Pendulum-v1"
     return [{**preset(kind, env), **SMALL_REPLAY}]
 
@@ -118,6 +124,7 @@ print(json.dumps({"loaded": loaded, "scores": scores, "stepped": trainer.env_ste
         "ddpg",
         "dqn",
         "portfolio_gradient",
+        "portfolio_gradient-population",
         "population",
         "sac-population",
         "td3-population",

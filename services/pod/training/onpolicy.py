@@ -67,18 +67,15 @@ from services.pod.training.checkpoint import (
     tensor_bytes,
     write_files,
 )
-from services.pod.training.trainer import Counters, Roles, Trainer, algorithm_class
+from services.pod.training.trainer import (
+    Counters,
+    Roles,
+    Trainer,
+    algorithm_class,
+    check_population_slot,
+)
 
 log = get_logger(__name__)
-
-
-def _shared(config: PPORunConfig, per_slot: set[str]) -> dict[str, Any]:
-    """The settings every slot of a trainer shares: all but the per-agent hyperparameters
-    (``per_slot``), ``compile`` and the seeds."""
-    name = config.algorithm
-    run = config.model_dump(exclude={name, "seed", "eval_seed"})
-    run[name] = config.agent_config.model_dump(exclude={*per_slot, "compile"})
-    return run
 
 
 class OnPolicyTrainer(Trainer[PPORunConfig]):
@@ -172,19 +169,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
 
     # -- building ---------------------------------------------------------------------------
     def _check(self, config: PPORunConfig) -> None:
-        first = self.configs[0]
-        if config.algorithm != first.algorithm:
-            raise HyperparameterError(
-                f"the slots of one trainer train one algorithm: {first.algorithm}, not "
-                f"{config.algorithm}"
-            )
-        mine, theirs = _shared(config, self.per_slot), _shared(first, self.per_slot)
-        if differ := sorted(k for k in mine if mine[k] != theirs[k]):
-            raise HyperparameterError(
-                f"population.agents_per_pod = {self.size}: {', '.join(differ)} differ between "
-                f"the agents of a population, which share them; they may vary "
-                f"{', '.join(sorted(self.per_slot))}"
-            )
+        check_population_slot(self.configs[0], config, self.per_slot, self.size)
 
     def _fresh(self, config: PPORunConfig) -> PPO:
         torch.manual_seed(config.seed)

@@ -184,6 +184,31 @@ class Trainer(ABC, Generic[C]):
     def close(self) -> None: ...
 
 
+def check_population_slot(
+    first: RunConfig, config: RunConfig, per_slot: Sequence[str], size: int
+) -> None:
+    """Raise ``HyperparameterError`` unless ``config`` may train beside ``first`` in one
+    population of ``size``: the same algorithm, and every setting the same but the per-agent
+    hyperparameters ``per_slot``, ``compile`` and the seeds (the agents share the rest)."""
+    if config.algorithm != first.algorithm:
+        raise HyperparameterError(
+            f"the slots of one trainer train one algorithm: {first.algorithm}, not "
+            f"{config.algorithm}"
+        )
+
+    def shared(c: RunConfig) -> dict[str, object]:
+        run = c.model_dump(exclude={c.algorithm, "seed", "eval_seed"})
+        run[c.algorithm] = c.agent_config.model_dump(exclude={*per_slot, "compile"})
+        return run
+
+    mine, theirs = shared(config), shared(first)
+    if differ := sorted(k for k in mine if mine[k] != theirs[k]):
+        raise HyperparameterError(
+            f"population.agents_per_pod = {size}: {', '.join(differ)} differ between the agents "
+            f"of a population, which share them; they may vary {', '.join(sorted(per_slot))}"
+        )
+
+
 class Algorithm(Protocol):
     """What the class registered under an algorithm's name (``podium.algorithms``) is: the
     agent a trainer of its family builds. Everything else about it is on its card
