@@ -16,6 +16,14 @@ pick_python() {
   return 1
 }
 
+# Two commands started together (the README's quickstart and tests) must not build or install
+# into one virtualenv at once (pip's two installs trip over each other's files): the second
+# waits here, then finds the work done. The lock is on this script (util-linux's flock).
+if command -v flock >/dev/null 2>&1; then
+  exec 9<"${BASH_SOURCE[0]}"
+  flock 9
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
   py="$(pick_python)"
   echo "[setup] creating virtualenv $venv with $py" >&2
