@@ -1,23 +1,26 @@
 """Stock trading: a tournament's best agent against buy-and-hold and equal weight, held out.
 
 For each synthetic market (regime x market seed; services/pod/trading/market.py) the days are cut
-in time into train (60%), validation (20%) and backtest (20%). A tournament of P PPO agents
-(services/pod/trading/tournament.py: hyperparameters drawn from SPACE, PBT's exploit/explore
-after every round) trains on the train period; after every round each agent is scored by its
-Sharpe on the validation period and the best (agent, round) snapshot is kept. Only that
-snapshot, and the baselines, are then run on the backtest period, which neither training nor
-selection has read. Everything pays the preset's transaction cost (0.1% of the value traded).
+in time into train (60%), validation (20%) and backtest (20%). One population pod's trainer of P
+agents (services/pod/training/: hyperparameters drawn from SPACE) trains on the train period;
+after every round each agent is scored by the pod's evaluation, its Sharpe over one pass of the
+validation period (``eval_env_kwargs: {mode: validation, score: sharpe}``), the best (agent,
+round) snapshot is saved, and PBT inside the pod (services/pod/runtime/in_pod_pbt.py, the
+spec's ``population.exploit`` with ``by: evaluation``) copies the best agents into the worst
+quarter and explores their hyperparameters. Only the kept snapshot and the baselines are then
+run on the backtest period (``podium backtest``'s ``backtest_candidate``), which neither
+training nor selection has read. Everything pays the preset's transaction cost (0.1% of the
+value traded).
 
 Reported per regime: medians over market seeds of the five metrics for the kept agent, one
 agent trained alone for the same budget (slot 0's final policy: no selection, no early
 stopping), buy-and-hold and equal weight rebalanced monthly; per-seed Sharpe ratios; and a plot
 of the account values on the backtest period (``--plot``, needs the ``plots`` extra).
 
-With ``--algorithm portfolio_gradient`` the agents are services/pod/algorithms/
-portfolio_gradient.py's (a shared linear scorer per stock, trained by the exact gradient of the
-train period's Sharpe ratio; the env of its preset,
-services/contracts/algorithms/portfolio_gradient/presets/),
-in the same tournament.
+With ``--algorithm portfolio_gradient`` the agents are the portfolio gradient's
+(services/pod/trading/portfolio_gradient.py: a shared linear scorer per stock, trained by the
+exact gradient of the train period's Sharpe ratio; the env of its preset,
+services/contracts/algorithms/portfolio_gradient/presets/), in the same tournament.
 
     python bench/stock_trading_tournament.py --out /tmp/st.json          # 3 regimes x 3 seeds
     python bench/stock_trading_tournament.py --regimes crash --seeds 0 --rounds 2   # quick look
@@ -29,56 +32,53 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
+import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from pydantic import TypeAdapter
 
 from services.cli.overrides import ConfigError, deep_merge, parse_set
-from services.contracts.algorithms.ppo.config import PPOConfig
-from services.pod.trading.backtest import metrics
-from services.pod.trading.market import REGIMES, MarketData, synthetic_market
-from services.pod.trading.portfolio_gradient import PortfolioPlan
-from services.pod.trading.tournament import (
-    TournamentPlan,
-    evaluate_market,
-    sample_hyperparameters,
-)
+from services.contracts.search_space import SearchSpace
+from services.contracts.strategies import PBTOptions, PopulationExploit
+from services.pod.runtime.in_pod_pbt import InPodPBT
+from services.pod.trading.backtest import backtest_candidate, metrics
+from services.pod.trading.market import REGIMES
 from services.pod.training.presets import preset
+from services.pod.training.trainer import RunConfig, build_trainer, trainer_class
 
 PRESET = preset("ppo", "StockTrading-v0")
-#: The tournament's search space (each agent draws one value of each list).
+
+#: Each algorithm's draws (each agent draws one value of each list) and what explore perturbs
+#: (the spec's search space for PBT inside the pod; the other draws are copied from the parent).
 SPACE = {
-    "learning_rate": [1e-4, 3e-4, 1e-3],
-    "ent_coef": [0.0, 0.001, 0.01],
-    "gamma": [0.9, 0.97, 0.99],
+    "ppo": {
+        "learning_rate": [1e-4, 3e-4, 1e-3],
+        "ent_coef": [0.0, 0.001, 0.01],
+        "gamma": [0.9, 0.97, 0.99],
+    },
+    "portfolio_gradient": {"learning_rate": [0.02, 0.05, 0.1], "l2": [1e-4, 1e-3, 1e-2]},
 }
-#: ``--algorithm portfolio_gradient`` (services/pod/trading/portfolio_gradient.py): its
-#: search space; its env is its own preset's (the PPO preset's plus the trailing-return
-#: features that the trend markets reward; docs/benchmarks.md "Stock trading").
-PORTFOLIO_SPACE = {"learning_rate": [0.02, 0.05, 0.1], "l2": [1e-4, 1e-3, 1e-2]}
+EXPLORED = {
+    "ppo": {
+        "learning_rate": {"type": "log_uniform", "low": 1e-5, "high": 1e-2},
+        "ent_coef": {"type": "uniform", "low": 0.0, "high": 0.01},
+    },
+    "portfolio_gradient": {"learning_rate": {"type": "log_uniform", "low": 1e-3, "high": 1.0}},
+}
 #: Per algorithm: rounds, and env steps (PPO, per agent) or full-batch gradient steps a round.
 ROUNDS = {"ppo": (6, 32768), "portfolio_gradient": (30, 10)}
+#: PBT inside the pod at its defaults (the worst quarter copies the top quarter; factors 0.8
+#: and 1.2), by evaluation, explore stepping the values (no resampling).
+PBT = PBTOptions(truncation=0.25, ready_env_steps=0, resample_probability=0.0)
 KEYS = ("cumulative_return", "annual_return", "annual_volatility", "max_drawdown", "sharpe")
 STRATEGIES = ("agent", "single agent", "buy-and-hold", "equal weight")
-
-
-def market(
-    regime: str, seed: int, config: dict = PRESET
-) -> tuple[MarketData, dict, list[MarketData]]:
-    """The synthetic market (``regime``, market ``seed``) with the preset's number of stocks,
-    StockTradingEnv's other arguments of the preset, and the simulated markets it asks for."""
-    env_kwargs = {
-        k: v for k, v in config["env_kwargs"].items() if k not in ("market_seed", "regime")
-    }
-    num_stocks = int(env_kwargs.pop("num_stocks", 5))
-    simulated = [
-        synthetic_market(seed, num_stocks, regime=regime, replica=k)
-        for k in range(int(env_kwargs.pop("simulated_markets", 0)))
-    ]
-    return synthetic_market(seed, num_stocks, regime=regime), env_kwargs, simulated
 
 
 def config_of(algorithm: str) -> dict:
@@ -87,58 +87,102 @@ def config_of(algorithm: str) -> dict:
     return PRESET if algorithm == "ppo" else preset(algorithm, "StockTrading-v0")
 
 
-def plan_of(
-    seed: int,
-    pods: int,
-    rounds: int,
-    round_steps: int,
-    config: dict = PRESET,
-    exploit: bool = True,
-    algorithm: str = "ppo",
-) -> TournamentPlan | PortfolioPlan:
-    """The tournament of ``pods`` agents whose hyperparameters are drawn from SPACE, or
-    PORTFOLIO_SPACE for the portfolio gradient (without ``exploit``: best of ``pods``)."""
-    if algorithm == "portfolio_gradient":
-        draws = sample_hyperparameters(PORTFOLIO_SPACE, pods, seed)
-        return PortfolioPlan(draws, rounds, round_steps, exploit, seed)
-    return TournamentPlan(
-        PPOConfig.model_validate(config["ppo"]),
-        sample_hyperparameters(SPACE, pods, seed),
-        rounds=rounds,
-        round_env_steps=round_steps,
-        seed=seed,
-        exploit=exploit,
-    )
+def sample_hyperparameters(
+    space: Mapping[str, Sequence[float]], count: int, seed: int
+) -> list[dict[str, float]]:
+    """``count`` draws, each value uniformly from its list of ``space`` (a grid's choices)."""
+    rng = np.random.default_rng(seed)
+    return [{k: float(rng.choice(list(v))) for k, v in space.items()} for _ in range(count)]
 
 
 def run_market(
     regime: str,
     seed: int,
-    plan: TournamentPlan | PortfolioPlan,
-    config: dict = PRESET,
+    pods: int,
+    rounds: int,
+    round_steps: int,
+    config: dict,
+    exploit: bool = True,
     algorithm: str = "ppo",
+    on_round: Callable[[int, list[float], int], None] | None = None,
 ) -> dict:
-    """``plan``'s tournament on the market (its ``config``'s env), the kept agent backtested."""
-    data, env_kwargs, simulated = market(regime, seed, config)
+    """The tournament on the market (``config``: the preset with ``--set`` on top), the kept
+    agent and slot 0's final agent backtested. ``on_round(round, scores, env_steps)``: called
+    with every agent's validation Sharpe and the round's env steps (all agents) after each
+    round (a benchmark's clock)."""
+    env_kwargs = {**config["env_kwargs"], "market_seed": seed, "regime": regime}
+    per_round = round_steps if algorithm == "ppo" else None  # set once the trainer is built
+    budget = rounds * round_steps if algorithm == "ppo" else config["total_env_steps"]
+    cls = trainer_class(algorithm, pods)
+
+    def run_config(hyperparameters: Mapping[str, Any], slot: int) -> RunConfig:
+        return cls.config_class.model_validate(
+            {
+                **config,
+                "algorithm": algorithm,
+                "env": "StockTrading-v0",
+                "env_kwargs": env_kwargs,
+                "eval_env_kwargs": {"mode": "validation", "score": "sharpe"},
+                "eval_episodes": 1,  # the validation pass is deterministic
+                "total_env_steps": budget,  # PPO's annealing, if on
+                "seed": seed * 1000 + slot,
+                algorithm: {**config.get(algorithm, {}), **hyperparameters},
+            }
+        )
+
+    draws = sample_hyperparameters(SPACE[algorithm], pods, seed)
+    hyperparameters = [dict(d) for d in draws]
     start = time.perf_counter()
-    report = evaluate_market(data, env_kwargs, plan, simulated)
-    seconds = time.perf_counter() - start
-    result = report.tournament
+    trainer = build_trainer([run_config(h, i) for i, h in enumerate(hyperparameters)])
+    per_round = per_round or round_steps * trainer.step_env_steps
+    rule = PopulationExploit(every_env_steps=per_round, by="evaluation", pbt=PBT)
+    explored = TypeAdapter(SearchSpace).validate_python(EXPLORED[algorithm])
+    pbt = InPodPBT(rule, explored, pods, str(seed))
+    pbt.rng = random.Random(seed)  # PBT's draws (parents, factors): the market's seed
+    kept: dict[str, Any] = {"sharpe": -np.inf}
+    history: list[list[float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(rounds):
+            end = (round_ + 1) * per_round
+            while trainer.env_steps < end:
+                trainer.step()
+            scores = [r.mean for r in trainer.evaluate()]
+            history.append(scores)
+            if on_round is not None:
+                on_round(round_, scores, per_round * pods)
+            leader = int(np.argmax(scores))
+            if scores[leader] > kept["sharpe"]:
+                kept = {"slot": leader, "round": round_, "sharpe": scores[leader]}
+                trainer.save(leader, Path(tmp) / "kept")
+            if exploit and round_ < rounds - 1:
+                # Slot ``dst`` trains ``src``'s agent with the explored values, its own seed.
+                copies = pbt.select(
+                    trainer, hyperparameters, [0] * pods, lambda h, src, dst: run_config(h, dst)
+                )
+                for copy in copies:
+                    hyperparameters[copy.dst] = copy.hyperparameters
+        trainer.save(0, Path(tmp) / "single")
+        trainer.close()
+        seconds = time.perf_counter() - start
+        # From here on the backtest period is read, and only to report.
+        agent = backtest_candidate(Path(tmp) / "kept")
+        single = backtest_candidate(Path(tmp) / "single")
+    values = {**agent.values, "single agent": single.values["agent"]}
     record = {
         "regime": regime,
         "seed": seed,
         "algorithm": algorithm,
         "seconds": seconds,
-        "kept": {"slot": result.slot, "round": result.round, "sharpe": result.validation_sharpe},
-        "validation_history": result.history,
-        "dates": [str(d) for d in report.backtest_dates],
-        "values": {k: v.tolist() for k, v in report.backtest_values.items()},
-        "metrics": {k: metrics(v).as_dict() for k, v in report.backtest_values.items()},
+        "kept": kept,
+        "validation_history": history,
+        "dates": [str(d) for d in agent.dates],
+        "values": {k: values[k].tolist() for k in STRATEGIES},
+        "metrics": {k: metrics(values[k]).as_dict() for k in STRATEGIES},
     }
     m = record["metrics"]
     print(
-        f"{regime} seed {seed}: {seconds:.0f} s, kept slot {result.slot} round {result.round} "
-        f"(validation Sharpe {result.validation_sharpe:.2f}); backtest Sharpe "
+        f"{regime} seed {seed}: {seconds:.1f} s, kept slot {kept['slot']} round {kept['round']} "
+        f"(validation Sharpe {kept['sharpe']:.2f}); backtest Sharpe "
         + ", ".join(f"{k} {m[k]['sharpe']:.2f}" for k in STRATEGIES),
         flush=True,
     )
@@ -254,18 +298,16 @@ def main() -> None:
         except ConfigError as e:
             parser.error(str(e))
         rounds, round_steps = args.rounds or rounds, args.round_steps or round_steps
-        plan_args = (args.pods, rounds, round_steps, config, not args.no_exploit, args.algorithm)
-        space = PORTFOLIO_SPACE if args.algorithm == "portfolio_gradient" else SPACE
+        space = SPACE[args.algorithm]
         print(f"torch {torch.__version__}; {args.algorithm}; {config}; {space}", flush=True)
         markets = (
             [tuple(m.split(":")) for m in args.markets.split(",")]
             if args.markets
             else [(r, s) for r in args.regimes.split(",") for s in args.seeds.split(",")]
         )
-        records = [
-            run_market(regime, int(seed), plan_of(int(seed), *plan_args), config, args.algorithm)
-            for regime, seed in markets
-        ]
+        exploit, algorithm = not args.no_exploit, args.algorithm
+        steps = (args.pods, rounds, round_steps, config, exploit, algorithm)
+        records = [run_market(regime, int(seed), *steps) for regime, seed in markets]
         if args.out:
             args.out.write_text(json.dumps(records))
     print(table(records))

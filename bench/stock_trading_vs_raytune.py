@@ -13,15 +13,15 @@ hyperparameters drawn from that bench's SPACE (the same P draws on both sides) t
 ``--rounds`` rounds of ``--round-steps`` env steps each on the train period; after every round
 each agent is scored by its Sharpe ratio over one deterministic pass of the validation period,
 and the worst quarter restarts from the best with its learning rate and entropy coefficient
-multiplied by 0.8 or 1.2 (PBT's exploit/explore: the leaderboard's ``PBTOptions`` factors,
-services/pod/trading/local_tournament.py ``LOCAL_PBT``, which every arm here takes; sessions
-16-17 measured with 0.8 / 1.25). The kept agent is the best (agent, round) by validation
-Sharpe; its Sharpe on the backtest period is reported, never used.
+stepped by a factor 0.8 or 1.2 (PBT's exploit/explore: the leaderboard's ``PBTOptions``
+factors, ``LOCAL_PBT`` below, which every arm here takes). The kept agent is the best (agent,
+round) by validation Sharpe; its Sharpe on the backtest period is reported, never used.
 
-- ``podium``: ``services.pod.trading.tournament`` (the P agents as one batched population in
-  one process, one torch thread), the tournament bench/stock_trading_tournament.py reports.
-- ``podium-pg``: the same in-process tournament with services/pod/trading/
-  portfolio_gradient.py's agents instead of PPO (bench/stock_trading_tournament.py
+- ``podium``: bench/stock_trading_tournament.py's ``run_market`` (a population pod's trainer
+  of the P agents and PBT inside the pod, in one process, one torch thread), the tournament
+  that bench reports.
+- ``podium-pg``: the same with services/pod/trading/portfolio_gradient.py's agents instead of
+  PPO (bench/stock_trading_tournament.py
   ``--algorithm portfolio_gradient``: its own rounds, search space and ``momentum``
   features): another learner on the same task, market, target and selection rule; its
   "env steps" are the train days its gradient steps read.
@@ -42,9 +42,7 @@ Sharpe; its Sharpe on the backtest period is reported, never used.
   observations are identical.
 
 One difference in the rule remains, not a matter of speed: the tournament anneals the learning
-rate linearly over its rounds (SB3: constant, as a pod trains). (Until the tournaments shared
-the leaderboard's PBT decision, their exploit also kept the replaced agent's gamma where Tune's
-copies the parent's whole config; now both copy it.)
+rate linearly over its rounds (SB3: constant, as a pod trains).
 
 The target of "time to target" is buy-and-hold's Sharpe on the validation period (the goal
 "beat buy-and-hold", judged where selection may look). Measured per run: wall time from launch
@@ -70,7 +68,14 @@ from typing import Any, NoReturn
 
 import yaml
 from sb3_timing import cpu_model
-from stock_trading_tournament import PRESET, ROUNDS, config_of, market, plan_of
+from stock_trading_tournament import (
+    PRESET,
+    ROUNDS,
+    SPACE,
+    config_of,
+    run_market,
+    sample_hyperparameters,
+)
 from tournament_vs_raytune import (
     finish,
     fit_population,
@@ -80,22 +85,30 @@ from tournament_vs_raytune import (
     start_ray,
 )
 
-from services.pod.trading.backtest import buy_and_hold
-from services.pod.trading.env import StockTradingEnv
-from services.pod.trading.local_tournament import LOCAL_PBT
-from services.pod.trading.portfolio_gradient import PortfolioPlan
-from services.pod.trading.tournament import sharpe_of, split_market
+from services.contracts.strategies import PBTOptions
+from services.pod.trading.backtest import buy_and_hold, sharpe_of
+from services.pod.trading.env import StockTradingEnv, split_periods
+from services.pod.trading.market import synthetic_market
 
 TASK = "StockTrading-v0"
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 
 
+#: The StockTradingEnv arguments that choose the periods, not the account or observation.
+PERIOD_KWARGS = ("split_date", "validation_fraction", "validation_date")
+#: PBT's rule in every arm: the in-pod default, the worst quarter replaced after each round.
+LOCAL_PBT = PBTOptions(truncation=0.25)
+
+
 @functools.cache
 def market_split(regime: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The market's periods and StockTradingEnv's other arguments, built once per process."""
-    data, env_kwargs, _ = market(regime, seed)
-    return split_market(data, env_kwargs)
+    """The market's periods (the PPO preset's split) and StockTradingEnv's other arguments,
+    built once per process."""
+    kwargs = {k: v for k, v in PRESET["env_kwargs"].items() if k not in ("market_seed", "regime")}
+    data = synthetic_market(seed, int(kwargs.pop("num_stocks", 5)), regime=regime)
+    split = {k: kwargs.pop(k) for k in PERIOD_KWARGS if k in kwargs}
+    return split_periods(data, **split), kwargs
 
 
 @functools.cache
@@ -136,34 +149,26 @@ def targets(regime: str, seed: int) -> dict[str, float]:
 
 
 def podium_driver(job: dict[str, Any]) -> None:
+    import numpy as np
     import torch
-
-    from services.pod.trading.tournament import evaluate_market
 
     torch.set_num_threads(1)
     launched, events = job["launched"], []
     algorithm = ALGORITHM_OF_ARM.get(job["arm"], "ppo")
-    config = config_of(algorithm)
-    data, env_kwargs, simulated = market(job["regime"], job["seed"], config)
     rounds, round_steps = rounds_of(algorithm, job["rounds"], job["round_steps"])
-    plan = plan_of(job["seed"], job["pods"], rounds, round_steps, config, True, algorithm)
-    if isinstance(plan, PortfolioPlan):
-        steps = gradient_round_env_steps(job["regime"], job["seed"], plan.round_steps)
-    else:
-        steps = plan.iterations * plan.ppo.num_envs * plan.ppo.num_steps  # per agent, round
 
-    def on_round(round_: int, scores: list[float]) -> None:
+    def on_round(round_: int, scores: list[float], env_steps: int) -> None:
         # The agents train in lock-step: a round's scores come after all of its env steps.
-        events.append(
-            {"t": time.time() - launched, "score": max(scores), "steps": steps * len(scores)}
-        )
+        events.append({"t": time.time() - launched, "score": max(scores), "steps": env_steps})
 
-    report = evaluate_market(data, env_kwargs, plan, simulated, on_round)
-    kept = report.tournament
+    record = run_market(
+        job["regime"], job["seed"], job["pods"], rounds, round_steps, config_of(algorithm),
+        True, algorithm, on_round,
+    )  # fmt: skip
     out = {
         "events": events,
-        "kept_validation": kept.validation_sharpe,
-        "kept_backtest": sharpe_of(report.backtest_values["agent"]),
+        "kept_validation": record["kept"]["sharpe"],
+        "kept_backtest": sharpe_of(np.asarray(record["values"]["agent"])),
     }
     Path(job["out"]).write_text(json.dumps(out))
 
@@ -175,7 +180,7 @@ def ray_driver(job: dict[str, Any]) -> None:
 
     launched, events = job["launched"], []
     regime, seed, pods = job["regime"], job["seed"], job["pods"]
-    draws = plan_of(seed, pods, job["rounds"], job["round_steps"]).hyperparameters
+    draws = sample_hyperparameters(SPACE["ppo"], pods, seed)
     random.seed(seed)  # PBT's choices of parent and perturbation
     start_ray(job["cores"])
 
@@ -248,7 +253,7 @@ def ray_driver(job: dict[str, Any]) -> None:
 
 
 DRIVERS = {"podium": podium_driver, "podium-pg": podium_driver, "ray": ray_driver}
-#: The arms: the in-process tournament (PPO, or the portfolio gradient's agents), Ray Tune +
+#: The arms: the tournament in one process (PPO, or the portfolio gradient's agents), Ray Tune +
 #: SB3, and ``podium run`` (real pods: P of one agent, one population pod of P, P / 2
 #: population pods of two, or P portfolio-gradient pods).
 ARMS = [
@@ -310,7 +315,7 @@ def platform_spec(
         "seed": seed,
         "truncation": LOCAL_PBT.truncation,
         "ready_reports": 1,
-        "ready_env_steps": round_steps,  # every round, as the in-process tournaments
+        "ready_env_steps": round_steps,  # every round, as the tournament in one process
         "perturb_factors": list(LOCAL_PBT.perturb_factors),
         "resample_probability": 0.0,
     }

@@ -16,8 +16,8 @@ from stable_baselines3.common.vec_env import VecEnv as SB3VecEnv
 from stock_trading_vs_raytune import market_split, scoring_env
 
 from services.pod.envs.base import VecEnv
+from services.pod.trading.backtest import sharpe_of
 from services.pod.trading.env import StockTradingEnv
-from services.pod.trading.tournament import sharpe_of
 
 
 class SB3View(SB3VecEnv):

@@ -15,7 +15,7 @@ contract in pyproject.toml):
   last log lines kept in the blob store).
   ``__main__.py`` starts it as the orchestrator starts a pod.
 * ``trading/`` — FinRL-style stock trading on the platform's parts: the market and the env,
-  the portfolio gradient (its agent and trainer), the backtest, the in-process tournaments.
+  the portfolio gradient (its agents and trainer), the backtest.
 * ``training/`` — ``trainer.py`` (the interface every way of training implements, and which
   trainer trains an algorithm: its card's family), the trainers (``onpolicy.py``,
   ``offpolicy.py``: P >= 1 agents each, one agent is P = 1), ``fit.py`` (``podium train``'s

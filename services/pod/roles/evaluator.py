@@ -13,7 +13,6 @@ a single agent with its weights would.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -174,20 +173,16 @@ def results(scores: torch.Tensor, steps: torch.Tensor) -> list[EvalResult]:
 
 
 class Evaluator:
-    """Runs ``env.num_envs`` episodes at once, one per sub-environment, deterministically."""
+    """Runs ``env.num_envs`` episodes at once, one per sub-environment, deterministically
+    (one agent's evaluation on a vector env: what a plugin's trainer may evaluate with)."""
 
     def __init__(self, env: VecEnv, seed: int = 0, max_steps: int | None = None) -> None:
         self.env = env
         self.seed = seed
         self.max_steps = max_steps
-        self.best: EvalResult | None = None
-        self.best_policy_state: dict[str, torch.Tensor] | None = None
 
     def evaluate(self, policy: Policy) -> EvalResult:
         [result] = evaluate_groups(
             self.env, policy.act_deterministic, seed=self.seed, max_steps=self.max_steps
         )
-        if self.best is None or result.mean > self.best.mean:
-            self.best = result
-            self.best_policy_state = copy.deepcopy(policy.state_dict())
         return result

@@ -61,8 +61,7 @@ class PPOLearner:
     """PPO's learner: P agents (P >= 1) on one env, trained together, the single writer of
     their state; the rollout's carry and the iteration (the worker's rollout, then
     ``ppo.learn``), eager or compiled; their greedy evaluation. What the on-policy trainer
-    (services/pod/training/onpolicy.py) trains, what the in-process trading tournament
-    (services/pod/trading/tournament.py) drives, and, with the roles apart, what a worker
+    (services/pod/training/onpolicy.py) trains and, with the roles apart, what a worker
     process collects with (``collect``).
 
     ``env``: a functional env (rollout and evaluation are pure functions: they compile), a

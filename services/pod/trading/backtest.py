@@ -68,6 +68,12 @@ def metrics(
     )
 
 
+def sharpe_of(values: np.ndarray) -> float:
+    """Sharpe of one account-value series; a flat series (all cash) scores 0, not NaN."""
+    sharpe = metrics(values).sharpe
+    return 0.0 if math.isnan(sharpe) else sharpe
+
+
 def buy_and_hold(
     close: np.ndarray, initial_amount: float = 1_000_000.0, transaction_cost: float = 0.001
 ) -> np.ndarray:

@@ -1,10 +1,10 @@
 """Portfolio gradient: FinRL's policy gradient over an EIIE policy, for StockTrading-v0's
 target-weight actions (``action_mode="weights"``). The account's daily returns are a closed form
 of the weights (``net_returns``), so the exact gradient of the train period's Sharpe ratio
-replaces PPO's sampled estimate. Here: the shared per-stock scorer (``PortfolioPolicy``), its
-full-batch Adam (``PortfolioLearner``), the in-process tournament of P agents (``PortfolioPlan``,
-on local_tournament.py's round loop) and the pod algorithm ``portfolio_gradient`` (trained by
-portfolio_trainer.py). Reference: docs/trading.md, "The portfolio-gradient agent".
+replaces PPO's sampled estimate. Here: the per-stock scorer of P agents (``PortfolioPolicy``),
+their full-batch Adam (``PortfolioLearner``) and the pod algorithm ``portfolio_gradient``
+(trained by portfolio_trainer.py, one agent or a population). Reference: docs/trading.md, "The
+portfolio-gradient agent".
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import gymnasium as gym
@@ -21,18 +21,14 @@ import torch
 from torch import nn
 
 from services.contracts.algorithms.portfolio_gradient.config import PortfolioGradientConfig
-from services.contracts.strategies import PBTOptions
 from services.pod.algorithms.adam import BatchedAdam
 from services.pod.trading.env import ACCOUNT_BLOCKS, market_features, observation_blocks
-from services.pod.trading.local_tournament import LOCAL_PBT, run_local_tournament
 from services.pod.trading.market import (
     TRADING_DAYS_PER_YEAR,
     MarketData,
 )
 
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-8
-#: What PBT's explore perturbs (the L2 penalty is copied from the parent as it is).
-EXPLORED = ("learning_rate",)
 #: The invested fraction of a fresh agent, sigmoid(3) = 95%: buy-and-hold's exposure, split
 #: equally (the scores start at zero).
 _INITIAL_INVESTED_LOGIT = 3.0
@@ -201,10 +197,13 @@ class PortfolioPolicy(nn.Module):
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
-        """StockTradingEnv's action (weights mode) for observations (N, D), one agent: the
-        invested fraction ``f`` as ``2f - 1``, each stock's share ``u`` of it as ``2u - 1``."""
+        """StockTradingEnv's action (weights mode) for observations (N, D), agent i acting on
+        the i-th equal slice of the rows (one agent: all of them): the invested fraction ``f``
+        as ``2f - 1``, each stock's share ``u`` of it as ``2u - 1``."""
         stock, market = self.layout.observed(obs.double())
-        w = self.weights(*self.normalize(stock, market))[0]
+        every = self.weights(*self.normalize(stock, market))  # (P, N, S): each agent, each row
+        rows = torch.arange(len(obs), device=obs.device)
+        w = every[rows // (len(obs) // len(every)), rows]
         invested = w.sum(-1, keepdim=True)
         return torch.cat([2 * invested - 1, 2 * w / invested - 1], -1).float()
 
@@ -276,113 +275,6 @@ def net_returns(weights: torch.Tensor, close: torch.Tensor, cost: float) -> torc
 def sharpe(returns: torch.Tensor) -> torch.Tensor:
     """Annualised Sharpe ratio of each row of daily returns (services.pod.trading.backtest's)."""
     return returns.mean(-1) / returns.std(-1).clamp_min(1e-12) * math.sqrt(TRADING_DAYS_PER_YEAR)
-
-
-@dataclass(frozen=True)
-class PortfolioPlan:
-    """A tournament of ``len(hyperparameters)`` agents (each ``PortfolioGradientConfig``'s
-    fields: ``learning_rate`` and ``l2``, with a pod's defaults); with ``exploit``, PBT after
-    every round by ``pbt``'s rules (services/pod/trading/local_tournament.py)."""
-
-    hyperparameters: Sequence[Mapping[str, float]]
-    rounds: int = 30
-    round_steps: int = 10
-    exploit: bool = True
-    seed: int = 0
-    pbt: PBTOptions = field(default_factory=LOCAL_PBT.model_copy)
-
-    def run(
-        self,
-        train: Sequence[MarketData],
-        validation: MarketData,
-        env_kwargs: Mapping[str, object],
-        on_round: Callable[[int, list[float]], None] | None = None,
-    ) -> PortfolioResult:
-        """``run_portfolio_tournament`` of this plan on the one train period it reads
-        (services.pod.trading.tournament's ``evaluate_market`` runs any plan this way)."""
-        if len(train) != 1:
-            raise ValueError("the portfolio gradient trains on the market's own train period")
-        return run_portfolio_tournament(train[0], validation, env_kwargs, self, on_round)
-
-
-@dataclass
-class PortfolioResult:
-    """The kept (agent, round) snapshot, every round's validation Sharpe per agent, and every
-    agent as it ended (``final.agent(0)``: one agent of the same budget, no selection)."""
-
-    policy: PortfolioPolicy
-    slot: int
-    round: int
-    validation_sharpe: float
-    history: list[list[float]]
-    final: PortfolioPolicy
-
-    @property
-    def kept_act(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        return self.policy.act
-
-    @property
-    def single_act(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Slot 0 as it ended: one agent of the same budget, no selection."""
-        return self.final.agent(0).act
-
-
-def run_portfolio_tournament(
-    train: MarketData,
-    validation: MarketData,
-    env_kwargs: Mapping[str, object],
-    plan: PortfolioPlan,
-    on_round: Callable[[int, list[float]], None] | None = None,
-) -> PortfolioResult:
-    """Train the plan's agents on ``train``, keep the snapshot with the best Sharpe on
-    ``validation`` (docs/trading.md). Reads neither any other period nor any randomness
-    but PBT's choice of perturbation (``plan.seed``)."""
-    p = len(plan.hyperparameters)
-    if p < 1 or plan.rounds < 1 or plan.round_steps < 1:
-        raise ValueError("need agents, rounds >= 1 and round_steps >= 1")
-    # A pod's agent takes the same fields and defaults (a pydantic error is a ValueError).
-    agents = [PortfolioGradientConfig.model_validate(h) for h in plan.hyperparameters]
-    layout = FeatureLayout.of(train.num_stocks, env_kwargs)
-    cost = float(env_kwargs.get("transaction_cost", 0.001))  # type: ignore[arg-type]
-    data, held_out = PeriodData.of(train, layout), PeriodData.of(validation, layout)
-    policy = PortfolioPolicy(layout, p)
-    policy.fit_statistics(data)
-    population = _Population(PortfolioLearner.of(policy, data, cost, agents), held_out, plan)
-    kept = run_local_tournament(
-        population, plan.rounds, plan.pbt if plan.exploit else None, EXPLORED, plan.seed, on_round
-    )
-    return PortfolioResult(kept.snapshot, kept.slot, kept.round, kept.score, kept.history, policy)
-
-
-class _Population:
-    """The portfolio tournament's agents as the round loop drives them
-    (services/pod/trading/local_tournament.py ``LocalPopulation``)."""
-
-    def __init__(self, learner: PortfolioLearner, held_out: PeriodData, plan: PortfolioPlan):
-        self.learner, self.policy, self.plan = learner, learner.policy, plan
-        self.size = len(plan.hyperparameters)
-        self.close, self.cost = held_out.close, learner.cost
-        self.x, self.g = self.policy.normalize(held_out.stock, held_out.market)
-
-    def train_round(self) -> None:
-        for _ in range(self.plan.round_steps):
-            self.learner.step()
-
-    @torch.no_grad()
-    def validation_scores(self) -> list[float]:
-        weights = self.policy.weights(self.x, self.g)
-        return sharpe(net_returns(weights, self.close, self.cost)).tolist()
-
-    def snapshot(self, i: int) -> PortfolioPolicy:
-        return self.policy.agent(i)
-
-    def hyperparameters(self, i: int) -> dict[str, float]:
-        return {"learning_rate": float(self.learner.adam.lr[i]), "l2": float(self.learner.l2[i])}
-
-    def copy(self, dst: int, src: int, hyperparameters: Mapping[str, float]) -> None:
-        self.learner.adam.copy(dst, src)
-        self.learner.adam.lr[dst] = hyperparameters["learning_rate"]
-        self.learner.l2[dst] = hyperparameters["l2"]
 
 
 class PortfolioGradient:

@@ -1,25 +1,27 @@
 """The portfolio gradient (services/pod/trading/portfolio_gradient.py): its closed-form
-account, its policy acting in StockTradingEnv, its batched tournament, and what it learns."""
+account, its policy acting in StockTradingEnv, its population of agents, and what it learns."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from services.contracts.strategies import PBTOptions
-from services.pod.trading.backtest import metrics
+from services.contracts.algorithms.portfolio_gradient.config import PortfolioGradientConfig
 from services.pod.trading.env import StockTradingEnv, split_periods
 from services.pod.trading.market import synthetic_market
 from services.pod.trading.portfolio_gradient import (
     FeatureLayout,
     PeriodData,
-    PortfolioPlan,
+    PortfolioPolicy,
     net_returns,
-    run_portfolio_tournament,
     sharpe,
 )
-from services.pod.trading.tournament import evaluate_market, split_market
+from services.pod.trading.portfolio_trainer import PortfolioTrainer
+from services.pod.training.presets import train_config
 
 ENV = {
     "validation_fraction": 0.2,
@@ -50,15 +52,16 @@ def test_the_env_holds_what_the_policy_asks_for() -> None:
     """``act`` maps the policy's weights to StockTradingEnv's weights action: one step from
     cash (no band) leaves the account holding those weights, up to whole shares."""
     data = synthetic_market(1, num_stocks=5, regime="trend")
-    periods, kwargs = split_market(data, ENV)
-    kwargs = {**kwargs, "rebalance_band": 0.0}
-    plan = PortfolioPlan(HPS[:1], rounds=1, round_steps=5)
-    policy = run_portfolio_tournament(periods["train"], periods["validation"], kwargs, plan).policy
+    periods = split_periods(data, validation_fraction=0.2)
+    kwargs = {k: v for k, v in ENV.items() if k != "validation_fraction"}
+    kwargs["rebalance_band"] = 0.0
+    layout = FeatureLayout.of(5, kwargs)
+    policy = PortfolioPolicy(layout)
+    policy.fit_statistics(PeriodData.of(periods["train"], layout))
     scorer, invested = [0.5, -0.3, 0.2, 0.1, -0.2, 0.4, 0.8, 1.2], [0.3, -0.4, 0.5]
     policy.params = torch.tensor([scorer + invested], dtype=torch.float64)
     env = StockTradingEnv(1, mode="backtest", data=periods["backtest"], **kwargs)
     obs, _ = env.reset()
-    layout = FeatureLayout.of(5, kwargs)
     stock, market = layout.observed(obs.double())
     wanted = policy.weights(*policy.normalize(stock, market))[0, 0]
     assert wanted.max() - wanted.min() > 0.05  # a real tilt, not equal weights
@@ -67,72 +70,46 @@ def test_the_env_holds_what_the_policy_asks_for() -> None:
     torch.testing.assert_close(held, wanted, atol=2e-3, rtol=0)
 
 
-def test_agents_train_apart_without_exploit_and_are_copied_with_it() -> None:
-    """Batched, each agent is exactly the agent trained alone with its hyperparameters; with
-    PBT's exploit the agents' first round is the same and the later ones differ."""
-    data = synthetic_market(3, num_stocks=5, num_days=1000, regime="crash")
-    periods, kwargs = split_market(data, ENV)
-    args = (periods["train"], periods["validation"], kwargs)
+def _trainer(hps: list[dict[str, float]]) -> PortfolioTrainer:
+    market = {"market_seed": 3, "num_stocks": 5, "num_days": 1000, "regime": "crash", **ENV}
+    layers = [{"algorithm": "portfolio_gradient", "env_kwargs": market, "eval_episodes": 1}]
+    config = train_config("StockTrading-v0", [*layers, {"eval_env_kwargs": {"score": "sharpe"}}])
+    configs = [config.model_copy(update={"portfolio_gradient": hp}) for hp in map(_agent, hps)]
+    return PortfolioTrainer(configs)
+
+
+def _agent(hp: dict[str, float]) -> PortfolioGradientConfig:
+    return PortfolioGradientConfig.model_validate(hp)
+
+
+def _train(trainer: PortfolioTrainer, steps: int) -> list[float]:
+    for _ in range(steps):
+        trainer.step()
+    return [r.mean for r in trainer.evaluate()]
+
+
+def test_a_population_trains_each_agent_as_alone_and_a_copy_trains_as_its_source() -> None:
+    """Batched, each agent is the agent trained alone with its hyperparameters, and scores as
+    it would alone; a copy (PBT's exploit with explore's factor 1) then trains exactly as its
+    source while the others train on as they were."""
     hps = [*HPS, {"learning_rate": 0.1, "l2": 1e-4}, {"learning_rate": 0.01, "l2": 0.0}]
-    apart = run_portfolio_tournament(*args, PortfolioPlan(hps, 4, 5, exploit=False))
+    population = _trainer(hps)
+    together = _train(population, 5)
     for i, hp in enumerate(hps):
-        alone = run_portfolio_tournament(*args, PortfolioPlan([hp], 4, 5))
-        np.testing.assert_allclose([h[i] for h in apart.history], [h[0] for h in alone.history])
-    pbt = run_portfolio_tournament(*args, PortfolioPlan(hps, 4, 5, exploit=True, seed=1))
-    assert pbt.history[0] == apart.history[0] and pbt.history[1:] != apart.history[1:]
-    # The kept snapshot is the best (agent, round) on the validation period.
-    assert pbt.validation_sharpe == max(max(s) for s in pbt.history)
-    assert pbt.history[pbt.round][pbt.slot] == pbt.validation_sharpe
-
-
-def test_exploit_restarts_the_loser_from_a_parent() -> None:
-    """PBT's copy takes the parent's parameters, Adam state, learning rate and L2 penalty: with
-    explore's factor 1, the worst agent of the first round then trains exactly as the leader
-    (the same validation Sharpe every later round); the others train on as they were."""
-    data = synthetic_market(3, num_stocks=5, num_days=1000, regime="crash")
-    periods, kwargs = split_market(data, ENV)
-    args = (periods["train"], periods["validation"], kwargs)
-    hps = [*HPS, {"learning_rate": 0.1, "l2": 1e-4}, {"learning_rate": 0.01, "l2": 0.0}]
-    same = PBTOptions(truncation=0.25, perturb_factors=(1.0,))
-    pbt = run_portfolio_tournament(*args, PortfolioPlan(hps, 2, 5, pbt=same))
-    apart = run_portfolio_tournament(*args, PortfolioPlan(hps, 2, 5, exploit=False))
-    loser, leader = int(np.argmin(pbt.history[0])), int(np.argmax(pbt.history[0]))
-    assert loser != leader and pbt.history[1][loser] == pbt.history[1][leader]
+        alone = _trainer([hp])
+        assert _train(alone, 5) == pytest.approx([together[i]], rel=1e-9)
+        torch.testing.assert_close(alone.policy.params[0], population.policy.params[i])
+        alone.close()
+    apart = _trainer(hps)
+    _train(apart, 5)
+    loser, leader = int(np.argmin(together)), int(np.argmax(together))
+    population.copy(loser, leader, population.config(leader))
+    scores, without = _train(population, 5), _train(apart, 5)
+    assert scores[loser] == scores[leader]
     others = [i for i in range(4) if i != loser]
-    assert [pbt.history[1][i] for i in others] == [apart.history[1][i] for i in others]
-    torch.testing.assert_close(pbt.final.params[loser], pbt.final.params[leader], rtol=0, atol=0)
-
-
-def test_training_and_selection_never_read_the_backtest_period() -> None:
-    data = synthetic_market(4, num_stocks=5, num_days=1000, regime="trend")
-    close = data.close.copy()
-    close[-200:] *= np.linspace(1.0, 0.3, 200)[:, None]
-    other = type(data).from_ohlcv(
-        data.dates, data.tickers, data.open, np.maximum(data.high, close),
-        np.minimum(data.low, close), close, data.volume,
-    )  # fmt: skip
-    plan = PortfolioPlan(HPS, rounds=3, round_steps=5)
-    a, b = (evaluate_market(d, ENV, plan) for d in (data, other))
-    assert a.tournament.history == b.tournament.history
-    torch.testing.assert_close(a.tournament.policy.stock_weights, b.tournament.policy.stock_weights)
-    assert not np.allclose(a.backtest_values["agent"], b.backtest_values["agent"])
-
-
-def test_bad_settings_are_refused() -> None:
-    data = synthetic_market(0, num_stocks=5, num_days=600, regime="trend")
-    periods = split_periods(data, validation_fraction=0.2)
-    args = (periods["train"], periods["validation"])
-    with pytest.raises(ValueError, match="action_mode=weights"):
-        run_portfolio_tournament(*args, {**ENV, "action_mode": "shares"}, PortfolioPlan(HPS))
-    with pytest.raises(ValueError, match="shared by the stocks"):
-        run_portfolio_tournament(*args, {**ENV, "shuffle_stocks": True}, PortfolioPlan(HPS))
-    with pytest.raises(ValueError, match="rounds"):
-        run_portfolio_tournament(*args, ENV, PortfolioPlan(HPS, rounds=0))
-    with pytest.raises(ValueError, match="ent_coef"):
-        run_portfolio_tournament(*args, ENV, PortfolioPlan([{"learning_rate": 0.1, "ent_coef": 0}]))
-    replica = synthetic_market(0, num_stocks=5, num_days=600, regime="trend", replica=0)
-    with pytest.raises(ValueError, match="own train period"):
-        evaluate_market(data, ENV, PortfolioPlan(HPS), [replica])
+    assert [scores[i] for i in others] == [without[i] for i in others]
+    for trainer in (population, apart):
+        trainer.close()
 
 
 #: Market seeds nothing was designed on: the method and its preset were chosen on seeds 0-14.
@@ -143,22 +120,24 @@ HELD_OUT_SEEDS = range(50, 65)
 @pytest.mark.nightly  # 45 markets' tournaments: minutes
 def test_the_kept_agent_beats_buy_and_hold_held_out() -> None:
     """The learning result of docs/benchmarks.md ("Stock trading"), on the held-out market
-    seeds 50-64 of each regime: the kept agent's Sharpe on the backtest period (read by nothing
-    but this report) beats buy-and-hold's on at least 30 of the 45 markets (33 measured), and
-    by a paired median margin on the trend (+0.31 measured) and mean-reverting (+1.9) markets.
-    Not on the crash markets (paired median +0.01, medians 0.99 against 1.20), which this does
-    not claim. With the optimiser's step removed all three assertions fail (23 markets; +0.16
-    on mean reversion, -0.16 on trend). Budget: 4 agents x 300 full-batch gradient steps."""
+    seeds 50-64 of each regime, as bench/stock_trading_tournament.py runs it (a population
+    pod's trainer of 4 agents, PBT inside the pod by validation Sharpe, the best snapshot
+    kept): the kept agent's Sharpe on the backtest period (read by nothing but this report)
+    beats buy-and-hold's on at least 30 of the 45 markets (33 measured), and by a paired median
+    margin on the trend (+0.31 measured) and mean-reverting (+1.9) markets. Not on the crash
+    markets (+0.01), which this does not claim. Budget: 4 agents x 300 full-batch gradient
+    steps."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from stock_trading_tournament import config_of, run_market
+
     torch.set_num_threads(1)
-    hps = [*HPS, {"learning_rate": 0.1, "l2": 1e-4}, {"learning_rate": 0.05}]
+    config = config_of("portfolio_gradient")
     margins: dict[str, list[float]] = {}
     for regime in ("trend", "mean_reversion", "crash"):
         for seed in HELD_OUT_SEEDS:
-            data = synthetic_market(seed, num_stocks=5, regime=regime)
-            report = evaluate_market(data, ENV, PortfolioPlan(hps, rounds=30, round_steps=10))
-            ours = metrics(report.backtest_values["agent"]).sharpe
-            theirs = metrics(report.backtest_values["buy-and-hold"]).sharpe
-            margins.setdefault(regime, []).append(ours - theirs)
+            record = run_market(regime, seed, 4, 30, 10, config, True, "portfolio_gradient")
+            sharpe = {k: v["sharpe"] for k, v in record["metrics"].items()}
+            margins.setdefault(regime, []).append(sharpe["agent"] - sharpe["buy-and-hold"])
     won = sum(m > 0 for regime in margins.values() for m in regime)
     assert won >= 30, margins
     assert np.median(margins["trend"]) > 0.1, margins

@@ -170,7 +170,7 @@ def test_sharpe_score_is_the_backtest_metric_of_each_episode(mode: str) -> None:
     """``score="sharpe"``: every finished episode reports the Sharpe ratio of its account
     values, as services.pod.trading.backtest computes it (0 for the account that stays in cash),
     also across autoresets (train mode: several episodes per sub-environment)."""
-    from services.pod.trading.tournament import sharpe_of
+    from services.pod.trading.backtest import sharpe_of
 
     n = 3
     kwargs = {"validation_fraction": 0.2, "action_mode": "weights", "episode_length": 40}
@@ -201,7 +201,7 @@ def test_sharpe_score_is_the_backtest_metric_of_each_episode(mode: str) -> None:
 def test_reset_starts_the_sharpe_sums_afresh() -> None:
     """An evaluator resets an env whose previous episodes ran on past their end (it checks
     for finished episodes every 32 steps): what they added must not leak into the next."""
-    from services.pod.trading.tournament import sharpe_of
+    from services.pod.trading.backtest import sharpe_of
 
     kwargs = {"validation_fraction": 0.2, "action_mode": "weights", "score": "sharpe"}
     env = StockTradingEnv(2, mode="validation", **kwargs)
@@ -604,3 +604,42 @@ def test_simulated_markets_are_refused_where_they_cannot_apply(tmp_path: Path) -
     plain = StockTradingEnv(mode="backtest", market_seed=4, num_days=400)
     simulated = StockTradingEnv(mode="backtest", market_seed=4, num_days=400, simulated_markets=2)
     np.testing.assert_array_equal(simulated.prices.numpy(), plain.prices.numpy())
+
+
+def test_a_pod_of_the_spec_scores_its_agents_by_their_validation_sharpe() -> None:
+    """``evaluation.env_kwargs`` {mode: validation, score: sharpe}: a pod trains on the train
+    period and ranks its agents by the Sharpe ratio of a deterministic pass of the validation
+    period (what PBT inside the pod and the leaderboard select by)."""
+    from services.contracts.spec import ExperimentSpec
+    from services.pod.trading.backtest import run_backtest, sharpe_of
+    from services.pod.training.onpolicy import OnPolicyTrainer
+    from services.pod.training.presets import pod_config
+    from tests.pod.harness import make_spec
+
+    on_validation = {"mode": "validation", "score": "sharpe"}
+    spec = ExperimentSpec.model_validate(
+        make_spec(
+            env={"name": "StockTrading-v0", "kwargs": {"regime": "crash", "num_stocks": 3}},
+            evaluation={"episodes": 1, "env_kwargs": on_validation},
+        )
+    )
+    small = {"num_envs": 4, "num_steps": 16, "num_minibatches": 2}
+    draws = [{"learning_rate": 3e-4}, {"learning_rate": 1e-3}]
+    configs = [pod_config(spec, {**small, **hp}, seed=1 + i) for i, hp in enumerate(draws)]
+    assert configs[0].eval_env_kwargs == on_validation
+    train_env, eval_env = configs[0].make_envs(2)
+    assert (train_env.mode, eval_env.mode, eval_env.score) == ("train", "validation", "sharpe")
+    assert eval_env.data.dates[0] > train_env.data.dates[-1]
+    # A population pod of two agents: its trainer builds the population's evaluation env.
+    trainer = OnPolicyTrainer(configs)
+    trainer.step()
+    scores = [r.mean for r in trainer.evaluate()]
+    kwargs = {k: v for k, v in configs[0].env_kwargs.items() if k != "validation_fraction"}
+    expected = []
+    for i in range(2):
+        env = StockTradingEnv(1, mode="validation", data=eval_env.data, **kwargs)
+        values = run_backtest(env, trainer.agent(i).policy.act_deterministic)
+        expected.append(sharpe_of(values))
+    assert scores == pytest.approx(expected, rel=1e-5)  # the evaluator sums in float32
+    assert len(set(scores)) == 2  # two agents, two scores
+    trainer.close()
