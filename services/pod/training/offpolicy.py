@@ -74,6 +74,7 @@ from services.pod.training.trainer import (
     RunConfig,
     Trainer,
     algorithm_class,
+    check_population_slot,
     train_in_process,
 )
 
@@ -241,22 +242,11 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
 
     def _check(self, config: OffPolicyConfig) -> None:
         """Refuse a config whose shared settings differ from the first slot's, naming them."""
-        first = self.configs[0].algorithm
-        if config.algorithm != first:
-            raise HyperparameterError(
-                f"algorithm: this population pod trains {first}, not {config.algorithm}"
-            )
+        check_population_slot(self.configs[0], config, _varied(config.algorithm), self.size)
         if not hasattr(self.algorithm, "Stack"):
             raise HyperparameterError(
-                f"{first} has no stacked update (its agent class names no Stack): the "
-                f"off-policy trainer cannot train it"
-            )
-        mine, theirs = _shared(config), _shared(self.configs[0])
-        if differ := sorted(k for k in mine if mine[k] != theirs[k]):
-            raise HyperparameterError(
-                f"population.agents_per_pod = {self.size}: {', '.join(differ)} differ between "
-                f"the agents of a population, which share them; it may vary "
-                f"{', '.join(_varied(config.algorithm))}"
+                f"{config.algorithm} has no stacked update (its agent class names no Stack): "
+                f"the off-policy trainer cannot train it"
             )
 
     def _single(self, config: OffPolicyConfig) -> tuple[Any, ReplayBuffer]:
@@ -421,8 +411,8 @@ def _varied(algorithm: str) -> tuple[str, ...]:
 
 
 def _shared(config: OffPolicyConfig) -> dict[str, Any]:
-    """The fields every agent of a population shares (they shape the networks, the data or
-    the loop)."""
+    """The fields that fix a population's update programs (they shape the networks, the data
+    or the loop)."""
     agent = config.agent_config.model_dump(exclude=set(_varied(config.algorithm)))
     loop = {k: getattr(config, k) for k in ReplayLoopConfig.model_fields}
     run = {

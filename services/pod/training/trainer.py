@@ -198,8 +198,8 @@ def check_population_slot(
 
     def shared(c: RunConfig) -> dict[str, object]:
         run = c.model_dump(exclude={c.algorithm, "seed", "eval_seed"})
-        run[c.algorithm] = c.agent_config.model_dump(exclude={*per_slot, "compile"})
-        return run
+        agent = c.agent_config.model_dump(exclude={*per_slot, "compile"})
+        return {**run, **{f"{c.algorithm}.{k}": v for k, v in agent.items()}}
 
     mine, theirs = shared(config), shared(first)
     if differ := sorted(k for k in mine if mine[k] != theirs[k]):
