@@ -138,8 +138,9 @@ class PortfolioTrainer(Trainer[PortfolioRunConfig]):
         self._train_sharpe: list[float] | None = None
 
     def _set(self, slot: int, config: PortfolioRunConfig) -> None:
-        if self.size > 1:
-            check_population_slot(self.configs[0], config, self.per_slot, self.size)
+        # The market and its features were built from the first config: a slot may change
+        # its step size and penalty, nothing else.
+        check_population_slot(self.configs[0], config, self.per_slot, self.size)
         self.configs[slot] = config
         self.learner.adam.lr[slot] = config.portfolio_gradient.learning_rate
         self.learner.l2[slot] = config.portfolio_gradient.l2
