@@ -132,6 +132,8 @@ def test_every_example_is_a_valid_spec(path: Path) -> None:
     spec = load_spec(path)
     assert spec.name == yaml.safe_load(path.read_text())["name"]
     assert spec.algorithms and spec.search_space
+    # The orchestrator stores it as JSON and gives a pod that JSON: it reads back as it was.
+    assert ExperimentSpec.model_validate_json(spec.model_dump_json()) == spec
 
 
 def test_sac_example_is_an_offpolicy_tournament() -> None:
