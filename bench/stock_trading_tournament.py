@@ -157,7 +157,11 @@ def run_market(
             if exploit and round_ < rounds - 1:
                 # Slot ``dst`` trains ``src``'s agent with the explored values, its own seed.
                 copies = pbt.select(
-                    trainer, hyperparameters, [0] * pods, lambda h, src, dst: run_config(h, dst)
+                    trainer,
+                    hyperparameters,
+                    [0] * pods,
+                    lambda h, src, dst: run_config(h, dst),
+                    scores,  # this round's evaluation: the rule's ``by``
                 )
                 for copy in copies:
                     hyperparameters[copy.dst] = copy.hyperparameters

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
-from services.contracts.search_space import sample_space
+from services.contracts.search_space import SearchSpace, sample_space
 from services.contracts.spec import ExperimentSpec
 from services.contracts.strategies import PopulationExploit
 from services.pod.runtime.in_pod_pbt import InPodPBT
@@ -197,6 +197,22 @@ def test_a_portfolio_gradient_population_copies_scorer_and_moments_in_place() ->
     scores = [r.mean for r in trainer.evaluate()]
     assert scores[0] == pytest.approx(scores[2])
     trainer.step()
+    trainer.close()
+
+
+def test_a_decision_takes_the_scores_its_caller_just_took() -> None:
+    """``select(..., scores)`` ranks by the caller's scores (a round's evaluation, not taken
+    again): the slot they put last becomes a copy of one they put first."""
+    space = {"learning_rate": {"type": "log_uniform", "low": 0.02, "high": 0.1}}
+    trainer, config = _trainer("StockTrading-v0", "portfolio_gradient", space, p=4)
+    trainer.step()
+    rule = PopulationExploit(every_env_steps=1, by="evaluation")
+    pbt = InPodPBT(rule, TypeAdapter(SearchSpace).validate_python(space), 4, "s")
+    hps = [{"learning_rate": trainer.config(i).portfolio_gradient.learning_rate} for i in range(4)]
+    given = [5.0, -5.0, 1.0, 0.0]  # not what an evaluation would say
+    copies = pbt.select(trainer, hps, [0] * 4, lambda h, src, dst: config(h, dst), given)
+    assert [(c.dst, c.src, c.scores) for c in copies] == [(1, 0, given)]
+    assert torch.equal(trainer.policy.params[1], trainer.policy.params[0])
     trainer.close()
 
 

@@ -86,11 +86,14 @@ class InPodPBT:
         hyperparameters: Sequence[dict[str, Any]],
         built_at: Sequence[int],
         config_for: Callable[[dict[str, Any], int, int], RunConfig],
+        scores: list[float] | None = None,
     ) -> list[Copied]:
         """Decide and copy: ``hyperparameters[i]`` and ``built_at[i]`` (its env steps when
         its agent was built) are slot i's; ``config_for(hyperparameters, src, dst)`` is the
-        run config slot ``dst`` trains ``src``'s agent with. The copies made, in order."""
-        scores = self.scores(trainer)
+        run config slot ``dst`` trains ``src``'s agent with; ``scores``: every slot's score by
+        the rule's ``by`` where the caller has just taken it (default: taken here). The copies
+        made, in order."""
+        scores = self.scores(trainer) if scores is None else scores
         if scores is not None:  # a decision made: the next rung is further off
             self.interval *= self.rule.growth
         self.next_decision = trainer.env_steps + round(self.interval)

@@ -181,8 +181,9 @@ class PortfolioPolicy(nn.Module):
     def weights(
         self, x: torch.Tensor, g: torch.Tensor, params: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Each agent's target weights (P, T, S) for normalised features (T, S, F), (T, G);
-        with ``params`` (P, F + G + 1) instead of the policy's own (to differentiate)."""
+        """Each agent's target weights (P, T, S) for normalised features (T, S, F), (T, G) that
+        every agent reads, or (P, T, S, F), (P, T, G): each agent its own rows; with ``params``
+        (P, F + G + 1) instead of the policy's own (to differentiate)."""
         p = self.params if params is None else params
         f = self.layout.per_stock
         scores = (x * p[:, None, None, :f]).sum(-1)
@@ -200,10 +201,9 @@ class PortfolioPolicy(nn.Module):
         """StockTradingEnv's action (weights mode) for observations (N, D), agent i acting on
         the i-th equal slice of the rows (one agent: all of them): the invested fraction ``f``
         as ``2f - 1``, each stock's share ``u`` of it as ``2u - 1``."""
-        stock, market = self.layout.observed(obs.double())
-        every = self.weights(*self.normalize(stock, market))  # (P, N, S): each agent, each row
-        rows = torch.arange(len(obs), device=obs.device)
-        w = every[rows // (len(obs) // len(every)), rows]
+        mine = obs.double().reshape(len(self.params), -1, obs.shape[-1])  # (P, N / P, D)
+        stock, market = self.layout.observed(mine)
+        w = self.weights(*self.normalize(stock, market)).reshape(len(obs), -1)
         invested = w.sum(-1, keepdim=True)
         return torch.cat([2 * invested - 1, 2 * w / invested - 1], -1).float()
 
