@@ -359,7 +359,10 @@ def test_status_leaderboard_export_cancel(cli: Any, tmp_path: Path, platform: Pl
     no_traceback(bad)
 
     stopped = cli("cancel", exp_id, leaderboard=False)
-    assert stopped.returncode == 0 and "cancel requested" in stopped.stderr, stopped.stderr
+    # The orchestrator may end the cancel before it answers (no pod has a report to make):
+    # the command then says the experiment is cancelled, else that the cancel is under way.
+    said = ("cancel requested", "cancelled (cancelled by request)")
+    assert stopped.returncode == 0 and any(s in stopped.stderr for s in said), stopped.stderr
     with api(platform) as c:
         wait_for(lambda: c.get(f"/experiments/{exp_id}").json()["state"] == "cancelled")
     again = cli("cancel", "no-such-exp", leaderboard=False)
