@@ -53,6 +53,23 @@ def test_the_program_key_ignores_per_agent_hyperparameters_and_seeds() -> None:
     assert facts.device.startswith("cpu-") and facts.torch.startswith("2.")
 
 
+@pytest.fixture(autouse=True)
+def close_shares(monkeypatch: pytest.MonkeyPatch):
+    """Every share a test makes stops renewing its claim when the test ends (a pod closes its
+    share on exit; here the leaderboard goes before the process does)."""
+    made: list[CompileShare] = []
+    init = CompileShare.__init__
+
+    def record(self: CompileShare, *args, **kw) -> None:
+        init(self, *args, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(CompileShare, "__init__", record)
+    yield
+    for share in made:
+        share.close()
+
+
 def compiled(cache: Path, name: str = "kernel.so", data: bytes = b"compiled code") -> None:
     """What a trainer's first compile leaves in its cache directory."""
     (cache / "ab").mkdir(parents=True, exist_ok=True)
