@@ -231,7 +231,7 @@ def experiment_events(
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **problems(404)},
     summary="The last lines of a pod's log",
-    description="Local backend: the pod's log file; Kubernetes: `pods/log` of its containers. "
+    description="Local backend: the pod's log file; Kubernetes: `pods/log` of its container. "
     "A pod that has ended and is gone: the last lines the orchestrator kept of it "
     "(`ended-pods`).",
 )

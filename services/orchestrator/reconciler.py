@@ -783,7 +783,6 @@ class Reconciler:
 
     def _pod_env(self) -> dict[str, str]:
         env = {
-            "PODIUM_POD_MODE": self.settings.pod_mode,
             # The pod budgets its final report (retries included) inside the grace period
             # (the PodRequest's grace_s, which the backend enforces).
             "PODIUM_TERMINATION_GRACE_S": f"{self.settings.termination_grace_s:g}",

@@ -84,11 +84,10 @@ class OrchestratorSettings(PodiumSettings):
         default=10.0, gt=0, description="How long an open breaker fails calls at once."
     )
     leaderboard_token: SecretStr | None = None
-    pod_mode: Literal["fused", "processes"] = Field(
+    pod_mode: Literal["fused"] = Field(
         default="fused",
-        description="How a pod runs its worker, learner and evaluator: fused in one process "
-        "(measured faster, docs/benchmarks.md), or as processes (on Kubernetes: three "
-        "containers).",
+        description="How a pod runs its worker, learner and evaluator: fused, in one process "
+        "(on Kubernetes: one container). The only value; any other is refused at start-up.",
     )
 
     ended_pod_logs: int = Field(
@@ -151,7 +150,11 @@ class OrchestratorSettings(PodiumSettings):
     k8s_capacity_refresh_s: float = Field(
         default=5.0, ge=0, description="How long a capacity reading (nodes, pods, quotas) lasts."
     )
-    k8s_shared_memory: str = Field(default="2Gi", description="Size of the shared emptyDir.")
+    k8s_shared_memory: str = Field(
+        default="2Gi",
+        description="Size of a training pod's /dev/shm, a memory-backed emptyDir (a "
+        "container's own is 64 MiB; torch's shared-memory tensors live there).",
+    )
     k8s_compile_cache_claim: str | None = Field(
         default=None,
         description="A ReadWriteMany PersistentVolumeClaim mounted into every training pod as "
@@ -161,8 +164,8 @@ class OrchestratorSettings(PodiumSettings):
     )
     k8s_gpu_claim_template: str | None = Field(
         default=None,
-        description="DRA ResourceClaimTemplate shared by all three containers instead of "
-        "nvidia.com/gpu limits on the learner.",
+        description="DRA ResourceClaimTemplate whose claim gives a training pod's container "
+        "its GPUs, instead of nvidia.com/gpu limits (the NVIDIA device plugin).",
     )
 
     host: str = "127.0.0.1"

@@ -23,9 +23,7 @@ contract in pyproject.toml):
   averaged), ``tensorboard.py`` (curves and hyperparameters as TensorBoard event files).
 * ``roles/`` — ``worker.py`` (collects: PPO's rollout as functions over a functional env, or a
   host env's steps), ``learner.py`` (updates: PPO's iteration, the off-policy K-step update),
-  ``evaluator.py`` (scores); apart as processes or containers through ``multiprocess.py``
-  (learner side), ``role_process.py`` (worker and evaluator side) and ``transport.py`` (the
-  link).
+  ``evaluator.py`` (scores), in the pod's one process.
 * ``algorithms/`` — each algorithm's maths once, as functions batched over P agents (``ppo.py``,
   ``sac.py``, ``ddpg.py`` with ``td3.py``, ``dqn.py``), with the shared machinery beside them:
   ``policies.py`` (the batched MLP and action distributions), ``adam.py`` (the one Adam),

@@ -1,15 +1,12 @@
 """``python -m services.pod``: one training pod, as the orchestrator starts it.
 
-    python -m services.pod --experiment ID --pod-id ID [--role all] [--mode fused|processes]
-    python -m services.pod --role learner --experiment ID --pod-id ID [--roles-dir DIR]
-    python -m services.pod --role worker|evaluator [--roles-dir DIR]
+    python -m services.pod --experiment ID --pod-id ID
 
 Everything else comes from the environment the orchestrator sets: ``PODIUM_SPEC`` (the
 experiment spec as JSON), ``PODIUM_LEADERBOARD_URL``, ``PODIUM_API_TOKEN``, ``PODIUM_POD_DIR``,
 ``PODIUM_CPU`` (the pod's CPU share), ``PODIUM_TORCH_THREADS`` (default 1), ``PODIUM_GPUS``
 (> 0: train on ``cuda``), and optionally ``PODIUM_METRICS_PORT`` (serve /metrics; 0 = any
-free port), ``PODIUM_POD_MODE`` (``fused`` or ``processes``), ``PODIUM_TERMINATION_GRACE_S``,
-``PODIUM_ROLES_DIR``, ``PODIUM_ROLES_TIMEOUT_S`` and ``PODIUM_MAX_ENV_STEPS`` (the env steps
+free port), ``PODIUM_TERMINATION_GRACE_S`` and ``PODIUM_MAX_ENV_STEPS`` (the env steps
 this pod may still take before the experiment's budget is spent: it stops before a step that
 would exceed them, makes its final report and exits 0), ``PODIUM_TENSORBOARD_DIR`` (where it
 writes its TensorBoard event files; services/pod/training/tensorboard.py),
@@ -22,24 +19,10 @@ itself anew with it preloaded), ``PODIUM_POD_LOG_LINES`` and ``PODIUM_POD_FILES_
 (the last log lines, and how often the TensorBoard files, it keeps in the leaderboard's blob
 store: services/pod/runtime/pod_files.py).
 
+The pod's worker, learner and evaluator run in this one process (services/pod/roles/).
+
 Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made), 2 for bad input (the message
 names what is wrong), 1 when training fails (the error is the last log line).
-
-``--role``:
-
-- ``all`` (default): worker, learner and evaluator in this pod process, fused or with the
-  worker and evaluator as child processes (``--mode``).
-- ``learner``, ``worker``, ``evaluator``: one role per process, as the three containers of a
-  Kubernetes Pod run them (``PODIUM_POD_MODE=processes``). They meet in ``--roles-dir`` (default
-  ``$PODIUM_ROLES_DIR`` or /dev/shm/podium-roles), a directory all three see: the learner listens on
-  a Unix socket there and runs the pod's round loop; the worker and the evaluator connect, build
-  their env and policy from the config the learner sends, and act on its requests, with weights and
-  rollouts in shared-memory files beside the socket (services/pod/roles/multiprocess.py,
-  services/pod/roles/transport.py). A worker or evaluator needs only the roles directory (and,
-  like the learner, the pod's compile cache: ``PODIUM_COMPILE_CACHE_DIR``); it exits 0
-  when the learner says stop or goes away, and keeps serving after a SIGTERM until then (the learner
-  still needs the evaluator for its final report). The learner fails the pod (exit 1) when a role
-  fails, exits or stops answering for ``PODIUM_ROLES_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -50,10 +33,9 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING
 
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -68,11 +50,10 @@ if TYPE_CHECKING:
     from services.pod.runtime.rounds import PodRuntime
 
 log = get_logger("services.pod")
-S = TypeVar("S", bound=BaseSettings)
 
 
-class CacheSettings(BaseSettings):
-    """Where every process of a pod (whatever its role) keeps torch.compile's cache."""
+class PodSettings(BaseSettings):
+    """The pod's environment contract (set by the orchestrator's backends)."""
 
     model_config = SettingsConfigDict(env_prefix="PODIUM_", extra="ignore")
 
@@ -84,35 +65,12 @@ class CacheSettings(BaseSettings):
         "<pod_dir>/compile-cache, or torch's default (lost with the container) without one.",
     )
 
-    def compile_cache(self) -> Path | None:
-        return self.compile_cache_dir or (self.pod_dir and self.pod_dir / "compile-cache")
-
-
-class RoleSettings(CacheSettings):
-    """What every role process reads (a worker or evaluator needs nothing else)."""
-
-    roles_dir: Path = Field(
-        default=Path("/dev/shm/podium-roles"),
-        description="Where separate role processes meet: the learner's socket and the shared "
-        "tensors. On Kubernetes, in the memory-backed emptyDir all three containers mount.",
-    )
-    roles_timeout_s: float = Field(
-        default=300.0,
-        gt=0,
-        description="How long the learner waits for a role to connect or to answer (a rollout, "
-        "an evaluation), and a role for the learner to come up.",
-    )
     torch_threads: int = Field(
         default=1,
         ge=1,
         description="Intra-op threads. Small networks run fastest on one (more threads only "
         "add synchronisation to their tiny ops, docs/benchmarks.md); raise it for large nets.",
     )
-
-
-class PodSettings(RoleSettings):
-    """The pod's environment contract (set by the orchestrator's backends)."""
-
     experiment_id: str | None = None
     pod_id: str | None = None
     spec: str = Field(description="The experiment spec as JSON.")
@@ -121,7 +79,6 @@ class PodSettings(RoleSettings):
     cpu: float = Field(default=1.0, gt=0)
     gpus: int = Field(default=0, ge=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    pod_mode: Literal["fused", "processes"] = "fused"
     termination_grace_s: float = Field(default=30.0, gt=0)
     max_env_steps: int | None = Field(
         default=None,
@@ -160,24 +117,14 @@ class PodSettings(RoleSettings):
         "files while it runs; it always does before it exits.",
     )
 
+    def compile_cache(self) -> Path | None:
+        return self.compile_cache_dir or (self.pod_dir and self.pod_dir / "compile-cache")
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m services.pod", description=__doc__)
     parser.add_argument("--experiment", help="experiment id (default: $PODIUM_EXPERIMENT_ID)")
     parser.add_argument("--pod-id", help="this pod's id (default: $PODIUM_POD_ID)")
-    parser.add_argument("--role", choices=["all", "worker", "learner", "evaluator"], default="all")
-    parser.add_argument(
-        "--mode",
-        choices=["fused", "processes"],
-        help="--role all: roles in one process, or worker and evaluator as child processes "
-        "(default: $PODIUM_POD_MODE or fused)",
-    )
-    parser.add_argument(
-        "--roles-dir",
-        type=Path,
-        help="where the learner, worker and evaluator of --role learner|worker|evaluator meet "
-        "(default: $PODIUM_ROLES_DIR or /dev/shm/podium-roles)",
-    )
     return parser.parse_args(argv)
 
 
@@ -185,9 +132,9 @@ class BadInputError(ValueError):
     pass
 
 
-def _read_settings(cls: type[S]) -> S:
+def _read_settings() -> PodSettings:
     try:
-        return cls()
+        return PodSettings()
     except ValidationError as exc:
         missing = ", ".join(
             "PODIUM_" + str(e["loc"][0]).upper() + f" ({e['msg']})" for e in exc.errors()
@@ -196,9 +143,7 @@ def _read_settings(cls: type[S]) -> S:
 
 
 def _settings(args: argparse.Namespace) -> tuple[PodSettings, ExperimentSpec, str, str]:
-    settings = _read_settings(PodSettings)
-    if args.role != "all" and args.mode is not None:
-        raise BadInputError("--mode applies to --role all; separate roles are separate processes")
+    settings = _read_settings()
     experiment = args.experiment or settings.experiment_id
     pod_id = args.pod_id or settings.pod_id
     if not experiment or not pod_id:
@@ -223,22 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     tail = keep_tail(200)  # its last lines outlive the pod (pod_files.py); resized below
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
-    # Before the role branch: a split pod's worker and evaluator containers compile too and
-    # must load what the pod compiled, not fill torch's default under /tmp that dies with
-    # them. Before torch is imported (its inductor config reads the cache switches at import).
-    try:
-        cache = _read_settings(CacheSettings)
-    except BadInputError as exc:
-        log.error("bad input", error=str(exc))
-        return 2
-    cache_dir = use_compile_cache(cache.compile_cache())
-    if args.role in ("worker", "evaluator"):
-        return _serve_role(args)
     try:
         settings, spec, experiment, pod_id = _settings(args)
     except BadInputError as exc:
         log.error("bad input", error=str(exc))
         return 2
+    # Before torch is imported: its inductor config reads the cache switches at import.
+    cache_dir = use_compile_cache(settings.compile_cache())
     activity.start()  # "starting", until the round loop says what it does
     # Imported after the environment is checked: torch takes a second or two to import.
     from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
@@ -248,18 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     except HyperparameterError as exc:
         log.error("bad input", error=f"search_space: {exc}")
         return 2
-    log.info("pod starting", experiment=experiment, pod=pod_id, role=args.role)
+    log.info("pod starting", experiment=experiment, pod=pod_id)
 
     import torch
 
     from services.api_client import LeaderboardClient
-    from services.pod.roles.multiprocess import ProcessRoles, RemoteRoles
-    from services.pod.roles.transport import TransportError, retire
     from services.pod.runtime.gpu_check import gpu_problem
     from services.pod.runtime.metrics import PodMetrics
     from services.pod.runtime.pod_files import PodFiles
     from services.pod.runtime.rounds import PodRuntime, RuntimeSettings
-    from services.pod.training.trainer import Roles
 
     threads = settings.torch_threads
     torch.set_num_threads(threads)
@@ -272,31 +205,6 @@ def main(argv: list[str] | None = None) -> int:
         log.error("bad input", error=problem)
         return 2
     device = "cuda" if settings.gpus > 0 else "cpu"
-    roles_dir = args.roles_dir or settings.roles_dir
-    roles: Roles | None = None  # None: worker and evaluator in this process
-    population = spec.population.agents_per_pod > 1
-    if population:
-        # P agents stacked in one process: no worker/evaluator processes to run them.
-        mode = "population"
-        if args.role == "learner":
-            try:  # tell the worker and evaluator containers not to wait for us
-                roles_dir.mkdir(parents=True, exist_ok=True)
-                retire(roles_dir)
-            except OSError as exc:
-                log.warning("could not retire the roles dir", dir=str(roles_dir), error=str(exc))
-        elif args.mode == "processes":
-            log.warning("a population pod trains its agents in one process; --mode ignored")
-    elif args.role == "learner":
-        mode = "containers"  # the worker and the evaluator are other processes: wait for them
-        try:
-            roles = RemoteRoles(roles_dir, settings.roles_timeout_s)
-        except (OSError, TransportError) as exc:
-            log.error("bad input", error=f"cannot listen in the roles dir {roles_dir}: {exc}")
-            return 2
-    else:
-        mode = args.mode or settings.pod_mode
-        if mode == "processes":
-            roles = ProcessRoles(threads, settings.roles_timeout_s)
     metrics = PodMetrics(experiment, pod_id, spec.evaluation.higher_is_better)
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port, settings.pod_dir, pod_id)
@@ -322,19 +230,17 @@ def main(argv: list[str] | None = None) -> int:
         tail if settings.pod_log_lines else None,
         settings.pod_files_interval_s,
     )
-    runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, roles, files)
+    runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, files)
 
-    def on_signal(signum: int, _frame: object) -> None:
+    def on_signal(_signum: int, _frame: object) -> None:
         runtime.stop()
-        if isinstance(roles, RemoteRoles):
-            roles.cancel()  # no use waiting any longer for roles that have not connected
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     malloc = running_allocator()  # what the orchestrator's pod_malloc gave it (services/malloc.py)
     log.info(
         "pod started",
-        mode=mode,
+        agents=spec.population.agents_per_pod,
         device=device,
         threads=threads,
         malloc=malloc.name,
@@ -386,37 +292,6 @@ def process_start() -> float:
         return psutil.Process().create_time()
     except psutil.Error:
         return time.time()
-
-
-def _serve_role(args: argparse.Namespace) -> int:
-    """A worker or evaluator process: serve the learner in the roles dir until it stops."""
-    try:
-        settings = _read_settings(RoleSettings)
-    except BadInputError as exc:
-        log.error("bad input", error=str(exc))
-        return 2
-    roles_dir = args.roles_dir or settings.roles_dir
-    # A SIGTERM before the learner came ends the wait; after, the learner decides (it asks
-    # the evaluator for a final evaluation before it stops everything).
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        stop.set()
-        log.info("stop requested; serving the learner until it stops", role=args.role)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    import torch
-
-    from services.pod.roles.role_process import RoleError, serve_role
-
-    torch.set_num_threads(settings.torch_threads)
-    log.info("role starting", role=args.role, roles_dir=str(roles_dir))
-    try:
-        return serve_role(args.role, roles_dir, settings.roles_timeout_s, give_up=stop.is_set)
-    except RoleError as exc:
-        log.error("role failed", role=args.role, error=str(exc))
-        return 1
 
 
 def preload_allocator() -> int | None:

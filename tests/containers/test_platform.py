@@ -4,11 +4,11 @@ escalation, the images' non-root user).
 
 Redis, the leaderboard and the orchestrator are containers; the orchestrator runs its
 Kubernetes backend against the in-test API server, whose kubelet (tests/containers/kubelet.py)
-runs every Pod the orchestrator creates as containers of the pod image: one container in the
-fused mode, three (worker, learner, evaluator sharing a tmpfs /dev/shm) in the processes mode.
-A CartPole experiment in each mode reaches its target, the pods' reports reach the leaderboard,
-the reconciler's graceful delete (SIGTERM) ends every container with exit code 0 after its final
-report, and `podium export` run from the control-plane image verifies the best agent's files.
+runs every Pod the orchestrator creates as a container of the pod image (its worker, learner
+and evaluator in one process, /dev/shm a tmpfs). A CartPole experiment reaches its target, the
+pods' reports reach the leaderboard, the reconciler's graceful delete (SIGTERM) ends every pod
+with exit code 0 after its final report, and `podium export` run from the control-plane image
+verifies the best agent's files.
 """
 
 from __future__ import annotations
@@ -45,8 +45,6 @@ def spec(name: str) -> dict[str, Any]:
         "search_space": {"learning_rate": {"type": "log_uniform", "low": 4e-3, "high": 1.2e-2}},
         "generator": {"strategy": "pbt"},
         "population": {"min_pods": 1, "max_pods": 1},
-        # The processes mode's learner gets a quarter: torch and its TensorBoard writer (pods
-        # write their TensorBoard files on Kubernetes too) take more than 256 MiB.
         "resources": {"cpu": 1, "gpus": 0, "memory": "2Gi"},
         "round": {"env_steps": 4096},
         "target_return": TARGET,
@@ -151,20 +149,19 @@ def run_experiment(
     docker: Docker,
     images: dict[str, str],
     stack: dict[str, Any],
-    mode: str,
     tmp_path: Path,
     body: dict[str, Any] | None = None,
-    db: int | None = None,
+    db: int = 1,
     then: Callable[[str, Service], None] | None = None,
 ) -> tuple[str, DockerKubelet]:
-    """One orchestrator (pod mode ``mode``, Redis database ``db``) runs one experiment (``body``,
-    default a CartPole one) to its target (without one: to its budget); ``then(experiment id,
+    """One orchestrator (Redis database ``db``) runs one experiment (``body``, default a
+    CartPole one) to its target (without one: to its budget); ``then(experiment id,
     orchestrator)`` once its pods are gone, while the orchestrator still runs."""
-    prefix = f"{stack['prefix']}-{mode}{db or ''}"
+    prefix = f"{stack['prefix']}-k8s{db}"
     cluster = DockerKubelet(docker, prefix, tmp_path)
     cluster.add_node("node-a", cpu="2", memory="8Gi")
     with ServerThread(cluster.app()) as api:
-        kube = tmp_path / f"{mode}{db or ''}" / "kubeconfig"
+        kube = tmp_path / f"k8s{db}" / "kubeconfig"
         kube.parent.mkdir(parents=True)
         kube.write_text(
             json.dumps(
@@ -190,10 +187,9 @@ def run_experiment(
                 "PODIUM_K8S_CAPACITY_REFRESH_S": "0",
                 "PODIUM_K8S_SHARED_MEMORY": "256Mi",
                 "PODIUM_POD_IMAGE": images["pod"],
-                "PODIUM_POD_MODE": mode,
                 "KUBECONFIG": "/kube/config",
                 # One Redis database per orchestrator: each starts with no experiments.
-                "REDIS_URL": f"{stack['redis']}/{db or (1 if mode == 'fused' else 2)}",
+                "REDIS_URL": f"{stack['redis']}/{db}",
                 "PODIUM_API_TOKEN": TOKEN,
                 "PODIUM_LEADERBOARD_URL": stack["leaderboard"].url,
             },
@@ -201,7 +197,7 @@ def run_experiment(
         )
         try:
             with orch.http() as http:
-                r = http.post("/api/v1/experiments", json=body or spec(f"cartpole-{mode}"))
+                r = http.post("/api/v1/experiments", json=body or spec("cartpole"))
                 assert r.status_code == 201, r.text
                 exp_id = r.json()["id"]
 
@@ -219,7 +215,7 @@ def run_experiment(
                         and e
                     ),
                     900,
-                    f"experiment {exp_id} ({mode}) finished",
+                    f"experiment {exp_id} finished",
                     pod_logs,
                 )
                 if body is None or body.get("target_return") is not None:
@@ -256,35 +252,33 @@ def test_experiments_run_with_every_part_a_container(
     for image in (images["control-plane"], images["pod"]):
         assert docker.inspect(image)["Config"]["User"] == "10001:10001", image
     lb: Service = stack["leaderboard"]
-    for mode, roles in (("fused", {"pod"}), ("processes", {"worker", "learner", "evaluator"})):
-        exp_id, cluster = run_experiment(docker, images, stack, mode, tmp_path)
-        runs = list(cluster.runs.values())
-        assert runs, f"{mode}: the orchestrator created no pod"
-        for run in runs:
-            # Each of the Pod's containers ran from the pod image, was stopped gracefully by the
-            # reconciler's delete (SIGTERM) and exited 0 after its final report.
-            assert set(run.containers) == roles, (mode, run.containers)
-            assert run.stopped, f"{mode}: the pod was not stopped by a graceful delete"
-            assert run.exit_codes == dict.fromkeys(roles, 0), (run.exit_codes, run.logs)
-            reporter = run.logs["pod" if mode == "fused" else "learner"]
-            assert '"pod stopped"' in reporter and "final report failed" not in reporter, reporter
-        with lb.http() as http:
-            summary = http.get(f"/api/v1/experiments/{exp_id}").json()
-            assert summary["submissions"] >= 1 and summary["size"] >= 1, summary
-            best = http.get(f"/api/v1/experiments/{exp_id}/best").json()
-        assert best["score"] >= TARGET, best
+    exp_id, cluster = run_experiment(docker, images, stack, tmp_path)
+    runs = list(cluster.runs.values())
+    assert runs, "the orchestrator created no pod"
+    for run in runs:
+        # The Pod's one container ran from the pod image, was stopped gracefully by the
+        # reconciler's delete (SIGTERM) and exited 0 after its final report.
+        assert set(run.containers) == {"pod"}, run.containers
+        assert run.stopped, "the pod was not stopped by a graceful delete"
+        assert run.exit_codes == {"pod": 0}, (run.exit_codes, run.logs)
+        log = run.logs["pod"]
+        assert '"pod stopped"' in log and "final report failed" not in log, log
+    with lb.http() as http:
+        summary = http.get(f"/api/v1/experiments/{exp_id}").json()
+        assert summary["submissions"] >= 1 and summary["size"] >= 1, summary
+        best = http.get(f"/api/v1/experiments/{exp_id}/best").json()
+    assert best["score"] >= TARGET, best
 
     # `podium export` from the control-plane image: downloads the best agent, verifying sha256.
     out = tmp_path / "export"
     out.mkdir()
     out.chmod(0o777)
-    export_exp = exp_id  # the processes experiment's id (the last one run)
     proc_out = docker(
         "run", "--rm", "--network", "host", "--label", docker.label,
         "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
         "--tmpfs", "/tmp", f"--volume={out}:/out", f"--env=PODIUM_API_TOKEN={TOKEN}",
         "--entrypoint", "podium", images["control-plane"],
-        "export", export_exp, "--out", "/out/best", "--leaderboard-url", lb.url,
+        "export", exp_id, "--out", "/out/best", "--leaderboard-url", lb.url,
         timeout=300, stderr=True,
     )  # fmt: skip
     assert "verified into /out/best" in proc_out, proc_out

@@ -171,7 +171,7 @@ def test_a_kubernetes_tournament_compiles_once_and_keeps_every_pods_files(
                 timeout=300, stderr=True,
             )  # fmt: skip
 
-    _, cluster = run_experiment(docker, images, stack, "fused", tmp_path, body, 3, read_back)
+    _, cluster = run_experiment(docker, images, stack, tmp_path, body, 3, read_back)
     runs = list(cluster.runs.values())
     # The four, and any started for the budget left by pods whose share of it was spent.
     assert len(runs) >= 4, [r.manifest["metadata"]["name"] for r in runs]

@@ -124,7 +124,7 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
         "uid": "uid-1",
         "blockOwnerDeletion": False,
     }
-    # Fused (the default): one container runs all three roles with all of the pod's resources.
+    # One container runs the pod (worker, learner and evaluator) with all of its resources.
     assert spec_["volumes"] == [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
         {"name": "compile-cache", "emptyDir": {}},
@@ -132,11 +132,11 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
     ]
     [c] = spec_["containers"]
     assert c["name"] == "pod" and c["image"] == "ghcr.io/podium-rl/podium:0.1.0"
-    assert c["args"] == ["--role", "all", "--experiment", "e1", "--pod-id", "p1"]
+    assert c["command"] == ["python", "-m", "services.pod"]
+    assert c["args"] == ["--experiment", "e1", "--pod-id", "p1"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["PODIUM_ROLE"] == "all" and env["PODIUM_EXPERIMENT_ID"] == "e1"
-    assert "PODIUM_ROLES_DIR" not in env
+    assert env["PODIUM_EXPERIMENT_ID"] == "e1" and env["PODIUM_POD_ID"] == "p1"
     # The experiment's own credential, from its Secret: never the platform token of req.env.
     assert next(e for e in c["env"] if e["name"] == "PODIUM_API_TOKEN") == CREDENTIAL_REF
     assert "s3cret" not in json.dumps(m)
@@ -154,12 +154,12 @@ def test_pods_without_gpus_run_the_cpu_image_when_one_is_configured(
     """A CPU pod pulled the CUDA image (gigabytes of CUDA libraries it never uses)."""
     cuda, cpu = "ghcr.io/podium-rl/podium-pod:0.1.0", "ghcr.io/podium-rl/podium-pod:0.1.0-cpu"
     both = k8s_settings.model_copy(update={"pod_image": cuda, "pod_image_cpu": cpu})
-    for mode in ("fused", "processes"):
-        settings = both.model_copy(update={"pod_mode": mode, "k8s_gpu_claim_template": "gpu"})
+    for claim in (None, "gpu"):
+        settings = both.model_copy(update={"k8s_gpu_claim_template": claim})
         for gpus, image in ((0, cpu), (1, cuda)):
             m = pod_manifest(settings, NS, request(gpus=gpus), owner_uid="uid-1")
             validate(m)
-            assert {c["image"] for c in m["spec"]["containers"]} == {image}, (mode, gpus)
+            assert {c["image"] for c in m["spec"]["containers"]} == {image}, (claim, gpus)
     # Not configured (the default): one image for every pod.
     assert OrchestratorSettings.model_fields["pod_image_cpu"].default is None
     only = k8s_settings.model_copy(update={"pod_image": cuda})
@@ -175,45 +175,18 @@ def test_pods_without_gpus_run_the_cpu_image_when_one_is_configured(
     assert (from_env.pod_image, from_env.pod_image_cpu) == (cuda, cpu)
 
 
-def test_processes_mode_runs_each_role_in_its_own_container(
-    k8s_settings: OrchestratorSettings,
-    make_settings: Callable[..., OrchestratorSettings],
+def test_the_pod_mode_is_fused_and_any_other_is_refused_at_start_up(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = k8s_settings.model_copy(update={"pod_mode": "processes"})
-    m = pod_manifest(settings, NS, request(), owner_uid="u")
-    validate(m)
-    containers = {c["name"]: c for c in m["spec"]["containers"]}
-    assert list(containers) == ["worker", "learner", "evaluator"]
-    for role, c in containers.items():
-        assert c["args"] == ["--role", role, "--experiment", "e1", "--pod-id", "p1"]
-        env = {e["name"]: e.get("value") for e in c["env"]}
-        # They meet on the shared memory-backed /dev/shm: socket and tensors.
-        assert env["PODIUM_ROLES_DIR"].startswith("/dev/shm/")
-        assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-        assert env["PODIUM_ROLE"] == role
-        # Only the learner talks to the leaderboard.
-        assert ("PODIUM_API_TOKEN" in env) == (role == "learner")
-    # The pod's resources, split among its containers: requests add up to the pod's.
-    cpu = sum(int(c["resources"]["requests"]["cpu"][:-1]) for c in containers.values())
-    mem = sum(int(c["resources"]["limits"]["memory"][:-2]) for c in containers.values())
-    assert (cpu, mem) == (2000, 4096)
-    assert containers["worker"]["resources"]["requests"]["cpu"] == "1000m"
-    # With GPUs the worker and the evaluator need the device too: only a shared DRA claim can
-    # give it to them, so without one the pod is refused with the reason.
-    with pytest.raises(ValueError, match="processes with GPUs needs PODIUM_K8S_GPU_CLAIM"):
-        pod_manifest(settings, NS, request(gpus=1), owner_uid="u")
-    settings.k8s_gpu_claim_template = "single-gpu"
-    m = pod_manifest(settings, NS, request(gpus=1), owner_uid="u")
-    validate(m)
-    assert m["spec"]["resourceClaims"] == [
-        {"name": "gpu", "resourceClaimTemplateName": "single-gpu"}
-    ]
-    for c in m["spec"]["containers"]:
-        assert c["resources"]["claims"] == [{"name": "gpu"}]
-        assert "nvidia.com/gpu" not in c["resources"]["limits"]
-    # An unknown mode never reaches a manifest: the orchestrator's settings refuse it.
-    with pytest.raises(ValidationError, match="'fused' or 'processes'"):
-        make_settings(backend="kubernetes", pod_mode="threads")
+    """A pod runs its worker, learner and evaluator in one process: an operator's
+    PODIUM_POD_MODE=processes cannot be honoured, so the orchestrator refuses to start with
+    pydantic's error naming the setting, never silently runs its pods some other way."""
+    assert OrchestratorSettings(backend="kubernetes").pod_mode == "fused"
+    monkeypatch.setenv("PODIUM_POD_MODE", "processes")
+    with pytest.raises(ValidationError, match=r"pod_mode\n  Input should be 'fused'"):
+        OrchestratorSettings(backend="kubernetes")
+    monkeypatch.setenv("PODIUM_POD_MODE", "fused")
+    assert OrchestratorSettings(backend="kubernetes").pod_mode == "fused"
 
 
 def test_scheduling_settings_dra_and_token_secret(
@@ -242,17 +215,17 @@ def test_scheduling_settings_dra_and_token_secret(
     validate(credential_secret_manifest(NS, "e1", pod_token(LB_TOKEN, "e1"), "u"))
 
 
-def test_the_compile_cache_claim_is_every_containers_cache(
+def test_the_compile_cache_claim_is_the_pods_cache(
     k8s_settings: OrchestratorSettings,
 ) -> None:
-    """``k8s_compile_cache_claim``: the claim mounted in every container, where the pod's
+    """``k8s_compile_cache_claim``: the claim mounted in the pod's container, where its
     PODIUM_COMPILE_CACHE_DIR points (services/pod/runtime/compile_cache.py); unset, an emptyDir
-    of the Pod (its containers share it; the experiment's pods share through the leaderboard).
-    The learner (fused: the pod) writes TensorBoard files into an emptyDir of its own, and
-    every container is told the allocator to preload (``pod_malloc``)."""
-    for claim, mode in [(None, "fused"), ("podium-compile-cache", "fused"), (None, "processes")]:
+    of the Pod (the experiment's pods share through the leaderboard). The pod writes
+    TensorBoard files into an emptyDir of its own, and is told the allocator to preload
+    (``pod_malloc``)."""
+    for claim in (None, "podium-compile-cache"):
         s = k8s_settings.model_copy(
-            update={"k8s_compile_cache_claim": claim, "pod_mode": mode, "pod_malloc": "system"}
+            update={"k8s_compile_cache_claim": claim, "pod_malloc": "system"}
         )
         m = pod_manifest(s, NS, request(), owner_uid="u")
         validate(m)
@@ -261,16 +234,12 @@ def test_the_compile_cache_claim_is_every_containers_cache(
             assert volume["persistentVolumeClaim"] == {"claimName": claim}
         else:
             assert volume["emptyDir"] == {}
-        for c in m["spec"]["containers"]:
-            env = {e["name"]: e.get("value") for e in c["env"]}
-            mounts = {v["name"]: v["mountPath"] for v in c["volumeMounts"]}
-            assert env["PODIUM_COMPILE_CACHE_DIR"] == mounts["compile-cache"]
-            assert env["PODIUM_POD_MALLOC"] == "system"
-            writes_board = c["name"] in ("pod", "learner")
-            assert ("tensorboard" in mounts) == writes_board, c["name"]
-            assert env["PODIUM_TENSORBOARD_DIR"] == mounts.get(
-                "tensorboard", env["PODIUM_TENSORBOARD_DIR"]
-            )
+        [c] = m["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        mounts = {v["name"]: v["mountPath"] for v in c["volumeMounts"]}
+        assert env["PODIUM_COMPILE_CACHE_DIR"] == mounts["compile-cache"]
+        assert env["PODIUM_POD_MALLOC"] == "system"
+        assert env["PODIUM_TENSORBOARD_DIR"] == mounts["tensorboard"]
 
 
 def test_schema_validation_catches_a_broken_manifest(k8s_settings: OrchestratorSettings) -> None:
@@ -324,21 +293,14 @@ def test_an_ensemble_pods_algorithm_is_kept_on_the_pod(
 def test_pods_that_can_never_start_are_failed_and_unschedulable_ones_say_why(
     backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
 ) -> None:
-    fc, srv = cluster
-    # p1 runs its roles as processes (three containers), p2 fused: the mode is the
-    # orchestrator's, so p1 comes from a second backend configured so.
-    processes = KubernetesBackend(
-        backend.settings.model_copy(update={"pod_mode": "processes"}),
-        api_client=api_client(srv.url),
-    )
-    processes.create_pod(request("e2", "p1"))
-    processes.close()
+    fc, _ = cluster
+    backend.create_pod(request("e2", "p1"))
     backend.create_pod(request("e2", "p2"))
     wait_for(lambda: len(backend.list_pods()) == 2)
-    fc.wait_container(NS, "podium-e2-p1", "worker", "ImagePullBackOff", "no such image")
+    fc.wait_container(NS, "podium-e2-p1", "pod", "ImagePullBackOff", "no such image")
     pod = wait_for(lambda: next((p for p in backend.list_pods() if p.phase == "Failed"), None))
     assert pod.pod_id == "p1" and not pod.live
-    assert pod.reason == "container worker: ImagePullBackOff: no such image"
+    assert pod.reason == "container pod: ImagePullBackOff: no such image"
     fc.unschedulable(NS, "podium-e2-p2", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu")
     pod = wait_for(
         lambda: next((p for p in backend.list_pods() if p.pod_id == "p2" and p.reason), None)
@@ -409,33 +371,6 @@ def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
     be2.close()
     for m in fc.manifests:
         validate(m)
-
-
-def test_the_orchestrators_pod_mode_reaches_the_pods(
-    cluster: tuple[FakeCluster, ServerThread],
-    k8s_settings: OrchestratorSettings,
-    flush_redis: None,
-) -> None:
-    """PODIUM_POD_MODE=processes on the orchestrator: every pod it creates has one container
-    per role, each told the mode (the chart's pod.mode sets it)."""
-    fc, srv = cluster
-    settings = k8s_settings.model_copy(update={"pod_mode": "processes"})
-    be = KubernetesBackend(settings, api_client=api_client(srv.url))
-    with TestClient(create_app(settings, backend=be)) as c:
-        c.headers["Authorization"] = f"Bearer {TOKEN}"
-        body = spec(population={"min_pods": 1, "max_pods": 1})
-        exp_id = c.post("/api/v1/experiments", json=body).json()["id"]
-        wait_for(lambda: len(fc.pod_names(NS)) == 1)
-        pod = next(m for m in fc.manifests if m["kind"] == "Pod")
-        containers = pod["spec"]["containers"]
-        assert sorted(x["name"] for x in containers) == ["evaluator", "learner", "worker"]
-        for x in containers:
-            env = {e["name"]: e.get("value") for e in x["env"]}
-            assert env["PODIUM_POD_MODE"] == "processes"
-        validate(pod)
-        assert c.delete(f"/api/v1/experiments/{exp_id}").status_code == 204
-        wait_for(lambda: fc.pod_names(NS, live_only=False) == [])
-    be.close()
 
 
 def test_deleting_the_owner_collects_the_pods(

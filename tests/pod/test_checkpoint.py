@@ -76,7 +76,7 @@ def test_continued_training_is_identical_after_reload(tmp_path):
     iteration = trainer.population.state["iteration"].clone()
     for t in (trainer, copy):  # the same rollout, the same update: the same agent
         t.population.state["iteration"].copy_(iteration)
-        t.population.iterate(roll=roll)
+        t.population.learn(roll)
     for key, value in trainer.agent(0).state_dict().items():
         assert torch.equal(value, copy.agent(0).state_dict()[key]), key
 

@@ -280,33 +280,6 @@ def test_where_tmp_is_noexec_temporary_files_go_to_the_compile_cache(tmp_path: P
     assert plain.stdout.strip() != str(tmp_path / "c2" / "tmp")
 
 
-def test_a_pod_with_roles_in_other_processes_does_not_wait_for_a_compile(
-    leaderboard: Leaderboard, tmp_path: Path
-) -> None:
-    """Its worker and evaluator wait 30 s for the trainer to answer them: the pod compiles
-    (eagerly, roles elsewhere) rather than wait for another pod's compile."""
-    from services.pod.roles.multiprocess import ProcessRoles
-    from services.pod.runtime.rounds import PodRuntime, RuntimeSettings
-
-    spec = make_spec()
-    register(leaderboard, "exp", spec)
-    share(leaderboard, "p0", tmp_path / "c0").before_build(configs())  # compiling, for ever
-    settings = RuntimeSettings(work_dir=tmp_path / "p1", compile_cache_dir=tmp_path / "c1")
-    roles = ProcessRoles(1, 30.0)
-    try:
-        rt = PodRuntime(
-            "exp", "p1", ExperimentSpec.model_validate(spec), client(leaderboard, "exp"),
-            settings, roles=roles,
-        )  # fmt: skip
-        assert rt.compile_share is not None
-        begin = time.monotonic()
-        rt.compile_share.before_build(configs())
-        assert rt.compile_share.outcome["state"] == "wait_expired"
-        assert time.monotonic() - begin < 5
-    finally:
-        roles.close()
-
-
 class StallingProxy:
     """A TCP proxy to a local ``port`` that forwards every connection but the ``stall``-th,
     which it accepts and never answers: a request lost on the way, the leaderboard healthy."""

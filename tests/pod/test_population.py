@@ -28,7 +28,7 @@ def learner(env: str, config: PPOConfig, hps: list[dict], seeds: list[int], **kw
     seed ``seeds[i]`` and ``hps[i]``."""
     run = PPORunConfig(env=env, env_kwargs=kwargs, ppo=config, eval_episodes=2)
     envs = PPOEnvs.build(run, len(seeds))
-    spaces = envs.spaces(run)
+    spaces = envs.spaces()
     agents = []
     for seed, hp in zip(seeds, hps, strict=True):
         torch.manual_seed(seed)
@@ -130,13 +130,13 @@ def test_the_update_is_ppo_written_the_obvious_way(env: str) -> None:
     roll["truncated"] = torch.zeros_like(roll["truncated"])  # the reference bootstraps none
     orders = ppo.shuffles(run.shape, run.state)[0]
     torch.manual_seed(3)
-    agent = PPO(*PPOEnvs.build(PPORunConfig(env=env, ppo=config)).spaces(PPORunConfig(env=env)),
+    agent = PPO(*PPOEnvs.build(PPORunConfig(env=env, ppo=config)).spaces(),
                 config.model_copy(update=HPS[0]))  # fmt: skip
     optimizer = torch.optim.Adam(agent.trained().parameters(), lr=HPS[0]["learning_rate"], eps=1e-5)
     one = {k: v[:, 0] for k, v in roll.items() if k != "next_obs"}
     one["next_obs"] = roll["next_obs"][0]
     reference_iteration(agent, one, orders, optimizer)
-    run.iterate(roll=roll)
+    run.learn(roll)
     mine = run.agent(0, PPO(*agent_spaces(env, config), config))
     for name, value in agent.trained().state_dict().items():
         torch.testing.assert_close(mine.trained().state_dict()[name], value, rtol=1e-4, atol=1e-6)
@@ -144,7 +144,7 @@ def test_the_update_is_ppo_written_the_obvious_way(env: str) -> None:
 
 def agent_spaces(env: str, config: PPOConfig):
     run = PPORunConfig(env=env, ppo=config)
-    return PPOEnvs.build(run).spaces(run)
+    return PPOEnvs.build(run).spaces()
 
 
 @pytest.mark.slow

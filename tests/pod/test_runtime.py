@@ -476,7 +476,7 @@ def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
         nodes = api.get("/experiments/pop/lineage").json()["nodes"]
     assert {n["pod_id"] for n in nodes} == {"p0.m0", "p0.m1", "p0.m2"}
     started = [line for line in lines if line["event"] == "pod started"]
-    assert started and started[0]["mode"] == "population"
+    assert started and started[0]["agents"] == 3
 
 
 def test_a_pod_stops_within_its_env_step_budget(leaderboard: Leaderboard, tmp_path: Path) -> None:

@@ -329,7 +329,7 @@ from pydantic import Field
 from services.pod.config import RunConfig
 from services.pod.roles.evaluator import Evaluator
 from services.pod.training.checkpoint import json_bytes, read_files, tensor_bytes, write_files
-from services.pod.training.trainer import Counters, Trainer, train_in_process
+from services.pod.training.trainer import Counters, Trainer
 
 from podium_hill import HillClimbConfig
 
@@ -356,9 +356,8 @@ class HillClimbTrainer(Trainer[HillClimbRunConfig]):
     config_class = HillClimbRunConfig
     one_update_per_step = True
 
-    def __init__(self, configs, roles=None) -> None:
+    def __init__(self, configs) -> None:
         [config] = configs
-        train_in_process(roles, "hill climbing trains in one process")
         self.size = 1
         self.env = None
         self.reset(0, config)

@@ -1,25 +1,20 @@
 """Kubernetes backend: a training pod is a Pod running the pod image.
 
-- The orchestrator's ``pod_mode`` (told to the pod as ``PODIUM_POD_MODE``) picks its containers:
-  ``fused`` (the default, and the faster, see docs/benchmarks.md) is one container ``pod``
-  running ``--role all`` with all of the pod's resources; ``processes`` is three containers,
-  ``worker``, ``learner`` and ``evaluator``, each running its role (``--role ROLE``), which
-  meet in ``PODIUM_ROLES_DIR`` on the shared /dev/shm: a Unix socket for control, rollouts and
-  weights in shared-memory files (services/pod/roles/transport.py).
+- A training pod is one container, ``pod``, running ``python -m services.pod --experiment ID
+  --pod-id ID``: the worker, the learner and the evaluator in one process, with all of the
+  pod's CPU, memory and GPUs.
 - /dev/shm is a memory-backed emptyDir (``k8s_shared_memory``; a container's own is 64 MiB).
-- torch.compile's cache is at ``COMPILE_CACHE_DIR`` in every container: an emptyDir of the Pod,
-  or, with ``k8s_compile_cache_claim``, a ReadWriteMany PersistentVolumeClaim. Either way the
+- torch.compile's cache is at ``COMPILE_CACHE_DIR``: an emptyDir of the Pod, or, with
+  ``k8s_compile_cache_claim``, a ReadWriteMany PersistentVolumeClaim. Either way the
   experiment's pods share what the first of them compiled through the leaderboard's blob store
   (services/pod/runtime/compile_share.py); the claim also keeps it across experiments.
-- The learner (fused: the pod) writes its TensorBoard files into an emptyDir at
-  ``TENSORBOARD_DIR`` and uploads them, and its last log lines, to the leaderboard's blob store
-  as it runs and before it exits (services/pod/runtime/pod_files.py): nothing a user reads is
-  lost with the Pod. ``PODIUM_POD_MALLOC`` (``pod_malloc``) is the allocator the pod preloads.
-- The GPU: ``nvidia.com/gpu`` limits on the fused container with the NVIDIA device plugin, or,
-  with ``k8s_gpu_claim_template`` set, one DRA ResourceClaim that every container references.
-  Three containers with GPUs need the claim: the worker and the evaluator build their envs and
-  policy on the learner's device, and the device plugin cannot hand one GPU to several
-  containers.
+- The pod writes its TensorBoard files into an emptyDir at ``TENSORBOARD_DIR`` and uploads
+  them, and its last log lines, to the leaderboard's blob store as it runs and before it exits
+  (services/pod/runtime/pod_files.py): nothing a user reads is lost with the Pod.
+  ``PODIUM_POD_MALLOC`` (``pod_malloc``) is the allocator the pod preloads.
+- The GPU: ``nvidia.com/gpu`` limits with the NVIDIA device plugin, or, with
+  ``k8s_gpu_claim_template`` set, a DRA ResourceClaim from that template that the container
+  references.
 - Each experiment owns a ConfigMap holding its spec; every pod has an ownerReference to it, so
   deleting the experiment (its ConfigMap) lets the garbage collector take its pods.
 - Pods never see the platform token: each experiment has a Secret (owned by that ConfigMap, and
@@ -81,16 +76,11 @@ NEVER_STARTS = frozenset(
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
 RESOURCES_ANNOTATION = "podium.dev/resources"
 ALGORITHM_ANNOTATION = "podium.dev/algorithm"
-ROLES = ("worker", "learner", "evaluator")
-#: Share of the pod's CPU and memory each container requests in the processes mode: the
-#: worker steps the envs, the learner and the evaluator wait for it half of the time.
-ROLE_SHARE = {"worker": 0.5, "learner": 0.25, "evaluator": 0.25}
-FUSED_CONTAINER = "pod"  # runs --role all
-#: Where the three containers of the processes mode meet (inside the shared /dev/shm).
-ROLES_DIR = "/dev/shm/podium-roles"
+#: The training pod's one container.
+CONTAINER = "pod"
 #: Where a training pod's compile cache is (an emptyDir, or ``k8s_compile_cache_claim``).
 COMPILE_CACHE_DIR = "/var/cache/podium/compile"
-#: Where the learner writes its TensorBoard files (an emptyDir; uploaded as they grow).
+#: Where the pod writes its TensorBoard files (an emptyDir; uploaded as they grow).
 TENSORBOARD_DIR = "/var/lib/podium/tensorboard"
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -213,58 +203,36 @@ def pod_manifest(
         {"name": "compile-cache", **cache},
         {"name": "tensorboard", "emptyDir": {}},
     ]
-    mode = settings.pod_mode  # the reconciler tells the pod the same (PODIUM_POD_MODE)
     claim = bool(r.gpus and settings.k8s_gpu_claim_template)
-    if mode == "processes" and r.gpus and not claim:
-        raise ValueError(
-            "PODIUM_POD_MODE=processes with GPUs needs PODIUM_K8S_GPU_CLAIM_TEMPLATE (a DRA "
-            "claim shared by the worker, learner and evaluator containers): the device plugin "
-            "gives a GPU to one container only. Use the fused mode otherwise."
-        )
-    if mode == "fused":
-        roles = {FUSED_CONTAINER: ("all", 1.0)}
-    else:
-        env.append({"name": "PODIUM_ROLES_DIR", "value": ROLES_DIR})
-        roles = {role: (role, ROLE_SHARE[role]) for role in ROLES}
+    resources: dict[str, Any] = {
+        "requests": {"cpu": _cpu(r.cpu), "memory": _mem(r.memory)},
+        "limits": {"memory": _mem(r.memory)},
+    }
+    if claim:
+        resources["claims"] = [{"name": "gpu"}]
+    elif r.gpus:
+        resources["limits"]["nvidia.com/gpu"] = str(r.gpus)
+        resources["requests"]["nvidia.com/gpu"] = str(r.gpus)
     # A pod without GPUs has no use for CUDA torch: the CPU build, where one is configured.
     image = settings.pod_image_cpu if not r.gpus and settings.pod_image_cpu else settings.pod_image
-    board = [{"name": "tensorboard", "mountPath": TENSORBOARD_DIR}]
-    containers = []
-    for name, (role, share) in roles.items():
-        mem = _mem(r.memory * share)
-        resources: dict[str, Any] = {
-            "requests": {"cpu": _cpu(r.cpu * share), "memory": mem},
-            "limits": {"memory": mem},
-        }
-        if claim:
-            resources["claims"] = [{"name": "gpu"}]
-        elif r.gpus:  # the fused container (checked above)
-            resources["limits"]["nvidia.com/gpu"] = str(r.gpus)
-            resources["requests"]["nvidia.com/gpu"] = str(r.gpus)
-        role_env = env
-        if role in ("worker", "evaluator"):
-            # They talk to the learner only, never to the leaderboard: no token for them.
-            role_env = [e for e in env if e["name"] != "PODIUM_API_TOKEN"]
-        containers.append(
-            {
-                "name": name,
-                "image": image,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["python", "-m", "services.pod"],
-                "args": ["--role", role, "--experiment", req.experiment_id, "--pod-id", req.pod_id],
-                "env": [*role_env, {"name": "PODIUM_ROLE", "value": role}],
-                "resources": resources,
-                "volumeMounts": [*mounts, *board] if role in ("all", "learner") else mounts,
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-            }
-        )
+    container = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "services.pod"],
+        "args": ["--experiment", req.experiment_id, "--pod-id", req.pod_id],
+        "env": env,
+        "resources": resources,
+        "volumeMounts": [*mounts, {"name": "tensorboard", "mountPath": TENSORBOARD_DIR}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
     spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the reconciler replaces failed pods, with backoff
         "terminationGracePeriodSeconds": max(1, round(req.grace_s)),
-        "containers": containers,
+        "containers": [container],
         "volumes": volumes,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "enableServiceLinks": False,
@@ -487,7 +455,7 @@ class KubernetesBackend(Backend):
         phase = status.get("phase") or "Pending"
         exit_code, reason = None, status.get("reason")
         killed = None  # the failed container's terminated state
-        # A training pod is useless once any of its containers has failed.
+        # A training pod is useless once its container has failed.
         for cs in status.get("containerStatuses") or []:
             term = (cs.get("state") or {}).get("terminated")
             if term and term.get("exitCode", 0) != 0:
@@ -621,30 +589,13 @@ class KubernetesBackend(Backend):
 
     def pod_log_tail(self, experiment_id: str, pod_id: str, lines: int = 20) -> str:
         name = pod_name(experiment_id, pod_id)
-        with self._lock:
-            pod = self._pods.get(name)
-        failed: tuple[str, ...] = ("learner", FUSED_CONTAINER)  # the round loop's log
-        if pod is not None:
-            statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
-            failed = tuple(
-                cs["name"]
-                for cs in statuses
-                if ((cs.get("state") or {}).get("terminated") or {}).get("exitCode", 0) != 0
-            ) or tuple(c for c in failed if c in containers)
-        for container in failed:  # the first that has a log
-            try:
-                resp = self.core.read_namespaced_pod_log(
-                    name,
-                    self.namespace,
-                    container=container,
-                    tail_lines=lines,
-                    _preload_content=False,
-                )
-            except ApiException:
-                continue
-            return resp.data.decode(errors="replace").strip()
-        return ""
+        try:
+            resp = self.core.read_namespaced_pod_log(
+                name, self.namespace, container=CONTAINER, tail_lines=lines, _preload_content=False
+            )
+        except ApiException:
+            return ""
+        return resp.data.decode(errors="replace").strip()
 
     def delete_experiment(self, experiment_id: str) -> None:
         with contextlib.suppress(ApiException):

@@ -1,1 +1,1 @@
-"""The roles: worker, learner, evaluator, and where they run (services/pod/__init__.py)."""
+"""The roles: worker, learner, evaluator (services/pod/__init__.py)."""

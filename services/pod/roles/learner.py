@@ -1,8 +1,7 @@
 """The learner: turns what the worker collected into updates and owns everything that learns.
 
 It is the single writer of the agents' state (weights, optimiser, normalisation statistics,
-counters); workers and evaluators only ever read a snapshot of the policy. That one-way flow is
-what lets the roles run fused in one process or as three containers. On-policy (PPO), the
+counters); workers and evaluators only ever read the policy. On-policy (PPO), the
 learner is ``ppo.learn`` (services/pod/algorithms/ppo.py) over each rollout; off-policy, it is
 ``ReplayLearner`` here: the update-to-data ratio (``UpdateSchedule``) paid for P stacked agents
 (services/pod/algorithms/stacked.py; one agent is a stack of one), ``k`` updates per call of
@@ -61,16 +60,14 @@ class PPOLearner:
     """PPO's learner: P agents (P >= 1) on one env, trained together, the single writer of
     their state; the rollout's carry and the iteration (the worker's rollout, then
     ``ppo.learn``), eager or compiled; their greedy evaluation. What the on-policy trainer
-    (services/pod/training/onpolicy.py) trains and, with the roles apart, what a worker
-    process collects with (``collect``).
+    (services/pod/training/onpolicy.py) trains.
 
-    ``env``: a functional env (rollout and evaluation are pure functions: they compile), a
-    host-stepped ``VecEnv`` of P x N sub-environments, or None where the rollouts come from
-    elsewhere (a worker in another process: ``iterate(roll=...)``)."""
+    ``env``: a functional env (rollout and evaluation are pure functions: they compile) or a
+    host-stepped ``VecEnv`` of P x N sub-environments."""
 
     def __init__(
         self,
-        env: FunctionalEnv | VecEnv | None,
+        env: FunctionalEnv | VecEnv,
         config: PPOConfig,
         agents: Sequence[PPO],
         hyperparameters: Sequence[Mapping[str, float]],
@@ -87,12 +84,13 @@ class PPOLearner:
         )
         self.state["seed"].copy_(torch.tensor(list(seeds), device=device))
         self.fn = env if isinstance(env, FunctionalEnv) else None
-        self.host = HostStep(env, self.size) if isinstance(env, VecEnv) else None
+        self.host = HostStep(env, self.size) if self.fn is None else None
         self.after_epoch: Callable[[ppo.State], None] | None = None
         shape = self.shape
         if self.fn is not None:
             self.carry = start_carry(shape, self.fn, None, self.state["seed"])
-        elif self.host is not None:
+        else:
+            assert self.host is not None
             obs, _ = self.host.env.reset(seed=reset_seed)
             obs = obs.view(self.size, shape.num_envs, -1)
             self.carry = start_carry(shape, None, obs, self.state["seed"])
@@ -122,40 +120,40 @@ class PPOLearner:
         self._parts[compiled] = (run, batch_fn, update_fn)
         return self._parts[compiled]
 
-    def iterate(
-        self, compiled: bool = False, roll: Mapping[str, torch.Tensor] | None = None
-    ) -> dict[str, torch.Tensor]:
-        """One iteration (rollout, update) of every agent; ``roll``: a rollout collected
-        elsewhere. On a GPU the compiled iteration of a functional env replays as one CUDA
-        graph. Returns the metrics as tensors (``ppo.learn``'s)."""
+    def iterate(self, compiled: bool = False) -> dict[str, torch.Tensor]:
+        """One iteration (rollout, update) of every agent. On a GPU the compiled iteration of
+        a functional env replays as one CUDA graph. Returns the metrics as tensors
+        (``ppo.learn``'s)."""
         graphed = compiled and self.device.type == "cuda" and self.fn is not None
         if graphed and self.after_epoch is None:
             if self._graph is None:
-                self._graph = Graphed(lambda: self._iteration(True, None, True), "ppo iteration")
+                self._graph = Graphed(lambda: self._iteration(True, True), "ppo iteration")
             return {k: v.clone() for k, v in self._graph().items()}
-        return self._iteration(compiled, roll, False)
+        return self._iteration(compiled, False)
 
     def collect(self) -> dict[str, torch.Tensor]:
-        """One rollout with the current weights (eager), for a learner elsewhere; the next
-        one draws the next iteration's numbers."""
+        """One rollout with the current weights (eager) and no update; the next one draws the
+        next iteration's numbers."""
         run, _, _ = self._programs(False)
         self.carry, roll = run(self.state, self.carry, self.hp)
         self.state["iteration"].add_(1)
         return roll
 
-    def _iteration(
-        self, compiled: bool, roll: Mapping[str, torch.Tensor] | None, in_place: bool
-    ) -> dict[str, torch.Tensor]:
-        run, batch_fn, update_fn = self._programs(compiled)
-        if roll is None:
-            carry, roll = run(self.state, self.carry, self.hp)
-            if in_place:  # a CUDA graph reads and writes the same carry tensors every replay
-                _copy_into(self.carry, carry)
-            else:
-                self.carry = carry
+    def learn(self, roll: Mapping[str, torch.Tensor], compiled: bool = False) -> dict:
+        """The update (GAE, epochs x minibatches) from ``roll``, a rollout ``collect`` took."""
+        _, batch_fn, update_fn = self._programs(compiled)
         return ppo.learn(
             self.shape, self.state, roll, self.hp, update_fn, batch_fn, self.after_epoch
         )
+
+    def _iteration(self, compiled: bool, in_place: bool) -> dict[str, torch.Tensor]:
+        run = self._programs(compiled)[0]
+        carry, roll = run(self.state, self.carry, self.hp)
+        if in_place:  # a CUDA graph reads and writes the same carry tensors every replay
+            _copy_into(self.carry, carry)
+        else:
+            self.carry = carry
+        return self.learn(roll, compiled)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
@@ -226,8 +224,7 @@ def _copy_into(carry: Carry, new: Carry) -> None:
 class PPOEnvs:
     """A PPO run's envs: the functional env of training and of evaluation and the
     evaluation's start states where the env is functional, else the host-stepped envs of
-    training and of evaluation (P x N and P x episodes sub-environments). ``worker`` /
-    ``evaluator`` False: that side is not built (a role process builds only its own)."""
+    training and of evaluation (P x N and P x episodes sub-environments)."""
 
     fn: FunctionalEnv | None = None
     eval_fn: FunctionalEnv | None = None
@@ -236,56 +233,48 @@ class PPOEnvs:
     eval_env: VecEnv | None = None
 
     @classmethod
-    def build(
-        cls, config: PPORunConfig, slots: int = 1, worker: bool = True, evaluator: bool = True
-    ) -> PPOEnvs:
+    def build(cls, config: PPORunConfig, slots: int = 1) -> PPOEnvs:
         device = torch.device(config.device)
         kwargs = config.env_kwargs
         eval_kwargs = {**kwargs, **config.eval_env_kwargs}
         out = cls()
         if is_functional(config.env):
-            if worker:
-                out.fn = functional_env(config.env, device, **kwargs)
-            if evaluator:
-                out.eval_fn = functional_env(config.env, device, **eval_kwargs)
-                evaluation = make_env(
-                    config.env, config.eval_episodes, device=device,
-                    seed=config.evaluation_seed, **eval_kwargs,
-                )  # fmt: skip
-                assert isinstance(evaluation, TorchVecEnv)
-                out.start = start_states(
-                    evaluation, config.evaluation_seed, slots, config.eval_episodes
-                )
-                evaluation.close()
-            return out
-        if worker:
-            out.env = make_env(
-                config.env, slots * config.agent_config.num_envs, device=device,
-                seed=config.seed,
-                **kwargs,
-            )  # fmt: skip
-        if evaluator:
-            out.eval_env = make_env(
-                config.env, slots * config.eval_episodes, device=device,
+            out.fn = functional_env(config.env, device, **kwargs)
+            out.eval_fn = functional_env(config.env, device, **eval_kwargs)
+            evaluation = make_env(
+                config.env, config.eval_episodes, device=device,
                 seed=config.evaluation_seed, **eval_kwargs,
             )  # fmt: skip
+            assert isinstance(evaluation, TorchVecEnv)
+            seed, episodes = config.evaluation_seed, config.eval_episodes
+            out.start = start_states(evaluation, seed, slots, episodes)
+            evaluation.close()
+            return out
+        out.env = make_env(
+            config.env, slots * config.agent_config.num_envs, device=device,
+            seed=config.seed, **kwargs,
+        )  # fmt: skip
+        out.eval_env = make_env(
+            config.env, slots * config.eval_episodes, device=device,
+            seed=config.evaluation_seed, **eval_kwargs,
+        )  # fmt: skip
         return out
 
     @property
-    def train(self) -> FunctionalEnv | VecEnv | None:
-        return self.fn if self.fn is not None else self.env
+    def train(self) -> FunctionalEnv | VecEnv:
+        train = self.fn if self.fn is not None else self.env
+        assert train is not None
+        return train
 
     @property
-    def evaluation(self) -> FunctionalEnv | VecEnv | None:
-        return self.eval_fn if self.eval_fn is not None else self.eval_env
+    def evaluation(self) -> FunctionalEnv | VecEnv:
+        evaluation = self.eval_fn if self.eval_fn is not None else self.eval_env
+        assert evaluation is not None
+        return evaluation
 
-    def spaces(self, config: PPORunConfig) -> tuple[Any, Any]:
+    def spaces(self) -> tuple[Any, Any]:
         """The observation and action spaces of one sub-environment."""
-        probe: Any = self.train or self.evaluation
-        if probe is None:
-            probe = make_env(config.env, 1, device=config.device, **config.env_kwargs)
-            probe.close()
-        return probe.single_observation_space, probe.single_action_space
+        return self.train.single_observation_space, self.train.single_action_space
 
     def close(self) -> None:
         for env in (self.env, self.eval_env):

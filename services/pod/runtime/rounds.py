@@ -63,7 +63,7 @@ from services.pod.runtime.pod_files import PodFiles
 from services.pod.training.checkpoint import MANIFEST, CheckpointError, write_files
 from services.pod.training.presets import pod_config
 from services.pod.training.tensorboard import Board
-from services.pod.training.trainer import Roles, RunConfig, Trainer, build_trainer
+from services.pod.training.trainer import RunConfig, Trainer, build_trainer
 
 log = get_logger(__name__)
 
@@ -128,7 +128,6 @@ class PodRuntime:
         client: LeaderboardClient,
         settings: RuntimeSettings | None = None,
         metrics: PodMetrics | None = None,
-        roles: Roles | None = None,
         files: PodFiles | None = None,
     ) -> None:
         size = spec.population.agents_per_pod
@@ -143,7 +142,6 @@ class PodRuntime:
         self.metrics = metrics or PodMetrics(
             experiment_id, pod_id, spec.evaluation.higher_is_better
         )
-        self.roles = roles  # where the trainer's worker and evaluator run; None: here
         self.files = files  # the TensorBoard files and log lines kept beyond the pod
         self.ready = ReadyRule.of(spec)
         self.seed = zlib.crc32(pod_id.encode()) % (2**31)
@@ -158,9 +156,7 @@ class PodRuntime:
         self.train_seconds = 0.0  # spent in rounds (the env-steps/s curve's clock)
         self.board, self.boards = self.open_boards()
         cache = self.settings.compile_cache_dir
-        # Roles in other processes wait for the trainer to answer them (30 s): such a pod does
-        # not wait for another's compile (its trainer is the eager one anyway).
-        wait_s = 0.0 if roles is not None else self.settings.compile_wait_s
+        wait_s = self.settings.compile_wait_s
         self.compile_share = (
             CompileShare(client, pod_id, cache, wait_s, lambda: self.stopping)
             if cache is not None
@@ -251,7 +247,7 @@ class PodRuntime:
                 self.trainer = None
             try:
                 horizon = self.horizon_env_steps(configs[0])
-                self.trainer = build_trainer(configs, self.roles, horizon)
+                self.trainer = build_trainer(configs, horizon)
             except HyperparameterError:
                 raise
             except ValueError as exc:  # e.g. DQN on a continuous env, SAC on a discrete one
@@ -539,7 +535,7 @@ class PodRuntime:
                 raise
             self.trainer.close()
             self.trainer = None
-            self.trainer = build_trainer([config], self.roles, self.horizon_env_steps(config))
+            self.trainer = build_trainer([config], self.horizon_env_steps(config))
             put(self.trainer)
 
     def maybe_exploit(self) -> None:
@@ -575,8 +571,6 @@ class PodRuntime:
             self.compile_share.close()
         if self.trainer is not None:
             self.trainer.close()
-        if self.roles is not None:
-            self.roles.close()
         if not keep_client:
             self.client.close()
         self.metrics.close()

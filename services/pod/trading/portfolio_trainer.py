@@ -37,11 +37,9 @@ from services.pod.training.checkpoint import (
 )
 from services.pod.training.trainer import (
     Counters,
-    Roles,
     RunConfig,
     Trainer,
     check_population_slot,
-    train_in_process,
 )
 
 
@@ -107,8 +105,7 @@ class PortfolioTrainer(Trainer[PortfolioRunConfig]):
     config_class = PortfolioRunConfig
     one_update_per_step = True
 
-    def __init__(self, configs: Sequence[PortfolioRunConfig], roles: Roles | None = None) -> None:
-        train_in_process(roles, "the portfolio gradient trains in its process: no worker rolls out")
+    def __init__(self, configs: Sequence[PortfolioRunConfig]) -> None:
         first = configs[0]
         self.size, self.configs = len(configs), list(configs)
         self.per_slot = POPULATION.hyperparameters

@@ -23,8 +23,7 @@ Each slot saves and loads exactly the training files a single agent of its algor
 (weights, optimiser, replay buffer, counters), so PBT's exploit copies a slot from any pod's
 files and ``podium export`` loads a slot's. Settings that shape the networks, the data or the
 loop are shared by the slots (refused when they differ: ``HyperparameterError`` naming the
-field); they may differ in the card's population hyperparameters and their seeds. The roles
-always run in this process."""
+field); they may differ in the card's population hyperparameters and their seeds."""
 
 from __future__ import annotations
 
@@ -70,12 +69,10 @@ from services.pod.training.checkpoint import (
 )
 from services.pod.training.trainer import (
     Counters,
-    Roles,
     RunConfig,
     Trainer,
     algorithm_class,
     check_population_slot,
-    train_in_process,
 )
 
 log = get_logger(__name__)
@@ -151,15 +148,9 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
     def __init__(
         self,
         configs: Sequence[OffPolicyConfig],
-        roles: Roles | None = None,
         horizon_env_steps: int | None = None,
     ) -> None:
         first = configs[0]
-        train_in_process(
-            roles,
-            "off-policy agents train fused: worker, learner and evaluator in this process",
-            algorithm=first.algorithm,
-        )
         self.size = p = len(configs)
         self.configs = list(configs)
         self.algorithm = algorithm_class(first.algorithm)

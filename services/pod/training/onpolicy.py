@@ -11,9 +11,7 @@ tensors: rollout chunks, the batch between rollout and updates, the minibatch up
 evaluation are programs (services/pod/algorithms/compiled.py) when ``compile`` says so, and on
 a GPU the iteration replays as one CUDA graph. A host-stepped env (gymnasium, EnvPool, a plugin
 ``VecEnv``) steps on the host between the same functions, and its updates compile as well.
-Where the worker and evaluator run in other processes or containers
-(services/pod/roles/multiprocess.py) they step their own envs with the weights this trainer
-publishes; ``learners: N`` runs N replicas averaged after every epoch
+``learners: N`` runs N replicas averaged after every epoch
 (services/pod/training/fusion.py).
 
 ``compile`` (``auto | on | off``) is decided once per trainer by the one rule
@@ -33,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -69,7 +67,6 @@ from services.pod.training.checkpoint import (
 )
 from services.pod.training.trainer import (
     Counters,
-    Roles,
     Trainer,
     algorithm_class,
     check_population_slot,
@@ -105,7 +102,6 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
     def __init__(
         self,
         configs: Sequence[PPORunConfig],
-        roles: Roles | None = None,
         horizon_env_steps: int | None = None,
     ) -> None:
         first = configs[0]
@@ -120,16 +116,10 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         if p > 1 and first.learners > 1:
             raise HyperparameterError("learners > 1 trains one agent per pod, not a population")
         self.device = torch.device(first.device)
-        self.apart = roles is not None and not roles.in_process
-        if self.apart and p > 1:
-            raise HyperparameterError("a population pod runs its worker and evaluator in-process")
-        self.roles: Any = roles if self.apart else None
-        self._roles_built = False
         self.world = 1
-        # Roles apart: the worker and the evaluator build and step their own envs.
-        self.envs = PPOEnvs.build(first, p, worker=not self.apart, evaluator=not self.apart)
+        self.envs = PPOEnvs.build(first, p)
         self.fn = self.envs.fn
-        self.obs_space, self.action_space = self.envs.spaces(first)
+        self.obs_space, self.action_space = self.envs.spaces()
         try:
             check_action_space(first.algorithm, self.action_space)
         except ValueError as exc:
@@ -184,7 +174,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
 
     def _programs(self) -> tuple[str, ...]:
         """The programs compiling builds."""
-        return ("iteration",) if self.fn is None or self.apart else ("iteration", "evaluate")
+        return ("iteration",) if self.fn is None else ("iteration", "evaluate")
 
     def _describe(self) -> None:
         d = self.decision
@@ -194,9 +184,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
             parts = ["update"] if self.fn is None else ["rollout", "update", "evaluation"]
             what = f"compiled ({', '.join(parts)}; {d.reason})"
             if self.fn is None:
-                why = "roles in other processes" if self.apart else (
-                    f"env {self.configs[0].env!r} has no functional step"
-                )  # fmt: skip
+                why = f"env {self.configs[0].env!r} has no functional step"
                 what += f"; rollout and evaluation on the host ({why})"
         else:
             what = f"eager ({d.reason})"
@@ -236,19 +224,18 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
     def step(self) -> None:
         d = self.decision
         before = compile_work()
-        roll = self._collect_apart() if self.apart else None
         if d.compiled is None:
             start = time.perf_counter()
-            self._took(self.population.iterate(False, roll))
+            self._took(self.population.iterate(False))
             if d.eager_call(time.perf_counter() - start, self.shape.batch):
                 self._describe()
             return
         try:
-            metrics = self.population.iterate(bool(d.compiled), roll)
+            metrics = self.population.iterate(bool(d.compiled))
         except CompileFailedError as exc:
             d.failed(exc)
             self._describe()
-            metrics = self.population.iterate(False, roll)
+            metrics = self.population.iterate(False)
         self._took(metrics)
         self._count_compile(before, "iteration")
 
@@ -282,11 +269,8 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         return self.tally.means("pbt")
 
     def evaluate(self) -> list[EvalResult]:
-        if self.apart:
-            return [self.roles.evaluate(self._weights())]
         before = compile_work()
         envs, compiled = self.envs, bool(self.decision.compiled)
-        assert envs.evaluation is not None
         seed = self.configs[0].evaluation_seed
         try:
             out = self.population.evaluate(envs.evaluation, envs.start, seed, compiled)
@@ -296,17 +280,6 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
             out = self.population.evaluate(envs.evaluation, envs.start, seed, False)
         self._count_compile(before, "evaluate")
         return out
-
-    # -- roles in other processes -----------------------------------------------------------
-    def _weights(self) -> dict[str, torch.Tensor]:
-        state = self.population.state
-        if not self._roles_built:
-            self.roles.build(self.configs[0], {k: state[k] for k in _WEIGHTS})
-            self._roles_built = True
-        return {k: state[k] for k in _WEIGHTS}
-
-    def _collect_apart(self) -> dict[str, torch.Tensor]:
-        return self.roles.collect(self._weights(), self.device)
 
     # -- slots ------------------------------------------------------------------------------
     def config(self, slot: int) -> PPORunConfig:
@@ -355,12 +328,6 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
 
     def close(self) -> None:
         self.envs.close()
-        if self.roles is not None:
-            self.roles.close()
-
-
-#: What a worker or an evaluator in another process needs of the agents' state to act.
-_WEIGHTS = ("params", "obs_mean", "obs_var")
 
 
 # -- training files --------------------------------------------------------------------------

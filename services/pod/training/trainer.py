@@ -32,16 +32,8 @@ from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
 from services.pod.config import RunConfig
 from services.pod.roles.evaluator import EvalResult
-from services.pod.roles.placement import Roles, train_in_process
 
-__all__ = [
-    "Roles",
-    "RunConfig",
-    "Trainer",
-    "build_trainer",
-    "train_in_process",
-    "trainer_class",
-]
+__all__ = ["RunConfig", "Trainer", "build_trainer", "trainer_class"]
 
 log = get_logger(__name__)
 
@@ -87,13 +79,11 @@ class Trainer(ABC, Generic[C]):
     def __init__(
         self,
         configs: Sequence[C],
-        roles: Roles | None = None,
         horizon_env_steps: int | None = None,
     ) -> None:
-        """Build ``len(configs)`` slots, slot i from ``configs[i]``; ``roles``: where the
-        worker and evaluator run (default: in this process); ``horizon_env_steps``: env steps
-        per slot the run is expected to train (a pod's share of the budget; None: the configs'
-        ``total_env_steps``), against which a compile must pay."""
+        """Build ``len(configs)`` slots, slot i from ``configs[i]``; ``horizon_env_steps``:
+        env steps per slot the run is expected to train (a pod's share of the budget; None: the
+        configs' ``total_env_steps``), against which a compile must pay."""
 
     @classmethod
     def for_algorithm(cls, card: AlgorithmCard) -> type[Trainer]:
@@ -278,7 +268,6 @@ def trainer_class(algorithm: str, slots: int = 1) -> type[Trainer]:
 
 def build_trainer(
     configs: Sequence[RunConfig],
-    roles: Roles | None = None,
     horizon_env_steps: int | None = None,
 ) -> Trainer:
     """The trainer of ``configs`` (one per slot, all of one algorithm): its family's."""
@@ -286,7 +275,7 @@ def build_trainer(
     # A trainer weighs its compiles against the horizon if it takes one (a plugin's may not).
     takes = "horizon_env_steps" in inspect.signature(cls.__init__).parameters
     extra = {"horizon_env_steps": horizon_env_steps} if takes else {}
-    trainer = cls(configs, roles, **extra)
+    trainer = cls(configs, **extra)
     log.info(
         "trainer.chosen",
         trainer=cls.__name__,
