@@ -1,12 +1,13 @@
 """Does PBT inside a population pod beat the best of the same P agents trained apart?
 
     python bench/pod_pbt.py --task cartpole [--agents 8] [--reps 10] [--every 8192]
-                            [--budget N] [--by train_return] [--pbt '{"quantile": 0.125}']
-                            [--png docs/pod_pbt_cartpole.png]
+                            [--budget N] [--target R] [--by train_return] [--compile on]
+                            [--pbt '{"quantile": 0.125}'] [--png docs/pod_pbt_cartpole.png]
 
 For each repetition r, both arms start from the same P hyperparameter draws (the task's search
 space, sampled with seed r: random search's draws) and the same agent seeds, in one population
-trainer of the pod (services/pod/training/, eager), and train ``--budget`` env steps per agent:
+trainer of the pod (services/pod/training/; eager, or compiled with ``--compile on``: the
+exploits change values, never the programs), and train ``--budget`` env steps per agent:
 
 - ``pbt``: the pod's own PBT (services/pod/runtime/in_pod_pbt.py, the spec's
   ``population.exploit`` with ``every_env_steps = --every`` and the in-pod defaults: the worst
@@ -80,11 +81,20 @@ TASKS = {
     "acrobot": Task("Acrobot-v1", "ppo", -80.0, 61_440, PPO_SPACE),
     # 32 envs per agent and 200-step episodes: an agent ends its first episodes at 6,400 env
     # steps, so decisions by training return need a budget of several times that.
+    # The preset's PPO (gSDE, 128 envs x 16) in the wide space: most draws never swing up.
+    "pendulum": Task("Pendulum-v1", "ppo", -200.0, 131_072, PPO_SPACE),
     "pendulum-sac": Task("Pendulum-v1", "sac", -200.0, 40_960, SAC_SPACE),
 }
 
 
-def run(task: Task, rep: int, agents: int, rule: PopulationExploit | None, eval_every: int) -> dict:
+def run(
+    task: Task,
+    rep: int,
+    agents: int,
+    rule: PopulationExploit | None,
+    eval_every: int,
+    compile_mode: str = "off",
+) -> dict:
     spec = ExperimentSpec.model_validate(
         {
             "name": "bench",
@@ -98,7 +108,7 @@ def run(task: Task, rep: int, agents: int, rule: PopulationExploit | None, eval_
     hyperparameters = [sample_space(spec.search_space, draws) for _ in range(agents)]
 
     def config(values: dict[str, Any], seed: int) -> Any:
-        return pod_config(spec, {**values, "compile": "off"}, seed, "cpu", 1)
+        return pod_config(spec, {**values, "compile": compile_mode}, seed, "cpu", 1)
 
     seeds = [1000 * rep + i for i in range(agents)]
     torch.manual_seed(rep)
@@ -158,6 +168,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=8192, help="env steps between decisions")
     parser.add_argument("--eval-every", type=int, default=4096)
     parser.add_argument("--budget", type=int, default=None, help="env steps per agent")
+    parser.add_argument("--target", type=float, default=None, help="instead of the task's")
     parser.add_argument("--by", choices=("train_return", "evaluation"), default="train_return")
     parser.add_argument(
         "--halving",
@@ -174,13 +185,25 @@ def main() -> None:
         "the best",
     )
     parser.add_argument("--arms", nargs="+", choices=("pbt", "apart"), default=["pbt", "apart"])
+    parser.add_argument(
+        "--compile",
+        choices=("off", "on"),
+        default="off",
+        help="the population trainer compiled (PBT changes values, never the programs)",
+    )
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--jsonl", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     task = TASKS[args.task]
-    if args.budget:
-        task = Task(task.env, task.algorithm, task.target, args.budget, task.space)
+    if args.budget or args.target is not None:
+        task = Task(
+            task.env,
+            task.algorithm,
+            task.target if args.target is None else args.target,
+            args.budget or task.budget,
+            task.space,
+        )
     halving = {"truncation": 0.5, "quantile": 0.5, "explore": False}
     options = {**(halving if args.halving else {}), **(args.pbt or {})}
     rule = PopulationExploit(
@@ -195,7 +218,8 @@ def main() -> None:
           f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     for rep in range(args.first_rep, args.first_rep + args.reps):
         for arm in args.arms:
-            out = run(task, rep, args.agents, rule if arm == "pbt" else None, args.eval_every)
+            rule_here = rule if arm == "pbt" else None
+            out = run(task, rep, args.agents, rule_here, args.eval_every, args.compile)
             results[arm].append(out)
             last = out["curve"][-1]
             print(
