@@ -118,11 +118,14 @@ def run(
     curve: list[tuple[int, float, float]] = []  # (env steps per agent, best, median agent)
     reached: int | None = None
     copies = 0
+    select_s = 0.0  # the decisions' time: ranking, copies and explores
     next_eval = eval_every
     start = time.perf_counter()
     while trainer.env_steps < task.budget:
         trainer.step()
         if pbt is not None and pbt.due(trainer.env_steps):
+            trainer.wait()
+            begin = time.perf_counter()
             done = pbt.select(
                 trainer,
                 hyperparameters,
@@ -132,6 +135,8 @@ def run(
             for c in done:
                 hyperparameters[c.dst], built_at[c.dst] = c.hyperparameters, trainer.env_steps
             copies += len(done)
+            trainer.wait()
+            select_s += time.perf_counter() - begin
         if trainer.env_steps >= next_eval:
             next_eval += eval_every
             means = [r.mean for r in trainer.evaluate()]
@@ -140,7 +145,13 @@ def run(
                 reached = trainer.env_steps
     seconds = time.perf_counter() - start
     trainer.close()
-    return {"reached": reached, "curve": curve, "copies": copies, "seconds": seconds}
+    return {
+        "reached": reached,
+        "curve": curve,
+        "copies": copies,
+        "seconds": seconds,
+        "select_s": select_s,
+    }
 
 
 def median(values: list[float]) -> float:
@@ -224,7 +235,8 @@ def main() -> None:
             last = out["curve"][-1]
             print(
                 f"rep {rep} {arm}: reached {out['reached']}, final best {last[1]:.1f}, "
-                f"median agent {last[2]:.1f}, copies {out['copies']}, {out['seconds']:.0f} s",
+                f"median agent {last[2]:.1f}, copies {out['copies']}, {out['seconds']:.0f} s "
+                f"({out['select_s']:.3f} s deciding)",
                 flush=True,
             )
             if args.jsonl:

@@ -12,6 +12,7 @@ import a module of its choosing.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -114,7 +115,7 @@ class AlgorithmCard:
         files = self.preset_files()
         task = env.removeprefix(ENVPOOL_PREFIX).removeprefix(GYM_PREFIX)
         text = files.get(env) or files.get(task)
-        return yaml.safe_load(text) if text else {}
+        return copy.deepcopy(_parsed(text)) if text else {}
 
     def num_envs(self, settings: Mapping[str, Any]) -> int | None:
         """The sub-environments a run of ``settings`` (a preset with layers on top) steps: the
@@ -198,6 +199,14 @@ def _preset_texts(package: str) -> dict[str, str]:
         for item in root.iterdir()
         if item.name.endswith(".yaml")
     }
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> dict[str, Any]:
+    """A preset's YAML parsed once per process: every config a pod builds (each PBT copy
+    inside a population pod too) reads its preset, and parsing it took most of a decision.
+    Callers get a deep copy (they layer onto it)."""
+    return yaml.safe_load(text) or {}
 
 
 class CardError(ValueError):
