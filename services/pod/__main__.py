@@ -132,18 +132,14 @@ class BadInputError(ValueError):
     pass
 
 
-def _read_settings() -> PodSettings:
+def _settings(args: argparse.Namespace) -> tuple[PodSettings, ExperimentSpec, str, str]:
     try:
-        return PodSettings()
+        settings = PodSettings()
     except ValidationError as exc:
         missing = ", ".join(
             "PODIUM_" + str(e["loc"][0]).upper() + f" ({e['msg']})" for e in exc.errors()
         )
         raise BadInputError(f"bad pod environment: {missing}") from exc
-
-
-def _settings(args: argparse.Namespace) -> tuple[PodSettings, ExperimentSpec, str, str]:
-    settings = _read_settings()
     experiment = args.experiment or settings.experiment_id
     pod_id = args.pod_id or settings.pod_id
     if not experiment or not pod_id:

@@ -131,29 +131,25 @@ class PPOLearner:
             return {k: v.clone() for k, v in self._graph().items()}
         return self._iteration(compiled, False)
 
-    def collect(self) -> dict[str, torch.Tensor]:
-        """One rollout with the current weights (eager) and no update; the next one draws the
-        next iteration's numbers."""
-        run, _, _ = self._programs(False)
-        self.carry, roll = run(self.state, self.carry, self.hp)
-        self.state["iteration"].add_(1)
+    def collect(self, compiled: bool = False, in_place: bool = False) -> dict[str, torch.Tensor]:
+        """The iteration's rollout with the current weights; ``learn`` on it completes the
+        iteration (``iterate`` is the two)."""
+        carry, roll = self._programs(compiled)[0](self.state, self.carry, self.hp)
+        if in_place:  # a CUDA graph reads and writes the same carry tensors every replay
+            _copy_into(self.carry, carry)
+        else:
+            self.carry = carry
         return roll
 
     def learn(self, roll: Mapping[str, torch.Tensor], compiled: bool = False) -> dict:
-        """The update (GAE, epochs x minibatches) from ``roll``, a rollout ``collect`` took."""
+        """The iteration's update (GAE, epochs x minibatches) from ``collect``'s rollout."""
         _, batch_fn, update_fn = self._programs(compiled)
         return ppo.learn(
             self.shape, self.state, roll, self.hp, update_fn, batch_fn, self.after_epoch
         )
 
     def _iteration(self, compiled: bool, in_place: bool) -> dict[str, torch.Tensor]:
-        run = self._programs(compiled)[0]
-        carry, roll = run(self.state, self.carry, self.hp)
-        if in_place:  # a CUDA graph reads and writes the same carry tensors every replay
-            _copy_into(self.carry, carry)
-        else:
-            self.carry = carry
-        return self.learn(roll, compiled)
+        return self.learn(self.collect(compiled, in_place), compiled)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:

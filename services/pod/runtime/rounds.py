@@ -156,9 +156,8 @@ class PodRuntime:
         self.train_seconds = 0.0  # spent in rounds (the env-steps/s curve's clock)
         self.board, self.boards = self.open_boards()
         cache = self.settings.compile_cache_dir
-        wait_s = self.settings.compile_wait_s
         self.compile_share = (
-            CompileShare(client, pod_id, cache, wait_s, lambda: self.stopping)
+            CompileShare(client, pod_id, cache, self.settings.compile_wait_s, lambda: self.stopping)
             if cache is not None
             else None
         )
