@@ -11,6 +11,8 @@ Configured through the experiment spec it receives (``PODIUM_SPEC``), under env.
 - ``crash_after_s``: exit with code ``crash_code`` (default 3) after this long (a crashing
   pod); code 2 is a pod refusing its input, with the real pod's JSON "bad input" line; with
   ``crash_signal`` (e.g. "SIGSEGV") it kills itself with that signal instead, without a line;
+- ``crash_after_reports``: crash in the same way right after this many reports (a crash whose
+  log lines do not depend on how fast a loaded machine runs the pod);
 - ``info_lines``: print a JSON info line (as the real pod logs) after each report;
 - ``activity``: say this activity at the start, in the real pod's ``pod activity`` record
   (services/contracts/pod_activity.py), as if it had been at it for ``activity_s`` seconds;
@@ -117,6 +119,20 @@ if cfg.get("activity"):
         "timestamp": datetime.now(UTC).isoformat(),
     }
     print(json.dumps(said), flush=True)
+
+
+def crash() -> None:
+    if cfg.get("crash_signal"):
+        os.kill(os.getpid(), getattr(signal, cfg["crash_signal"]))
+    code = cfg.get("crash_code", 3)
+    if code == 2:
+        bad = "cannot train dqn on Pendulum-v1: dqn needs a Discrete action space"
+        print(json.dumps({"event": "bad input", "level": "error", "error": bad}), flush=True)
+    else:
+        print("simulated crash: CUDA error: out of memory", flush=True)
+    sys.exit(code)
+
+
 start = time.monotonic()
 interval = cfg.get("report_interval_s", 0.0)
 next_report = start + interval if interval else float("inf")
@@ -124,18 +140,12 @@ crash_after = cfg.get("crash_after_s")
 while True:
     now = time.monotonic()
     if crash_after is not None and now - start >= crash_after:
-        if cfg.get("crash_signal"):
-            os.kill(os.getpid(), getattr(signal, cfg["crash_signal"]))
-        code = cfg.get("crash_code", 3)
-        if code == 2:
-            bad = "cannot train dqn on Pendulum-v1: dqn needs a Discrete action space"
-            print(json.dumps({"event": "bad input", "level": "error", "error": bad}), flush=True)
-        else:
-            print("simulated crash: CUDA error: out of memory", flush=True)
-        sys.exit(code)
+        crash()
     if now >= next_report:
         report()
         next_report = now + interval
+        if reports == cfg.get("crash_after_reports"):
+            crash()
         if max_steps is not None and max_steps - taken < batch:
             print("env-step allowance spent: final report made, exiting", flush=True)
             sys.exit(0)

@@ -39,7 +39,7 @@ def test_ended_pods_last_lines_are_kept_bounded_through_a_restart_and_deleted(
     settings = make_settings(ended_pod_logs=3, ended_pod_log_lines=4)
     # Each pod logs a line per report, then crashes: more lines than are kept. (Pods that
     # reported are replaced, not counted as crashing: the pod budget ends the experiment.)
-    standin = {"crash_after_s": 0.4, "report_interval_s": 0.05, "info_lines": True}
+    standin = {"crash_after_reports": 5, "report_interval_s": 0.05, "info_lines": True}
     body = spec(
         population={"min_pods": 1, "max_pods": 1}, budget={"pods_launched": 4}, standin=standin
     )

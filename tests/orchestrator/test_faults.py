@@ -161,7 +161,7 @@ def test_the_last_log_line_is_left_out_of_a_reason_when_it_is_an_info_line(
         standin={
             "report_interval_s": 0.02,
             "info_lines": True,
-            "crash_after_s": 0.3,
+            "crash_after_reports": 1,
             "crash_signal": "SIGSEGV",
         },
     )
