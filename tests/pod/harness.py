@@ -297,3 +297,10 @@ def compile_trail(pods: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[
         ]
         for pod, lines in pods.items()
     }
+
+
+def compile_counters() -> dict[str, int]:
+    """Dynamo's frame and graph counts: what a test reads to see that nothing recompiled."""
+    from torch._dynamo.utils import counters
+
+    return {"frames": int(counters["stats"]["unique_graphs"]), **dict(counters["frames"])}

@@ -28,7 +28,6 @@ from services.pod.algorithms.compiled import (
     CompileRefusedError,
     Decision,
     Program,
-    compile_counters,
     compile_work,
     grad,
     machine_factor,
@@ -38,7 +37,7 @@ from services.pod.config import PPORunConfig
 from services.pod.runtime.metrics import PodMetrics
 from services.pod.training.onpolicy import OnPolicyTrainer
 from services.pod.training.presets import preset
-from tests.pod.harness import ROOT
+from tests.pod.harness import ROOT, compile_counters
 
 FUNCTIONAL = [
     "CartPole-v1",

@@ -20,7 +20,6 @@ from services.pod.algorithms.compiled import (
     CompileRefusedError,
     Program,
     cached,
-    compile_counters,
 )
 from services.pod.algorithms.counter_random import uniform
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
@@ -30,6 +29,7 @@ from services.pod.algorithms.stacked import KStep, Stack, draw_batch
 from services.pod.algorithms.td3 import TD3, TD3Config
 from services.pod.envs.registry import make_env
 from services.pod.training.offpolicy import OffPolicyConfig, OffPolicyTrainer
+from tests.pod.harness import compile_counters
 from tests.pod.test_offpolicy import assert_solves
 
 SAC_HPS = [

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.spec import ExperimentSpec
 from services.pod.algorithms.counter_random import normal
-from services.pod.algorithms.ddpg import DDPG, DDPGConfig, polyak_
+from services.pod.algorithms.ddpg import DDPG, DDPGConfig
 from services.pod.algorithms.dqn import DQN, DQNConfig
 from services.pod.algorithms.replay_buffer import Batch
 from services.pod.algorithms.sac import SAC, SACConfig
@@ -76,6 +76,13 @@ def row(batch: Batch, i: int) -> Batch:
     return Batch(*(f[i] for f in batch))
 
 
+@torch.no_grad()
+def polyak_(target: list[torch.Tensor], online: list[torch.Tensor], tau: float) -> None:
+    """θ' ← θ' + τ (θ − θ')."""
+    for t, o in zip(target, online, strict=True):
+        t.lerp_(o, tau)
+
+
 def reference_sac(agent: SAC, batch: Batch, eps_next: torch.Tensor, eps: torch.Tensor) -> dict:
     """One SAC update of one agent, the obvious way: its modules, autograd, its Adam."""
     cfg = agent.config
@@ -113,7 +120,7 @@ def reference_td3(agent: DDPG, batch: Batch, eps: torch.Tensor, step: int) -> di
     out = {"critic_loss": critic_loss}
     delayed = step % agent.policy_delay == 0
     if delayed:
-        actor_loss = -agent.critic.q1(batch.obs, agent.actor(batch.obs)).mean()
+        actor_loss = -agent.critic(batch.obs, agent.actor(batch.obs))[0].mean()
         actor_loss.backward(inputs=agent._actor_params)
         out["actor_loss"] = actor_loss
     agent.optimizer.step()  # skips the actor between delays: it has no gradient

@@ -157,13 +157,6 @@ def log_compile(done: CompileWork, program: str, total_s: float, agents: int) ->
     )  # fmt: skip
 
 
-def compile_counters() -> dict[str, int]:
-    """Dynamo's frame and graph counts: what a test reads to see that nothing recompiled."""
-    from torch._dynamo.utils import counters
-
-    return {"frames": int(counters["stats"]["unique_graphs"]), **dict(counters["frames"])}
-
-
 def _map(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
     """``fn`` on every tensor of ``tree`` (tensors in dicts, tuples and named tuples): a
     pytree map without the registry's per-node cost, paid on every eager update."""

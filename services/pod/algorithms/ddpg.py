@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -38,12 +38,6 @@ from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
 from services.pod.algorithms.stacked import Stack, call, draw_batch
-
-
-@torch.no_grad()
-def polyak_(target: list[torch.Tensor], online: list[torch.Tensor], tau: float) -> None:
-    """θ' ← θ' + τ (θ − θ'), all tensors in one fused op."""
-    torch._foreach_lerp_(target, online, tau)
 
 
 def box_space(action_space: gym.Space, algorithm: str) -> gym.spaces.Box:
@@ -97,10 +91,6 @@ class QCritic(nn.Module):
         x = torch.cat((obs, action), dim=-1)
         return torch.stack([q(x).squeeze(-1) for q in self.qs])
 
-    def q1(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """Q_1(s, a) alone, (B,): the actor's objective needs no other head."""
-        return self.qs[0](torch.cat((obs, action), dim=-1)).squeeze(-1)
-
 
 def frozen_copy(module: nn.Module) -> nn.Module:
     """A target network: same weights, no gradients."""
@@ -117,66 +107,80 @@ def uniform_action(
     return u.mul_(2).sub_(1)
 
 
-class DDPG(OffPolicyAlgorithm, nn.Module):
-    """The DDPG agent: actor, critic, their targets and one optimiser."""
+class ActorCritic(OffPolicyAlgorithm, nn.Module):
+    """What the DDPG, TD3 and SAC agents share: an ``Actor`` in [-1, 1] behind ``policy``,
+    ``n_critics`` Q critics and their target, one optimiser (the subclass's) and exploration
+    noise."""
 
-    name = "ddpg"
     discrete = False
-    n_critics = 1  # TD3 is this agent with two, a smoothed target action and a policy delay
-    #: TD3's target policy smoothing.
-    smoothing = False
+    n_critics = 1
+    Actor: ClassVar[Callable[..., BoundedActor]]
     Stack: ClassVar[type[Stack]]
+    optimizer: torch.optim.Optimizer
 
-    def __init__(
-        self, obs_space: gym.spaces.Box, action_space: gym.Space, config: DDPGConfig
-    ) -> None:
+    def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config) -> None:
         super().__init__()
         space = box_space(action_space, self.name)
         self.config = config
         obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(space.shape))
         self.action_shape = (act_dim,)
-        actor = DeterministicActor(obs_dim, space, config.hidden_sizes, config.activation)
+        actor = self.Actor(obs_dim, space, config.hidden_sizes, config.activation)
         self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=False)
         self.critic = QCritic(
             obs_dim, act_dim, config.hidden_sizes, config.activation, n=self.n_critics
         )
-        self.actor_target = frozen_copy(actor)
         self.critic_target = frozen_copy(self.critic)
         self._actor_params = list(actor.parameters())
         self._critic_params = list(self.critic.parameters())
-        # In the targets' order, so one fused lerp updates every target.
-        self._online = [*self._actor_params, *self._critic_params]
-        self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
-        self.optimizer = torch.optim.Adam(self._online, lr=config.learning_rate, fused=True)
         self.noise = ActionNoise.of(config, self.action_shape)
 
     @property
-    def actor(self) -> DeterministicActor:
+    def actor(self) -> Any:
         return self.policy.actor
-
-    @property
-    def policy_delay(self) -> int:
-        """Critic updates per actor (and target) update: DDPG updates both every time."""
-        return 1
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"optimizer": self.optimizer}
 
-    # -- acting --------------------------------------------------------------------------
     def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
         return uniform_action(n, self.action_shape, generator, self.actor.scale.device)
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
-        action = self.actor(obs)
-        noise = self.noise.sample(len(action), generator, action.device)
-        return action.add_(noise, alpha=self.config.exploration_noise).clamp_(-1, 1)
 
     def end_episodes(self, done: torch.Tensor) -> None:
         self.noise.reset(done)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         return self.actor.to_env(action)
+
+
+class DDPG(ActorCritic):
+    """The DDPG agent: actor, critic, their targets and one optimiser."""
+
+    name = "ddpg"
+    Actor = DeterministicActor
+    n_critics = 1  # TD3 is this agent with two, a smoothed target action and a policy delay
+    #: TD3's target policy smoothing.
+    smoothing = False
+    config: DDPGConfig
+
+    def __init__(
+        self, obs_space: gym.spaces.Box, action_space: gym.Space, config: DDPGConfig
+    ) -> None:
+        super().__init__(obs_space, action_space, config)
+        self.actor_target = frozen_copy(self.actor)
+        # In the targets' order, so one fused lerp updates every target.
+        self._online = [*self._actor_params, *self._critic_params]
+        self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self.optimizer = torch.optim.Adam(self._online, lr=config.learning_rate, fused=True)
+
+    @property
+    def policy_delay(self) -> int:
+        """Critic updates per actor (and target) update: DDPG updates both every time."""
+        return 1
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
+        action = self.actor(obs)
+        noise = self.noise.sample(len(action), generator, action.device)
+        return action.add_(noise, alpha=self.config.exploration_noise).clamp_(-1, 1)
 
 
 def td_target(

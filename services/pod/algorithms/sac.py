@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -31,19 +31,12 @@ from torch import nn
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.algorithms.sac.config import SACConfig
 from services.pod.algorithms.adam import adam_
-from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.compiled import Program, grad, per_agent
 from services.pod.algorithms.counter_random import normal
-from services.pod.algorithms.ddpg import (
-    BoundedActor,
-    QCritic,
-    box_space,
-    frozen_copy,
-    uniform_action,
-)
+from services.pod.algorithms.ddpg import ActorCritic, BoundedActor
 from services.pod.algorithms.flat import Layout, flat_rows
 from services.pod.algorithms.noise import ActionNoise
-from services.pod.algorithms.policies import Activation, Policy, mlp
+from services.pod.algorithms.policies import Activation, mlp
 from services.pod.algorithms.replay_buffer import Batch
 from services.pod.algorithms.stacked import Stack, call, draw_batch
 
@@ -95,56 +88,29 @@ def target_entropy(config: SACConfig, action_dim: int) -> float:
     return config.target_entropy if config.target_entropy is not None else -float(action_dim)
 
 
-class SAC(OffPolicyAlgorithm, nn.Module):
+class SAC(ActorCritic):
     name = "sac"
-    discrete = False
-    Stack: ClassVar[type[Stack]]
+    Actor = SquashedGaussianActor
+    n_critics = 2
+    config: SACConfig
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config: SACConfig):
-        super().__init__()
-        space = box_space(action_space, self.name)
-        self.config = config
-        obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(space.shape))
-        self.action_shape = (act_dim,)
-        actor = SquashedGaussianActor(obs_dim, space, config.hidden_sizes, config.activation)
-        self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=False)
-        self.critic = QCritic(obs_dim, act_dim, config.hidden_sizes, config.activation, n=2)
-        self.critic_target = frozen_copy(self.critic)
+        super().__init__(obs_space, action_space, config)
         self.log_alpha = nn.Parameter(
             torch.tensor(math.log(config.init_alpha)), requires_grad=config.autotune_alpha
         )
-        self.target_entropy = target_entropy(config, act_dim)
-        self._actor_params = list(actor.parameters())
-        self._critic_params = list(self.critic.parameters())
+        self.target_entropy = target_entropy(config, self.action_shape[0])
         if config.autotune_alpha:
             self._actor_params.append(self.log_alpha)
         self.optimizer = torch.optim.Adam(
             [*self._actor_params, *self._critic_params], lr=config.learning_rate, fused=True
         )
         self._targets = list(self.critic_target.parameters())
-        self.noise = ActionNoise.of(config, self.action_shape)
-
-    @property
-    def actor(self) -> SquashedGaussianActor:
-        return self.policy.actor
-
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"optimizer": self.optimizer}
-
-    # -- acting --------------------------------------------------------------------------
-    def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        return uniform_action(n, self.action_shape, generator, self.actor.scale.device)
 
     @torch.no_grad()
     def explore(self, obs: torch.Tensor, generator: torch.Generator, env_steps: int):
         eps = self.noise.sample(len(obs), generator, obs.device)
         return self.actor.sample(obs, generator, with_logp=False, eps=eps)[0]
-
-    def end_episodes(self, done: torch.Tensor) -> None:
-        self.noise.reset(done)
-
-    def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        return self.actor.to_env(action)
 
 
 class _Sampler(nn.Module):

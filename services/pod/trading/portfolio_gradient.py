@@ -167,10 +167,6 @@ class PortfolioPolicy(nn.Module):
             self.market_mean.copy_(data.market.mean(0))
             self.market_std.copy_(data.market.std(0).clamp_min(1e-8))
 
-    @property
-    def stock_weights(self) -> torch.Tensor:
-        return self.params[:, : self.layout.per_stock]
-
     def normalize(
         self, stock: torch.Tensor, market: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
