@@ -665,10 +665,6 @@ def test_examples_are_valid_specs_the_pod_can_train(example: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not (ROOT / "services" / "pod" / "__main__.py").exists(),
-    reason="needs the pod runtime (services/pod/__main__.py), not written yet",
-)
 @pytest.mark.parametrize(
     ("example", "env_name", "target"),
     [("cartpole", "CartPole-v1", 475.0), ("pendulum", "Pendulum-v1", -200.0)],

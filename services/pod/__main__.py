@@ -2,22 +2,11 @@
 
     python -m services.pod --experiment ID --pod-id ID
 
-Everything else comes from the environment the orchestrator sets: ``PODIUM_SPEC`` (the
-experiment spec as JSON), ``PODIUM_LEADERBOARD_URL``, ``PODIUM_API_TOKEN``, ``PODIUM_POD_DIR``,
-``PODIUM_CPU`` (the pod's CPU share), ``PODIUM_TORCH_THREADS`` (default 1), ``PODIUM_GPUS``
-(> 0: train on ``cuda``), and optionally ``PODIUM_METRICS_PORT`` (serve /metrics; 0 = any
-free port), ``PODIUM_TERMINATION_GRACE_S`` and ``PODIUM_MAX_ENV_STEPS`` (the env steps
-this pod may still take before the experiment's budget is spent: it stops before a step that
-would exceed them, makes its final report and exits 0), ``PODIUM_TENSORBOARD_DIR`` (where it
-writes its TensorBoard event files; services/pod/training/tensorboard.py),
-``PODIUM_COMPILE_CACHE_DIR`` (torch.compile's cache, kept across restarts and shared by PBT
-children; default ``<PODIUM_POD_DIR>/compile-cache``; services/pod/runtime/compile_cache.py; the
-experiment's pods share what one of them compiled through the leaderboard, waiting at most
-``PODIUM_COMPILE_WAIT_S`` for another's compile: services/pod/runtime/compile_share.py),
-``PODIUM_POD_MALLOC`` (the allocator, services/malloc.py: ``python -m services.pod`` starts
-itself anew with it preloaded), ``PODIUM_POD_LOG_LINES`` and ``PODIUM_POD_FILES_INTERVAL_S``
-(the last log lines, and how often the TensorBoard files, it keeps in the leaderboard's blob
-store: services/pod/runtime/pod_files.py).
+Everything else comes from the environment the orchestrator sets (``PODIUM_SPEC``, the
+experiment spec as JSON, the leaderboard's URL, the pod's share of the machine, its budget, its
+directories): ``PodSettings`` below says what each variable does. ``PODIUM_POD_MALLOC`` picks
+the allocator (services/malloc.py): ``python -m services.pod`` starts itself anew with it
+preloaded.
 
 The pod's worker, learner and evaluator run in this one process (services/pod/roles/).
 
@@ -76,10 +65,14 @@ class PodSettings(BaseSettings):
     spec: str = Field(description="The experiment spec as JSON.")
     leaderboard_url: str = Field(description="http://leaderboard:8001")
     api_token: SecretStr | None = None
-    cpu: float = Field(default=1.0, gt=0)
-    gpus: int = Field(default=0, ge=0)
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    termination_grace_s: float = Field(default=30.0, gt=0)
+    cpu: float = Field(default=1.0, gt=0, description="The pod's share of the CPUs.")
+    gpus: int = Field(default=0, ge=0, description="GPUs granted; > 0: trains on cuda.")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Serve /metrics here; 0: any free port."
+    )
+    termination_grace_s: float = Field(
+        default=30.0, gt=0, description="Time to make the final report after SIGTERM."
+    )
     max_env_steps: int | None = Field(
         default=None,
         ge=0,
