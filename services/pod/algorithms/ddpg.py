@@ -113,7 +113,7 @@ class ActorCritic(OffPolicyAlgorithm, nn.Module):
     noise."""
 
     discrete = False
-    n_critics = 1
+    n_critics: ClassVar[int]
     Actor: ClassVar[Callable[..., BoundedActor]]
     Stack: ClassVar[type[Stack]]
     optimizer: torch.optim.Optimizer

@@ -230,7 +230,8 @@ class TorchVecEnv(VecEnv):
             seed if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         )
         self._state = torch.zeros(num_envs, self.state_dim, device=self.device, dtype=dtype)
-        self._stats = EpisodeStats(num_envs, self.device, dtype)
+        self._episode_return = torch.zeros(num_envs, device=self.device, dtype=dtype)
+        self._episode_length = torch.zeros(num_envs, device=self.device, dtype=torch.int64)
         #: The state after the last step, before its autoreset (what a finished episode ended
         #: in): a new tensor every step.
         self.final_state = self._state
@@ -277,7 +278,8 @@ class TorchVecEnv(VecEnv):
         if seed is not None:
             self.generator.manual_seed(int(seed))
         self.state.copy_(self.initial_state(self.num_envs))
-        self._stats.reset()
+        self._episode_return.zero_()
+        self._episode_length.zero_()
         return self.observe(self.state), {}
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -287,14 +289,20 @@ class TorchVecEnv(VecEnv):
             actions = actions.detach().to(self.device)
         fn = self.fn
         new, reward, terminated = fn.step(self.state, actions)
-        length = self._stats.episode_length + 1
-        done = terminated
-        if fn.max_episode_steps is not None:
-            done = terminated | (length >= fn.max_episode_steps)
+        self._episode_return += reward
+        self._episode_length += 1
+        if fn.max_episode_steps is None:
+            done = terminated
+        else:
+            done = terminated | (self._episode_length >= fn.max_episode_steps)
         truncated = done & ~terminated
-        score = fn.episode_score(new, length)
         final_obs = fn.observe(new)
-        info = self._stats.step(reward, done, final_obs)
+        info: Info = {
+            "final_obs": final_obs,
+            "episode_return": self._episode_return * done,
+            "episode_length": self._episode_length * done,
+        }
+        score = fn.episode_score(new, self._episode_length)
         if score is not None:
             info["episode_score"] = score * done
         self.final_state = new
@@ -307,4 +315,6 @@ class TorchVecEnv(VecEnv):
         else:
             fresh = self.initial_state(self.num_envs)
             self.state.copy_(torch.where(done.unsqueeze(1), fresh, self.state))
+        self._episode_return.masked_fill_(done, 0)
+        self._episode_length.masked_fill_(done, 0)
         return fn.observe(self.state), reward, terminated, truncated, info

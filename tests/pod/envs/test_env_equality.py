@@ -215,7 +215,7 @@ def test_cartpole_truncates_at_500_and_termination_wins_on_the_last_step() -> No
     env.state.zero_()
     env.state[1, 0] = 2.399  # sub-env 1 leaves the track on this step
     env.state[1, 1] = 1.0
-    env._stats.episode_length.fill_(499)
+    env._episode_length.fill_(499)
     _, _, terminated, truncated, info = env.step(torch.tensor([0, 1]))
     assert terminated.tolist() == [False, True]
     assert truncated.tolist() == [True, False]

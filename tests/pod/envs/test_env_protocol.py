@@ -179,7 +179,7 @@ def test_masked_reset_path_matches_protocol(name: str) -> None:
         if t % 5 == 0:
             assert done.all()
         assert not torch.equal(obs[done], info["final_obs"][done]) or not done.any()
-        assert (env._stats.episode_length[done] == 0).all()
+        assert (env._episode_length[done] == 0).all()
 
 
 @pytest.mark.gpu
