@@ -397,11 +397,32 @@ def test_a_program_holds_a_graph_per_env_past_dynamos_default_limit() -> None:
 
 
 def test_a_program_called_with_other_constants_runs_their_graph() -> None:
-    """After two calls a program skips dynamo's guards; another trainer's constants (a new
-    shape, env or module) must still find their own graph, not the last one's."""
+    """A program runs its built graph directly; another trainer's constants (a new shape, env
+    or module) must still find their own graph, not the last one's."""
     program = Program(lambda x, k: x * k, "times")
     x = torch.ones(2)
     for _ in range(3):
         assert program(x.device, x, 2).tolist() == [2.0, 2.0]
     assert program(x.device, x, 3).tolist() == [3.0, 3.0]
     assert program(x.device, x, 2).tolist() == [2.0, 2.0]
+
+
+def test_a_built_graph_is_called_without_dynamo_while_its_guards_pass() -> None:
+    """Dynamo's frame evaluation around a call cost several times a small program's guard
+    checks; once a graph is built, a call whose inputs pass its guards runs it directly, and
+    one whose inputs do not (another shape, grad mode) goes through dynamo."""
+    program = Program(lambda x, k: x * k, "direct")
+    x = torch.ones(2)
+    assert program(x.device, x, 2).tolist() == [2.0, 2.0]
+    through_dynamo = program._for(x.device)
+    calls: list[tuple] = []
+    program._compiled["cpu"] = lambda *args: calls.append(args) or through_dynamo(*args)
+    assert program(x.device, x, 2).tolist() == [2.0, 2.0]
+    assert calls == []
+    longer = torch.ones(3)
+    for _ in range(2):
+        assert program(x.device, longer, 2).tolist() == [2.0] * 3
+    assert len(calls) == 1
+    with torch.no_grad():
+        assert program(x.device, x, 2).tolist() == [2.0, 2.0]
+    assert len(calls) == 2

@@ -235,15 +235,26 @@ class Program:
     """``fn`` compiled on first call, one per process and device type (module-level programs
     are shared: a pod that rebuilds its agent, a PBT child, reuses them).
 
-    On a CPU, inductor's C++ wrapper (less host time per call than its Python one) and, once a
-    program has run twice, calls that skip dynamo's guard checks: they cost microseconds per
-    call, and a trainer's programs are called with the same shapes for its whole life."""
+    On a CPU, inductor's C++ wrapper (less host time per call than its Python one). Once a
+    graph is compiled, calls run dynamo's cached code for it directly: each call checks the
+    graph's guards (microseconds, in C++) and skips dynamo's frame evaluation around them,
+    which cost several times the guards on every call of a small program. Where no graph's
+    guards pass (another trainer's shape, env or modules), the call goes through dynamo, which
+    compiles or finds that graph."""
 
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn, self.name = fn, name
         self._compiled: dict[str, Callable[..., Any]] = {}
-        self._calls: dict[str, int] = {}
-        self._marks: dict[str, list[Any]] = {}
+        code = fn.__code__
+        self._names = code.co_varnames[: code.co_argcount]
+        defaults = fn.__defaults__ or ()
+        tail = self._names[len(self._names) - len(defaults) :]
+        self._defaults = dict(zip(tail, defaults, strict=True))
+        if fn.__closure__:
+            cells = zip(code.co_freevars, fn.__closure__, strict=True)
+            self._defaults |= {name: cell.cell_contents for name, cell in cells}
+        #: Dynamo's cached graphs of ``fn``: (their guards, their code as a function).
+        self.graphs: list[tuple[Any, Callable[..., Any]]] = []
 
     def _for(self, device: torch.device) -> Callable[..., Any]:
         if device.type not in self._compiled:
@@ -261,34 +272,38 @@ class Program:
         return self._compiled[device.type]
 
     def __call__(self, device: torch.device, *args: Any) -> Any:
-        fn = self._for(device)
-        # Skipping guards is safe only while the constants (a trainer's shape, env, modules:
-        # the arguments that are no tensors or containers of them) are those of the last calls;
-        # other constants (another trainer in this process) are looked up guarded again.
-        marks = [a for a in args if not isinstance(a, (torch.Tensor, dict, tuple, list))]
-        last = self._marks.get(device.type, [])
-        if len(last) != len(marks) or any(a is not b for a, b in zip(marks, last, strict=True)):
-            self._marks[device.type] = marks
-            self._calls[device.type] = 0
-        calls = self._calls.get(device.type, 0)
-        self._calls[device.type] = calls + 1
-        if calls < 2:
-            try:
-                return fn(*args)
-            except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types
-                reason = f"{self.name}: {type(exc).__name__}: {str(exc).strip()[:300]}"
-                raise CompileFailedError(reason) from exc
-        if device.type != "cpu":
-            return fn(*args)
+        # The frame's locals as dynamo's guards read them: arguments left out take their defaults.
+        frame = {**self._defaults, **dict(zip(self._names, args, strict=False))}
+        for guards, run in self.graphs:
+            if guards.check(frame):
+                return run(*args)
         try:
-            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                return fn(*args)
-        except RuntimeError as exc:
-            # Another shape in this process shares the program: guarded lookups from now on.
-            if "skip_guard_eval_unsafe" not in str(exc):
-                raise
-            self._calls[device.type] = -(10**9)
-            return fn(*args)
+            out = self._for(device)(*args)
+        except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types
+            reason = f"{self.name}: {type(exc).__name__}: {str(exc).strip()[:300]}"
+            raise CompileFailedError(reason) from exc
+        self.graphs = _cached_graphs(self.fn)
+        return out
+
+
+def _cached_graphs(fn: Callable[..., Any]) -> list[tuple[Any, Callable[..., Any]]]:
+    """Dynamo's cache entries for ``fn``'s code: each graph's guards and the code dynamo runs
+    when they pass (the graph's call), as a function. Empty where this torch keeps them
+    elsewhere: every call then goes through dynamo, as slower but the same."""
+    import types
+
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return [
+            (entry.guard_manager, types.FunctionType(
+                entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+            ))
+            for entry in _debug_get_cache_entry_list(fn.__code__)
+        ]  # fmt: skip
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        log.warning("compile.cached_graphs_unreadable", error=str(exc)[:200])
+        return []
 
 
 class Graphed:
