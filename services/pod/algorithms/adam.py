@@ -45,6 +45,12 @@ def adam_(
     params.sub_((lr / bias1).unsqueeze(1) * exp_avg / denom)
 
 
+def clip_rows(grad: torch.Tensor, max_norm: torch.Tensor) -> torch.Tensor:
+    """``clip_grad_norm_`` for every agent: row p (agent p's whole gradient) scaled to a norm
+    of at most ``max_norm[p]`` (infinite: not clipped)."""
+    return grad * (max_norm / (grad.norm(dim=1) + 1e-6)).clamp(max=1.0).unsqueeze(1)
+
+
 class BatchedAdam:
     """The Adam state of a flat (P, n) ``params`` tensor: ``exp_avg`` and ``exp_avg_sq``
     (P, n), ``steps`` (P,) float32; ``lr`` (P,) each agent's rate, held by reference (a PBT

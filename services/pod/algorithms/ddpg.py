@@ -29,15 +29,14 @@ import torch
 from torch import nn
 
 from services.contracts.algorithms.ddpg.config import DDPGConfig
-from services.pod.algorithms.adam import adam_
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.compiled import Program, grad, per_agent
 from services.pod.algorithms.counter_random import normal
-from services.pod.algorithms.flat import Layout, flat_rows
+from services.pod.algorithms.flat import Layout
 from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
-from services.pod.algorithms.stacked import Stack, call, draw_batch
+from services.pod.algorithms.stacked import Stack, adam_group_, call, draw_batch
 
 
 def box_space(action_space: gym.Space, algorithm: str) -> gym.spaces.Box:
@@ -274,19 +273,10 @@ def td3_update(
         return critic_loss.sum() + actor_loss.sum(), (critic_loss, actor_loss)
 
     (g_critic, g_actor), aux = grad(total, argnums=(0, 1))(critic, actor)
-    lr = hp["learning_rate"]
-    moments = state["critic_moments"]
-    adam_(
-        state["critic"], flat_rows(g_critic, critic), moments[0], moments[1],
-        state["critic_steps"], lr,
-    )  # fmt: skip
+    adam_group_(state, "critic", g_critic, critic, hp["learning_rate"])
     stats = {"critic_loss": aux[0]}
     if delayed:
-        moments = state["actor_moments"]
-        adam_(
-            state["actor"], flat_rows(g_actor, actor), moments[0], moments[1],
-            state["actor_steps"], lr,
-        )  # fmt: skip
+        adam_group_(state, "actor", g_actor, actor, hp["learning_rate"])
         tau = hp["tau"].unsqueeze(1)
         with torch.no_grad():
             state["actor_target"].lerp_(state["actor"], tau)
@@ -336,9 +326,6 @@ class DDPGStack(Stack):
 
     def _actor_params(self) -> dict[str, torch.Tensor]:
         return self.layouts["actor"].views(self.flats["actor"], "policy.actor.")
-
-    def end_episodes(self, done: torch.Tensor) -> None:
-        self.noise.reset(done)
 
     @torch.no_grad()
     def explore(

@@ -26,14 +26,13 @@ from torch import nn
 from services.contracts.algorithms.dqn import CARD as DQN_CARD
 from services.contracts.algorithms.dqn.config import DQNConfig
 from services.contracts.algorithms.hyperparameters import HyperparameterError
-from services.pod.algorithms.adam import adam_
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.compiled import Program, grad, per_agent
 from services.pod.algorithms.ddpg import frozen_copy
-from services.pod.algorithms.flat import Layout, flat_rows
+from services.pod.algorithms.flat import Layout
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
-from services.pod.algorithms.stacked import Stack, call, clip_rows_, draw_batch
+from services.pod.algorithms.stacked import Stack, adam_group_, call, draw_batch
 
 
 class QNetwork(nn.Module):
@@ -174,9 +173,7 @@ def dqn_update(
         return loss.sum(), loss
 
     grads, loss = grad(total)(params)
-    rows = clip_rows_(flat_rows(grads, params), hp["max_grad_norm"])
-    moments = state["q_moments"]
-    adam_(flat, rows, moments[0], moments[1], state["q_steps"], hp["learning_rate"])
+    adam_group_(state, "q", grads, params, hp["learning_rate"], hp["max_grad_norm"])
     updates = state["slot_updates"]
     updates.add_(1)
     with torch.no_grad():

@@ -37,7 +37,7 @@ from services.contracts.algorithms.card import AlgorithmCard
 from services.contracts.algorithms.ppo import CARD
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.pod.algorithms import policies as pi
-from services.pod.algorithms.adam import adam_, adam_state_dict
+from services.pod.algorithms.adam import adam_, adam_state_dict, clip_rows
 from services.pod.algorithms.compiled import grad as compiled_grad
 from services.pod.algorithms.counter_random import to_uniform, uniform_bits
 from services.pod.algorithms.flat import Layout, flat_rows, stack
@@ -530,9 +530,7 @@ def minibatch_update(
     # row itself would be assembled from every view's slice, element by element.
     views = shape.layout.views(opt["params"])
     grads, stats = compiled_grad(lambda w: shape.loss(shape, w, minibatch, hp))(views)
-    grad = flat_rows(grads, views)
-    norm = torch.sqrt(grad.square().sum(1, keepdim=True))
-    grad = grad * (hp["max_grad_norm"].view(p, 1) / (norm + 1e-6)).clamp(max=1.0)
+    grad = clip_rows(flat_rows(grads, views), hp["max_grad_norm"])
     params, m, v, steps = (opt[k] for k in OPT)
     if shape.target_kl:
         kept = [t.clone() for t in (params, m, v, steps)]

@@ -30,15 +30,14 @@ from torch import nn
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.algorithms.sac.config import SACConfig
-from services.pod.algorithms.adam import adam_
 from services.pod.algorithms.compiled import Program, grad, per_agent
 from services.pod.algorithms.counter_random import normal
 from services.pod.algorithms.ddpg import ActorCritic, BoundedActor
-from services.pod.algorithms.flat import Layout, flat_rows
+from services.pod.algorithms.flat import Layout
 from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.policies import Activation, mlp
 from services.pod.algorithms.replay_buffer import Batch
-from services.pod.algorithms.stacked import Stack, call, draw_batch
+from services.pod.algorithms.stacked import Stack, adam_group_, call, draw_batch
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _LOG_2 = math.log(2.0)
@@ -195,14 +194,7 @@ def sac_update(
         return out[0].sum(), out[1:]
 
     grads, (critic_loss, actor_loss, alpha) = grad(total)(params)
-    adam_(
-        flat,
-        flat_rows(grads, params),
-        state["params_moments"][0],
-        state["params_moments"][1],
-        state["params_steps"],
-        hp["learning_rate"],
-    )
+    adam_group_(state, "params", grads, params, hp["learning_rate"])
     with torch.no_grad():
         state["targets"].lerp_(flat[:, critic_start:], hp["tau"].unsqueeze(1))
     counter.add_(1)
@@ -285,9 +277,6 @@ class SACStack(Stack):
     def _actor_params(self) -> dict[str, torch.Tensor]:
         views = self.layouts["params"].views(self.flats["params"].detach(), "policy.")
         return {k: v for k, v in views.items() if k.startswith("actor.")}
-
-    def end_episodes(self, done: torch.Tensor) -> None:
-        self.noise.reset(done)
 
     @torch.no_grad()
     def explore(

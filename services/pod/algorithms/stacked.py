@@ -32,10 +32,11 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from services.pod.algorithms.adam import BatchedAdam
+from services.pod.algorithms.adam import BatchedAdam, adam_, clip_rows
 from services.pod.algorithms.compiled import Graphed, Program
 from services.pod.algorithms.counter_random import uniform
-from services.pod.algorithms.flat import Layout
+from services.pod.algorithms.flat import Layout, flat_rows
+from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.replay_buffer import FIELDS, Batch, ReplayBuffer
 
 
@@ -53,6 +54,8 @@ class Stack:
     policy_delay: int = 1
     #: Whether each agent counts its own updates (DQN's target period runs on them).
     slot_updates: ClassVar[bool] = False
+    #: Exploration noise with a state per episode (DDPG's, TD3's and SAC's; DQN has none).
+    noise: ActionNoise | None = None
 
     def __init__(self, agents: Sequence[Any]) -> None:
         self.size = p = len(agents)
@@ -158,6 +161,8 @@ class Stack:
 
     def end_episodes(self, done: torch.Tensor) -> None:
         """The episodes of the (P * n) sub-environments where ``done`` ended."""
+        if self.noise is not None:
+            self.noise.reset(done)
 
     def explore(
         self, obs: torch.Tensor, generator: torch.Generator, env_steps: torch.Tensor
@@ -188,11 +193,17 @@ def draw_batch(
     return Batch(*(field[agents, idx] for field in replay))
 
 
-def clip_rows_(grad: torch.Tensor, max_norm: torch.Tensor) -> torch.Tensor:
-    """``clip_grad_norm_`` for every agent, in place: row p (agent p's whole gradient) scaled
-    to a norm of at most ``max_norm[p]`` (infinite: not clipped)."""
-    scale = (max_norm / (grad.norm(dim=1) + 1e-6)).clamp(max=1.0)
-    return grad.mul_(scale.unsqueeze(1))
+def adam_group_(
+    state: dict[str, torch.Tensor], group: str, grads: dict[str, torch.Tensor],
+    views: dict[str, torch.Tensor], lr: torch.Tensor, max_norm: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """Adam on the rows of ``group`` in a stack's ``state`` (``Stack.state``), ``grads`` the
+    gradient of its ``views``, each agent's clipped to ``max_norm`` where given."""
+    rows = flat_rows(grads, views)
+    if max_norm is not None:
+        rows = clip_rows(rows, max_norm)
+    moments = state[f"{group}_moments"]
+    adam_(state[group], rows, moments[0], moments[1], state[f"{group}_steps"], lr)
 
 
 class KStep:
