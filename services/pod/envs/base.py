@@ -146,7 +146,7 @@ class VecEnv(ABC):
 class EpisodeStats:
     """Per-sub-environment return and length of the running episodes, on the env's device.
 
-    The adapters around other simulators (gymnasium, Isaac Gym, Isaac Lab, MuJoCo Warp) keep
+    The adapters around other simulators (gymnasium, EnvPool, Isaac Lab, MuJoCo Warp) keep
     the protocol's ``episode_return`` / ``episode_length`` with it; ``dtype`` is the sum's
     (float64 where the rewards come from the host in float64).
     """

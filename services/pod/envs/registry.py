@@ -4,8 +4,8 @@ Resolution, in order:
 
 1. A name in the ``podium.envs`` entry-point group: Podium's torch-native envs (CartPole-v1,
    Pendulum-v1, Acrobot-v1, MountainCarContinuous-v0) and any installed plugin, e.g. an Isaac
-   Gym task factory (see ``services.pod.envs.isaacgym_adapter``). The entry point is a class or
-   factory called as ``f(num_envs=..., device=..., seed=..., **kwargs)``.
+   Lab task factory (``services.pod.envs.isaaclab_adapter.isaaclab_task``). The entry point is
+   a class or factory called as ``f(num_envs=..., device=..., seed=..., **kwargs)``.
 2. ``"envpool:<id>"`` for the EnvPool tasks in ``services.contracts.envpool_tasks``: the
    EnvPool adapter (batched C++ simulation; the ``envpool`` extra).
 3. ``"gym:<id>"``, or a bare id registered in gymnasium that is not a Podium name: the

@@ -18,7 +18,8 @@ adapter is exercised against this stand-in, which follows ``isaaclab/envs/direct
   ``terminated`` and ``truncated`` are the env's own buffers, overwritten on the next step.
 
 Rewards are the Direct cart-pole's (alive 1, termination -2, pole angle², cart and pole
-velocity penalties); the physics is the cart-pole of ``vectask_example``.
+velocity penalties); the physics is the classic cart-pole (gymnasium's equations, explicit
+Euler) driven by a continuous force, standing in for PhysX.
 """
 
 from __future__ import annotations
@@ -30,7 +31,23 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from tests.pod.envs.vectask_example import cartpole_euler_step
+
+def cartpole_euler_step(
+    dof_pos: torch.Tensor, dof_vel: torch.Tensor, forces: torch.Tensor, dt: float
+) -> None:
+    """One explicit-Euler step of the cart-pole, in place. ``dof_pos`` / ``dof_vel``: (N, 2)
+    cart position and pole angle, and their velocities; ``forces``: (N,) force on the cart."""
+    gravity, masscart, masspole, length = 9.8, 1.0, 0.1, 0.5  # length: half the pole's
+    total_mass, polemass_length = masscart + masspole, masspole * length
+    theta, theta_dot = dof_pos[:, 1], dof_vel[:, 1]
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    temp = (forces + polemass_length * theta_dot**2 * sin) / total_mass
+    thetaacc = (gravity * sin - cos * temp) / (
+        length * (4.0 / 3.0 - masspole * cos**2 / total_mass)
+    )
+    xacc = temp - polemass_length * thetaacc * cos / total_mass
+    dof_pos += dt * dof_vel
+    dof_vel += dt * torch.stack((xacc, thetaacc), dim=1)
 
 
 class CartpoleDirectEnv(gym.Env):

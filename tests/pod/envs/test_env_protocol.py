@@ -1,10 +1,10 @@
 """Every env honours the VecEnv protocol: shapes, dtypes, autoreset, bookkeeping, seeding.
 
-The same checks run on the torch-native envs, the gymnasium adapter, the Isaac Gym adapter
-(on the in-repo VecTask cart-pole) and the Isaac Lab adapter (on the in-repo DirectRLEnv
-cart-pole). The Isaac adapters differ in one documented way: at the step an episode ends
-``obs`` equals ``final_obs`` (a VecTask resets finished sub-environments one step late; Isaac
-Lab resets them in the step but does not return the finished episode's last observation).
+The same checks run on the torch-native envs, the gymnasium and EnvPool adapters and the Isaac
+Lab adapter (on the in-repo DirectRLEnv cart-pole). The Isaac Lab adapter differs in one
+documented way: at the step an episode ends ``obs`` equals ``final_obs`` (Isaac Lab resets
+finished sub-environments in the step but does not return the finished episode's last
+observation).
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ import torch
 
 from services.pod.envs import make_env
 from services.pod.envs.base import VecEnv
-from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
 from services.pod.envs.isaaclab_adapter import IsaacLabVecEnv
 from tests.pod.envs.isaaclab_example import CartpoleDirectEnv
-from tests.pod.envs.vectask_example import CartpoleVecTask
 
 N = 8
 
@@ -32,10 +30,6 @@ class Maker:
     make: Callable[[int | None], VecEnv]
     same_step_reset: bool = True
     steps: int = 120  # enough for several episodes to end
-
-
-def _isaac(seed: int | None) -> VecEnv:
-    return IsaacGymVecEnv(CartpoleVecTask(N, max_episode_length=40), seed=seed)
 
 
 def _isaaclab(seed: int | None) -> VecEnv:
@@ -54,7 +48,6 @@ MAKERS = {
         lambda s: make_env("gym:Pendulum-v1", N, seed=s, max_episode_steps=30)
     ),
     "gym:FrozenLake-v1": Maker(lambda s: make_env("gym:FrozenLake-v1", N, seed=s)),
-    "isaac:CartpoleVecTask": Maker(_isaac, same_step_reset=False),
     "isaaclab:CartpoleDirectEnv": Maker(_isaaclab, same_step_reset=False),
     # EnvPool resets on the step after an episode ends; the adapter turns that into ours.
     "envpool:Hopper-v5": Maker(lambda s: make_env("envpool:Hopper-v5", N, seed=s)),

@@ -12,7 +12,7 @@ import torch
 from services.pod.envs import UnknownEnvError, list_envs, make_env
 from services.pod.envs.cartpole import CartPoleEnv
 from services.pod.envs.gymnasium_adapter import GymnasiumVecEnv
-from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
+from services.pod.envs.isaaclab_adapter import IsaacLabVecEnv
 from services.pod.envs.pendulum import PendulumEnv
 from services.registry import UnknownNameError
 from tests.pod.plugins import register_plugin
@@ -103,24 +103,23 @@ def test_plugin_entry_point_is_found_by_name(tmp_path: Path, monkeypatch) -> Non
     """A package registering an Isaac task factory in `podium.envs` is usable by name."""
     source = textwrap.dedent(
         """
-            from services.pod.envs.isaacgym_adapter import IsaacGymVecEnv
-            from tests.pod.envs.vectask_example import CartpoleVecTask
+            from services.pod.envs.isaaclab_adapter import IsaacLabVecEnv
+            from tests.pod.envs.isaaclab_example import CartpoleDirectEnv
 
-            def cartpole(num_envs, device="cpu", seed=None, max_episode_length=500):
-                task = CartpoleVecTask(num_envs, device=str(device),
-                                       max_episode_length=max_episode_length)
-                return IsaacGymVecEnv(task, seed=seed)
+            def cartpole(num_envs, device="cpu", seed=None, episode_length_s=5.0):
+                task = CartpoleDirectEnv(num_envs, str(device), episode_length_s)
+                return IsaacLabVecEnv(task, seed=seed)
             """
     )
-    envs = {"VecTaskCartpole-v0": "podium_plugin_demo:cartpole"}
+    envs = {"DirectCartpole-v0": "podium_plugin_demo:cartpole"}
     register_plugin(tmp_path, monkeypatch, "podium_plugin_demo", source, {"podium.envs": envs})
-    assert "VecTaskCartpole-v0" in list_envs()
-    env = make_env("VecTaskCartpole-v0", 3, seed=0, max_episode_length=9)
-    assert isinstance(env, IsaacGymVecEnv) and env.max_episode_steps == 9
+    assert "DirectCartpole-v0" in list_envs()
+    env = make_env("DirectCartpole-v0", 3, seed=0, episode_length_s=0.15)
+    assert isinstance(env, IsaacLabVecEnv) and env.max_episode_steps == 9
     obs, _ = env.reset()
     assert obs.shape == (3, 4)
     with pytest.raises(TypeError, match="'reset_dist'"):
-        make_env("VecTaskCartpole-v0", 3, reset_dist=1.0)
+        make_env("DirectCartpole-v0", 3, reset_dist=1.0)
 
 
 BAD_ACTIONS = {
@@ -192,11 +191,6 @@ def test_huge_finite_actions_are_not_mistaken_for_inf() -> None:
     env.reset()
     obs, *_ = env.step(torch.full((4, 1), 3e38))  # the sum overflows, the values do not
     assert torch.isfinite(obs).all()
-
-
-def test_isaac_adapter_rejects_non_vectask_objects() -> None:
-    with pytest.raises(TypeError, match="VecTask interface.*reset_buf"):
-        IsaacGymVecEnv(object())
 
 
 def test_gymnasium_async_mode_matches_sync() -> None:
