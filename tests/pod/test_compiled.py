@@ -426,3 +426,6 @@ def test_a_built_graph_is_called_without_dynamo_while_its_guards_pass() -> None:
     with torch.no_grad():
         assert program(x.device, x, 2).tolist() == [2.0, 2.0]
     assert len(calls) == 2
+    torch._dynamo.reset()  # as a fresh process: its graphs are built again
+    assert program(x.device, x, 2).tolist() == [2.0, 2.0]
+    assert len(calls) == 3

@@ -28,6 +28,7 @@ import os
 import shutil
 import sys
 import time
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,8 +254,8 @@ class Program:
         if fn.__closure__:
             cells = zip(code.co_freevars, fn.__closure__, strict=True)
             self._defaults |= {name: cell.cell_contents for name, cell in cells}
-        #: Dynamo's cached graphs of ``fn``: (their guards, their code as a function).
-        self.graphs: list[tuple[Any, Callable[..., Any]]] = []
+        #: The code dynamo runs for each graph of ``fn`` it built, as a function.
+        self._runs: dict[types.CodeType, Callable[..., Any]] = {}
 
     def _for(self, device: torch.device) -> Callable[..., Any]:
         if device.type not in self._compiled:
@@ -274,36 +275,36 @@ class Program:
     def __call__(self, device: torch.device, *args: Any) -> Any:
         # The frame's locals as dynamo's guards read them: arguments left out take their defaults.
         frame = {**self._defaults, **dict(zip(self._names, args, strict=False))}
-        for guards, run in self.graphs:
-            if guards.check(frame):
+        # Dynamo's cache as it is now (a ``torch._dynamo.reset`` empties it: compile anew).
+        for entry in _cache_entries()(self.fn.__code__):
+            if entry.guard_manager.check(frame):
+                run = self._runs.get(entry.code)
+                if run is None:
+                    fn = self.fn
+                    run = types.FunctionType(
+                        entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+                    )
+                    self._runs[entry.code] = run
                 return run(*args)
         try:
-            out = self._for(device)(*args)
+            return self._for(device)(*args)
         except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types
             reason = f"{self.name}: {type(exc).__name__}: {str(exc).strip()[:300]}"
             raise CompileFailedError(reason) from exc
-        self.graphs = _cached_graphs(self.fn)
-        return out
 
 
-def _cached_graphs(fn: Callable[..., Any]) -> list[tuple[Any, Callable[..., Any]]]:
-    """Dynamo's cache entries for ``fn``'s code: each graph's guards and the code dynamo runs
-    when they pass (the graph's call), as a function. Empty where this torch keeps them
-    elsewhere: every call then goes through dynamo, as slower but the same."""
-    import types
-
+@functools.cache
+def _cache_entries() -> Callable[[types.CodeType], Sequence[Any]]:
+    """Dynamo's cache entries of a code object (each graph's guards and the code dynamo runs
+    when they pass), or none where this torch keeps them elsewhere: every call then goes
+    through dynamo, slower but the same. Imported on first use: dynamo takes a second to
+    import, and an eager pod never needs it."""
     try:
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        return [
-            (entry.guard_manager, types.FunctionType(
-                entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
-            ))
-            for entry in _debug_get_cache_entry_list(fn.__code__)
-        ]  # fmt: skip
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
-        log.warning("compile.cached_graphs_unreadable", error=str(exc)[:200])
-        return []
+    except ImportError as exc:
+        log.warning("compile.cache_entries_unreadable", error=str(exc)[:200])
+        return lambda code: ()
+    return _debug_get_cache_entry_list
 
 
 class Graphed:
