@@ -250,10 +250,12 @@ class Program:
         self._names = code.co_varnames[: code.co_argcount]
         defaults = fn.__defaults__ or ()
         tail = self._names[len(self._names) - len(defaults) :]
-        self._defaults = dict(zip(tail, defaults, strict=True))
+        #: The frame's locals no call passes: defaults, and the closure's cells (dynamo's
+        #: guards read both as locals).
+        self._unpassed = dict(zip(tail, defaults, strict=True))
         if fn.__closure__:
             cells = zip(code.co_freevars, fn.__closure__, strict=True)
-            self._defaults |= {name: cell.cell_contents for name, cell in cells}
+            self._unpassed |= {name: cell.cell_contents for name, cell in cells}
         #: The code dynamo runs for each graph of ``fn`` it built, as a function.
         self._runs: dict[types.CodeType, Callable[..., Any]] = {}
 
@@ -273,10 +275,10 @@ class Program:
         return self._compiled[device.type]
 
     def __call__(self, device: torch.device, *args: Any) -> Any:
-        # The frame's locals as dynamo's guards read them: arguments left out take their defaults.
-        frame = {**self._defaults, **dict(zip(self._names, args, strict=False))}
+        frame = {**self._unpassed, **dict(zip(self._names, args, strict=False))}
         # Dynamo's cache as it is now (a ``torch._dynamo.reset`` empties it: compile anew).
-        for entry in _cache_entries()(self.fn.__code__):
+        entries = _cache_entries()(self.fn.__code__)
+        for entry in entries:
             if entry.guard_manager.check(frame):
                 run = self._runs.get(entry.code)
                 if run is None:
@@ -286,6 +288,8 @@ class Program:
                     )
                     self._runs[entry.code] = run
                 return run(*args)
+        if not entries:
+            self._runs.clear()  # the code of graphs a reset dropped
         try:
             return self._for(device)(*args)
         except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types
