@@ -1,5 +1,4 @@
-"""The training pod: one agent (or a population of P) in training. The only part of Podium
-that imports torch.
+"""The training pod: P >= 1 agents in training, the only part of Podium that imports torch.
 
 Layers, top to bottom; each imports only those below it (checked by import-linter's ``layers``
 contract in pyproject.toml):
@@ -7,20 +6,19 @@ contract in pyproject.toml):
 * ``runtime/`` — the pod as a process: ``rounds.py`` (the round loop over its slots: train a
   round, evaluate, report to the leaderboard, PBT's exploit across pods), ``in_pod_pbt.py``
   (PBT among a population's own agents), ``lineage.py`` (who each slot's agent is on the
-  leaderboard), ``launcher.py`` (CPU pods forked from one process that imported
-  torch once), ``metrics.py``, ``gpu_check.py`` (a pod granted GPUs it cannot use stops at
-  start), ``compile_cache.py`` (torch.compile's cache on a volume that outlives the pod),
+  leaderboard), ``launcher.py`` (CPU pods forked from one process that imported torch once),
+  ``metrics.py``, ``gpu_check.py`` (a pod granted GPUs it cannot use stops at start),
+  ``compile_cache.py`` (torch.compile's cache on a volume that outlives the pod),
   ``compile_share.py`` (one compile per experiment: the first pod's cache published to the
   leaderboard's blob store, fetched by the others), ``pod_files.py`` (its TensorBoard files and
-  last log lines kept in the blob store).
-  ``__main__.py`` starts it as the orchestrator starts a pod.
+  last log lines kept in the blob store); ``__main__.py`` starts it as the orchestrator does.
 * ``trading/`` — FinRL-style stock trading on the platform's parts: the market and the env,
   the portfolio gradient (its agents and trainer), the backtest.
 * ``training/`` — ``trainer.py`` (the interface every way of training implements, and which
   trainer trains an algorithm: its card's family), the trainers (``onpolicy.py``,
-  ``offpolicy.py``: P >= 1 agents each, one agent is P = 1), ``fit.py`` (``podium train``'s
-  loop), ``presets.py``, ``checkpoint.py`` (training files), ``fusion.py`` (learner replicas
-  averaged), ``tensorboard.py`` (curves and hyperparameters as TensorBoard event files).
+  ``offpolicy.py``), ``fit.py`` (``podium train``'s loop), ``presets.py``, ``checkpoint.py``
+  (training files), ``fusion.py`` (learner replicas averaged), ``tensorboard.py`` (curves and
+  hyperparameters as TensorBoard event files).
 * ``roles/`` — ``worker.py`` (collects: PPO's rollout as functions over a functional env, or a
   host env's steps), ``learner.py`` (updates: PPO's iteration, the off-policy K-step update),
   ``evaluator.py`` (scores), in the pod's one process.

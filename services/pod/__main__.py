@@ -6,9 +6,8 @@ Everything else comes from the environment the orchestrator sets (``PODIUM_SPEC`
 experiment spec as JSON, the leaderboard's URL, the pod's share of the machine, its budget, its
 directories): ``PodSettings`` below says what each variable does. ``PODIUM_POD_MALLOC`` picks
 the allocator (services/malloc.py): ``python -m services.pod`` starts itself anew with it
-preloaded.
-
-The pod's worker, learner and evaluator run in this one process (services/pod/roles/).
+preloaded. The pod's worker, learner and evaluator run in this one process
+(services/pod/roles/).
 
 Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made), 2 for bad input (the message
 names what is wrong), 1 when training fails (the error is the last log line).

@@ -21,9 +21,7 @@ from services.pod.envs.registry import make_env
 
 
 class RunConfig(BaseModel):
-    """What every training run has, whatever its algorithm: env, budget, evaluation, seeds,
-    device. Each trainer's config (``PPORunConfig``, ``OffPolicyConfig``) adds the algorithm's
-    hyperparameters under the algorithm's name."""
+    """Every run's fields; a trainer's config adds the algorithm's hyperparameters, by its name."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,9 +78,8 @@ class RunConfig(BaseModel):
         return self.seed + 10_000 if self.eval_seed is None else self.eval_seed
 
     def make_envs(self, num_envs: int, slots: int = 1) -> tuple[VecEnv, VecEnv]:
-        """The training env (``slots * num_envs`` copies, seeded by ``seed``) and the
-        evaluation env (one copy per evaluation episode and slot, seeded by
-        ``evaluation_seed``)."""
+        """The training env (``slots * num_envs`` copies, seeded by ``seed``) and the evaluation
+        env (one copy per evaluation episode and slot, seeded by ``evaluation_seed``)."""
         train_env = make_env(
             self.env, slots * num_envs, device=self.device, seed=self.seed, **self.env_kwargs
         )

@@ -95,20 +95,15 @@ class BatchedAdam:
     ) -> None:
         """Row ``i``'s moments and step count from a single agent's ``torch.optim.Adam`` state
         of ``params`` (its tensors in ``layout``'s order)."""
-        self.steps[i] = load_adam_state(
-            params, state, row_views(layout, self.exp_avg, i), row_views(layout, self.exp_avg_sq, i)
-        )
+        moments = [row_views(layout, m, i) for m in (self.exp_avg, self.exp_avg_sq)]
+        self.steps[i] = load_adam_state(params, state, *moments)
 
     def row_state(
         self, i: int, layout: Layout, params: Sequence[torch.Tensor]
     ) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
         """Row ``i`` as a single agent's ``torch.optim.Adam`` holds the state of ``params``."""
-        return adam_state(
-            params,
-            float(self.steps[i]),
-            row_views(layout, self.exp_avg, i),
-            row_views(layout, self.exp_avg_sq, i),
-        )
+        moments = [row_views(layout, m, i) for m in (self.exp_avg, self.exp_avg_sq)]
+        return adam_state(params, float(self.steps[i]), *moments)
 
 
 @torch.no_grad()
@@ -119,9 +114,8 @@ def load_adam_state(
     exp_avg_sq: Sequence[torch.Tensor],
 ) -> float:
     """Copy a single agent's ``torch.optim.Adam`` ``state`` of ``params`` into ``exp_avg`` and
-    ``exp_avg_sq`` (one tensor per parameter, shaped as it, written in place) and return its
-    step count; zeros and 0 where that optimiser never stepped them all (a fresh agent, a TD3
-    actor before its first delayed update)."""
+    ``exp_avg_sq`` (a tensor per parameter, in place); return its step count. Zeros and 0 where it
+    never stepped them all (a fresh agent, a TD3 actor before its first delayed update)."""
     if not all(t in state and "step" in state[t] for t in params):
         for moment in (*exp_avg, *exp_avg_sq):
             moment.zero_()
@@ -139,9 +133,8 @@ def adam_state(
     exp_avg: Sequence[torch.Tensor],
     exp_avg_sq: Sequence[torch.Tensor],
 ) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
-    """The state a single agent's ``torch.optim.Adam`` holds for ``params`` after ``steps``
-    steps with moments ``exp_avg`` and ``exp_avg_sq``: copies; empty where ``steps`` is 0 (so
-    that optimiser starts as a fresh one)."""
+    """The state a single agent's ``torch.optim.Adam`` holds for ``params`` after ``steps`` steps
+    with moments ``exp_avg``, ``exp_avg_sq``: copies; empty (a fresh optimiser's) at ``steps`` 0."""
     if steps == 0:
         return {}
     return {
@@ -158,11 +151,10 @@ def adam_state(
 def adam_state_dict(
     state: Sequence[Mapping[str, torch.Tensor]], params: int, **settings: Any
 ) -> dict[str, Any]:
-    """What ``torch.optim.Adam(ps, **settings).state_dict()`` gives for ``params`` parameters
-    ``ps`` whose per-parameter ``state`` (step, exp_avg, exp_avg_sq, in ``ps``' order; empty:
-    a fresh optimiser) is given, without building the optimiser (a process's first one imports
-    torch._dynamo, about a second). The param group holds Adam's own defaults, read from its
-    signature, with ``settings`` over them."""
+    """What ``torch.optim.Adam(ps, **settings).state_dict()`` gives for ``params`` parameters ``ps``
+    with per-parameter ``state`` (step, exp_avg, exp_avg_sq, in ``ps``' order; empty: a fresh one),
+    without building the optimiser (a process's first one imports torch._dynamo, about a second).
+    The param group: Adam's own defaults, from its signature, ``settings`` over them."""
     defaults = {
         name: parameter.default
         for name, parameter in inspect.signature(torch.optim.Adam.__init__).parameters.items()

@@ -10,6 +10,5 @@ class OffPolicyAlgorithm:
     name: ClassVar[str]
 
     def end_episodes(self, done: Any) -> None:
-        """The episodes of the sub-environments where ``done`` (a bool tensor) ended; an
-        agent whose exploration has a state over time (services/pod/algorithms/noise.py)
-        starts it over there."""
+        """The episodes of the sub-environments where ``done`` (bool) ended: an agent whose
+        exploration has a state over time (services/pod/algorithms/noise.py) restarts it."""

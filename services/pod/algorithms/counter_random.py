@@ -20,11 +20,8 @@ _M32 = 0xFFFFFFFF
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
     """A 32-bit integer hash (xorshift-multiply rounds, Wellons' "lowbias32") on int64 tensors
-    holding values below 2**32.
-
-    Both multipliers are below 2**31, so no product leaves int64: no signed overflow, whose
-    wrapping eager and compiled (C++, Triton) code would not agree on.
-    """
+    holding values below 2**32. Both multipliers are below 2**31, so no product leaves int64:
+    no signed overflow, whose wrapping eager and compiled (C++, Triton) code would not agree on."""
     x = ((x ^ (x >> 16)) * 0x7FEB352D) & _M32
     x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & _M32
     return x ^ (x >> 16)
@@ -64,8 +61,7 @@ def to_uniform(bits: torch.Tensor) -> torch.Tensor:
 def normal(
     seed: torch.Tensor, counter: torch.Tensor, stream: int, shape: tuple[int, ...]
 ) -> torch.Tensor:
-    """Standard normal draws (Box-Muller) from ``uniform``'s streams 2 * stream and
-    2 * stream + 1."""
+    """Standard normals (Box-Muller) from ``uniform``'s streams 2 * stream and 2 * stream + 1."""
     return box_muller(
         uniform(seed, counter, 2 * stream, shape), uniform(seed, counter, 2 * stream + 1, shape)
     )

@@ -10,10 +10,9 @@ DDPG learns a deterministic actor μ(s) and a critic Q(s, a) from replayed trans
 
 Actions are kept in [-1, 1] (a tanh head) inside the agent and in the replay buffer; only the
 env sees them rescaled to its bounds. Exploration adds Gaussian noise to μ(s), independent or
-correlated in time (``action_noise``, services/pod/algorithms/noise.py). ``td3_update`` is the
-update of P agents (services/pod/algorithms/stacked.py; one agent is a stack of one), eager or
-compiled: TD3 (td3.py) is this agent with twin critics, a smoothed target action and a policy
-delay.
+correlated in time (``action_noise``, services/pod/algorithms/noise.py). ``td3_update``, the
+update of P stacked agents (services/pod/algorithms/stacked.py), eager or compiled, serves DDPG
+and TD3 (td3.py: this agent with twin critics, a smoothed target action and a policy delay).
 """
 
 from __future__ import annotations
@@ -102,14 +101,12 @@ def uniform_action(
     n: int, shape: tuple[int, ...], generator: torch.Generator, device: torch.device
 ) -> torch.Tensor:
     """Uniform actions in [-1, 1] (the actors' normalised action range), before learning."""
-    u = torch.rand((n, *shape), generator=generator, device=device)
-    return u.mul_(2).sub_(1)
+    return torch.rand((n, *shape), generator=generator, device=device).mul_(2).sub_(1)
 
 
 class ActorCritic(OffPolicyAlgorithm, nn.Module):
     """What the DDPG, TD3 and SAC agents share: an ``Actor`` in [-1, 1] behind ``policy``,
-    ``n_critics`` Q critics and their target, one optimiser (the subclass's) and exploration
-    noise."""
+    ``n_critics`` Q critics and their target, one optimiser (the subclass's), the noise."""
 
     discrete = False
     n_critics: ClassVar[int]
@@ -228,8 +225,7 @@ def td3_actor_loss(
     critic: dict[str, torch.Tensor],
     obs: torch.Tensor,
 ) -> torch.Tensor:
-    """One agent's actor loss: −Q_1 of the critics before this step, detached so that it
-    trains no critic."""
+    """One agent's actor loss: −Q_1 of the critics before this step, detached: it trains none."""
     frozen = {k: v.detach() for k, v in critic.items()}
     action = call(actor_module, actor, obs)
     return -call(critic_module, frozen, obs, action)[0].mean()
@@ -287,10 +283,9 @@ def td3_update(
 
 
 class DDPGStack(Stack):
-    """P DDPG or TD3 agents stacked (services/pod/algorithms/stacked.py): actors and critics
-    each one flat tensor with its own Adam (a single agent's Adam steps the actor only every
-    ``policy_delay``-th update, so the actor's step count is its own), their targets two
-    more."""
+    """P DDPG or TD3 agents stacked (services/pod/algorithms/stacked.py): actors, critics and
+    their targets four flat tensors, actors and critics each with its own Adam (a single
+    agent's Adam steps the actor every ``policy_delay``-th update: its step count is its own)."""
 
     HYPERPARAMETERS = (
         "learning_rate", "gamma", "tau", "exploration_noise", "policy_noise", "noise_clip",
@@ -335,8 +330,7 @@ class DDPGStack(Stack):
         p, n = obs.shape[:2]
         action = self._act(self._actor_params(), obs)
         noise = self.noise.sample(p * n, generator, obs.device).view(p, n, *self.action_shape)
-        scale = self.hp["exploration_noise"].view(p, 1, 1)
-        return action.addcmul_(noise, scale).clamp_(-1, 1)
+        return action.addcmul_(noise, self.hp["exploration_noise"].view(p, 1, 1)).clamp_(-1, 1)
 
     @torch.no_grad()
     def deterministic(self, obs: torch.Tensor) -> torch.Tensor:

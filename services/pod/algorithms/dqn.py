@@ -7,8 +7,8 @@
     Dueling:     Q(s, a) = V(s) + A(s, a) − mean_a A(s, ·)
 
 Exploration is ε-greedy with ε decaying linearly over the first ``exploration_steps`` env
-steps. ``dqn_update`` is the update of P agents (services/pod/algorithms/stacked.py; one agent
-is a stack of one), eager or compiled; each agent's targets move on its own update count.
+steps. ``dqn_update`` is the update of P stacked agents (services/pod/algorithms/stacked.py),
+eager or compiled; each agent's targets move on its own update count.
 """
 
 from __future__ import annotations
@@ -72,12 +72,9 @@ class DQN(OffPolicyAlgorithm, nn.Module):
         self.config = config
         self.action_shape: tuple[int, ...] = ()
         self.n_actions = int(action_space.n)
+        obs_dim = int(np.prod(obs_space.shape))
         q = QNetwork(
-            int(np.prod(obs_space.shape)),
-            self.n_actions,
-            config.hidden_sizes,
-            config.activation,
-            config.dueling,
+            obs_dim, self.n_actions, config.hidden_sizes, config.activation, config.dueling
         )
         self.policy = Policy(q, tuple(obs_space.shape), normalize_obs=False)
         self.q_target = frozen_copy(q)
@@ -185,8 +182,7 @@ def dqn_update(
 
 class DQNStack(Stack):
     """P DQN agents (double, dueling: as the template) stacked: their Q-networks one flat
-    tensor with one Adam, their targets a second; ε-greedy with each agent's ε schedule on its
-    own env steps."""
+    tensor with one Adam, their targets a second; ε-greedy, each agent on its own env steps."""
 
     HYPERPARAMETERS = DQN_CARD.population.hyperparameters if DQN_CARD.population else ()
     update = Program(dqn_update, "dqn_update")

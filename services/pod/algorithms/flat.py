@@ -47,8 +47,7 @@ class Layout:
 
 
 def flat_rows(tensors: Mapping[str, torch.Tensor], keys: Iterable[str]) -> torch.Tensor:
-    """``tensors[k]`` (each (P, ...)) for ``keys`` in order, as one (P, n) tensor: the
-    inverse of ``Layout.views``."""
+    """``tensors[k]`` (P, ...) for ``keys`` in order, one (P, n) tensor: ``Layout.views`` undone."""
     rows = [tensors[k] for k in keys]
     return torch.cat([t.reshape(t.shape[0], -1) for t in rows], dim=1)
 

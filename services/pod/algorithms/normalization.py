@@ -22,8 +22,7 @@ def merge_batched(
     count: torch.Tensor | float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``RunningMeanStd.merge`` (Chan et al.) for P running statistics at once, out of place:
-    ``old`` = (mean, var, count) with a leading agent axis, count of shape (P,); returns the
-    merged (mean, var, count)."""
+    ``old`` and the result are (mean, var, count) with a leading agent axis, count (P,)."""
     old_mean, old_var, old_count = old
     delta = mean - old_mean
     total = old_count + count
@@ -34,11 +33,8 @@ def merge_batched(
 
 
 class RunningMeanStd(nn.Module):
-    """Streaming mean and variance (Chan et al. parallel algorithm), as buffers.
-
-    Buffers rather than plain attributes so ``state_dict`` (and so the safetensors checkpoint)
-    carries them: an actor is useless without the statistics its inputs were normalised with.
-    """
+    """Streaming mean and variance (Chan et al.'s parallel algorithm) as buffers, so ``state_dict``
+    (and so the safetensors checkpoint) holds them: an actor is useless without them."""
 
     def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4, clip: float = 10.0):
         super().__init__()

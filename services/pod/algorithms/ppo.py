@@ -1,14 +1,12 @@
-"""Proximal Policy Optimization (Schulman et al. 2017) with GAE, for P agents at once; one
-agent is P = 1.
+"""Proximal Policy Optimization (Schulman et al. 2017) with GAE, for P >= 1 agents at once.
 
 The update reads like the algorithm: values, truncated episodes bootstrapped from their final
 observation, GAE(γ, λ), then a few epochs of clipped-surrogate minibatch steps with an entropy
 bonus and a value loss, each agent's gradient clipped by its global norm, Adam. It is written
 once, as functions over explicit state (``PPOShape``: what fixes the computation; a state of
 tensors; per-agent hyperparameters as (P,) tensors, so PBT changes values, never programs), and
-run eager, compiled or captured as a CUDA graph by the on-policy trainer
-(services/pod/training/onpolicy.py) on a rollout from a functional env or from a host-stepped
-one (services/pod/roles/worker.py).
+run eager, compiled or as a CUDA graph by the on-policy trainer
+(services/pod/training/onpolicy.py) on a rollout (services/pod/roles/worker.py).
 
 * The P agents' weights are the rows of one flat (P, n) tensor (services/pod/algorithms/flat.py),
   their MLPs batched matmuls (services/pod/algorithms/policies.py); the agents' losses are
@@ -67,11 +65,10 @@ State = dict[str, torch.Tensor]
 
 class PPO(nn.Module):
     """One PPO agent: policy (actor + observation statistics), critic, return statistics and
-    Adam's state in ``torch.optim.Adam``'s format (what its training files hold).
-
-    A second on-policy algorithm is a subclass with its own ``name``, ``card`` (whose config
-    extends ``PPOConfig``: the rollout, GAE and network settings) and ``loss``; the on-policy
-    trainer runs it through the same rollout, batch and update."""
+    Adam's state in ``torch.optim.Adam``'s format (what its training files hold). A second
+    on-policy algorithm is a subclass with its own ``name``, ``card`` (whose config extends
+    ``PPOConfig``: the rollout, GAE and network settings) and ``loss``; the on-policy trainer
+    runs it through the same rollout, batch and update."""
 
     name = "ppo"
     card = CARD
@@ -108,8 +105,7 @@ class PPO(nn.Module):
         self.adam_state: list[dict[str, torch.Tensor]] = []
 
     def trained(self) -> nn.ModuleDict:
-        """The trained networks under the names of the flat layout (``actor.*``,
-        ``critic.*``)."""
+        """The trained networks under the flat layout's names (``actor.*``, ``critic.*``)."""
         return nn.ModuleDict({"actor": self.policy.actor, "critic": self.critic})
 
     def spec(self) -> PolicySpec:
@@ -282,19 +278,16 @@ def put_agent(shape: PPOShape, state: State, i: int, agent: PPO) -> None:
             views[2][name][i] = entry["exp_avg_sq"]
         state["adam_step"][i] = float(agent.adam_state[0]["step"])
     else:
-        state["exp_avg"][i] = 0
-        state["exp_avg_sq"][i] = 0
-        state["adam_step"][i] = 0
-    rms = agent.policy.obs_rms
-    state["obs_mean"][i], state["obs_var"][i], state["obs_count"][i] = rms.mean, rms.var, rms.count
-    ret = agent.return_rms
-    state["ret_mean"][i], state["ret_var"][i], state["ret_count"][i] = ret.mean, ret.var, ret.count
+        for key in ("exp_avg", "exp_avg_sq", "adam_step"):
+            state[key][i] = 0
+    for keys, rms in ((OBS_STATS, agent.policy.obs_rms), (RET_STATS, agent.return_rms)):
+        for key, value in zip(keys, (rms.mean, rms.var, rms.count), strict=True):
+            state[key][i] = value
 
 
 @torch.no_grad()
 def get_agent(shape: PPOShape, state: State, i: int, agent: PPO) -> PPO:
-    """Row i of ``state`` written into ``agent`` (of the same shape): weights, statistics and
-    Adam state; returns it."""
+    """Row i of ``state`` (weights, statistics, Adam state) written into ``agent``; returns it."""
     params = list(agent.trained().parameters())
     views = [shape.layout.views(state[k]) for k in ("params", "exp_avg", "exp_avg_sq")]
     for name, param in zip(shape.layout.names, params, strict=True):
@@ -308,14 +301,9 @@ def get_agent(shape: PPOShape, state: State, i: int, agent: PPO) -> PPO:
         }
         for name, param in zip(shape.layout.names, params, strict=True)
     ] if steps else []  # fmt: skip
-    rms = agent.policy.obs_rms
-    rms.mean.copy_(state["obs_mean"][i])
-    rms.var.copy_(state["obs_var"][i])
-    rms.count.copy_(state["obs_count"][i])
-    ret = agent.return_rms
-    ret.mean.copy_(state["ret_mean"][i])
-    ret.var.copy_(state["ret_var"][i])
-    ret.count.copy_(state["ret_count"][i])
+    for keys, rms in ((OBS_STATS, agent.policy.obs_rms), (RET_STATS, agent.return_rms)):
+        for key, value in zip(keys, (rms.mean, rms.var, rms.count), strict=True):
+            value.copy_(state[key][i])
     return agent
 
 
@@ -323,9 +311,7 @@ def get_agent(shape: PPOShape, state: State, i: int, agent: PPO) -> PPO:
 def copy_agent(state: State, dst: int, src: int) -> None:
     """PBT's exploit inside one state: agent ``dst`` becomes agent ``src`` (weights, Adam's
     moments and step, statistics); hyperparameters are the caller's."""
-    for key in ("params", "exp_avg", "exp_avg_sq", "adam_step", "obs_mean", "obs_var"):
-        state[key][dst] = state[key][src]
-    for key in ("obs_count", "ret_mean", "ret_var", "ret_count"):
+    for key in (*OPT, *OBS_STATS, *RET_STATS):
         state[key][dst] = state[key][src]
 
 
@@ -351,7 +337,6 @@ def gae(
     lam: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimates and λ-returns, all (T, ...), the steps first.
-
     ``dones[t]`` marks that the episode ended after step t (terminated or truncated); the
     caller has already added γ·V(final_obs) to the reward of truncated steps, so cutting the
     trace at every ``done`` is right for both kinds of ending. ``gamma`` and ``lam`` broadcast
@@ -444,8 +429,7 @@ def batch(
     frac = (1.0 - state["env_steps"] / hp["total_env_steps"]).clamp(min=0.0).to(torch.float32)
     frac = torch.where(hp["anneal_lr"] > 0, frac, torch.ones_like(frac))
     out["lr"] = hp["learning_rate"] * frac
-    done = roll["terminated"] | truncated
-    out["episodes"] = done.sum((0, 2))  # (P,)
+    out["episodes"] = dones.sum((0, 2))  # (P,)
     out["return_sum"] = roll["episode_return"].sum((0, 2))  # (P,)
     if shape.norm_obs:
         raw = roll["raw"].transpose(0, 1).reshape(p, -1, d).to(torch.float64)
@@ -598,8 +582,7 @@ def rollout_noise(
     start: torch.Tensor | int, steps: int,
 ) -> torch.Tensor:  # fmt: skip
     """Uniforms (steps, P, per_step) for rollout steps ``start`` .. ``start + steps - 1`` of an
-    iteration, drawn from one counter-based sequence per iteration and stream, laid out step
-    by step, so any run of steps is a slice drawn on its own (a compiled chunk draws its own;
-    eager code the whole rollout at once)."""
+    iteration: one counter-based sequence per iteration and stream, step by step, so any run of
+    steps is a slice drawn alone (a compiled chunk draws its own; eager code the whole rollout)."""
     bits = uniform_bits(seed, iteration, stream, (steps * per_step,), start * per_step)
     return to_uniform(bits).view(shape.agents, steps, per_step).transpose(0, 1)

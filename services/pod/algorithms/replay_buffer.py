@@ -100,8 +100,7 @@ class ReplayBuffer:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        missing = [name for name in (*FIELDS, "pos") if name not in state]
-        if missing:
+        if missing := [name for name in (*FIELDS, "pos") if name not in state]:
             raise ValueError(f"replay buffer state lacks {missing}")
         size = int(state["obs"].shape[0])
         if size > self.capacity:

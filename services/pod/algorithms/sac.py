@@ -11,8 +11,8 @@ that keeps the policy's entropy near a target (−dim A):
     targets: θ' ← (1 − τ) θ' + τ θ
 
 All three losses are taken on the same batch before one optimiser step (each loss
-backpropagates only into its own parameters). ``sac_update`` is the update of P agents
-(services/pod/algorithms/stacked.py; one agent is a stack of one), eager or compiled.
+backpropagates only into its own parameters). ``sac_update`` is the update of P stacked agents
+(services/pod/algorithms/stacked.py), eager or compiled.
 """
 
 from __future__ import annotations
@@ -78,8 +78,7 @@ class SquashedGaussianActor(BoundedActor):
         return torch.tanh(u), logp.sum(-1)
 
     def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        mean = self.net(obs)[..., : self.act_dim]
-        return self.to_env(torch.tanh(mean))
+        return self.to_env(torch.tanh(self.net(obs)[..., : self.act_dim]))
 
 
 def target_entropy(config: SACConfig, action_dim: int) -> float:

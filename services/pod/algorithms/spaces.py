@@ -1,5 +1,4 @@
-"""Does an env's action space fit an algorithm? Its card (services/contracts/algorithms/) says
-which action kinds it trains."""
+"""Whether an algorithm's card (services/contracts/algorithms/) trains an env's action kind."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ def action_kind(space: gym.Space) -> ActionKind | None:
 
 
 def check_action_space(algorithm: str, space: gym.Space) -> None:
-    """Refuse an action space ``algorithm``'s card does not declare (a ValueError naming
-    both)."""
+    """Refuse (ValueError) an action space ``algorithm``'s card does not declare."""
     kinds = card(algorithm).action_kinds
     if action_kind(space) not in kinds:
         wanted = " or ".join(

@@ -1,19 +1,16 @@
 """What the off-policy algorithms share: P agents of one algorithm stacked (Fast PBT's layout,
-Flajolet et al. 2022), their replay, and the K-step update that trains them. A single agent is
-a stack of one.
+Flajolet et al. 2022; one agent is a stack of one), their replay, and the K-step update.
 
 * ``Stack``: the agents' trainable weights as rows of flat (P, n) tensors
   (services/pod/algorithms/flat.py), their targets beside, one ``BatchedAdam`` per optimised
-  group (services/pod/algorithms/adam.py), per-agent hyperparameters as (P,) tensors (the
-  card's ``population.hyperparameters``: PBT's explore changes a tensor, never a program), and
-  the moves of agent i to and from a single agent (its training files' format). Each
-  algorithm's module (sac.py, ddpg.py, dqn.py) subclasses it beside its agent and its update,
-  and names it as the agent's ``Stack``: no table keyed by algorithm.
+  group, per-agent hyperparameters as (P,) tensors (the card's ``population.hyperparameters``:
+  PBT's explore changes a tensor, never a program), and the moves of agent i to and from a
+  single agent (its training files' format). Each algorithm's module (sac.py, ddpg.py, dqn.py)
+  subclasses it and names it as the agent's ``Stack``: no table keyed by algorithm.
 * An algorithm's update is one function over explicit state (the stack's tensors, updated in
-  place; the batch drawn inside from each agent's filled rows by counter-based draws), its
-  losses run for every agent with ``vmap`` over ``functional_call`` of the template agent's
-  modules. ``KStep`` runs ``K`` of them per learner call, eager or as compiled programs
-  (services/pod/algorithms/compiled.py), on a GPU captured as one CUDA graph per call.
+  place; the batch drawn inside by counter-based draws), its losses run for every agent with
+  ``vmap`` over ``functional_call`` of the template agent's modules. ``KStep`` runs ``K`` of
+  them per learner call, eager or compiled, on a GPU one CUDA graph per call.
 * ``StackedReplay``: one replay buffer per agent as (P, capacity, ...) tensors, each agent its
   own write position and fill level (a slot loaded from another pod's files keeps its own).
 
@@ -41,10 +38,9 @@ from services.pod.algorithms.replay_buffer import FIELDS, Batch, ReplayBuffer
 
 
 class Stack:
-    """P agents of one algorithm stacked (module docstring). A subclass defines the groups of
-    weights (``groups``), the update (``update``: a ``Program`` of a module-level function
-    ``update(constants..., state, hp, replay, filled)``), its constants (``constants``) and
-    acting (``explore``, ``deterministic``)."""
+    """P agents of one algorithm stacked (module docstring). A subclass defines the weights' groups
+    (``groups``), the update (``update``: a ``Program`` of a module-level ``update(constants...,
+    state, hp, replay, filled)``), its ``constants`` and acting (``explore``, ``deterministic``)."""
 
     #: The per-agent hyperparameters, (P,) tensors in ``hp``: the card's population names.
     HYPERPARAMETERS: ClassVar[tuple[str, ...]] = ()
@@ -167,8 +163,7 @@ class Stack:
     def explore(
         self, obs: torch.Tensor, generator: torch.Generator, env_steps: torch.Tensor
     ) -> torch.Tensor:
-        """Exploring actions (P, n, ...) for observations (P, n, D), agent p at its
-        ``env_steps[p]``."""
+        """Exploring actions (P, n, ...) for (P, n, D) observations, agent p at ``env_steps[p]``."""
         raise NotImplementedError
 
     def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
@@ -207,13 +202,11 @@ def adam_group_(
 
 
 class KStep:
-    """K updates of a stack per call, each one call of its update (compiled, or the same
-    function eager). ``replay``: the agents' replay fields, (P, capacity, ...) each, and
-    ``filled`` (P,) int64 their fill levels, both tensors the caller keeps updating in place;
-    ``seeds``: each agent's random stream (a slot loaded with another agent reseeds its own
-    with ``reseed``); on CUDA,
-    compiled, each call's K updates are captured as one graph (from a call's third time on: the
-    first compiles and warms up, the second captures)."""
+    """K updates of a stack per call, each one call of its update (compiled, or the same function
+    eager). ``replay``: the agents' replay fields, (P, capacity, ...) each, and ``filled`` (P,)
+    int64 their fill levels, tensors the caller keeps updating in place; ``seeds``: each agent's
+    random stream (``reseed`` gives a reloaded slot its own). On CUDA, compiled, a call's K updates
+    are one graph (``Graphed``: the first call compiles and warms up, the second captures)."""
 
     def __init__(
         self,
@@ -224,8 +217,7 @@ class KStep:
         seeds: Sequence[int],
     ) -> None:
         self.stack, self.replay, self.filled, self.batch_size = stack, replay, filled, batch_size
-        device = filled.device
-        self.device = device
+        self.device = device = filled.device
         self.seed = torch.tensor(list(seeds), dtype=torch.int64, device=device)
         self.counter = torch.zeros((), dtype=torch.int64, device=device)
         self.state = {
@@ -303,9 +295,7 @@ class StackedReplay:
         self.p, self.capacity, self.device = p, template.capacity, template.device
         for name in FIELDS:
             store = getattr(template, name)
-            setattr(
-                self, name, torch.zeros((p, *store.shape), dtype=store.dtype, device=self.device)
-            )
+            setattr(self, name, store.new_zeros((p, *store.shape)))
         self.pos = [0] * p
         self.size = [0] * p
         # The fill levels on the device too, for the update that samples by itself.
@@ -362,7 +352,6 @@ class StackedReplay:
 
 
 def call(module: nn.Module, params: dict[str, torch.Tensor], *args: Any) -> Any:
-    """``module(*args)`` with ``params`` as its parameters (one agent's row of a stack): the
-    single agent's own code on a stack's weights. No tied weights to look for: the agents'
-    modules have none."""
+    """``module(*args)`` with ``params`` (one agent's row of a stack) as its parameters: the
+    single agent's own code on a stack's weights (the agents' modules tie no weights)."""
     return functional_call(module, params, args, tie_weights=False)

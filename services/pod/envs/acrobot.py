@@ -20,11 +20,9 @@ from services.pod.envs.functional import FunctionalEnv
 
 
 def _wrap(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """gymnasium's ``wrap``: shift by whole periods into [low, high], endpoints kept.
-
-    gymnasium loops ``x -= period`` while ``x > high``; the count of periods is computed here
-    instead, which gives the same value for the single shift that occurs in practice.
-    """
+    """gymnasium's ``wrap``: shift by whole periods into [low, high], endpoints kept. gymnasium
+    loops ``x -= period`` while ``x > high``; here the count of periods is computed instead,
+    which gives the same value for the single shift that occurs in practice."""
     period = high - low
     above = torch.ceil((x - high) / period).clamp_(min=0)
     below = torch.ceil((low - x) / period).clamp_(min=0)
@@ -106,8 +104,7 @@ class Acrobot(FunctionalEnv):
             -1,
         )
         terminated = -torch.cos(theta1) - torch.cos(theta2 + theta1) > 1.0
-        reward = terminated.to(self.dtype) - 1.0
-        return new, reward, terminated
+        return new, terminated.to(self.dtype) - 1.0, terminated
 
     def observe(self, state: torch.Tensor) -> torch.Tensor:
         theta1, theta2, dtheta1, dtheta2 = state.unbind(-1)

@@ -29,8 +29,7 @@ takes or returns has the batch dimension first. Its contract:
   discrete actions or non-finite values. Actions are detached: the env never builds an
   autograd graph through the policy's output.
 
-``TorchVecEnv`` implements the protocol for the torch-native envs, each a thin wrapper over its
-functional env (services/pod/envs/functional.py), where its physics is defined once.
+``TorchVecEnv`` implements the protocol for the torch-native envs, over their functional envs.
 """
 
 from __future__ import annotations
@@ -96,13 +95,10 @@ class VecEnv(ABC):
         """Release resources (subprocesses, simulators); a no-op for pure-torch envs."""
 
     def validate_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        """Check shape/dtype/range/finiteness; return detached actions on this env's device.
-
-        Raising here, rather than letting NaN propagate into the state, is what keeps a bad
-        action from silently corrupting every later step of that sub-environment. The checks
-        read one or two scalars, which is free on CPU and one host sync on CUDA (switch them
-        off with ``check_actions=False`` once a training loop is known to be sound).
-        """
+        """Check shape/dtype/range/finiteness; return detached actions on this env's device. Raising
+        here, not letting NaN into the state, keeps a bad action from silently corrupting its
+        sub-environment's later steps. The checks read a scalar or two: free on CPU, a host sync on
+        CUDA (``check_actions=False`` turns them off once a training loop is known sound)."""
         if not isinstance(actions, torch.Tensor):
             raise ValueError(f"actions must be a torch.Tensor, got {type(actions).__name__}")
         actions = actions.detach()
@@ -144,12 +140,9 @@ class VecEnv(ABC):
 
 
 class EpisodeStats:
-    """Per-sub-environment return and length of the running episodes, on the env's device.
-
-    The adapters around other simulators (gymnasium, EnvPool, Isaac Lab, MuJoCo Warp) keep
-    the protocol's ``episode_return`` / ``episode_length`` with it; ``dtype`` is the sum's
-    (float64 where the rewards come from the host in float64).
-    """
+    """Per-sub-environment return and length of the running episodes, on the env's device: how
+    the adapters of other simulators keep the protocol's ``episode_return`` /
+    ``episode_length``. ``dtype``: the sum's (float64 where host rewards come in float64)."""
 
     def __init__(
         self, num_envs: int, device: torch.device, dtype: torch.dtype = torch.float32
@@ -177,16 +170,13 @@ class EpisodeStats:
 
 
 class TorchVecEnv(VecEnv):
-    """The vector env of a functional env (services/pod/envs/functional.py): a thin wrapper
-    that keeps ``num_envs`` sub-environments' state, draws their resets from a
-    ``torch.Generator`` and runs ``FunctionalEnv.step`` with validation, episode bookkeeping,
-    time limit and autoreset. The physics is the functional env's, nowhere else.
-
-    A subclass names its functional env (``functional``, a ``FunctionalEnv`` class) and passes
+    """The vector env of a functional env (services/pod/envs/functional.py), whose physics it
+    runs with validation, episode bookkeeping, time limit and autoreset, drawing the resets
+    from a ``torch.Generator``. A subclass names its functional env (``functional``) and passes
     the env's own keyword arguments on to it. ``state`` is the (num_envs, state_dim) tensor of
     ``dtype``, written in place (never rebound). Observations are float32 whatever the
-    simulation dtype (as gymnasium's observation spaces); rewards are in the simulation dtype
-    (``float64`` mode exists so equality tests against gymnasium can be tight).
+    simulation dtype (as gymnasium's); rewards are in the simulation dtype (``float64`` mode
+    exists so equality tests against gymnasium can be tight).
 
     On a CPU, where reading a flag costs nothing, finished sub-environments are reset by index
     and only when there are any; on other devices the reset is masked over all of them, which
@@ -232,13 +222,11 @@ class TorchVecEnv(VecEnv):
         self._state = torch.zeros(num_envs, self.state_dim, device=self.device, dtype=dtype)
         self._episode_return = torch.zeros(num_envs, device=self.device, dtype=dtype)
         self._episode_length = torch.zeros(num_envs, device=self.device, dtype=torch.int64)
-        #: The state after the last step, before its autoreset (what a finished episode ended
-        #: in): a new tensor every step.
+        #: The last step's state before its autoreset (where episodes ended): a new tensor per step.
         self.final_state = self._state
 
     def __getattr__(self, name: str) -> Any:
-        """The functional env's constants and settings (``env.g``, a market's prices) read
-        through the vector env."""
+        """The functional env's constants and settings (``env.g``, a market's prices)."""
         if name == "fn":
             raise AttributeError(name)
         return getattr(self.fn, name)
@@ -291,10 +279,9 @@ class TorchVecEnv(VecEnv):
         new, reward, terminated = fn.step(self.state, actions)
         self._episode_return += reward
         self._episode_length += 1
-        if fn.max_episode_steps is None:
-            done = terminated
-        else:
-            done = terminated | (self._episode_length >= fn.max_episode_steps)
+        done = terminated
+        if fn.max_episode_steps is not None:
+            done = done | (self._episode_length >= fn.max_episode_steps)
         truncated = done & ~terminated
         final_obs = fn.observe(new)
         info: Info = {

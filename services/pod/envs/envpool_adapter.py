@@ -81,19 +81,16 @@ class EnvPoolVecEnv(VecEnv):
         envpool = _envpool()
         config = envpool.make_spec(task_id).config
         accepted = set(config._fields) - _RESERVED
-        unknown = sorted(set(env_kwargs) - accepted)
-        if unknown:
+        if unknown := sorted(set(env_kwargs) - accepted):
             raise TypeError(
                 f"env {self.spec_id!r} does not take {', '.join(map(repr, unknown))}; "
                 f"it takes {', '.join(sorted(accepted | {'num_envs', 'seed', 'device'}))}"
             )
         # One C++ thread per core, at most one per sub-environment: more threads than envs only
         # add hand-offs, and EnvPool's own default (0) takes every core of a shared machine.
-        self._num_threads = (
-            num_threads
-            if num_threads is not None
-            else max(1, min(self.num_envs, len(os.sched_getaffinity(0))))
-        )
+        if num_threads is None:
+            num_threads = max(1, min(self.num_envs, len(os.sched_getaffinity(0))))
+        self._num_threads = num_threads
         limit = env_kwargs.pop("max_episode_steps", config.max_episode_steps)
         if isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit < 1:
             raise ValueError(f"max_episode_steps must be an integer >= 1, got {limit!r}")
@@ -168,13 +165,9 @@ class EnvPoolVecEnv(VecEnv):
         # float32 like every Podium env's rewards; the episode sums stay float64.
         reward_t = torch.from_numpy(reward).to(self.device, torch.float32)
         info = self._stats.step(reward_t, torch.from_numpy(done).to(self.device), obs_t)
-        return (
-            next_obs,
-            reward_t,
-            torch.from_numpy(term).to(self.device),
-            torch.from_numpy(trunc).to(self.device),
-            info,
-        )
+        term_t = torch.from_numpy(term).to(self.device)
+        trunc_t = torch.from_numpy(trunc).to(self.device)
+        return next_obs, reward_t, term_t, trunc_t, info
 
     def close(self) -> None:
         self.pool.close()

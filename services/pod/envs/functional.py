@@ -1,22 +1,19 @@
 """Environments as pure functions over explicit state: the one definition of each env's physics.
 
 A ``FunctionalEnv`` holds an env kind's constants (tensors on one device, made once) and three
-pure functions of tensors of any leading shape (``...``: one sub-environment, N of them, or P
-agents' N each):
+pure functions of tensors of any leading shape (``...``: one sub-environment, N, or P agents' N):
 
-* ``init(u) -> state``: initial states from uniforms ``u`` in [0, 1), shaped
-  (..., reset_uniforms); the caller draws them (a ``torch.Generator`` in the vector env, a
-  counter-based draw in a compiled loop, where no generator may enter).
+* ``init(u) -> state``: initial states from uniforms ``u`` in [0, 1), (..., reset_uniforms),
+  drawn by the caller (a ``torch.Generator`` in the vector env, a counter-based draw in a
+  compiled loop, where no generator may enter).
 * ``observe(state) -> obs``: float32 (..., obs_dim), a new tensor.
-* ``step(state, action) -> (state, reward, terminated)``: the physics of one step, out of
-  place (the state passed in is never written).
+* ``step(state, action) -> (state, reward, terminated)``: one step's physics, out of place.
 
-``vector_step`` adds what every env shares on top: the episode's return and length, the time
-limit (a truncation; an episode that terminates on its last allowed step counts as terminated),
-and the same-step autoreset (finished sub-environments restart from ``init(reset_u)``, their
-final observation kept). The vector env classes users know (services/pod/envs/base.py
-``TorchVecEnv``) and the compiled training loops (services/pod/roles/worker.py) both run it, so
-an env's physics exists once.
+``vector_step`` adds what every env shares: the episode's return and length, the time limit (a
+truncation; an episode that terminates on its last allowed step counts as terminated), and the
+same-step autoreset (finished sub-environments restart from ``init(reset_u)``, their final
+observation kept). The vector envs (services/pod/envs/base.py ``TorchVecEnv``) and the compiled
+training loops (services/pod/roles/worker.py) both run it, so an env's physics exists once.
 
 Static shapes, no host reads, no generators, no Python branches on tensor values: what
 ``torch.compile`` captures whole and a CUDA graph replays.
@@ -89,13 +86,11 @@ class FunctionalEnv(ABC):
         return torch.tensor(value, device=self.device, dtype=self.dtype)
 
     def uniform_start(self, low: list[float], span: list[float]) -> None:
-        """Initial states drawn uniformly from the box [low, low + span] (``init``'s
-        default)."""
+        """``init``'s default: initial states uniform in the box [low, low + span]."""
         self._low, self._span = self.const(low), self.const(span)
 
     def init(self, u: torch.Tensor) -> torch.Tensor:
-        """The initial state from uniforms ``u`` (..., reset_uniforms): by default, the box
-        of ``uniform_start``."""
+        """The initial state from uniforms ``u`` (..., reset_uniforms); ``uniform_start``'s box."""
         return torch.addcmul(self._low, self._span, u)
 
     def observe(self, state: torch.Tensor) -> torch.Tensor:
@@ -125,15 +120,13 @@ def vector_step(
     env: FunctionalEnv, carry: EnvCarry, action: torch.Tensor, reset_u: torch.Tensor
 ) -> tuple[EnvCarry, EnvStep]:
     """One step of every sub-environment with bookkeeping, time limit and same-step autoreset
-    (the module docstring); ``reset_u``: uniforms (..., reset_uniforms) for the episodes that
-    end here (the others ignore theirs)."""
+    (module docstring); ``reset_u`` (..., reset_uniforms): uniforms read only where episodes end."""
     state, reward, terminated = env.step(carry.state, action)
     ep_return = carry.ep_return + reward
     ep_length = carry.ep_length + 1
-    if env.max_episode_steps is None:
-        done = terminated
-    else:
-        done = terminated | (ep_length >= env.max_episode_steps)
+    done = terminated
+    if env.max_episode_steps is not None:
+        done = done | (ep_length >= env.max_episode_steps)
     truncated = done & ~terminated
     final_obs = env.observe(state)
     score = env.episode_score(state, ep_length)

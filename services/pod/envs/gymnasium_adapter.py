@@ -63,8 +63,7 @@ class GymnasiumVecEnv(VecEnv):
                 f"vectorization_mode must be one of {VECTORIZATION_MODES}, "
                 f"got {vectorization_mode!r}"
             )
-        reserved = sorted(_RESERVED_KWARGS & env_kwargs.keys())
-        if reserved:
+        if reserved := sorted(_RESERVED_KWARGS & env_kwargs.keys()):
             raise TypeError(f"not accepted as env arguments: {', '.join(reserved)}")
         self.spec_id = f"gym:{env_id}"
         self.num_envs = num_envs

@@ -38,8 +38,7 @@ class IsaacLabVecEnv(VecEnv):
 
     def __init__(self, env: gym.Env, seed: int | None = None, check_actions: bool = True):
         base = env.unwrapped
-        missing = [name for name in _REQUIRED if not hasattr(base, name)]
-        if missing:
+        if missing := [name for name in _REQUIRED if not hasattr(base, name)]:
             raise TypeError(
                 f"{type(base).__name__} is not an Isaac Lab RL env: missing {', '.join(missing)}"
             )

@@ -173,12 +173,10 @@ class MjWarpLocomotionEnv(VecEnv):
             self._mjw.step(self.model, self.data)
 
     def _capture(self) -> Any:
-        """The ``frame_skip`` MuJoCo steps of one env step as a CUDA graph.
-
-        Capture needs every kernel loaded, so the steps run once first (on the fresh data;
-        ``reset`` overwrites the state afterwards). The capture runs on a Warp stream of its own:
-        CUDA cannot capture torch's default (legacy) stream; the graph is launched on torch's.
-        """
+        """The ``frame_skip`` MuJoCo steps of one env step as a CUDA graph. Capture needs every
+        kernel loaded, so the steps run once first (on the fresh data; ``reset`` overwrites the
+        state afterwards). The capture runs on a Warp stream of its own: CUDA cannot capture
+        torch's default (legacy) stream; the graph is launched on torch's."""
         wp = importlib.import_module("warp")
         self._run(self._physics)
         with wp.ScopedDevice(self._wp_device):
@@ -213,8 +211,7 @@ class MjWarpLocomotionEnv(VecEnv):
             inside = (z >= self._healthy_low) & (z <= self._healthy_high)
         else:
             inside = (z > self._healthy_low) & (z < self._healthy_high)
-        finite = torch.isfinite(self._qpos).all(1) & torch.isfinite(self._qvel).all(1)
-        return inside & finite
+        return inside & torch.isfinite(self._qpos).all(1) & torch.isfinite(self._qvel).all(1)
 
     def _reset_worlds(self, mask: torch.Tensor) -> None:
         """Reset the worlds where ``mask``: MuJoCo's reset, then gymnasium's noisy start."""

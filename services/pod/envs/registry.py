@@ -1,11 +1,9 @@
-"""Make a ``VecEnv`` from a registered name.
-
-Resolution, in order:
+"""Make a ``VecEnv`` from a registered name, resolved in order:
 
 1. A name in the ``podium.envs`` entry-point group: Podium's torch-native envs (CartPole-v1,
    Pendulum-v1, Acrobot-v1, MountainCarContinuous-v0) and any installed plugin, e.g. an Isaac
-   Lab task factory (``services.pod.envs.isaaclab_adapter.isaaclab_task``). The entry point is
-   a class or factory called as ``f(num_envs=..., device=..., seed=..., **kwargs)``.
+   Lab task factory (``services.pod.envs.isaaclab_adapter.isaaclab_task``): a class or factory
+   called as ``f(num_envs=..., device=..., seed=..., **kwargs)``.
 2. ``"envpool:<id>"`` for the EnvPool tasks in ``services.contracts.envpool_tasks``: the
    EnvPool adapter (batched C++ simulation; the ``envpool`` extra).
 3. ``"gym:<id>"``, or a bare id registered in gymnasium that is not a Podium name: the
@@ -13,10 +11,10 @@ Resolution, in order:
    Podium's.
 
 Only registered names resolve; gymnasium's ``"module:Env-v0"`` syntax, which imports a module,
-is refused. An unknown name raises ``UnknownEnvError`` (a ``services.registry.UnknownNameError``)
-listing the registered names. Keyword arguments are checked against the constructor before
-anything is built, so a misspelt option is a ``TypeError`` naming it, not a silent default
-(gymnasium envs check their own arguments; the adapter re-raises their error with the id).
+is refused; an unknown name raises ``UnknownEnvError`` listing the registered names. Keyword
+arguments are checked against the constructor before anything is built, so a misspelt option is
+a ``TypeError`` naming it, not a silent default (gymnasium envs check their own arguments; the
+adapter re-raises their error with the id).
 """
 
 from __future__ import annotations
@@ -106,10 +104,9 @@ def is_functional(name: str) -> bool:
 def functional_env(
     name: str, device: str | torch.device = "cpu", **kwargs: Any
 ) -> FunctionalEnv | None:
-    """The functional env (services/pod/envs/functional.py) of the env registered as
-    ``name`` with ``kwargs``, or None where it has none (a host-stepped env). One object per
-    name, device and arguments in a process: compiled programs take it as a constant, and an
-    equal one must meet their guards."""
+    """The functional env (services/pod/envs/functional.py) of the env registered as ``name`` with
+    ``kwargs``, or None for a host-stepped env. One object per name, device and arguments in a
+    process: compiled programs take it as a constant, and an equal one must meet their guards."""
     key = json.dumps([name, str(torch.device(device)), kwargs], sort_keys=True, default=repr)
     if key not in _FUNCTIONAL:
         env = make_env(name, 1, device=device, **kwargs)

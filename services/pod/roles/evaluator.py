@@ -1,14 +1,11 @@
-"""The evaluator: scores policies on deterministic episodes of their own env instance.
-
-It never trains and never shares an env with the worker, so a score is not biased by the
-worker's exploration noise or its half-finished episodes. ``evaluate_groups`` scores the P
-agents of a population at once, each on its slice of one batched env (any ``VecEnv``);
-``greedy_scores`` does the same on a functional env with a pure function of a few steps
-(``greedy_steps``: compiled, one program whatever the episode length); ``Evaluator`` scores
-one policy and keeps the best snapshot seen. Every agent starts
-from the states an env of the episode count reset with the evaluation seed starts from
-(``start_states``), so candidates compare on equal terms and a population's agent scores what
-a single agent with its weights would.
+"""The evaluator: scores policies on deterministic episodes of their own env instance, never
+the worker's, so a score is not biased by the worker's exploration noise or half-finished
+episodes. ``evaluate_groups`` scores the P agents of a population at once, each on its slice of
+one batched env (any ``VecEnv``); ``greedy_scores`` does the same on a functional env with a
+pure function of a few steps (``greedy_steps``: compiled, one program whatever the episode
+length); ``Evaluator`` scores one policy. Every agent starts from the states an env of the
+episode count reset with the evaluation seed starts from (``start_states``), so candidates
+compare on equal terms and a population's agent scores what a single agent would.
 """
 
 from __future__ import annotations
@@ -43,12 +40,9 @@ def evaluate_groups(
 ) -> list[EvalResult]:
     """One episode per sub-environment; group g (of ``groups``) owns the g-th equal slice of
     ``env`` and gets its own result: the episodes' returns, or their ``episode_score`` where
-    the env reports one (services/pod/envs/base.py).
-
-    Every evaluation starts from the same states (``seed``), so candidates compare on equal terms.
-    With several groups on a torch-native env, every group starts from the states an env of one
-    group's size reset with ``seed`` starts from: each scores what a single agent with its weights
-    would. (Other envs seed each sub-environment apart: each group gets its own start states.)"""
+    the env reports one (a trading env's Sharpe ratio). Every evaluation starts from the states
+    of ``seed``; on a torch-native env, every group from those of an env of one group's size
+    (other envs seed each sub-environment apart: each group gets its own start states)."""
     per_group = env.num_envs // groups
     obs, _ = env.reset(seed=seed)
     if isinstance(env, TorchVecEnv) and groups > 1:
@@ -62,8 +56,6 @@ def evaluate_groups(
         obs, _, term, trunc, info = env.step(act(obs))
         steps += per_group
         done = (term | trunc) & ~finished
-        # An env whose episodes are judged by something other than their return (a trading
-        # env's Sharpe ratio) reports it as ``episode_score``.
         score = info.get("episode_score", info["episode_return"])
         returns = torch.where(done, score.float(), returns)
         finished |= done
@@ -143,8 +135,7 @@ def greedy_scores(
     """One greedy episode per start state (P, N, state_dim) of every agent on ``env``: the
     scores (P, N) (the returns, or the env's ``episode_score``) and the vector steps taken
     (0-dim). An episode still running at the time limit is truncated there; a finished one's
-    state is held, so every quantity stays finite. ``steps``: ``greedy_steps``, eager or
-    compiled."""
+    state is held, so every quantity stays finite. ``steps``: ``greedy_steps`` or its program."""
     limit = env.max_episode_steps or MAX_EVAL_STEPS
     p, n = start.shape[0], start.shape[1]
     zeros = torch.zeros(p, n, dtype=torch.float64, device=start.device)
@@ -177,9 +168,7 @@ class Evaluator:
     (one agent's evaluation on a vector env: what a plugin's trainer may evaluate with)."""
 
     def __init__(self, env: VecEnv, seed: int = 0, max_steps: int | None = None) -> None:
-        self.env = env
-        self.seed = seed
-        self.max_steps = max_steps
+        self.env, self.seed, self.max_steps = env, seed, max_steps
 
     def evaluate(self, policy: Policy) -> EvalResult:
         [result] = evaluate_groups(

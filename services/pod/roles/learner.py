@@ -1,11 +1,9 @@
-"""The learner: turns what the worker collected into updates and owns everything that learns.
-
-It is the single writer of the agents' state (weights, optimiser, normalisation statistics,
-counters); workers and evaluators only ever read the policy. On-policy (PPO), the
-learner is ``ppo.learn`` (services/pod/algorithms/ppo.py) over each rollout; off-policy, it is
-``ReplayLearner`` here: the update-to-data ratio (``UpdateSchedule``) paid for P stacked agents
-(services/pod/algorithms/stacked.py; one agent is a stack of one), ``k`` updates per call of
-the K-step update, eager or compiled.
+"""The learner: turns what the worker collected into updates, the single writer of the agents'
+state (weights, optimiser, normalisation statistics, counters); workers and evaluators only
+read the policy. On-policy, ``PPOLearner`` runs ``ppo.learn`` (services/pod/algorithms/ppo.py)
+over each rollout; off-policy, ``ReplayLearner`` pays the update-to-data ratio
+(``UpdateSchedule``) for P stacked agents (services/pod/algorithms/stacked.py), ``k`` updates
+per call of the K-step update.
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ from services.pod.roles.evaluator import (
 )
 from services.pod.roles.worker import Carry, HostStep, collect, rollout, start_carry
 
-#: Rollout steps unrolled into one compiled call: each call of a program costs tens of
-#: microseconds on the host whatever it computes, while the compile grows with the steps
-#: (docs/benchmarks.md).
+#: Rollout steps per compiled call: a call costs tens of microseconds of host time whatever it
+#: computes, while the compile grows with the steps (docs/benchmarks.md).
 ROLLOUT_CHUNK = 8
 
 # The programs, module-level: every trainer of the same shape in a process (a PBT child's,
@@ -51,19 +48,15 @@ _EVALUATE = Program(greedy_steps, "evaluate")
 
 
 def chunk_length(num_steps: int) -> int:
-    """Rollout steps per call of the rollout program: the largest divisor of ``num_steps``
-    up to ``ROLLOUT_CHUNK``."""
+    """Steps per call of the rollout program: ``num_steps``' largest divisor <= ROLLOUT_CHUNK."""
     return max(k for k in range(1, min(ROLLOUT_CHUNK, num_steps) + 1) if not num_steps % k)
 
 
 class PPOLearner:
-    """PPO's learner: P agents (P >= 1) on one env, trained together, the single writer of
-    their state; the rollout's carry and the iteration (the worker's rollout, then
-    ``ppo.learn``), eager or compiled; their greedy evaluation. What the on-policy trainer
-    (services/pod/training/onpolicy.py) trains.
-
-    ``env``: a functional env (rollout and evaluation are pure functions: they compile) or a
-    host-stepped ``VecEnv`` of P x N sub-environments."""
+    """PPO's learner for the on-policy trainer: P >= 1 agents on one env, the rollout's carry,
+    the iteration (the worker's rollout, then ``ppo.learn``), eager or compiled, and the
+    agents' greedy evaluation. ``env``: a functional env (rollout and evaluation are pure
+    functions: they compile) or a host-stepped ``VecEnv`` of P x N sub-environments."""
 
     def __init__(
         self,
@@ -121,9 +114,8 @@ class PPOLearner:
         return self._parts[compiled]
 
     def iterate(self, compiled: bool = False) -> dict[str, torch.Tensor]:
-        """One iteration (rollout, update) of every agent. On a GPU the compiled iteration of
-        a functional env replays as one CUDA graph. Returns the metrics as tensors
-        (``ppo.learn``'s)."""
+        """One iteration (rollout, update) of every agent, ``ppo.learn``'s metrics as tensors. On
+        a GPU the compiled iteration of a functional env replays as one CUDA graph."""
         graphed = compiled and self.device.type == "cuda" and self.fn is not None
         if graphed and self.after_epoch is None:
             if self._graph is None:
@@ -132,8 +124,7 @@ class PPOLearner:
         return self._iteration(compiled, False)
 
     def collect(self, compiled: bool = False, in_place: bool = False) -> dict[str, torch.Tensor]:
-        """The iteration's rollout with the current weights; ``learn`` on it completes the
-        iteration (``iterate`` is the two)."""
+        """The iteration's rollout with the current weights (``iterate``: this, then ``learn``)."""
         carry, roll = self._programs(compiled)[0](self.state, self.carry, self.hp)
         if in_place:  # a CUDA graph reads and writes the same carry tensors every replay
             _copy_into(self.carry, carry)
@@ -153,8 +144,7 @@ class PPOLearner:
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
-        """Every agent's greedy env actions for raw observations (P * n, D), agent p's in
-        the p-th slice."""
+        """Every agent's greedy env actions for raw observations (P * n, D), agent p's slice p."""
         shape, p = self.shape, self.size
         norm = ppo.normalize(shape, self.state, obs.view(p, -1, shape.obs_dim))
         action = mode(shape.policy, shape.layout.views(self.state["params"]), norm)
@@ -174,8 +164,7 @@ class PPOLearner:
         return evaluate_groups(env, self.act, groups=self.size, seed=seed)
 
     def agent(self, i: int, agent: PPO) -> PPO:
-        """Agent ``i`` written into ``agent`` (a fresh PPO of its shape): weights,
-        statistics, Adam state."""
+        """Agent ``i`` (weights, statistics, Adam state) written into ``agent``, a fresh PPO."""
         return ppo.get_agent(self.shape, self.state, i, agent)
 
     def put(self, i: int, agent: PPO, config: PPOConfig, seed: int, env_steps: int) -> None:
@@ -197,12 +186,10 @@ class PPOLearner:
 
 
 def per_agent(config: PPOConfig) -> dict[str, float]:
-    """``config``'s numbers: what its agent's hyperparameter tensors are set from (the
-    shape's ``hyperparameters`` pick theirs)."""
-    values = config.model_dump()
+    """``config``'s numbers: what the shape's ``hyperparameters`` set its agent's tensors from."""
     return {
         k: float(v)
-        for k, v in values.items()
+        for k, v in config.model_dump().items()
         if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
 
@@ -246,14 +233,7 @@ class PPOEnvs:
             out.start = start_states(evaluation, seed, slots, episodes)
             evaluation.close()
             return out
-        out.env = make_env(
-            config.env, slots * config.agent_config.num_envs, device=device,
-            seed=config.seed, **kwargs,
-        )  # fmt: skip
-        out.eval_env = make_env(
-            config.env, slots * config.eval_episodes, device=device,
-            seed=config.evaluation_seed, **eval_kwargs,
-        )  # fmt: skip
+        out.env, out.eval_env = config.make_envs(config.agent_config.num_envs, slots)
         return out
 
     @property
@@ -280,12 +260,11 @@ class PPOEnvs:
 
 
 class UpdateSchedule:
-    """The update-to-data ratio, as every replay learner pays it: once ``learning_starts`` env
-    steps are in, each env step owes ``updates_per_step`` updates; what is short of a whole
-    call of ``k`` updates (one update eager, ``updates_per_call`` compiled) stays owed, as
-    ``update_debt``, for the next steps. It counts the env steps seen and, by the learner that
-    pays them, the updates (the agents' schedules, such as TD3's policy delay and DQN's
-    target period, count from ``updates``)."""
+    """The update-to-data ratio, as every replay learner pays it: once ``learning_starts`` env steps
+    are in, each env step owes ``updates_per_step`` updates; what is short of a whole call of ``k``
+    updates (one eager, ``updates_per_call`` compiled) stays owed, as ``update_debt``, for the next
+    steps. It counts the env steps seen and, by the learner that pays them, the updates (the agents'
+    schedules, e.g. TD3's policy delay, DQN's target period, count from ``updates``)."""
 
     def __init__(self, learning_starts: int, updates_per_step: float, k: int = 1) -> None:
         self.learning_starts, self.updates_per_step, self.k = learning_starts, updates_per_step, k
@@ -301,23 +280,18 @@ class UpdateSchedule:
             return 0
         self.update_debt += env_steps * self.updates_per_step
         calls = int(self.update_debt) // self.k
-        # Whole updates off a float under 2**53 are exact: the same debt as paying one call
-        # (or one update) at a time.
+        # Whole updates off a float under 2**53 are exact: the debt of paying a call at a time.
         self.update_debt -= calls * self.k
         return calls
 
 
 class ReplayLearner(UpdateSchedule):
-    """The learner of P stacked agents and their ``StackedReplay``: the schedule
-    (``UpdateSchedule``) paid for every agent at once, ``k`` updates per call of ``kstep``
-    (one eager, ``updates_per_call`` compiled). The agents share its clock (``env_steps``,
-    ``updates``).
-
-    Each slot's own counters are the clock plus the offset of the files the slot was loaded
-    from (``place``): kept on the host, for the slot's training files, and on the device
-    (``slot_env_steps``, ``slot_updates``, counted in place), for what reads them every step,
-    DQN's ε schedule (the worker) and its target period (here), without a copy from the host
-    each time."""
+    """The learner of P stacked agents and their ``StackedReplay``: the schedule paid for every
+    agent at once, ``k`` updates per call of ``kstep``. The agents share its clock
+    (``env_steps``, ``updates``); each slot's own counters are the clock plus the offset of the
+    files it was loaded from (``place``), kept on the host for its training files and on the
+    device (``slot_env_steps``, ``slot_updates``, counted in place) for what reads them every
+    step without a host-to-device copy: DQN's ε schedule (the worker) and target period."""
 
     def __init__(
         self,
@@ -367,8 +341,7 @@ class ReplayLearner(UpdateSchedule):
         return self.env_steps + env_steps, self.updates + updates
 
     def place(self, slot: int, env_steps: int, updates: int) -> None:
-        """Slot ``slot`` goes on from ``env_steps`` and ``updates`` (its files' counters, or
-        zero for a fresh agent)."""
+        """Slot ``slot`` goes on from ``env_steps`` and ``updates`` (its files', or zero)."""
         self.offsets[slot] = (env_steps - self.env_steps, updates - self.updates)
         self.slot_env_steps[slot] = env_steps
         self.slot_updates[slot] = updates

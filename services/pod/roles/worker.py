@@ -1,20 +1,16 @@
-"""The worker: steps the environment with the current policy.
-
-Two kinds, one per way of learning:
+"""The worker: steps the environment with the current policy, one kind per way of learning.
 
 * On-policy (PPO): ``rollout`` takes ``steps`` vector steps of P agents' N sub-environments
-  each, storing (steps, P, N, ...) buffers; one function for every env, whose env step is
-  either a functional env's ``vector_step`` (services/pod/envs/functional.py: a pure function,
-  so the whole chunk of steps compiles into one program and replays in a CUDA graph) or a
-  host-stepped ``VecEnv``'s ``step`` (gymnasium, EnvPool, Isaac: ``HostStep``). Its
-  randomness is counter-based (services/pod/algorithms/counter_random.py), drawn from the
-  agents' seeds and the iteration, so compiled and eager runs draw the same numbers and a
-  chunk draws its own slice of the iteration's sequence. ``collect`` runs the
-  rollout in chunks of a compiled program's length, or whole.
-* Off-policy: ``ReplayWorker`` takes one vector step of P stacked agents per call (one agent
-  is a stack of one), each in its own slice of the env, and appends the transitions to each
-  agent's replay buffer of a ``StackedReplay`` (services/pod/algorithms/stacked.py), which the
-  learner samples (services/pod/roles/learner.py).
+  each into (steps, P, N, ...) buffers, one function for every env: a functional env's
+  ``vector_step`` (services/pod/envs/functional.py: pure, so a chunk of steps compiles into one
+  program and replays in a CUDA graph) or a host-stepped ``VecEnv``'s (gymnasium, EnvPool,
+  Isaac: ``HostStep``). Its randomness is counter-based
+  (services/pod/algorithms/counter_random.py) on the agents' seeds and the iteration, so
+  compiled and eager runs draw the same numbers and a chunk draws its own slice of the
+  iteration's. ``collect`` runs the rollout in chunks of a compiled program's length, or whole.
+* Off-policy: ``ReplayWorker`` takes one vector step of P stacked agents per call, each in its
+  own slice of the env, appending each agent's transitions to its buffer of a
+  ``StackedReplay`` (services/pod/algorithms/stacked.py), which the learner samples.
 """
 
 from __future__ import annotations
@@ -31,33 +27,19 @@ from services.pod.algorithms.stacked import Stack, StackedReplay
 from services.pod.envs.base import VecEnv
 from services.pod.envs.functional import EnvCarry, EnvStep, FunctionalEnv, vector_step
 
-#: The random streams of a rollout (PPO's minibatch orders are stream 3): draws for different
-#: purposes never coincide.
+#: A rollout's random streams (PPO's minibatch orders: stream 3): no two purposes share draws.
 ACTION_STREAM, RESET_STREAM, SDE_STREAM, START_STREAM = 0, 1, 2, 4
 
 
 class Carry(NamedTuple):
-    """What a rollout carries from step to step: the raw observations (P, N, D), the
-    functional env's carry (None for a host-stepped env, which keeps its own), each env's
-    discounted return (P, N) (reward normalisation's statistics), gSDE's noise matrices
-    (P, N, L, A; empty without gSDE)."""
+    """A rollout's carry from step to step: the raw observations (P, N, D); the functional env's
+    carry (None for a host-stepped env, which keeps its own); the discounted return (P, N) of each
+    env, for reward normalisation; gSDE's noise matrices (P, N, L, A; empty without gSDE)."""
 
     obs: torch.Tensor
     env: EnvCarry | None
     discounted: torch.Tensor
     sde: torch.Tensor
-
-
-def env_step(
-    env: FunctionalEnv | HostStep, carry: EnvCarry | None, action: torch.Tensor,
-    reset_u: torch.Tensor,
-) -> tuple[EnvCarry | None, EnvStep]:  # fmt: skip
-    """One step of P x N sub-environments: a functional env's ``vector_step`` (pure: it
-    compiles) or a host-stepped env's (``HostStep``, which resets its episodes itself)."""
-    if isinstance(env, FunctionalEnv):
-        assert carry is not None
-        return vector_step(env, carry, action, reset_u)
-    return env(carry, action, reset_u)
 
 
 class HostStep:
@@ -154,7 +136,11 @@ def rollout(
             noise = u if spec.discrete else _normal(u)
         action, logp = pi.sample(spec, views, obs, noise, sde)
         reset = reset_u[k] if reset_u is not None else raw.new_zeros(p, n, 0)
-        env_carry, step = env_step(env, carry.env, pi.to_env(spec, action), reset)
+        env_action = pi.to_env(spec, action)
+        if isinstance(env, FunctionalEnv):  # pure: it compiles
+            env_carry, step = vector_step(env, carry.env, env_action, reset)
+        else:  # a host-stepped env resets its episodes itself
+            env_carry, step = env(carry.env, env_action, reset)
         done = step.terminated | step.truncated
         discounted = carry.discounted * g + step.reward.to(torch.float64)
         out.append((
@@ -180,15 +166,12 @@ def start_carry(
         env_carry = env.start(u.to(env.dtype))
         obs = env.observe(env_carry.state)
     assert obs is not None
-    sde = torch.zeros(p, n, spec.latent_features, spec.actions, device=device) if (
-        spec.kind == "sde"
-    ) else torch.zeros(p, n, 0, device=device)  # fmt: skip
-    discounted = torch.zeros(p, n, dtype=torch.float64, device=device)
-    return Carry(obs, env_carry, discounted, sde)
+    sde_shape = (spec.latent_features, spec.actions) if spec.kind == "sde" else (0,)
+    sde = torch.zeros(p, n, *sde_shape, device=device)
+    return Carry(obs, env_carry, torch.zeros(p, n, dtype=torch.float64, device=device), sde)
 
 
-#: A rollout of ``steps`` steps from a carry: ``rollout`` with its shape and env bound, or its
-#: compiled program.
+#: ``steps`` steps from a carry: ``rollout`` with shape and env bound, or its compiled program.
 ChunkFn = Callable[..., tuple[Carry, dict[str, torch.Tensor]]]
 
 
@@ -200,9 +183,8 @@ def collect(
     chunk_fn: ChunkFn,
     chunk: int,
 ) -> tuple[Carry, dict[str, torch.Tensor]]:
-    """One iteration's rollout, ``shape.num_steps`` steps in calls of ``chunk_fn`` of
-    ``chunk`` steps each (a divisor of it); the buffers (T, P, N, ...) and ``next_obs``
-    (P, N, D), normalised."""
+    """One iteration's ``shape.num_steps`` steps in calls of ``chunk_fn`` of ``chunk`` steps (a
+    divisor of it): the buffers (T, P, N, ...) and ``next_obs`` (P, N, D), normalised."""
     stats = {"obs_mean": state["obs_mean"], "obs_var": state["obs_var"]}
     parts: list[dict[str, torch.Tensor]] = []
     starts = torch.arange(0, shape.num_steps, chunk, device=state["seed"].device)
@@ -231,8 +213,7 @@ class EpisodeTally:
         self.episodes += episodes
 
     def since(self, reader: str) -> tuple[list[float], list[int]]:
-        """Per agent: the summed returns and count of the episodes ended since ``reader``'s
-        last call."""
+        """Per agent: the summed returns and count of the episodes ended since ``reader`` read."""
         returns, episodes = self.returns.clone(), self.episodes.clone()
         before = self._read.get(reader)
         self._read[reader] = (returns, episodes)
@@ -283,8 +264,7 @@ class ReplayWorker:
         )
 
     def step(self, env_steps: int) -> int:
-        """One vector step (``env_steps``: the agents' count so far); the env steps each
-        agent took."""
+        """One vector step (``env_steps``: the agents' count so far); each agent's env steps."""
         if self.obs is None:
             self.reset(env_steps)
         pop, gen, p = self.population, self.generator, self.replay.p

@@ -1,2 +1,1 @@
-"""The pod as a process: the round loop, lineage, the launcher, metrics
-(services/pod/__init__.py)."""
+"""The pod as a process: the round loop, lineage, launcher, metrics (services/pod/__init__.py)."""

@@ -1,17 +1,14 @@
 """What the pod is doing, said in its log: ``pod activity`` records (their format:
 services/contracts/pod_activity.py) that the live display of ``podium run`` / ``submit --wait``
-reads (services/cli/live.py), so that a pod that compiles for a minute is seen compiling, not
-silent.
+reads (services/cli/live.py), so that a pod that compiles for a minute is seen compiling.
 
 Activities: ``starting`` (the process is up: importing, checking its input), ``loading``
 (asking the generator where to start, fetching a parent's files, building the trainer),
 ``compiling``, ``training``, ``evaluating`` (an evaluation and its report). The round loop says
-which phase it is in (``now``); compiling is seen, not said: a thread samples the pod's main
-thread every ``SAMPLE_S`` and reports ``compiling`` while its stack is in one of the compilers
-(``COMPILERS``: dynamo tracing a frame, ``torch.export``, inductor or AOTInductor compiling, the
-pod's programs being built ahead of time), whichever trainer asked for it, so the trainers need
-not say it. A record is logged when the activity changes and every ``HEARTBEAT_S`` while it
-stays one other than training, with ``seconds`` in it so far.
+its phase (``now``); compiling is seen, not said: a thread samples the pod's main thread every
+``SAMPLE_S`` and reports ``compiling`` while its stack is in one of the ``COMPILERS``,
+whichever trainer asked for it. A record is logged when the activity changes and every
+``HEARTBEAT_S`` while it stays one other than training, with ``seconds`` in it so far.
 """
 
 from __future__ import annotations

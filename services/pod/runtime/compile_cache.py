@@ -1,11 +1,10 @@
 """Where torch.compile keeps what it built, so a pod's restart and a PBT child's new pod do not
 pay the compile again.
 
-Inductor writes its kernels (C++ or Triton sources and their builds) and, with the FX graph
-cache and AOTAutograd's cache on (their defaults in torch 2.13, set here explicitly so that an
-image's environment cannot turn them off unnoticed), whole compiled graphs under
-``TORCHINDUCTOR_CACHE_DIR``; a process that compiles a program already there loads it (counted
-in ``torch._dynamo.utils.counters["inductor"]["fxgraph_cache_hit"]``) instead of building it.
+Inductor writes its kernels (C++ or Triton sources and their builds) and, with the graph caches
+on (``FLAGS``: set explicitly so that an image's environment cannot turn them off unnoticed),
+whole compiled graphs under ``TORCHINDUCTOR_CACHE_DIR``; a process that compiles a program
+already there loads it (counted in inductor's ``fxgraph_cache_hit``) instead of building it.
 Its default is a directory under /tmp, lost with the container, so the pod points it at a
 directory that outlives the process: ``PODIUM_COMPILE_CACHE_DIR``, which the local backend sets
 beside the experiments (every pod of the platform shares it: entries are keyed by the graph,

@@ -1,15 +1,13 @@
 """One compile per experiment and program: the first pod that compiles a program shares its
 compile cache with every other pod of the experiment through the leaderboard's blob store.
 
-A pod's compiled programs live as files in its compile cache directory
-(``TORCHINDUCTOR_CACHE_DIR``, services/pod/runtime/compile_cache.py): inductor's graph and kernel
-caches, and whatever else the trainers keep there. This module moves those files between pods,
-whatever they are, keyed by what they depend on (``CompileFacts``): the torch build, the device
-kind (a CPU's model and flags, since inductor compiles for the CPU it runs on; a GPU's name,
-compute capability and CUDA version) and the program (a digest of the pod's run configs without
-the per-agent hyperparameters and seeds, which the compiled programs take as inputs, and of the
-pod's code). Before its trainer is built, a pod claims its key at the leaderboard
-(services/leaderboard/artifacts.py):
+A pod's compiled programs are files in its compile cache directory (``TORCHINDUCTOR_CACHE_DIR``,
+services/pod/runtime/compile_cache.py), which this module moves between pods, whatever they
+are, keyed by what they depend on (``CompileFacts``): the torch build, the device kind (a CPU's
+model and flags, since inductor compiles for the CPU it runs on; a GPU's name, compute
+capability and CUDA version) and the program (a digest of the pod's code and of its run configs
+without the per-agent hyperparameters and seeds, which the programs take as inputs). Before its
+trainer is built, a pod claims its key at the leaderboard (services/leaderboard/artifacts.py):
 
 - ``ready``: another pod published the cache: the pod downloads it, checks its sha256 against
   the record (the claim's answer and the download's header), unpacks it (services/contracts/
@@ -19,12 +17,10 @@ pod's code). Before its trainer is built, a pod claims its key at the leaderboar
 - ``compile``: the pod is the first. Where its cache directory already holds the key's files
   (it fetched or published them before: an index in the cache lists them), it publishes them
   after its first training step. Otherwise it notes what its cache directory holds, compiles
-  while training (renewing its claim every sixth of its TTL, each request given up after 0.4 of
-  it, so that a pod that dies frees the key and one renewal lost on the way does not), and at
-  its first report (every program a pod runs has run by then: a training step and an
-  evaluation) publishes the files that appeared (or changed size) as one bundle. A trainer that
-  compiled nothing in its first step publishes at once that there is nothing to share, so
-  nobody waits for an eager pod's first round.
+  while training (renewing its claim: ``RENEWALS_PER_TTL``), and at its first report (every
+  program a pod runs has run by then: a training step and an evaluation) publishes the files
+  that appeared (or changed size) as one bundle. A trainer that compiled nothing in its first
+  step publishes at once that there is nothing to share: nobody waits for an eager pod's round.
 - ``wait``: another pod compiles: ask again (after the leaderboard's ``retry_after_s``, backing
   off to ``MAX_POLL_S``, with jitter so that many pods spread their asks), at most ``wait_s``
   in all; then compile here.
@@ -69,17 +65,15 @@ log = get_logger(__name__)
 MAX_POLL_S = 10.0
 #: Downloads of a published cache that failed in transit, tried again before giving up.
 FETCH_TRIES = 6
-#: Claim renewals per claim TTL, and how long one renewal may take, as a share of the TTL:
-#: a request that never answers is given up early enough for the next one to renew in time,
-#: and a slow leaderboard's answers still count.
+#: Claim renewals per claim TTL, and how long one renewal may take, as a share of the TTL: a
+#: pod that dies frees the key, a request that never answers is given up early enough for the
+#: next one to renew in time, and a slow leaderboard's answers still count.
 RENEWALS_PER_TTL = 6
 RENEWAL_TIMEOUT = 0.4
-#: Where the cache keeps, per program key, the files of that key's bundle (fetched, or
-#: published by this cache's pod): a pod that claims a key its cache already holds publishes
-#: them at once.
+#: Where the cache keeps, per program key, the files of its bundle (fetched, or published by
+#: this cache's pod): a pod that claims a key its cache already holds publishes them at once.
 INDEX = "podium-share"
-#: Directories of the cache that are no program: inductor's lock files, temporary files, the
-#: index.
+#: The cache's directories that hold no program: inductor's locks, temporary files, the index.
 SKIP = ("locks", TMP, INDEX)
 _CODE = Path(__file__).resolve().parents[1]  # services/pod: the code that is compiled
 
@@ -310,14 +304,12 @@ class CompileShare:
 
     def stepped(self, compile_seconds: float) -> None:
         """After the pod's first training step: a trainer that compiled nothing (no compile
-        seconds, no new files in its cache) says so at once, so that no pod waits for a round
-        of an eager one."""
+        seconds, no new files) says so at once: no pod waits for a round of an eager one."""
         if self.pending and (self.indexed or (compile_seconds <= 0 and not self._new_files())):
             self.publish()
 
     def _new_files(self) -> list[str]:
-        """The cache's files that appeared, or changed size, since the claim (a marker file
-        touched again is not new)."""
+        """The cache's files new or resized since the claim (a marker touched again is not)."""
         before = self.before or {}
         now = files_under(self.cache_dir, SKIP)
         return sorted(rel for rel, (size, _) in now.items() if before.get(rel, (-1,))[0] != size)
@@ -385,8 +377,7 @@ class CompileShare:
             log.warning("compile_cache.index_failed", key=key, error=str(exc))
 
     def _indexed(self, key: str) -> list[str]:
-        """The files of ``key``'s bundle where this cache holds every one of them (each of the
-        size the index says), else []."""
+        """``key``'s bundle's files where this cache holds all, at the index's sizes; else []."""
         try:
             listed = json.loads(self._index_path(key).read_text())["files"]
         except (OSError, ValueError, KeyError, TypeError):

@@ -1,11 +1,9 @@
 """PBT among one population pod's agents (``spec.population.exploit``; Fast PBT, Flajolet et al.
 2022): every ``every_env_steps`` env steps (each interval ``growth`` times the last: 2 makes
 them the rungs of successive halving) rank the agents, copy each winner into a loser's slot
-in place (the trainer's ``copy``: weights, optimiser state, statistics, an off-policy agent's
-replay) with hyperparameters explored over the search space. Nothing compiles again (a copy
-changes values, never a program) and nothing goes to the leaderboard: who descends from whom is
-the caller's (services/pod/runtime/rounds.py reports a copy as a child of its source's last
-candidate).
+in place (the trainer's ``copy``) with hyperparameters explored over the search space. Nothing
+compiles again (a copy changes values, never a program) and nothing goes to the leaderboard:
+who descends from whom is the caller's (services/pod/runtime/rounds.py).
 
 The decision is the leaderboard's PBT, one implementation (services/contracts/strategies.py):
 ``population_exploits`` picks (loser, winner) pairs by truncation and quantile, ``explore``
@@ -57,13 +55,11 @@ class InPodPBT:
         self.rng = random.Random(f"{rule.pbt.seed}:{seed}")
         self.next_decision: int | None = None  # per-slot env steps
         self.interval = float(rule.every_env_steps)  # grows by ``rule.growth`` per decision
-        # Each slot's last known recent return: a slot whose episodes are long may end none
-        # between two decisions.
+        # Each slot's last known recent return: long episodes may end none between two decisions.
         self.recent: list[float | None] = [None] * size
 
     def due(self, env_steps: int) -> bool:
-        """Whether to decide now (``env_steps``: the trainer's per-slot clock); the first call
-        starts the clock."""
+        """Whether to decide now (``env_steps``: the trainer's per-slot clock, started here)."""
         if self.next_decision is None:
             self.next_decision = env_steps + round(self.interval)
         return env_steps >= self.next_decision
@@ -88,11 +84,10 @@ class InPodPBT:
         config_for: Callable[[dict[str, Any], int, int], RunConfig],
         scores: list[float] | None = None,
     ) -> list[Copied]:
-        """Decide and copy: ``hyperparameters[i]`` and ``built_at[i]`` (its env steps when
-        its agent was built) are slot i's; ``config_for(hyperparameters, src, dst)`` is the
-        run config slot ``dst`` trains ``src``'s agent with; ``scores``: every slot's score by
-        the rule's ``by`` where the caller has just taken it (default: taken here). The copies
-        made, in order."""
+        """Decide and copy; the copies made, in order. Slot i's are ``hyperparameters[i]`` and
+        ``built_at[i]`` (its env steps when its agent was built); ``config_for(hyperparameters,
+        src, dst)``: the run config slot ``dst`` trains ``src``'s agent with; ``scores``: every
+        slot's score by the rule's ``by`` where the caller has just taken it (default: here)."""
         scores = self.scores(trainer) if scores is None else scores
         if scores is not None:  # a decision made: the next rung is further off
             self.interval *= self.rule.growth

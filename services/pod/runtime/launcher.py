@@ -123,8 +123,7 @@ def _fork(request: dict[str, Any], channels: list[int]) -> int:
 
 
 def serve(requests: int, answers: TextIO) -> None:
-    """Fork a pod per request line read from fd ``requests`` until it closes; report each
-    pod's exit."""
+    """Fork a pod per request line of fd ``requests`` until it closes; report each one's exit."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -200,8 +199,7 @@ def main() -> int:
 if __name__ == "__main__":
     code = main()
     # Nothing is left to clean up (answers flushed, the pods run on their own): skip the
-    # interpreter's teardown of torch's modules, about a CPU second that the orchestrator's shutdown
-    # would wait for.
+    # interpreter's teardown of torch's modules, which the orchestrator's shutdown would wait for.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

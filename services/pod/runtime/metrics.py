@@ -85,8 +85,7 @@ class PodMetrics:
             self.updates_per_s.set(updates / seconds)
 
     def evaluated(self, *means: float) -> None:
-        """An evaluation's mean return; a population pod gives its members' at once, and the
-        best of them is the pod's."""
+        """An evaluation's mean return (a population's members' at once: the best is the pod's)."""
         best = max if self.higher_is_better else min
         mean = best(means)
         self.eval_return.set(mean)

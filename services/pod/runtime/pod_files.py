@@ -4,11 +4,10 @@ leaderboard's blob store (services/leaderboard/artifacts.py), where ``podium ten
 
 On Kubernetes a pod has no volume that outlives it, and the orchestrator reads a pod's log when
 it asks the pod to stop, before the pod's final report and its last lines. So the pod uploads
-its TensorBoard files (as a bundle, services/contracts/bundles.py) after its first report and
-after a report when ``interval_s`` has passed since the last upload and they changed, and
-before it exits (stopped
-or failed): its TensorBoard files once more and its last ``lines`` log lines
-(services/logs.py ``keep_tail``). An upload that fails is logged, never fatal.
+its TensorBoard files (as a bundle, services/contracts/bundles.py) after its first report, after
+a report when ``interval_s`` has passed since the last upload and they changed, and before it
+exits (stopped or failed), with its last log lines then (services/logs.py ``keep_tail``). An
+upload that fails is logged, never fatal.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
-"""The training pod's round loop, over P slots.
-
-A pod trains ``spec.population.agents_per_pod`` agents ("slots"; one unless the spec asks for a
-population) with one trainer (services/pod/training/trainer.py). To the leaderboard each slot is a
-pod of its own: the pod's id for a single agent, ``<pod id>.m<i>`` in a population.
+"""The training pod's round loop over its ``spec.population.agents_per_pod`` agents ("slots"),
+trained by one trainer (services/pod/training/trainer.py). To the leaderboard each slot is a pod
+of its own: the pod's id for a single agent, ``<pod id>.m<i>`` in a population.
 
 * Start: each slot asks the generator where to start (algorithm, hyperparameters, maybe a
-  parent's training files); the trainer is built from the slots' configs (the preset for the
-  algorithm and env with the generator's hyperparameters on top, services/pod/training/presets.py),
-  and each parent's files go into its slot.
+  parent's training files); the trainer is built from the slots' configs (the preset with the
+  generator's hyperparameters on top, services/pod/training/presets.py), and each parent's
+  files go into its slot.
 * Round: ``spec.round`` env steps (or seconds) per slot, all slots at once.
-* Report (every ``evaluation.every_rounds`` rounds): one evaluation of every slot, on the
+* Report (every ``evaluation.every_rounds`` rounds): one evaluation of every slot on the
   experiment's shared evaluation start states, then each slot is submitted with its training
   files as its own candidate, with its own lineage (services/pod/runtime/lineage.py).
-* PBT across pods: after each report, each slot that is ready asks the generator again; when it
-  proposes a parent (of the same algorithm) that scored better than the slot's agent (exploit), the
-  parent's files with the proposed hyperparameters (explore) replace that slot's agent; the other
-  slots train on.
+* PBT across pods: after each report, each ready slot asks the generator again; a proposed
+  parent (of the same algorithm) that scored better than the slot's agent (exploit) replaces
+  it, with the proposed hyperparameters (explore); the other slots train on.
 * PBT inside the pod (``spec.population.exploit``): every ``every_env_steps`` env steps the pod
   ranks its slots (recent training returns, or an evaluation) and the trainer copies the top
   agents into the bottom slots in place, with explored hyperparameters (``select``); a copy
@@ -23,9 +20,8 @@ pod of its own: the pod's id for a single agent, ``<pod id>.m<i>`` in a populati
 * Stop (SIGTERM, or ``max_env_steps`` reached): the update in flight finishes, then one
   evaluation and a final report of every slot trained since its last report.
 
-In an algorithm mix, a search-space name only some of the algorithms take is applied by those
-algorithms' pods and ignored by the others (it still travels with the candidate, so the
-generator's strategies see every name of the search space).
+In an algorithm mix, a search-space name only some algorithms take is ignored by the others'
+pods (it still travels with the candidate, so the generator's strategies see every name).
 """
 
 from __future__ import annotations
@@ -86,9 +82,8 @@ class RuntimeSettings:
     #: Where this pod writes its TensorBoard event files (a population: each agent's in
     #: ``m<i>/`` below it); None: none written.
     tensorboard_dir: Path | None = None
-    #: The compile cache directory this process uses (``TORCHINDUCTOR_CACHE_DIR``): shared
-    #: with the experiment's other pods through the leaderboard (compile_share.py); None: not
-    #: shared.
+    #: The compile cache directory this process uses (``TORCHINDUCTOR_CACHE_DIR``), shared with
+    #: the experiment's other pods through the leaderboard (compile_share.py); None: not shared.
     compile_cache_dir: Path | None = None
     #: How long a pod waits for another pod's compile of its programs before compiling itself.
     compile_wait_s: float = 900.0
@@ -277,8 +272,7 @@ class PodRuntime:
         return horizon
 
     def slot_config(self, manifest: Manifest) -> RunConfig:
-        """The run config of the manifest's agent, seeded on: every agent built explores with
-        its own random stream."""
+        """The manifest's agent's run config, seeded on: every agent explores its own stream."""
         hyperparameters, algorithm = manifest.hyperparameters, manifest.algorithm
         if self.size > 1:
             pinned = pinned_names(self.spec.search_space)

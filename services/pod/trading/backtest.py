@@ -92,9 +92,8 @@ def equal_weight(
     transaction_cost: float = 0.001,
     rebalance_every: int = 21,
 ) -> np.ndarray:
-    """Account values of the baseline that holds equal weights, rebalanced every
-    ``rebalance_every`` days (monthly by default) and on the first day (``rebalanced``). ``close``:
-    (T, S); returns (T,)."""
+    """Account values (T,) of the baseline that holds equal weights of ``close`` (T, S),
+    rebalanced on the first day and every ``rebalance_every`` days (``rebalanced``)."""
     close = np.asarray(close, dtype=np.float64)
     equal = np.full(close.shape[1], 1.0 / close.shape[1])
     return rebalanced(close, lambda _t: equal, initial_amount, transaction_cost, rebalance_every)

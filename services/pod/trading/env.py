@@ -57,10 +57,9 @@ def split_periods(
     validation_fraction: float = 0.0,
     validation_date: str | None = None,
 ) -> dict[str, MarketData]:
-    """``data`` cut in time: ``train``, then (when asked for) ``validation``, then
-    ``backtest`` from ``split_date`` (default: 80% of the way through). The validation period is
-    ``validation_date`` .. the split, or the ``validation_fraction`` of all days just before the
-    split."""
+    """``data`` cut in time: ``train``, then (when asked for) ``validation``, then ``backtest``
+    from ``split_date`` (default: ``MarketData.default_split_date``). The validation period is
+    ``validation_date`` .. the split, or the ``validation_fraction`` of all days before it."""
     split = np.datetime64(split_date if split_date is not None else data.default_split_date())
     if not 0.0 <= validation_fraction < 1.0:
         raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
@@ -198,8 +197,7 @@ class StockTrading(FunctionalEnv):
                 "simulated_markets needs the env's own synthetic market (no csv_path, no data)"
             )
         if data is None:
-            # One set of market settings for both cuts, by keyword: the two functions order
-            # their parameters differently.
+            # One set of market settings for both cuts, by keyword (the functions' orders differ).
             market = {
                 "market_seed": market_seed,
                 "num_stocks": num_stocks,
@@ -351,9 +349,8 @@ class StockTrading(FunctionalEnv):
         bought = shares.clamp(min=0.0)
         buy_factor = 1.0 + self.transaction_cost
         cost = (bought * price).sum(-1) * buy_factor
-        # Not enough cash for every buy: scale them all down, whole shares only (FinRL fills
-        # the largest first, one stock at a time; scaling is the batched form that never
-        # overdraws).
+        # Not enough cash for every buy: scale them all down, whole shares only (FinRL fills the
+        # largest first, one stock at a time; scaling is the batched form that never overdraws).
         short = cost > balance
         scale = torch.where(short, balance / cost.clamp(min=1e-12), 1.0)
         bought = torch.where(short.unsqueeze(-1), (bought * scale.unsqueeze(-1)).floor(), bought)

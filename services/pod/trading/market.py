@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -76,19 +76,9 @@ class MarketData:
         """Days ``start:stop`` (indicators keep the values computed on the full history)."""
         if not 0 <= start < stop <= self.num_days:
             raise ValueError(f"bad day range [{start}, {stop}) for {self.num_days} days")
-        s = slice(start, stop)
-        return MarketData(
-            dates=self.dates[s],
-            tickers=self.tickers,
-            open=self.open[s],
-            high=self.high[s],
-            low=self.low[s],
-            close=self.close[s],
-            volume=self.volume[s],
-            indicators=self.indicators[s],
-            turbulence=self.turbulence[s],
-            momentum=self.momentum[s],
-        )
+        s = slice(start, stop)  # every field but the tickers has the days first
+        days = {f.name: getattr(self, f.name)[s] for f in fields(self) if f.name != "tickers"}
+        return replace(self, **days)
 
     def split(self, date: str | np.datetime64) -> tuple[MarketData, MarketData]:
         """(train, backtest): days before ``date`` and days from ``date`` on."""
@@ -307,9 +297,8 @@ def _ohlcv(
 
 # -- CSV loader --------------------------------------------------------------------------------
 def load_csv(path: str | Path) -> MarketData:
-    """Read OHLCV rows (columns: docs/trading.md, "Your own data") into a ``MarketData``.
-
-    Raises ``MarketDataError`` naming missing columns, or the line and the problem of a bad row."""
+    """Read OHLCV rows (columns: docs/trading.md, "Your own data") into a ``MarketData``; a
+    ``MarketDataError`` names missing columns, or the line and the problem of a bad row."""
     path = Path(path)
     try:
         handle = path.open(newline="", encoding="utf-8")
@@ -318,8 +307,7 @@ def load_csv(path: str | Path) -> MarketData:
     with handle:
         reader = csv.DictReader(handle)
         header = [h.strip() for h in reader.fieldnames or []]
-        missing = [c for c in CSV_COLUMNS if c not in header]
-        if missing:
+        if missing := [c for c in CSV_COLUMNS if c not in header]:
             raise MarketDataError(
                 f"{path}: missing column(s) {', '.join(missing)}; expected "
                 f"{', '.join(CSV_COLUMNS)} (found {', '.join(header) or 'no header'})"
@@ -338,8 +326,7 @@ def load_csv(path: str | Path) -> MarketData:
     dates = np.array(sorted({d for d, _ in rows}), dtype="datetime64[D]")
     tickers = tuple(sorted({t for _, t in rows}))
     for d in dates:
-        absent = [t for t in tickers if (d, t) not in rows]
-        if absent:
+        if absent := [t for t in tickers if (d, t) not in rows]:
             raise MarketDataError(
                 f"{path}: date {d} has no row for tic {', '.join(absent)} (every date must "
                 "list every ticker)"
@@ -355,8 +342,7 @@ def _parse_row(
     path: Path, line: int, row: dict[str, str | None]
 ) -> tuple[tuple[np.datetime64, str], tuple[float, ...]]:
     where = f"{path}:{line}"
-    empty = [c for c in CSV_COLUMNS if not (row.get(c) or "").strip()]
-    if empty:
+    if empty := [c for c in CSV_COLUMNS if not (row.get(c) or "").strip()]:
         raise MarketDataError(f"{where}: empty value in column(s) {', '.join(empty)}")
     try:
         date = np.datetime64((row["date"] or "").strip(), "D")

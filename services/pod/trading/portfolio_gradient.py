@@ -203,8 +203,7 @@ class PortfolioPolicy(nn.Module):
         invested = w.sum(-1, keepdim=True)
         return torch.cat([2 * invested - 1, 2 * w / invested - 1], -1).float()
 
-    #: What an evaluator and a backtest call (services/pod/algorithms/policies.py's name): the
-    #: policy is deterministic.
+    #: The name evaluators call (services/pod/algorithms/policies.py): this policy is deterministic.
     act_deterministic = act
 
 

@@ -99,8 +99,7 @@ class PortfolioRunConfig(RunConfig):
 
 class PortfolioTrainer(Trainer[PortfolioRunConfig]):
     """``len(configs)`` portfolio-gradient agents of one market, batched (one slot: a pod's
-    single agent; P: a population pod); ``step`` is one Adam step of every agent on the train
-    period's Sharpe."""
+    single agent; P: a population pod); ``step``: one Adam step of each on the train Sharpe."""
 
     config_class = PortfolioRunConfig
     one_update_per_step = True

@@ -12,10 +12,9 @@ Weights go through safetensors and everything else through JSON, so loading a ch
 the network never runs pickled code. Every file is checked against the manifest before it is
 parsed: a truncated or tampered file is an error, never a silently different agent. A
 directory is written next to its destination and renamed into place, so readers see either
-the old checkpoint or the new one. The manifest, its checks and the write need no torch and
-live in services/contracts/training_files.py (the CLI's export uses them too); this module adds the
-tensors. What each algorithm writes is its trainer's (services/pod/training/onpolicy.py,
-offpolicy.py): this module knows no algorithm.
+the old checkpoint or the new one. The manifest, its checks and the write need no torch
+(services/contracts/training_files.py, shared with the CLI's export); this module adds the
+tensors and knows no algorithm: what each writes is its trainer's (onpolicy.py, offpolicy.py).
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-# The torch-free part (manifest, checks, atomic write) is shared with the CLI's export; its
-# names stay importable from here for the pod's modules.
+# The torch-free part, importable from here for the pod's modules.
 from services.contracts.training_files import (
     FORMAT,
     MANIFEST,

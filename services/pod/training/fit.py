@@ -53,11 +53,10 @@ def train(
     on_progress: Callback | None = None,
     trainer: Trainer | None = None,
 ) -> TrainResult:
-    """Train until the budget is spent or the evaluation reaches ``target_return``.
-
-    ``trainer`` (built from ``config``) lets a caller build it first (and so validate, or resume
-    from loaded training files: the run goes on from its ``env_steps``). With learner replicas this
-    returns rank 0's result (rank 0 runs here, so ``on_progress`` reports)."""
+    """Train until the budget is spent or the evaluation reaches ``target_return``. ``trainer``
+    (built from ``config``) lets a caller build it first (and so validate, or resume from loaded
+    training files: the run goes on from its ``env_steps``). With learner replicas this returns
+    rank 0's result (rank 0 runs here, so ``on_progress`` reports)."""
     world = trainer_class(config.algorithm).replicas(config)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)

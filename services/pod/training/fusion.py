@@ -28,14 +28,11 @@ from services.logs import get_logger
 
 class StateAverager:
     """Callable that replaces a trainer's weights, Adam moments and statistics by their group
-    mean (``state``: services/pod/algorithms/ppo.py's, written in place).
-
-    One all-reduce per dtype (float32 weights and moments, float64 statistics), whatever the
-    number of layers. Adam's step counts are equal on every replica (same number of
-    minibatches) and are left alone. Running observation statistics are averaged too: with
-    equal counts the mean of means is exact and the mean of variances leaves out the (small)
-    spread between replicas.
-    """
+    mean (``state``: services/pod/algorithms/ppo.py's, written in place): one all-reduce per
+    dtype (float32 weights and moments, float64 statistics), whatever the number of layers.
+    Adam's step counts are equal on every replica (same number of minibatches) and are left
+    alone. Running observation statistics are averaged too: with equal counts the mean of
+    means is exact and the mean of variances leaves out the (small) spread between replicas."""
 
     KEYS = ("params", "exp_avg", "exp_avg_sq", "obs_mean", "obs_var", "ret_mean", "ret_var")
 
@@ -120,8 +117,7 @@ def _entry(rank: int, world: int, store: dist.Store, fn: Callable[..., Any], arg
 def _replica_entry(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
     """A spawned replica: join rank 0's store, ``_entry``, then exit at once. Left to interpreter
     finalization, gloo's worker threads are sometimes destroyed while still joinable and the
-    process dies by SIGABRT ("terminate called without an active exception") after its work is
-    done."""
+    process dies by SIGABRT ("terminate called without an active exception") after its work."""
     code = 0
     try:
         store = dist.TCPStore(LOOPBACK, port, world, is_master=False, timeout=FORM_TIMEOUT)
@@ -169,10 +165,9 @@ def run_group(
 
     Rank 0 runs in this process (so it can report progress to the caller, with ``rank0_args`` in
     place of ``args`` for things that cannot be pickled, like callbacks); the others are spawned,
-    not forked, since forking a process that runs torch threads is unsafe. ``fn`` must therefore be
+    not forked, since forking a process that runs torch threads is unsafe: ``fn`` must be
     importable at module level. A replica that fails makes the call raise. A group that does not
-    form (a replica dead before joining, a connect timed out) is formed once more from scratch
-    before the call raises."""
+    form (a replica dead before joining, a connect timed out) is formed once more first."""
     for attempt in range(1, FORM_ATTEMPTS):
         try:
             return _run_group_once(fn, world, args, rank0_args)
@@ -207,7 +202,6 @@ def _run_group_once(
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-    failed = [p.exitcode for p in others if p.exitcode != 0]
-    if failed:
+    if failed := [p.exitcode for p in others if p.exitcode != 0]:
         raise RuntimeError(f"learner replicas exited with {failed}")
     return result

@@ -1,29 +1,25 @@
-"""The off-policy trainer (SAC, TD3, DDPG, DQN family, and plugins of it): P agents ("slots")
-of one algorithm trained together in one process, P >= 1 (one agent is a stack of one).
-
-The same worker → learner → evaluator split as PPO's (services/pod/training/onpolicy.py), in the
-shape off-policy methods need, one vector step at a time:
+"""The off-policy trainer (SAC, TD3, DDPG, DQN family, and plugins of it): P >= 1 agents
+("slots") of one algorithm trained together in one process, one vector step at a time:
 
 * worker (services/pod/roles/worker.py ``ReplayWorker``): step the P x N sub-environments with
   each agent's exploring policy and append its N transitions to its replay buffer;
-* learner (services/pod/roles/learner.py ``ReplayLearner``): ``updates_per_step`` gradient
-  updates per env step (the update-to-data ratio) of every agent, each on a fresh minibatch of
-  its buffer, by the algorithm's one update (services/pod/algorithms/stacked.py ``KStep``),
-  eager or compiled (``compile``, decided by the one rule of
-  services/pod/algorithms/compiled.py), ``updates_per_call`` per call compiled, and on a GPU one
-  CUDA graph per call;
+* learner (services/pod/roles/learner.py ``ReplayLearner``): ``updates_per_step`` updates per
+  env step (the update-to-data ratio) of every agent, each on a fresh minibatch of its buffer,
+  by the algorithm's one update (services/pod/algorithms/stacked.py ``KStep``), eager or
+  compiled (``compile``: services/pod/algorithms/compiled.py), ``updates_per_call`` per call
+  compiled, and on a GPU one CUDA graph per call;
 * evaluator: deterministic episodes of every agent on its slice of its own env.
 
-Many cheap torch-native sub-environments and few large-batch updates is what makes this fast in
-wall time: on a CPU a gradient step of small networks costs far more (per-op overhead and small
-matmuls) than a vector step of tens of sub-environments, so wall time tracks the number of
-gradient steps, and fresh data is nearly free (docs/benchmarks.md).
+Many cheap torch-native sub-environments and few large-batch updates is what makes this fast:
+on a CPU a gradient step of small networks costs far more (per-op overhead, small matmuls) than
+a vector step of tens of sub-environments, so wall time tracks the gradient steps and fresh
+data is nearly free (docs/benchmarks.md).
 
-Each slot saves and loads exactly the training files a single agent of its algorithm has
-(weights, optimiser, replay buffer, counters), so PBT's exploit copies a slot from any pod's
-files and ``podium export`` loads a slot's. Settings that shape the networks, the data or the
-loop are shared by the slots (refused when they differ: ``HyperparameterError`` naming the
-field); they may differ in the card's population hyperparameters and their seeds."""
+Each slot saves and loads exactly a single agent's training files (weights, optimiser, replay
+buffer, counters), so PBT's exploit copies a slot from any pod's files and ``podium export``
+loads a slot's. Settings that shape the networks, the data or the loop are shared by the slots
+(``HyperparameterError`` naming the field where they differ); they may differ in the card's
+population hyperparameters and their seeds."""
 
 from __future__ import annotations
 
@@ -402,8 +398,7 @@ def _varied(algorithm: str) -> tuple[str, ...]:
 
 
 def _shared(config: OffPolicyConfig) -> dict[str, Any]:
-    """The fields that fix a population's update programs (they shape the networks, the data
-    or the loop)."""
+    """The fields that fix a population's update programs: the networks', data's and loop's."""
     agent = config.agent_config.model_dump(exclude=set(_varied(config.algorithm)))
     loop = {k: getattr(config, k) for k in ReplayLoopConfig.model_fields}
     run = {

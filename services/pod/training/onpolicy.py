@@ -1,29 +1,22 @@
-"""The on-policy trainer: P agents ("slots") of an on-policy algorithm trained together, P >= 1
-(one agent is a population of one). What ``podium train`` and every PPO pod train; another
-on-policy algorithm is its card and its agent class (``PPO``'s subclass with its own loss).
+"""The on-policy trainer: P >= 1 agents ("slots") of an on-policy algorithm trained together.
+What ``podium train`` and every PPO pod train; another on-policy algorithm is its card and its
+agent class (``PPO``'s subclass with its own loss).
 
-Each step is one iteration of PPO (services/pod/algorithms/ppo.py) on explicit state: the worker's
-rollout (services/pod/roles/worker.py) of P agents x N sub-environments, then the learner's
-update (``ppo.learn``: GAE and epochs x minibatches), then, when asked, the evaluator's greedy
-episodes (services/pod/roles/evaluator.py). Where the env is functional
-(services/pod/envs/functional.py; its card says so) the whole iteration is functions of
-tensors: rollout chunks, the batch between rollout and updates, the minibatch update and the
-evaluation are programs (services/pod/algorithms/compiled.py) when ``compile`` says so, and on
-a GPU the iteration replays as one CUDA graph. A host-stepped env (gymnasium, EnvPool, a plugin
-``VecEnv``) steps on the host between the same functions, and its updates compile as well.
-``learners: N`` runs N replicas averaged after every epoch
-(services/pod/training/fusion.py).
+Each step is one iteration of PPO (services/pod/algorithms/ppo.py): the worker's rollout of P
+agents x N sub-environments (services/pod/roles/worker.py), the learner's update
+(``ppo.learn``), then, when asked, the evaluator's greedy episodes
+(services/pod/roles/evaluator.py). On a functional env (services/pod/envs/functional.py) the
+whole iteration is programs (services/pod/algorithms/compiled.py) when ``compile`` says so
+(decided once per trainer by ``compiled.Decision``), on a GPU replayed as one CUDA graph; a
+host-stepped env (gymnasium, EnvPool, a plugin ``VecEnv``) steps on the host between the same
+functions, whose updates compile too. ``learners: N`` runs N replicas averaged after every
+epoch (services/pod/training/fusion.py).
 
-``compile`` (``auto | on | off``) is decided once per trainer by the one rule
-(``compiled.Decision``); the trainer's ``compiled`` line says what runs compiled and why.
-
-Each slot saves and loads the training files of a single PPO agent (``save_ppo_files``):
-weights, Adam moments and step, observation and return statistics, config and counters, so
-any PPO pod's files (a PBT parent) load into a slot and a slot's into any pod or ``podium
-export``. Loading writes into the state tensors the programs take, and its hyperparameters
-into the (P,) tensors: nothing compiles again. What would change the programs (the network,
-the rollout's shape, the env) is shared by the slots; the slots may differ only in the card's
-population hyperparameters (and the gradient clip) and their seeds.
+Each slot saves and loads a single PPO agent's training files (``save_ppo_files``), so any PPO
+pod's files (a PBT parent) load into a slot and a slot's into any pod or ``podium export``.
+Loading writes into the state tensors the programs take: nothing compiles again. What would
+change the programs (the network, the rollout's shape, the env) is shared by the slots; they
+may differ only in the card's population hyperparameters (and the gradient clip) and seeds.
 """
 
 from __future__ import annotations
@@ -209,16 +202,14 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
 
     # -- training ---------------------------------------------------------------------------
     def join_group(self, world: int) -> None:
-        """One of ``world`` learner replicas: start from rank 0's agent, average after every
-        epoch."""
+        """One of ``world`` learner replicas: start from rank 0's agent, average every epoch."""
         from services.pod.training.fusion import StateAverager
 
         averager = StateAverager(self.population.state)
         averager.broadcast(0)
         self.world = world
         self.population.after_epoch = averager
-        # Each replica counts its own env steps: the budget its learning rate anneals over is
-        # its share.
+        # Each replica counts its own env steps: its learning rate anneals over its budget share.
         self.population.hp["total_env_steps"].div_(world)
 
     def step(self) -> None:

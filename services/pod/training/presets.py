@@ -52,10 +52,8 @@ def preset(algorithm: str, env: str, layers: Iterable[Mapping[str, Any]] = ()) -
     """The preset for (``algorithm``, ``env``), with the env's solve threshold as target, for
     the run that ``layers`` describe (the caller puts them on top): from the preset's
     ``large_batch.min_num_envs`` on, their ``num_envs`` selects its large-batch section
-    (docs/presets.md).
-
-    An ``envpool:<task>`` env reads the preset of ``<task>``: its transitions are the same
-    (tests/pod/envs/test_envpool_adapter.py)."""
+    (docs/presets.md). An ``envpool:<task>`` env reads the preset of ``<task>``: its transitions
+    are the same (tests/pod/envs/test_envpool_adapter.py)."""
     data = preset_data(algorithm, env, layers)
     return {"algorithm": algorithm, "env": env, "target_return": default_target_return(env), **data}
 
@@ -78,10 +76,9 @@ def pod_config(
     threads: int = 1,
     algorithm: str | None = None,
 ) -> RunConfig:
-    """The preset for the algorithm and env, the trainer's pod defaults, the pod's run fields,
-    then the generator's hyperparameters on top: those the algorithm has (a name only another
-    algorithm of the spec has is ignored; a name none has is an error). ``algorithm`` defaults to
-    the spec's one algorithm."""
+    """The preset for ``algorithm`` (default: the spec's one) and env, the trainer's pod
+    defaults, the pod's run fields, then the generator's hyperparameters the algorithm has on
+    top (a name only another algorithm of the spec has is ignored; one none has is an error)."""
     if algorithm is None:
         if len(spec.algorithms) != 1:
             raise HyperparameterError(

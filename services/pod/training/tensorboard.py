@@ -1,9 +1,7 @@
 """TensorBoard event files for a training run: its curves against env steps and its
 hyperparameters, written by torch's ``SummaryWriter`` (the ``tensorboard`` package, in the
-``pod`` extra).
-
-Here, below both users: ``podium train`` (services/cli/train.py, through fit's records) and the
-pod's round loop (services/pod/runtime/rounds.py) write through one ``Board``.
+``pod`` extra) through one ``Board`` for both users: ``podium train`` (services/cli/train.py,
+through fit's records) and the pod's round loop (services/pod/runtime/rounds.py).
 
 Tags: ``eval/return`` (and ``eval/return_std``), ``train/return``, ``losses/<name>`` (every
 statistic of the trainer's record whose name holds "loss"), ``train/<name>`` (its other
@@ -68,7 +66,6 @@ def hparam_value(value: Any) -> bool | int | float | str:
 
 class Board:
     """One run's event files in ``log_dir`` (None: a board that writes nothing).
-
     ``min_interval_s``: training records (those without an evaluation) closer together than
     this are not written one by one, so that a trainer that reports every vector step (the
     off-policy ones) does not spend its time serialising summaries; the latest value of each of
@@ -105,8 +102,7 @@ class Board:
                 from torch.utils.tensorboard import SummaryWriter
 
                 if self.replace and self.log_dir is not None and self.log_dir.is_dir():
-                    # Files of an earlier run in the same directory would merge with this
-                    # run's into one zigzag curve.
+                    # An earlier run's files here would merge with this run's into one zigzag curve.
                     for old in self.log_dir.glob("events.out.tfevents.*"):
                         old.unlink()
                 # Flushed every few seconds: a run is watched while it trains.
@@ -144,8 +140,7 @@ class Board:
         if "env_steps" in record and "train_seconds" in record:
             steps, seconds = float(record["env_steps"]), float(record["train_seconds"])
             if self._rate_from is not None:
-                # The rate since the last written record: the curve shows slow-downs that a
-                # running average would hide.
+                # Since the last written record: shows slow-downs a running average would hide.
                 d_steps, d_seconds = steps - self._rate_from[0], seconds - self._rate_from[1]
                 if d_steps > 0 and d_seconds > 0:
                     scalars["perf/env_steps_per_s"] = d_steps / d_seconds

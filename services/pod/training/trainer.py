@@ -2,17 +2,15 @@
 trains an algorithm.
 
 A *trainer* trains ``size`` agents ("slots") of one algorithm on one env, batched as one
-population: the on-policy algorithms (onpolicy.py), the off-policy ones (offpolicy.py), the
-portfolio gradient (services/pod/trading/); a single agent is P = 1.
-``podium train``'s fit loop (fit.py) and the pod's round loop (services/pod/runtime/rounds.py) see
-nothing else of an algorithm: they step, evaluate, save and load slots, and read counters.
+population (a single agent is P = 1): the on-policy algorithms (onpolicy.py), the off-policy
+ones (offpolicy.py), the portfolio gradient (services/pod/trading/). ``podium train``'s fit loop
+(fit.py) and the pod's round loop (services/pod/runtime/rounds.py) see nothing else of an
+algorithm: they step, evaluate, save and load slots, and read counters.
 
 The trunk chooses the trainer, never the algorithm: an algorithm's card
 (services/contracts/algorithms/) declares its *family*, and the trainer registered under that
 family's name (entry points ``podium.trainers``; ``<family>.population`` for P agents in one
-process) trains it. Adding an algorithm of a known family is its card folder (card, config,
-presets), its agent module and two entry points; a new family also registers its trainer. Each
-trainer runs its algorithm's functions eagerly or compiled, as ``compile`` and the machine say
+process) trains it, eagerly or compiled as ``compile`` and the machine say
 (services/pod/algorithms/compiled.py ``Decision``)."""
 
 from __future__ import annotations
@@ -50,12 +48,9 @@ class Counters:
 
 
 class Trainer(ABC, Generic[C]):
-    """``size`` agents of one algorithm, trained in lock-step (see the module docstring).
-
-    ``env_steps`` and ``updates`` are the trainer's clock, per slot (a single agent's go on
-    from loaded training files); ``step_env_steps`` is what the next ``step`` adds to
-    ``env_steps``.
-    """
+    """``size`` agents of one algorithm, trained in lock-step (module docstring). ``env_steps``
+    and ``updates`` are the trainer's clock, per slot (a single agent's go on from loaded
+    training files); ``step_env_steps`` is what the next ``step`` adds to ``env_steps``."""
 
     #: The run config this trainer takes (a ``RunConfig`` with the algorithm's fields).
     config_class: ClassVar[type[RunConfig]]
@@ -71,8 +66,7 @@ class Trainer(ABC, Generic[C]):
     size: int
     #: Seconds this trainer spent compiling so far (torch.compile); 0 for an eager one.
     compile_seconds: float = 0.0
-    #: What runs compiled and why (not) more, one line a user reads (``podium train`` prints
-    #: it).
+    #: What runs compiled and why (not), one line a user reads (``podium train`` prints it).
     compiled: str = "eager"
 
     @abstractmethod
@@ -93,8 +87,7 @@ class Trainer(ABC, Generic[C]):
 
     @classmethod
     def replicas(cls, config: C) -> int:
-        """Learner replicas averaged in a process group (services/pod/training/fusion.py); 1:
-        none."""
+        """Learner replicas averaged in a process group (1: none; training/fusion.py)."""
         return 1
 
     def join_group(self, world: int) -> None:
@@ -208,8 +201,7 @@ class Algorithm(Protocol):
 
 
 class UnknownAlgorithmError(HyperparameterError, registry.UnknownNameError):
-    """An algorithm name nothing is registered under: bad input to a pod, an unknown name to
-    ``podium train``."""
+    """An unregistered algorithm name: bad input to a pod, an unknown name to ``podium train``."""
 
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
         registry.UnknownNameError.__init__(self, kind, name, known)
