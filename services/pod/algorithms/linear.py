@@ -68,7 +68,7 @@ class _OneDnnLinear(torch.autograd.Function):
 def _(info, in_dims, x, w, b):
     """Under an eager ``torch.vmap`` (the off-policy agents' acting): one call per agent."""
     rows = [
-        [t if t is None or d is None else t.select(d, i) for t, d in zip((x, w, b), in_dims)]  # noqa: B905
+        [t if d is None else t.select(d, i) for t, d in zip((x, w, b), in_dims, strict=True)]
         for i in range(info.batch_size)
     ]
     return torch.stack([onednn_linear(*row) for row in rows]), 0
@@ -147,11 +147,12 @@ def costs() -> tuple[tuple[float, ...], ...] | None:
                     log.warning("linear.onednn_unavailable", error=str(exc)[:200])
                     _MEASURED.update(costs=None, smallest=math.inf)
                     return None
-            keep = {"torch": torch.__version__, "mkl": measured[0], "onednn": measured[1]}
-            with contextlib.suppress(OSError, AttributeError):
-                part = path.with_suffix(f".{os.getpid()}.part")  # type: ignore[union-attr]
-                part.write_text(json.dumps(keep))
-                part.replace(path)  # type: ignore[arg-type]
+            if path is not None:
+                keep = {"torch": torch.__version__, "mkl": measured[0], "onednn": measured[1]}
+                part = path.with_suffix(f".{os.getpid()}.part")
+                with contextlib.suppress(OSError):  # a read-only cache: measured again later
+                    part.write_text(json.dumps(keep))
+                    part.replace(path)
         (call_m, mac_m, _), (call_d, mac_d, _) = measured
         if mac_d < mac_m:
             smallest = max(call_d - call_m, 0.0) / (mac_m - mac_d)
