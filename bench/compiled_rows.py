@@ -48,6 +48,10 @@ CASES = [
 
 def child(case: str, mode: str, steps: int, device: str) -> dict:
     """In a fresh process: build the case's trainer, time its steps (see the docstring)."""
+    # The pod's package before torch: it lets MKL choose its kernels by instruction sets.
+    from services.pod import mkl_dispatch
+
+    mkl = mkl_dispatch.state()
     import torch
 
     from services.pod.algorithms.compiled import _probe_s
@@ -93,7 +97,7 @@ def child(case: str, mode: str, steps: int, device: str) -> dict:
         trainer.step()
     sync()
     first = time.perf_counter() - start
-    out = {"case": case, "mode": mode, "first_s": first, "probe_s": _probe_s()}
+    out = {"case": case, "mode": mode, "first_s": first, "probe_s": _probe_s(), "mkl": mkl}
     if mode != "warm":
         before = units()
         start = time.perf_counter()

@@ -44,6 +44,9 @@ from __future__ import annotations
 
 import os
 
+# Before torch: the pod's package lets MKL choose its kernels by the CPU's instruction sets.
+import services.pod
+
 # One XLA CPU thread, as torch has one; read when jax starts its CPU backend, so set before the
 # import (an XLA_FLAGS already in the environment wins). On a GPU these only touch the host side.
 os.environ.setdefault(
@@ -819,7 +822,7 @@ def main() -> None:
         f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, "
         f"device {args.device}, load {os.getloadavg()[0]:.2f}"
     )
-    machine += f", malloc {running_allocator().name}"
+    machine += f", malloc {running_allocator().name}, MKL {services.pod.mkl_dispatch.state()}"
     print(f"recipe {args.recipe}; {machine}", flush=True)
 
     runs: list[Run] = []

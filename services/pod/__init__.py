@@ -39,4 +39,11 @@ agents and a ``Stack``: eager, compiled and in a population alike), and the entr
 ``podium.algorithm_cards`` and ``podium.algorithms``; an algorithm of a new family also
 registers its trainer under ``podium.trainers``. Adding an env: its functional env (or a vector
 env), its card (``podium.env_cards``) and ``podium.envs``.
+
+Before any of it imports torch, the package lets MKL choose its kernels by the CPU's
+instruction sets (``mkl_dispatch.py``: on AMD CPUs MKL otherwise runs its generic ones).
 """
+
+from services.pod import mkl_dispatch
+
+mkl_dispatch.use_cpu_features()

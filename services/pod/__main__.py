@@ -31,6 +31,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.contracts.spec import ExperimentSpec, describe_errors
 from services.logs import configure, get_logger, keep_tail
 from services.malloc import AllocatorError, reexec_with_allocator, running_allocator
+from services.pod import mkl_dispatch
 from services.pod.runtime import activity  # imports no torch
 from services.pod.runtime.compile_cache import use_compile_cache  # imports no torch
 
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=threads,
         malloc=malloc.name,
         malloc_library=malloc.library and str(malloc.library),
+        mkl_dispatch=mkl_dispatch.state(),
     )
     try:
         code = _run(runtime)

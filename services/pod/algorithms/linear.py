@@ -1,8 +1,9 @@
 """The networks' linear layers, through the faster of torch's two CPU matmul libraries.
 
 torch runs an fp32 matmul on an x86 CPU through MKL, which picks its kernels by CPU vendor: on
-AMD CPUs at about half the rate of oneDNN, the other library inside torch (docs/benchmarks.md).
-oneDNN costs more per call: ``linear`` picks per shape by each library's cost per call and per
+AMD CPUs, where the pod cannot let it choose by instruction sets (services/pod/mkl_dispatch.py),
+at about half the rate of oneDNN, the other library inside torch (docs/benchmarks.md). oneDNN
+costs more per call: ``linear`` picks per shape by each library's cost per call and per
 multiply-add on this CPU (``costs``). Eager and compiled alike: oneDNN's linear is a custom op
 with its own backward. Other devices and dtypes: torch's matmul.
 """
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from services.logs import get_logger
+from services.pod import mkl_dispatch
 
 log = get_logger(__name__)
 
@@ -102,6 +104,10 @@ def _costs_of(fn, autograd_fn) -> tuple[float, ...]:
     return max(small - 16**3 * per_mac, 0.0), per_mac, max(recording - 16**3 * per_mac, 0.0)
 
 
+def _dispatch() -> str:
+    return "features" if mkl_dispatch.state() == "features" else "vendor"
+
+
 #: The costs once measured, and the fewest multiply-adds at which oneDNN can be the faster
 #: (``smallest``); dynamo reads them as constants.
 _MEASURED: dict[str, Any] = {}
@@ -110,11 +116,12 @@ COSTS_FILE = "linear-costs.json"
 
 
 def _read(path: Path) -> tuple[tuple[float, ...], ...] | None:
-    """The costs a process on this cache measured (the same torch), or None."""
+    """The costs a process on this cache measured (the same torch, MKL choosing its kernels
+    the same way), or None."""
     try:
         kept = json.loads(path.read_text())
         pair = tuple(tuple(float(v) for v in kept[lib]) for lib in ("mkl", "onednn"))
-        valid = kept["torch"] == torch.__version__
+        valid = kept["torch"] == torch.__version__ and kept["mkl_dispatch"] == _dispatch()
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return pair if valid and all(len(c) == 3 and min(c) >= 0 for c in pair) else None
@@ -148,7 +155,12 @@ def costs() -> tuple[tuple[float, ...], ...] | None:
                     _MEASURED.update(costs=None, smallest=math.inf)
                     return None
             if path is not None:
-                keep = {"torch": torch.__version__, "mkl": measured[0], "onednn": measured[1]}
+                keep = {
+                    "torch": torch.__version__,
+                    "mkl_dispatch": _dispatch(),
+                    "mkl": measured[0],
+                    "onednn": measured[1],
+                }
                 part = path.with_suffix(f".{os.getpid()}.part")
                 with contextlib.suppress(OSError):  # a read-only cache: measured again later
                     part.write_text(json.dumps(keep))

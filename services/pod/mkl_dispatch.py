@@ -1,0 +1,153 @@
+"""MKL's kernels chosen by the CPU's instruction sets, on AMD CPUs too.
+
+torch runs fp32 matmuls through MKL (linked into torch), and MKL picks its kernels by CPU vendor:
+on a CPU that does not say "GenuineIntel" it runs its generic kernels, whatever the CPU can do.
+On an AVX-512 AMD EPYC that made every layer of every network run at a half to a third of the
+rate MKL reaches there with its AVX-512 kernels (docs/benchmarks.md, "The CPU's matmul
+library"). MKL asks one function of its own, ``mkl_serv_intel_cpu_true``, whether the CPU is
+Intel's; a shared library that defines it to answer yes, loaded into the process's global
+symbol scope before torch is, makes MKL choose its kernels by the instruction sets the CPU
+reports (CPUID), as it does on Intel CPUs. The answer changes which kernels run, never what
+they compute beyond float rounding.
+
+``use_cpu_features`` does that: ``services/pod/__init__.py`` calls it, so every pod process
+(``python -m services.pod``, the local backend's launcher and the pods it forks, ``podium
+train``, the benches) has it before it imports torch. The library is four lines of C, built
+once with the machine's C compiler into the compile cache's directory (a pod needs a compiler
+for its compiled paths anyway; the pod image has one); without a compiler, or where torch was
+imported first, MKL keeps its own rule and ``state()`` says why.
+
+``PODIUM_MKL_DISPATCH``: ``auto`` (default: by instruction sets on non-Intel x86-64 CPUs that
+have AVX2) or ``vendor`` (MKL's own rule). Torch-free: it must run before torch is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SETTING = "PODIUM_MKL_DISPATCH"
+CHOICES = ("auto", "vendor")
+SYMBOL = "mkl_serv_intel_cpu_true"
+SOURCE = f"int {SYMBOL}(void) {{ return 1; }}\n"
+
+#: What this process runs with: "features" (MKL chooses by instruction sets), or why not.
+_state = "not asked"
+
+
+def state() -> str:
+    """ "features" where MKL chooses its kernels by the CPU's instruction sets in this process,
+    else MKL's own rule with the reason ("vendor: ..."); logged by the pod at start and part of
+    the layers' kept costs (services/pod/algorithms/linear.py)."""
+    return _state
+
+
+def choice(environ: dict[str, str] | None = None) -> str:
+    """The ``PODIUM_MKL_DISPATCH`` setting; raises ValueError naming it for anything else."""
+    value = (os.environ if environ is None else environ).get(SETTING, "auto").strip() or "auto"
+    if value not in CHOICES:
+        raise ValueError(f"{SETTING} must be one of {', '.join(CHOICES)}; got {value!r}")
+    return value
+
+
+def wanted(cpuinfo: str, machine: str) -> str | None:
+    """None where MKL should choose by instruction sets on this CPU (``cpuinfo``: the text of
+    /proc/cpuinfo), else why not: Intel CPUs already get that, and MKL's fast kernels need
+    AVX2 (x86-64 only)."""
+    if machine not in ("x86_64", "AMD64"):
+        return f"not an x86-64 CPU ({machine})"
+    first = cpuinfo.split("\n\n", 1)[0]  # the first processor's block
+    fields = {
+        k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())
+    }
+    vendor = fields.get("vendor_id", "")
+    if vendor == "GenuineIntel":
+        return "an Intel CPU (MKL chooses by instruction sets there)"
+    if "avx2" not in fields.get("flags", "").split():
+        return f"a {vendor or 'CPU'} without AVX2"
+    return None
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if name and (found := shutil.which(name)):
+            return found
+    return None
+
+
+def _directory() -> Path:
+    """A directory of its own in the compile cache (the operator's, the pod's, else inductor's
+    default): a pod can write and load libraries there."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.environ.get("PODIUM_COMPILE_CACHE_DIR")
+    if not cache:
+        user = "".join(c if c.isalnum() else "_" for c in os.environ.get("USER", str(os.getuid())))
+        cache = str(Path(tempfile.gettempdir()) / f"torchinductor_{user}")
+    return Path(cache) / "podium-native"
+
+
+def build(directory: Path, compiler: str) -> Path:
+    """The library, built with ``compiler`` into ``directory`` (once: the file's name is the
+    source's hash; written to a temporary name and renamed, so a concurrent pod never loads a
+    half-written file). Refuses a directory another user could write into: what is loaded
+    from it runs in the pod."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    info = directory.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise OSError(f"{directory} is not this user's alone")
+    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    path = directory / f"podium-mkl-dispatch-{digest}.so"
+    if path.is_file():
+        return path
+    with tempfile.TemporaryDirectory(dir=directory) as work:
+        source, out = Path(work) / "dispatch.c", Path(work) / "dispatch.so"
+        source.write_text(SOURCE)
+        done = subprocess.run(
+            [compiler, "-shared", "-fPIC", "-O2", str(source), "-o", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise OSError(f"{compiler} failed: {done.stderr.strip()[-300:]}")
+        out.replace(path)
+    return path
+
+
+def use_cpu_features(environ: dict[str, str] | None = None) -> str:
+    """Let MKL choose its kernels by the CPU's instruction sets in this process, where this
+    CPU and the setting want it and torch is not imported yet; returns ``state()``. Raises
+    ValueError for a malformed setting; anything else leaves MKL's own rule, with the reason."""
+    global _state
+    if choice(environ) == "vendor":
+        _state = f"vendor: {SETTING}=vendor"
+    elif "torch" in sys.modules:
+        _state = "vendor: torch was imported before the pod's package"
+    else:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+        reason = wanted(cpuinfo, platform.machine()) if cpuinfo else "no /proc/cpuinfo"
+        compiler = _compiler()
+        if reason is None and compiler is None:
+            reason = "no C compiler to build its library"
+        if reason is not None:
+            _state = f"vendor: {reason}"
+        else:
+            try:
+                ctypes.CDLL(str(build(_directory(), compiler)), mode=ctypes.RTLD_GLOBAL)
+                _state = "features"
+            except (OSError, subprocess.SubprocessError) as error:
+                _state = f"vendor: its library could not be built or loaded ({error})"
+    return _state
