@@ -38,7 +38,6 @@ import torch
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
-from services.pod.algorithms import linear
 
 log = get_logger(__name__)
 
@@ -215,24 +214,16 @@ def grad(
 
 def per_agent(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.vmap(fn)``: one agent's function for every agent (the leading axis of every
-    tensor argument and output). A single agent runs ``fn`` on its row directly: eager, a
-    vmap's batching costs several times the maths per op at these sizes; compiled, its
-    layers may take oneDNN (services/pod/algorithms/linear.py), which dynamo cannot trace
-    under a vmap."""
+    tensor argument and output). A single agent eager runs ``fn`` on its row directly: a
+    vmap's batching costs several times the maths per op at these sizes."""
     mapped = torch.vmap(fn)
 
     def run(*args: Any) -> Any:
         first = _first(args)
-        if first is not None and first.shape[0] == 1:
-            out = fn(*_map(lambda t: t[0], args))
-            return _map(lambda t: t.unsqueeze(0), out)
-        if not torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or first is None or first.shape[0] != 1:
             return mapped(*args)
-        linear.traced_under_vmap = True
-        try:
-            return mapped(*args)
-        finally:
-            linear.traced_under_vmap = False
+        out = fn(*_map(lambda t: t[0], args))
+        return _map(lambda t: t.unsqueeze(0), out)
 
     return run
 
@@ -278,7 +269,6 @@ class Program:
             if device.type == "cpu":
                 trust_vec_isa()
                 options["cpp_wrapper"] = True
-                linear.costs()  # the layers' library choice, before a trace reads it
             self._compiled[device.type] = torch.compile(
                 self.fn, fullgraph=True, dynamic=False, options=options
             )

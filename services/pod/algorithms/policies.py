@@ -4,11 +4,10 @@ The networks are ``nn.Module``s where they are made (orthogonal init) and named 
 dict of a training file): ``mlp``, the actors, ``build_critic``. What they compute is written
 here once as functions of a ``PolicySpec`` (what fixes the computation: a constant of every
 compiled program) and the agents' weights as views of a flat (P, n) tensor
-(services/pod/algorithms/flat.py), each layer one batched matmul for all P agents (or, on CPUs
-where oneDNN is the faster library, one oneDNN call each: services/pod/algorithms/linear.py);
-one agent is P = 1. Every user runs these: the training loops (eager, compiled, captured), the
-evaluation, a worker in another process, the backtest, ``podium export``'s policy (``Policy``,
-whose methods call them on the module's own weights as a stack of one).
+(services/pod/algorithms/flat.py), each layer one batched matmul for all P agents; one agent is
+P = 1. Every user runs these: the training loops (eager, compiled, captured), the evaluation,
+a worker in another process, the backtest, ``podium export``'s policy (``Policy``, whose
+methods call them on the module's own weights as a stack of one).
 
 Distributions are written out by hand, not through ``torch.distributions``: at the small batch
 sizes of a rollout step their checks and broadcasting cost more than the maths.
@@ -41,7 +40,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.contracts.algorithms.ppo.config import Activation
-from services.pod.algorithms.linear import Linear, batched_linear
 from services.pod.algorithms.normalization import RunningMeanStd
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
@@ -64,12 +62,12 @@ def mlp(
     layers: list[nn.Module] = []
     last = in_dim
     for width in hidden:
-        linear = Linear(last, width)
+        linear = nn.Linear(last, width)
         nn.init.orthogonal_(linear.weight, math.sqrt(2))
         nn.init.zeros_(linear.bias)
         layers += [linear, ACTIVATIONS[activation]()]
         last = width
-    head = Linear(last, out_dim)
+    head = nn.Linear(last, out_dim)
     nn.init.orthogonal_(head.weight, out_gain)
     nn.init.zeros_(head.bias)
     layers.append(head)
@@ -104,12 +102,12 @@ def activate(name: str, x: torch.Tensor) -> torch.Tensor:
 def mlp_forward(
     params: Params, layers: Sequence[str], activation: str, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """P MLPs on ``x`` (P, B, in), one batched layer at a time: the output (P, B, out) and
+    """P MLPs on ``x`` (P, B, in), one batched matmul per layer: the output (P, B, out) and
     the last hidden features (the input of the last layer)."""
     hidden = x
     for i, name in enumerate(layers):
         w, b = params[f"{name}.weight"], params[f"{name}.bias"]
-        out = batched_linear(hidden, w, b)
+        out = torch.baddbmm(b.unsqueeze(1), hidden, w.transpose(1, 2))
         if i == len(layers) - 1:
             return out, hidden
         hidden = activate(activation, out)
