@@ -37,7 +37,8 @@ from pathlib import Path
 SETTING = "PODIUM_MKL_DISPATCH"
 CHOICES = ("auto", "vendor")
 SYMBOL = "mkl_serv_intel_cpu_true"
-SOURCE = f"int {SYMBOL}(void) {{ return 1; }}\n"
+# C, or C++ where the machine has only a C++ compiler (the name unmangled either way).
+SOURCE = f'#ifdef __cplusplus\nextern "C"\n#endif\nint {SYMBOL}(void) {{ return 1; }}\n'
 
 #: What this process runs with: "features" (MKL chooses by instruction sets), or why not.
 _state = "not asked"
@@ -77,7 +78,7 @@ def wanted(cpuinfo: str, machine: str) -> str | None:
 
 
 def _compiler() -> str | None:
-    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang", "c++", "g++"):
         if name and (found := shutil.which(name)):
             return found
     return None
