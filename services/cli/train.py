@@ -58,6 +58,10 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         raise CliError(describe_validation(exc)) from None
     except (UnknownNameError, HyperparameterError) as exc:
         raise CliError(str(exc)) from None
+    from services.pod import mkl_dispatch  # imported with the package above, before torch
+
+    if error := mkl_dispatch.setting_error():
+        raise CliError(error)
     if cfg.env != env:
         raise CliError(f"the config names env {cfg.env!r} but the command names {env!r}")
 

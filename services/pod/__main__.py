@@ -295,6 +295,10 @@ def preload_allocator() -> int | None:
         configure()
         log.error("bad input", error=str(exc))
         return 2
+    if error := mkl_dispatch.setting_error():
+        configure()
+        log.error("bad input", error=error)
+        return 2
     return None
 
 

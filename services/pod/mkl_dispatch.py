@@ -3,19 +3,21 @@
 torch runs fp32 matmuls through MKL (linked into torch), and MKL picks its kernels by CPU vendor:
 on a CPU that does not say "GenuineIntel" it runs its generic kernels, whatever the CPU can do.
 On an AVX-512 AMD EPYC that made every layer of every network run at a half to a third of the
-rate MKL reaches there with its AVX-512 kernels (docs/benchmarks.md, "The CPU's matmul
-library"). MKL asks one function of its own, ``mkl_serv_intel_cpu_true``, whether the CPU is
-Intel's; a shared library that defines it to answer yes, loaded into the process's global
+rate MKL reaches there with its AVX-512 kernels (docs/benchmarks.md, "How fast is a pod,
+against PureJaxRL"). MKL asks one function of its own, ``mkl_serv_intel_cpu_true``, whether
+the CPU is Intel's; a shared library that defines it to answer yes, loaded into the process's global
 symbol scope before torch is, makes MKL choose its kernels by the instruction sets the CPU
 reports (CPUID), as it does on Intel CPUs. The answer changes which kernels run, never what
 they compute beyond float rounding.
 
 ``use_cpu_features`` does that: ``services/pod/__init__.py`` calls it, so every pod process
 (``python -m services.pod``, the local backend's launcher and the pods it forks, ``podium
-train``, the benches) has it before it imports torch. The library is four lines of C, built
-once with the machine's C compiler into the compile cache's directory (a pod needs a compiler
-for its compiled paths anyway; the pod image has one); without a compiler, or where torch was
-imported first, MKL keeps its own rule and ``state()`` says why.
+train``, the benches, which import it first) has it before it imports torch. The library is
+four lines of C, built once with the machine's C compiler into the compile cache's directory
+(a pod needs a compiler for its compiled paths anyway; the pod image has one); without a
+compiler, or where torch was imported first, MKL keeps its own rule and ``state()`` says why.
+A malformed ``PODIUM_MKL_DISPATCH`` keeps it too, and the pod and ``podium train`` refuse to
+start with it (``setting_error``).
 
 ``PODIUM_MKL_DISPATCH``: ``auto`` (default: by instruction sets on non-Intel x86-64 CPUs that
 have AVX2) or ``vendor`` (MKL's own rule). Torch-free: it must run before torch is imported.
@@ -42,13 +44,19 @@ SOURCE = f'#ifdef __cplusplus\nextern "C"\n#endif\nint {SYMBOL}(void) {{ return 
 
 #: What this process runs with: "features" (MKL chooses by instruction sets), or why not.
 _state = "not asked"
+_error: str | None = None
 
 
 def state() -> str:
     """ "features" where MKL chooses its kernels by the CPU's instruction sets in this process,
-    else MKL's own rule with the reason ("vendor: ..."); logged by the pod at start and part of
-    the layers' kept costs (services/pod/algorithms/linear.py)."""
+    else MKL's own rule with the reason ("vendor: ..."); logged by the pod at start."""
     return _state
+
+
+def setting_error() -> str | None:
+    """Why ``PODIUM_MKL_DISPATCH`` as this process started with it cannot be used, or None:
+    the pod and ``podium train`` refuse to start with it (the package's import cannot)."""
+    return _error
 
 
 def choice(environ: dict[str, str] | None = None) -> str:
@@ -127,10 +135,16 @@ def build(directory: Path, compiler: str) -> Path:
 
 def use_cpu_features(environ: dict[str, str] | None = None) -> str:
     """Let MKL choose its kernels by the CPU's instruction sets in this process, where this
-    CPU and the setting want it and torch is not imported yet; returns ``state()``. Raises
-    ValueError for a malformed setting; anything else leaves MKL's own rule, with the reason."""
-    global _state
-    if choice(environ) == "vendor":
+    CPU and the setting want it and torch is not imported yet; returns ``state()``. Anything
+    else leaves MKL's own rule, with the reason (a malformed setting: ``setting_error()``)."""
+    global _state, _error
+    try:
+        wish = choice(environ)
+    except ValueError as error:
+        _error, wish = str(error), "vendor"
+    if _error is not None:
+        _state = f"vendor: {_error}"
+    elif wish == "vendor":
         _state = f"vendor: {SETTING}=vendor"
     elif "torch" in sys.modules:
         _state = "vendor: torch was imported before the pod's package"

@@ -37,6 +37,30 @@ def test_the_setting_is_checked() -> None:
         mkl_dispatch.choice({mkl_dispatch.SETTING: "fast"})
 
 
+def test_a_malformed_setting_is_refused_at_start(tmp_path: Path) -> None:
+    """The pod and ``podium train`` exit with a message naming the setting, not a traceback
+    (the package's import, where it is read, keeps MKL's own rule)."""
+    env = {**os.environ, mkl_dispatch.SETTING: "fast", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    for command in (
+        ["-m", "services.pod", "--experiment", "e", "--pod-id", "p"],
+        ["-m", "services.cli", "train", "CartPole-v1", "--out", str(tmp_path / "run")],
+    ):
+        done = subprocess.run(
+            [sys.executable, *command],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        output = done.stdout + done.stderr
+        assert done.returncode == 2, output[-2000:]
+        assert f"{mkl_dispatch.SETTING} must be one of auto, vendor; got 'fast'" in output
+        assert "Traceback" not in output
+    assert not (tmp_path / "run").exists()
+
+
 def _compiler() -> str:
     compiler = mkl_dispatch._compiler()
     if compiler is None:
