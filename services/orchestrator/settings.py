@@ -123,6 +123,14 @@ class OrchestratorSettings(PodiumSettings):
         "docs/benchmarks.md); system: the system's; or the absolute path of an allocator's "
         "shared library.",
     )
+    pod_mkl_dispatch: Literal["auto", "vendor"] = Field(
+        default="auto",
+        description="How MKL, torch's CPU matmul library, picks its kernels in the pods "
+        "(services/pod/mkl_dispatch.py; handed to each pod and the pod launcher as "
+        "PODIUM_POD_MKL_DISPATCH). auto: by the CPU's instruction sets, on non-Intel x86-64 CPUs "
+        "too (MKL's own rule runs its generic kernels there, at a third to a half of the "
+        "rate: docs/benchmarks.md); vendor: MKL's own rule.",
+    )
     pod_memory_limit: Literal["auto", "cgroup", "watch", "off"] = Field(
         default="auto",
         description="Local backend: how each pod is held to its spec's resources.memory "

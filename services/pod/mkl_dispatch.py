@@ -16,10 +16,10 @@ train``, the benches, which import it first) has it before it imports torch. The
 four lines of C, built once with the machine's C compiler into the compile cache's directory
 (a pod needs a compiler for its compiled paths anyway; the pod image has one); without a
 compiler, or where torch was imported first, MKL keeps its own rule and ``state()`` says why.
-A malformed ``PODIUM_MKL_DISPATCH`` keeps it too, and the pod and ``podium train`` refuse to
+A malformed ``PODIUM_POD_MKL_DISPATCH`` keeps it too, and the pod and ``podium train`` refuse to
 start with it (``setting_error``).
 
-``PODIUM_MKL_DISPATCH``: ``auto`` (default: by instruction sets on non-Intel x86-64 CPUs that
+``PODIUM_POD_MKL_DISPATCH``: ``auto`` (default: by instruction sets on non-Intel x86-64 CPUs that
 have AVX2) or ``vendor`` (MKL's own rule). Torch-free: it must run before torch is imported.
 """
 
@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-SETTING = "PODIUM_MKL_DISPATCH"
+SETTING = "PODIUM_POD_MKL_DISPATCH"
 CHOICES = ("auto", "vendor")
 SYMBOL = "mkl_serv_intel_cpu_true"
 # C, or C++ where the machine has only a C++ compiler (the name unmangled either way).
@@ -54,13 +54,13 @@ def state() -> str:
 
 
 def setting_error() -> str | None:
-    """Why ``PODIUM_MKL_DISPATCH`` as this process started with it cannot be used, or None:
+    """Why ``PODIUM_POD_MKL_DISPATCH`` as this process started with it cannot be used, or None:
     the pod and ``podium train`` refuse to start with it (the package's import cannot)."""
     return _error
 
 
 def choice(environ: dict[str, str] | None = None) -> str:
-    """The ``PODIUM_MKL_DISPATCH`` setting; raises ValueError naming it for anything else."""
+    """The ``PODIUM_POD_MKL_DISPATCH`` setting; raises ValueError naming it for anything else."""
     value = (os.environ if environ is None else environ).get(SETTING, "auto").strip() or "auto"
     if value not in CHOICES:
         raise ValueError(f"{SETTING} must be one of {', '.join(CHOICES)}; got {value!r}")

@@ -2,10 +2,10 @@
 chart runs it (its non-root user, read-only root, all capabilities dropped, /tmp a tmpfs, a
 writable compile cache directory).
 
-- In the image, ``compile: on`` trains CartPole with the compiled trainer, preloading tcmalloc,
-  and logs its compile seconds; a second pod with the same cache directory loads what the first
-  compiled (no file added to the cache, a fraction of the compile seconds) instead of
-  compiling.
+- In the image, ``compile: on`` trains CartPole with the compiled trainer, preloading tcmalloc
+  and with MKL choosing its kernels by the CPU's instruction sets, and logs its compile
+  seconds; a second pod with the same cache directory loads what the first compiled (no file
+  added to the cache, a fraction of the compile seconds) instead of compiling.
 - Through the Kubernetes backend (the in-test API server, its kubelet running every Pod as
   containers of the image, each with its own emptyDir cache), a 4-pod ``compile: on`` tournament
   compiles once: one pod compiles and publishes, three load, and their compile seconds together
@@ -17,6 +17,7 @@ writable compile cache directory).
 from __future__ import annotations
 
 import json
+import platform
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from services.contracts.bundles import files_under
+from services.pod import mkl_dispatch
 from services.pod.runtime.compile_share import SKIP
 from tests.containers.conftest import Docker
 from tests.containers.test_platform import TOKEN, Service, run_experiment, spec, start_stack
@@ -113,6 +115,10 @@ def test_the_pod_image_trains_compiled_and_a_second_pod_loads_the_cache(
     cold = train_in_image(docker, images["pod"], host_leaderboard, "cold", "p0", cache)
     [started] = named(cold, "pod started")
     assert started["malloc"] == "tcmalloc", started  # preloaded by the pod itself
+    # MKL's kernels by the CPU's instruction sets (services/pod/mkl_dispatch.py): built with
+    # the image's compiler into the pod's cache volume (the root is read-only).
+    reason = mkl_dispatch.wanted(Path("/proc/cpuinfo").read_text(), platform.machine())
+    assert started["mkl_dispatch"] == ("features" if reason is None else f"vendor: {reason}")
     [chosen] = named(cold, "trainer.chosen")
     assert chosen["compiled"] is True, chosen  # a compiler in the image: not the eager loop
     assert compile_work(cold)["built"] > 0, named(cold, "compile.done")

@@ -222,10 +222,14 @@ def test_the_compile_cache_claim_is_the_pods_cache(
     PODIUM_COMPILE_CACHE_DIR points (services/pod/runtime/compile_cache.py); unset, an emptyDir
     of the Pod (the experiment's pods share through the leaderboard). The pod writes
     TensorBoard files into an emptyDir of its own, and is told the allocator to preload
-    (``pod_malloc``)."""
+    (``pod_malloc``) and how MKL picks its kernels (``pod_mkl_dispatch``)."""
     for claim in (None, "podium-compile-cache"):
         s = k8s_settings.model_copy(
-            update={"k8s_compile_cache_claim": claim, "pod_malloc": "system"}
+            update={
+                "k8s_compile_cache_claim": claim,
+                "pod_malloc": "system",
+                "pod_mkl_dispatch": "vendor",
+            }
         )
         m = pod_manifest(s, NS, request(), owner_uid="u")
         validate(m)
@@ -239,6 +243,7 @@ def test_the_compile_cache_claim_is_the_pods_cache(
         mounts = {v["name"]: v["mountPath"] for v in c["volumeMounts"]}
         assert env["PODIUM_COMPILE_CACHE_DIR"] == mounts["compile-cache"]
         assert env["PODIUM_POD_MALLOC"] == "system"
+        assert env["PODIUM_POD_MKL_DISPATCH"] == "vendor"
         assert env["PODIUM_TENSORBOARD_DIR"] == mounts["tensorboard"]
 
 

@@ -1,7 +1,8 @@
 """The local backend starts its pods with the orchestrator's ``pod_malloc`` preloaded
 (services/malloc.py): the pod launcher (so every pod forked from it) and pods started as new
 interpreters; a pod logs the allocator it runs with. Real pods, a real launcher; a copy of zlib
-named like tcmalloc where this machine has no real allocator (tests/test_malloc.py says why)."""
+named like tcmalloc where this machine has no real allocator (tests/test_malloc.py says why).
+The same pods are told how MKL picks its kernels (``pod_mkl_dispatch``)."""
 
 from __future__ import annotations
 
@@ -141,3 +142,18 @@ def test_with_auto_a_forked_pod_runs_with_and_logs_the_real_allocator(
     line = wait_for(lambda: started_line(backend, "p1"), timeout=60)
     assert line["malloc"] == REAL.name
     assert os.path.samefile(line["malloc_library"], REAL.library)
+
+
+def test_pods_and_the_launcher_are_told_pod_mkl_dispatch(
+    backends: Callable[..., LocalBackend],
+) -> None:
+    """Read before torch in each pod process (services/pod/mkl_dispatch.py), so it must be in
+    the environment a pod, or the launcher it is forked from, starts with."""
+    forked = backends(pod_command=None, pod_mkl_dispatch="vendor")
+    assert forked.launcher is not None
+    launcher = psutil.Process(forked.launcher.pid)
+    assert launcher.environ()["PODIUM_POD_MKL_DISPATCH"] == "vendor"
+    backend = backends(pod_mkl_dispatch="vendor")  # the stand-in pod command: a new process
+    backend.create_pod(PodRequest("e1", "p1", json.dumps(spec()), Res(1, 0, 1 << 30), {}))
+    process = psutil.Process(record(backend.root.parent, "e1", "p1")["pid"])
+    assert process.environ()["PODIUM_POD_MKL_DISPATCH"] == "vendor"

@@ -11,7 +11,8 @@
 - The pod writes its TensorBoard files into an emptyDir at ``TENSORBOARD_DIR`` and uploads
   them, and its last log lines, to the leaderboard's blob store as it runs and before it exits
   (services/pod/runtime/pod_files.py): nothing a user reads is lost with the Pod.
-  ``PODIUM_POD_MALLOC`` (``pod_malloc``) is the allocator the pod preloads.
+  ``PODIUM_POD_MALLOC`` (``pod_malloc``) is the allocator the pod preloads,
+  ``PODIUM_POD_MKL_DISPATCH`` (``pod_mkl_dispatch``) how MKL picks its kernels in it.
 - The GPU: ``nvidia.com/gpu`` limits with the NVIDIA device plugin, or, with
   ``k8s_gpu_claim_template`` set, a DRA ResourceClaim from that template that the container
   references.
@@ -175,6 +176,7 @@ def pod_manifest(
         {"name": "PODIUM_CPU", "value": f"{r.cpu:g}"},
         {"name": "PODIUM_GPUS", "value": str(r.gpus)},
         {"name": "PODIUM_POD_MALLOC", "value": settings.pod_malloc},
+        {"name": "PODIUM_POD_MKL_DISPATCH", "value": settings.pod_mkl_dispatch},
         {"name": "PODIUM_COMPILE_CACHE_DIR", "value": COMPILE_CACHE_DIR},
         {"name": "PODIUM_TENSORBOARD_DIR", "value": TENSORBOARD_DIR},
     ]

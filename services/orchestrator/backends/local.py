@@ -127,7 +127,9 @@ class LocalBackend(Backend):
         # Linux only: forking a process that loaded torch is not safe everywhere (macOS).
         launcher = settings.pod_launcher and settings.pod_command is None
         self.launcher = (
-            PodLauncher(malloc_library=library) if launcher and sys.platform == "linux" else None
+            PodLauncher(malloc_library=library, mkl_dispatch=settings.pod_mkl_dispatch)
+            if launcher and sys.platform == "linux"
+            else None
         )
         # Each pod held to its spec's memory (raises where pod_memory_limit cannot be had).
         self.memory = pod_memory(settings.pod_memory_limit)
@@ -206,6 +208,7 @@ class LocalBackend(Backend):
             "PODIUM_GPUS": str(req.resources.gpus),
             # Preloaded below already; said too, so that the pod does not choose another.
             "PODIUM_POD_MALLOC": self.settings.pod_malloc,
+            "PODIUM_POD_MKL_DISPATCH": self.settings.pod_mkl_dispatch,
             # Each pod sees only its own GPUs (none for a CPU pod).
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         }

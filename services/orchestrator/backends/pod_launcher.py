@@ -70,10 +70,16 @@ class PodLauncher:
     READY_TIMEOUT_S = 120.0  # importing torch on a loaded machine; then fall back
     ANSWER_TIMEOUT_S = 30.0  # a fork answers in milliseconds: longer means the launcher hangs
 
-    def __init__(self, python: str = sys.executable, malloc_library: Path | None = None) -> None:
+    def __init__(
+        self,
+        python: str = sys.executable,
+        malloc_library: Path | None = None,
+        mkl_dispatch: str = "auto",
+    ) -> None:
         """``malloc_library``: the allocator preloaded into the launcher (services/malloc.py
         ``resolve`` of ``pod_malloc``), so into every pod forked from it (a fork keeps its
-        parent's allocator); None: the system's malloc."""
+        parent's allocator); None: the system's malloc. ``mkl_dispatch``: the pods'
+        ``PODIUM_POD_MKL_DISPATCH`` (a fork keeps what its launcher's import chose)."""
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._next_id = 0
@@ -86,6 +92,7 @@ class PodLauncher:
         env = preload(
             {k: v for k, v in os.environ.items() if k not in PLATFORM_SECRETS}, malloc_library
         )
+        env["PODIUM_POD_MKL_DISPATCH"] = mkl_dispatch
         self._proc = subprocess.Popen(
             [python, "-m", "services.pod.runtime.launcher"],
             stdin=subprocess.PIPE,
