@@ -29,6 +29,11 @@ from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
+
+# The pod's package before torch: it lets MKL choose its kernels by instruction sets.
+import services.pod  # noqa: F401
+
+# isort: split
 import torch
 
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX

@@ -31,6 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The pod's package before torch: it lets MKL choose its kernels by instruction sets.
+import services.pod  # noqa: F401
+
+# isort: split
 import torch
 
 from services.pod.config import PPORunConfig

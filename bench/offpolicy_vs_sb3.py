@@ -18,6 +18,11 @@ import functools
 import os
 
 import numpy as np
+
+# The pod's package before torch: it lets MKL choose its kernels by instruction sets.
+import services.pod  # noqa: F401
+
+# isort: split
 import torch
 from sb3_timing import compare, machine, timed_learn, timed_podium
 

@@ -42,6 +42,10 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The pod's package before torch: it lets MKL choose its kernels by instruction sets.
+import services.pod  # noqa: F401
+
+# isort: split
 import torch
 
 from services.contracts.search_space import sample_space

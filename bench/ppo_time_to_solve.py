@@ -28,6 +28,10 @@ from __future__ import annotations
 import argparse
 import functools
 
+# The pod's package before torch: it lets MKL choose its kernels by instruction sets.
+import services.pod  # noqa: F401
+
+# isort: split
 import torch
 from sb3_timing import compare, machine, timed_learn, timed_podium
 

@@ -26,6 +26,10 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The pod's package before torch: it lets MKL choose its kernels by instruction sets.
+import services.pod  # noqa: F401
+
+# isort: split
 import torch
 
 from services.cli.overrides import parse_set

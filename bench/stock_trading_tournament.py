@@ -41,6 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# The pod's package before torch: it lets MKL choose its kernels by instruction sets.
+import services.pod  # noqa: F401
+
+# isort: split
 import torch
 from pydantic import TypeAdapter
 
