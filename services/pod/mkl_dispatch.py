@@ -36,9 +36,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from services.pod.runtime.compile_cache import CACHE_DIR
+
 SETTING = "PODIUM_POD_MKL_DISPATCH"
 CHOICES = ("auto", "vendor")
 SYMBOL = "mkl_serv_intel_cpu_true"
+#: The compile cache's subdirectory the library is built in: the pod's own, never published
+#: with the cache's graphs (services/pod/runtime/compile_share.py ``SKIP``).
+DIRECTORY = "podium-native"
 # C, or C++ where the machine has only a C++ compiler (the name unmangled either way).
 SOURCE = f'#ifdef __cplusplus\nextern "C"\n#endif\nint {SYMBOL}(void) {{ return 1; }}\n'
 
@@ -95,11 +100,11 @@ def _compiler() -> str | None:
 def _directory() -> Path:
     """A directory of its own in the compile cache (the operator's, the pod's, else inductor's
     default): a pod can write and load libraries there."""
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.environ.get("PODIUM_COMPILE_CACHE_DIR")
+    cache = os.environ.get(CACHE_DIR) or os.environ.get("PODIUM_COMPILE_CACHE_DIR")
     if not cache:
         user = "".join(c if c.isalnum() else "_" for c in os.environ.get("USER", str(os.getuid())))
         cache = str(Path(tempfile.gettempdir()) / f"torchinductor_{user}")
-    return Path(cache) / "podium-native"
+    return Path(cache) / DIRECTORY
 
 
 def build(directory: Path, compiler: str) -> Path:
@@ -133,13 +138,13 @@ def build(directory: Path, compiler: str) -> Path:
     return path
 
 
-def use_cpu_features(environ: dict[str, str] | None = None) -> str:
+def use_cpu_features() -> str:
     """Let MKL choose its kernels by the CPU's instruction sets in this process, where this
     CPU and the setting want it and torch is not imported yet; returns ``state()``. Anything
     else leaves MKL's own rule, with the reason (a malformed setting: ``setting_error()``)."""
     global _state, _error
     try:
-        wish = choice(environ)
+        wish = choice()
     except ValueError as error:
         _error, wish = str(error), "vendor"
     if _error is not None:

@@ -55,6 +55,7 @@ from services.contracts.artifacts import (
 )
 from services.contracts.bundles import BundleError, files_under, pack, unpack
 from services.logs import get_logger
+from services.pod import mkl_dispatch
 from services.pod.config import RunConfig
 from services.pod.runtime.compile_cache import TMP
 from services.pod.training.trainer import algorithm_card
@@ -74,7 +75,7 @@ RENEWAL_TIMEOUT = 0.4
 #: this cache's pod): a pod that claims a key its cache already holds publishes them at once.
 INDEX = "podium-share"
 #: The cache's directories that hold no program: inductor's locks, temporary files, the index.
-SKIP = ("locks", TMP, INDEX)
+SKIP = ("locks", TMP, INDEX, mkl_dispatch.DIRECTORY)
 _CODE = Path(__file__).resolve().parents[1]  # services/pod: the code that is compiled
 
 
