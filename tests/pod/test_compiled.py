@@ -12,6 +12,7 @@ shares inductor's); the sweep over every env, one agent and two, is ``nightly``.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -429,3 +430,37 @@ def test_a_built_graph_is_called_without_dynamo_while_its_guards_pass() -> None:
     torch._dynamo.reset()  # as a fresh process: its graphs are built again
     assert program(x.device, x, 2).tolist() == [2.0, 2.0]
     assert len(calls) == 3
+
+
+def test_a_bound_program_runs_its_graph_without_guards_until_the_objects_change(
+    monkeypatch,
+) -> None:
+    """A trainer binds each program: once bound, a call with the same objects (its shape,
+    env, counts) and grad mode runs the graph without checking its guards; another object or
+    grad mode finds (or builds) its own graph through the guards, never the bound one."""
+    program = Program(lambda x, k: x * k, "bound")
+    looked_up: list[tuple] = []
+    graph_for = program._graph_for
+    monkeypatch.setattr(program, "_graph_for", lambda a: looked_up.append(a) or graph_for(a))
+    bound = program.bind(torch.device("cpu"))
+    x = torch.ones(2)
+
+    def lookups(call) -> int:
+        before = len(looked_up)
+        call()
+        return len(looked_up) - before
+
+    def check(k: int, value: float = 1.0) -> None:
+        assert bound(torch.full((2,), value), k).tolist() == [k * value] * 2
+
+    assert lookups(lambda: check(2)) > 0  # compiles
+    assert lookups(lambda: check(2)) == 1  # finds the graph through its guards: bound
+    for value in (3.0, 5.0):  # new values, the same kind of tensor: the bound graph
+        assert lookups(functools.partial(check, 2, value)) == 0
+    assert lookups(lambda: check(3)) > 0  # another constant: its own graph
+    assert lookups(lambda: check(3)) == 1
+    assert lookups(lambda: check(3)) == 0
+    assert lookups(lambda: check(2)) == 1  # the first graph, found again
+    with torch.no_grad():
+        assert lookups(lambda: check(2)) > 0
+    assert bound(x, 2).tolist() == [2.0, 2.0]

@@ -39,10 +39,20 @@ def adam_(
     exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1 - b2)
     # The bias corrections in the weights' precision (torch's Adam takes them in double).
     t = steps.to(params.dtype)
-    bias1 = 1 - torch.pow(b1, t)
-    bias2 = 1 - torch.pow(b2, t)
-    denom = (exp_avg_sq.sqrt() / bias2.sqrt().unsqueeze(1)).add_(eps)
-    params.sub_((lr / bias1).unsqueeze(1) * exp_avg / denom)
+    step_size = _per_agent(lr / (1 - torch.pow(b1, t)))
+    root = _per_agent((1 - torch.pow(b2, t)).sqrt())
+    denom = (exp_avg_sq.sqrt() / root.unsqueeze(1)).add_(eps)
+    params.sub_(step_size.unsqueeze(1) * exp_avg / denom)
+
+
+def _per_agent(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (P,), computed once per agent. Compiled for a CPU, inductor would fold it into
+    the loop over each agent's row and compute it again (two powers, a root) for every
+    vector of the row, a third of a small network's Adam step; a reduction is a buffer of
+    its own, so ``x`` goes through one (the largest of two copies of itself)."""
+    if x.device.type == "cpu" and torch.compiler.is_compiling():
+        return x.unsqueeze(-1).expand(*x.shape, 2).amax(-1)
+    return x
 
 
 def clip_rows(grad: torch.Tensor, max_norm: torch.Tensor) -> torch.Tensor:

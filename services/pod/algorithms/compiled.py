@@ -274,7 +274,8 @@ class Program:
             )
         return self._compiled[device.type]
 
-    def __call__(self, device: torch.device, *args: Any) -> Any:
+    def _graph_for(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
+        """The code dynamo runs for the compiled graph whose guards ``args`` pass, or None."""
         frame = {**self._unpassed, **dict(zip(self._names, args, strict=False))}
         # Dynamo's cache as it is now (a ``torch._dynamo.reset`` empties it: compile anew).
         entries = _cache_entries()(self.fn.__code__)
@@ -287,14 +288,70 @@ class Program:
                         entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
                     )
                     self._runs[entry.code] = run
-                return run(*args)
+                return run
         if not entries:
             self._runs.clear()  # the code of graphs a reset dropped
+        return None
+
+    def __call__(self, device: torch.device, *args: Any) -> Any:
+        run = self._graph_for(args)
+        if run is not None:
+            return run(*args)
         try:
             return self._for(device)(*args)
         except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types
             reason = f"{self.name}: {type(exc).__name__}: {str(exc).strip()[:300]}"
             raise CompileFailedError(reason) from exc
+
+    def bind(self, device: torch.device) -> BoundProgram:
+        """This program for one caller that passes the same kind of arguments on every call
+        (``BoundProgram``)."""
+        return BoundProgram(self, device)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and type(a) in (int, float, str) and a == b)
+
+
+class BoundProgram:
+    """A ``Program`` for one caller whose calls differ only in tensor values: the same
+    objects for every argument that is neither a tensor nor a container (a trainer's shape,
+    env, counts) and tensors of the same shapes, strides, dtypes and devices inside the
+    containers (a trainer's state, updated in place or replaced by its like), in the same
+    grad mode. The first call compiles (or finds) the graph, the second checks the guards
+    once more and keeps that graph; every later call runs it without checking guards, which
+    for a trainer's programs (hundreds of guards over its shape's fields and tens of
+    tensors) cost a tenth of a small program's call (docs/benchmarks.md). A call with other
+    objects or in the other grad mode goes through the guards again. Shapes and strides stay
+    checked by the compiled code itself."""
+
+    def __init__(self, program: Program, device: torch.device) -> None:
+        self.program, self.device = program, device
+        self._run: Callable[..., Any] | None = None
+        #: The arguments' count and, by position, the objects the graph was bound with.
+        self._count = -1
+        self._grad = True
+        self._objects: tuple[tuple[int, Any], ...] = ()
+
+    def __call__(self, *args: Any) -> Any:
+        run = self._run
+        if (
+            run is not None
+            and len(args) == self._count
+            and torch.is_grad_enabled() is self._grad
+            and all(_same(args[i], obj) for i, obj in self._objects)
+        ):
+            return run(*args)
+        run = self._run = self.program._graph_for(args)
+        if run is None:
+            return self.program(self.device, *args)
+        self._count, self._grad = len(args), torch.is_grad_enabled()
+        self._objects = tuple(
+            (i, a)
+            for i, a in enumerate(args)
+            if not isinstance(a, (torch.Tensor, dict, list, tuple))
+        )
+        return run(*args)
 
 
 @functools.cache

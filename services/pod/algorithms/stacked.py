@@ -30,7 +30,7 @@ from torch import nn
 from torch.func import functional_call
 
 from services.pod.algorithms.adam import BatchedAdam, adam_, clip_rows
-from services.pod.algorithms.compiled import Graphed, Program
+from services.pod.algorithms.compiled import BoundProgram, Graphed, Program
 from services.pod.algorithms.counter_random import uniform
 from services.pod.algorithms.flat import Layout, flat_rows
 from services.pod.algorithms.noise import ActionNoise
@@ -229,6 +229,8 @@ class KStep:
             "slot_updates": torch.zeros(stack.size, dtype=torch.int64, device=device),
         }
         self._graphs: dict[Hashable, Graphed] = {}
+        #: The update program for each kind of update (``delayed`` or not): one graph each.
+        self._programs: dict[bool, BoundProgram] = {}
         #: The kinds of update (``delayed`` or not) that ran compiled: the programs built.
         self.compiled_kinds: set[bool] = set()
 
@@ -247,7 +249,9 @@ class KStep:
             self.filled,
         )
         if compiled:
-            out = stack.update(self.device, *args)
+            if delayed not in self._programs:
+                self._programs[delayed] = stack.update.bind(self.device)
+            out = self._programs[delayed](*args)
             self.compiled_kinds.add(delayed)
             return out
         return stack.update.fn(*args)

@@ -17,7 +17,7 @@ import torch
 
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.pod.algorithms import ppo
-from services.pod.algorithms.compiled import CompileFailedError, Graphed, Program
+from services.pod.algorithms.compiled import BoundProgram, CompileFailedError, Graphed, Program
 from services.pod.algorithms.policies import mode
 from services.pod.algorithms.ppo import PPO
 from services.pod.algorithms.stacked import KStep, Stack, StackedReplay
@@ -89,6 +89,7 @@ class PPOLearner:
             self.carry = start_carry(shape, None, obs, self.state["seed"])
         self._parts: dict[bool, tuple[Callable, Callable, Callable]] = {}
         self._graph: Graphed | None = None
+        self._evaluate: BoundProgram | None = None
 
     def _programs(self, compiled: bool) -> tuple[Callable, Callable, Callable]:
         """The iteration's parts, eager or compiled: the rollout, the batch, the update."""
@@ -99,16 +100,17 @@ class PPOLearner:
         chunk = shape.num_steps
         if compiled and self.fn is not None:
             chunk = chunk_length(shape.num_steps)
+            chunk_program = _CHUNK.bind(device)
 
             def chunk_fn(*args: Any) -> Any:
-                return _CHUNK(device, shape, env, *args, chunk)
+                return chunk_program(shape, env, *args, chunk)
         else:
             chunk_fn = functools.partial(rollout, shape, env, steps=chunk)
         batch_fn: Callable = ppo.batch
         update_fn: Callable = ppo.minibatch_update
         if compiled:
-            batch_fn = functools.partial(_BATCH, device)
-            update_fn = functools.partial(_UPDATE, device)
+            batch_fn = _BATCH.bind(device)
+            update_fn = _UPDATE.bind(device)
         run = functools.partial(collect, shape, chunk_fn=chunk_fn, chunk=chunk)
         self._parts[compiled] = (run, batch_fn, update_fn)
         return self._parts[compiled]
@@ -159,7 +161,9 @@ class PPOLearner:
         if isinstance(env, FunctionalEnv):
             state = self.state
             args = (self.shape, env, state["params"], state["obs_mean"], state["obs_var"], start)
-            steps = functools.partial(_EVALUATE, self.device) if compiled else greedy_steps
+            if compiled and self._evaluate is None:
+                self._evaluate = _EVALUATE.bind(self.device)
+            steps = self._evaluate if compiled else greedy_steps
             return results(*greedy_scores(*args, steps))
         return evaluate_groups(env, self.act, groups=self.size, seed=seed)
 

@@ -187,9 +187,9 @@ def collect(
     divisor of it): the buffers (T, P, N, ...) and ``next_obs`` (P, N, D), normalised."""
     stats = {"obs_mean": state["obs_mean"], "obs_var": state["obs_var"]}
     parts: list[dict[str, torch.Tensor]] = []
-    starts = torch.arange(0, shape.num_steps, chunk, device=state["seed"].device)
-    for i in range(shape.num_steps // chunk):
-        counter = (state["seed"], state["iteration"], starts[i] if chunk < shape.num_steps else 0)
+    starts = torch.arange(0, shape.num_steps, chunk, device=state["seed"].device).unbind()
+    for start in starts if chunk < shape.num_steps else (0,):
+        counter = (state["seed"], state["iteration"], start)
         carry, part = chunk_fn(state["params"], stats, carry, counter, hp["gamma"])
         parts.append(part)
     roll = parts[0] if len(parts) == 1 else {k: torch.cat([x[k] for x in parts]) for k in parts[0]}
