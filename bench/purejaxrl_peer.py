@@ -816,7 +816,14 @@ def main() -> None:
             os.sched_setaffinity(int(thread), {args.core})
     torch.set_num_threads(1)
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo if "model name" in ln), "?")
+    field = lambda name: next(  # noqa: E731
+        (ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.split(":")[0].strip() == name), "?"
+    )
+    # The model name alone does not tell CPU generations apart (one "AMD EPYC" has AVX-512,
+    # another AVX2 only, at half the speed for both sides).
+    flags = field("flags").split()
+    isa = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "no AVX")
+    cpu = f"{field('model name')} (family {field('cpu family')} model {field('model')}, {isa})"
     machine = (
         f"{cpu}, {os.cpu_count()} cores, pinned to {sorted(os.sched_getaffinity(0))}, "
         f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, "
