@@ -295,8 +295,10 @@ class Program:
 
     def __call__(self, device: torch.device, *args: Any) -> Any:
         run = self._graph_for(args)
-        if run is not None:
-            return run(*args)
+        return run(*args) if run is not None else self._compile(device, args)
+
+    def _compile(self, device: torch.device, args: tuple[Any, ...]) -> Any:
+        """Call through dynamo, which compiles (or finds) the graph for ``args``."""
         try:
             return self._for(device)(*args)
         except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types
@@ -344,7 +346,7 @@ class BoundProgram:
             return run(*args)
         run = self._run = self.program._graph_for(args)
         if run is None:
-            return self.program(self.device, *args)
+            return self.program._compile(self.device, args)
         self._count, self._grad = len(args), torch.is_grad_enabled()
         self._objects = tuple(
             (i, a)

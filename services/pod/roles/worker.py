@@ -187,8 +187,10 @@ def collect(
     divisor of it): the buffers (T, P, N, ...) and ``next_obs`` (P, N, D), normalised."""
     stats = {"obs_mean": state["obs_mean"], "obs_var": state["obs_var"]}
     parts: list[dict[str, torch.Tensor]] = []
-    starts = torch.arange(0, shape.num_steps, chunk, device=state["seed"].device).unbind()
-    for start in starts if chunk < shape.num_steps else (0,):
+    starts: tuple[torch.Tensor | int, ...] = (0,)
+    if chunk < shape.num_steps:
+        starts = torch.arange(0, shape.num_steps, chunk, device=state["seed"].device).unbind()
+    for start in starts:
         counter = (state["seed"], state["iteration"], start)
         carry, part = chunk_fn(state["params"], stats, carry, counter, hp["gamma"])
         parts.append(part)
