@@ -35,6 +35,7 @@ from services.pod.algorithms.compiled import (
     per_agent,
 )
 from services.pod.config import PPORunConfig
+from services.pod.roles.learner import chunk_length
 from services.pod.runtime.metrics import PodMetrics
 from services.pod.training.onpolicy import OnPolicyTrainer
 from services.pod.training.presets import preset
@@ -464,3 +465,16 @@ def test_a_bound_program_runs_its_graph_without_guards_until_the_objects_change(
     with torch.no_grad():
         assert lookups(lambda: check(2)) > 0
     assert bound(x, 2).tolist() == [2.0, 2.0]
+
+
+def test_a_rollout_call_unrolls_fewer_steps_where_a_vector_step_is_many_envs() -> None:
+    """The compile grows with the steps a call of the rollout unrolls, and a call's host time
+    counts only against a few sub-environments' step: the most steps (8) below 16 sub-envs of
+    all agents, half as many from there on; always a divisor of the iteration's steps."""
+    assert chunk_length(128, 4) == 8  # PureJaxRL's CartPole recipe, one agent
+    assert chunk_length(128, 15) == 8
+    assert chunk_length(16, 16) == 4  # the CartPole preset
+    assert chunk_length(16, 4 * 4) == 4  # four agents of four envs
+    assert chunk_length(10, 2048) == 2  # PureJaxRL's Pendulum recipe: 10's divisors
+    assert chunk_length(6, 4) == 6
+    assert chunk_length(7, 64) == 1

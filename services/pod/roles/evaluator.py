@@ -87,10 +87,10 @@ def start_states(
 
 #: Steps after which an evaluation of an env without a time limit stops.
 MAX_EVAL_STEPS = 10_000
-#: Steps per call of the evaluation program: the host checks between calls whether any
-#: episode still runs (a ``while_loop`` would need no check, but inductor's graph cache cannot
-#: keep one, so every process would compile it again).
-EVAL_CHUNK = 16
+#: Steps per call of the evaluation program, few: the compile grows with the steps a call
+#: unrolls, and evaluations are seldom. The host checks between calls whether any episode still
+#: runs (inductor's graph cache cannot keep a ``while_loop``: each process would compile it).
+EVAL_CHUNK = 4
 Carry = tuple[torch.Tensor, ...]
 
 

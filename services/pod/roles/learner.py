@@ -35,9 +35,10 @@ from services.pod.roles.evaluator import (
 )
 from services.pod.roles.worker import Carry, HostStep, collect, rollout, start_carry
 
-#: Rollout steps per compiled call: a call costs tens of microseconds of host time whatever it
-#: computes, while the compile grows with the steps (docs/benchmarks.md).
-ROLLOUT_CHUNK = 8
+#: Rollout steps per compiled call: a call costs tens of microseconds of host time, while the
+#: compile grows with the steps it unrolls (docs/benchmarks.md): the most for a few sub-envs'
+#: steps, half as many from ``MANY_ENVS`` (all agents') on, where that cost is small beside them.
+ROLLOUT_CHUNK, MANY_ENVS = 8, 16
 
 # The programs, module-level: every trainer of the same shape in a process (a PBT child's,
 # a restarted slot's) reuses them.
@@ -47,9 +48,11 @@ _UPDATE = Program(ppo.minibatch_update, "minibatch_update")
 _EVALUATE = Program(greedy_steps, "evaluate")
 
 
-def chunk_length(num_steps: int) -> int:
-    """Steps per call of the rollout program: ``num_steps``' largest divisor <= ROLLOUT_CHUNK."""
-    return max(k for k in range(1, min(ROLLOUT_CHUNK, num_steps) + 1) if not num_steps % k)
+def chunk_length(num_steps: int, envs: int) -> int:
+    """Steps per call of the rollout program: ``num_steps``' largest divisor <= the most for
+    ``envs`` sub-environments in all."""
+    most = min(ROLLOUT_CHUNK if envs < MANY_ENVS else ROLLOUT_CHUNK // 2, num_steps)
+    return max(k for k in range(1, most + 1) if not num_steps % k)
 
 
 class PPOLearner:
@@ -99,7 +102,7 @@ class PPOLearner:
         env = self.fn if self.fn is not None else self.host
         chunk = shape.num_steps
         if compiled and self.fn is not None:
-            chunk = chunk_length(shape.num_steps)
+            chunk = chunk_length(shape.num_steps, shape.agents * shape.num_envs)
             chunk_program = _CHUNK.bind(device)
 
             def chunk_fn(*args: Any) -> Any:
