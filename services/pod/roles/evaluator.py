@@ -87,9 +87,8 @@ def start_states(
 
 #: Steps after which an evaluation of an env without a time limit stops.
 MAX_EVAL_STEPS = 10_000
-#: Steps per call of the evaluation program, few: the compile grows with the steps a call
-#: unrolls, and evaluations are seldom. The host checks between calls whether any episode still
-#: runs (inductor's graph cache cannot keep a ``while_loop``: each process would compile it).
+#: Steps per call of the evaluation program, few: the compile grows with them, evaluations are
+#: seldom. The host checks between calls whether any episode runs (no cacheable ``while_loop``).
 EVAL_CHUNK = 4
 Carry = tuple[torch.Tensor, ...]
 

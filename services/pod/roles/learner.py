@@ -35,9 +35,8 @@ from services.pod.roles.evaluator import (
 )
 from services.pod.roles.worker import Carry, HostStep, collect, rollout, start_carry
 
-#: Rollout steps per compiled call: a call costs tens of microseconds of host time, while the
-#: compile grows with the steps it unrolls (docs/benchmarks.md): the most for a few sub-envs'
-#: steps, half as many from ``MANY_ENVS`` (all agents') on, where that cost is small beside them.
+#: Rollout steps per compiled call: a call costs tens of µs of host time, the compile grows with
+#: the steps; half as many from ``MANY_ENVS`` sub-envs (all agents') on (docs/benchmarks.md).
 ROLLOUT_CHUNK, MANY_ENVS = 8, 16
 
 # The programs, module-level: every trainer of the same shape in a process (a PBT child's,
@@ -49,8 +48,7 @@ _EVALUATE = Program(greedy_steps, "evaluate")
 
 
 def chunk_length(num_steps: int, envs: int) -> int:
-    """Steps per call of the rollout program: ``num_steps``' largest divisor <= the most for
-    ``envs`` sub-environments in all."""
+    """Rollout steps per call: ``num_steps``' largest divisor <= the most for ``envs`` sub-envs."""
     most = min(ROLLOUT_CHUNK if envs < MANY_ENVS else ROLLOUT_CHUNK // 2, num_steps)
     return max(k for k in range(1, most + 1) if not num_steps % k)
 

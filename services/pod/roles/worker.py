@@ -125,7 +125,10 @@ def rollout(
         raw = carry.obs
         obs = normalize(shape, stats, raw)
         sde = carry.sde
-        if sde_u is not None:  # gSDE redraws its noise every sde_period steps of a rollout
+        # gSDE's noise is new every sde_period steps; a chunk starts at a multiple of ``steps``,
+        # so where the period is one too only its first step can be due.
+        due = k == 0 if spec.sde_period and not spec.sde_period % steps else None
+        if sde_u is not None and due is not False:
             normal = _normal(sde_u[k]).view(p, n, spec.latent_features, spec.actions)
             fresh = pi.sde_noise(spec, views, normal)
             due = (start + k) % spec.sde_period == 0
