@@ -125,14 +125,14 @@ def rollout(
         raw = carry.obs
         obs = normalize(shape, stats, raw)
         sde = carry.sde
-        # gSDE's noise is new every sde_period steps; a chunk starts at a multiple of ``steps``,
-        # so where the period is one too only its first step can be due.
-        due = k == 0 if spec.sde_period and not spec.sde_period % steps else None
-        if sde_u is not None and due is not False:
-            normal = _normal(sde_u[k]).view(p, n, spec.latent_features, spec.actions)
-            fresh = pi.sde_noise(spec, views, normal)
-            due = (start + k) % spec.sde_period == 0
-            sde = (fresh if due else sde) if isinstance(due, bool) else torch.where(due, fresh, sde)
+        if sde_u is not None:  # gSDE's noise is new every sde_period steps: drawn only then
+            # A chunk starts at a multiple of ``steps``: where the period is one too, its later
+            # steps are never due (else a compiled chunk's are known only as a tensor).
+            due = False if k and not spec.sde_period % steps else (start + k) % spec.sde_period == 0
+            if due is not False:
+                normal = _normal(sde_u[k]).view(p, n, spec.latent_features, spec.actions)
+                fresh = pi.sde_noise(spec, views, normal)
+                sde = fresh if due is True else torch.where(due, fresh, sde)
         noise = torch.zeros(p, n, 0, device=raw.device)
         if action_u is not None:
             u = action_u[k].view(p, n, -1)
