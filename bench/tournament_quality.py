@@ -226,6 +226,19 @@ TASKS: dict[str, Task] = {
         120.0,
         improvement=10.0,
     ),
+    # CartPole with PPO's preset (16 envs x 16 steps, many epochs) in the wide space: a
+    # short horizon or an extreme learning rate never balances the pole for 500 steps.
+    "cartpole-wide": Task(
+        "CartPole-v1",
+        475.0,
+        "ppo",
+        ("ppo",),
+        WIDE_SEARCH_SPACE,
+        2048,
+        4096,
+        60.0,
+        improvement=25.0,
+    ),
     "pendulum-sac-wide": Task(
         "Pendulum-v1",
         -200.0,

@@ -230,6 +230,8 @@ def per_agent(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 #: Graphs one program may hold in a process (one per env, shape and device).
 RECOMPILE_LIMIT = 64
+#: Inductor's ``realize_opcount_threshold`` on the CPU (its own default there: 50).
+CPU_REALIZE_OPCOUNT = 8
 
 
 class Program:
@@ -269,6 +271,15 @@ class Program:
             if device.type == "cpu":
                 trust_vec_isa()
                 options["cpp_wrapper"] = True
+                # Inductor fuses a chain of pointwise ops into the kernel that reads it
+                # unless the chain has more ops than this. The counter-based draws
+                # (counter_random.py: a hash of integer ops per element) made such chains
+                # hundreds of ops long, and the C++ code generation, which analyses each
+                # fused loop body several times, grew with them. Stored in shorter pieces
+                # (these programs' tensors are small), the kernels run as fast and compile
+                # in a fraction of the time (docs/benchmarks.md, "When `compile: auto`
+                # compiles").
+                options["realize_opcount_threshold"] = CPU_REALIZE_OPCOUNT
             self._compiled[device.type] = torch.compile(
                 self.fn, fullgraph=True, dynamic=False, options=options
             )
@@ -457,9 +468,9 @@ class Rule:
 #: functional env, per env step; off-policy: per gradient update. The CPU rows are this
 #: project's 2-core machine, one thread (bench/compiled_rows.py); CUDA, an H200.
 RULES: dict[tuple[str, str], Rule] = {
-    ("onpolicy", "cpu"): Rule(speedup=3.2, compile_s=60.0, warm_s=5.0),
+    ("onpolicy", "cpu"): Rule(speedup=3.2, compile_s=45.0, warm_s=5.0),
     ("onpolicy", "cuda"): Rule(speedup=20.0, compile_s=20.0, warm_s=6.0),
-    ("offpolicy", "cpu"): Rule(speedup=3.2, compile_s=45.0, warm_s=3.0),
+    ("offpolicy", "cpu"): Rule(speedup=3.2, compile_s=30.0, warm_s=5.0),
     ("offpolicy", "cuda"): Rule(speedup=18.0, compile_s=21.0, warm_s=6.0),
 }
 #: Seconds the probe takes on the reference machine (``machine_factor``).
