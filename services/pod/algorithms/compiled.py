@@ -230,8 +230,7 @@ def per_agent(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 #: Graphs one program may hold in a process (one per env, shape and device).
 RECOMPILE_LIMIT = 64
-#: Inductor's ``realize_opcount_threshold`` on the CPU (its own default there: 50).
-CPU_REALIZE_OPCOUNT = 8
+CPU_REALIZE_OPCOUNT = 8  #: inductor's ``realize_opcount_threshold`` on the CPU (its own: 50)
 
 
 class Program:
@@ -267,19 +266,14 @@ class Program:
             # tournament, a plugin's envs): more than dynamo's default of 8 is no error.
             limit = torch._dynamo.config.recompile_limit
             torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
-            options = {}
+            options: dict[str, Any] = {}
             if device.type == "cpu":
                 trust_vec_isa()
-                options["cpp_wrapper"] = True
-                # Inductor fuses a chain of pointwise ops into the kernel that reads it
-                # unless the chain has more ops than this. The counter-based draws
-                # (counter_random.py: a hash of integer ops per element) made such chains
-                # hundreds of ops long, and the C++ code generation, which analyses each
-                # fused loop body several times, grew with them. Stored in shorter pieces
-                # (these programs' tensors are small), the kernels run as fast and compile
-                # in a fraction of the time (docs/benchmarks.md, "When `compile: auto`
-                # compiles").
-                options["realize_opcount_threshold"] = CPU_REALIZE_OPCOUNT
+                # Inductor fuses a pointwise chain into its reader up to this many ops: the
+                # counter-based hash (counter_random.py) made chains hundreds of ops long and
+                # the C++ code generation slow; shorter, the kernels run as fast (small
+                # tensors) and compile in a fraction of the time (docs/benchmarks.md).
+                options = {"cpp_wrapper": True, "realize_opcount_threshold": CPU_REALIZE_OPCOUNT}
             self._compiled[device.type] = torch.compile(
                 self.fn, fullgraph=True, dynamic=False, options=options
             )
@@ -432,10 +426,9 @@ def _marker(key: str, program: str) -> Path:
 
 
 def cached(key: str, programs: Sequence[str]) -> bool:
-    """Whether every one of ``programs`` of ``key`` (a trainer's description of what fixes
-    them) was compiled into this process's compile cache before (``mark_cached``): their
-    compile is a load. Each program is noted on its own: a short run may build its evaluation
-    and never its iteration."""
+    """Whether every one of ``programs`` of ``key`` (what fixes them) is noted in the compile
+    cache (``mark_cached``): their compile is a load. Each is noted on its own: a short run may
+    build its evaluation and never its iteration."""
     try:
         return all(_marker(key, program).exists() for program in programs)
     except OSError:
@@ -455,18 +448,16 @@ def mark_cached(key: str, program: str) -> None:
 # -- the rule ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Rule:
-    """One compiled path on one device type, measured (docs/benchmarks.md, "When `compile:
-    auto` compiles"): the compiled programs' speed-up over the same functions eager, the cold
-    compile on the reference machine, and loading a compile already in the cache."""
+    """One compiled path on one device type, measured (docs/benchmarks.md): the speed-up over
+    eager, the cold compile on the reference machine, and a load from the compile cache."""
 
     speedup: float
     compile_s: float
     warm_s: float
 
 
-#: Path and device type → its rule. On-policy: an iteration (rollout, GAE, updates) on a
-#: functional env, per env step; off-policy: per gradient update. The CPU rows are this
-#: project's 2-core machine, one thread (bench/compiled_rows.py); CUDA, an H200.
+#: Path and device type → its rule, per env step on-policy and per update off-policy: the CPU
+#: rows from this project's 2-core machine, one thread (bench/compiled_rows.py); CUDA, an H200.
 RULES: dict[tuple[str, str], Rule] = {
     ("onpolicy", "cpu"): Rule(speedup=3.2, compile_s=45.0, warm_s=5.0),
     ("onpolicy", "cuda"): Rule(speedup=20.0, compile_s=20.0, warm_s=6.0),
@@ -537,16 +528,14 @@ class Decision:
             self.reason = f"auto: {self.path} on {self.device.type} is unmeasured"
 
     def failed(self, error: CompileFailedError) -> None:
-        """A program failed to compile: ``on`` is refused (it cannot be honoured), ``auto``
-        trains on eager (one log line)."""
+        """A program failed to compile: ``on`` is refused, ``auto`` trains eager (a log line)."""
         if self.mode == "on":
             raise CompileRefusedError(f"compile: on cannot be honoured here: {error}") from error
         self.compiled, self.reason = False, f"auto: compiling failed ({error})"
         log.warning("compile.failed", path=self.path, error=str(error), fallback="eager")
 
     def eager_call(self, seconds: float, units: float) -> bool:
-        """Record an eager call of ``seconds`` that did ``units`` of the work; True once
-        ``auto`` has decided (``compiled``, ``reason``)."""
+        """Record an eager call of ``seconds`` doing ``units`` of work; True once decided."""
         if self.compiled is not None:
             return True
         self._times.append((seconds, units))
@@ -563,10 +552,10 @@ class Decision:
         saved = units_left * eager_s_per_unit * (1.0 - 1.0 / rule.speedup)
         cost = (rule.warm_s if self.cached else rule.compile_s) * machine_factor()
         self.compiled = saved > cost
-        verdict = "compiling" if self.compiled else "eager"
         self.reason = (
-            f"auto: {verdict}: the compiled programs save about {saved:.0f} s over the "
-            f"{units_left:.0f} {'env steps' if self.path == 'onpolicy' else 'updates'} left "
+            f"auto: {'compiling' if self.compiled else 'eager'}: the compiled programs save "
+            f"about {saved:.0f} s over the {units_left:.0f} "
+            f"{'env steps' if self.path == 'onpolicy' else 'updates'} left "
             f"(eager {eager_s_per_unit * 1e6:.1f} us each here, about {rule.speedup:g}x "
             f"compiled), compiling costs about {cost:.0f} s"
             + (" (in the compile cache)" if self.cached else "")
