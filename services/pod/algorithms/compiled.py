@@ -421,14 +421,14 @@ class Graphed:
 def _marker(key: str, program: str) -> Path:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    digest = hashlib.sha256(f"{torch.__version__} {key} {program}".encode()).hexdigest()[:32]
-    return Path(cache_dir()) / "podium-programs" / digest
+    facts = f"{torch.__version__} {CPU_REALIZE_OPCOUNT} {key} {program}".encode()
+    return Path(cache_dir()) / "podium-programs" / hashlib.sha256(facts).hexdigest()[:32]
 
 
 def cached(key: str, programs: Sequence[str]) -> bool:
-    """Whether every one of ``programs`` of ``key`` (what fixes them) is noted in the compile
-    cache (``mark_cached``): their compile is a load. Each is noted on its own: a short run may
-    build its evaluation and never its iteration."""
+    """Whether every one of ``programs`` of ``key`` (what fixes them; compiled with today's
+    options) is noted in the compile cache (``mark_cached``): their compile is a load. Each is
+    noted on its own: a short run may build only its evaluation."""
     try:
         return all(_marker(key, program).exists() for program in programs)
     except OSError:
