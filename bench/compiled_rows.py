@@ -12,8 +12,8 @@ Each case is an algorithm's preset for an env with P agents, trained by the trai
 A step is one PPO iteration (rollout, GAE, updates) or one off-policy vector step with its
 gradient updates (timed once updates have started). Reported per case: the eager and compiled
 seconds per unit (an env step per agent for PPO, a gradient update for off-policy) and their
-ratio (``speedup``); the seconds the trainer spent compiling (dynamo's clock,
-``Trainer.compile_seconds``), cold (``compile_s``) and warm (``warm_s``, a load from the
+ratio (``speedup``); the seconds the trainer spent compiling or loading its graphs
+(``Trainer.compile_seconds``), cold (``compile_s``) and warm (``warm_s``, a load from the
 cache); the probe's seconds in each process
 (``machine_factor``'s, so that the rule's reference probe is recorded beside the rows), and the
 load. The medians per path are the ``Rule`` rows to put in compiled.py.
@@ -107,7 +107,7 @@ def child(case: str, mode: str, steps: int, device: str) -> dict:
         out["s_per_unit"] = (time.perf_counter() - start) / (units() - before)
         out["units_per_step"] = (units() - before) / steps
     out["compiled"] = trainer.compiled
-    out["compile_seconds"] = trainer.compile_seconds  # dynamo's clock, wherever it fell
+    out["compile_seconds"] = trainer.compile_seconds  # built or loaded, wherever it fell
     out["load"] = os.getloadavg()[0]
     trainer.close()
     return out

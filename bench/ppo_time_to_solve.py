@@ -106,10 +106,12 @@ def run_sb3(env_id: str, seed: int) -> tuple[float, int | None]:
 
 def run_podium(env_id: str, seed: int, compile: str = "auto") -> tuple[float, int | None]:
     from services.pod.config import PPORunConfig
+    from services.pod.roles import learner
     from services.pod.training.fit import train
     from services.pod.training.presets import preset
 
-    torch._dynamo.reset()  # compile time counts in every run
+    for program in (learner._CHUNK, learner._BATCH, learner._UPDATE, learner._EVALUATE):
+        program._graphs.clear()  # as in a new process: compile (or load) time counts every run
     settings = preset("ppo", SAME_SETTINGS.get(env_id, env_id))
     settings["ppo"] = {**settings["ppo"], "compile": compile}
     if env_id in SAME_SETTINGS:  # as a pod trains it (and sb3_ppo_kwargs maps it)

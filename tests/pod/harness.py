@@ -300,7 +300,16 @@ def compile_trail(pods: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[
 
 
 def compile_counters() -> dict[str, int]:
-    """Dynamo's frame and graph counts: what a test reads to see that nothing recompiled."""
+    """The graphs built and loaded, and dynamo's frame and graph counts: what a test reads to
+    see that nothing recompiled."""
     from torch._dynamo.utils import counters
 
-    return {"frames": int(counters["stats"]["unique_graphs"]), **dict(counters["frames"])}
+    from services.pod.algorithms.compiled import compile_work
+
+    work = compile_work()
+    return {
+        "built": work.built,
+        "loaded": work.loaded,
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        **dict(counters["frames"]),
+    }

@@ -243,8 +243,8 @@ print(tempfile.gettempdir())
 
 
 def test_where_tmp_is_noexec_temporary_files_go_to_the_compile_cache(tmp_path: Path) -> None:
-    """AOTInductor unpacks a program package into the temporary directory and loads it from
-    there: on a noexec /tmp (Docker's --tmpfs, compose's hardening) that fails. A private mount
+    """A library built or unpacked in the temporary directory is loaded from there: on a
+    noexec /tmp (Docker's --tmpfs, compose's hardening) that fails. A private mount
     namespace with such a /tmp, as root (skipped elsewhere)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private noexec /tmp")

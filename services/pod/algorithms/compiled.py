@@ -1,23 +1,20 @@
 """One compile path and one rule for every compiled program of a pod.
 
-The path: ``Program`` is a pure function of tensors (PPO's rollout chunk, batch, minibatch
-update and greedy evaluation; an off-policy algorithm's update) through ``torch.compile``
-(``fullgraph=True``: code dynamo cannot capture whole is an error, never a silently split
-graph; static shapes: a new P or batch compiles a new program), with inductor's on-disk caches
-in the pod's compile cache (services/pod/runtime/compile_cache.py), so a later process loads
-the kernels instead of building them. On a GPU the trainers capture their calls as one CUDA
-graph (``Graphed``): every call after is one replay, and since the hyperparameters PBT varies
-are tensors the graphs read, an explore changes values, never graphs.
+The path: ``Program``, a pure function of tensors (PPO's rollout chunk, batch, minibatch update
+and greedy evaluation; an off-policy algorithm's update) compiled whole ahead of its first call
+(code dynamo cannot capture whole is an error, never a split graph; static shapes) and saved,
+guards and kernels, in the compile cache (services/pod/runtime/compile_cache.py): a later
+process loads it without tracing again. On a GPU the trainers capture their calls as one CUDA
+graph (``Graphed``); the hyperparameters PBT varies are tensors the graphs read, so an explore
+changes values, never graphs.
 
 The rule: ``Decision`` resolves ``compile: auto | on | off`` for one trainer. ``off``: eager.
 ``on``: compiled, refused (``CompileRefusedError``) where it cannot be (no C++ compiler). ``auto``:
-the first calls run eager and are timed on this machine, so the eager side of the choice is a
-measurement, not a table; the compiled side is the eager time divided by the measured speed-up
-of the path on this device type (``RULES``, docs/benchmarks.md), plus the compile, scaled from
-the reference machine's by how fast this one runs a fixed probe now (busy or slow machines
-compile slower); a compile already in the cache costs its load. It compiles when what the
-remaining work saves exceeds the compile. The same functions run eager and compiled on the
-same state, so the switch happens between two iterations.
+the first calls run eager and are timed here; the compiled side is that time divided by the
+path's measured speed-up on this device type (``RULES``, docs/benchmarks.md), plus the compile
+(a load where the cache has it), scaled by how fast this machine runs a fixed probe now. It
+compiles when what the remaining work saves exceeds the compile. The same functions run eager
+and compiled on the same state, so the switch happens between two iterations.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import sys
 import time
@@ -71,16 +69,11 @@ def compiler_missing(device: torch.device | str) -> str | None:
 
 @functools.cache
 def trust_vec_isa(compiler: str | None = None) -> bool:
-    """Let inductor take the CPU's vector ISAs without its build-and-load probe, where
-    ``compiler`` (default: inductor's) accepts each candidate ISA's flags; True if it does.
-
-    Before its first CPU kernel inductor compiles and loads (in a new interpreter) a test
-    program per candidate ISA, twice over: seconds of a cold compile. The candidates are
-    inductor's own (filtered by this CPU's flags as inductor filters them), and what such a
-    probe catches here, a compiler without an ISA's flags, a bare compile of an empty file with
-    those flags also catches in milliseconds. Any doubt (another architecture, an operator's
-    ``TORCHINDUCTOR_VEC_ISA_OK``, a flag refused, an error) leaves inductor's probe on."""
-    import platform
+    """Skip inductor's vector-ISA probe (a test program per candidate ISA built and loaded in
+    a new interpreter, twice: seconds of a cold compile) where ``compiler`` (default:
+    inductor's) accepts each candidate's flags, which a bare compile of an empty file checks in
+    milliseconds; True if it does. Any doubt (another architecture, an operator's
+    ``TORCHINDUCTOR_VEC_ISA_OK``, a flag refused, an error) leaves the probe on."""
     import subprocess
 
     from torch._inductor import config
@@ -120,9 +113,7 @@ def trust_vec_isa(compiler: str | None = None) -> bool:
 @dataclass(frozen=True)
 class CompileWork:
     """What this process compiled so far, or between two readings (their difference): seconds
-    (dynamo's own per-frame timing, which includes inductor's), graphs inductor generated code
-    for, and graphs it read from the compile cache instead (the FX graph cache's misses and
-    hits): a pod that loads builds none."""
+    spent building or loading graphs, graphs built and graphs loaded from the compile cache."""
 
     seconds: float = 0.0
     built: int = 0
@@ -135,27 +126,21 @@ class CompileWork:
 
 
 def compile_work() -> CompileWork:
-    """This process's ``CompileWork`` so far. Reading it imports nothing where nothing was
-    compiled."""
-    if "torch._dynamo.utils" not in sys.modules:
-        return CompileWork()
-    from torch._dynamo.utils import compilation_time_metrics, counters
-
-    inductor = counters["inductor"]
-    return CompileWork(
-        float(sum(compilation_time_metrics.get("_compile.compile_inner", ()))),
-        int(inductor["fxgraph_cache_miss"]),
-        int(inductor["fxgraph_cache_hit"]),
-    )
+    """This process's ``CompileWork`` so far (every program's, ``Program._compile``)."""
+    return CompileWork(_WORK["seconds"], _WORK["built"], _WORK["loaded"])
 
 
-def log_compile(done: CompileWork, program: str, total_s: float, agents: int) -> None:
-    """The ``compile.done`` line a trainer writes after a call that compiled."""
-    log.info(
-        "compile.done", program=program, compile_s=round(done.seconds, 2),
-        graphs_built=done.built, graphs_loaded=done.loaded,
-        total_compile_s=round(total_s, 2), agents=agents,
-    )  # fmt: skip
+def count_compile(trainer: Any, before: CompileWork, program: str) -> bool:
+    """Add what was built, loaded or failed since ``before`` to the trainer's; True if any."""
+    done = compile_work() - before
+    if done.seconds > 0:
+        trainer.compile_seconds += done.seconds
+        log.info(
+            "compile.done", program=program, compile_s=round(done.seconds, 2),
+            graphs_built=done.built, graphs_loaded=done.loaded,
+            total_compile_s=round(trainer.compile_seconds, 2), agents=trainer.size,
+        )  # fmt: skip
+    return done.seconds > 0
 
 
 def _map(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
@@ -228,91 +213,168 @@ def per_agent(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-#: Graphs one program may hold in a process (one per env, shape and device).
-RECOMPILE_LIMIT = 64
 CPU_REALIZE_OPCOUNT = 8  #: inductor's ``realize_opcount_threshold`` on the CPU (its own: 50)
+#: What this process compiled and loaded so far (``compile_work``).
+_WORK = {"seconds": 0.0, "built": 0, "loaded": 0}
+_CODE = Path(__file__).resolve().parents[1]  # services/pod: the code that is compiled
+
+
+@functools.cache
+def code_digest(root: Path = _CODE) -> str:
+    """The sources under ``root`` (default: the pod's): a program traced from other code is
+    another program."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return platform.processor()
+    keep = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line.strip() for line in text.splitlines() if line.startswith(keep)}))
+
+
+def device_kind(device: str | torch.device) -> str:
+    """The device a compiled program is for, as one string: ``cpu-<arch>-<model and flags>``,
+    or ``cuda-<name>-sm<capability>-cu<CUDA version>``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index).replace(" ", "_")
+        return f"cuda-{name}-sm{major}{minor}-cu{torch.version.cuda}"
+    model = hashlib.sha256(_cpu_model().encode()).hexdigest()[:16]
+    return f"{device.type}-{platform.machine()}-{model}"
+
+
+def _fingerprint(x: Any, out: list[str], depth: int = 0) -> None:
+    """What of a call's argument fixes its graph, as text: a tensor's kind, a constant's value,
+    an object's type and its attributes', a function's name, source file and closure."""
+    if isinstance(x, torch.Tensor):
+        out.append(f"T{tuple(x.shape)}{x.stride()}{x.dtype}{x.device.type}{x.requires_grad}")
+    elif x is None or isinstance(x, (bool, int, float, str, torch.dtype, torch.device)):
+        out.append(repr(x))
+    elif isinstance(x, (types.ModuleType, types.BuiltinFunctionType, type)) or depth > 16:
+        name = getattr(x, "__qualname__", None) or getattr(x, "__name__", type(x).__qualname__)
+        out.append(f"{getattr(x, '__module__', '')}.{name}")
+    elif isinstance(x, (tuple, list, dict)):
+        out.append(f"{type(x).__qualname__}{len(x)}")
+        for k, v in x.items() if isinstance(x, dict) else enumerate(x):
+            out.append(repr(k))
+            _fingerprint(v, out, depth + 1)
+    elif isinstance(x, types.FunctionType):
+        code, source = x.__code__, Path(x.__code__.co_filename)
+        out += [x.__module__, x.__qualname__, code.co_code.hex(), *code.co_names]
+        out.append(code_digest(source) if source.is_file() else "")
+        _fingerprint([c.cell_contents for c in x.__closure__ or ()], out, depth + 1)
+    else:
+        out.append(f"{type(x).__module__}.{type(x).__qualname__}")
+        slots = [k for k in getattr(type(x), "__slots__", ()) if hasattr(x, k)]
+        attrs = dict(vars(x)) if hasattr(x, "__dict__") else {k: getattr(x, k) for k in slots}
+        if isinstance(x, types.MethodType):
+            attrs = {"f": x.__func__, "self": x.__self__}
+        elif isinstance(x, functools.partial):
+            attrs = {"f": x.func, "a": x.args, "k": x.keywords}
+        _fingerprint(attrs, out, depth + 1)
+
+
+def _saved_guards(entries: Sequence[Any]) -> list[bool]:
+    """The guards a saved graph keeps: not what ``Program._key`` fixes instead."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsaved = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not (g.is_global or {g.guard_type, *g.derived_guard_types} & unsaved) for g in entries]
+
+
+def _options(device: torch.device) -> dict[str, Any]:
+    if device.type != "cpu":
+        return {"guard_filter_fn": _saved_guards}
+    # Inductor fuses a pointwise chain into its reader up to this many ops: the counter-based
+    # hash (counter_random.py) made chains of hundreds, slow to generate C++ for; shorter ones
+    # run as fast here and compile in a fraction of the time (docs/benchmarks.md).
+    cpu = {"cpp_wrapper": True, "realize_opcount_threshold": CPU_REALIZE_OPCOUNT}
+    return {"guard_filter_fn": _saved_guards, **cpu}
 
 
 class Program:
-    """``fn`` compiled on first call, one per process and device type (module-level programs
-    are shared: a pod that rebuilds its agent, a PBT child, reuses them).
-
-    On a CPU, inductor's C++ wrapper (less host time per call than its Python one). Once a
-    graph is compiled, calls run dynamo's cached code for it directly: each call checks the
-    graph's guards (microseconds, in C++) and skips dynamo's frame evaluation around them,
-    which cost several times the guards on every call of a small program. Where no graph's
-    guards pass (another trainer's shape, env or modules), the call goes through dynamo, which
-    compiles or finds that graph."""
+    """``fn`` compiled ahead of its first call with each kind of arguments (``aot_compile``:
+    traced whole, static shapes; on a CPU with inductor's C++ wrapper), one graph per kind (a
+    trainer's shape, env, modules, tensor shapes), each saved in the compile cache under a
+    digest of what fixes it (torch, the device, the pod's code, the arguments'
+    ``_fingerprint``): a later process loads the guards and kernels without tracing again. A
+    saved graph that does not load, or whose guards refuse the call, is built again.
+    Module-level programs are shared: a pod that rebuilds its agent, a PBT child, reuses them."""
 
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn, self.name = fn, name
-        self._compiled: dict[str, Callable[..., Any]] = {}
-        code = fn.__code__
-        self._names = code.co_varnames[: code.co_argcount]
-        defaults = fn.__defaults__ or ()
-        tail = self._names[len(self._names) - len(defaults) :]
-        #: The frame's locals no call passes: defaults, and the closure's cells (dynamo's
-        #: guards read both as locals).
-        self._unpassed = dict(zip(tail, defaults, strict=True))
-        if fn.__closure__:
-            cells = zip(code.co_freevars, fn.__closure__, strict=True)
-            self._unpassed |= {name: cell.cell_contents for name, cell in cells}
-        #: The code dynamo runs for each graph of ``fn`` it built, as a function.
-        self._runs: dict[types.CodeType, Callable[..., Any]] = {}
+        self._graphs: dict[str, Any] = {}  #: by ``_key``
 
-    def _for(self, device: torch.device) -> Callable[..., Any]:
-        if device.type not in self._compiled:
-            # One graph per env and shape a process trains (a test session, an in-process
-            # tournament, a plugin's envs): more than dynamo's default of 8 is no error.
-            limit = torch._dynamo.config.recompile_limit
-            torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
-            options: dict[str, Any] = {}
-            if device.type == "cpu":
-                trust_vec_isa()
-                # Inductor fuses a pointwise chain into its reader up to this many ops: the
-                # counter-based hash (counter_random.py) made chains hundreds of ops long and
-                # the C++ code generation slow; shorter, the kernels run as fast (small
-                # tensors) and compile in a fraction of the time (docs/benchmarks.md).
-                options = {"cpp_wrapper": True, "realize_opcount_threshold": CPU_REALIZE_OPCOUNT}
-            self._compiled[device.type] = torch.compile(
-                self.fn, fullgraph=True, dynamic=False, options=options
-            )
-        return self._compiled[device.type]
+    def _key(self, args: tuple[Any, ...]) -> str:
+        """What fixes the graph for ``args`` that its saved guards do not check: objects'
+        identities (a trainer's env, its functions), global state (the grad mode)."""
+        facts = [str(torch.is_grad_enabled()), str(torch.get_default_dtype()), self.name]
+        _fingerprint((self.fn, args), facts)
+        return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:32]
 
     def _graph_for(self, args: tuple[Any, ...]) -> Callable[..., Any] | None:
-        """The code dynamo runs for the compiled graph whose guards ``args`` pass, or None."""
-        frame = {**self._unpassed, **dict(zip(self._names, args, strict=False))}
-        # Dynamo's cache as it is now (a ``torch._dynamo.reset`` empties it: compile anew).
-        entries = _cache_entries()(self.fn.__code__)
-        for entry in entries:
-            if entry.guard_manager.check(frame):
-                run = self._runs.get(entry.code)
-                if run is None:
-                    fn = self.fn
-                    run = types.FunctionType(
-                        entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
-                    )
-                    self._runs[entry.code] = run
-                return run
-        if not entries:
-            self._runs.clear()  # the code of graphs a reset dropped
-        return None
+        """The graph for ``args``, as a function of them, or None."""
+        graph = self._graphs.get(self._key(args))
+        return graph.fn if graph is not None and graph.guard_check(*args) else None
 
     def __call__(self, device: torch.device, *args: Any) -> Any:
         run = self._graph_for(args)
         return run(*args) if run is not None else self._compile(device, args)
 
     def _compile(self, device: torch.device, args: tuple[Any, ...]) -> Any:
-        """Call through dynamo, which compiles (or finds) the graph for ``args``."""
+        """Load or build the graph for ``args``, then run it."""
+        from torch._guards import TracingContext, tracing
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        start, graph = time.perf_counter(), None
         try:
-            return self._for(device)(*args)
+            if device.type == "cpu":  # a load, too, runs inductor's ISA probe otherwise
+                trust_vec_isa()
+            key = self._key(args)
+            facts = [torch.__version__, str(CPU_REALIZE_OPCOUNT), device_kind(device)]
+            digest = hashlib.sha256(" ".join([*facts, code_digest(), key]).encode()).hexdigest()
+            path = Path(cache_dir()) / "podium-programs" / f"{self.name}-{digest[:32]}.graph"
+            if path.exists():
+                try:  # an imported module's guard needs a trace's context to be rebuilt in
+                    with path.open("rb") as f, tracing(TracingContext(None)):
+                        graph = torch.compiler.load_compiled_function(
+                            f, f_globals=self.fn.__globals__
+                        )
+                    if not graph.guard_check(*args):
+                        graph = None
+                except Exception as exc:  # a file another torch or a torn write left
+                    log.warning("compile.load_failed", program=self.name, error=str(exc)[:200])
+                    graph = None
+            if graph is None:
+                options = _options(device)
+                compiler = torch.compile(self.fn, fullgraph=True, dynamic=False, options=options)
+                graph = compiler.aot_compile((args, {}))
+                _WORK["built"] += 1
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    graph.save_compiled_function(str(path))
+                except Exception as exc:  # a full disk, an object torch cannot save: runs
+                    log.info("compile.save_failed", program=self.name, error=str(exc)[:200])
+            else:
+                _WORK["loaded"] += 1
         except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types
             reason = f"{self.name}: {type(exc).__name__}: {str(exc).strip()[:300]}"
             raise CompileFailedError(reason) from exc
+        finally:
+            _WORK["seconds"] += time.perf_counter() - start
+        self._graphs[key] = graph
+        return graph.fn(*args)
 
     def bind(self, device: torch.device) -> BoundProgram:
-        """This program for one caller that passes the same kind of arguments on every call
-        (``BoundProgram``)."""
         return BoundProgram(self, device)
 
 
@@ -321,16 +383,12 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class BoundProgram:
-    """A ``Program`` for one caller whose calls differ only in tensor values: the same
-    objects for every argument that is neither a tensor nor a container (a trainer's shape,
-    env, counts) and tensors of the same shapes, strides, dtypes and devices inside the
-    containers (a trainer's state, updated in place or replaced by its like), in the same
-    grad mode. The first call compiles (or finds) the graph, the second checks the guards
-    once more and keeps that graph; every later call runs it without checking guards, which
-    for a trainer's programs (hundreds of guards over its shape's fields and tens of
-    tensors) cost a tenth of a small program's call (docs/benchmarks.md). A call with other
-    objects or in the other grad mode goes through the guards again. Shapes and strides stay
-    checked by the compiled code itself."""
+    """A ``Program`` for one caller whose calls differ only in tensor values (the same objects
+    for every argument that is neither a tensor nor a container, tensors of the same kinds, the
+    same grad mode): the first call compiles (or loads) the graph, the second checks its guards
+    once more and keeps it, and every later call runs it without the guards, which for a
+    trainer's programs cost a tenth of a small program's call (docs/benchmarks.md). Other
+    objects or grad mode go through the guards again; the compiled code checks shapes."""
 
     def __init__(self, program: Program, device: torch.device) -> None:
         self.program, self.device = program, device
@@ -361,27 +419,12 @@ class BoundProgram:
         return run(*args)
 
 
-@functools.cache
-def _cache_entries() -> Callable[[types.CodeType], Sequence[Any]]:
-    """Dynamo's cache entries of a code object (each graph's guards and the code dynamo runs
-    when they pass), or none where this torch keeps them elsewhere: every call then goes
-    through dynamo, slower but the same. Imported on first use: dynamo takes a second to
-    import, and an eager pod never needs it."""
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    except ImportError as exc:
-        log.warning("compile.cache_entries_unreadable", error=str(exc)[:200])
-        return lambda code: ()
-    return _debug_get_cache_entry_list
-
-
 class Graphed:
-    """A call replayed as one CUDA graph: the first call runs as usual on a side stream (the
-    programs compile, cuBLAS makes its handles), the second is captured, and every later call
-    is one replay of it. ``fn`` must read and write only tensors that live for the graph's
-    life (a trainer's state, updated in place); what it returns is the graph's own output
-    tensors, overwritten by the next replay. A capture that fails runs ``fn`` as usual from
-    then on (one log line)."""
+    """A call replayed as one CUDA graph: the first call runs on a side stream (programs
+    compile, cuBLAS makes its handles), the second is captured, every later one replays it.
+    ``fn`` reads and writes only tensors that outlive the graph (a trainer's state, in place)
+    and returns the graph's outputs, overwritten by the next replay. A failed capture runs
+    ``fn`` as usual from then on (one log line)."""
 
     def __init__(self, fn: Callable[[], Any], name: str) -> None:
         self.fn, self.name = fn, name
@@ -421,14 +464,13 @@ class Graphed:
 def _marker(key: str, program: str) -> Path:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    facts = f"{torch.__version__} {CPU_REALIZE_OPCOUNT} {key} {program}".encode()
+    facts = f"{torch.__version__} {CPU_REALIZE_OPCOUNT} {code_digest()} {key} {program}".encode()
     return Path(cache_dir()) / "podium-programs" / hashlib.sha256(facts).hexdigest()[:32]
 
 
 def cached(key: str, programs: Sequence[str]) -> bool:
-    """Whether every one of ``programs`` of ``key`` (what fixes them; compiled with today's
-    options) is noted in the compile cache (``mark_cached``): their compile is a load. Each is
-    noted on its own: a short run may build only its evaluation."""
+    """Whether each of ``programs`` of ``key`` (what fixes them) is noted in the compile cache
+    (``mark_cached``; a short run may build only its evaluation): their compile is a load."""
     try:
         return all(_marker(key, program).exists() for program in programs)
     except OSError:
@@ -459,9 +501,9 @@ class Rule:
 #: Path and device type → its rule, per env step on-policy and per update off-policy: the CPU
 #: rows from this project's 2-core machine, one thread (bench/compiled_rows.py); CUDA, an H200.
 RULES: dict[tuple[str, str], Rule] = {
-    ("onpolicy", "cpu"): Rule(speedup=3.2, compile_s=45.0, warm_s=5.0),
+    ("onpolicy", "cpu"): Rule(speedup=3.2, compile_s=45.0, warm_s=2.0),
     ("onpolicy", "cuda"): Rule(speedup=20.0, compile_s=20.0, warm_s=6.0),
-    ("offpolicy", "cpu"): Rule(speedup=3.2, compile_s=30.0, warm_s=5.0),
+    ("offpolicy", "cpu"): Rule(speedup=3.2, compile_s=30.0, warm_s=2.0),
     ("offpolicy", "cuda"): Rule(speedup=18.0, compile_s=21.0, warm_s=6.0),
 }
 #: Seconds the probe takes on the reference machine (``machine_factor``).

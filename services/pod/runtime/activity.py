@@ -29,9 +29,9 @@ HEARTBEAT_S = 10.0
 COMPILERS = frozenset(
     {
         ("torch/_dynamo/convert_frame.py", "_compile"),
-        ("torch/export/_trace.py", "_export"),
+        ("torch/_dynamo/aot_compile.py", "aot_compile_fullgraph"),
+        ("torch/_dynamo/aot_compile.py", "deserialize"),
         ("torch/_inductor/compile_fx.py", "compile_fx"),
-        ("torch/_inductor/__init__.py", "aoti_compile_and_package"),
     }
 )
 _FILE_ENDS = tuple({path for path, _ in COMPILERS})

@@ -1,20 +1,16 @@
-"""Where torch.compile keeps what it built, so a pod's restart and a PBT child's new pod do not
-pay the compile again.
-
-Inductor writes its kernels (C++ or Triton sources and their builds) and, with the graph caches
-on (``FLAGS``: set explicitly so that an image's environment cannot turn them off unnoticed),
-whole compiled graphs under ``TORCHINDUCTOR_CACHE_DIR``; a process that compiles a program
-already there loads it (counted in inductor's ``fxgraph_cache_hit``) instead of building it.
-Its default is a directory under /tmp, lost with the container, so the pod points it at a
+"""Where the pod's compiled programs are kept, so a pod's restart and a PBT child's new pod load
+them instead of compiling again: each program's saved graphs (services/pod/algorithms/
+compiled.py) and inductor's kernels, under ``TORCHINDUCTOR_CACHE_DIR``, with inductor's graph
+caches on (``FLAGS``: set explicitly, so that an image's environment cannot turn them off
+unnoticed). Its default, under /tmp, is lost with the container, so the pod points it at a
 directory that outlives the process: ``PODIUM_COMPILE_CACHE_DIR``, which the local backend sets
-beside the experiments (every pod of the platform shares it: entries are keyed by the graph,
-the torch version and the device, so sharing is safe), else ``<PODIUM_POD_DIR>/compile-cache``.
+beside the experiments (every pod of the platform shares it: entries are keyed by what fixes
+the graph, the torch version and the device), else ``<PODIUM_POD_DIR>/compile-cache``.
 
-Compiled programs are shared libraries, loaded from where they were written: the cache directory
-must allow executables (an emptyDir or a volume does), and so must the temporary directory, where
-AOTInductor unpacks a program package before it loads it. Docker's ``--tmpfs /tmp`` (compose's
-hardening) is mounted ``noexec``: where ``/tmp`` is, temporary files go to ``<cache>/tmp``
-instead (``TMPDIR``; an operator's own wins).
+Kernels are shared libraries, loaded from where they were built: the cache directory must allow
+executables (an emptyDir or a volume does), and so must the temporary directory. Docker's
+``--tmpfs /tmp`` (compose's hardening) is ``noexec``: where ``/tmp`` is, temporary files go to
+``<cache>/tmp`` instead (``TMPDIR``; an operator's own wins).
 
 Imports no torch: ``use_compile_cache`` runs before torch is imported.
 """

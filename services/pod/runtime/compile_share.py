@@ -26,17 +26,17 @@ trainer is built, a pod claims its key at the leaderboard (services/leaderboard/
   in all; then compile here.
 
 Any failure to share (the leaderboard unreachable, a full disk) is logged and the pod compiles
-for itself: sharing saves time, it is never needed to train. The trust: the pods of one
-experiment run one image with one credential, and only they may publish its caches.
+for itself: sharing saves time, it is never needed to train. The trust: a trainer loads the
+saved graphs it fetched, which are torch's pickles, so only the pods of one experiment (one
+image, one credential) may publish its caches, and every file is checked against the sha256s
+its publisher recorded before it is unpacked.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
-import platform
 import random
 import tempfile
 import threading
@@ -56,6 +56,7 @@ from services.contracts.artifacts import (
 from services.contracts.bundles import BundleError, files_under, pack, unpack
 from services.logs import get_logger
 from services.pod import mkl_dispatch
+from services.pod.algorithms.compiled import code_digest, device_kind
 from services.pod.config import RunConfig
 from services.pod.runtime.compile_cache import TMP
 from services.pod.training.trainer import algorithm_card
@@ -76,40 +77,6 @@ RENEWAL_TIMEOUT = 0.4
 INDEX = "podium-share"
 #: The cache's directories that hold no program: inductor's locks, temporary files, the index.
 SKIP = ("locks", TMP, INDEX, mkl_dispatch.DIRECTORY)
-_CODE = Path(__file__).resolve().parents[1]  # services/pod: the code that is compiled
-
-
-@functools.cache
-def _code_digest() -> str:
-    """The pod's sources: a program traced from other code is another program."""
-    digest = hashlib.sha256()
-    for path in sorted(_CODE.rglob("*.py")):
-        digest.update(path.relative_to(_CODE).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-@functools.cache
-def _cpu_model() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return platform.processor()
-    keep = ("model name", "flags", "Features", "CPU part")
-    lines = {line.strip() for line in text.splitlines() if line.startswith(keep)}
-    return "\n".join(sorted(lines))
-
-
-def device_kind(device: str | torch.device) -> str:
-    """The device a compiled program is for, as one string: ``cpu-<arch>-<model and flags>``,
-    or ``cuda-<name>-sm<capability>-cu<CUDA version>``."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        index = device.index or 0
-        major, minor = torch.cuda.get_device_capability(index)
-        name = torch.cuda.get_device_name(index).replace(" ", "_")
-        return f"cuda-{name}-sm{major}{minor}-cu{torch.version.cuda}"
-    model = hashlib.sha256(_cpu_model().encode()).hexdigest()[:16]
-    return f"{device.type}-{platform.machine()}-{model}"
 
 
 def program_digest(configs: Sequence[RunConfig]) -> str:
@@ -125,7 +92,7 @@ def program_digest(configs: Sequence[RunConfig]) -> str:
         config.pop(name, None)
         if isinstance(section, dict):
             section.pop(name, None)
-    facts = {"slots": len(configs), "config": config, "code": _code_digest()}
+    facts = {"slots": len(configs), "config": config, "code": code_digest()}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 

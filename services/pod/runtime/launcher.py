@@ -1,10 +1,10 @@
 """``python -m services.pod.runtime.launcher``: start CPU pods as forks of one process that
 has imported torch once.
 
-A pod process spends its first seconds importing: the interpreter, torch, and torch._dynamo
-(which ``torch.optim`` imports on the first optimiser it builds), about 2.5 CPU seconds before
-it trains a step. Four pods on two cores pay that four times over, while the experiment waits
-for its first score (docs/benchmarks.md, "The peer side by side"). The local backend
+A pod process spends its first seconds importing: the interpreter, torch, torch._dynamo (which
+``torch.optim`` imports on the first optimiser it builds) and, to load a compiled program,
+inductor's runtime: about 3.5 CPU seconds before it trains a step. Four pods on two cores pay
+that four times over, while the experiment waits for its first score. The local backend
 (services/orchestrator/backends/pod_launcher.py) therefore starts one launcher per orchestrator;
 the launcher imports the pod's code once and forks a pod per request, which then runs
 ``services.pod.__main__.main`` exactly as ``python -m services.pod`` would: its own session,
@@ -43,6 +43,8 @@ POD_PROCESS_NAME = "podium-pod"
 PRELOAD = (
     "torch",
     "torch._dynamo",
+    "torch._dynamo.aot_compile",
+    "torch._inductor.compile_fx",
     "services.pod.__main__",
     "services.pod.runtime.rounds",
     "services.pod.training.onpolicy",

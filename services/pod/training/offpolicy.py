@@ -45,7 +45,7 @@ from services.pod.algorithms.compiled import (
     Decision,
     cached,
     compile_work,
-    log_compile,
+    count_compile,
     mark_cached,
 )
 from services.pod.algorithms.replay_buffer import ReplayBuffer
@@ -287,10 +287,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
             if self.decision.eager_call(seconds, done * self.size):
                 self.learner.compile(bool(self.decision.compiled), self.configs[0].updates_per_call)
                 self._describe()
-        done = compile_work() - before
-        if done.seconds > 0.05:
-            self.compile_seconds += done.seconds
-            log_compile(done, "update", self.compile_seconds, self.size)
+        count_compile(self, before, "update")
         # Each program that ran compiled is in the compile cache (built or loaded there, here
         # or by an earlier trainer of this process): noted once, for the next process's auto.
         ran = self.learner.kstep.compiled_kinds

@@ -38,7 +38,7 @@ from services.pod.algorithms.compiled import (
     Decision,
     cached,
     compile_work,
-    log_compile,
+    count_compile,
     mark_cached,
 )
 from services.pod.algorithms.ppo import PPO, PPO_STATS
@@ -237,12 +237,8 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         self.iterations += 1
 
     def _count_compile(self, before: CompileWork, program: str) -> None:
-        done = compile_work() - before
-        if done.seconds > 0.05:
-            self.compile_seconds += done.seconds
-            log_compile(done, program, self.compile_seconds, self.size)
-            if self.decision.compiled:  # not a compile that failed over to eager
-                mark_cached(self.program_key(), program)
+        if count_compile(self, before, program) and self.decision.compiled:  # not failed
+            mark_cached(self.program_key(), program)
 
     def progress(self) -> dict[str, float]:
         """The agents' last-epoch statistics averaged; the mean return of every agent's
