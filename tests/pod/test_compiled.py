@@ -446,6 +446,39 @@ def test_a_built_graph_runs_directly_and_another_program_of_it_loads_it(
     assert work(again, x, 2) == (0, 0)
 
 
+def _shift(x: torch.Tensor, k: int) -> torch.Tensor:
+    return x + k
+
+
+def test_a_saved_graph_is_loaded_only_for_what_it_was_built_from(monkeypatch, tmp_path) -> None:
+    """The saved guards do not check which function or objects a graph was traced from: the
+    key does. Another function under the same program name, or the same function closing over
+    another value, builds its own graph; a corrupt file is refused and built again."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    x = torch.ones(2)
+
+    def run(fn: Any) -> tuple[list[float], int, int]:
+        before = compile_work()
+        out = Program(fn, "same")(x.device, x, 3).tolist()
+        done = compile_work() - before
+        return out, done.built, done.loaded
+
+    assert run(_scale) == ([3.0, 3.0], 1, 0)
+    assert run(_shift) == ([4.0, 4.0], 1, 0)
+    assert run(_scale) == ([3.0, 3.0], 0, 1)
+
+    def closing_over(factor: float) -> Any:
+        return lambda x, k: x * k * factor
+
+    assert run(closing_over(2.0)) == ([6.0, 6.0], 1, 0)
+    assert run(closing_over(5.0)) == ([15.0, 15.0], 1, 0)
+    for saved in (tmp_path / "podium-programs").glob("*.graph"):
+        saved.write_bytes(b"not a pickle")
+    with capture_logs() as logs:
+        assert run(_scale) == ([3.0, 3.0], 1, 0)
+    assert any(e["event"] == "compile.load_failed" for e in logs)
+
+
 LOADS = """
 import json, sys
 import torch
