@@ -307,8 +307,8 @@ class Program:
     trainer's shape, env, modules, tensor shapes), each saved in the compile cache under a
     digest of what fixes it (torch, the device, the pod's code, the arguments'
     ``_fingerprint``): a later process loads the guards and kernels without tracing again. A
-    saved graph that does not load, or whose guards refuse the call, is built again.
-    Module-level programs are shared: a pod that rebuilds its agent, a PBT child, reuses them."""
+    saved graph that does not load, or whose guards refuse the call, is built again. A closure's
+    values are saved with it. Module-level programs are shared (a PBT child's agent reuses them)."""
 
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn, self.name = fn, name
