@@ -486,7 +486,8 @@ from services.pod.runtime.compile_cache import use_compile_cache
 use_compile_cache(__import__("pathlib").Path(sys.argv[1]))
 from services.pod.algorithms.compiled import Program, compile_work
 from tests.pod.test_compiled import _scale
-out = Program(_scale, "scale")(torch.device("cpu"), torch.ones(4), 3)
+device = torch.device(sys.argv[2])
+out = Program(_scale, "scale")(device, torch.ones(4, device=device), 3)
 from torch._dynamo.utils import compilation_time_metrics as timed
 work = compile_work()
 print(json.dumps({"out": out.tolist(), "built": work.built, "loaded": work.loaded,
@@ -494,14 +495,18 @@ print(json.dumps({"out": out.tolist(), "built": work.built, "loaded": work.loade
 """
 
 
-def test_a_later_process_loads_a_graph_without_tracing_it(tmp_path) -> None:
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
+def test_a_later_process_loads_a_graph_without_tracing_it(tmp_path, device: str) -> None:
     """What a restarted pod, a PBT child's pod or another pod of the experiment pays for a
     compiled program is its load: the guards and kernels from the compile cache, with no
     trace of the function (dynamo's trace was most of a load's seconds)."""
 
     def run() -> dict:
         done = subprocess.run(
-            [sys.executable, "-c", LOADS, str(tmp_path / "cache")],
+            [sys.executable, "-c", LOADS, str(tmp_path / "cache"), device],
             cwd=ROOT, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
