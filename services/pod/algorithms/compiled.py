@@ -333,16 +333,13 @@ class Program:
     def _compile(self, device: torch.device, args: tuple[Any, ...]) -> Any:
         """Load or build the graph for ``args``, then run it."""
         from torch._guards import TracingContext, tracing
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
 
         start, graph = time.perf_counter(), None
         try:
             if device.type == "cpu":  # a load, too, runs inductor's ISA probe otherwise
                 trust_vec_isa()
             key = self._key(args)
-            facts = [torch.__version__, str(CPU_REALIZE_OPCOUNT), device_kind(device)]
-            digest = hashlib.sha256(" ".join([*facts, code_digest(), key]).encode()).hexdigest()
-            path = Path(cache_dir()) / "podium-programs" / f"{self.name}-{digest[:32]}.graph"
+            path = _cache_file(device_kind(device), key, name=f"{self.name}-").with_suffix(".graph")
             if path.exists():
                 try:  # an imported module's guard needs a trace's context to be rebuilt in
                     with path.open("rb") as f, tracing(TracingContext(None)):
@@ -461,18 +458,21 @@ class Graphed:
         return self._out
 
 
-def _marker(key: str, program: str) -> Path:
+def _cache_file(*facts: str, name: str = "") -> Path:
+    """The compile cache's file for ``facts`` under this build (torch, the CPU compile option,
+    the pod's code): a saved graph or a note; another build's are not found."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    facts = f"{torch.__version__} {CPU_REALIZE_OPCOUNT} {code_digest()} {key} {program}".encode()
-    return Path(cache_dir()) / "podium-programs" / hashlib.sha256(facts).hexdigest()[:32]
+    text = " ".join([torch.__version__, str(CPU_REALIZE_OPCOUNT), code_digest(), *facts])
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return Path(cache_dir()) / "podium-programs" / f"{name}{digest}"
 
 
 def cached(key: str, programs: Sequence[str]) -> bool:
     """Whether each of ``programs`` of ``key`` (what fixes them) is noted in the compile cache
     (``mark_cached``; a short run may build only its evaluation): their compile is a load."""
     try:
-        return all(_marker(key, program).exists() for program in programs)
+        return all(_cache_file(key, program).exists() for program in programs)
     except OSError:
         return False
 
@@ -480,7 +480,7 @@ def cached(key: str, programs: Sequence[str]) -> bool:
 def mark_cached(key: str, program: str) -> None:
     """Note in the compile cache that ``program`` of ``key`` is in it (a best effort)."""
     try:
-        path = _marker(key, program)
+        path = _cache_file(key, program)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{key} {program}")
     except OSError as exc:
