@@ -27,6 +27,11 @@ def _events(client: TestClient, exp_id: str) -> list[dict]:
     return client.get(f"/api/v1/experiments/{exp_id}/events?limit=1000").json()
 
 
+def _wait_for_events(client: TestClient, exp_id: str, kind: str) -> list[dict]:
+    """The experiment's events of ``kind``, once there is one."""
+    return wait_for(lambda: [e for e in _events(client, exp_id) if e["type"] == kind])
+
+
 def test_replaces_a_pod_killed_with_sigkill(client: TestClient) -> None:
     exp_id = create(client, spec(population={"min_pods": 2, "max_pods": 2}))
     d = _data_dir(client)
@@ -36,11 +41,11 @@ def test_replaces_a_pod_killed_with_sigkill(client: TestClient) -> None:
 
     after = wait_for(lambda: (p := live_pods(d, exp_id)) and len(p) == 2 and victim not in p and p)
     assert set(after) - set(pods), "a new pod replaced the killed one"
-    events = _events(client, exp_id)
-    failed = [e for e in events if e["type"] == "pod_failed"]
+    # The new pod's process runs before the pass that started it records its event.
+    replaced = _wait_for_events(client, exp_id, "pod_replaced")
+    assert victim in replaced[0]["message"]
+    failed = [e for e in _events(client, exp_id) if e["type"] == "pod_failed"]
     assert failed and failed[0]["pod_id"] == victim and "SIGKILL" in failed[0]["message"]
-    replaced = [e for e in events if e["type"] == "pod_replaced"]
-    assert replaced and victim in replaced[0]["message"]
 
     def settled() -> dict | None:
         e = _get(client, exp_id)
@@ -75,8 +80,8 @@ def test_an_ensemble_keeps_each_algorithms_share_of_the_pods(client: TestClient)
     after = wait_for(lambda: (p := live_pods(d, exp_id)) and len(p) == 3 and victim not in p and p)
     [new] = set(after) - set(pods)
     assert _algorithms({new: after[new]}) == {new: "dqn"}
-    replaced = [e for e in _events(client, exp_id) if e["type"] == "pod_replaced"]
-    assert replaced and replaced[0]["message"] == f"replaces failed pod {victim} (dqn)"
+    replaced = _wait_for_events(client, exp_id, "pod_replaced")
+    assert replaced[0]["message"] == f"replaces failed pod {victim} (dqn)"
 
 
 def test_an_ensemble_scaled_in_keeps_each_algorithms_share(client: TestClient) -> None:
