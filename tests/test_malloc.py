@@ -245,6 +245,28 @@ def test_podium_train_restarts_itself_with_the_library_before_importing_torch(
         proc.communicate()
 
 
+@needs_libz
+def test_the_pod_restarts_itself_with_the_library_before_its_other_imports(
+    tmp_path: Path,
+) -> None:
+    """`python -m services.pod` re-executes itself first of all: what it imported before the
+    exec (twice in all) is its package and services.malloc, not pydantic or the logging."""
+    lib = stand_in(tmp_path / "lib", "libtcmalloc_minimal.so.4")
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "services.pod", "--help"],
+        env={**bare_env(), "PODIUM_POD_MALLOC": str(lib)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = [line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if "|" in line]
+    assert imported.count("services.malloc") == 2  # before and after the exec
+    assert imported.count("pydantic") == 1 and imported.count("structlog") == 1
+
+
 def test_podium_train_names_a_bad_setting(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "train", "CartPole-v1"],

@@ -15,6 +15,17 @@ names what is wrong), 1 when training fails (the error is the last log line).
 
 from __future__ import annotations
 
+from services.malloc import AllocatorError, reexec_with_allocator, running_allocator
+
+# First of all, ``python -m services.pod`` starts itself anew with its allocator preloaded
+# (unless it runs with one already): the imports below, done before that, would be done twice.
+_allocator_error: str | None = None
+if __name__ == "__main__":
+    try:
+        reexec_with_allocator()
+    except AllocatorError as exc:
+        _allocator_error = str(exc)
+
 import argparse
 import json
 import logging
@@ -30,7 +41,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.contracts.spec import ExperimentSpec, describe_errors
 from services.logs import configure, get_logger, keep_tail
-from services.malloc import AllocatorError, reexec_with_allocator, running_allocator
 from services.pod import mkl_dispatch
 from services.pod.runtime import activity  # imports no torch
 from services.pod.runtime.compile_cache import use_compile_cache  # imports no torch
@@ -284,18 +294,9 @@ def process_start() -> float:
         return time.time()
 
 
-def preload_allocator() -> int | None:
-    """Start this command anew with the allocator ``PODIUM_POD_MALLOC`` picks (default auto:
-    tcmalloc where the machine, the pod image included, has it; services/malloc.py) unless it
-    runs with one already (the local backend preloads it). Only as ``python -m services.pod``:
-    a pod forked by the launcher runs with the launcher's. 2 for a setting that cannot work."""
-    try:
-        reexec_with_allocator()
-    except AllocatorError as exc:
-        configure()
-        log.error("bad input", error=str(exc))
-        return 2
-    if error := mkl_dispatch.setting_error():
+def setting_error() -> int | None:
+    """2 (bad input, logged) for an allocator or MKL setting that cannot work, else None."""
+    if error := _allocator_error or mkl_dispatch.setting_error():
         configure()
         log.error("bad input", error=error)
         return 2
@@ -303,4 +304,4 @@ def preload_allocator() -> int | None:
 
 
 if __name__ == "__main__":
-    sys.exit(preload_allocator() or main())
+    sys.exit(setting_error() or main())

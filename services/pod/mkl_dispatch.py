@@ -36,8 +36,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from services.pod.runtime.compile_cache import CACHE_DIR
-
 SETTING = "PODIUM_POD_MKL_DISPATCH"
 CHOICES = ("auto", "vendor")
 SYMBOL = "mkl_serv_intel_cpu_true"
@@ -100,7 +98,8 @@ def _compiler() -> str | None:
 def _directory() -> Path:
     """A directory of its own in the compile cache (the operator's, the pod's, else inductor's
     default): a pod can write and load libraries there."""
-    cache = os.environ.get(CACHE_DIR) or os.environ.get("PODIUM_COMPILE_CACHE_DIR")
+    # Not compile_cache.py's name: it imports the logging, and this runs before the re-exec.
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.environ.get("PODIUM_COMPILE_CACHE_DIR")
     if not cache:
         user = "".join(c if c.isalnum() else "_" for c in os.environ.get("USER", str(os.getuid())))
         cache = str(Path(tempfile.gettempdir()) / f"torchinductor_{user}")
