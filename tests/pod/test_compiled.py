@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -502,12 +503,14 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_a_later_process_loads_a_graph_without_tracing_it(tmp_path, device: str) -> None:
     """What a restarted pod, a PBT child's pod or another pod of the experiment pays for a
     compiled program is its load: the guards and kernels from the compile cache, with no
-    trace of the function (dynamo's trace was most of a load's seconds)."""
+    trace of the function (dynamo's trace was most of a load's seconds). Also where the
+    environment turns torch's graph caches off: a graph is saved as their entry."""
+    env = {**os.environ, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
 
     def run() -> dict:
         done = subprocess.run(
             [sys.executable, "-c", LOADS, str(tmp_path / "cache"), device],
-            cwd=ROOT, capture_output=True, text=True, timeout=600,
+            cwd=ROOT, capture_output=True, text=True, timeout=600, env=env,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])

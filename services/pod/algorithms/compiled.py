@@ -360,7 +360,7 @@ class Program:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     graph.save_compiled_function(str(path))
                 except Exception as exc:  # a full disk, an object torch cannot save: runs
-                    log.info("compile.save_failed", program=self.name, error=str(exc)[:200])
+                    log.warning("compile.save_failed", program=self.name, error=str(exc)[:200])
             else:
                 _WORK["loaded"] += 1
         except Exception as exc:  # dynamo's, inductor's and the C++ compiler's many types

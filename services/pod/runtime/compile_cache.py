@@ -1,18 +1,18 @@
 """Where the pod's compiled programs are kept, so a pod's restart and a PBT child's new pod load
 them instead of compiling again: each program's saved graphs (services/pod/algorithms/
 compiled.py) and inductor's kernels, under ``TORCHINDUCTOR_CACHE_DIR``, with inductor's graph
-caches on (``FLAGS``: set explicitly, so that an image's environment cannot turn them off
-unnoticed). Its default, under /tmp, is lost with the container, so the pod points it at a
-directory that outlives the process: ``PODIUM_COMPILE_CACHE_DIR``, which the local backend sets
-beside the experiments (every pod of the platform shares it: entries are keyed by what fixes
-the graph, the torch version and the device), else ``<PODIUM_POD_DIR>/compile-cache``.
+caches on (``FLAGS``: torch saves a compiled graph as AOTAutograd's cache entry; an environment
+that turns them off is overridden, with a warning). Its default, under /tmp, is lost with the
+container, so the pod points it at a directory that outlives the process:
+``PODIUM_COMPILE_CACHE_DIR``, which the local backend sets beside the experiments (every pod of
+the platform shares it: entries are keyed by what fixes the graph, the torch version and the
+device), else ``<PODIUM_POD_DIR>/compile-cache``.
 
 Kernels are shared libraries, loaded from where they were built: the cache directory must allow
 executables (an emptyDir or a volume does), and so must the temporary directory. Docker's
 ``--tmpfs /tmp`` (compose's hardening) is ``noexec``: where ``/tmp`` is, temporary files go to
-``<cache>/tmp`` instead (``TMPDIR``; an operator's own wins).
-
-Imports no torch: ``use_compile_cache`` runs before torch is imported.
+``<cache>/tmp`` instead (``TMPDIR``; an operator's own wins). Imports no torch:
+``use_compile_cache`` runs before torch is imported.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ log = get_logger(__name__)
 CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 #: The cache's subdirectory that takes temporary files where /tmp is noexec (never shared).
 TMP = "tmp"
-#: Torch's switches of the caches that hold whole compiled graphs (the FX graph cache and
-#: AOTAutograd's, which holds the forward and backward of a differentiated graph).
+#: Torch's switches of the FX graph cache and AOTAutograd's (the saved graphs' format).
 FLAGS = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
 
 
 def use_compile_cache(directory: Path | None) -> Path | None:
-    """Point inductor's caches at ``directory`` (created) and turn the graph caches on; an
-    operator's own ``TORCHINDUCTOR_CACHE_DIR`` wins. Returns the directory in use (None: torch's
-    default). Call before torch compiles anything (before it is imported is safest)."""
+    """Point inductor's caches at ``directory`` (created; an operator's ``TORCHINDUCTOR_CACHE_DIR``
+    wins), graph caches on, before torch is imported; the directory in use (None: torch's)."""
     for name, value in FLAGS.items():
-        os.environ.setdefault(name, value)
+        if os.environ.get(name, value) != value:
+            log.warning("compile cache flag overridden", flag=name, was=os.environ[name], now=value)
+        os.environ[name] = value
     if os.environ.get(CACHE_DIR):
         chosen = Path(os.environ[CACHE_DIR])
         log.info("compile cache", dir=str(chosen), source=CACHE_DIR)
