@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -100,6 +101,17 @@ def test_unknown_env_lists_known_names_without_traceback(tmp_path):
     assert "unknown env 'NoSuchEnv-v0'" in proc.stderr
     assert "CartPole-v1" in proc.stderr and "Pendulum-v1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_unknown_env_is_answered_before_torch_is_imported(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "services.cli", "train", "NoSuchEnv-v0"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PODIUM_POD_MALLOC": "system"},
+    )  # fmt: skip
+    assert proc.returncode == 2 and "unknown env 'NoSuchEnv-v0'" in proc.stderr
+    imported = [line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if "|" in line]
+    assert "services.cli.train" in imported and "torch" not in imported
 
 
 def test_invalid_fields_are_named(tmp_path):

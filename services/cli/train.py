@@ -41,8 +41,13 @@ def preload_malloc() -> None:
 def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool) -> None:
     from services.cli.overrides import ConfigError, load_yaml, parse_set
     from services.contracts.algorithms.hyperparameters import HyperparameterError
+    from services.contracts.spec import check_env_name
     from services.registry import UnknownNameError
 
+    try:  # before torch is imported (seconds): a misspelt name is answered at once
+        check_env_name(env)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     try:
         # The user's layers (YAML, then each --set) are read once and merged in order over the
         # preset of the algorithm they name (services/pod/training/presets.py); the algorithm's
