@@ -50,6 +50,8 @@ FUNCTIONAL = [
     "StockTrading-v0",
 ]
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
 
 def configs(env: str, agents: int = 1, compile: str = "on", **ppo: Any) -> list[PPORunConfig]:
     """Small configs of the env's preset (its settings: gSDE and reward normalisation on
@@ -377,7 +379,7 @@ def test_reading_the_compile_work_imports_no_compiler() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@CUDA
 def test_on_cuda_the_iteration_replays_as_one_cuda_graph_and_sees_new_hyperparameters() -> None:
     gpu = [c.model_copy(update={"device": "cuda"}) for c in configs("Pendulum-v1", 2)]
     eager = [c.model_copy(update={"ppo": c.ppo.model_copy(update={"compile": "off"})}) for c in gpu]
@@ -494,9 +496,6 @@ work = compile_work()
 print(json.dumps({"out": out.tolist(), "built": work.built, "loaded": work.loaded,
                   "traced": len(timed.get("bytecode_tracing", ()))}))
 """
-
-
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
