@@ -19,6 +19,12 @@ Each arm is launched the way its user launches it, as a process (tree) of its ow
 - ``podium-pop``: as ``podium``, but one pod training the P agents as one batched population
   (``population.agents_per_pod: P``); ``podium-pairs``: P/2 pods of two batched agents each
   (``resources.cpu: 2 cores / (P/2)``), so a population pod's one busy thread has a core each.
+- ``podium-warm``: as ``podium``, on a platform whose compile cache already holds the task's
+  programs, as a user's later runs of a spec find it after one run with ``compile: on`` (the
+  cache is the platform's, kept across experiments; docs/compiled-loop.md). Before the first
+  repetition, untimed, one short run per value of each ``choice`` in the search space (a batch
+  size shapes the programs) with that value and ``compile: on`` pinned fills a cache that every
+  repetition's platform then uses; the timed runs keep the spec's ``compile: auto``.
 - ``podium-exec``: as ``podium``, with the local backend's pod launcher off
   (``PODIUM_POD_LAUNCHER=false``): every pod a new interpreter that imports torch itself, as
   before the launcher (services/pod/runtime/launcher.py).
@@ -684,6 +690,57 @@ def via_copy(nodes: list[dict], subs: list[dict], target: float) -> bool | None:
     return False
 
 
+def warm_cache(args: argparse.Namespace, cores: int, root: Path) -> Path:
+    """The ``podium-warm`` arm's compile cache under ``root``, filled once (untimed): a run of
+    two rounds per pod with ``compile: on`` for each value of each ``choice`` of the search
+    space pinned in turn (the values that may shape a program), or one run without choices."""
+    cache = root / "compile-cache"
+    if cache.exists():
+        return cache
+    cache.mkdir(parents=True)
+    # Seeds no repetition uses: the timed runs find programs, not agents.
+    spec = podium_spec(args.env, args.pods, cores, 10_000, args.cap_s)
+    pins = [
+        {name: value}
+        for name, dist in spec["search_space"].items()
+        if dist.get("type") == "choice"
+        for value in dist["values"]
+    ] or [{}]
+    for i, pin in enumerate(pins):
+        warm = copy.deepcopy(spec)
+        warm["name"] = f"{spec['name']}-warm-{i}"
+        for name, value in {**pin, "compile": "on"}.items():
+            warm["search_space"][name] = {"type": "choice", "values": [value]}
+        warm["target_return"] = None
+        warm["budget"]["total_env_steps"] = 2 * args.pods * spec["round"]["env_steps"]
+        work = root / f"warm-{i}"
+        work.mkdir()
+        start = time.time()
+        proc = podium_process(warm, work, cache)
+        proc.wait()
+        took = time.time() - start
+        print(f"warm-up {pin or 'spec'}: exit {proc.returncode}, {took:.0f} s", flush=True)
+    return cache
+
+
+def podium_process(spec: dict[str, Any], work: Path, cache: Path | None) -> subprocess.Popen:
+    """``podium run`` of ``spec`` in ``work`` (untimed: the warm-up's), on ``cache``."""
+    spec_file, out = work / "spec.yaml", work / "out"
+    spec_file.write_text(yaml.safe_dump(spec))
+    if cache is not None:
+        share_cache(out, cache)
+    podium = Path(sys.executable).with_name("podium")
+    cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet", "--port", "0"]
+    log = (work / "log").open("w")
+    return subprocess.Popen([*cmd, "--leaderboard-port", "0"], stdout=log, stderr=log)
+
+
+def share_cache(out: Path, cache: Path) -> None:
+    """The platform of ``podium run --out OUT`` keeps its compile cache in OUT/data."""
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "compile-cache").symlink_to(cache, target_is_directory=True)
+
+
 def run_podium(
     args: argparse.Namespace, rep: int, cores: int, work: Path, arm: str = "podium"
 ) -> dict[str, Any]:
@@ -691,6 +748,8 @@ def run_podium(
     spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s, agents_per_pod)
     spec_file, out = work / "spec.yaml", work / "out"
     spec_file.write_text(yaml.safe_dump(spec))
+    if arm == "podium-warm":
+        share_cache(out, warm_cache(args, cores, work.parent / "warm"))
     podium = Path(sys.executable).with_name("podium")
     cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet"]
     ports = ["--port", "0", "--leaderboard-port", "0"]
@@ -768,6 +827,7 @@ def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[
 RUNNERS = {
     "podium": run_podium,
     "podium-exec": functools.partial(run_podium, arm="podium-exec"),
+    "podium-warm": functools.partial(run_podium, arm="podium-warm"),
     "podium-pop": functools.partial(run_podium, arm="podium-pop"),
     "podium-pairs": functools.partial(run_podium, arm="podium-pairs"),
     "ray": run_ray,

@@ -154,6 +154,66 @@ def test_a_pod_whose_cache_holds_the_key_publishes_it_at_once(
     assert third.outcome["state"] == "published" and third.outcome["files"] == 0
 
 
+def test_a_pod_whose_cache_holds_the_key_does_not_wait_for_the_holder(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """Pods sharing one cache directory (the embedded platform's) that already holds the key:
+    while the experiment's first pod holds the claim, the others load from the directory at
+    once instead of waiting for its publish (on a warm platform, a second and more a pod)."""
+    register(leaderboard, "exp", make_spec())
+    first = share(leaderboard, "p0", tmp_path / "c0")
+    first.before_build(configs())
+    compiled(tmp_path / "c0")
+    first.reported()
+    register(leaderboard, "exp2", make_spec())
+    holder = CompileShare(client(leaderboard, "exp2"), "p5", tmp_path / "c0")
+    holder.before_build(configs())
+    assert holder.indexed == ["ab/kernel.so"] and holder.pending  # publishes after its step
+    other = CompileShare(client(leaderboard, "exp2"), "p6", tmp_path / "c0")
+    thread = in_thread(other.before_build, configs(seed=5))
+    thread.join(timeout=5)
+    assert not thread.is_alive(), "a pod with the files at hand waited for the holder"
+    assert other.outcome["state"] == "local" and other.outcome["holder"] == "p5"
+    # A pod with another directory still waits for the holder's files, then loads them.
+    elsewhere = CompileShare(client(leaderboard, "exp2"), "p7", tmp_path / "c7")
+    thread = in_thread(elsewhere.before_build, configs(seed=6))
+    time.sleep(1.0)
+    assert thread.is_alive()
+    holder.stepped(compile_seconds=0.01)
+    thread.join(timeout=30)
+    assert elsewhere.outcome["state"] == "loaded"
+    assert (tmp_path / "c7" / "ab" / "kernel.so").read_bytes() == b"compiled code"
+
+
+def test_a_pod_whose_programs_come_later_publishes_them_once_they_ran(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """An off-policy pod's first step fills its replay (no update, nothing compiled yet), and
+    ``auto`` times eager calls before it compiles: the claim holds through that step and any
+    report before the programs ran, then the compile is published; the others load it."""
+    register(leaderboard, "exp", make_spec())
+    first = share(leaderboard, "p0", tmp_path / "c0")
+    first.before_build(configs())
+    first.stepped(compile_seconds=0.0, compiles_later=True)
+    first.reported(compiles_later=True)
+    assert first.pending
+    other = share(leaderboard, "p1", tmp_path / "c1")
+    thread = in_thread(other.before_build, configs(seed=3))
+    time.sleep(1.0)
+    assert thread.is_alive(), "a pod went on before the compile it should load"
+    compiled(tmp_path / "c0")
+    first.reported(compiles_later=False)
+    assert first.outcome["state"] == "published" and first.outcome["files"] == 1
+    thread.join(timeout=30)
+    assert other.outcome["state"] == "loaded"
+    # A final report publishes whatever there is: nobody waits for a pod that ended.
+    register(leaderboard, "exp2", make_spec())
+    ended = CompileShare(client(leaderboard, "exp2"), "p2", tmp_path / "c2")
+    ended.before_build(configs())
+    ended.reported(compiles_later=False)
+    assert ended.outcome["state"] == "published" and ended.outcome["files"] == 0
+
+
 def test_an_eager_pod_keeps_nobody_waiting(leaderboard: Leaderboard, tmp_path: Path) -> None:
     register(leaderboard, "exp", make_spec())
     first = share(leaderboard, "p0", tmp_path / "c0")

@@ -15,17 +15,18 @@ from typing import Any
 import pytest
 import torch
 from structlog.testing import capture_logs
+from torch.func import functional_call
 
 from services.pod.algorithms.compiled import (
     CompileRefusedError,
     Program,
     cached,
 )
-from services.pod.algorithms.counter_random import uniform
-from services.pod.algorithms.ddpg import DDPG, DDPGConfig
+from services.pod.algorithms.counter_random import draws, normal, uniform, uniform_bits
+from services.pod.algorithms.ddpg import DDPG, DDPGConfig, QCritic
 from services.pod.algorithms.dqn import DQN, DQNConfig
 from services.pod.algorithms.sac import SAC, SACConfig, SACStack, sac_update
-from services.pod.algorithms.stacked import KStep, Stack, draw_batch
+from services.pod.algorithms.stacked import BATCH_STREAM, KStep, Stack, call, draw_batch
 from services.pod.algorithms.td3 import TD3, TD3Config
 from services.pod.envs.registry import make_env
 from services.pod.training.offpolicy import OffPolicyConfig, OffPolicyTrainer
@@ -119,13 +120,63 @@ def test_counter_based_draws_are_uniform_reproducible_and_within_the_filled_rows
     torch.testing.assert_close(uniform(seeds[1:2], counter, 0, (10_000,))[0], u[1])
     assert not torch.equal(uniform(seeds, counter + 1, 0, (10_000,)), u)
     fields, filled = _replay(3)
-    batch = draw_batch(fields, filled, seeds, counter, 500)
+    batch = draw_batch(fields, filled, uniform(seeds, counter, BATCH_STREAM, (500,)))
     obs = fields[0]
     for i, rows in enumerate(filled.tolist()):
         # Every drawn observation is one of the agent's filled rows, and all of them show up.
         found = (batch.obs[i].unsqueeze(1) == obs[i].unsqueeze(0)).all(-1)
         assert bool(found[:, :rows].any(1).all()) and not bool(found[:, rows:].any())
         assert int(found[:, :rows].any(0).sum()) == rows
+
+
+def _reference_bits(seed: int, counter: int, stream: int, index: int) -> int:
+    """counter_random's hash in Python integers, written from its definition."""
+
+    def mix(x: int) -> int:
+        x = ((x ^ (x >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
+        x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    key = mix(seed & 0xFFFFFFFF)
+    key = mix((key + mix((counter & 0xFFFFFFFF) ^ (stream * 0x2545F491))) & 0xFFFFFFFF)
+    return mix(mix((key + index) & 0xFFFFFFFF) ^ key)
+
+
+def test_one_pass_over_several_streams_draws_what_each_stream_draws_alone() -> None:
+    """An update draws its minibatch and its noise in one ``draws`` call (one pass of ops for
+    every stream): the values are each stream's own, as the hash defines them."""
+    seeds, counter = torch.tensor([5, 2**33 + 6, 7]), torch.tensor([3, 4, 2**40])
+    u, n = draws(seeds, counter, {BATCH_STREAM: (9,)}, {1: (9, 2), 2: (9, 2)})
+    assert torch.equal(u[BATCH_STREAM], uniform(seeds, counter, BATCH_STREAM, (9,)))
+    for s in (1, 2):
+        assert n[s].shape == (3, 9, 2)
+        assert torch.equal(n[s], normal(seeds, counter, s, (9, 2)))
+    bits = uniform_bits(seeds, counter, 4, (2, 3), offset=5)
+    for agent in range(3):
+        expected = [
+            _reference_bits(int(seeds[agent]), int(counter[agent]), 4, 5 + k) for k in range(6)
+        ]
+        assert bits[agent].flatten().tolist() == expected
+    with pytest.raises(ValueError, match="stream 2 drawn twice"):
+        draws(seeds, counter, {2: (3,)}, {1: (4,)})
+
+
+def test_call_runs_the_module_on_the_given_tensors_and_gives_its_own_back() -> None:
+    """``call`` (eager: the tensors put into the module's tables and taken out) computes what
+    ``functional_call`` does, gradients reach the given tensors, and the module keeps its own
+    parameters, also when its forward raises."""
+    critic = QCritic(3, 1, [8, 8], "relu", n=2)
+    own = dict(critic.named_parameters())
+    given = {k: (v.detach() + 0.5).requires_grad_() for k, v in own.items()}
+    obs, action = torch.randn(5, 3), torch.randn(5, 1)
+    out = call(critic, given, obs, action)
+    torch.testing.assert_close(out, functional_call(critic, given, (obs, action)), rtol=0, atol=0)
+    out.sum().backward()
+    assert all(t.grad is not None for t in given.values())
+    assert all(t.grad is None for t in own.values())
+    with pytest.raises(RuntimeError):
+        call(critic, given, obs, torch.randn(5, 2))  # the first layer takes 4 features, not 5
+    assert all(a is b for a, b in zip(critic.parameters(), own.values(), strict=True))
 
 
 @pytest.mark.parametrize(("double", "dueling"), [(False, False), (True, True)])
@@ -310,9 +361,14 @@ def _cached(config: OffPolicyConfig) -> bool:
 def test_a_single_sac_pod_trains_with_the_compiled_update_and_saves_its_files(tmp_path) -> None:
     trainer = OffPolicyTrainer([_config("on")])
     try:
+        # Its first steps fill the replay: no program has run, one will (an experiment's other
+        # pods wait for its compile, services/pod/runtime/compile_share.py).
+        trainer.step()
+        assert trainer.updates == 0 and trainer.compiles_later
         with capture_logs() as logs:
-            for _ in range(12):
+            for _ in range(11):
                 trainer.step()
+        assert not trainer.compiles_later
         assert not [e for e in logs if e["event"] == "compile.failed"], logs
         assert trainer.learner.compiled and trainer.learner.updates == 10
         # Noted in the compile cache: auto in the next process counts its compile a load.

@@ -18,12 +18,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.spec import ExperimentSpec
-from services.pod.algorithms.counter_random import normal
+from services.pod.algorithms.counter_random import normal, uniform
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
 from services.pod.algorithms.dqn import DQN, DQNConfig
 from services.pod.algorithms.replay_buffer import Batch
 from services.pod.algorithms.sac import SAC, SACConfig
-from services.pod.algorithms.stacked import KStep, draw_batch
+from services.pod.algorithms.stacked import BATCH_STREAM, KStep, draw_batch
 from services.pod.algorithms.td3 import TD3, TD3Config
 from services.pod.envs.registry import make_env
 from services.pod.training.checkpoint import read_files
@@ -67,7 +67,8 @@ def replay_of(p: int, n: int, obs: int, discrete: bool, seed: int) -> tuple[tupl
 def drawn(kstep: KStep, b: int, streams: int, a: int = 1) -> tuple[Batch, list[torch.Tensor]]:
     """The batch and the normal draws (``streams`` of them) the next update of ``kstep``
     draws: the same counter-based functions, called before it does."""
-    batch = draw_batch(kstep.replay, kstep.filled, kstep.seed, kstep.counter, b)
+    u = uniform(kstep.seed, kstep.counter, BATCH_STREAM, (b,))
+    batch = draw_batch(kstep.replay, kstep.filled, u)
     noise = [normal(kstep.seed, kstep.counter, s, (b, a)) for s in range(1, streams + 1)]
     return batch, noise
 

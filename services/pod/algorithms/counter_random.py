@@ -12,6 +12,7 @@ keeps the draws of different uses apart.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -27,6 +28,30 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def stream_bits(
+    seed: torch.Tensor,
+    counter: torch.Tensor,
+    streams: Sequence[int],
+    size: int,
+    offset: torch.Tensor | int = 0,
+) -> torch.Tensor:
+    """int64 hash values in [0, 2**32) of (seed, counter, stream, index) for every stream of
+    ``streams`` and index ``offset`` .. ``offset + size - 1``: (seed.numel(), len(streams),
+    size). Several streams cost one pass of ops: eager code pays per op, not per element."""
+    # Each salt a fill on the device: no host tensor (an upload a step on a GPU), and no
+    # arange times a constant, which inductor computes in 32-bit index arithmetic (it overflows).
+    salt: torch.Tensor | int = (
+        streams[0] * 0x2545F491
+        if len(streams) == 1
+        else torch.cat([seed.new_full((1,), s * 0x2545F491) for s in streams])
+    )
+    key = mix32(seed & _M32).unsqueeze(-1)
+    key = mix32((key + mix32((counter & _M32).unsqueeze(-1) ^ salt)) & _M32)
+    key = key.reshape(-1, len(streams), 1)
+    index = torch.arange(size, device=seed.device, dtype=torch.int64) + offset
+    return mix32(mix32((key + index) & _M32) ^ key)
+
+
 def uniform_bits(
     seed: torch.Tensor,
     counter: torch.Tensor,
@@ -34,15 +59,36 @@ def uniform_bits(
     shape: tuple[int, ...],
     offset: torch.Tensor | int = 0,
 ) -> torch.Tensor:
-    """int64 hash values in [0, 2**32) of (seed, counter, stream, index), shaped
-    ``(*seed.shape, *shape)``: one independent draw per seed (an agent's, say) and element.
-    ``offset``: the first element's index, so a slice of a larger draw is drawn on its own
-    (a tensor: one program serves every slice)."""
-    key = mix32(seed & _M32)
-    key = mix32((key + mix32((counter & _M32) ^ (stream * 0x2545F491))) & _M32).reshape(-1, 1)
-    index = torch.arange(math.prod(shape), device=seed.device, dtype=torch.int64) + offset
-    bits = mix32((key + index) & _M32)
-    return mix32(bits ^ key).view(*seed.shape, *shape)
+    """``stream_bits`` of one stream, shaped ``(*seed.shape, *shape)``: one independent draw
+    per seed (an agent's, say) and element. ``offset``: the first element's index, so a slice
+    of a larger draw is drawn on its own (a tensor: one program serves every slice)."""
+    bits = stream_bits(seed, counter, (stream,), math.prod(shape), offset)
+    return bits.view(*seed.shape, *shape)
+
+
+def draws(
+    seed: torch.Tensor,
+    counter: torch.Tensor,
+    uniform: Mapping[int, tuple[int, ...]] | None = None,
+    normal: Mapping[int, tuple[int, ...]] | None = None,
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """The draws of ``uniform`` and ``normal`` for several streams at once, ``{stream:
+    shape}`` each, the same values as one call of each per stream (a normal of stream s takes
+    the uniforms of 2s and 2s + 1), from one ``stream_bits`` pass over all of them."""
+    uniform, normal = dict(uniform or {}), dict(normal or {})
+    shapes = dict(uniform)
+    for s, shape in normal.items():
+        for u in (2 * s, 2 * s + 1):
+            if shapes.setdefault(u, shape) != shape:
+                raise ValueError(f"stream {u} drawn twice: as {shapes[u]} and as {shape}")
+    streams = sorted(shapes)
+    sizes = {s: math.prod(shape) for s, shape in shapes.items()}
+    block = to_uniform(stream_bits(seed, counter, streams, max(sizes.values())))
+    u = {s: block[:, i, : sizes[s]].reshape(*seed.shape, *shapes[s]) for i, s in enumerate(streams)}
+    return (
+        {s: u[s] for s in uniform},
+        {s: box_muller(u[2 * s], u[2 * s + 1]) for s in normal},
+    )
 
 
 def uniform(
@@ -62,9 +108,7 @@ def normal(
     seed: torch.Tensor, counter: torch.Tensor, stream: int, shape: tuple[int, ...]
 ) -> torch.Tensor:
     """Standard normals (Box-Muller) from ``uniform``'s streams 2 * stream and 2 * stream + 1."""
-    return box_muller(
-        uniform(seed, counter, 2 * stream, shape), uniform(seed, counter, 2 * stream + 1, shape)
-    )
+    return draws(seed, counter, normal={stream: shape})[1][stream]
 
 
 def box_muller(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:

@@ -30,12 +30,12 @@ from torch import nn
 from services.contracts.algorithms.ddpg.config import DDPGConfig
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.compiled import Program, grad, per_agent
-from services.pod.algorithms.counter_random import normal
+from services.pod.algorithms.counter_random import draws
 from services.pod.algorithms.flat import Layout
 from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
-from services.pod.algorithms.stacked import Stack, adam_group_, call, draw_batch
+from services.pod.algorithms.stacked import BATCH_STREAM, Stack, adam_group_, call, draw_batch
 
 
 def box_space(action_space: gym.Space, algorithm: str) -> gym.spaces.Box:
@@ -249,9 +249,10 @@ def td3_update(
     actor_m, actor_target_m, critic_m, critic_target_m = modules
     seed, counter = state["seed"], state["counter"]
     p, b = state["critic"].shape[0], batch_size
-    batch = draw_batch(replay, filled, seed, counter, b)
-    a = batch.action.shape[-1]
-    noise = normal(seed, counter, 1, (b, a)) if smoothing else batch.action.new_zeros(p, b, a)
+    a = replay[1].shape[-1]
+    u, n = draws(seed, counter, {BATCH_STREAM: (b,)}, {1: (b, a)} if smoothing else None)
+    batch = draw_batch(replay, filled, u[BATCH_STREAM])
+    noise = n[1] if smoothing else batch.action.new_zeros(p, b, a)
     critic = critic_layout.views(state["critic"], "critic.")
     critic_t = critic_layout.views(state["critic_target"], "critic.")
     actor = actor_layout.views(state["actor"], "policy.actor.")

@@ -28,11 +28,12 @@ from services.contracts.algorithms.dqn.config import DQNConfig
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.compiled import Program, grad, per_agent
+from services.pod.algorithms.counter_random import draws
 from services.pod.algorithms.ddpg import frozen_copy
 from services.pod.algorithms.flat import Layout
 from services.pod.algorithms.policies import Activation, Policy, mlp
 from services.pod.algorithms.replay_buffer import Batch
-from services.pod.algorithms.stacked import Stack, adam_group_, call, draw_batch
+from services.pod.algorithms.stacked import BATCH_STREAM, Stack, adam_group_, call, draw_batch
 
 
 class QNetwork(nn.Module):
@@ -160,7 +161,8 @@ def dqn_update(
     targets moved by its τ where its update number (``slot_updates`` + 1) is a multiple of its
     ``target_update_every``. Returns each agent's loss, (P,)."""
     flat, seed, counter = state["q"], state["seed"], state["counter"]
-    batch = draw_batch(replay, filled, seed, counter, batch_size)
+    u, _ = draws(seed, counter, {BATCH_STREAM: (batch_size,)})
+    batch = draw_batch(replay, filled, u[BATCH_STREAM])
     params = layout.views(flat, "policy.actor.")
     targets = layout.views(state["q_target"], "policy.actor.")
     losses = per_agent(functools.partial(dqn_loss, q_module, double))

@@ -31,13 +31,13 @@ from torch import nn
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.algorithms.sac.config import SACConfig
 from services.pod.algorithms.compiled import Program, grad, per_agent
-from services.pod.algorithms.counter_random import normal
+from services.pod.algorithms.counter_random import draws
 from services.pod.algorithms.ddpg import ActorCritic, BoundedActor
 from services.pod.algorithms.flat import Layout
 from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.policies import Activation, mlp
 from services.pod.algorithms.replay_buffer import Batch
-from services.pod.algorithms.stacked import Stack, adam_group_, call, draw_batch
+from services.pod.algorithms.stacked import BATCH_STREAM, Stack, adam_group_, call, draw_batch
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _LOG_2 = math.log(2.0)
@@ -179,9 +179,9 @@ def sac_update(
     ``counter``). Returns each agent's stats, (P,) each."""
     flat, seed, counter = state["params"], state["seed"], state["counter"]
     a = sampler.actor.act_dim
-    batch = draw_batch(replay, filled, seed, counter, batch_size)
-    eps_next = normal(seed, counter, 1, (batch_size, a))
-    eps = normal(seed, counter, 2, (batch_size, a))
+    b = batch_size
+    u, n = draws(seed, counter, {BATCH_STREAM: (b,)}, {1: (b, a), 2: (b, a)})
+    batch, eps_next, eps = draw_batch(replay, filled, u[BATCH_STREAM]), n[1], n[2]
     params = layout.views(flat)
     targets = target_layout.views(state["targets"], "critic_target.")
     losses = per_agent(functools.partial(sac_losses, sampler, critic, autotune))

@@ -22,6 +22,7 @@ calls of one; the CUDA graph is what makes the K updates one launch.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
@@ -31,7 +32,6 @@ from torch.func import functional_call
 
 from services.pod.algorithms.adam import BatchedAdam, adam_, clip_rows
 from services.pod.algorithms.compiled import BoundProgram, Graphed, Program
-from services.pod.algorithms.counter_random import uniform
 from services.pod.algorithms.flat import Layout, flat_rows
 from services.pod.algorithms.noise import ActionNoise
 from services.pod.algorithms.replay_buffer import FIELDS, Batch, ReplayBuffer
@@ -171,17 +171,15 @@ class Stack:
         raise NotImplementedError
 
 
-def draw_batch(
-    replay: tuple[torch.Tensor, ...],
-    filled: torch.Tensor,
-    seed: torch.Tensor,
-    counter: torch.Tensor,
-    batch_size: int,
-) -> Batch:
-    """``batch_size`` transitions per agent from ``replay``'s fields (P, capacity, ...), drawn
-    uniformly with replacement from each agent's ``filled`` (P,) rows, from its own stream
-    (``seed`` (P,)): an agent's draws do not depend on the others'."""
-    u = uniform(seed, counter, 0, (batch_size,))
+#: The stream of the minibatch draws (``draw_batch``'s uniforms); an update's other draws
+#: (its action noise) take other streams of the same ``draws`` call.
+BATCH_STREAM = 0
+
+
+def draw_batch(replay: tuple[torch.Tensor, ...], filled: torch.Tensor, u: torch.Tensor) -> Batch:
+    """A minibatch per agent from ``replay``'s fields (P, capacity, ...), drawn uniformly with
+    replacement from each agent's ``filled`` (P,) rows by its uniforms ``u`` (P, batch) of
+    ``BATCH_STREAM`` (an agent's own stream: its draws do not depend on the others')."""
     size = filled.unsqueeze(1)
     idx = (u * size).long().clamp_(max=size - 1)
     agents = torch.arange(idx.shape[0], device=idx.device).unsqueeze(1)
@@ -357,5 +355,39 @@ class StackedReplay:
 
 def call(module: nn.Module, params: dict[str, torch.Tensor], *args: Any) -> Any:
     """``module(*args)`` with ``params`` (one agent's row of a stack) as its parameters: the
-    single agent's own code on a stack's weights (the agents' modules tie no weights)."""
-    return functional_call(module, params, args, tie_weights=False)
+    single agent's own code on a stack's weights (the agents' modules tie no weights). Eager,
+    the tensors are put into the modules' parameter tables and taken out again, which is what
+    ``functional_call`` does at several times the cost per tensor (an eager update makes a few
+    such calls of a dozen tensors each); traced, ``functional_call``."""
+    if torch.compiler.is_compiling():
+        return functional_call(module, params, args, tie_weights=False)
+    slots = _slots(module)
+    if not params.keys() <= slots.keys():
+        return functional_call(module, params, args, tie_weights=False)
+    saved = []
+    try:
+        for name, tensor in params.items():
+            table, attr = slots[name]
+            saved.append((table, attr, table[attr]))
+            table[attr] = tensor
+        return module(*args)
+    finally:
+        for table, attr, old in reversed(saved):
+            table[attr] = old
+
+
+_SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[dict, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _slots(module: nn.Module) -> dict[str, tuple[dict, str]]:
+    """Each parameter's name in ``module`` -> (its submodule's parameter table, its key)."""
+    slots = _SLOTS.get(module)
+    if slots is None:
+        slots = {}
+        for prefix, sub in module.named_modules(remove_duplicate=False):
+            for attr in sub._parameters:
+                slots[f"{prefix}.{attr}" if prefix else attr] = (sub._parameters, attr)
+        _SLOTS[module] = slots
+    return slots

@@ -21,7 +21,9 @@ trainer is built, a pod claims its key at the leaderboard (services/leaderboard/
   program a pod runs has run by then: a training step and an evaluation) publishes the files
   that appeared (or changed size) as one bundle. A trainer that compiled nothing in its first
   step publishes at once that there is nothing to share: nobody waits for an eager pod's round.
-- ``wait``: another pod compiles: ask again (after the leaderboard's ``retry_after_s``, backing
+- ``wait``: another pod compiles. Where this pod's cache directory holds the key's files
+  (the index says so: pods sharing a volume, as the embedded platform's do), it loads them at
+  once. Otherwise it asks again (after the leaderboard's ``retry_after_s``, backing
   off to ``MAX_POLL_S``, with jitter so that many pods spread their asks), at most ``wait_s``
   in all; then compile here.
 
@@ -185,6 +187,11 @@ class CompileShare:
                 return
             waited = time.monotonic() - start
             if not waited_before:
+                if self._indexed(key):
+                    # This cache holds the key's files (a platform's pods share one cache
+                    # directory): load them, nothing to wait for.
+                    self._log("local", start, holder=state.holder)
+                    return
                 waited_before = True
                 log.info("compile_cache.waiting", key=key, holder=state.holder)
             if waited >= self.wait_s or self.stopping():
@@ -270,10 +277,13 @@ class CompileShare:
         """This pod compiles a key it has not published yet."""
         return self.claim is not None
 
-    def stepped(self, compile_seconds: float) -> None:
+    def stepped(self, compile_seconds: float, compiles_later: bool = False) -> None:
         """After the pod's first training step: a trainer that compiled nothing (no compile
-        seconds, no new files) says so at once: no pod waits for a round of an eager one."""
-        if self.pending and (self.indexed or (compile_seconds <= 0 and not self._new_files())):
+        seconds, no new files) and will not (``compiles_later``: ``auto`` still timing, or no
+        program run yet) says so at once: no pod waits for a round of an eager one."""
+        if not self.pending:
+            return
+        if self.indexed or (not compiles_later and compile_seconds <= 0 and not self._new_files()):
             self.publish()
 
     def _new_files(self) -> list[str]:
@@ -282,8 +292,10 @@ class CompileShare:
         now = files_under(self.cache_dir, SKIP)
         return sorted(rel for rel, (size, _) in now.items() if before.get(rel, (-1,))[0] != size)
 
-    def reported(self) -> None:
-        if self.pending:
+    def reported(self, compiles_later: bool = False) -> None:
+        """At a report: publish, unless the trainer's programs are still to come (then at a
+        later report: what the others wait for is the compile, not the round)."""
+        if self.pending and not compiles_later:
             self.publish()
 
     def publish(self) -> None:

@@ -51,6 +51,9 @@ PRELOAD = (
     "services.pod.training.offpolicy",
     "services.pod.roles.learner",
 )
+#: Imported where installed (the ``pod`` extra has them): a pod's board imports TensorBoard's
+#: writer when it opens, a few tenths of a second of every pod's start.
+OPTIONAL = ("torch.utils.tensorboard",)
 
 
 def preload() -> None:
@@ -60,6 +63,9 @@ def preload() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
+    for name in OPTIONAL:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 def _child(request: dict[str, Any], channels: list[int], started: int) -> int:

@@ -436,7 +436,7 @@ class PodRuntime:
             )
             slot.unreported_steps = 0
         if self.compile_share is not None:
-            self.compile_share.reported()
+            self.compile_share.reported(trainer.compiles_later and not final)
         if self.files is not None:
             self.files.reported()
         if "first_report" not in self.startup:
@@ -449,7 +449,7 @@ class PodRuntime:
         self.startup[milestone] = seconds
         self.metrics.started(milestone, seconds)
         if milestone == "first_env_step" and self.compile_share is not None:
-            self.compile_share.stepped(trainer.compile_seconds)
+            self.compile_share.stepped(trainer.compile_seconds, trainer.compiles_later)
         log.info(
             f"pod.{milestone}",
             seconds=round(seconds, 3),

@@ -28,6 +28,7 @@ from services import registry
 from services.contracts.algorithms.card import AlgorithmCard, CardError, card
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
+from services.pod.algorithms.compiled import Decision
 from services.pod.config import RunConfig
 from services.pod.roles.evaluator import EvalResult
 
@@ -68,6 +69,8 @@ class Trainer(ABC, Generic[C]):
     compile_seconds: float = 0.0
     #: What runs compiled and why (not), one line a user reads (``podium train`` prints it).
     compiled: str = "eager"
+    #: Whether its programs compile (services/pod/algorithms/compiled.py); None: never.
+    decision: Decision | None = None
 
     @abstractmethod
     def __init__(
@@ -93,6 +96,14 @@ class Trainer(ABC, Generic[C]):
     def join_group(self, world: int) -> None:
         """Make this trainer one of ``world`` replicas (in a process group already)."""
         raise NotImplementedError(f"{type(self).__name__} trains no replicas")
+
+    @property
+    def compiles_later(self) -> bool:
+        """Programs may still be compiled or loaded here: ``auto`` is still timing the eager
+        calls, or it (or ``on``) compiles and no program has run yet (an off-policy update
+        waits for its replay to fill)."""
+        d = self.decision
+        return d is not None and d.compiled is not False and self.compile_seconds <= 0
 
     @property
     def env_steps(self) -> int:
