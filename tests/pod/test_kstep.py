@@ -10,23 +10,23 @@ Compiling one update costs a minute on a loaded 2-core CPU, so the tests that co
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
 import torch
 from structlog.testing import capture_logs
-from torch.func import functional_call
 
 from services.pod.algorithms.compiled import (
     CompileRefusedError,
     Program,
     cached,
 )
-from services.pod.algorithms.counter_random import draws, normal, uniform, uniform_bits
-from services.pod.algorithms.ddpg import DDPG, DDPGConfig, QCritic
+from services.pod.algorithms.counter_random import box_muller, draws, stream_bits, uniform
+from services.pod.algorithms.ddpg import DDPG, DDPGConfig
 from services.pod.algorithms.dqn import DQN, DQNConfig
 from services.pod.algorithms.sac import SAC, SACConfig, SACStack, sac_update
-from services.pod.algorithms.stacked import BATCH_STREAM, KStep, Stack, call, draw_batch
+from services.pod.algorithms.stacked import BATCH_STREAM, KStep, Stack, draw_batch
 from services.pod.algorithms.td3 import TD3, TD3Config
 from services.pod.envs.registry import make_env
 from services.pod.training.offpolicy import OffPolicyConfig, OffPolicyTrainer
@@ -148,35 +148,17 @@ def test_one_pass_over_several_streams_draws_what_each_stream_draws_alone() -> N
     seeds, counter = torch.tensor([5, 2**33 + 6, 7]), torch.tensor([3, 4, 2**40])
     u, n = draws(seeds, counter, {BATCH_STREAM: (9,)}, {1: (9, 2), 2: (9, 2)})
     assert torch.equal(u[BATCH_STREAM], uniform(seeds, counter, BATCH_STREAM, (9,)))
-    for s in (1, 2):
-        assert n[s].shape == (3, 9, 2)
-        assert torch.equal(n[s], normal(seeds, counter, s, (9, 2)))
-    bits = uniform_bits(seeds, counter, 4, (2, 3), offset=5)
-    for agent in range(3):
-        expected = [
-            _reference_bits(int(seeds[agent]), int(counter[agent]), 4, 5 + k) for k in range(6)
-        ]
-        assert bits[agent].flatten().tolist() == expected
+    for s in (1, 2):  # a normal of stream s: Box-Muller of the uniforms of 2s and 2s + 1
+        alone = [uniform(seeds, counter, u, (9, 2)) for u in (2 * s, 2 * s + 1)]
+        assert n[s].shape == (3, 9, 2) and torch.equal(n[s], box_muller(*alone))
+    bits = stream_bits(seeds, counter, (4, 0), 6, offset=5)
+    assert bits.shape == (3, 2, 6)
+    for agent, (stream, column) in itertools.product(range(3), ((4, 0), (0, 1))):
+        seed, count = int(seeds[agent]), int(counter[agent])
+        expected = [_reference_bits(seed, count, stream, 5 + k) for k in range(6)]
+        assert bits[agent, column].tolist() == expected
     with pytest.raises(ValueError, match="stream 2 drawn twice"):
         draws(seeds, counter, {2: (3,)}, {1: (4,)})
-
-
-def test_call_runs_the_module_on_the_given_tensors_and_gives_its_own_back() -> None:
-    """``call`` (eager: the tensors put into the module's tables and taken out) computes what
-    ``functional_call`` does, gradients reach the given tensors, and the module keeps its own
-    parameters, also when its forward raises."""
-    critic = QCritic(3, 1, [8, 8], "relu", n=2)
-    own = dict(critic.named_parameters())
-    given = {k: (v.detach() + 0.5).requires_grad_() for k, v in own.items()}
-    obs, action = torch.randn(5, 3), torch.randn(5, 1)
-    out = call(critic, given, obs, action)
-    torch.testing.assert_close(out, functional_call(critic, given, (obs, action)), rtol=0, atol=0)
-    out.sum().backward()
-    assert all(t.grad is not None for t in given.values())
-    assert all(t.grad is None for t in own.values())
-    with pytest.raises(RuntimeError):
-        call(critic, given, obs, torch.randn(5, 2))  # the first layer takes 4 features, not 5
-    assert all(a is b for a, b in zip(critic.parameters(), own.values(), strict=True))
 
 
 @pytest.mark.parametrize(("double", "dueling"), [(False, False), (True, True)])

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.spec import ExperimentSpec
-from services.pod.algorithms.counter_random import normal, uniform
+from services.pod.algorithms.counter_random import draws, uniform
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
 from services.pod.algorithms.dqn import DQN, DQNConfig
 from services.pod.algorithms.replay_buffer import Batch
@@ -69,7 +69,8 @@ def drawn(kstep: KStep, b: int, streams: int, a: int = 1) -> tuple[Batch, list[t
     draws: the same counter-based functions, called before it does."""
     u = uniform(kstep.seed, kstep.counter, BATCH_STREAM, (b,))
     batch = draw_batch(kstep.replay, kstep.filled, u)
-    noise = [normal(kstep.seed, kstep.counter, s, (b, a)) for s in range(1, streams + 1)]
+    _, normals = draws(kstep.seed, kstep.counter, {}, {s: (b, a) for s in range(1, streams + 1)})
+    noise = [normals[s] for s in range(1, streams + 1)]
     return batch, noise
 
 

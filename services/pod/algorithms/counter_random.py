@@ -29,22 +29,17 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def stream_bits(
-    seed: torch.Tensor,
-    counter: torch.Tensor,
-    streams: Sequence[int],
-    size: int,
+    seed: torch.Tensor, counter: torch.Tensor, streams: Sequence[int], size: int,
     offset: torch.Tensor | int = 0,
-) -> torch.Tensor:
-    """int64 hash values in [0, 2**32) of (seed, counter, stream, index) for every stream of
+) -> torch.Tensor:  # fmt: skip
+    """int64 hash values in [0, 2**32) of (seed, counter, stream, index) for each of
     ``streams`` and index ``offset`` .. ``offset + size - 1``: (seed.numel(), len(streams),
-    size). Several streams cost one pass of ops: eager code pays per op, not per element."""
-    # Each salt a fill on the device: no host tensor (an upload a step on a GPU), and no
-    # arange times a constant, which inductor computes in 32-bit index arithmetic (it overflows).
-    salt: torch.Tensor | int = (
-        streams[0] * 0x2545F491
-        if len(streams) == 1
-        else torch.cat([seed.new_full((1,), s * 0x2545F491) for s in streams])
-    )
+    size), an independent draw per seed (an agent's, say) and element. Several streams are one
+    pass of ops (eager code pays per op, not per element); ``offset`` draws a slice of a larger
+    draw on its own (a tensor: one program serves every slice)."""
+    # Salts filled on the device: no host tensor (an upload a step on a GPU), and no arange
+    # times a constant, which inductor computes in 32-bit index arithmetic (it overflows).
+    salt = torch.cat([seed.new_full((1,), s * 0x2545F491) for s in streams])
     key = mix32(seed & _M32).unsqueeze(-1)
     key = mix32((key + mix32((counter & _M32).unsqueeze(-1) ^ salt)) & _M32)
     key = key.reshape(-1, len(streams), 1)
@@ -52,63 +47,33 @@ def stream_bits(
     return mix32(mix32((key + index) & _M32) ^ key)
 
 
-def uniform_bits(
-    seed: torch.Tensor,
-    counter: torch.Tensor,
-    stream: int,
-    shape: tuple[int, ...],
-    offset: torch.Tensor | int = 0,
-) -> torch.Tensor:
-    """``stream_bits`` of one stream, shaped ``(*seed.shape, *shape)``: one independent draw
-    per seed (an agent's, say) and element. ``offset``: the first element's index, so a slice
-    of a larger draw is drawn on its own (a tensor: one program serves every slice)."""
-    bits = stream_bits(seed, counter, (stream,), math.prod(shape), offset)
-    return bits.view(*seed.shape, *shape)
-
-
 def draws(
-    seed: torch.Tensor,
-    counter: torch.Tensor,
-    uniform: Mapping[int, tuple[int, ...]] | None = None,
+    seed: torch.Tensor, counter: torch.Tensor, uniform: Mapping[int, tuple[int, ...]],
     normal: Mapping[int, tuple[int, ...]] | None = None,
-) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-    """The draws of ``uniform`` and ``normal`` for several streams at once, ``{stream:
-    shape}`` each, the same values as one call of each per stream (a normal of stream s takes
-    the uniforms of 2s and 2s + 1), from one ``stream_bits`` pass over all of them."""
-    uniform, normal = dict(uniform or {}), dict(normal or {})
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:  # fmt: skip
+    """``uniform``'s and ``normal``'s draws, ``{stream: shape}`` each, from one ``stream_bits``
+    pass: the values of one call per stream (a normal of stream s: uniforms 2s and 2s + 1)."""
     shapes = dict(uniform)
-    for s, shape in normal.items():
-        for u in (2 * s, 2 * s + 1):
-            if shapes.setdefault(u, shape) != shape:
-                raise ValueError(f"stream {u} drawn twice: as {shapes[u]} and as {shape}")
-    streams = sorted(shapes)
-    sizes = {s: math.prod(shape) for s, shape in shapes.items()}
+    for u, shape in [(u, v) for s, v in (normal or {}).items() for u in (2 * s, 2 * s + 1)]:
+        if shapes.setdefault(u, shape) != shape:
+            raise ValueError(f"stream {u} drawn twice: as {shapes[u]} and as {shape}")
+    streams, sizes = sorted(shapes), {s: math.prod(shape) for s, shape in shapes.items()}
     block = to_uniform(stream_bits(seed, counter, streams, max(sizes.values())))
-    u = {s: block[:, i, : sizes[s]].reshape(*seed.shape, *shapes[s]) for i, s in enumerate(streams)}
-    return (
-        {s: u[s] for s in uniform},
-        {s: box_muller(u[2 * s], u[2 * s + 1]) for s in normal},
-    )
+    u = {s: block[:, i, : sizes[s]].view(*seed.shape, *shapes[s]) for i, s in enumerate(streams)}
+    return {s: u[s] for s in uniform}, {s: box_muller(u[2 * s], u[2 * s + 1]) for s in normal or {}}
 
 
 def uniform(
     seed: torch.Tensor, counter: torch.Tensor, stream: int, shape: tuple[int, ...]
 ) -> torch.Tensor:
     """float32 uniforms in (0, 1), never 0 or 1 (Gumbel noise and Box-Muller take logs), shaped
-    as ``uniform_bits``; 24 bits each, exact in float32."""
-    return to_uniform(uniform_bits(seed, counter, stream, shape))
+    ``(*seed.shape, *shape)``; 24 bits each, exact in float32."""
+    return draws(seed, counter, {stream: shape})[0][stream]
 
 
 def to_uniform(bits: torch.Tensor) -> torch.Tensor:
-    """``uniform_bits``' values as ``uniform``'s float32 uniforms (part of one draw, say)."""
+    """``stream_bits``' values as ``uniform``'s float32 uniforms (part of one draw, say)."""
     return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-
-
-def normal(
-    seed: torch.Tensor, counter: torch.Tensor, stream: int, shape: tuple[int, ...]
-) -> torch.Tensor:
-    """Standard normals (Box-Muller) from ``uniform``'s streams 2 * stream and 2 * stream + 1."""
-    return draws(seed, counter, normal={stream: shape})[1][stream]
 
 
 def box_muller(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:

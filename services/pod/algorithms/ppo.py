@@ -37,7 +37,7 @@ from services.contracts.algorithms.ppo.config import PPOConfig
 from services.pod.algorithms import policies as pi
 from services.pod.algorithms.adam import adam_, adam_state_dict, clip_rows
 from services.pod.algorithms.compiled import grad as compiled_grad
-from services.pod.algorithms.counter_random import to_uniform, uniform_bits
+from services.pod.algorithms.counter_random import stream_bits, to_uniform
 from services.pod.algorithms.flat import Layout, flat_rows, stack
 from services.pod.algorithms.normalization import RunningMeanStd, merge_batched
 from services.pod.algorithms.policies import Policy, PolicySpec, build_actor, build_critic
@@ -447,7 +447,7 @@ def shuffles(shape: PPOShape, state: Mapping[str, torch.Tensor]) -> torch.Tensor
     """The iteration's minibatch orders (P, epochs, batch): argsorts of counter-based random
     bits (stable, so ties cannot reorder)."""
     size = shape.epochs * shape.batch
-    bits = uniform_bits(state["seed"], state["iteration"], SHUFFLE_STREAM, (size,))
+    bits = stream_bits(state["seed"], state["iteration"], (SHUFFLE_STREAM,), size)
     return torch.argsort(bits.view(shape.agents, shape.epochs, shape.batch), dim=-1, stable=True)
 
 
@@ -583,5 +583,5 @@ def rollout_noise(
     """Uniforms (steps, P, per_step) for rollout steps ``start`` .. ``start + steps - 1`` of an
     iteration: one counter-based sequence per iteration and stream, step by step, so any run of
     steps is a slice drawn alone (a compiled chunk draws its own; eager code the whole rollout)."""
-    bits = uniform_bits(seed, iteration, stream, (steps * per_step,), start * per_step)
+    bits = stream_bits(seed, iteration, (stream,), steps * per_step, start * per_step)
     return to_uniform(bits).view(shape.agents, steps, per_step).transpose(0, 1)

@@ -22,7 +22,6 @@ calls of one; the CUDA graph is what makes the K updates one launch.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
@@ -355,39 +354,5 @@ class StackedReplay:
 
 def call(module: nn.Module, params: dict[str, torch.Tensor], *args: Any) -> Any:
     """``module(*args)`` with ``params`` (one agent's row of a stack) as its parameters: the
-    single agent's own code on a stack's weights (the agents' modules tie no weights). Eager,
-    the tensors are put into the modules' parameter tables and taken out again, which is what
-    ``functional_call`` does at several times the cost per tensor (an eager update makes a few
-    such calls of a dozen tensors each); traced, ``functional_call``."""
-    if torch.compiler.is_compiling():
-        return functional_call(module, params, args, tie_weights=False)
-    slots = _slots(module)
-    if not params.keys() <= slots.keys():
-        return functional_call(module, params, args, tie_weights=False)
-    saved = []
-    try:
-        for name, tensor in params.items():
-            table, attr = slots[name]
-            saved.append((table, attr, table[attr]))
-            table[attr] = tensor
-        return module(*args)
-    finally:
-        for table, attr, old in reversed(saved):
-            table[attr] = old
-
-
-_SLOTS: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[dict, str]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _slots(module: nn.Module) -> dict[str, tuple[dict, str]]:
-    """Each parameter's name in ``module`` -> (its submodule's parameter table, its key)."""
-    slots = _SLOTS.get(module)
-    if slots is None:
-        slots = {}
-        for prefix, sub in module.named_modules(remove_duplicate=False):
-            for attr in sub._parameters:
-                slots[f"{prefix}.{attr}" if prefix else attr] = (sub._parameters, attr)
-        _SLOTS[module] = slots
-    return slots
+    single agent's own code on a stack's weights (the agents' modules tie no weights)."""
+    return functional_call(module, params, args, tie_weights=False)

@@ -81,10 +81,6 @@ class VecEnv(ABC):
     def action_space(self) -> gym.Space:
         return batch_space(self.single_action_space, self.num_envs)
 
-    @property
-    def is_discrete(self) -> bool:
-        return isinstance(self.single_action_space, gym.spaces.Discrete)
-
     @abstractmethod
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]: ...
 
@@ -109,12 +105,6 @@ class VecEnv(ABC):
                     f"expected discrete actions of shape ({self.num_envs},), got "
                     f"{tuple(actions.shape)}"
                 )
-            if (
-                actions.dtype.is_floating_point
-                or actions.dtype.is_complex
-                or (actions.dtype == torch.bool)
-            ):
-                raise ValueError(f"discrete actions must be integers, got {actions.dtype}")
             # The torch-native envs index with the actions, which torch allows only in these
             # two types; every env refuses the others, so a policy behaves the same on all.
             if actions.dtype not in (torch.int32, torch.int64):

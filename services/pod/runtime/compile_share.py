@@ -1,38 +1,14 @@
-"""One compile per experiment and program: the first pod that compiles a program shares its
-compile cache with every other pod of the experiment through the leaderboard's blob store.
-
-A pod's compiled programs are files in its compile cache directory (``TORCHINDUCTOR_CACHE_DIR``,
-services/pod/runtime/compile_cache.py), which this module moves between pods, whatever they
-are, keyed by what they depend on (``CompileFacts``): the torch build, the device kind (a CPU's
-model and flags, since inductor compiles for the CPU it runs on; a GPU's name, compute
-capability and CUDA version) and the program (a digest of the pod's code and of its run configs
-without the per-agent hyperparameters and seeds, which the programs take as inputs). Before its
-trainer is built, a pod claims its key at the leaderboard (services/leaderboard/artifacts.py):
-
-- ``ready``: another pod published the cache: the pod downloads it, checks its sha256 against
-  the record (the claim's answer and the download's header), unpacks it (services/contracts/
-  bundles.py: every file checked against the bundle's manifest, the manifest's facts against its
-  own; nothing unpickled) into its cache directory, and its trainer loads instead of compiling.
-  A cache that fails a check is refused (the leaderboard drops the record) and compiled again.
-- ``compile``: the pod is the first. Where its cache directory already holds the key's files
-  (it fetched or published them before: an index in the cache lists them), it publishes them
-  after its first training step. Otherwise it notes what its cache directory holds, compiles
-  while training (renewing its claim: ``RENEWALS_PER_TTL``), and at its first report (every
-  program a pod runs has run by then: a training step and an evaluation) publishes the files
-  that appeared (or changed size) as one bundle. A trainer that compiled nothing in its first
-  step publishes at once that there is nothing to share: nobody waits for an eager pod's round.
-- ``wait``: another pod compiles. Where this pod's cache directory holds the key's files
-  (the index says so: pods sharing a volume, as the embedded platform's do), it loads them at
-  once. Otherwise it asks again (after the leaderboard's ``retry_after_s``, backing
-  off to ``MAX_POLL_S``, with jitter so that many pods spread their asks), at most ``wait_s``
-  in all; then compile here.
-
-Any failure to share (the leaderboard unreachable, a full disk) is logged and the pod compiles
-for itself: sharing saves time, it is never needed to train. The trust: a trainer loads the
-saved graphs it fetched, which are torch's pickles, so only the pods of one experiment (one
-image, one credential) may publish its caches, and every file is checked against the sha256s
-its publisher recorded before it is unpacked.
-"""
+"""One compile per experiment and program (docs/deploy.md has the protocol): the first pod that
+compiles a program shares its compile cache (compile_cache.py) with the experiment's other pods
+through the leaderboard's blob store, keyed by what it depends on (``CompileFacts``: torch build,
+device kind, a digest of the pod's code and of its run configs without what the programs take
+as inputs: per-agent hyperparameters, seeds). A pod claims its key before its trainer is built
+(services/leaderboard/artifacts.py): ``ready``: fetch the bundle, check every sha256 (nothing
+unpickled; services/contracts/bundles.py), unpack, load; ``compile``: build (or find indexed in
+its cache) and publish once the programs ran; ``wait``: load at once where its cache holds the
+key's files, else ask again (backoff, jitter) for at most ``wait_s``, then compile here. A
+failure to share is logged and the pod compiles: sharing saves time, training never needs it.
+Only one experiment's pods (one credential) publish its caches: saved graphs are pickles."""
 
 from __future__ import annotations
 
@@ -281,9 +257,9 @@ class CompileShare:
         """After the pod's first training step: a trainer that compiled nothing (no compile
         seconds, no new files) and will not (``compiles_later``: ``auto`` still timing, or no
         program run yet) says so at once: no pod waits for a round of an eager one."""
-        if not self.pending:
-            return
-        if self.indexed or (not compiles_later and compile_seconds <= 0 and not self._new_files()):
+        if self.pending and (
+            self.indexed or (not compiles_later and compile_seconds <= 0 and not self._new_files())
+        ):
             self.publish()
 
     def _new_files(self) -> list[str]:

@@ -51,8 +51,7 @@ PRELOAD = (
     "services.pod.training.offpolicy",
     "services.pod.roles.learner",
 )
-#: Imported where installed (the ``pod`` extra has them): a pod's board imports TensorBoard's
-#: writer when it opens, a few tenths of a second of every pod's start.
+#: Imported where installed (the ``pod`` extra): every pod's board opens TensorBoard's writer.
 OPTIONAL = ("torch.utils.tensorboard",)
 
 

@@ -78,10 +78,9 @@ def agree(flag: bool, src: int = 0) -> bool:
     return bool(value.item())
 
 
-# Forming the group (replicas spawned, torch imported, gloo's mesh connected) is bounded on its
-# own: a replica that never joins, or a connect that never completes, raises instead of holding
-# the pod for the collectives' allowance. That allowance stays torch's default for gloo, since a
-# replica may wait at an all-reduce while the other compiles.
+# Forming the group (spawn, import, gloo's mesh) is bounded on its own: a replica that never
+# joins raises instead of holding the pod for the collectives' allowance, which stays gloo's
+# default, since a replica may wait at an all-reduce while the other compiles.
 FORM_TIMEOUT = timedelta(seconds=120)
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 FORM_ATTEMPTS = 2

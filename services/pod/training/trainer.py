@@ -69,8 +69,7 @@ class Trainer(ABC, Generic[C]):
     compile_seconds: float = 0.0
     #: What runs compiled and why (not), one line a user reads (``podium train`` prints it).
     compiled: str = "eager"
-    #: Whether its programs compile (services/pod/algorithms/compiled.py); None: never.
-    decision: Decision | None = None
+    decision: Decision | None = None  #: whether its programs compile; None: never
 
     @abstractmethod
     def __init__(
@@ -99,9 +98,8 @@ class Trainer(ABC, Generic[C]):
 
     @property
     def compiles_later(self) -> bool:
-        """Programs may still be compiled or loaded here: ``auto`` is still timing the eager
-        calls, or it (or ``on``) compiles and no program has run yet (an off-policy update
-        waits for its replay to fill)."""
+        """Programs may still compile or load: ``auto`` still timing eager calls, or compiling
+        and no program run yet (an off-policy update waits for its replay to fill)."""
         d = self.decision
         return d is not None and d.compiled is not False and self.compile_seconds <= 0
 
