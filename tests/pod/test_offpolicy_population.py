@@ -69,8 +69,8 @@ def drawn(kstep: KStep, b: int, streams: int, a: int = 1) -> tuple[Batch, list[t
     draws: the same counter-based functions, called before it does."""
     u = uniform(kstep.seed, kstep.counter, BATCH_STREAM, (b,))
     batch = draw_batch(kstep.replay, kstep.filled, u)
-    _, normals = draws(kstep.seed, kstep.counter, {}, {s: (b, a) for s in range(1, streams + 1)})
-    noise = [normals[s] for s in range(1, streams + 1)]
+    shapes = {s: (b, a) for s in range(1, streams + 1)}
+    noise = list(draws(kstep.seed, kstep.counter, {}, shapes)[1].values()) if shapes else []
     return batch, noise
 
 
