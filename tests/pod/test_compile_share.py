@@ -118,12 +118,9 @@ def test_the_first_pod_compiles_and_the_others_load_what_it_published(
     assert late.outcome["state"] == "loaded" and late.outcome["waited_s"] < 1.0
 
 
-def test_a_pod_whose_cache_holds_the_key_publishes_it_at_once(
-    leaderboard: Leaderboard, tmp_path: Path
-) -> None:
-    """A cache that fetched (or published) a key before, claimed again for it in another
-    experiment (a second run on the same volume): its files go out after its first step, and
-    the experiment's other pods load them; a marker file touched again is not new."""
+def claimed_from_cache(leaderboard: Leaderboard, tmp_path: Path) -> CompileShare:
+    """p5's claim in a second experiment, on the cache c0 that compiled and published the key
+    in the first (a second run on the same volume): its cache's index lists the key's files."""
     register(leaderboard, "exp", make_spec())
     first = share(leaderboard, "p0", tmp_path / "c0")
     first.before_build(configs())
@@ -133,6 +130,16 @@ def test_a_pod_whose_cache_holds_the_key_publishes_it_at_once(
     again = CompileShare(client(leaderboard, "exp2"), "p5", tmp_path / "c0")
     again.before_build(configs())
     assert again.indexed == ["ab/kernel.so"], again.outcome
+    return again
+
+
+def test_a_pod_whose_cache_holds_the_key_publishes_it_at_once(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """A cache that fetched (or published) a key before, claimed again for it in another
+    experiment (a second run on the same volume): its files go out after its first step, and
+    the experiment's other pods load them; a marker file touched again is not new."""
+    again = claimed_from_cache(leaderboard, tmp_path)
     again.stepped(compile_seconds=0.01)  # it loaded: its first step publishes them
     assert again.outcome["state"] == "published" and again.outcome["from_cache"], again.outcome
     assert not again.pending
@@ -160,15 +167,8 @@ def test_a_pod_whose_cache_holds_the_key_does_not_wait_for_the_holder(
     """Pods sharing one cache directory (the embedded platform's) that already holds the key:
     while the experiment's first pod holds the claim, the others load from the directory at
     once instead of waiting for its publish (on a warm platform, a second and more a pod)."""
-    register(leaderboard, "exp", make_spec())
-    first = share(leaderboard, "p0", tmp_path / "c0")
-    first.before_build(configs())
-    compiled(tmp_path / "c0")
-    first.reported()
-    register(leaderboard, "exp2", make_spec())
-    holder = CompileShare(client(leaderboard, "exp2"), "p5", tmp_path / "c0")
-    holder.before_build(configs())
-    assert holder.indexed == ["ab/kernel.so"] and holder.pending  # publishes after its step
+    holder = claimed_from_cache(leaderboard, tmp_path)
+    assert holder.pending  # it publishes after its first step
     other = CompileShare(client(leaderboard, "exp2"), "p6", tmp_path / "c0")
     thread = in_thread(other.before_build, configs(seed=5))
     thread.join(timeout=5)
