@@ -4,8 +4,6 @@ own process group, as a Popen with ``start_new_session`` returns only after the 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -36,18 +34,3 @@ def test_the_pid_is_handed_out_after_the_pod_leads_its_own_group(
     finally:
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 2  # the pod ran: no pod environment, bad input
-
-
-def test_the_launcher_imports_tensorboards_writer_before_it_forks_a_pod() -> None:
-    """Every pod's board opens TensorBoard's writer: imported once in the launcher, not in
-    each forked pod (where it was a few tenths of a second of every start)."""
-    code = (
-        "import sys; from services.pod.runtime import launcher; launcher.preload(); "
-        "print('torch.utils.tensorboard' in sys.modules)"
-    )
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True"]

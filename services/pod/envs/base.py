@@ -107,8 +107,8 @@ class VecEnv(ABC):
                 )
             # The torch-native envs index with the actions, which torch allows only in these
             # two types; every env refuses the others, so a policy behaves the same on all.
-            if actions.dtype not in (torch.int32, torch.int64):
-                raise ValueError(f"discrete actions must be int32 or int64, got {actions.dtype}")
+            if (t := actions.dtype) not in (torch.int32, torch.int64):
+                raise ValueError(f"discrete actions must be integers (int32 or int64), got {t}")
             actions = actions.to(self.device)
             low, high = torch.aminmax(actions)
             if int(low) < space.start or int(high) >= space.start + space.n:

@@ -51,8 +51,6 @@ PRELOAD = (
     "services.pod.training.offpolicy",
     "services.pod.roles.learner",
 )
-#: Imported where installed (the ``pod`` extra): every pod's board opens TensorBoard's writer.
-OPTIONAL = ("torch.utils.tensorboard",)
 
 
 def preload() -> None:
@@ -62,9 +60,6 @@ def preload() -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
-    for name in OPTIONAL:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
 
 
 def _child(request: dict[str, Any], channels: list[int], started: int) -> int:

@@ -178,7 +178,7 @@ def test_discrete_actions_of_a_narrow_integer_dtype_get_a_value_error(name: str)
         assert isinstance(env.single_action_space, gym.spaces.Discrete)
         env.reset()
         for dtype in (torch.uint8, torch.int8, torch.int16):
-            with pytest.raises(ValueError, match=f"int32 or int64, got {dtype}"):
+            with pytest.raises(ValueError, match=f"int32 or int64\\), got {dtype}"):
                 env.step(torch.zeros(4, dtype=dtype))
         for dtype in (torch.int32, torch.int64):
             obs, *_ = env.step(torch.ones(4, dtype=dtype))
