@@ -715,24 +715,23 @@ def warm_cache(args: argparse.Namespace, cores: int, root: Path) -> Path:
         warm["budget"]["total_env_steps"] = 2 * args.pods * spec["round"]["env_steps"]
         work = root / f"warm-{i}"
         work.mkdir()
+        cmd, out = podium_command(warm, work)
+        share_cache(out, cache)
         start = time.time()
-        proc = podium_process(warm, work, cache)
-        proc.wait()
+        with (work / "log").open("w") as log:
+            done = subprocess.run(cmd, stdout=log, stderr=log, check=False)
         took = time.time() - start
-        print(f"warm-up {pin or 'spec'}: exit {proc.returncode}, {took:.0f} s", flush=True)
+        print(f"warm-up {pin or 'spec'}: exit {done.returncode}, {took:.0f} s", flush=True)
     return cache
 
 
-def podium_process(spec: dict[str, Any], work: Path, cache: Path | None) -> subprocess.Popen:
-    """``podium run`` of ``spec`` in ``work`` (untimed: the warm-up's), on ``cache``."""
+def podium_command(spec: dict[str, Any], work: Path) -> tuple[list[str], Path]:
+    """``podium run`` of ``spec`` (written to ``work``) on ephemeral ports, and its OUT."""
     spec_file, out = work / "spec.yaml", work / "out"
     spec_file.write_text(yaml.safe_dump(spec))
-    if cache is not None:
-        share_cache(out, cache)
     podium = Path(sys.executable).with_name("podium")
-    cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet", "--port", "0"]
-    log = (work / "log").open("w")
-    return subprocess.Popen([*cmd, "--leaderboard-port", "0"], stdout=log, stderr=log)
+    cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet"]
+    return [*cmd, "--port", "0", "--leaderboard-port", "0"], out
 
 
 def share_cache(out: Path, cache: Path) -> None:
@@ -746,15 +745,11 @@ def run_podium(
 ) -> dict[str, Any]:
     agents_per_pod = {"podium-pairs": 2, "podium-pop": args.pods}.get(arm, 1)
     spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s, agents_per_pod)
-    spec_file, out = work / "spec.yaml", work / "out"
-    spec_file.write_text(yaml.safe_dump(spec))
+    cmd, out = podium_command(spec, work)
     if arm == "podium-warm":
         share_cache(out, warm_cache(args, cores, work.parent / "warm"))
-    podium = Path(sys.executable).with_name("podium")
-    cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet"]
-    ports = ["--port", "0", "--leaderboard-port", "0"]
     launcher = {"PODIUM_POD_LAUNCHER": "false"} if arm == "podium-exec" else {}
-    proc, sampler, launched = launch([*cmd, *ports], work / "log", **launcher)
+    proc, sampler, launched = launch(cmd, work / "log", **launcher)
     wall = finish(proc, sampler, args.cap_s)
     exp = json.loads((out / "experiment.json").read_text())
     subs = json.loads((out / "submissions.json").read_text())
