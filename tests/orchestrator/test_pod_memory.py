@@ -2,11 +2,13 @@
 from outside (services/orchestrator/backends/memory.py).
 
 Real pods (the default pod command: forks of the pod launcher) on the embedded platform (both
-services over HTTP, an embedded Redis). A CartPole PPO pod allowed 80 MiB goes over as it builds
-its trainer: before, the local backend recorded the limit and applied none (under a memory
-cgroup of the spec's size, the kernel's OOM kills were taken for kills from outside: 54 pods
-in 120 s, the experiment ended only by wall time). Now it fails after the crash-loop limit,
-saying why; a pod SIGKILLed from outside is still replaced without counting as a crash.
+services over HTTP, an embedded Redis). A CartPole DQN pod allowed 80 MiB goes over as it builds
+its trainer (its replay of 4M transitions alone fills about 180 MB, whatever the pods share with
+the launcher they were forked from): before, the local backend recorded the limit and applied
+none (under a memory cgroup of the spec's size, the kernel's OOM kills were taken for kills
+from outside: 54 pods in 120 s, the experiment ended only by wall time). Now it fails after the
+crash-loop limit, saying why; a pod SIGKILLed from outside is still replaced without counting
+as a crash.
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ FAST = {
 HAS_CGROUP = isinstance(_cgroup_limit(), CgroupLimit)
 
 
-def spec(name: str, memory: str) -> dict[str, Any]:
+def spec(name: str, memory: str, buffer_size: int = 10_000) -> dict[str, Any]:
     return {
         "name": name,
         "env": {"name": "CartPole-v1"},
-        "algorithms": {"ppo": 1.0},
-        "search_space": {"learning_rate": {"type": "log_uniform", "low": 1e-3, "high": 1e-2}},
+        "algorithms": {"dqn": 1.0},
+        "search_space": {
+            "learning_rate": {"type": "log_uniform", "low": 1e-4, "high": 1e-3},
+            "buffer_size": {"type": "choice", "values": [buffer_size]},
+        },
         "population": {"min_pods": 1, "max_pods": 1},
         "resources": {"cpu": 1, "gpus": 0, "memory": memory},
         "round": {"env_steps": 2048},
@@ -86,7 +91,8 @@ def test_pods_over_their_memory_limit_fail_the_experiment_and_outside_kills_do_n
     platform: Platform,
 ) -> None:
     with _api(platform) as api:
-        hungry = api.post("/experiments", json=spec("too-little-memory", "80Mi")).json()["id"]
+        hungry_spec = spec("too-little-memory", "80Mi", buffer_size=4_000_000)
+        hungry = api.post("/experiments", json=hungry_spec).json()["id"]
         ample = api.post("/experiments", json=spec("killed-from-outside", "4Gi")).json()["id"]
 
         def experiment(exp_id: str) -> dict[str, Any]:

@@ -45,6 +45,14 @@ def configs(slots: int = 1, seed: int = 1, **over: float) -> list:
 def test_the_program_key_ignores_per_agent_hyperparameters_and_seeds() -> None:
     base = program_digest(configs())
     assert program_digest(configs(seed=99, learning_rate=1e-4, gamma=0.9, ent_coef=0.01)) == base
+    # Nor what no program is built from: a later run with another budget or target, or an
+    # `auto` run after a warm-up with `compile: on`, loads the same programs.
+    spec = ExperimentSpec.model_validate(make_spec())
+    other = spec.model_copy(update={"target_return": -100.0})
+    other.budget.total_env_steps = 12_345
+    pinned = pod_config(other, {**HYPER, "compile": "on"}, 1)
+    assert pinned.agent_config.compile == "on" and pinned.total_env_steps == 12_345
+    assert program_digest([pinned]) == base
     # What shapes the programs changes the key: the network, the batch, the slot count.
     assert program_digest(configs(num_envs=32)) != base
     assert program_digest(configs(hidden_sizes=[64, 64])) != base  # type: ignore[arg-type]

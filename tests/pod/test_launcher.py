@@ -34,3 +34,23 @@ def test_the_pid_is_handed_out_after_the_pod_leads_its_own_group(
     finally:
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 2  # the pod ran: no pod environment, bad input
+
+
+def test_a_pods_start_up_counts_from_its_fork() -> None:
+    """A pod's start-up seconds (its log's ``pod.first_env_step``) count from its process's
+    start: psutil's create time was up to a second earlier than the fork (boot time in whole
+    seconds), so every pod's start-up read that much longer than it was."""
+    from services.pod.__main__ import process_start
+
+    read_r, read_w = os.pipe()
+    before = time.time()
+    pid = os.fork()
+    if pid == 0:
+        os.write(read_w, repr(process_start()).encode())
+        os._exit(0)
+    os.close(read_w)
+    started = float(os.read(read_r, 64))
+    os.close(read_r)
+    os.waitpid(pid, 0)
+    # The kernel counts a process's start in clock ticks (10 ms) and the uptime in 10 ms.
+    assert before - 0.03 <= started <= time.time(), (started - before, started)

@@ -57,16 +57,29 @@ INDEX = "podium-share"
 SKIP = ("locks", TMP, INDEX, mkl_dispatch.DIRECTORY)
 
 
+#: Run fields no program is built from: the budget (PPO's annealing reads it as a tensor), the
+#: evaluation's schedule and target, how compiling is decided. A later run of a spec with
+#: another budget or target, or a pod of ``compile: auto`` after a warm-up run with ``on``,
+#: loads the programs the first one compiled.
+NOT_IN_PROGRAMS = (
+    "compile",
+    "total_env_steps",
+    "eval_every_steps",
+    "target_return",
+    "expected_env_steps",
+)
+
+
 def program_digest(configs: Sequence[RunConfig]) -> str:
     """The digest of what fixes a pod's compiled programs: its slot count, its run config but
-    for the seeds and the per-agent hyperparameters (the algorithm card's
+    for the seeds, ``NOT_IN_PROGRAMS`` and the per-agent hyperparameters (the algorithm card's
     ``population.hyperparameters``: inputs of the programs, not part of them), and its code."""
     first = configs[0]
     card = algorithm_card(first.algorithm)
     per_agent = set(card.population.hyperparameters) if card.population else set()
     config = first.model_dump(mode="json", exclude={"seed", "eval_seed"})
     section = config.get(first.algorithm)
-    for name in per_agent:
+    for name in (*per_agent, *NOT_IN_PROGRAMS):
         config.pop(name, None)
         if isinstance(section, dict):
             section.pop(name, None)
