@@ -284,10 +284,8 @@ def _run(runtime: PodRuntime) -> int:
 
 
 def process_start() -> float:
-    """When this process started (epoch seconds): a pod's start-up counts from there, its
-    interpreter's start, imports and a re-execution with the allocator included. On Linux its
-    age from /proc (its start in clock ticks since boot against the uptime): psutil adds the
-    boot time, which /proc/stat gives in whole seconds, and was up to a second early."""
+    """When this process started (epoch seconds), its start-up's origin; on Linux from /proc's
+    uptime (psutil adds /proc/stat's boot time, whole seconds: up to a second early)."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])

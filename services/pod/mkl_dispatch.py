@@ -1,14 +1,11 @@
 """MKL's kernels chosen by the CPU's instruction sets, on AMD CPUs too.
 
-torch runs fp32 matmuls through MKL (linked into torch), and MKL picks its kernels by CPU vendor:
-on a CPU that does not say "GenuineIntel" it runs its generic kernels, whatever the CPU can do.
-On an AVX-512 AMD EPYC that made every layer of every network run at a half to a third of the
-rate MKL reaches there with its AVX-512 kernels (docs/benchmarks.md, "How fast is a pod,
-against PureJaxRL"). MKL asks one function of its own, ``mkl_serv_intel_cpu_true``, whether
-the CPU is Intel's; a shared library that defines it to answer yes, loaded into the process's global
-symbol scope before torch is, makes MKL choose its kernels by the instruction sets the CPU
-reports (CPUID), as it does on Intel CPUs. The answer changes which kernels run, never what
-they compute beyond float rounding.
+torch runs fp32 matmuls through MKL, which picks its kernels by CPU vendor: on a CPU that does
+not say "GenuineIntel" it runs its generic kernels, whatever the CPU can do (docs/benchmarks.md,
+"How fast is a pod, against PureJaxRL"). MKL asks its own ``mkl_serv_intel_cpu_true`` whether the
+CPU is Intel's; a shared library defining it to answer yes, loaded into the global symbol scope
+before torch is, makes MKL choose by the instruction sets the CPU reports (CPUID), as on Intel
+CPUs: which kernels run changes, never what they compute beyond float rounding.
 
 ``use_cpu_features`` does that: ``services/pod/__init__.py`` calls it, so every pod process
 (``python -m services.pod``, the local backend's launcher and the pods it forks, ``podium

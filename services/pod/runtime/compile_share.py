@@ -1,14 +1,14 @@
 """One compile per experiment and program (docs/deploy.md has the protocol): the first pod that
 compiles a program shares its compile cache (compile_cache.py) with the experiment's other pods
 through the leaderboard's blob store, keyed by what it depends on (``CompileFacts``: torch build,
-device kind, a digest of the pod's code and of its run configs without what the programs take
-as inputs: per-agent hyperparameters, seeds). A pod claims its key before its trainer is built
-(services/leaderboard/artifacts.py): ``ready``: fetch the bundle, check every sha256 (nothing
-unpickled; services/contracts/bundles.py), unpack, load; ``compile``: build (or find indexed in
-its cache) and publish once the programs ran; ``wait``: load at once where its cache holds the
-key's files, else ask again (backoff, jitter) for at most ``wait_s``, then compile here. A
-failure to share is logged and the pod compiles: sharing saves time, training never needs it.
-Only one experiment's pods (one credential) publish its caches: saved graphs are pickles."""
+device kind, a digest of the pod's code and of its run configs but for the programs' inputs and
+what they are not built from: per-agent hyperparameters, seeds, ``NOT_IN_PROGRAMS``). A pod claims
+its key before its trainer is built (services/leaderboard/artifacts.py): ``ready``: fetch the
+bundle, check every sha256 (nothing unpickled; services/contracts/bundles.py), unpack, load;
+``compile``: build (or find indexed in its cache) and publish once the programs ran; ``wait``:
+load at once where its cache holds the key's files, else ask again (backoff, jitter) for at most
+``wait_s``, then compile here. A failure to share is logged and the pod compiles. Only one
+experiment's pods (one credential) publish its caches: saved graphs are pickles."""
 
 from __future__ import annotations
 
@@ -57,17 +57,8 @@ INDEX = "podium-share"
 SKIP = ("locks", TMP, INDEX, mkl_dispatch.DIRECTORY)
 
 
-#: Run fields no program is built from: the budget (PPO's annealing reads it as a tensor), the
-#: evaluation's schedule and target, how compiling is decided. A later run of a spec with
-#: another budget or target, or a pod of ``compile: auto`` after a warm-up run with ``on``,
-#: loads the programs the first one compiled.
-NOT_IN_PROGRAMS = (
-    "compile",
-    "total_env_steps",
-    "eval_every_steps",
-    "target_return",
-    "expected_env_steps",
-)
+#: A run with another budget (a tensor to PPO) or target, or ``auto`` after ``on``, loads the same.
+NOT_IN_PROGRAMS = ("compile", "total_env_steps", "eval_every_steps", "target_return")
 
 
 def program_digest(configs: Sequence[RunConfig]) -> str:

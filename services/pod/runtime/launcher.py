@@ -1,14 +1,11 @@
 """``python -m services.pod.runtime.launcher``: start CPU pods as forks of one process that
 has imported torch once.
 
-A pod process spends its first seconds importing: the interpreter, torch, torch._dynamo (which
-``torch.optim`` imports on the first optimiser it builds) and, to load a compiled program,
-inductor's runtime: about 3.5 CPU seconds before it trains a step. Four pods on two cores pay
-that four times over, while the experiment waits for its first score. The local backend
-(services/orchestrator/backends/pod_launcher.py) therefore starts one launcher per orchestrator;
-the launcher imports the pod's code once and forks a pod per request, which then runs
-``services.pod.__main__.main`` exactly as ``python -m services.pod`` would: its own session,
-its own environment, stdout and stderr into its log.
+A pod would spend its first CPU seconds importing torch, torch._dynamo, inductor's runtime and
+TensorBoard's writer, each pod again while the experiment waits for its first score. The local
+backend (services/orchestrator/backends/pod_launcher.py) starts one launcher per orchestrator: it
+imports them once and forks a pod per request, which runs ``services.pod.__main__.main`` as
+``python -m services.pod`` would (its own session and environment, its output into its log).
 
 Only CPU pods come from here: a GPU pod must initialise CUDA in a process that was never
 forked from one that might have, so the backend starts those as new interpreters.
@@ -45,9 +42,7 @@ PRELOAD = (
     "torch._dynamo",
     "torch._dynamo.aot_compile",
     "torch._inductor.compile_fx",
-    # Every pod's board opens its writer before the first step: half a second of imports
-    # each, four times over on two cores, if each pod imported it itself.
-    "torch.utils.tensorboard",
+    "torch.utils.tensorboard",  # each pod's board opens its writer before the first step
     "torch.utils.tensorboard.summary",
     "services.pod.__main__",
     "services.pod.runtime.rounds",
