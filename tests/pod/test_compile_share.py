@@ -31,8 +31,9 @@ from services.pod.runtime.compile_share import (
     compile_facts,
     program_digest,
 )
+from services.pod.runtime.rounds import PodRuntime, RuntimeSettings
 from services.pod.training.presets import pod_config
-from tests.pod.harness import TOKEN, Leaderboard, client, make_spec, register
+from tests.pod.harness import TOKEN, InThread, Leaderboard, client, make_spec, register
 
 HYPER = {"learning_rate": 3e-3, "gamma": 0.99, "clip_coef": 0.2}
 
@@ -232,6 +233,26 @@ def test_an_eager_pod_keeps_nobody_waiting(leaderboard: Leaderboard, tmp_path: P
     assert not first.pending and first.outcome["state"] == "published"
     thread.join(timeout=30)
     assert waiting.outcome["state"] == "nothing_to_fetch"
+
+
+def test_an_auto_pod_that_chooses_eager_releases_the_others_before_its_first_report(
+    leaderboard: Leaderboard, tmp_path: Path
+) -> None:
+    """A real pod's trainer with ``compile: auto`` times a few eager iterations, then trains
+    eager (a short budget): the pods waiting on its key go on then, not a round later (its
+    first report: on a cold Pendulum SAC tournament, 3 s lost by half its pods)."""
+    spec = make_spec(round={"env_steps": 16_384}, budget={"total_env_steps": 16_384})
+    register(leaderboard, "exp", spec)
+    settings = RuntimeSettings(work_dir=tmp_path / "p0", compile_cache_dir=tmp_path / "cache")
+    model = ExperimentSpec.model_validate(spec)
+    rt = PodRuntime("exp", "p0", model, client(leaderboard, "exp"), settings)
+    running = InThread(rt)
+    assert rt.compile_share is not None
+    running.wait_until(lambda rt: rt.compile_share.outcome.get("state") == "published")
+    assert rt.rounds == 0, "published only at the first report"
+    assert rt.trainer is not None and rt.trainer.decision.compiled is False
+    assert rt.compile_share.outcome["files"] == 0
+    running.stop()
 
 
 def publish_raw(lb: Leaderboard, tmp_path: Path, meta: dict, data: bytes = b"x") -> None:

@@ -104,6 +104,7 @@ class CompileShare:
         self.before: dict[str, tuple[int, int]] | None = None  # the cache when we claimed
         self.done: set[str] = set()  # keys settled in this process
         self.indexed: list[str] = []  # the claimed key's files, where this cache holds them
+        self.later: bool | None = None  # the trainer's compiles_later at the last step
         self._renew: threading.Event | None = None
         self.outcome: dict[str, object] = {}  # how the last key was settled (logs, tests)
 
@@ -258,12 +259,13 @@ class CompileShare:
         return self.claim is not None
 
     def stepped(self, compile_seconds: float, compiles_later: bool = False) -> None:
-        """After the pod's first training step: a trainer that compiled nothing (no compile
-        seconds, no new files) and will not (``compiles_later``: ``auto`` still timing, or no
-        program run yet) says so at once: no pod waits for a round of an eager one."""
-        if self.pending and (
-            self.indexed or (not compiles_later and compile_seconds <= 0 and not self._new_files())
-        ):
+        """After each step; acts at the first and when ``compiles_later`` (``auto`` timing, or no
+        program run yet) turns false: a trainer that compiled nothing (no seconds, no new files)
+        and will not says so at once: no pod waits for a round of an eager one."""
+        was, self.later = self.later, compiles_later
+        if was is False or (was and compiles_later) or not self.pending:
+            return
+        if self.indexed or (not compiles_later and compile_seconds <= 0 and not self._new_files()):
             self.publish()
 
     def _new_files(self) -> list[str]:

@@ -225,9 +225,8 @@ class PodRuntime:
 
     # -- building the slots ----------------------------------------------------------------
     def start(self, manifests: list[Manifest] | None = None) -> None:
-        """Build the trainer for the generator's manifests (asked once per slot unless given):
-        the slots' configs, then each parent's files into its slot. Every parent's lease is
-        released once its files are loaded (or not wanted)."""
+        """Build the trainer for the generator's manifests (asked once per slot unless given),
+        then each parent's files into its slot, its lease released once loaded (or not wanted)."""
         torch.set_num_threads(self.settings.threads)
         manifests = list(manifests or [])
         try:
@@ -361,6 +360,8 @@ class PodRuntime:
             trainer.step()
             if "first_env_step" not in self.startup:
                 self.started("first_env_step", trainer)
+            if self.compile_share is not None:
+                self.compile_share.stepped(trainer.compile_seconds, trainer.compiles_later)
             if self.pbt is not None and self.pbt.due(trainer.env_steps):
                 self.select()
             steps = trainer.env_steps - start_steps
@@ -443,13 +444,10 @@ class PodRuntime:
             self.started("first_report", trainer)
 
     def started(self, milestone: str, trainer: Trainer) -> None:
-        """Log and export the seconds from the process's start to ``milestone`` (its first env
-        step, its first report): what start-up, a compile included, cost this pod."""
+        """Log and export the seconds from the process's start to ``milestone`` (start-up)."""
         seconds = time.time() - self.started_at
         self.startup[milestone] = seconds
         self.metrics.started(milestone, seconds)
-        if milestone == "first_env_step" and self.compile_share is not None:
-            self.compile_share.stepped(trainer.compile_seconds, trainer.compiles_later)
         log.info(
             f"pod.{milestone}",
             seconds=round(seconds, 3),
