@@ -4,7 +4,8 @@ Commands import their heavy dependencies (torch, the services) only when they ru
 --help`` is instant and the control-plane commands never load torch. The work is in the modules
 beside this one: ``train`` (one agent), ``algorithms`` (the algorithm cards), ``tournament``
 (``up``, ``run``, ``submit``), ``live`` (the live view and tables), ``results`` (what a run writes),
-``pod_logs``, ``client`` (the APIs), ``platform`` (the embedded platform), ``plots``, ``overrides``.
+``pod_logs``, ``client`` (the APIs), ``platform`` (the embedded platform), ``plots``, ``overrides``,
+``precompile`` (``compile``).
 Every failure is a ``CliError``: one line on stderr and a documented exit code (``errors``)."""
 
 from __future__ import annotations
@@ -274,6 +275,30 @@ def run(
             spec_file, out, data_dir, (port, leaderboard_port), timeout, top, quiet, verbose
         )
     raise typer.Exit(code)
+
+
+@app.command("compile")
+def compile_(
+    spec_file: SpecArg,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="The OUT of the `podium run` to prepare. Default: runs/<spec name>."),
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="The platform's data (its compile cache). Default: OUT/data."),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option(help="Show the services' logs here, not in DATA_DIR/podium.log.")
+    ] = False,
+) -> None:
+    """Compile the spec's programs into the cache `podium run SPEC` gives its pods (one short
+    run with compile: on per distinct program), so that its pods load them instead of training
+    eagerly or compiling."""
+    from services.cli.precompile import compile_spec
+
+    with reported():
+        raise typer.Exit(compile_spec(spec_file, out, data_dir, verbose))
 
 
 # -- any platform, over its APIs ------------------------------------------------------------------
