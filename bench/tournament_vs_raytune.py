@@ -20,11 +20,9 @@ Each arm is launched the way its user launches it, as a process (tree) of its ow
   (``population.agents_per_pod: P``); ``podium-pairs``: P/2 pods of two batched agents each
   (``resources.cpu: 2 cores / (P/2)``), so a population pod's one busy thread has a core each.
 - ``podium-warm``: as ``podium``, on a platform whose compile cache already holds the task's
-  programs, as a user's later runs of a spec find it after one run with ``compile: on`` (the
-  cache is the platform's, kept across experiments; docs/compiled-loop.md). Before the first
-  repetition, untimed, one short run per value of each ``choice`` in the search space (a batch
-  size shapes the programs) with that value and ``compile: on`` pinned fills a cache that every
-  repetition's platform then uses; the timed runs keep the spec's ``compile: auto``.
+  programs, as a user's runs of a spec find it after ``podium compile SPEC`` (the cache is the
+  platform's, kept across experiments; docs/compiled-loop.md): run once, untimed, before the
+  first repetition; the timed runs keep the spec's ``compile: auto``.
 - ``podium-exec``: as ``podium``, with the local backend's pod launcher off
   (``PODIUM_POD_LAUNCHER=false``): every pod a new interpreter that imports torch itself, as
   before the launcher (services/pod/runtime/launcher.py).
@@ -691,37 +689,23 @@ def via_copy(nodes: list[dict], subs: list[dict], target: float) -> bool | None:
 
 
 def warm_cache(args: argparse.Namespace, cores: int, root: Path) -> Path:
-    """The ``podium-warm`` arm's compile cache under ``root``, filled once (untimed): a run of
-    two rounds per pod with ``compile: on`` for each value of each ``choice`` of the search
-    space pinned in turn (the values that may shape a program), or one run without choices."""
-    cache = root / "compile-cache"
+    """The ``podium-warm`` arm's compile cache under ``root``, filled once (untimed) by ``podium
+    compile`` of the task's spec, as a user prepares a spec's runs (docs/tournaments.md)."""
+    data = root / "data"
+    cache = data / "compile-cache"
     if cache.exists():
         return cache
-    cache.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=True)
     # Seeds no repetition uses: the timed runs find programs, not agents.
-    spec = podium_spec(args.env, args.pods, cores, 10_000, args.cap_s)
-    pins = [
-        {name: value}
-        for name, dist in spec["search_space"].items()
-        if dist.get("type") == "choice"
-        for value in dist["values"]
-    ] or [{}]
-    for i, pin in enumerate(pins):
-        warm = copy.deepcopy(spec)
-        warm["name"] = f"{spec['name']}-warm-{i}"
-        for name, value in {**pin, "compile": "on"}.items():
-            warm["search_space"][name] = {"type": "choice", "values": [value]}
-        warm["target_return"] = None
-        warm["budget"]["total_env_steps"] = 2 * args.pods * spec["round"]["env_steps"]
-        work = root / f"warm-{i}"
-        work.mkdir()
-        cmd, out = podium_command(warm, work)
-        share_cache(out, cache)
-        start = time.time()
-        with (work / "log").open("w") as log:
-            done = subprocess.run(cmd, stdout=log, stderr=log, check=False)
-        took = time.time() - start
-        print(f"warm-up {pin or 'spec'}: exit {done.returncode}, {took:.0f} s", flush=True)
+    spec_file = root / "spec.yaml"
+    spec_file.write_text(
+        yaml.safe_dump(podium_spec(args.env, args.pods, cores, 10_000, args.cap_s))
+    )
+    cmd = [str(Path(sys.executable).with_name("podium")), "compile", str(spec_file)]
+    start = time.time()
+    with (root / "log").open("w") as log:
+        done = subprocess.run([*cmd, "--data-dir", str(data)], stdout=log, stderr=log, check=False)
+    print(f"podium compile: exit {done.returncode}, {time.time() - start:.0f} s", flush=True)
     return cache
 
 
