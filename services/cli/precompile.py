@@ -92,6 +92,7 @@ def warm_up_spec(
         algorithms={algorithm: 1.0},
         budget={"total_env_steps": steps, "wall_time_s": 3600},
         population={**data["population"], "min_pods": 1, "max_pods": 1},
+        generator={"strategy": "random"},  # one fresh pod: nothing to select or halve
         round={"env_steps": rounds // 2},
     )
     data.pop("target_return", None)

@@ -177,7 +177,7 @@ class CompileShare:
                 log.info("compile_cache.waiting", key=key, holder=state.holder)
             if waited >= self.wait_s or self.stopping():
                 # Compile here; if nobody has published by our first report, we do.
-                self.claim, self.before = claim, files_under(self.cache_dir, SKIP)
+                self.claim, self.before, self.later = claim, files_under(self.cache_dir, SKIP), None
                 self._log("wait_expired", start, holder=state.holder)
                 return
             # From the leaderboard's hint, backing off to MAX_POLL_S: a thousand waiting pods
@@ -221,7 +221,7 @@ class CompileShare:
         return None
 
     def _claimed(self, claim: CompileClaim, state: CompileCacheState, start: float) -> None:
-        self.claim, self.before = claim, files_under(self.cache_dir, SKIP)
+        self.claim, self.before, self.later = claim, files_under(self.cache_dir, SKIP), None
         self._log("claimed", start)
         ttl = state.ttl_s or 60.0
         period = ttl / RENEWALS_PER_TTL
