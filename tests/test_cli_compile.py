@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from services.cli.errors import CliError
@@ -65,6 +66,15 @@ def test_one_program_per_key_not_per_draw() -> None:
     many = {"batch_size": {"type": "choice", "values": list(range(1, MAX_COMBINATIONS + 2))}}
     with pytest.raises(CliError, match="search_space: 257 combinations"):
         programs(ExperimentSpec.model_validate(dqn_spec(search_space=many)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_spec_is_refused_on_a_machine_without_one(tmp_path: Path) -> None:
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(dqn_spec(resources={"gpus": 1})))
+    made = podium("compile", "spec.yaml", cwd=tmp_path, timeout=120)
+    assert made.returncode != 0 and "Traceback" not in made.stderr, made.stderr
+    assert "resources.gpus: the spec's pods need 1 GPU(s); this machine has 0" in made.stderr
+    assert not (tmp_path / "runs").exists()  # no platform was started
 
 
 def podium(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:

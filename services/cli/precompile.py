@@ -121,6 +121,14 @@ def compile_spec(spec_file: Path, out: Path | None, data_dir: Path | None, verbo
         spec = load_spec(spec_file)
     except SpecError as exc:
         raise CliError(str(exc)) from None
+    import torch
+
+    if spec.resources.gpus > torch.cuda.device_count():
+        # Programs compile for the device they run on: its pods would wait for GPUs forever.
+        raise CliError(
+            f"resources.gpus: the spec's pods need {spec.resources.gpus} GPU(s); this machine "
+            f"has {torch.cuda.device_count()} (compile on a machine like the one that will run it)"
+        )
     out = out or Path("runs") / spec.name
     data_dir = data_dir or out / "data"
     console = stderr_console()
