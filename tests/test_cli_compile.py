@@ -66,6 +66,13 @@ def test_one_program_per_key_not_per_draw() -> None:
     many = {"batch_size": {"type": "choice", "values": list(range(1, MAX_COMBINATIONS + 2))}}
     with pytest.raises(CliError, match="search_space: 257 combinations"):
         programs(ExperimentSpec.model_validate(dqn_spec(search_space=many)))
+    # Counted, not enumerated: 10**12 combinations are refused at once.
+    names = ("batch_size", "buffer_size", "learning_starts", "num_envs", "exploration_steps",
+             "target_update_every", "updates_per_call", "gamma", "tau", "learning_rate",
+             "epsilon_end", "max_grad_norm")  # fmt: skip
+    huge = {name: {"type": "choice", "values": list(range(1, 11))} for name in names}
+    with pytest.raises(CliError, match="search_space: 1000000000000 combinations"):
+        programs(ExperimentSpec.model_validate(dqn_spec(search_space=huge)))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ def programs(spec: ExperimentSpec) -> tuple[list[tuple[str, dict[str, Any]]], li
     from services.pod.training.presets import pod_config
 
     choices = {n: d.values for n, d in spec.search_space.items() if isinstance(d, Choice)}
-    count = len(spec.algorithms) * len(list(itertools.product(*choices.values())))
+    count = len(spec.algorithms) * math.prod(len(values) for values in choices.values())
     if count > MAX_COMBINATIONS:
         raise CliError(
             f"search_space: {count} combinations of algorithms and choice values "
