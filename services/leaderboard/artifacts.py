@@ -42,8 +42,8 @@ local function decref(refs, gc, sha, now)
 end
 """
 
-# KEYS: record claim refs gc; ARGV: pod ttl_ms refused now.
-# Returns {state, sha256, size, holder, ttl_ms}.
+# KEYS: record claim refs gc waiters; ARGV: pod ttl_ms refused now.
+# Returns {state, sha256, size, holder, ttl_ms} and, to a waiting pod, the key's waiters.
 CLAIM_LUA = (
     _DECREF
     + """
@@ -56,7 +56,9 @@ end
 if rec[1] then return {'ready', rec[1], rec[2], rec[3], 0} end
 local holder = redis.call('GET', KEYS[2])
 if holder and holder ~= ARGV[1] then
-  return {'wait', '', '0', holder, redis.call('PTTL', KEYS[2])}
+  redis.call('SADD', KEYS[5], ARGV[1])
+  redis.call('PEXPIRE', KEYS[5], ARGV[2])
+  return {'wait', '', '0', holder, redis.call('PTTL', KEYS[2]), redis.call('SCARD', KEYS[5])}
 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return {'compile', '', '0', ARGV[1], ARGV[2]}
@@ -109,6 +111,12 @@ return 1
 )
 
 
+#: The retry hint of a key's waiters: their claims together about this many a second (a few
+#: waiters at most every MIN_RETRY_S each; many, every ``retry_after_s``), before their backoff.
+CLAIMS_PER_S = 20.0
+MIN_RETRY_S = 0.25
+
+
 class Keys:
     def __init__(self, experiment_id: str) -> None:
         p = f"{PREFIX}{experiment_id}:"
@@ -138,8 +146,9 @@ class ArtifactStore:
     # -- compile caches --------------------------------------------------------------------
     async def claim(self, experiment_id: str, key: str, req: CompileClaim) -> CompileCacheState:
         k = Keys(experiment_id)
-        state, sha, size, holder, ttl_ms = await self._claim(
-            keys=[k.compile_prefix + key, k.claim_prefix + key, BLOB_REFS, BLOB_GC],
+        waiters = k.claim_prefix + key + ":waiters"
+        state, sha, size, holder, ttl_ms, *waiting = await self._claim(
+            keys=[k.compile_prefix + key, k.claim_prefix + key, BLOB_REFS, BLOB_GC, waiters],
             args=[req.pod_id, int(self.claim_ttl_s * 1000), req.refused or "", repr(time.time())],
         )
         state = _s(state)
@@ -158,7 +167,13 @@ class ArtifactStore:
                 key=key,
                 holder=_s(holder),
                 ttl_s=left,
-                retry_after_s=min(self.retry_after_s, max(left, 0.1)),
+                # A few waiters ask again soon (an eager holder says "nothing" within a second
+                # of its claim); many, together about CLAIMS_PER_S times a second.
+                retry_after_s=min(
+                    self.retry_after_s,
+                    max(left, 0.1),
+                    max(MIN_RETRY_S, int(waiting[0]) / CLAIMS_PER_S),
+                ),
             )
         return CompileCacheState(
             state="compile", key=key, holder=req.pod_id, ttl_s=self.claim_ttl_s

@@ -60,8 +60,8 @@ class LeaderboardSettings(PodiumSettings):
         default=2.0,
         gt=0,
         le=60,
-        description="How soon a pod waiting for another's compile asks again (it adds jitter "
-        "and backs off).",
+        description="How soon, at the latest, a pod waiting for another's compile asks again "
+        "(sooner while few wait on the key; the pod adds jitter and backs off).",
     )
     storage: Literal["fs", "s3"] = Field(default="fs", description="Checkpoint store backend.")
     blob_dir: Path | None = Field(
