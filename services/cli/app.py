@@ -293,8 +293,8 @@ def compile_(
     ] = False,
 ) -> None:
     """Compile the spec's programs into the cache `podium run SPEC` gives its pods (one short
-    run with compile: on per distinct program), so that its pods load them instead of training
-    eagerly or compiling."""
+    run with compile: on per distinct program): its pods then load them (compile: auto weighs a
+    load, not a cold compile)."""
     from services.cli.precompile import compile_spec
 
     with reported():

@@ -1,6 +1,6 @@
 """``podium compile SPEC``: put the spec's programs into the compile cache that ``podium run
-SPEC`` (the same OUT or data directory) gives its pods, so that they load them in about a second
-instead of training eagerly or compiling.
+SPEC`` (the same OUT or data directory) gives its pods, so that they load them in a second or
+two instead of training eagerly or compiling (``auto`` weighs the load, not a cold compile).
 
 ``compile: auto`` compiles only where a run's own env steps pay for a cold compile (tens of
 seconds on a CPU), so a spec whose runs end in a few thousand env steps trains eagerly every
