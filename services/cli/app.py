@@ -120,6 +120,18 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON inst
 SpecArg = Annotated[Path, typer.Argument(help="Experiment spec (YAML).", show_default=False)]
 ExperimentArg = Annotated[str, typer.Argument(help="Experiment id.", show_default=False)]
 QuietOpt = Annotated[bool, typer.Option(help="No live panel: a line per change.")]
+# `podium run`'s results and platform data; `podium compile` prepares the same places.
+OutOpt = Annotated[
+    Path | None,
+    typer.Option(help="Results: plots, leaderboard, best agent. Default: runs/<spec name>."),
+]
+RunDataOpt = Annotated[
+    Path | None,
+    typer.Option(help="The platform's data (Redis, pod logs, compile cache). Default: OUT/data."),
+]
+VerboseOpt = Annotated[
+    bool, typer.Option(help="Show the services' logs here, not in DATA_DIR/podium.log.")
+]
 
 
 # -- one agent ------------------------------------------------------------------------------------
@@ -220,9 +232,7 @@ def up(
     strict_ports: Annotated[
         bool, typer.Option(help="Fail instead of using an ephemeral port when one is busy.")
     ] = False,
-    verbose: Annotated[
-        bool, typer.Option(help="Show the services' logs here, not in DATA_DIR/podium.log.")
-    ] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the whole platform here (embedded Redis, leaderboard, orchestrator) until Ctrl-C."""
     from services.cli import tournament
@@ -244,14 +254,8 @@ def up(
 @app.command()
 def run(
     spec_file: SpecArg,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Results: plots, leaderboard, best agent. Default: runs/<spec name>."),
-    ] = None,
-    data_dir: Annotated[
-        Path | None,
-        typer.Option(help="The platform's data (Redis, pod logs). Default: OUT/data."),
-    ] = None,
+    out: OutOpt = None,
+    data_dir: RunDataOpt = None,
     port: Annotated[int, typer.Option(help="Orchestrator port (busy: ephemeral).")] = 8000,
     leaderboard_port: Annotated[int, typer.Option(help="Leaderboard port.")] = 8001,
     timeout: Annotated[
@@ -262,9 +266,7 @@ def run(
     ] = None,
     top: Annotated[int, typer.Option(help="Rows of the final leaderboard.", min=1)] = 10,
     quiet: QuietOpt = False,
-    verbose: Annotated[
-        bool, typer.Option(help="Show the services' logs here, not in DATA_DIR/podium.log.")
-    ] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Start the platform, run one experiment to its end with live progress, then print the
     leaderboard, save plots under OUT and export the best agent into OUT/best."""
@@ -280,17 +282,9 @@ def run(
 @app.command("compile")
 def compile_(
     spec_file: SpecArg,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="The OUT of the `podium run` to prepare. Default: runs/<spec name>."),
-    ] = None,
-    data_dir: Annotated[
-        Path | None,
-        typer.Option(help="The platform's data (its compile cache). Default: OUT/data."),
-    ] = None,
-    verbose: Annotated[
-        bool, typer.Option(help="Show the services' logs here, not in DATA_DIR/podium.log.")
-    ] = False,
+    out: OutOpt = None,
+    data_dir: RunDataOpt = None,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Compile the spec's programs into the cache `podium run SPEC` gives its pods (one short
     run with compile: on per distinct program): its pods then load them (compile: auto weighs a
