@@ -54,3 +54,98 @@ def test_a_pods_start_up_counts_from_its_fork() -> None:
     os.waitpid(pid, 0)
     # The kernel counts a process's start in clock ticks (10 ms) and the uptime in 10 ms.
     assert before - 0.03 <= started <= time.time(), (started - before, started)
+
+
+HARNESS = """
+import json, sys
+from services.pod.runtime import launcher
+launcher.preload()
+ready = "torch._dynamo" in sys.modules
+launcher.serve(0, sys.stdout)  # until stdin closes
+print(json.dumps({"compiler_at_ready": ready, "compiler_after": "torch._dynamo" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("cache_holds", "compile_values", "imported"),
+    [
+        ((), None, False),  # a cold cache, the default compile setting
+        (("podium-share",), ["auto", "off"], False),  # its bookkeeping is not a program
+        (("fxgraph",), None, True),  # pods will load what it holds
+        ((), ["on"], True),  # pods will compile
+    ],
+)
+def test_the_launcher_imports_the_compiler_only_for_pods_that_need_it(
+    tmp_path: Path, cache_holds: tuple[str, ...], compile_values: list[str] | None, imported: bool
+) -> None:
+    """The compiler's modules (torch._dynamo, inductor: seconds) are not imported before the
+    launcher is ready: a pod forked for an eager run need not wait for them. Before the fork of
+    a pod that will load compiled programs (its compile cache holds one) or build them (its
+    spec can pick ``compile: on``), the launcher imports them, once for every later pod."""
+    import json
+    import subprocess
+    import sys
+
+    cache = tmp_path / "compile-cache"
+    (cache / "locks").mkdir(parents=True)
+    for name in cache_holds:
+        (cache / name).mkdir()
+    space = {"compile": {"type": "choice", "values": compile_values}} if compile_values else {}
+    request = {
+        "id": 1,
+        "argv": ["--experiment", "e1", "--pod-id", "p1"],  # no pod environment: exits 2
+        "env": {
+            "PODIUM_COMPILE_CACHE_DIR": str(cache),
+            "PODIUM_SPEC": json.dumps({"name": "s", "search_space": space}),
+        },
+        "log": str(tmp_path / "pod.log"),
+    }
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", HARNESS],
+        input=json.dumps(request) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert lines[0]["id"] == 1 and lines[0]["pid"] > 0, lines
+    assert lines[-1] == {"compiler_at_ready": False, "compiler_after": imported}, lines
+
+
+EAGER_POD = """
+import os, sys
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]  # as a pod sets it
+from services.pod.training.presets import train_config
+from services.pod.training.trainer import build_trainer
+config = train_config("CartPole-v1", [{"total_env_steps": 20_000, "ppo": {"compile": "auto"}}])
+trainer = build_trainer([config], horizon_env_steps=20_000)
+while trainer.decision.compiled is None:
+    trainer.step()
+print(trainer.decision.compiled, trainer.env_steps, "torch._dynamo" in sys.modules)
+"""
+
+
+def test_an_eager_pod_never_imports_the_compiler(tmp_path: Path) -> None:
+    """What the launcher leaves out must stay out of an eager pod: a short CartPole run on
+    ``auto`` decides eager, and neither that decision nor the compile cache's lookup imports
+    torch._dynamo (the lookup imported inductor, and with it dynamo, for its directory)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", EAGER_POD, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled, env_steps, imported = done.stdout.split()[-3:]
+    assert compiled == "False" and int(env_steps) > 0
+    assert imported == "False"

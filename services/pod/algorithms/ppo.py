@@ -252,11 +252,7 @@ def build(
 
 
 def set_hyperparameters(
-    shape: PPOShape,
-    hp: State,
-    i: int,
-    config: PPOConfig,
-    values: Mapping[str, float] | None = None,
+    shape: PPOShape, hp: State, i: int, config: PPOConfig, values: Mapping[str, float] | None = None
 ) -> None:
     """Agent i's hyperparameter tensors: ``config``'s, with ``values`` over them."""
     for name in shape.hyperparameters:
@@ -568,12 +564,7 @@ def learn(
             state[key].copy_(b[key])
         state["env_steps"].add_(shape.batch)
         state["iteration"].add_(1)
-    return {
-        "stats": reported,
-        "lr": lr,
-        "episodes": b["episodes"],
-        "return_sum": b["return_sum"],
-    }
+    return {"stats": reported, "lr": lr, "episodes": b["episodes"], "return_sum": b["return_sum"]}
 
 
 def rollout_noise(

@@ -1,11 +1,11 @@
 """``python -m services.pod.runtime.launcher``: start CPU pods as forks of one process that
 has imported torch once.
 
-A pod would spend its first CPU seconds importing torch, torch._dynamo, inductor's runtime and
-TensorBoard's writer, each pod again while the experiment waits for its first score. The local
-backend (services/orchestrator/backends/pod_launcher.py) starts one launcher per orchestrator: it
-imports them once and forks a pod per request, which runs ``services.pod.__main__.main`` as
-``python -m services.pod`` would (its own session and environment, its output into its log).
+A pod would spend its first CPU seconds importing torch, TensorBoard's writer and the compiler
+(``PRELOAD``, ``COMPILER``), each pod again while the experiment waits for its first score. The
+local backend (services/orchestrator/backends/pod_launcher.py) starts one launcher per
+orchestrator: it imports them once and forks a pod per request, which runs
+``services.pod.__main__.main`` as ``python -m services.pod`` would (own session, environment, log).
 
 Only CPU pods come from here: a GPU pod must initialise CUDA in a process that was never
 forked from one that might have, so the backend starts those as new interpreters.
@@ -39,9 +39,6 @@ POD_PROCESS_NAME = "podium-pod"
 
 PRELOAD = (
     "torch",
-    "torch._dynamo",
-    "torch._dynamo.aot_compile",
-    "torch._inductor.compile_fx",
     "torch.utils.tensorboard",  # each pod's board opens its writer before the first step
     "torch.utils.tensorboard.summary",
     "services.pod.__main__",
@@ -50,15 +47,30 @@ PRELOAD = (
     "services.pod.training.offpolicy",
     "services.pod.roles.learner",
 )
+#: What loading or building compiled programs imports, seconds more: before the first fork of a
+#: pod that will (``needs_compiler``). Until then pods are forked without: eager ones start sooner.
+COMPILER = ("torch._dynamo", "torch._dynamo.aot_compile", "torch._inductor.compile_fx")
 
 
-def preload() -> None:
+def preload(names: tuple[str, ...] = PRELOAD) -> None:
     """Import what every pod imports, before any pod is forked. No torch op runs here: torch
     starts its thread pools on first use, and a fork must not inherit them."""
     import importlib
 
-    for name in PRELOAD:
+    for name in names:
         importlib.import_module(name)
+
+
+def needs_compiler(env: dict[str, str]) -> bool:
+    """Whether a pod started with ``env`` will load compiled programs (its compile cache holds
+    one, past the cache's bookkeeping) or build them (its spec can pick ``compile: on``)."""
+    from services.pod.runtime.compile_share import SKIP
+
+    cache = env.get("PODIUM_COMPILE_CACHE_DIR")
+    if cache and any(p.name not in SKIP for p in Path(cache).glob("*")):
+        return True
+    space = json.loads(env.get("PODIUM_SPEC") or "{}").get("search_space") or {}
+    return "on" in (space.get("compile") or {}).get("values", ())
 
 
 def _child(request: dict[str, Any], channels: list[int], started: int) -> int:
@@ -138,10 +150,16 @@ def serve(requests: int, answers: TextIO) -> None:
         answers.write(json.dumps(message) + "\n")
         answers.flush()
 
+    compiler = COMPILER
+
     def handle(line: bytes) -> None:
+        nonlocal compiler
         request: Any = None
         try:
             request = json.loads(line)
+            if compiler and needs_compiler(request["env"]):
+                preload(compiler)
+                compiler = ()
             answer({"id": request["id"], "pid": _fork(request, channels)})
         except (OSError, ValueError, KeyError, TypeError) as exc:
             n = request.get("id") if isinstance(request, dict) else None

@@ -58,12 +58,7 @@ from services.pod.training.checkpoint import (
     tensor_bytes,
     write_files,
 )
-from services.pod.training.trainer import (
-    Counters,
-    Trainer,
-    algorithm_class,
-    check_population_slot,
-)
+from services.pod.training.trainer import Counters, Trainer, algorithm_class, check_population_slot
 
 log = get_logger(__name__)
 
@@ -93,9 +88,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
         return config.learners
 
     def __init__(
-        self,
-        configs: Sequence[PPORunConfig],
-        horizon_env_steps: int | None = None,
+        self, configs: Sequence[PPORunConfig], horizon_env_steps: int | None = None
     ) -> None:
         first = configs[0]
         self.size = p = len(configs)

@@ -72,11 +72,7 @@ class Trainer(ABC, Generic[C]):
     decision: Decision | None = None  #: whether its programs compile; None: never
 
     @abstractmethod
-    def __init__(
-        self,
-        configs: Sequence[C],
-        horizon_env_steps: int | None = None,
-    ) -> None:
+    def __init__(self, configs: Sequence[C], horizon_env_steps: int | None = None) -> None:
         """Build ``len(configs)`` slots, slot i from ``configs[i]``; ``horizon_env_steps``:
         env steps per slot the run is expected to train (a pod's share of the budget; None: the
         configs' ``total_env_steps``), against which a compile must pay."""
@@ -267,10 +263,7 @@ def trainer_class(algorithm: str, slots: int = 1) -> type[Trainer]:
     return trainer.for_algorithm(found)
 
 
-def build_trainer(
-    configs: Sequence[RunConfig],
-    horizon_env_steps: int | None = None,
-) -> Trainer:
+def build_trainer(configs: Sequence[RunConfig], horizon_env_steps: int | None = None) -> Trainer:
     """The trainer of ``configs`` (one per slot, all of one algorithm): its family's."""
     cls = trainer_class(configs[0].algorithm, len(configs))
     # A trainer weighs its compiles against the horizon if it takes one (a plugin's may not).
