@@ -69,8 +69,9 @@ class PBTOptions(StrategyOptions):
         "restarts from a parent only if it ranks in this bottom share of the pods of its "
         "algorithm that have an entry on the board (each ranked by its best entry, the "
         "asking one by its current score; a pod pushed off the top K is not counted); "
-        "otherwise it is told to keep training. Unset: any pod below the best restarts "
-        "(the tournament rule).",
+        "otherwise it is told to keep training. Unset: the algorithm card's default "
+        "(PPO 0.25; the others none); none (null) or 1: any pod below the best restarts (the "
+        "tournament rule).",
     )
     # Read by the pods (``pod_options``), which decide when to ask for a parent.
     ready_reports: int = Field(

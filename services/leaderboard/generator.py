@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from services import registry
+from services.contracts.algorithms.card import find_card
 from services.contracts.leaderboard import (
     Experiment,
     GenerateRequest,
@@ -135,20 +136,23 @@ class PBTGenerator(Strategy):
         """Truncation selection: the top ``quantile`` (at least one)."""
         return parents(candidates, self.options.quantile)
 
-    def in_bottom(self, ctx: Context) -> bool:
-        """Whether the asking pod is in the bottom ``truncation`` share of the pods."""
-        assert self.options.truncation is not None and ctx.score is not None
-        return in_bottom(
-            ctx.candidates, ctx.pod_id, ctx.score, self.options.truncation, ctx.higher_is_better
-        )
+    def truncation(self, algorithm: str) -> float | None:
+        """The options' ``truncation``, else the default of the algorithm's card."""
+        if "truncation" in self.options.model_fields_set:
+            return self.options.truncation
+        found = find_card(algorithm)
+        return found.pbt_truncation if found is not None else None
 
     def propose(self, ctx: Context) -> Proposal:
         if len(ctx.candidates) < self.options.min_candidates:
             return Proposal("fresh", sample_space(ctx.search_space, ctx.rng))
+        truncation = self.truncation(ctx.algorithm)
         if (
-            self.options.truncation is not None
+            truncation is not None
             and ctx.score is not None
-            and not self.in_bottom(ctx)
+            and not in_bottom(
+                ctx.candidates, ctx.pod_id, ctx.score, truncation, ctx.higher_is_better
+            )
         ):
             return Proposal("keep", {})
         parent = ctx.rng.choice(self.parents(ctx.candidates))

@@ -12,6 +12,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from services import registry
+from services.contracts.algorithms.card import card
 from services.contracts.search_space import SearchSpace
 from services.leaderboard.generator import (
     CandidateView,
@@ -103,13 +104,35 @@ def test_pbt_truncation_replaces_only_the_bottom_share() -> None:
     half = PBTGenerator({"truncation": 0.5})
     assert ask(half, "p2", 20.0) == "explore" and ask(half, "p1", 30.0) == "keep"
     assert ask(quarter, "p0", None) == "explore"  # a starting pod is never told to keep
-    assert ask(PBTGenerator({}), "p0", 39.0) == "explore"  # unset: the tournament rule
+    assert ask(PBTGenerator({"truncation": None}), "p0", 39.0) == "explore"  # the tournament rule
     # Lower is better: the board is then best (lowest) first, and 40 is the worst pod.
     cands.reverse()
     assert ask(quarter, "p0", 40.0, higher_is_better=False) == "explore"
     assert ask(quarter, "p3", 10.0, higher_is_better=False) == "keep"
     with pytest.raises(ValidationError):
         PBTGenerator({"truncation": 0})
+
+
+def test_pbt_truncation_defaults_to_the_algorithm_cards() -> None:
+    """Unset, ``truncation`` is the asking pod's algorithm card's ``pbt_truncation``: PPO
+    replaces only its bottom quarter (replacing every pod below the leader copied one policy
+    over the pods still exploring: docs/benchmarks.md), SAC any pod below the best (the
+    tournament rule, where PBT measured fastest); set, the spec's value holds for both."""
+    rng = random.Random(3)
+    hyper = {name: d.sample(rng) for name, d in SPACE.items()}
+    pods = [("p0", 40.0), ("p1", 30.0), ("p2", 20.0), ("p3", 10.0)]
+
+    def ask(options: dict, algorithm: str, pod: str, score: float) -> str:
+        cands = [CandidateView(f"c{p}", algorithm, hyper, 0, s, pod_id=p) for p, s in pods]
+        ctx = Context("e", algorithm, SPACE, cands, 8, rng, pod_id=pod, score=score)
+        return PBTGenerator(options).propose(ctx).decision
+
+    assert card("ppo").pbt_truncation == 0.25 and card("sac").pbt_truncation is None
+    assert ask({}, "ppo", "p2", 20.0) == "keep" and ask({}, "ppo", "p3", 10.0) == "explore"
+    assert ask({}, "sac", "p2", 20.0) == "explore"
+    assert ask({"truncation": None}, "ppo", "p2", 20.0) == "explore"
+    assert ask({"truncation": 0.25}, "sac", "p2", 20.0) == "keep"
+    assert ask({}, "an-algorithm-without-a-card", "p2", 20.0) == "explore"
 
 
 def test_pbt_explore_perturbs_within_bounds() -> None:

@@ -134,9 +134,10 @@ def test_members_are_candidates_whose_files_load_into_a_single_agent(
 def test_exploit_puts_a_better_parent_into_a_members_slot(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:
-    # Ready after one report; the parent is always the best candidate (top quantile of one).
+    # Ready after one report; the parent is always the best candidate (top quantile of one);
+    # every member below it restarts (the tournament rule, not PPO's bottom quarter).
     generator = {"strategy": "pbt", "options": {"ready_reports": 1, "ready_env_steps": 0}}
-    generator["options"]["quantile"] = 0.01
+    generator["options"] |= {"quantile": 0.01, "truncation": None}
     spec = make_spec(generator=generator)
     register(leaderboard, "e2", spec)
     rt = runtime(leaderboard, "e2", spec, "pop-b", tmp_path)

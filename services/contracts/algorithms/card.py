@@ -76,6 +76,9 @@ class AlgorithmCard:
     population: PopulationCard | None = None
     #: The package whose ``presets/<env>.yaml`` files are its presets (None: it has none).
     presets_package: str | None = None
+    #: The leaderboard PBT's ``truncation`` where a spec leaves it unset (the share of the pods
+    #: replaced at a decision; services/contracts/strategies.py). None: any pod below the best.
+    pbt_truncation: float | None = None
     #: How people write its name ("PPO"); default: the registered name.
     label: str = ""
     summary: str = field(default="", compare=False)

@@ -21,6 +21,10 @@ CARD = AlgorithmCard(
             "gae_lambda",
         ),
     ),
+    # An on-policy agent explores through its own policy: replacing every pod below the leader
+    # copies one policy over all of them, and overwrote the pods still exploring with idle ones
+    # (MountainCar; docs/benchmarks.md, "Tournament learning quality").
+    pbt_truncation=0.25,
     presets_package=__name__,
     summary="Proximal Policy Optimization (clipped surrogate, GAE)",
 )
