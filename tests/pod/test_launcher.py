@@ -3,7 +3,10 @@ own process group, as a Popen with ``start_new_session`` returns only after the 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -64,6 +67,23 @@ ready = "torch._dynamo" in sys.modules
 launcher.serve(0, sys.stdout)  # until stdin closes
 print(json.dumps({"compiler_at_ready": ready, "compiler_after": "torch._dynamo" in sys.modules}))
 """
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def serve_one(request: dict, harness: str = HARNESS) -> tuple[list[dict], str]:
+    """A real launcher's ``serve`` (after ``preload``) given one request: its answer lines
+    and its log (stderr). The forked pod has no pod environment and exits 2."""
+    done = subprocess.run(
+        [sys.executable, "-c", harness],
+        input=json.dumps(request) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
 
 
 @pytest.mark.parametrize(
@@ -82,10 +102,6 @@ def test_the_launcher_imports_the_compiler_only_for_pods_that_need_it(
     launcher is ready: a pod forked for an eager run need not wait for them. Before the fork of
     a pod that will load compiled programs (its compile cache holds one) or build them (its
     spec can pick ``compile: on``), the launcher imports them, once for every later pod."""
-    import json
-    import subprocess
-    import sys
-
     cache = tmp_path / "compile-cache"
     (cache / "locks").mkdir(parents=True)
     for name in cache_holds:
@@ -100,18 +116,7 @@ def test_the_launcher_imports_the_compiler_only_for_pods_that_need_it(
         },
         "log": str(tmp_path / "pod.log"),
     }
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", HARNESS],
-        input=json.dumps(request) + "\n",
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    lines, _ = serve_one(request)
     assert lines[0]["id"] == 1 and lines[0]["pid"] > 0, lines
     assert lines[-1] == {"compiler_at_ready": False, "compiler_after": imported}, lines
 
@@ -131,21 +136,35 @@ print(trainer.decision.compiled, trainer.env_steps, "torch._dynamo" in sys.modul
 
 def test_an_eager_pod_never_imports_the_compiler(tmp_path: Path) -> None:
     """What the launcher leaves out must stay out of an eager pod: a short CartPole run on
-    ``auto`` decides eager, and neither that decision nor the compile cache's lookup imports
-    torch._dynamo (the lookup imported inductor, and with it dynamo, for its directory)."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
+    ``auto`` decides eager, and neither that decision nor the compile cache's lookup (which
+    reads the pod's cache directory, not inductor's module for it) imports torch._dynamo."""
     done = subprocess.run(
         [sys.executable, "-c", EAGER_POD, str(tmp_path / "cache")],
         capture_output=True,
         text=True,
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     compiled, env_steps, imported = done.stdout.split()[-3:]
     assert compiled == "False" and int(env_steps) > 0
     assert imported == "False"
+
+
+def test_a_compiler_that_cannot_be_imported_still_lets_the_pod_start(tmp_path: Path) -> None:
+    """A failed compiler import (a broken install) is logged, and the pod is forked: it meets
+    the same error itself, where its log says so, rather than the launcher dying."""
+    harness = HARNESS.replace(
+        "launcher.preload()\n", "launcher.preload()\nlauncher.COMPILER = ('podium_no_such',)\n"
+    )
+    spec = {"name": "s", "search_space": {"compile": {"type": "choice", "values": ["on"]}}}
+    request = {
+        "id": 1,
+        "argv": ["--experiment", "e1", "--pod-id", "p1"],
+        "env": {"PODIUM_SPEC": json.dumps(spec)},
+        "log": str(tmp_path / "pod.log"),
+    }
+    lines, log = serve_one(request, harness)
+    assert lines[0]["id"] == 1 and lines[0]["pid"] > 0, lines
+    assert "cannot import the compiler" in log

@@ -18,12 +18,7 @@ import torch
 
 from services.pod.roles.evaluator import EvalResult
 from services.pod.training.fusion import agree, run_group
-from services.pod.training.trainer import (
-    RunConfig,
-    Trainer,
-    build_trainer,
-    trainer_class,
-)
+from services.pod.training.trainer import RunConfig, Trainer, build_trainer, trainer_class
 
 Callback = Callable[[dict[str, float]], None]
 
