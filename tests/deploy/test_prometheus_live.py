@@ -10,6 +10,7 @@ variables filled in, must return at least one series.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -163,6 +164,15 @@ def test_prometheus_scrapes_a_live_experiment_and_every_panel_has_data(
             log=tmp_path / "prometheus.log",
         )
         prom = httpx.Client(base_url=f"http://127.0.0.1:{prom_port}/api/v1", timeout=10)
+
+        def prometheus_ready() -> bool:
+            # Its listener opens some milliseconds after the process starts: on a quiet
+            # machine the first query below could come sooner and be refused.
+            with contextlib.suppress(httpx.TransportError):
+                return httpx.get(f"http://127.0.0.1:{prom_port}/-/ready", timeout=2).is_success
+            return False
+
+        wait_for(prometheus_ready, timeout=60)
 
         # A running experiment, and one that cannot fit (3 CPUs per pod, 2 in all): pending.
         ids = []
