@@ -634,7 +634,8 @@ def main() -> None:
         "--truncation",
         type=float,
         default=None,
-        help="pbt: share of the pods replaced (generator option); default: all but the best",
+        help="pbt: share of the pods replaced (generator option); default: the algorithm card's "
+        "(PPO 0.25; the others: every pod below the best)",
     )
     parser.add_argument(
         "--exploit-margin",
