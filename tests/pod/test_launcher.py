@@ -70,12 +70,11 @@ print(json.dumps({"compiler_at_ready": ready, "compiler_after": "torch._dynamo" 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def serve_one(request: dict, harness: str = HARNESS) -> tuple[list[dict], str]:
-    """A real launcher's ``serve`` (after ``preload``) given one request: its answer lines
-    and its log (stderr). The forked pod has no pod environment and exits 2."""
+def python(code: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a new interpreter of this checkout; it must exit 0."""
     done = subprocess.run(
-        [sys.executable, "-c", harness],
-        input=json.dumps(request) + "\n",
+        [sys.executable, "-c", code, *args],
+        input=stdin,
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -83,6 +82,13 @@ def serve_one(request: dict, harness: str = HARNESS) -> tuple[list[dict], str]:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def serve_one(request: dict, harness: str = HARNESS) -> tuple[list[dict], str]:
+    """A real launcher's ``serve`` (after ``preload``) given one request: its answer lines
+    and its log (stderr). The forked pod has no pod environment and exits 2."""
+    done = python(harness, stdin=json.dumps(request) + "\n")
     return [json.loads(line) for line in done.stdout.splitlines()], done.stderr
 
 
@@ -138,15 +144,7 @@ def test_an_eager_pod_never_imports_the_compiler(tmp_path: Path) -> None:
     """What the launcher leaves out must stay out of an eager pod: a short CartPole run on
     ``auto`` decides eager, and neither that decision nor the compile cache's lookup (which
     reads the pod's cache directory, not inductor's module for it) imports torch._dynamo."""
-    done = subprocess.run(
-        [sys.executable, "-c", EAGER_POD, str(tmp_path / "cache")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = python(EAGER_POD, str(tmp_path / "cache"))
     compiled, env_steps, imported = done.stdout.split()[-3:]
     assert compiled == "False" and int(env_steps) > 0
     assert imported == "False"
