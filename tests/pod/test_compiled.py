@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
-from services.pod.algorithms import compiled
+from services.pod.algorithms import compiled, policies
 from services.pod.algorithms.compiled import (
     CompileRefusedError,
     Decision,
@@ -565,3 +565,34 @@ def test_a_rollout_call_unrolls_fewer_steps_where_a_vector_step_is_many_envs() -
     assert chunk_length(10, 2048) == 2  # PureJaxRL's Pendulum recipe: 10's divisors
     assert chunk_length(6, 4) == 6
     assert chunk_length(7, 64) == 1
+
+
+@pytest.mark.parametrize("agents, rows", [(1, 4), (2, 4), (1, 1)])
+def test_a_compiled_mlp_of_few_rows_calls_no_matmul_and_gives_the_eager_numbers(agents, rows):
+    """At most ``FUSED_ROWS`` rows of all agents (one agent's rollout step of a few envs), the
+    compiled MLP's layers are fused multiply-sums, not calls of the matmul library; more rows
+    are batched matmuls. Outputs and gradients are the eager ones either way."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    layers = ("l0", "l1", "l2")
+    params = {}
+    for name, (out, inp) in zip(layers, [(64, 4), (64, 64), (2, 64)], strict=True):
+        params |= {f"{name}.weight": torch.randn(agents, out, inp) / 8}
+        params |= {f"{name}.bias": torch.randn(agents, out)}
+    x = torch.randn(agents, rows, 4)
+
+    def forward(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return policies.mlp_forward(params, layers, "tanh", x)[0]
+
+    results = []
+    for fn in (torch.compile(forward, fullgraph=True, dynamic=False), forward):
+        leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+        out, code = run_and_get_code(fn, leaves, x)
+        out.square().sum().backward()
+        results.append((out, leaves["l0.weight"].grad, code))
+    (out, grad, code), (eager_out, eager_grad, _) = results
+    torch.testing.assert_close(out, eager_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-5)
+    fused = agents * rows <= policies.FUSED_ROWS
+    assert ("bmm" not in "\n".join(code)) is fused

@@ -215,10 +215,7 @@ class StockTrading(FunctionalEnv):
                 )
             data = periods[mode]
             if simulated_markets and mode == "train":
-                data = [
-                    data,
-                    *simulated_train_periods(simulated_markets, **market),
-                ]
+                data = [data, *simulated_train_periods(simulated_markets, **market)]
         # The markets episodes run in, one after the other in the env's tensors.
         segments = [data] if isinstance(data, MarketData) else list(data)
         if not segments or (len(segments) > 1 and mode != "train"):
@@ -384,11 +381,7 @@ class StockTrading(FunctionalEnv):
         return torch.where(std > 0, mean / std.clamp(min=1e-300) * TRADING_DAYS_PER_YEAR**0.5, 0.0)
 
     def _rebalance_shares(
-        self,
-        action: torch.Tensor,
-        holdings: torch.Tensor,
-        price: torch.Tensor,
-        value: torch.Tensor,
+        self, action: torch.Tensor, holdings: torch.Tensor, price: torch.Tensor, value: torch.Tensor
     ) -> torch.Tensor:
         """Whole shares to trade (negative sells) toward the target weights of
         ``action_mode="weights"`` (docs/trading.md)."""

@@ -35,12 +35,7 @@ from services.pod.training.checkpoint import (
     tensor_bytes,
     write_files,
 )
-from services.pod.training.trainer import (
-    Counters,
-    RunConfig,
-    Trainer,
-    check_population_slot,
-)
+from services.pod.training.trainer import Counters, RunConfig, Trainer, check_population_slot
 
 
 class PortfolioRunConfig(RunConfig):
