@@ -41,7 +41,7 @@ def save(trainer, path) -> None:
 def all_tensors(trainer) -> dict[str, torch.Tensor]:
     agent = trainer.agent(0)
     out = {f"agent.{k}": v for k, v in agent.state_dict().items()}
-    for index, state in agent.optimizer_state_dict()["state"].items():
+    for index, state in agent.optimizer.state_dict()["state"].items():
         for name, value in state.items():
             out[f"opt.{index}.{name}"] = value
     return out
@@ -61,7 +61,7 @@ def test_round_trip_is_bit_exact(tmp_path, env):
         assert before[key].dtype == after[key].dtype, key
         assert torch.equal(before[key], after[key]), key
     assert fresh.counters(0) == trainer.counters(0)
-    lr = [g["lr"] for g in fresh.agent(0).optimizer_state_dict()["param_groups"]]
+    lr = [g["lr"] for g in fresh.agent(0).optimizer.state_dict()["param_groups"]]
     assert lr == [cfg.ppo.learning_rate]
     files = read_files(tmp_path / "ckpt")
     assert files.documents["hyperparameters"] == trainer.config(0).model_dump(mode="json")

@@ -128,25 +128,33 @@ def test_the_launcher_imports_the_compiler_only_for_pods_that_need_it(
 
 
 EAGER_POD = """
-import os, sys
+import json, os, sys
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]  # as a pod sets it
 from services.pod.training.presets import train_config
 from services.pod.training.trainer import build_trainer
-config = train_config("CartPole-v1", [{"total_env_steps": 20_000, "ppo": {"compile": "auto"}}])
+config = train_config(sys.argv[2], [{"total_env_steps": 20_000, **json.loads(sys.argv[3])}])
 trainer = build_trainer([config], horizon_env_steps=20_000)
-while trainer.decision.compiled is None:
+while trainer.decision.compiled is None or trainer.updates == 0:
     trainer.step()
-print(trainer.decision.compiled, trainer.env_steps, "torch._dynamo" in sys.modules)
+print(trainer.decision.compiled, trainer.updates, "torch._dynamo" in sys.modules)
 """
 
 
-def test_an_eager_pod_never_imports_the_compiler(tmp_path: Path) -> None:
-    """What the launcher leaves out must stay out of an eager pod: a short CartPole run on
-    ``auto`` decides eager, and neither that decision nor the compile cache's lookup (which
-    reads the pod's cache directory, not inductor's module for it) imports torch._dynamo."""
-    done = python(EAGER_POD, str(tmp_path / "cache"))
-    compiled, env_steps, imported = done.stdout.split()[-3:]
-    assert compiled == "False" and int(env_steps) > 0
+@pytest.mark.parametrize(
+    ("env", "layer"),
+    [
+        ("CartPole-v1", {"ppo": {"compile": "auto"}}),  # decides eager on a short run
+        ("Pendulum-v1", {"algorithm": "sac", "compile": "off", "learning_starts": 64}),
+    ],
+)
+def test_an_eager_pod_never_imports_the_compiler(tmp_path: Path, env: str, layer: dict) -> None:
+    """What the launcher leaves out must stay out of an eager pod, on-policy or off-policy:
+    neither ``auto``'s decision, the compile cache's lookup (which reads the pod's cache
+    directory, not inductor's module for it) nor an agent's Adam state (kept without
+    ``torch.optim``, whose first optimiser imports it) imports torch._dynamo."""
+    done = python(EAGER_POD, str(tmp_path / "cache"), env, json.dumps(layer))
+    compiled, updates, imported = done.stdout.split()[-3:]
+    assert compiled == "False" and int(updates) > 0
     assert imported == "False"
 
 

@@ -7,6 +7,8 @@ agent pod's) is in tests/pod/test_trainers.py."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,17 @@ def polyak_(target: list[torch.Tensor], online: list[torch.Tensor], tau: float) 
         t.lerp_(o, tau)
 
 
+@contextlib.contextmanager
+def torch_adam(agent: Any) -> Iterator[torch.optim.Adam]:
+    """The agent's Adam state in a ``torch.optim.Adam`` (its gradients cleared) for one step
+    the obvious way; what it holds after goes back to the agent."""
+    optimizer = torch.optim.Adam(agent.optimizer.params, lr=agent.optimizer.lr, fused=True)
+    optimizer.load_state_dict(agent.optimizer.state_dict())
+    optimizer.zero_grad(set_to_none=True)
+    yield optimizer
+    agent.optimizer.load_state_dict(optimizer.state_dict())
+
+
 def reference_sac(agent: SAC, batch: Batch, eps_next: torch.Tensor, eps: torch.Tensor) -> dict:
     """One SAC update of one agent, the obvious way: its modules, autograd, its Adam."""
     cfg = agent.config
@@ -99,10 +112,10 @@ def reference_sac(agent: SAC, batch: Batch, eps_next: torch.Tensor, eps: torch.T
     policy_loss = actor_loss
     if cfg.autotune_alpha:
         policy_loss = actor_loss - (agent.log_alpha * (logp.detach() + agent.target_entropy)).mean()
-    agent.optimizer.zero_grad(set_to_none=True)
-    critic_loss.backward(inputs=agent._critic_params)
-    policy_loss.backward(inputs=agent._actor_params)
-    agent.optimizer.step()
+    with torch_adam(agent) as optimizer:
+        critic_loss.backward(inputs=agent._critic_params)
+        policy_loss.backward(inputs=agent._actor_params)
+        optimizer.step()
     polyak_(agent._targets, agent._critic_params, cfg.tau)
     return {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha": alpha}
 
@@ -117,15 +130,15 @@ def reference_td3(agent: DDPG, batch: Batch, eps: torch.Tensor, step: int) -> di
         q_next = agent.critic_target(batch.next_obs, a).amin(0)
         y = batch.reward + cfg.gamma * (1 - batch.terminated) * q_next
     critic_loss = (agent.critic(batch.obs, batch.action) - y).square().mean(1).sum()
-    agent.optimizer.zero_grad(set_to_none=True)
-    critic_loss.backward(inputs=agent._critic_params)
     out = {"critic_loss": critic_loss}
     delayed = step % agent.policy_delay == 0
-    if delayed:
-        actor_loss = -agent.critic(batch.obs, agent.actor(batch.obs))[0].mean()
-        actor_loss.backward(inputs=agent._actor_params)
-        out["actor_loss"] = actor_loss
-    agent.optimizer.step()  # skips the actor between delays: it has no gradient
+    with torch_adam(agent) as optimizer:
+        critic_loss.backward(inputs=agent._critic_params)
+        if delayed:
+            actor_loss = -agent.critic(batch.obs, agent.actor(batch.obs))[0].mean()
+            actor_loss.backward(inputs=agent._actor_params)
+            out["actor_loss"] = actor_loss
+        optimizer.step()  # skips the actor between delays: it has no gradient
     if delayed:
         polyak_(agent._targets, agent._online, cfg.tau)
     return out
@@ -143,11 +156,11 @@ def reference_dqn(agent: DQN, batch: Batch, step: int) -> dict:
         y = batch.reward + cfg.gamma * (1 - batch.terminated) * v_next
     q = agent.q(batch.obs).gather(-1, batch.action.unsqueeze(-1)).squeeze(-1)
     loss = F.smooth_l1_loss(q, y)
-    agent.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if cfg.max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(agent._params, cfg.max_grad_norm)
-    agent.optimizer.step()
+    with torch_adam(agent) as optimizer:
+        loss.backward()
+        if cfg.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(agent._params, cfg.max_grad_norm)
+        optimizer.step()
     if step % cfg.target_update_every == 0:
         polyak_(agent._targets, agent._params, cfg.tau)
     return {"loss": loss}

@@ -166,7 +166,7 @@ def test_exploit_puts_a_better_parent_into_a_members_slot(
     before = [m.hyperparameters for m in rt.slots]
     rt.maybe_exploit()
     parent_state = parent.state_dict()
-    parent_steps = float(parent.optimizer_state_dict()["state"][0]["step"])
+    parent_steps = float(parent.optimizer.state_dict()["state"][0]["step"])
     assert parent_steps == 3 * config.ppo.update_epochs * config.ppo.num_minibatches
     for i, member in enumerate(rt.slots):
         assert member.parent_id == outside_id and member.generation == 1

@@ -247,7 +247,7 @@ def test_restart_from_a_better_parent(leaderboard: Leaderboard, tmp_path: Path) 
     for name, value in agent.policy.state_dict().items():
         assert torch.equal(value, parent_state[name]), name
     lr = manifest.hyperparameters["learning_rate"]
-    assert [g["lr"] for g in agent.optimizer_state_dict()["param_groups"]] == [lr]
+    assert [g["lr"] for g in agent.optimizer.state_dict()["param_groups"]] == [lr]
     assert float(child.trainer.population.hp["learning_rate"][0]) == pytest.approx(lr)
     assert child.slots[0].parent_id == parent["candidate_id"]
     assert child.slots[0].generation == parent["generation"] + 1

@@ -158,17 +158,48 @@ def adam_state(
     }
 
 
-def adam_state_dict(
-    state: Sequence[Mapping[str, torch.Tensor]], params: int, **settings: Any
-) -> dict[str, Any]:
-    """What ``torch.optim.Adam(ps, **settings).state_dict()`` gives for ``params`` parameters ``ps``
-    with per-parameter ``state`` (step, exp_avg, exp_avg_sq, in ``ps``' order; empty: a fresh one),
-    without building the optimiser (a process's first one imports torch._dynamo, about a second).
-    The param group: Adam's own defaults, from its signature, ``settings`` over them."""
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(torch.optim.Adam.__init__).parameters.items()
-        if parameter.default is not inspect.Parameter.empty
-    }
-    group = {**defaults, **settings, "params": list(range(params))}
-    return {"state": dict(enumerate(state)), "param_groups": [group]}
+class AdamState:
+    """One agent's Adam state as a single agent's ``torch.optim.Adam`` holds it, without the
+    optimiser (a process's first one imports torch._dynamo: about a second of each pod's start):
+    ``state`` maps each of ``params`` that stepped to its ``step``, ``exp_avg``, ``exp_avg_sq``;
+    ``state_dict`` / ``load_state_dict`` speak ``torch.optim.Adam``'s format (the training
+    files'). Agents train as rows of a stack (``BatchedAdam``: ``load_row``, ``row_state``)."""
+
+    def __init__(self, params: Sequence[torch.Tensor], lr: float, **settings: Any) -> None:
+        self.params, self.lr, self.settings = list(params), lr, {"fused": True, **settings}
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What ``torch.optim.Adam(params, lr, **settings).state_dict()`` would give with this
+        state. The param group: Adam's own defaults, from its signature, the settings over them."""
+        defaults = {
+            name: parameter.default
+            for name, parameter in inspect.signature(torch.optim.Adam.__init__).parameters.items()
+            if parameter.default is not inspect.Parameter.empty
+        }
+        group = {**defaults, "lr": self.lr, **self.settings}
+        group["params"] = list(range(len(self.params)))
+        state = {i: self.state[t] for i, t in enumerate(self.params) if t in self.state}
+        return {"state": state, "param_groups": [group]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take ``torch.optim.Adam.state_dict()``'s format (copies, on the parameters' devices;
+        the learning rate stays this agent's config's); ValueError where it does not fit."""
+        groups, entries = state["param_groups"], state["state"]
+        if len(groups) != 1 or len(groups[0]["params"]) != len(self.params):
+            raise ValueError(f"optimizer state: not one group of {len(self.params)} parameters")
+        loaded = {}
+        for index, t in zip(groups[0]["params"], self.params, strict=True):
+            if index not in entries:
+                continue
+            entry = entries[index]
+            for key in ("exp_avg", "exp_avg_sq"):
+                if entry[key].shape != t.shape:
+                    raise ValueError(f"optimizer state: {key} of shape {tuple(entry[key].shape)}")
+            loaded[t] = {
+                "step": torch.tensor(float(entry["step"]), dtype=torch.float32, device=t.device),
+                "exp_avg": entry["exp_avg"].to(t, copy=True),
+                "exp_avg_sq": entry["exp_avg_sq"].to(t, copy=True),
+            }
+        self.state = loaded

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from services.contracts.algorithms.ddpg.config import DDPGConfig
+from services.pod.algorithms.adam import AdamState
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.compiled import Program, grad, per_agent
 from services.pod.algorithms.counter_random import draws
@@ -112,7 +113,7 @@ class ActorCritic(OffPolicyAlgorithm, nn.Module):
     n_critics: ClassVar[int]
     Actor: ClassVar[Callable[..., BoundedActor]]
     Stack: ClassVar[type[Stack]]
-    optimizer: torch.optim.Optimizer
+    optimizer: AdamState
 
     def __init__(self, obs_space: gym.spaces.Box, action_space: gym.Space, config) -> None:
         super().__init__()
@@ -134,7 +135,7 @@ class ActorCritic(OffPolicyAlgorithm, nn.Module):
     def actor(self) -> Any:
         return self.policy.actor
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, AdamState]:
         return {"optimizer": self.optimizer}
 
     def random_action(self, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -165,7 +166,7 @@ class DDPG(ActorCritic):
         # In the targets' order, so one fused lerp updates every target.
         self._online = [*self._actor_params, *self._critic_params]
         self._targets = [*self.actor_target.parameters(), *self.critic_target.parameters()]
-        self.optimizer = torch.optim.Adam(self._online, lr=config.learning_rate, fused=True)
+        self.optimizer = AdamState(self._online, config.learning_rate)
 
     @property
     def policy_delay(self) -> int:

@@ -26,6 +26,7 @@ from torch import nn
 from services.contracts.algorithms.dqn import CARD as DQN_CARD
 from services.contracts.algorithms.dqn.config import DQNConfig
 from services.contracts.algorithms.hyperparameters import HyperparameterError
+from services.pod.algorithms.adam import AdamState
 from services.pod.algorithms.base import OffPolicyAlgorithm
 from services.pod.algorithms.compiled import Program, grad, per_agent
 from services.pod.algorithms.counter_random import draws
@@ -81,13 +82,13 @@ class DQN(OffPolicyAlgorithm, nn.Module):
         self.q_target = frozen_copy(q)
         self._params = list(q.parameters())
         self._targets = list(self.q_target.parameters())
-        self.optimizer = torch.optim.Adam(self._params, lr=config.learning_rate, fused=True)
+        self.optimizer = AdamState(self._params, config.learning_rate)
 
     @property
     def q(self) -> QNetwork:
         return self.policy.actor
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+    def optimizers(self) -> dict[str, AdamState]:
         return {"optimizer": self.optimizer}
 
     # -- acting --------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from services.contracts.algorithms.card import AlgorithmCard
 from services.contracts.algorithms.ppo import CARD
 from services.contracts.algorithms.ppo.config import PPOConfig
 from services.pod.algorithms import policies as pi
-from services.pod.algorithms.adam import adam_, adam_state_dict, clip_rows
+from services.pod.algorithms.adam import AdamState, adam_, adam_state, clip_rows, load_adam_state
 from services.pod.algorithms.compiled import grad as compiled_grad
 from services.pod.algorithms.counter_random import stream_bits, to_uniform
 from services.pod.algorithms.flat import Layout, flat_rows, stack
@@ -101,8 +101,7 @@ class PPO(nn.Module):
         self.policy = Policy(actor, tuple(obs_space.shape), normalize_obs=config.norm_obs)
         self.critic = build_critic(obs_space, config.hidden_sizes, config.activation)
         self.return_rms = RunningMeanStd(())
-        #: Adam's state of each parameter, in ``trained()``'s order (empty: fresh).
-        self.adam_state: list[dict[str, torch.Tensor]] = []
+        self.optimizer = AdamState(self.trained().parameters(), config.learning_rate, eps=ADAM_EPS)
 
     def trained(self) -> nn.ModuleDict:
         """The trained networks under the flat layout's names (``actor.*``, ``critic.*``)."""
@@ -110,30 +109,6 @@ class PPO(nn.Module):
 
     def spec(self) -> PolicySpec:
         return pi.policy_spec(self.policy.actor, self.critic)
-
-    def optimizer_state_dict(self) -> dict:
-        """Adam's state as ``torch.optim.Adam.state_dict()`` gives it (the files' format)."""
-        n = sum(1 for _ in self.trained().parameters())
-        return adam_state_dict(
-            self.adam_state, n, lr=self.config.learning_rate, eps=ADAM_EPS, fused=True
-        )
-
-    def load_optimizer_state_dict(self, state: Mapping) -> None:
-        """Take Adam's state from ``torch.optim.Adam.state_dict()``'s format."""
-        params = list(self.trained().parameters())
-        entries = state["state"]
-        groups = state["param_groups"]
-        if len(groups) != 1 or len(groups[0]["params"]) != len(params):
-            raise ValueError(f"optimizer state: not one group of {len(params)} parameters")
-        order = groups[0]["params"]
-        loaded = [dict(entries[i]) for i in order if i in entries]
-        if loaded and len(loaded) != len(params):
-            raise ValueError("optimizer state: some parameters have no state")
-        for entry, param in zip(loaded, params, strict=False):
-            for key in ("exp_avg", "exp_avg_sq"):
-                if entry[key].shape != param.shape:
-                    raise ValueError(f"optimizer state: {key} of shape {tuple(entry[key].shape)}")
-        self.adam_state = loaded
 
 
 # -- what fixes the programs ------------------------------------------------------------------
@@ -268,14 +243,8 @@ def put_agent(shape: PPOShape, state: State, i: int, agent: PPO) -> None:
     views = [shape.layout.views(state[k]) for k in ("params", "exp_avg", "exp_avg_sq")]
     for name, param in zip(shape.layout.names, params, strict=True):
         views[0][name][i] = param
-    if agent.adam_state:
-        for name, entry in zip(shape.layout.names, agent.adam_state, strict=True):
-            views[1][name][i] = entry["exp_avg"]
-            views[2][name][i] = entry["exp_avg_sq"]
-        state["adam_step"][i] = float(agent.adam_state[0]["step"])
-    else:
-        for key in ("exp_avg", "exp_avg_sq", "adam_step"):
-            state[key][i] = 0
+    moments = [[view[name][i] for name in shape.layout.names] for view in views[1:]]
+    state["adam_step"][i] = load_adam_state(params, agent.optimizer.state, *moments)
     for keys, rms in ((OBS_STATS, agent.policy.obs_rms), (RET_STATS, agent.return_rms)):
         for key, value in zip(keys, (rms.mean, rms.var, rms.count), strict=True):
             state[key][i] = value
@@ -288,15 +257,8 @@ def get_agent(shape: PPOShape, state: State, i: int, agent: PPO) -> PPO:
     views = [shape.layout.views(state[k]) for k in ("params", "exp_avg", "exp_avg_sq")]
     for name, param in zip(shape.layout.names, params, strict=True):
         param.copy_(views[0][name][i])
-    steps = float(state["adam_step"][i])
-    agent.adam_state = [
-        {
-            "step": torch.tensor(steps, dtype=torch.float32, device=param.device),
-            "exp_avg": views[1][name][i].clone(),
-            "exp_avg_sq": views[2][name][i].clone(),
-        }
-        for name, param in zip(shape.layout.names, params, strict=True)
-    ] if steps else []  # fmt: skip
+    moments = [[view[name][i] for name in shape.layout.names] for view in views[1:]]
+    agent.optimizer.state = adam_state(params, float(state["adam_step"][i]), *moments)
     for keys, rms in ((OBS_STATS, agent.policy.obs_rms), (RET_STATS, agent.return_rms)):
         for key, value in zip(keys, (rms.mean, rms.var, rms.count), strict=True):
             value.copy_(state[key][i])

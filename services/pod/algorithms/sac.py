@@ -30,6 +30,7 @@ from torch import nn
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.algorithms.sac.config import SACConfig
+from services.pod.algorithms.adam import AdamState
 from services.pod.algorithms.compiled import Program, grad, per_agent
 from services.pod.algorithms.counter_random import draws
 from services.pod.algorithms.ddpg import ActorCritic, BoundedActor
@@ -100,8 +101,8 @@ class SAC(ActorCritic):
         self.target_entropy = target_entropy(config, self.action_shape[0])
         if config.autotune_alpha:
             self._actor_params.append(self.log_alpha)
-        self.optimizer = torch.optim.Adam(
-            [*self._actor_params, *self._critic_params], lr=config.learning_rate, fused=True
+        self.optimizer = AdamState(
+            [*self._actor_params, *self._critic_params], config.learning_rate
         )
         self._targets = list(self.critic_target.parameters())
 

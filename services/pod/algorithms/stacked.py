@@ -118,8 +118,7 @@ class Stack:
             if group in self.adams:
                 state = self.adams[group].row_state(i, self.layouts[group], tensors)
                 agent.optimizer.state.update(state)
-        for group in agent.optimizer.param_groups:
-            group["lr"] = self.configs[i].learning_rate  # exact, not the float32 tensor's
+        agent.optimizer.lr = self.configs[i].learning_rate  # exact, not the float32 tensor's
 
     def weights(self, i: int, agent: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """``agent``'s weights and targets, and their views in slot ``i`` (the same order):

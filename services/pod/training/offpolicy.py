@@ -347,8 +347,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         counters = load_offpolicy_files(directory, agent, buffer)
         # The slot trains with ``config``'s hyperparameters (PBT's explore), not its files'.
         agent.config = config.agent_config
-        for group in agent.optimizer.param_groups:
-            group["lr"] = config.agent_config.learning_rate
+        agent.optimizer.lr = config.agent_config.learning_rate
         self._place(
             slot, agent, buffer, config,
             Counters(int(counters["env_steps"]), int(counters["updates"])),

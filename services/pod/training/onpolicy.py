@@ -317,7 +317,7 @@ def save_ppo_files(
     """Write one agent's full training state; returns file name → sha256."""
     critic_state = {f"critic.{k}": v for k, v in agent.critic.state_dict().items()}
     critic_state |= {f"return_rms.{k}": v for k, v in agent.return_rms.state_dict().items()}
-    opt_tensors, opt_meta = optimizer_to_files(agent.optimizer_state_dict())
+    opt_tensors, opt_meta = optimizer_to_files(agent.optimizer.state_dict())
     files = {
         "actor.safetensors": tensor_bytes(agent.policy.state_dict()),
         "critic.safetensors": tensor_bytes(critic_state),
@@ -339,7 +339,7 @@ def load_ppo_files(directory: Path, agent: PPO) -> TrainingFiles:
         part = {k.removeprefix(prefix): v for k, v in critic.items() if k.startswith(prefix)}
         load_into(module, part, "critic.safetensors")
     try:
-        agent.load_optimizer_state_dict(
+        agent.optimizer.load_state_dict(
             optimizer_from_files(files.tensors["optimizer"], files.documents["optimizer"])
         )
     except (KeyError, ValueError, RuntimeError) as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.pod.algorithms.adam import BatchedAdam, adam_, adam_state_dict
+from services.pod.algorithms.adam import AdamState, BatchedAdam, adam_
 from services.pod.algorithms.flat import Layout
 
 
@@ -122,23 +122,36 @@ def test_a_row_moves_to_and_from_a_single_agents_adam_state() -> None:
             assert state[t][key].data_ptr() != opt.state[t][key].data_ptr()
 
 
-@pytest.mark.parametrize("stepped", [False, True])
-def test_the_state_dict_without_an_optimizer_is_torch_optim_adams(stepped: bool) -> None:
-    """``adam_state_dict`` (what an agent's checkpoint holds, written without building an
-    optimiser) is ``torch.optim.Adam(...).state_dict()``: param group, defaults and all, for a
-    fresh optimiser and for a stepped one's per-parameter state."""
+@pytest.mark.parametrize("stepped", ["none", "some", "all"])
+def test_the_state_without_an_optimizer_is_torch_optim_adams(stepped: str) -> None:
+    """``AdamState`` (an agent's Adam state, kept without building an optimiser) takes
+    ``torch.optim.Adam(...).state_dict()`` and gives it back: param group, defaults and all, for
+    a fresh optimiser, one that stepped some parameters (a TD3 actor between its delayed
+    updates) and one that stepped all; a state of other shapes is refused."""
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(2, 3)), torch.nn.Parameter(torch.randn(4))]
     opt = torch.optim.Adam(params, lr=2.5e-4, eps=1e-5, fused=True)
-    if stepped:
-        sum(p.square().sum() for p in params).backward()
+    if stepped != "none":
+        loss = params[0].square().sum()
+        (loss if stepped == "some" else loss + params[1].sum()).backward()
         opt.step()
-    state = [opt.state[p] for p in params] if stepped else []
     expected = opt.state_dict()
-    got = adam_state_dict(state, len(params), lr=2.5e-4, eps=1e-5, fused=True)
+    mine = AdamState(params, 2.5e-4, eps=1e-5)
+    if stepped == "none":
+        assert mine.state_dict()["param_groups"] == expected["param_groups"]
+    mine.load_state_dict(expected)
+    assert list(mine.state) == [p for p in params if p in opt.state]
+    got = mine.state_dict()
     assert got["param_groups"] == expected["param_groups"]
     assert got["state"].keys() == expected["state"].keys()
     for index, values in expected["state"].items():
         assert got["state"][index].keys() == values.keys()
         for key, value in values.items():
             assert torch.equal(got["state"][index][key], value)
+            assert got["state"][index][key].data_ptr() != value.data_ptr()
+    other = AdamState([torch.nn.Parameter(torch.randn(3, 2)), params[1]], 2.5e-4, eps=1e-5)
+    if stepped != "none":
+        with pytest.raises(ValueError, match="exp_avg of shape"):
+            other.load_state_dict(expected)
+    with pytest.raises(ValueError, match="not one group of 1 parameters"):
+        AdamState(params[:1], 2.5e-4).load_state_dict(expected)
