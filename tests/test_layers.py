@@ -42,7 +42,7 @@ def test_a_spec_is_checked_without_the_services(module: str) -> None:
     proc = _run(
         "import sys; from services.contracts.spec import ExperimentSpec; "
         "from services.contracts.strategies import ready_rule; "
-        f"assert ready_rule(ExperimentSpec.model_validate({SPEC})) == (3, 32_768); "
+        f"assert ready_rule(ExperimentSpec.model_validate({SPEC})) == (3, 16_384); "
         f"assert {module!r} not in sys.modules, {module!r} + ' imported'"
     )
     assert proc.returncode == 0, proc.stderr

@@ -78,7 +78,7 @@ class PBTOptions(StrategyOptions):
         default=2, ge=1, description="Reports an agent makes before it may be replaced."
     )
     ready_env_steps: int = Field(
-        default=32_768,
+        default=16_384,
         ge=0,
         description="Env steps an agent trains before it may be replaced: judged earlier, "
         "scores are mostly evaluation noise.",

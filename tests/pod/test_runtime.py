@@ -74,7 +74,7 @@ def test_ready_rule_and_lineage_bookkeeping() -> None:
         defaults["ready_env_steps"].default,
     )
     tuned = make_spec(generator={"strategy": "pbt", "options": {"ready_reports": 1}})
-    assert ReadyRule.of(ExperimentSpec.model_validate(tuned)) == ReadyRule(1, 32_768)
+    assert ReadyRule.of(ExperimentSpec.model_validate(tuned)) == ReadyRule(1, 16_384)
 
     agent = Lineage("pod-a", hyperparameters={"learning_rate": 1e-3}, env_steps_at_start=100)
     evaluation = EvalResult(mean=10.0, std=1.0, episodes=[9.0, 11.0])
@@ -102,7 +102,7 @@ def test_protect_improving_keeps_a_rising_agent() -> None:
     leader; one that stalled, fell or rose by less is, as under the plain rule."""
     pbt = {"strategy": "pbt", "options": {"ready_reports": 1, "protect_improving": 5.0}}
     rule = ReadyRule.of(ExperimentSpec.model_validate(make_spec(generator=pbt)))
-    assert rule == ReadyRule(1, 32_768, improving_margin=5.0, higher_is_better=True)
+    assert rule == ReadyRule(1, 16_384, improving_margin=5.0, higher_is_better=True)
     assert ReadyRule.of(ExperimentSpec.model_validate(make_spec())).improving_margin is None
 
     agent = Lineage("pod-a", env_steps_at_start=0)
@@ -112,7 +112,7 @@ def test_protect_improving_keeps_a_rising_agent() -> None:
     agent.record(SubmissionResponse(accepted=False, rank=3), -600.0)
     assert agent.previous_score == -900.0
     assert not rule.is_ready(agent, steps)  # rose by 300: still learning, kept
-    plain = ReadyRule(1, 32_768)
+    plain = ReadyRule(1, 16_384)
     assert plain.is_ready(agent, steps)  # the old rule replaces it
     agent.record(SubmissionResponse(accepted=False, rank=3), -597.0)
     assert rule.is_ready(agent, steps)  # rose by 3, within the margin: judged
