@@ -194,11 +194,18 @@ class AdamState:
             if index not in entries:
                 continue
             entry = entries[index]
+            step = entry.get("step")
+            if not isinstance(step, int | float) and not (
+                isinstance(step, torch.Tensor) and step.numel() == 1
+            ):
+                raise ValueError(f"optimizer state: parameter {index} has no step count")
+            if not all(isinstance(entry.get(k), torch.Tensor) for k in ("exp_avg", "exp_avg_sq")):
+                raise ValueError(f"optimizer state: parameter {index} has no moments")
             for key in ("exp_avg", "exp_avg_sq"):
                 if entry[key].shape != t.shape:
                     raise ValueError(f"optimizer state: {key} of shape {tuple(entry[key].shape)}")
             loaded[t] = {
-                "step": torch.tensor(float(entry["step"]), dtype=torch.float32, device=t.device),
+                "step": torch.tensor(float(step), dtype=torch.float32, device=t.device),
                 "exp_avg": entry["exp_avg"].to(t, copy=True),
                 "exp_avg_sq": entry["exp_avg_sq"].to(t, copy=True),
             }

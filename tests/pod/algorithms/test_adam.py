@@ -155,3 +155,8 @@ def test_the_state_without_an_optimizer_is_torch_optim_adams(stepped: str) -> No
             other.load_state_dict(expected)
     with pytest.raises(ValueError, match="not one group of 1 parameters"):
         AdamState(params[:1], 2.5e-4).load_state_dict(expected)
+    if stepped == "all":  # a file's entry that is not a step count and moments
+        for bad, match in (({"step": [1]}, "no step count"), ({"exp_avg": 1.0}, "no moments")):
+            broken = {**expected, "state": {0: {**expected["state"][0], **bad}, 1: {}}}
+            with pytest.raises(ValueError, match=match):
+                mine.load_state_dict(broken)
