@@ -204,9 +204,6 @@ class AdamState:
             for key in ("exp_avg", "exp_avg_sq"):
                 if entry[key].shape != t.shape:
                     raise ValueError(f"optimizer state: {key} of shape {tuple(entry[key].shape)}")
-            loaded[t] = {
-                "step": torch.tensor(float(step), dtype=torch.float32, device=t.device),
-                "exp_avg": entry["exp_avg"].to(t, copy=True),
-                "exp_avg_sq": entry["exp_avg_sq"].to(t, copy=True),
-            }
+            moments = [entry[key].to(t) for key in ("exp_avg", "exp_avg_sq")]
+            loaded |= adam_state([t], float(step), *([m] for m in moments))
         self.state = loaded
