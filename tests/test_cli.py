@@ -114,6 +114,21 @@ def test_an_unknown_env_is_answered_before_torch_is_imported(tmp_path):
     assert "services.cli.train" in imported and "torch" not in imported
 
 
+def test_an_eager_run_never_imports_the_compiler(tmp_path):
+    """A run that trains eagerly (``auto`` on a short run) imports no torch._dynamo: not for
+    the decision, nor to find torch's default compile cache (no TORCHINDUCTOR_CACHE_DIR)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "services.cli", "train", "CartPole-v1",
+         "--out", str(tmp_path / "run"), "--set", "total_env_steps=2048", "--quiet"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**env, "PODIUM_POD_MALLOC": "system", "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = [line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if "|" in line]
+    assert "services.pod.training.fit" in imported and "torch._dynamo" not in imported
+
+
 def test_invalid_fields_are_named(tmp_path):
     proc = run(
         "train", "CartPole-v1", "--set", "ppo.lr=3", "--set", "ppo.gamma=1.5",

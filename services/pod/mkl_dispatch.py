@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import getpass
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -92,15 +94,26 @@ def _compiler() -> str | None:
     return None
 
 
+def inductor_cache_dir() -> Path:
+    """Inductor's cache directory: ``TORCHINDUCTOR_CACHE_DIR``, else torch's default as
+    ``torch._inductor.runtime.cache_dir_utils`` writes it: importing inductor to ask takes a
+    second, which an eager run would pay for a lookup."""
+    if root := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(root)
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
 def _directory() -> Path:
     """A directory of its own in the compile cache (the operator's, the pod's, else inductor's
     default): a pod can write and load libraries there."""
     # Not compile_cache.py's name: it imports the logging, and this runs before the re-exec.
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.environ.get("PODIUM_COMPILE_CACHE_DIR")
-    if not cache:
-        user = "".join(c if c.isalnum() else "_" for c in os.environ.get("USER", str(os.getuid())))
-        cache = str(Path(tempfile.gettempdir()) / f"torchinductor_{user}")
-    return Path(cache) / DIRECTORY
+    pod = os.environ.get("PODIUM_COMPILE_CACHE_DIR")
+    root = pod if pod and not os.environ.get("TORCHINDUCTOR_CACHE_DIR") else inductor_cache_dir()
+    return Path(root) / DIRECTORY
 
 
 def build(directory: Path, compiler: str) -> Path:

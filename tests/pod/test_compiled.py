@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -200,6 +201,20 @@ def test_auto_counts_a_load_only_when_every_program_is_in_the_cache(monkeypatch,
     assert OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached is False
     compiled.mark_cached(short.program_key(), "iteration")
     assert OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached is True
+
+
+def test_the_cache_lookup_finds_the_directory_inductor_uses(monkeypatch, tmp_path) -> None:
+    """The compile cache's directory is found without importing inductor (a second of every
+    eager run): the same as inductor's own answer, set or by default (a torch upgrade that
+    moves its default fails here)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert compiled.inductor_cache_dir() == Path(cache_dir())
+    assert compiled.inductor_cache_dir().parent == tmp_path
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "pod"))
+    assert compiled.inductor_cache_dir() == Path(cache_dir()) == tmp_path / "pod"
 
 
 def test_a_compile_that_failed_is_not_noted_in_the_cache(monkeypatch, tmp_path) -> None:

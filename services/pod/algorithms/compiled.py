@@ -36,6 +36,7 @@ import torch
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
+from services.pod.mkl_dispatch import inductor_cache_dir
 
 log = get_logger(__name__)
 
@@ -461,14 +462,9 @@ class Graphed:
 def _cache_file(*facts: str, name: str = "") -> Path:
     """The compile cache's file for ``facts`` under this build (torch, the CPU compile option,
     the pod's code): a saved graph or a note; another build's are not found."""
-    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # a pod's, set before torch compiles
-    if root is None:  # inductor's default: importing inductor takes seconds, an eager pod none
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-        root = cache_dir()
     text = " ".join([torch.__version__, str(CPU_REALIZE_OPCOUNT), code_digest(), *facts])
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
-    return Path(root) / "podium-programs" / f"{name}{digest}"
+    return inductor_cache_dir() / "podium-programs" / f"{name}{digest}"
 
 
 def cached(key: str, programs: Sequence[str]) -> bool:
