@@ -686,7 +686,10 @@ def main() -> None:
         args.ready_env_steps = task.ready_env_steps
     if args.summarize:
         lines = [ln for f in args.summarize for ln in f.read_text().splitlines()]
-        summarize([json.loads(ln) for ln in lines if ln.startswith('{"arm"')], args)
+        results = [json.loads(ln) for ln in lines if ln.startswith('{"arm"')]
+        summarize(results, args)
+        if args.plot is not None:
+            plot(args.plot, results, args)
         return
     logging.getLogger("httpx").setLevel(logging.WARNING)
     print(
