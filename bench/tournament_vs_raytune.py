@@ -114,6 +114,17 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
 # rate and soft-update rate only. A population's agents share their batch size (it shapes the
 # minibatch tensors), so a spec whose search space draws it is refused for population pods;
 # every arm of this task, Ray's too, gets the same narrower space.
+TASKS["Pendulum-v1-pop"] = (
+    "examples/pendulum-sac.yaml",
+    {
+        "name": "pendulum-sac-pop",
+        "search_space": {
+            "learning_rate": {"type": "log_uniform", "low": 1.0e-3, "high": 4.0e-3},
+            "gamma": {"type": "uniform", "low": 0.97, "high": 0.99},
+            "tau": {"type": "uniform", "low": 0.01, "high": 0.03},
+        },
+    },
+)
 _path, _sac = TASKS["HalfCheetah-v5-sac"]
 TASKS["HalfCheetah-v5-sac-pop"] = (
     _path,
