@@ -431,6 +431,7 @@ def run(
         "final": final,
         "env_steps": summary["env_steps"],
         "exit_codes": [p.returncode for p in procs],
+        "cap_s": args.cap_s,
     }
 
 
@@ -541,6 +542,7 @@ def run_round_robin(
         "final": best.json()["score"] if best.status_code == 200 else None,
         "env_steps": summary["env_steps"],
         "exit_codes": [],
+        "cap_s": args.cap_s,
         "curve": curve,
     }
 
@@ -742,9 +744,12 @@ def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     for arm in arms:
         runs = [r for r in results if r["arm"] == arm]
         times = [r["time_to_target_s"] for r in runs]
-        # An unsolved run counts as the cap: the median is then a lower bound.
+        # An unsolved run counts as its cap (runs summarized from files keep their own; files
+        # written before the field, --cap-s): the median is then a lower bound.
+        caps = [r.get("cap_s", args.cap_s) for r in runs]
         capped[arm] = {
-            r["rep"]: t if t is not None else args.cap_s for r, t in zip(runs, times, strict=True)
+            r["rep"]: t if t is not None else cap
+            for r, t, cap in zip(runs, times, caps, strict=True)
         }
         medians[arm] = median(list(capped[arm].values()))
         # Start-up (interpreters importing torch, the first round) is paid alike by every
@@ -752,7 +757,9 @@ def summarize(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         after = [capped[arm][r["rep"]] - (r["first_report_s"] or 0.0) for r in runs]
         trained[arm] = median(after)
         finals = [r["final"] for r in runs if r["final"] is not None]
-        per_run = ", ".join(f"{t:.1f}" if t is not None else f">{args.cap_s:g}" for t in times)
+        per_run = ", ".join(
+            f"{t:.1f}" if t is not None else f">{cap:g}" for t, cap in zip(times, caps, strict=True)
+        )
         # All pods' env steps when the target was reached: the CPU clock's noise-free twin
         # (every arm runs the same code per step); an unsolved run counts as endless.
         steps = median(
