@@ -119,9 +119,11 @@ TASKS["Pendulum-v1-pop"] = (
     {
         "name": "pendulum-sac-pop",
         "search_space": {
-            "learning_rate": {"type": "log_uniform", "low": 1.0e-3, "high": 4.0e-3},
-            "gamma": {"type": "uniform", "low": 0.97, "high": 0.99},
-            "tau": {"type": "uniform", "low": 0.01, "high": 0.03},
+            k: v
+            for k, v in yaml.safe_load((ROOT / "examples/pendulum-sac.yaml").read_text())[
+                "search_space"
+            ].items()
+            if k != "batch_size"
         },
     },
 )
