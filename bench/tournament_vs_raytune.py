@@ -19,7 +19,8 @@ Each arm is launched the way its user launches it, as a process (tree) of its ow
 - ``podium-pop``: as ``podium``, but one pod training the P agents as one batched population
   (``population.agents_per_pod: P``); ``podium-pairs``: P/2 pods of two batched agents each
   (``resources.cpu: 2 cores / (P/2)``), so a population pod's one busy thread has a core each.
-- ``podium-warm``: as ``podium``, on a platform whose compile cache already holds the task's
+- ``podium-warm``, ``podium-pairs-warm``: as ``podium``, ``podium-pairs``, on a platform whose
+  compile cache already holds the task's
   programs, as a user's runs of a spec find it after ``podium compile SPEC`` (the cache is the
   platform's, kept across experiments; docs/compiled-loop.md): run once, untimed, before the
   first repetition; the timed runs keep the spec's ``compile: auto``.
@@ -701,8 +702,8 @@ def via_copy(nodes: list[dict], subs: list[dict], target: float) -> bool | None:
     return False
 
 
-def warm_cache(args: argparse.Namespace, cores: int, root: Path) -> Path:
-    """The ``podium-warm`` arm's compile cache under ``root``, filled once (untimed) by ``podium
+def warm_cache(args: argparse.Namespace, cores: int, root: Path, agents_per_pod: int = 1) -> Path:
+    """A ``-warm`` arm's compile cache under ``root``, filled once (untimed) by ``podium
     compile`` of the task's spec, as a user prepares a spec's runs (docs/tournaments.md)."""
     data = root / "data"
     cache = data / "compile-cache"
@@ -712,7 +713,7 @@ def warm_cache(args: argparse.Namespace, cores: int, root: Path) -> Path:
     # Seeds no repetition uses: the timed runs find programs, not agents.
     spec_file = root / "spec.yaml"
     spec_file.write_text(
-        yaml.safe_dump(podium_spec(args.env, args.pods, cores, 10_000, args.cap_s))
+        yaml.safe_dump(podium_spec(args.env, args.pods, cores, 10_000, args.cap_s, agents_per_pod))
     )
     cmd = [str(Path(sys.executable).with_name("podium")), "compile", str(spec_file)]
     start = time.time()
@@ -740,11 +741,13 @@ def share_cache(out: Path, cache: Path) -> None:
 def run_podium(
     args: argparse.Namespace, rep: int, cores: int, work: Path, arm: str = "podium"
 ) -> dict[str, Any]:
-    agents_per_pod = {"podium-pairs": 2, "podium-pop": args.pods}.get(arm, 1)
+    shape = arm.removesuffix("-warm")
+    agents_per_pod = {"podium-pairs": 2, "podium-pop": args.pods}.get(shape, 1)
     spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s, agents_per_pod)
     cmd, out = podium_command(spec, work)
-    if arm == "podium-warm":
-        share_cache(out, warm_cache(args, cores, work.parent / "warm"))
+    if arm.endswith("-warm"):
+        root = work.parent / f"warm-{agents_per_pod}"
+        share_cache(out, warm_cache(args, cores, root, agents_per_pod))
     launcher = {"PODIUM_POD_LAUNCHER": "false"} if arm == "podium-exec" else {}
     proc, sampler, launched = launch(cmd, work / "log", **launcher)
     wall = finish(proc, sampler, args.cap_s)
@@ -822,6 +825,7 @@ RUNNERS = {
     "podium-warm": functools.partial(run_podium, arm="podium-warm"),
     "podium-pop": functools.partial(run_podium, arm="podium-pop"),
     "podium-pairs": functools.partial(run_podium, arm="podium-pairs"),
+    "podium-pairs-warm": functools.partial(run_podium, arm="podium-pairs-warm"),
     "ray": run_ray,
 }
 

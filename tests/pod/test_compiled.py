@@ -498,8 +498,14 @@ def test_a_saved_graph_is_loaded_only_for_what_it_was_built_from(monkeypatch, tm
 
 
 LOADS = """
-import json, sys
+import json, subprocess, sys
 import torch
+commands = []
+_popen = subprocess.Popen.__init__
+def _record(self, args, *rest, **kwargs):
+    commands.append(args if isinstance(args, str) else " ".join(map(str, args)))
+    _popen(self, args, *rest, **kwargs)
+subprocess.Popen.__init__ = _record
 from services.pod.runtime.compile_cache import use_compile_cache
 use_compile_cache(__import__("pathlib").Path(sys.argv[1]))
 from services.pod.algorithms.compiled import Program, compile_work
@@ -509,7 +515,8 @@ out = Program(_scale, "scale")(device, torch.ones(4, device=device), 3)
 from torch._dynamo.utils import compilation_time_metrics as timed
 work = compile_work()
 print(json.dumps({"out": out.tolist(), "built": work.built, "loaded": work.loaded,
-                  "traced": len(timed.get("bytecode_tracing", ()))}))
+                  "traced": len(timed.get("bytecode_tracing", ())),
+                  "preprocessed": [c for c in commands if " -E " in f" {c} "]}))
 """
 
 
@@ -517,8 +524,10 @@ print(json.dumps({"out": out.tolist(), "built": work.built, "loaded": work.loade
 def test_a_later_process_loads_a_graph_without_tracing_it(tmp_path, device: str) -> None:
     """What a restarted pod, a PBT child's pod or another pod of the experiment pays for a
     compiled program is its load: the guards and kernels from the compile cache, with no
-    trace of the function (dynamo's trace was most of a load's seconds). Also where the
-    environment turns torch's graph caches off: a graph is saved as their entry."""
+    trace of the function (dynamo's trace was most of a load's seconds) and no run of the C++
+    preprocessor (inductor's precompiled header is found again by preprocessing torch's
+    headers: most of what was left). Also where the environment turns torch's graph caches
+    off: a graph is saved as their entry."""
     env = {**os.environ, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
 
     def run() -> dict:
@@ -533,6 +542,7 @@ def test_a_later_process_loads_a_graph_without_tracing_it(tmp_path, device: str)
     assert first["out"] == second["out"] == [3.0] * 4
     assert (first["built"], first["loaded"]) == (1, 0) and first["traced"] > 0, first
     assert (second["built"], second["loaded"]) == (0, 1) and second["traced"] == 0, second
+    assert second["preprocessed"] == [], second
 
 
 def test_a_bound_program_runs_its_graph_without_guards_until_the_objects_change(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from services.pod.algorithms.compiled import compiler_missing
 from services.pod.runtime import launcher
 
 
@@ -61,11 +62,17 @@ def test_a_pods_start_up_counts_from_its_fork() -> None:
 
 HARNESS = """
 import json, sys
+from services.pod.algorithms.compiled import compiler_missing
 from services.pod.runtime import launcher
 launcher.preload()
 ready = "torch._dynamo" in sys.modules
 launcher.serve(0, sys.stdout)  # until stdin closes
-print(json.dumps({"compiler_at_ready": ready, "compiler_after": "torch._dynamo" in sys.modules}))
+isa = sys.modules.get("torch._inductor.cpu_vec_isa")
+print(json.dumps({
+    "compiler_at_ready": ready,
+    "compiler_after": "torch._dynamo" in sys.modules,
+    "isa_probed": bool(isa and isa.valid_vec_isa_list.cache_info().currsize),
+}))
 """
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +114,9 @@ def test_the_launcher_imports_the_compiler_only_for_pods_that_need_it(
     """The compiler's modules (torch._dynamo, inductor: seconds) are not imported before the
     launcher is ready: a pod forked for an eager run need not wait for them. Before the fork of
     a pod that will load compiled programs (its compile cache holds one) or build them (its
-    spec can pick ``compile: on``), the launcher imports them, once for every later pod."""
+    spec can pick ``compile: on``), the launcher imports them, once for every later pod, and
+    runs inductor's probes of the CPU (test programs built and loaded in new interpreters), which
+    each pod would run again for its first load or build."""
     cache = tmp_path / "compile-cache"
     (cache / "locks").mkdir(parents=True)
     for name in cache_holds:
@@ -124,7 +133,12 @@ def test_the_launcher_imports_the_compiler_only_for_pods_that_need_it(
     }
     lines, _ = serve_one(request)
     assert lines[0]["id"] == 1 and lines[0]["pid"] > 0, lines
-    assert lines[-1] == {"compiler_at_ready": False, "compiler_after": imported}, lines
+    probed = imported and compiler_missing("cpu") is None
+    assert lines[-1] == {
+        "compiler_at_ready": False,
+        "compiler_after": imported,
+        "isa_probed": probed,
+    }, lines
 
 
 EAGER_POD = """

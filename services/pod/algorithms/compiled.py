@@ -94,13 +94,9 @@ def trust_vec_isa(compiler: str | None = None) -> bool:
                 continue  # inductor drops it too
             command = [compiler, *isa.build_arch_flags().split(), "-x", "c++", "-c", "-"]
             done = subprocess.run(
-                [*command, "-o", os.devnull],
-                input="int main() { return 0; }\n",
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+                [*command, "-o", os.devnull], input="int main() { return 0; }\n",
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
             if done.returncode != 0:
                 log.info("vec_isa.probe_kept", isa=str(isa), error=done.stderr.strip()[:200])
                 return False
@@ -109,6 +105,22 @@ def trust_vec_isa(compiler: str | None = None) -> bool:
         return False
     config.cpp.vec_isa_ok = True
     return True
+
+
+@functools.cache
+def prepare_cpu() -> None:
+    """Inductor's set-up for CPU kernels, before a build or a load: its ISA probe skipped where
+    it can be (``trust_vec_isa``), its other probes run (test programs built, loaded by new
+    interpreters: the process that forks pods, runtime/launcher.py, runs them once for all),
+    no precompiled header (finding it again preprocesses torch's headers in every process, most
+    of a load; it names a kernel's library, so builds and loads must agree)."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    config.cpp_cache_precompile_headers = False
+    trust_vec_isa()
+    if compiler_missing("cpu") is None:
+        pick_vec_isa()
 
 
 @dataclass(frozen=True)
@@ -337,8 +349,8 @@ class Program:
 
         start, graph = time.perf_counter(), None
         try:
-            if device.type == "cpu":  # a load, too, runs inductor's ISA probe otherwise
-                trust_vec_isa()
+            if device.type == "cpu":
+                prepare_cpu()
             key = self._key(args)
             path = _cache_file(device_kind(device), key, name=f"{self.name}-").with_suffix(".graph")
             if path.exists():

@@ -300,7 +300,7 @@ class DDPGStack(Stack):
         self.smoothing = template.smoothing
         self.policy_delay = template.policy_delay
         self.noise = ActionNoise.of(template.config, template.action_shape)
-        self._act = torch.vmap(lambda params, o: call(template.actor, params, o))
+        self._act = per_agent(lambda params, o: call(template.actor, params, o))
         super().__init__(agents)
 
     def groups(self, agent: DDPG) -> dict[str, tuple[list[str], list[torch.Tensor]]]:

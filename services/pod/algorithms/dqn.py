@@ -196,7 +196,7 @@ class DQNStack(Stack):
         template = agents[0]
         self.double = template.config.double
         self.n_actions = template.n_actions
-        self._q = torch.vmap(lambda params, o: call(template.q, params, o))
+        self._q = per_agent(lambda params, o: call(template.q, params, o))
         super().__init__(agents)
         # ε as the single agent computes it, in double precision; update numbers are integers.
         for k in ("epsilon_start", "epsilon_end", "exploration_steps"):

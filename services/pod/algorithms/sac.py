@@ -219,8 +219,8 @@ class SACStack(Stack):
         self._explore = _Sampler(template.actor, "action")
         self._mode = _Sampler(template.actor, "deterministic")
         # Built once: acting runs them every env step.
-        self._act_explore = torch.vmap(lambda params, o, e: call(self._explore, params, o, e))
-        self._act_mode = torch.vmap(lambda params, o: call(self._mode, params, o))
+        self._act_explore = per_agent(lambda params, o, e: call(self._explore, params, o, e))
+        self._act_mode = per_agent(lambda params, o: call(self._mode, params, o))
         self.noise = ActionNoise.of(template.config, template.action_shape)
         super().__init__(agents)
         params = self.layouts["params"]

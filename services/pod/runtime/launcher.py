@@ -161,6 +161,9 @@ def serve(requests: int, answers: TextIO) -> None:
                 compiler = ()
                 try:
                     preload(COMPILER)
+                    from services.pod.algorithms.compiled import prepare_cpu
+
+                    prepare_cpu()
                 except Exception as exc:  # the pod meets it too, and says so in its log
                     log.warning("the pod launcher cannot import the compiler", error=repr(exc))
             answer({"id": request["id"], "pid": _fork(request, channels)})

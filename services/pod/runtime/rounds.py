@@ -413,14 +413,9 @@ class PodRuntime:
             answer = self.client.submit(result, files)
             self.metrics.submissions.inc()
             self.submissions.append(
-                {
-                    **answer.model_dump(),
-                    "submission_id": result["submission_id"],
-                    "env_steps": slot.unreported_steps,
-                    "member": i,
-                    "final": final,
-                }
-            )
+                {**answer.model_dump(), "submission_id": result["submission_id"],
+                 "env_steps": slot.unreported_steps, "member": i, "final": final}
+            )  # fmt: skip
             slot.record(answer, evaluation.mean)
             log.info(
                 "reported",

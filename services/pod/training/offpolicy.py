@@ -181,23 +181,13 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
             cached=cached(self.program_key(), self._programs()),
         )  # fmt: skip
         self.learner = ReplayLearner(
-            self.population,
-            self.replay,
-            first.learning_starts,
-            first.updates_per_step,
-            kstep,
-            compiled=bool(self.decision.compiled),
-            k=first.updates_per_call,
-        )
+            self.population, self.replay, first.learning_starts, first.updates_per_step, kstep,
+            compiled=bool(self.decision.compiled), k=first.updates_per_call,
+        )  # fmt: skip
         self.worker = ReplayWorker(
-            self.env,
-            self.population,
-            self.replay,
-            self.generator,
-            first.learning_starts,
-            first.seed,
-            self.learner.slot_env_steps,
-        )
+            self.env, self.population, self.replay, self.generator, first.learning_starts,
+            first.seed, self.learner.slot_env_steps,
+        )  # fmt: skip
         self._stats: dict[str, torch.Tensor] = {}
         self.compile_seconds = 0.0
         self._noted: set[bool] = set()
