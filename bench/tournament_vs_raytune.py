@@ -39,8 +39,8 @@ Measured per run: wall time from launch to the target (start-up included) and fr
 (Podium: the experiment's creation; Ray: ``ray.init`` done), CPU seconds of the process tree
 (psutil, sampled every 0.2 s: up to the target, interpolated, and in all), peak RSS of the tree
 (sum of the processes' RSS, so shared pages count more than once), env steps to the target
-(all agents', not counting steps inherited by an exploit) and start-up (launch to the first
-score on the board). Prints one JSON line per run, then a markdown table of medians and the
+(all agents' reports up to the first at the target, not counting steps inherited by an exploit)
+and start-up (launch to the first score on the board). Prints one JSON line per run, then a markdown table of medians and the
 ratios. Needs the bench extra: pip install -e ".[bench]".
 """
 
@@ -765,7 +765,11 @@ def run_podium(
         to_target_s=reached,
         submitted_s=exp["created_at"] - launched,
         first_score_s=first - launched if first else None,
-        env_steps=(exp.get("result") or {}).get("env_steps") if hits else None,
+        # As Ray's results count: the reports decided up to the first at the target (the
+        # experiment's own count goes on until the orchestrator sees the target).
+        env_steps=sum(s["env_steps"] for s in subs if s["decided_at"] <= min(hits))
+        if hits
+        else None,
         via_copy=via_copy(json.loads((out / "lineage.json").read_text())["nodes"], subs, target),
         best=exp.get("best_score"),
         round_steps=spec["round"]["env_steps"],
