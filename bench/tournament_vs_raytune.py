@@ -40,8 +40,8 @@ Measured per run: wall time from launch to the target (start-up included) and fr
 (psutil, sampled every 0.2 s: up to the target, interpolated, and in all), peak RSS of the tree
 (sum of the processes' RSS, so shared pages count more than once), env steps to the target
 (all agents' reports up to the first at the target, not counting steps inherited by an exploit)
-and start-up (launch to the first score on the board). Prints one JSON line per run, then a markdown table of medians and the
-ratios. Needs the bench extra: pip install -e ".[bench]".
+and start-up (launch to the first score on the board). Prints one JSON line per run, then a
+markdown table of medians and the ratios. Needs the bench extra: pip install -e ".[bench]".
 """
 
 from __future__ import annotations
