@@ -45,6 +45,10 @@ SESSION_FILE = "platform.json"
 LOCK_FILE = "platform.lock"
 DEFAULT_ORCHESTRATOR_PORT = 8000
 DEFAULT_LEADERBOARD_PORT = 8001
+#: How often the embedded orchestrator asks the leaderboard for progress (a cluster's default:
+#: 2 s): one machine and a few experiments, so an experiment ends within about this long of the
+#: report that met its target, and `podium run` returns that much sooner.
+EMBEDDED_PROGRESS_POLL_S = 0.5
 
 
 class PlatformError(RuntimeError):
@@ -200,7 +204,10 @@ class Platform:
             "host": self.host,
         }
         values.update(self.overrides)
-        return OrchestratorSettings(**values)
+        settings = OrchestratorSettings(**values)
+        if "progress_poll_s" not in settings.model_fields_set:  # PODIUM_PROGRESS_POLL_S wins
+            settings.progress_poll_s = EMBEDDED_PROGRESS_POLL_S
+        return settings
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Platform:
