@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from services import redis_client
-from services.cli.platform import EMBEDDED_PROGRESS_POLL_S, Platform, read_session
+from services.cli.platform import EMBEDDED_PACE, Platform, read_session
 
 ROOT = Path(__file__).resolve().parents[1]
 PODIUM = [sys.executable, "-m", "services.cli"]
@@ -790,18 +790,19 @@ def test_an_examples_curl_line_submits_it(platform: Platform, example: str) -> N
         assert client.post(f"/experiments/{created['id']}/cancel").status_code in (200, 202)
 
 
-def test_the_embedded_orchestrator_asks_for_progress_often_unless_told_otherwise(
+def test_the_embedded_orchestrator_keeps_a_quick_pace_unless_told_otherwise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One machine and a few experiments: the embedded platform's orchestrator asks the
-    leaderboard for progress every ``EMBEDDED_PROGRESS_POLL_S`` instead of a cluster's 2 s, so
-    an experiment (and ``podium run``) ends soon after the report that met its target. An
-    operator's ``PODIUM_PROGRESS_POLL_S``, or an override, still decides."""
-    monkeypatch.delenv("PODIUM_PROGRESS_POLL_S", raising=False)
+    """One machine and a few experiments: the embedded platform's orchestrator reconciles and
+    asks the leaderboard for progress every half second instead of a cluster's 2 s, so an
+    experiment (and ``podium run``) ends soon after the report that met its target. An
+    operator's ``PODIUM_*`` setting, or an override, still decides."""
+    for name in EMBEDDED_PACE:
+        monkeypatch.delenv(f"PODIUM_{name.upper()}", raising=False)
     url = "http://127.0.0.1:1"
-    polled = Platform(tmp_path).orchestrator_settings(url).progress_poll_s
-    assert polled == EMBEDDED_PROGRESS_POLL_S < 2.0
+    settings = Platform(tmp_path).orchestrator_settings(url)
+    assert settings.reconcile_interval_s == settings.progress_poll_s == 0.5
     overridden = Platform(tmp_path, orchestrator_overrides={"progress_poll_s": 1.5})
     assert overridden.orchestrator_settings(url).progress_poll_s == 1.5
-    monkeypatch.setenv("PODIUM_PROGRESS_POLL_S", "3")
-    assert Platform(tmp_path).orchestrator_settings(url).progress_poll_s == 3.0
+    monkeypatch.setenv("PODIUM_RECONCILE_INTERVAL_S", "3")
+    assert Platform(tmp_path).orchestrator_settings(url).reconcile_interval_s == 3.0

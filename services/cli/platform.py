@@ -45,10 +45,11 @@ SESSION_FILE = "platform.json"
 LOCK_FILE = "platform.lock"
 DEFAULT_ORCHESTRATOR_PORT = 8000
 DEFAULT_LEADERBOARD_PORT = 8001
-#: How often the embedded orchestrator asks the leaderboard for progress (a cluster's default:
-#: 2 s): one machine and a few experiments, so an experiment ends within about this long of the
-#: report that met its target, and `podium run` returns that much sooner.
-EMBEDDED_PROGRESS_POLL_S = 0.5
+#: The embedded orchestrator's pace (a cluster's default: 2 s each): on one machine with a few
+#: experiments a reconcile pass and a progress poll every half second cost little, and an
+#: experiment ends (and `podium run` returns) within about that long of the report that met
+#: its target.
+EMBEDDED_PACE = {"reconcile_interval_s": 0.5, "progress_poll_s": 0.5}
 
 
 class PlatformError(RuntimeError):
@@ -205,8 +206,9 @@ class Platform:
         }
         values.update(self.overrides)
         settings = OrchestratorSettings(**values)
-        if "progress_poll_s" not in settings.model_fields_set:  # PODIUM_PROGRESS_POLL_S wins
-            settings.progress_poll_s = EMBEDDED_PROGRESS_POLL_S
+        for name, value in EMBEDDED_PACE.items():
+            if name not in settings.model_fields_set:  # an operator's PODIUM_* wins
+                setattr(settings, name, value)
         return settings
 
     # -- lifecycle -----------------------------------------------------------------------------
