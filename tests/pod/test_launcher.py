@@ -188,3 +188,30 @@ def test_a_compiler_that_cannot_be_imported_still_lets_the_pod_start(tmp_path: P
     lines, log = serve_one(request, harness)
     assert lines[0]["id"] == 1 and lines[0]["pid"] > 0, lines
     assert "cannot import the compiler" in log
+
+
+def test_the_launchers_probes_write_nothing_where_it_runs(tmp_path: Path) -> None:
+    """An empty ``TORCHINDUCTOR_CACHE_DIR`` (a test's way to give each pod a cache of its own)
+    names no directory: the test programs of inductor's CPU probes, which the launcher builds
+    before forking a compiling pod, go to inductor's default, not the working directory."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    spec = {"name": "s", "search_space": {"compile": {"type": "choice", "values": ["on"]}}}
+    request = {
+        "id": 1,
+        "argv": ["--experiment", "e1", "--pod-id", "p1"],  # no pod environment: exits 2
+        "env": {"PODIUM_SPEC": json.dumps(spec)},
+        "log": str(tmp_path / "pod.log"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", HARNESS],
+        input=json.dumps(request) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": ""},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1])["compiler_after"]
+    assert sorted(p.name for p in cwd.iterdir()) == []

@@ -111,13 +111,12 @@ def trust_vec_isa(compiler: str | None = None) -> bool:
 def prepare_cpu() -> None:
     """Inductor's set-up for CPU kernels, before a build or a load: its ISA probe skipped where
     it can be (``trust_vec_isa``), its other probes run (test programs built, loaded by new
-    interpreters: the process that forks pods, runtime/launcher.py, runs them once for all),
-    no precompiled header (finding it again preprocesses torch's headers in every process, most
-    of a load; it names a kernel's library, so builds and loads must agree)."""
+    interpreters: runtime/launcher.py runs them once for the pods it forks), no precompiled
+    header (finding it again preprocesses torch's headers in every process, most of a load)."""
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    config.cpp_cache_precompile_headers = False
+    config.cpp_cache_precompile_headers = False  # it names a kernel's library: all agree on it
     trust_vec_isa()
     if compiler_missing("cpu") is None:
         pick_vec_isa()

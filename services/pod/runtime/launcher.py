@@ -57,6 +57,8 @@ def preload(names: tuple[str, ...] = PRELOAD) -> None:
     starts its thread pools on first use, and a fork must not inherit them."""
     import importlib
 
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):  # empty: inductor's default, not the cwd
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     for name in names:
         importlib.import_module(name)
 
