@@ -756,20 +756,20 @@ def run_podium(
     target = spec["target_return"]
     hits = [s["decided_at"] for s in subs if s["score"] is not None and s["score"] >= target]
     first = min((s["decided_at"] for s in subs), default=None)
-    reached = min(hits) - launched if hits else None
+    hit = min(hits, default=None)
     return measured(
         arm,
         rep,
         sampler,
         wall,
-        to_target_s=reached,
+        to_target_s=hit - launched if hit is not None else None,
         submitted_s=exp["created_at"] - launched,
         first_score_s=first - launched if first else None,
         # As Ray's results count: the reports decided up to the first at the target (the
         # experiment's own count goes on until the orchestrator sees the target).
-        env_steps=sum(s["env_steps"] for s in subs if s["decided_at"] <= min(hits))
-        if hits
-        else None,
+        env_steps=None
+        if hit is None
+        else sum(s["env_steps"] for s in subs if s["decided_at"] <= hit),
         via_copy=via_copy(json.loads((out / "lineage.json").read_text())["nodes"], subs, target),
         best=exp.get("best_score"),
         round_steps=spec["round"]["env_steps"],

@@ -77,15 +77,18 @@ print(json.dumps({
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def python(code: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``code`` run by a new interpreter of this checkout; it must exit 0."""
+def python(
+    code: str, *args: str, stdin: str | None = None, cwd: Path = ROOT, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a new interpreter of this checkout (in ``cwd``, with ``env`` over this
+    process's environment); it must exit 0."""
     done = subprocess.run(
         [sys.executable, "-c", code, *args],
         input=stdin,
         capture_output=True,
         text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -203,15 +206,6 @@ def test_the_launchers_probes_write_nothing_where_it_runs(tmp_path: Path) -> Non
         "env": {"PODIUM_SPEC": json.dumps(spec)},
         "log": str(tmp_path / "pod.log"),
     }
-    done = subprocess.run(
-        [sys.executable, "-c", HARNESS],
-        input=json.dumps(request) + "\n",
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": ""},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = python(HARNESS, stdin=json.dumps(request) + "\n", cwd=cwd, TORCHINDUCTOR_CACHE_DIR="")
     assert json.loads(done.stdout.splitlines()[-1])["compiler_after"]
     assert sorted(p.name for p in cwd.iterdir()) == []
