@@ -72,11 +72,14 @@ def board_ids(lb: Service, exp_id: str) -> set[str]:
     return {c["candidate_id"] for c in r.json()["candidates"]} if r.status_code == 200 else set()
 
 
-def finished(orch: Service, exp_id: str, data: Path, state: str = "succeeded") -> dict[str, Any]:
+def finished(
+    orch: Service, exp_id: str, data: Path, state: str = "succeeded", timeout: float = 150
+) -> dict[str, Any]:
     """Wait for the experiment to end in ``state`` and every pod process to be gone."""
     exp = wait_for(
         lambda: (e := experiment(orch, exp_id))["state"] not in ("pending", "running") and e,
-        timeout=150,
+        timeout=timeout,
+        context=lambda: stalled(orch, exp_id, data),
     )
     assert exp["state"] == state, exp
     if state == "succeeded":
@@ -84,6 +87,21 @@ def finished(orch: Service, exp_id: str, data: Path, state: str = "succeeded") -
     wait_for(lambda: not live_pods(data, exp_id), timeout=40)
     wait_for(lambda: experiment(orch, exp_id)["result"], timeout=20)
     return experiment(orch, exp_id)
+
+
+def stalled(orch: Service, exp_id: str, data: Path) -> dict[str, Any]:
+    """What a failure to end shows: the experiment's record, its last events, and each pod's
+    last log line (a pod that stopped logging is the one that hangs)."""
+    pods = {}
+    for path in sorted((data / "experiments" / exp_id / "pods").glob("*.log")):
+        lines = path.read_text().splitlines()
+        pods[path.stem] = (len(lines), lines[-1][:300] if lines else "")
+    return {
+        "experiment": experiment(orch, exp_id),
+        "events": events(orch, exp_id)[-12:],
+        "live": sorted(live_pods(data, exp_id)),
+        "pods": pods,
+    }
 
 
 def assert_nothing_lost(lb: Service, exp_id: str, data: Path, killed: int = 0) -> None:
