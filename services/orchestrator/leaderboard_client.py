@@ -16,7 +16,7 @@ the leaderboard service through the shared client:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from services.api_client import LeaderboardClient, LeaderboardError
@@ -31,6 +31,9 @@ log = get_logger(__name__)
 class Progress:
     best: dict[str, Any] | None = None  # the best candidate as the leaderboard returns it
     env_steps: int | None = None
+    #: Reporter → the env steps of its decided reports, as far as the submission log was read
+    #: before ``env_steps`` was counted (so never more than the count holds of them).
+    reported: dict[str, int] = field(default_factory=dict)
 
     @property
     def best_score(self) -> float | None:
@@ -52,6 +55,9 @@ class Reports:
     scores: dict[str, float]
     #: The cursor to read on from.
     cursor: str | None
+    #: Every report read (submission id → reporter, env steps), those after the cursor too,
+    #: which the next read returns again.
+    reports: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 class ProgressSource(Protocol):
@@ -130,6 +136,7 @@ class LeaderboardProgress:
             pod = sub.pod_id
             reports.batches[pod] = math.gcd(reports.batches.get(pod, 0), sub.env_steps, said)
             reports.scores[pod] = sub.score
+            reports.reports[sub.submission_id] = (pod, sub.env_steps)
         return reports
 
     def close(self) -> None:

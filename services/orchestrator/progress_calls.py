@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import circuitbreaker
@@ -57,6 +57,10 @@ class _Board:
     #: Pods with a decided report → the score of their last.
     scores: dict[str, float] = field(default_factory=dict)
     cursor: str | None = None  # submission-log cursor of ``reporters``
+    #: Reporter → env steps of its reports read so far (``Progress.reported``), and the
+    #: reports the last read returned: the next one returns those after its cursor again.
+    steps: dict[str, int] = field(default_factory=dict)
+    last_read: frozenset[str] = frozenset()
     inflight: bool = False  # a progress request is sent and not answered yet
     awaited: bool = False  # a pass waits for an answer newer than some time: wake it
     failures: int = 0  # progress requests failed in a row
@@ -104,10 +108,10 @@ class ProgressCalls:
     # -- progress ----------------------------------------------------------------------------
     def _fetch(self, exp_id: str, board: _Board, asked_at: float, read_log: bool) -> None:
         try:
-            prog = self._call(self.source.progress, exp_id)
             reports = Reports({}, {}, board.cursor)
-            if read_log:
+            if read_log:  # before the count: it holds at least the reports read
                 reports = self._call(self.source.reporters, exp_id, board.cursor)
+            prog = self._call(self.source.progress, exp_id)
         except Exception as e:
             board.failed_at = asked_at
             board.failures += 1
@@ -116,6 +120,13 @@ class ProgressCalls:
                 log.warning("leaderboard progress unavailable", experiment=exp_id, error=str(e))
             changed = False  # nothing new is known: only a pass waiting for it is woken
         else:
+            summed = dict(board.steps)
+            for sid, (reporter, n) in reports.reports.items():
+                if sid not in board.last_read:
+                    summed[reporter] = summed.get(reporter, 0) + n
+            if read_log:
+                board.steps, board.last_read = summed, frozenset(reports.reports)
+            prog = replace(prog, reported=board.steps)
             merged = {
                 pod: math.gcd(board.reporters.get(pod, 0), steps)
                 for pod, steps in reports.batches.items()

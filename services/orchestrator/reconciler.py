@@ -440,6 +440,13 @@ class Reconciler:
             status.best = prog.best
         if prog.env_steps is not None:
             status.env_steps = prog.env_steps
+        if exp.spec.budget.total_env_steps is not None and prog.env_steps is not None:
+            # What the pods that ended spent, for the budget's split (scaling.env_steps_left).
+            status.logged_env_steps = sum(prog.reported.values())
+            status.reported = {
+                pod: sum(n for r, n in prog.reported.items() if r.split(".", 1)[0] == pod)
+                for pod in status.allowances
+            }
         batch = self.calls.batch(exp.id)
         if batch is not None:  # per agent in the reports; a pod steps all its agents at once
             status.batch_env_steps = batch * exp.spec.population.agents_per_pod
@@ -798,6 +805,7 @@ class Reconciler:
         if status.allowances:  # held by live pods only
             live = {p.pod_id for p in ps if p.live}
             status.allowances = {k: v for k, v in status.allowances.items() if k in live}
+            status.reported = {k: v for k, v in status.reported.items() if k in live}
         status.pods = [
             PodStatus(
                 pod_id=p.pod_id,

@@ -45,16 +45,21 @@ def env_steps_left(
     spec: ExperimentSpec, status: ExperimentStatus, active: Collection[str]
 ) -> int | None:
     """What is left of the env-step budget for pods not started yet (None without one): the
-    total, minus what the leaderboard has counted, minus the allowances running pods were
-    given (counted whole: their reports so far are already in the count; in whole batches
-    where every pod trains the same batch, since a pod trains whole batches only and what is
-    left of its allowance below one comes back when it ends)."""
+    total, minus what the pods no longer running reported, minus the allowances of those
+    running (counted whole, their reports so far with them; in whole batches where every pod
+    trains the same batch, since a pod trains whole batches only and what is left of its
+    allowance below one comes back when it ends). Before the submission log was read, the
+    leaderboard's count stands for what was reported: running pods' reports count twice."""
     total = spec.budget.total_env_steps
     if total is None:
         return None
     unit = status.batch_env_steps if status.batch_uniform and status.batch_env_steps else 1
     committed = sum(v // unit * unit for k, v in status.allowances.items() if k in active)
-    return total - (status.env_steps or 0) - committed
+    spent = status.env_steps or 0
+    if status.logged_env_steps is not None:
+        running = sum(n for k, n in status.reported.items() if k in active)
+        spent = status.logged_env_steps - running
+    return total - spent - committed
 
 
 def env_step_allowance(

@@ -83,6 +83,10 @@ class ExperimentStatus(_Stored):
     env_steps: int | None = None  # the leaderboard's count of the pods' env steps
     #: pod id → the env steps it was allowed (``PODIUM_MAX_ENV_STEPS``), live pods only.
     allowances: dict[str, int] = Field(default_factory=dict)
+    #: The env steps of the reports in the leaderboard's submission log as last read, and
+    #: those of each pod with an allowance among them.
+    logged_env_steps: int | None = None
+    reported: dict[str, int] = Field(default_factory=dict)
     #: Env steps one pod trains per step, as seen in its reports (the largest over the
     #: pods): allowances are handed out in whole units of it. None until a pod reported.
     batch_env_steps: int | None = None

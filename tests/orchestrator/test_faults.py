@@ -250,6 +250,40 @@ def test_a_budget_the_batches_do_not_divide_is_handed_out_in_whole_batches(
     assert sorted(allowances) == [batch, 13_653, 13_653, 13_653]  # no pod below one batch
 
 
+def test_a_killed_pods_replacement_gets_all_it_left_of_its_allowance(
+    client: TestClient, leaderboard
+) -> None:
+    # Two pods allowed 60,000 steps each. One is killed after some reports while the other
+    # still trains: its replacement may train all the killed one left. The running pod's
+    # reports are in the count, and not held again in its allowance (counting them twice
+    # gave the replacement less, and the rest to a third pod once the running one ended).
+    budget = 120_000
+    body = spec(
+        population={"min_pods": 2, "max_pods": 2},
+        budget={"total_env_steps": budget},
+        standin={"report_interval_s": 0.1, "env_steps_per_report": 1_000},
+    )
+    exp_id = create(client, body)
+    d = _data_dir(client)
+    pods = wait_for(lambda: len(p := live_pods(d, exp_id)) == 2 and p)
+    victim, other = sorted(pods)
+    wait_for(lambda: _board(leaderboard, exp_id)["env_steps"] >= 10_000)
+    os.killpg(pods[victim], signal.SIGKILL)
+    exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e, timeout=60)
+    assert exp["state"] == "budget_exhausted" and exp["result"]["env_steps"] == budget
+    logs = d / "experiments" / exp_id / "pods"
+    allowed = {}
+    for log in logs.glob("*.log"):
+        line = next(x for x in log.read_text().splitlines() if "max_env_steps=" in x)
+        allowed[log.stem] = int(line.split("max_env_steps=")[1])
+    [replacement] = set(allowed) - {victim, other}
+    url = f"{leaderboard.url}/api/v1/experiments/{exp_id}/submissions"
+    log = httpx.get(url, headers={"Authorization": f"Bearer {LB_TOKEN}"}).json()["submissions"]
+    done = sum(r["env_steps"] for r in log if r["pod_id"] == victim)
+    assert allowed == {victim: 60_000, other: 60_000, replacement: 60_000 - done}, done
+    assert exp["progress"]["pods_launched"] == 3, exp
+
+
 def test_what_is_left_below_one_batch_ends_the_experiment(client: TestClient, leaderboard) -> None:
     # 10,000 steps, 4,096-step batches, one pod at a time: 8,192 trained, 1,808 left: no pod
     # can train a step of them, so none is launched and the experiment ends.

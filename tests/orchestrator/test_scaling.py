@@ -148,6 +148,19 @@ def test_running_pods_hold_the_whole_batches_of_their_allowances() -> None:
     )
 
 
+def test_running_pods_reports_are_not_held_twice_once_the_log_is_read() -> None:
+    s = _spec(budget={"total_env_steps": 40_000}, population={"min_pods": 1, "max_pods": 2})
+    # Two pods allowed 20,000 each; "a" was killed after 6,000, "b" runs and reported 9,000.
+    running = [_pod("b", 1)]
+    status = ExperimentStatus(env_steps=15_000, allowances={"b": 20_000})
+    # The count alone holds b's 9,000 and its allowance holds them again.
+    assert env_step_allowance(s, status, ["b"], 2) == 5_000
+    # With the submission log read: what "a" left, all of it.
+    logged = status.model_copy(update={"logged_env_steps": 15_000, "reported": {"b": 9_000}})
+    plan = plan_scale(s, logged, running, 2, POD, ROOMY, NOW)
+    assert plan.create == [None] and plan.allowance == 14_000
+
+
 def test_halving_stops_the_worst_scores_first_and_waits_to_rank_pods_without_one() -> None:
     s = _spec(population={"max_pods": 4, "halving": {"rung_env_steps": 10}})
     pods = [_pod("best", 1), _pod("worst", 2), _pod("mid", 3), _pod("low", 4)]
