@@ -31,8 +31,8 @@ log = get_logger(__name__)
 class Progress:
     best: dict[str, Any] | None = None  # the best candidate as the leaderboard returns it
     env_steps: int | None = None
-    #: Reporter → the env steps of its decided reports, as far as the submission log was read
-    #: before ``env_steps`` was counted (so never more than the count holds of them).
+    #: Pod → the env steps of its decided reports (its agents' together), as far as the
+    #: submission log was read before ``env_steps`` was counted (never more than it holds).
     reported: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -40,6 +40,11 @@ class Progress:
         if self.best is None or self.best.get("score") is None:
             return None
         return float(self.best["score"])
+
+
+def pod_of(reporter: str) -> str:
+    """The pod of a reporter: itself, or the pod of a population's agent ``<pod>.m<i>``."""
+    return reporter.split(".", 1)[0]
 
 
 @dataclass

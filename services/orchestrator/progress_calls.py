@@ -35,7 +35,7 @@ import circuitbreaker
 from services.api_client import ServiceError
 from services.contracts.spec import ExperimentSpec
 from services.logs import get_logger
-from services.orchestrator.leaderboard_client import Progress, ProgressSource, Reports
+from services.orchestrator.leaderboard_client import Progress, ProgressSource, Reports, pod_of
 
 log = get_logger(__name__)
 
@@ -57,8 +57,8 @@ class _Board:
     #: Pods with a decided report → the score of their last.
     scores: dict[str, float] = field(default_factory=dict)
     cursor: str | None = None  # submission-log cursor of ``reporters``
-    #: Reporter → env steps of its reports read so far (``Progress.reported``), and the
-    #: reports the last read returned: the next one returns those after its cursor again.
+    #: Pod → env steps of its reports read so far (``Progress.reported``), and the reports
+    #: the last read returned: the next one returns those after its cursor again.
     steps: dict[str, int] = field(default_factory=dict)
     last_read: frozenset[str] = frozenset()
     inflight: bool = False  # a progress request is sent and not answered yet
@@ -123,7 +123,7 @@ class ProgressCalls:
             summed = dict(board.steps)
             for sid, (reporter, n) in reports.reports.items():
                 if sid not in board.last_read:
-                    summed[reporter] = summed.get(reporter, 0) + n
+                    summed[pod_of(reporter)] = summed.get(pod_of(reporter), 0) + n
             if read_log:
                 board.steps, board.last_read = summed, frozenset(reports.reports)
             prog = replace(prog, reported=board.steps)
@@ -200,16 +200,14 @@ class ProgressCalls:
         by_pod: dict[str, list[float]] = {}
         wanted = set(pods)
         for reporter, score in self._board(exp_id).scores.items():
-            pod = reporter if reporter in wanted else reporter.rsplit(".", 1)[0]
-            if pod in wanted:
+            if (pod := pod_of(reporter)) in wanted:
                 by_pod.setdefault(pod, []).append(score)
         return {pod: best(scores) for pod, scores in by_pod.items()}
 
     def reported(self, exp_id: str, pod_id: str) -> bool:
         """Whether the pod had a report decided by the leaderboard (as far as known now); a
         population pod reports as ``<pod>.m<i>``."""
-        pods = self._board(exp_id).reporters
-        return pod_id in pods or any(p.startswith(pod_id + ".") for p in pods)
+        return any(pod_of(reporter) == pod_id for reporter in self._board(exp_id).reporters)
 
     # -- register / delete -------------------------------------------------------------------
     def register(self, exp_id: str, spec: ExperimentSpec) -> bool:

@@ -443,10 +443,7 @@ class Reconciler:
         if exp.spec.budget.total_env_steps is not None and prog.env_steps is not None:
             # What the pods that ended spent, for the budget's split (scaling.env_steps_left).
             status.logged_env_steps = sum(prog.reported.values())
-            status.reported = {
-                pod: sum(n for r, n in prog.reported.items() if r.split(".", 1)[0] == pod)
-                for pod in status.allowances
-            }
+            status.reported = {pod: prog.reported.get(pod, 0) for pod in status.allowances}
         batch = self.calls.batch(exp.id)
         if batch is not None:  # per agent in the reports; a pod steps all its agents at once
             status.batch_env_steps = batch * exp.spec.population.agents_per_pod

@@ -284,6 +284,41 @@ def test_a_killed_pods_replacement_gets_all_it_left_of_its_allowance(
     assert exp["progress"]["pods_launched"] == 3, exp
 
 
+def test_each_pods_logged_steps_are_summed_once_over_reads_that_return_a_report_again() -> None:
+    from services.orchestrator.leaderboard_client import Progress, Reports
+    from services.orchestrator.progress_calls import ProgressCalls, make_breaker
+
+    log = [("s1", "p1.m0", 100), ("s2", "p1.m1", 100), ("s3", "p2", 50)]
+
+    class Log:
+        """The submission log after the cursor: what was read before comes again (a partial
+        page), and the count, read after it, holds a report more (decided in between)."""
+
+        def progress(self, experiment_id: str) -> Progress:
+            return Progress(env_steps=sum(n for _, _, n in log) + 25)
+
+        def reporters(self, experiment_id: str, after: str | None) -> Reports:
+            reports = {sid: (reporter, n) for sid, reporter, n in log}
+            return Reports(dict.fromkeys([r for _, r, _ in log], 1), {}, None, reports)
+
+    woken = threading.Event()
+    calls = ProgressCalls(Log(), 1, make_breaker(3, 3.0), woken.set)  # type: ignore[arg-type]
+
+    def read() -> Progress:
+        woken.clear()
+        calls.progress("e", 0.0, since=time.monotonic(), read_log=True)
+        wait_for(woken.is_set)
+        return calls.progress("e", 60.0)[0]
+
+    try:
+        assert read().reported == {"p1": 200, "p2": 50}
+        log.append(("s4", "p2", 50))
+        assert read().reported == {"p1": 200, "p2": 100}  # s1-s3 read again, counted once
+        assert read().reported == {"p1": 200, "p2": 100}
+    finally:
+        calls.close()
+
+
 def test_what_is_left_below_one_batch_ends_the_experiment(client: TestClient, leaderboard) -> None:
     # 10,000 steps, 4,096-step batches, one pod at a time: 8,192 trained, 1,808 left: no pod
     # can train a step of them, so none is launched and the experiment ends.
