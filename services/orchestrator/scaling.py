@@ -42,23 +42,22 @@ class ScalePlan:
 
 
 def env_steps_left(
-    spec: ExperimentSpec, status: ExperimentStatus, active: Collection[str]
+    spec: ExperimentSpec, status: ExperimentStatus, live: Collection[str]
 ) -> int | None:
     """What is left of the env-step budget for pods not started yet (None without one): the
-    total, minus what the pods no longer running reported, minus the allowances of those
-    running (counted whole, their reports so far with them; in whole batches where every pod
-    trains the same batch, since a pod trains whole batches only and what is left of its
-    allowance below one comes back when it ends). Before the submission log was read, the
-    leaderboard's count stands for what was reported: running pods' reports count twice."""
+    total, minus what the pods no longer alive reported, minus the allowances of those alive,
+    stopping ones too (counted whole, their reports so far with them; in whole batches where
+    every pod trains the same batch, since a pod trains whole batches only and what is left of
+    its allowance below one comes back when it ends). Before the submission log was read, the
+    leaderboard's count stands for what was reported: live pods' reports count twice."""
     total = spec.budget.total_env_steps
     if total is None:
         return None
     unit = status.batch_env_steps if status.batch_uniform and status.batch_env_steps else 1
-    committed = sum(v // unit * unit for k, v in status.allowances.items() if k in active)
+    committed = sum(v // unit * unit for k, v in status.allowances.items() if k in live)
     spent = status.env_steps or 0
     if status.logged_env_steps is not None:
-        running = sum(n for k, n in status.reported.items() if k in active)
-        spent = status.logged_env_steps - running
+        spent = status.logged_env_steps - sum(n for k, n in status.reported.items() if k in live)
     return total - spent - committed
 
 
@@ -160,7 +159,8 @@ def plan_scale(
         if n == 0 and status.pods_launched >= budget:
             return ScalePlan(target, reason=f"pod budget reached ({budget} launched)")
     ids = {p.pod_id for p in active}
-    left = env_steps_left(spec, status, ids)
+    # A pod still stopping makes a final report: the allowance it holds stays its own.
+    left = env_steps_left(spec, status, {p.pod_id for p in live})
     allowance = env_step_allowance(spec, status, ids, target, left)
     left = left or 0
     if allowance is not None and allowance <= 0:

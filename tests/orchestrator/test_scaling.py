@@ -161,6 +161,18 @@ def test_running_pods_reports_are_not_held_twice_once_the_log_is_read() -> None:
     assert plan.create == [None] and plan.allowance == 14_000
 
 
+def test_a_stopping_pod_keeps_its_allowance_for_its_final_report() -> None:
+    s = _spec(budget={"total_env_steps": 40_000}, population={"min_pods": 1, "max_pods": 2})
+    # "a" (allowed 20,000, reported 5,000) was stopped to free capacity and makes its final
+    # report before it exits: a new pod may not take what "a" can still report.
+    stopping = [_pod("a", 1, terminating=True)]
+    status = ExperimentStatus(
+        env_steps=5_000, allowances={"a": 20_000}, logged_env_steps=5_000, reported={"a": 5_000}
+    )
+    plan = plan_scale(s, status, stopping, 2, POD, ROOMY, NOW)
+    assert plan.allowance == 10_000 and len(plan.create) == 2
+
+
 def test_halving_stops_the_worst_scores_first_and_waits_to_rank_pods_without_one() -> None:
     s = _spec(population={"max_pods": 4, "halving": {"rung_env_steps": 10}})
     pods = [_pod("best", 1), _pod("worst", 2), _pod("mid", 3), _pod("low", 4)]
