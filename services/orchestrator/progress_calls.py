@@ -120,11 +120,11 @@ class ProgressCalls:
                 log.warning("leaderboard progress unavailable", experiment=exp_id, error=str(e))
             changed = False  # nothing new is known: only a pass waiting for it is woken
         else:
-            summed = dict(board.steps)
-            for sid, (reporter, n) in reports.reports.items():
-                if sid not in board.last_read:
-                    summed[pod_of(reporter)] = summed.get(pod_of(reporter), 0) + n
             if read_log:
+                summed = dict(board.steps)
+                for sid, (reporter, n) in reports.reports.items():
+                    if sid not in board.last_read:
+                        summed[pod_of(reporter)] = summed.get(pod_of(reporter), 0) + n
                 board.steps, board.last_read = summed, frozenset(reports.reports)
             prog = replace(prog, reported=board.steps)
             merged = {

@@ -40,9 +40,20 @@ def _data_dir(client: TestClient) -> Path:
     return Path(client.app.state.settings.data_dir)
 
 
-def _board(leaderboard, exp_id: str) -> dict:
-    url = f"{leaderboard.url}/api/v1/experiments/{exp_id}"
+def _board(leaderboard, exp_id: str, path: str = "") -> dict:
+    url = f"{leaderboard.url}/api/v1/experiments/{exp_id}{path}"
     return httpx.get(url, headers={"Authorization": f"Bearer {LB_TOKEN}"}).json()
+
+
+def _allowances(data: Path, exp_id: str) -> dict[str, int]:
+    """Pod → the env steps it was allowed, as its first line says (a pod stopped at the end
+    before it logged anything has no line)."""
+    out = {}
+    for log in (data / "experiments" / exp_id / "pods").glob("*.log"):
+        lines = [x for x in log.read_text().splitlines() if "max_env_steps=" in x]
+        if lines:
+            out[log.stem] = int(lines[0].split("max_env_steps=")[1])
+    return out
 
 
 # -- input that can never work ------------------------------------------------------
@@ -209,10 +220,7 @@ def test_the_env_step_budget_is_not_overshot(client: TestClient, leaderboard) ->
     assert exp["state"] == "budget_exhausted"
     wait_for(lambda: not live_pods(d, exp_id))
     assert _board(leaderboard, exp_id)["env_steps"] == budget  # spent, and not one step more
-    logs = d / "experiments" / exp_id / "pods"
-    # (A pod stopped at the end before it logged anything has no line.)
-    lines = [x for log in logs.glob("*.log") for x in log.read_text().splitlines()]
-    allowances = [int(x.split("max_env_steps=")[1]) for x in lines if "max_env_steps=" in x]
+    allowances = _allowances(d, exp_id).values()
     assert len(allowances) >= 2 and sum(allowances) <= budget
 
 
@@ -244,10 +252,8 @@ def test_a_budget_the_batches_do_not_divide_is_handed_out_in_whole_batches(
     assert exp["state"] == "budget_exhausted" and exp["result"]["env_steps"] == budget
     assert _board(leaderboard, exp_id)["env_steps"] == budget
     wait_for(lambda: not live_pods(d, exp_id))
-    logs = d / "experiments" / exp_id / "pods"
-    lines = [x for log in logs.glob("*.log") for x in log.read_text().splitlines()]
-    allowances = [int(x.split("max_env_steps=")[1]) for x in lines if "max_env_steps=" in x]
-    assert sorted(allowances) == [batch, 13_653, 13_653, 13_653]  # no pod below one batch
+    allowances = sorted(_allowances(d, exp_id).values())
+    assert allowances == [batch, 13_653, 13_653, 13_653]  # no pod below one batch
 
 
 def test_a_killed_pods_replacement_gets_all_it_left_of_its_allowance(
@@ -271,14 +277,9 @@ def test_a_killed_pods_replacement_gets_all_it_left_of_its_allowance(
     os.killpg(pods[victim], signal.SIGKILL)
     exp = wait_for(lambda: (e := _get(client, exp_id))["result"] and e, timeout=60)
     assert exp["state"] == "budget_exhausted" and exp["result"]["env_steps"] == budget
-    logs = d / "experiments" / exp_id / "pods"
-    allowed = {}
-    for log in logs.glob("*.log"):
-        line = next(x for x in log.read_text().splitlines() if "max_env_steps=" in x)
-        allowed[log.stem] = int(line.split("max_env_steps=")[1])
+    allowed = _allowances(d, exp_id)
     [replacement] = set(allowed) - {victim, other}
-    url = f"{leaderboard.url}/api/v1/experiments/{exp_id}/submissions"
-    log = httpx.get(url, headers={"Authorization": f"Bearer {LB_TOKEN}"}).json()["submissions"]
+    log = _board(leaderboard, exp_id, "/submissions")["submissions"]
     done = sum(r["env_steps"] for r in log if r["pod_id"] == victim)
     assert allowed == {victim: 60_000, other: 60_000, replacement: 60_000 - done}, done
     assert exp["progress"]["pods_launched"] == 3, exp
