@@ -834,17 +834,38 @@ RUNNERS = {
 }
 
 
-def agent_speed(args: argparse.Namespace) -> None:
-    """Per-agent speed alone: one SB3 agent and one Podium agent (the same preset, one torch
-    thread, no evaluation in the clock) train ``--speed-steps`` env steps each, alternating,
-    ``--reps`` times; prints env steps/s of each and the ratio."""
+def podium_speed(algorithm: str, env: str, seed: int, n: int) -> float:
+    """One Podium agent's env steps/s over ``n`` env steps (one torch thread, no evaluation in
+    the clock), in a new process: the pod's package is imported before torch."""
+    # The pod's package before torch, as in every pod process.
+    import services.pod  # noqa: F401
+
+    # isort: split
     import torch
-    from sb3_timing import timed_learn, timed_podium
-    from stable_baselines3.common.evaluation import evaluate_policy
+    from sb3_timing import timed_podium
 
     from services.pod.training.fit import train
     from services.pod.training.offpolicy import OffPolicyConfig
     from services.pod.training.presets import preset
+
+    torch.set_num_threads(1)
+    cfg = {**preset(algorithm, env), "total_env_steps": n}
+    seconds, _ = timed_podium(OffPolicyConfig, train, cfg, seed, n, 1, 1e9)
+    return n / seconds
+
+
+def agent_speed(args: argparse.Namespace) -> None:
+    """Per-agent speed alone: one SB3 agent and one Podium agent (the same preset, one torch
+    thread, no evaluation in the clock) train ``--speed-steps`` env steps each, alternating,
+    ``--reps`` times; prints env steps/s of each and the ratio. Each side runs as its users run
+    it: SB3 here, each Podium agent in a process of its own that imports the pod's package
+    before torch, as a pod does (MKL's dispatch: services/pod/mkl_dispatch.py)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import torch
+    from sb3_timing import timed_learn
+    from stable_baselines3.common.evaluation import evaluate_policy
 
     spec = podium_spec(args.env, 1, 1, 0, args.cap_s)
     algorithm, n = next(iter(spec["algorithms"])), args.speed_steps
@@ -870,9 +891,8 @@ def agent_speed(args: argparse.Namespace) -> None:
             model.save(Path(tmp) / "model.zip")
             model.save_replay_buffer(Path(tmp) / "replay_buffer.pkl")
             extra["checkpoint_s"].append(time.perf_counter() - start)
-        cfg = {**preset(algorithm, env), "total_env_steps": n}
-        seconds, _ = timed_podium(OffPolicyConfig, train, cfg, seed, n, 1, never)
-        rates["podium"].append(n / seconds)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rates["podium"].append(pool.submit(podium_speed, algorithm, env, seed, n).result())
         print(
             json.dumps({"speed": seed, **{k: v[-1] for k, v in {**rates, **extra}.items()}}),
             flush=True,

@@ -23,6 +23,7 @@ import httpx
 import psutil
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from services import redis_client
 from services.cli.platform import EMBEDDED_PACE, Platform, read_session
@@ -806,3 +807,7 @@ def test_the_embedded_orchestrator_keeps_a_quick_pace_unless_told_otherwise(
     assert overridden.orchestrator_settings(url).progress_poll_s == 1.5
     monkeypatch.setenv("PODIUM_RECONCILE_INTERVAL_S", "3")
     assert Platform(tmp_path).orchestrator_settings(url).reconcile_interval_s == 3.0
+    monkeypatch.delenv("PODIUM_RECONCILE_INTERVAL_S")
+    monkeypatch.setitem(EMBEDDED_PACE, "reconcile_interval_s", 0.0)  # validated as any setting
+    with pytest.raises(ValidationError, match="reconcile_interval_s"):
+        Platform(tmp_path).orchestrator_settings(url)

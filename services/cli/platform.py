@@ -206,10 +206,9 @@ class Platform:
         }
         values.update(self.overrides)
         settings = OrchestratorSettings(**values)
-        for name, value in EMBEDDED_PACE.items():
-            if name not in settings.model_fields_set:  # an operator's PODIUM_* wins
-                setattr(settings, name, value)
-        return settings
+        # An operator's PODIUM_* wins; the pace is validated as any setting is.
+        pace = {k: v for k, v in EMBEDDED_PACE.items() if k not in settings.model_fields_set}
+        return OrchestratorSettings(**values, **pace) if pace else settings
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Platform:

@@ -36,6 +36,7 @@ import tempfile
 from pathlib import Path
 
 SETTING = "PODIUM_POD_MKL_DISPATCH"
+CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"  # inductor's cache directory, as the operator may set it
 CHOICES = ("auto", "vendor")
 SYMBOL = "mkl_serv_intel_cpu_true"
 #: The compile cache's subdirectory the library is built in: the pod's own, never published
@@ -94,11 +95,19 @@ def _compiler() -> str | None:
     return None
 
 
+def operator_cache_dir() -> str | None:
+    """``TORCHINDUCTOR_CACHE_DIR`` as the operator set it, or None. An empty one is unset here,
+    for every reader in the process: inductor would take it for the working directory."""
+    if not (root := os.environ.get(CACHE_DIR)):
+        os.environ.pop(CACHE_DIR, None)
+    return root or None
+
+
 def inductor_cache_dir() -> Path:
     """Inductor's cache directory: ``TORCHINDUCTOR_CACHE_DIR``, else torch's default as
     ``torch._inductor.runtime.cache_dir_utils`` writes it: importing inductor to ask takes a
     second, which an eager run would pay for a lookup."""
-    if root := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    if root := operator_cache_dir():
         return Path(root)
     try:
         user = getpass.getuser()
@@ -112,7 +121,7 @@ def _directory() -> Path:
     default): a pod can write and load libraries there."""
     # Not compile_cache.py's name: it imports the logging, and this runs before the re-exec.
     pod = os.environ.get("PODIUM_COMPILE_CACHE_DIR")
-    root = pod if pod and not os.environ.get("TORCHINDUCTOR_CACHE_DIR") else inductor_cache_dir()
+    root = pod if pod and not operator_cache_dir() else inductor_cache_dir()
     return Path(root) / DIRECTORY
 
 

@@ -217,6 +217,24 @@ def test_the_cache_lookup_finds_the_directory_inductor_uses(monkeypatch, tmp_pat
     assert compiled.inductor_cache_dir() == Path(cache_dir()) == tmp_path / "pod"
 
 
+def test_an_empty_cache_setting_is_unset_for_inductor_too(monkeypatch, tmp_path) -> None:
+    """``TORCHINDUCTOR_CACHE_DIR=""`` (an empty value in a manifest) is no setting: the pod's
+    set-up and inductor agree on torch's default, where inductor alone would take the pod's
+    working directory for its kernels."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from services.pod.runtime.compile_cache import FLAGS, use_compile_cache
+
+    for name, value in FLAGS.items():  # restored after the test: use_compile_cache sets them
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "..")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    assert use_compile_cache(None) is None
+    assert Path(cache_dir()) == compiled.inductor_cache_dir()
+    assert Path(cache_dir()).parent == tmp_path
+
+
 def test_a_compile_that_failed_is_not_noted_in_the_cache(monkeypatch, tmp_path) -> None:
     """``auto`` trains eager after a program fails to compile, and notes nothing: the next
     trainer of that key must not count the program as a cheap load."""

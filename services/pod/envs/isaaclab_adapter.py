@@ -9,6 +9,7 @@ from it. The mapping in full and the plugin example: docs/gpu_physics.md, "Isaac
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -125,15 +126,7 @@ def make_isaaclab_env(
 
 def isaaclab_task(task_id: str) -> Callable[..., IsaacLabVecEnv]:
     """A ``podium.envs`` factory for the Isaac Lab task ``task_id``."""
-
-    def factory(
-        num_envs: int,
-        device: str | torch.device = "cuda:0",
-        seed: int | None = None,
-        check_actions: bool = True,
-    ) -> IsaacLabVecEnv:
-        return make_isaaclab_env(task_id, num_envs, device, seed, check_actions)
-
+    factory = functools.partial(make_isaaclab_env, task_id)
     factory.__doc__ = f"Isaac Lab's {task_id} behind the Podium env protocol."
     return factory
 

@@ -22,10 +22,10 @@ import tempfile
 from pathlib import Path
 
 from services.logs import get_logger
+from services.pod.mkl_dispatch import CACHE_DIR, operator_cache_dir
 
 log = get_logger(__name__)
 
-CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 #: The cache's subdirectory that takes temporary files where /tmp is noexec (never shared).
 TMP = "tmp"
 #: Torch's switches of the FX graph cache and AOTAutograd's (the saved graphs' format).
@@ -39,22 +39,20 @@ def use_compile_cache(directory: Path | None) -> Path | None:
         if os.environ.get(name, value) != value:
             log.warning("compile cache flag overridden", flag=name, was=os.environ[name], now=value)
         os.environ[name] = value
-    if os.environ.get(CACHE_DIR):
-        chosen = Path(os.environ[CACHE_DIR])
-        log.info("compile cache", dir=str(chosen), source=CACHE_DIR)
-        _executable_tmp(chosen)
-        return chosen
-    if directory is None:
+    chosen, source = operator_cache_dir(), CACHE_DIR
+    if chosen is None and directory is not None:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only volume: compile into torch's default, say so
+            log.warning("compile cache unavailable", dir=str(directory), error=str(exc))
+            return None
+        chosen = os.environ[CACHE_DIR] = str(directory)
+        source = "PODIUM_COMPILE_CACHE_DIR"
+    if chosen is None:
         return None
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a read-only volume: compile into torch's default, say so
-        log.warning("compile cache unavailable", dir=str(directory), error=str(exc))
-        return None
-    os.environ[CACHE_DIR] = str(directory)
-    log.info("compile cache", dir=str(directory), source="PODIUM_COMPILE_CACHE_DIR")
-    _executable_tmp(directory)
-    return directory
+    log.info("compile cache", dir=chosen, source=source)
+    _executable_tmp(Path(chosen))
+    return Path(chosen)
 
 
 def _noexec(path: str) -> bool:

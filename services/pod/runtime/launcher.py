@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from services.logs import configure, get_logger
+from services.pod.mkl_dispatch import operator_cache_dir
 
 log = get_logger("services.pod.runtime.launcher")
 
@@ -57,8 +58,7 @@ def preload(names: tuple[str, ...] = PRELOAD) -> None:
     starts its thread pools on first use, and a fork must not inherit them."""
     import importlib
 
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):  # empty: inductor's default, not the cwd
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    operator_cache_dir()  # an empty one unset: the ISA probes' programs go to inductor's default
     for name in names:
         importlib.import_module(name)
 
