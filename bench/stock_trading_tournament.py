@@ -37,6 +37,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,7 @@ def run_market(
         "validation_history": history,
         "dates": [str(d) for d in agent.dates],
         "values": {k: values[k].tolist() for k in STRATEGIES},
-        "metrics": {k: metrics(values[k]).as_dict() for k in STRATEGIES},
+        "metrics": {k: asdict(metrics(values[k])) for k in STRATEGIES},
     }
     m = record["metrics"]
     print(

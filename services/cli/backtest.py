@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -47,7 +48,7 @@ def backtest(directory: Path, period: str, plot: Path | None, as_json: bool) -> 
         raise CliError(str(exc).splitlines()[0]) from None
     # A Sharpe ratio is undefined (NaN) for an account that never moves (all cash).
     report = {
-        name: {k: v if math.isfinite(v) else None for k, v in metrics(values).as_dict().items()}
+        name: {k: v if math.isfinite(v) else None for k, v in asdict(metrics(values)).items()}
         for name, values in result.values.items()
     }
     if plot is not None:

@@ -199,7 +199,7 @@ def test_auto_counts_a_load_only_when_every_program_is_in_the_cache(monkeypatch,
     short.evaluate()  # compiles the evaluation, and notes it
     short.close()
     assert OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached is False
-    compiled.mark_cached(short.program_key(), "iteration")
+    compiled.mark_cached(short.configs[0], short.program_key(), "iteration")
     assert OnPolicyTrainer(configs("CartPole-v1", compile="auto")).decision.cached is True
 
 
@@ -254,7 +254,7 @@ def test_a_compile_that_failed_is_not_noted_in_the_cache(monkeypatch, tmp_path) 
         trainer.evaluate()
     assert [e["fallback"] for e in logs if e["event"] == "compile.failed"] == ["eager"]
     assert trainer.compile_seconds > 0 and trainer.decision.compiled is False
-    assert not compiled.cached(trainer.program_key(), ["evaluate"])
+    assert not compiled.cached(trainer.configs[0], trainer.program_key(), ["evaluate"])
     trainer.close()
 
 

@@ -242,7 +242,7 @@ def test_an_update_dynamo_cannot_capture_trains_eager_under_auto_and_is_refused_
         assert trainer.learner.updates == 10  # (48 - 32 + 4) env steps x 0.5, all paid
         assert trainer.compiled.startswith("eager (auto: compiling failed")
         assert not torch.equal(before, trainer.population.flats["params"])
-        assert not cached(trainer.program_key(), ["update"])
+        assert not cached(trainer.configs[0], trainer.program_key(), ["update"])
     finally:
         trainer.close()
     trainer = OffPolicyTrainer([_config("on")])
@@ -354,7 +354,8 @@ def test_a_single_sac_pod_trains_with_the_compiled_update_and_saves_its_files(tm
         assert not [e for e in logs if e["event"] == "compile.failed"], logs
         assert trainer.learner.compiled and trainer.learner.updates == 10
         # Noted in the compile cache: auto in the next process counts its compile a load.
-        assert cached(trainer.program_key(), ["update"]) and _cached(_config("auto"))
+        assert cached(trainer.configs[0], trainer.program_key(), ["update"])
+        assert _cached(_config("auto"))
         trainer.save(0, tmp_path)
         child = OffPolicyTrainer([_config("off")])
         child.load(0, tmp_path, _config("off"))

@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from services.pod.algorithms.compiled import compiler_missing
+from services.pod.algorithms.compiled import compiler_missing, mark_cached
 from services.pod.runtime import launcher
 
 
@@ -107,7 +108,8 @@ def serve_one(request: dict, harness: str = HARNESS) -> tuple[list[dict], str]:
     [
         ((), None, False),  # a cold cache, the default compile setting
         (("podium-share",), ["auto", "off"], False),  # its bookkeeping is not a program
-        (("fxgraph",), None, True),  # pods will load what it holds
+        (("fxgraph", "podium-programs/Pendulum-v1.sac.0a1b"), None, True),  # pods may load it
+        (("fxgraph", "podium-programs/CartPole-v1.ppo.0a1b"), None, False),  # another task's
         ((), ["on"], True),  # pods will compile
     ],
 )
@@ -116,21 +118,23 @@ def test_the_launcher_imports_the_compiler_only_for_pods_that_need_it(
 ) -> None:
     """The compiler's modules (torch._dynamo, inductor: seconds) are not imported before the
     launcher is ready: a pod forked for an eager run need not wait for them. Before the fork of
-    a pod that will load compiled programs (its compile cache holds one) or build them (its
-    spec can pick ``compile: on``), the launcher imports them, once for every later pod, and
+    a pod that may load compiled programs (its compile cache notes programs of its spec's env
+    and algorithm; another task's are no reason to wait) or build them (its spec can pick
+    ``compile: on``), the launcher imports them, once for every later pod, and
     runs inductor's probes of the CPU (test programs built and loaded in new interpreters), which
     each pod would run again for its first load or build."""
     cache = tmp_path / "compile-cache"
     (cache / "locks").mkdir(parents=True)
     for name in cache_holds:
-        (cache / name).mkdir()
+        (cache / name).mkdir(parents=True)
     space = {"compile": {"type": "choice", "values": compile_values}} if compile_values else {}
+    spec = {"name": "s", "env": {"name": "Pendulum-v1"}, "algorithms": {"sac": 1.0}}
     request = {
         "id": 1,
         "argv": ["--experiment", "e1", "--pod-id", "p1"],  # no pod environment: exits 2
         "env": {
             "PODIUM_COMPILE_CACHE_DIR": str(cache),
-            "PODIUM_SPEC": json.dumps({"name": "s", "search_space": space}),
+            "PODIUM_SPEC": json.dumps({**spec, "search_space": space}),
         },
         "log": str(tmp_path / "pod.log"),
     }
@@ -142,6 +146,26 @@ def test_the_launcher_imports_the_compiler_only_for_pods_that_need_it(
         "compiler_after": imported,
         "isa_probed": probed,
     }, lines
+
+
+def test_the_launcher_finds_the_notes_a_trainer_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What decides the launcher's wait is the note a compiled program leaves in the cache
+    (``mark_cached``), named by its env (any characters) and algorithm, not by a hash alone."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    config = SimpleNamespace(env="envpool:HalfCheetah-v5", algorithm="sac")
+    mark_cached(config, "sac P=2 [...]", "update")
+
+    def needs(env: str, algorithms: dict[str, float]) -> bool:
+        spec = {"env": {"name": env}, "algorithms": algorithms}
+        return launcher.needs_compiler(
+            {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "PODIUM_SPEC": json.dumps(spec)}
+        )
+
+    assert needs("envpool:HalfCheetah-v5", {"ppo": 0.5, "sac": 0.5})
+    assert not needs("envpool:HalfCheetah-v5", {"td3": 1.0})
+    assert not needs("HalfCheetah-v5", {"sac": 1.0})
 
 
 EAGER_POD = """

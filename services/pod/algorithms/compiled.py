@@ -23,6 +23,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -39,6 +40,8 @@ from services.logs import get_logger
 from services.pod.mkl_dispatch import inductor_cache_dir
 
 log = get_logger(__name__)
+
+PROGRAMS = "podium-programs"  # the compile cache's directory of saved graphs and notes
 
 CompileMode = Literal["auto", "on", "off"]
 
@@ -475,25 +478,31 @@ def _cache_file(*facts: str, name: str = "") -> Path:
     the pod's code): a saved graph or a note; another build's are not found."""
     text = " ".join([torch.__version__, str(CPU_REALIZE_OPCOUNT), code_digest(), *facts])
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
-    return inductor_cache_dir() / "podium-programs" / f"{name}{digest}"
+    return inductor_cache_dir() / PROGRAMS / f"{name}{digest}"
 
 
-def cached(key: str, programs: Sequence[str]) -> bool:
+def note_prefix(env: str, algorithm: str) -> str:
+    """How an env's and algorithm's notes are named first: read by a pod's launcher."""
+    return re.sub(r"[^\w.-]", "_", f"{env}.{algorithm}.")
+
+
+def cached(config: Any, key: str, programs: Sequence[str]) -> bool:
     """Whether each of ``programs`` of ``key`` (what fixes them) is noted in the compile cache
     (``mark_cached``; a short run may build only its evaluation): their compile is a load."""
+    name = note_prefix(config.env, config.algorithm)
     try:
-        return all(_cache_file(key, program).exists() for program in programs)
+        return all(_cache_file(key, program, name=name).exists() for program in programs)
     except OSError:
         return False
 
 
-def mark_cached(key: str, program: str) -> None:
-    """Note in the compile cache that ``program`` of ``key`` is in it (a best effort)."""
+def mark_cached(config: Any, key: str, program: str) -> None:
+    """Note in the compile cache that ``program`` of ``key`` (``config``'s) is in it."""
     try:
-        path = _cache_file(key, program)
+        path = _cache_file(key, program, name=note_prefix(config.env, config.algorithm))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{key} {program}")
-    except OSError as exc:
+    except OSError as exc:  # a best effort
         log.info("compile.mark_failed", error=str(exc))
 
 

@@ -238,9 +238,7 @@ def log_prob_entropy(
 def mode(spec: PolicySpec, params: Params, obs: torch.Tensor) -> torch.Tensor:
     """Every agent's deterministic env action (the distribution's mode) for ``obs``."""
     out, _ = _actor(spec, params, obs)
-    if spec.discrete:
-        return torch.argmax(out, -1)
-    return to_env(spec, out)
+    return torch.argmax(out, -1) if spec.discrete else to_env(spec, out)
 
 
 def value(spec: PolicySpec, params: Params, obs: torch.Tensor) -> torch.Tensor:
@@ -325,9 +323,7 @@ def build_actor(
         return CategoricalActor(obs_dim, int(action_space.n), hidden, activation)
     if isinstance(action_space, gym.spaces.Box):
         args = (obs_dim, action_space, hidden, activation, log_std_init, squash)
-        if sde_period > 0:
-            return SDEActor(*args, noise_period=sde_period)
-        return GaussianActor(*args)
+        return SDEActor(*args, noise_period=sde_period) if sde_period > 0 else GaussianActor(*args)
     raise ValueError(f"unsupported action space {action_space!r} (Discrete and Box are)")
 
 

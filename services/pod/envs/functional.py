@@ -142,9 +142,4 @@ def vector_step(
         episode_score=(ep_return if score is None else score) * done,
     )
     zero = torch.zeros((), dtype=ep_return.dtype, device=ep_return.device)
-    carry = EnvCarry(
-        state,
-        torch.where(done, zero, ep_return),
-        ep_length.masked_fill(done, 0),
-    )
-    return carry, out
+    return EnvCarry(state, torch.where(done, zero, ep_return), ep_length.masked_fill(done, 0)), out

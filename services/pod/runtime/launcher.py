@@ -64,14 +64,17 @@ def preload(names: tuple[str, ...] = PRELOAD) -> None:
 
 
 def needs_compiler(env: dict[str, str]) -> bool:
-    """Whether a pod started with ``env`` will load compiled programs (its compile cache holds
-    one, past the cache's bookkeeping) or build them (its spec can pick ``compile: on``)."""
-    from services.pod.runtime.compile_share import SKIP
+    """Whether a pod started with ``env`` may load compiled programs (its compile cache notes its
+    spec's env with one of its algorithms, as ``auto`` reads it) or build them (``compile: on``)."""
+    from services.pod.algorithms.compiled import PROGRAMS, note_prefix
 
-    cache = env.get("PODIUM_COMPILE_CACHE_DIR")
-    if cache and any(p.name not in SKIP for p in Path(cache).glob("*")):
-        return True
-    space = json.loads(env.get("PODIUM_SPEC") or "{}").get("search_space") or {}
+    spec = json.loads(env.get("PODIUM_SPEC") or "{}")
+    cache = env.get("TORCHINDUCTOR_CACHE_DIR") or env.get("PODIUM_COMPILE_CACHE_DIR") or "/-"
+    task = (spec.get("env") or {}).get("name", "")
+    for algorithm in spec.get("algorithms") or {}:
+        if any(Path(cache, PROGRAMS).glob(note_prefix(task, algorithm) + "*")):
+            return True
+    space = spec.get("search_space") or {}
     return "on" in (space.get("compile") or {}).get("values", ())
 
 

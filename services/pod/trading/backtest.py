@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,9 +35,6 @@ class BacktestMetrics:
     max_drawdown: float
     calmar: float
     days: int
-
-    def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
 
 
 def metrics(

@@ -178,7 +178,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         updates = max(0, horizon - first.learning_starts) * first.updates_per_step
         self.decision = Decision(
             first.compile, "offpolicy", self.device, units=updates * p,
-            cached=cached(self.program_key(), self._programs()),
+            cached=cached(first, self.program_key(), self._programs()),
         )  # fmt: skip
         self.learner = ReplayLearner(
             self.population, self.replay, first.learning_starts, first.updates_per_step, kstep,
@@ -283,7 +283,7 @@ class OffPolicyTrainer(Trainer[OffPolicyConfig]):
         ran = self.learner.kstep.compiled_kinds
         if len(ran) > len(self._noted):  # a length check: this runs every env step
             for delayed in ran - self._noted:
-                mark_cached(self.program_key(), _program(delayed))
+                mark_cached(self.configs[0], self.program_key(), _program(delayed))
             self._noted |= ran
 
     def progress(self) -> dict[str, float]:

@@ -139,7 +139,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
             horizon = min(horizon, 2 * first.expected_env_steps)
         self.decision = Decision(
             first.agent_config.compile, "onpolicy", self.device, units=float(horizon),
-            cached=cached(self.program_key(), self._programs()),
+            cached=cached(first, self.program_key(), self._programs()),
         )  # fmt: skip
         self._describe()
 
@@ -231,7 +231,7 @@ class OnPolicyTrainer(Trainer[PPORunConfig]):
 
     def _count_compile(self, before: CompileWork, program: str) -> None:
         if count_compile(self, before, program) and self.decision.compiled:  # not failed
-            mark_cached(self.program_key(), program)
+            mark_cached(self.configs[0], self.program_key(), program)
 
     def progress(self) -> dict[str, float]:
         """The agents' last-epoch statistics averaged; the mean return of every agent's

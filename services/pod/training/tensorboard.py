@@ -59,9 +59,7 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def hparam_value(value: Any) -> bool | int | float | str:
     """What the HParams dashboard takes: numbers, booleans and strings (the rest as text)."""
-    if isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
+    return value if isinstance(value, bool | int | float | str) else str(value)
 
 
 class Board:
