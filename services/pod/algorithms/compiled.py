@@ -31,13 +31,16 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
 from services.pod.mkl_dispatch import inductor_cache_dir
+
+if TYPE_CHECKING:
+    from services.pod.config import RunConfig
 
 log = get_logger(__name__)
 
@@ -486,7 +489,7 @@ def note_prefix(env: str, algorithm: str) -> str:
     return re.sub(r"[^\w.-]", "_", f"{env}.{algorithm}.")
 
 
-def cached(config: Any, key: str, programs: Sequence[str]) -> bool:
+def cached(config: RunConfig, key: str, programs: Sequence[str]) -> bool:
     """Whether each of ``programs`` of ``key`` (what fixes them) is noted in the compile cache
     (``mark_cached``; a short run may build only its evaluation): their compile is a load."""
     name = note_prefix(config.env, config.algorithm)
@@ -496,7 +499,7 @@ def cached(config: Any, key: str, programs: Sequence[str]) -> bool:
         return False
 
 
-def mark_cached(config: Any, key: str, program: str) -> None:
+def mark_cached(config: RunConfig, key: str, program: str) -> None:
     """Note in the compile cache that ``program`` of ``key`` (``config``'s) is in it."""
     try:
         path = _cache_file(key, program, name=note_prefix(config.env, config.algorithm))

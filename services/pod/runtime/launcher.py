@@ -74,8 +74,7 @@ def needs_compiler(env: dict[str, str]) -> bool:
     for algorithm in spec.get("algorithms") or {}:
         if any(Path(cache, PROGRAMS).glob(note_prefix(task, algorithm) + "*")):
             return True
-    space = spec.get("search_space") or {}
-    return "on" in (space.get("compile") or {}).get("values", ())
+    return "on" in ((spec.get("search_space") or {}).get("compile") or {}).get("values", ())
 
 
 def _child(request: dict[str, Any], channels: list[int], started: int) -> int:
