@@ -124,7 +124,8 @@ class ProgressCalls:
                 summed = dict(board.steps)
                 for sid, (reporter, n) in reports.reports.items():
                     if sid not in board.last_read:
-                        summed[pod_of(reporter)] = summed.get(pod_of(reporter), 0) + n
+                        pod = pod_of(reporter)
+                        summed[pod] = summed.get(pod, 0) + n
                 board.steps, board.last_read = summed, frozenset(reports.reports)
             prog = replace(prog, reported=board.steps)
             merged = {

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 SETTING = "PODIUM_POD_MKL_DISPATCH"
@@ -103,6 +104,12 @@ def operator_cache_dir() -> str | None:
     return root or None
 
 
+def compile_root(environ: Mapping[str, str]) -> str | None:
+    """The compile cache a pod started with ``environ`` is told to use: the operator's
+    ``TORCHINDUCTOR_CACHE_DIR`` (empty: none), else ``PODIUM_COMPILE_CACHE_DIR``; None: none."""
+    return environ.get(CACHE_DIR) or environ.get("PODIUM_COMPILE_CACHE_DIR") or None
+
+
 def inductor_cache_dir() -> Path:
     """Inductor's cache directory: ``TORCHINDUCTOR_CACHE_DIR``, else torch's default as
     ``torch._inductor.runtime.cache_dir_utils`` writes it: importing inductor to ask takes a
@@ -119,10 +126,7 @@ def inductor_cache_dir() -> Path:
 def _directory() -> Path:
     """A directory of its own in the compile cache (the operator's, the pod's, else inductor's
     default): a pod can write and load libraries there."""
-    # Not compile_cache.py's name: it imports the logging, and this runs before the re-exec.
-    pod = os.environ.get("PODIUM_COMPILE_CACHE_DIR")
-    root = pod if pod and not operator_cache_dir() else inductor_cache_dir()
-    return Path(root) / DIRECTORY
+    return Path(compile_root(os.environ) or inductor_cache_dir()) / DIRECTORY
 
 
 def build(directory: Path, compiler: str) -> Path:

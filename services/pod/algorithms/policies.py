@@ -96,9 +96,7 @@ def activate(name: str, x: torch.Tensor) -> torch.Tensor:
             # than its sigmoid (docs/benchmarks.md); the values agree to 2e-7.
             return 2.0 * torch.sigmoid(2.0 * x) - 1.0
         return torch.tanh(x)
-    if name == "relu":
-        return torch.relu(x)
-    return F.elu(x)
+    return torch.relu(x) if name == "relu" else F.elu(x)
 
 
 def mlp_forward(

@@ -11,9 +11,7 @@ from services.contracts.envs import ActionKind
 def action_kind(space: gym.Space) -> ActionKind | None:
     if isinstance(space, gym.spaces.Discrete):
         return "discrete"
-    if isinstance(space, gym.spaces.Box):
-        return "continuous"
-    return None
+    return "continuous" if isinstance(space, gym.spaces.Box) else None
 
 
 def check_action_space(algorithm: str, space: gym.Space) -> None:

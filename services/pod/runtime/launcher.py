@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from services.logs import configure, get_logger
-from services.pod.mkl_dispatch import operator_cache_dir
+from services.pod.mkl_dispatch import compile_root, operator_cache_dir
 
 log = get_logger("services.pod.runtime.launcher")
 
@@ -69,11 +69,11 @@ def needs_compiler(env: dict[str, str]) -> bool:
     from services.pod.algorithms.compiled import PROGRAMS, note_prefix
 
     spec = json.loads(env.get("PODIUM_SPEC") or "{}")
-    cache = env.get("TORCHINDUCTOR_CACHE_DIR") or env.get("PODIUM_COMPILE_CACHE_DIR") or "/-"
     task = (spec.get("env") or {}).get("name", "")
-    for algorithm in spec.get("algorithms") or {}:
-        if any(Path(cache, PROGRAMS).glob(note_prefix(task, algorithm) + "*")):
-            return True
+    if cache := compile_root(env):
+        for algorithm in spec.get("algorithms") or {}:
+            if any(Path(cache, PROGRAMS).glob(note_prefix(task, algorithm) + "*")):
+                return True
     return "on" in ((spec.get("search_space") or {}).get("compile") or {}).get("values", ())
 
 
