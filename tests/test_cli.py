@@ -344,3 +344,15 @@ def test_backtest_refuses_what_it_cannot_run(tmp_path, trader):
         (["--plot", str(tmp_path / "taken.png")], "taken.png"),  # a directory
     ]:
         assert_refused(run("backtest", str(good), *args), message)
+
+
+def test_every_command_is_listed_by_a_one_line_summary():
+    """`podium --help` lists each command by its help's first paragraph, keeping its line
+    breaks: a summary written over two lines breaks the listing mid-sentence."""
+    import inspect
+
+    from services.cli.app import app
+
+    for command in app.registered_commands:
+        summary = inspect.cleandoc(command.help or command.callback.__doc__ or "").split("\n\n")[0]
+        assert summary and "\n" not in summary, (command.callback.__name__, summary)

@@ -268,8 +268,10 @@ def run(
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Start the platform, run one experiment to its end with live progress, then print the
-    leaderboard, save plots under OUT and export the best agent into OUT/best."""
+    """Run one experiment on a platform started here, to its end, with live progress.
+
+    Then print the leaderboard, save plots under OUT and export the best agent into OUT/best.
+    """
     from services.cli import tournament
 
     with reported():
@@ -286,9 +288,11 @@ def compile_(
     data_dir: RunDataOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Compile the spec's programs into the cache `podium run SPEC` gives its pods (one short
-    run with compile: on per distinct program): its pods then load them (compile: auto weighs a
-    load, not a cold compile)."""
+    """Compile the spec's programs into the cache `podium run SPEC` gives its pods.
+
+    One short run with compile: on per distinct program: the pods then load them (compile: auto
+    weighs a load, not a cold compile).
+    """
     from services.cli.precompile import compile_spec
 
     with reported():
@@ -428,8 +432,11 @@ def logs(
     leaderboard_url: LeaderboardUrlOpt = None,
     data_dir: DataDirOpt = Path("data"),
 ) -> None:
-    """Pod logs: the embedded platform's files under DATA_DIR, else the orchestrator's API; an
-    ended pod's last lines as it uploaded them when it exited."""
+    """Pod logs, of running and ended pods.
+
+    The embedded platform's files under DATA_DIR, else the orchestrator's API; an ended pod's
+    last lines as it uploaded them when it exited.
+    """
     from services.cli.pod_logs import show_logs
 
     with reported(), _client(url, token, leaderboard_url, data_dir) as client:
@@ -448,8 +455,10 @@ def tensorboard(
     leaderboard_url: LeaderboardUrlOpt = None,
     data_dir: DataDirOpt = Path("data"),
 ) -> None:
-    """Download every pod's TensorBoard files (as each pod last uploaded them, sha256-checked)
-    into OUT/<pod id>/, for `tensorboard --logdir OUT`."""
+    """Download every pod's TensorBoard files into OUT/<pod id>/, for `tensorboard --logdir`.
+
+    As each pod last uploaded them, sha256-checked.
+    """
     out = out or Path("runs") / experiment / "tensorboard"
     with reported(), _client(url, token, leaderboard_url, data_dir) as client:
         pods = client.tensorboard(experiment, out)
