@@ -346,13 +346,21 @@ def test_backtest_refuses_what_it_cannot_run(tmp_path, trader):
         assert_refused(run("backtest", str(good), *args), message)
 
 
-def test_every_command_is_listed_by_a_one_line_summary():
-    """`podium --help` lists each command by its help's first paragraph, keeping its line
-    breaks: a summary written over two lines breaks the listing mid-sentence."""
-    import inspect
+def test_every_commands_help_reads_as_flowing_text():
+    """`podium --help` lists each command by a one-line summary, and `podium CMD --help` shows
+    its help's paragraphs as flowing text: typer keeps a docstring's line breaks, which broke
+    the listing and each help page mid-sentence (`run`, `compile`, `logs`, `tensorboard`)."""
+    import typer
+    from typer.testing import CliRunner
 
     from services.cli.app import app
 
-    for command in app.registered_commands:
-        summary = inspect.cleandoc(command.help or command.callback.__doc__ or "").split("\n\n")[0]
-        assert summary and "\n" not in summary, (command.callback.__name__, summary)
+    runner = CliRunner(env={"COLUMNS": "400"})
+    listing = runner.invoke(app, ["--help"]).output
+    for name, command in typer.main.get_command(app).commands.items():
+        summary, *details = (command.help or "").split("\n\n")
+        assert summary and "\n" not in summary, (name, summary)
+        assert summary in listing, (name, summary)
+        shown = runner.invoke(app, [name, "--help"]).output
+        for paragraph in details:
+            assert " ".join(paragraph.split()) in shown, (name, paragraph)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import inspect
 import json
 import math
 import os
@@ -498,3 +499,14 @@ def export(
         f"candidate {cand.candidate_id} (score {cand.score:.4g}, {cand.algorithm}, "
         f"generation {cand.generation}): {len(cand.files)} files verified into {out}"
     )
+
+
+def _flowing_help() -> None:
+    """Each command's help as its docstring's paragraphs of flowing text: typer's help keeps a
+    docstring's line breaks, which break its lines mid-sentence at any other width."""
+    for command in app.registered_commands:
+        doc = inspect.cleandoc(command.help or getattr(command.callback, "__doc__", "") or "")
+        command.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+
+
+_flowing_help()
