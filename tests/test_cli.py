@@ -364,3 +364,24 @@ def test_every_commands_help_reads_as_flowing_text():
         shown = runner.invoke(app, [name, "--help"]).output
         for paragraph in details:
             assert " ".join(paragraph.split()) in shown, (name, paragraph)
+
+
+def test_a_preformatted_paragraph_keeps_its_lines():
+    import typer
+
+    from services.cli.app import flowing_help
+
+    app = typer.Typer()
+
+    @app.command()
+    def one() -> None:
+        """Summary
+        over two lines.
+
+        \b
+        a   b
+        c   d
+        """
+
+    flowing_help(app)
+    assert app.registered_commands[0].help == "Summary over two lines.\n\n\b\na   b\nc   d"

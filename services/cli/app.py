@@ -501,12 +501,14 @@ def export(
     )
 
 
-def _flowing_help() -> None:
+def flowing_help(app: typer.Typer) -> None:
     """Each command's help as its docstring's paragraphs of flowing text: typer's help keeps a
-    docstring's line breaks, which break its lines mid-sentence at any other width."""
+    docstring's line breaks, which break its lines mid-sentence at any other width. A paragraph
+    that starts with ``\\b`` keeps its lines (click's mark for a preformatted one)."""
     for command in app.registered_commands:
         doc = inspect.cleandoc(command.help or getattr(command.callback, "__doc__", "") or "")
-        command.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+        paragraphs = [p if p.startswith("\b") else " ".join(p.split()) for p in doc.split("\n\n")]
+        command.help = "\n\n".join(paragraphs)
 
 
-_flowing_help()
+flowing_help(app)
