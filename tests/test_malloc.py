@@ -267,6 +267,28 @@ def test_the_pod_restarts_itself_with_the_library_before_its_other_imports(
     assert imported.count("pydantic") == 1 and imported.count("structlog") == 1
 
 
+def test_train_says_which_allocator_it_trains_with(tmp_path: Path) -> None:
+    """The allocator sets the speed of compiled and off-policy updates: `podium train` names
+    the one it runs with first, and where it found none, how to get one."""
+    none = (
+        "malloc: system (no tcmalloc or jemalloc on this machine; Debian or Ubuntu: "
+        "apt-get install libtcmalloc-minimal4 trains faster)"
+    )
+    for choice, expected in [
+        ("auto", f"malloc: {REAL.name}" if REAL else none),
+        ("system", "malloc: system"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.cli", "train", "CartPole-v1",
+             "--out", str(tmp_path / choice), "--set", "total_env_steps=1024",
+             "--set", "ppo.compile=off"],
+            env={**bare_env(), "PODIUM_POD_MALLOC": choice}, cwd=ROOT,
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.splitlines()[0] == expected
+
+
 def test_podium_train_names_a_bad_setting(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "train", "CartPole-v1"],

@@ -4,6 +4,7 @@ learning-curve PNG. The config is layered: the env's preset ← ``--config`` ←
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +37,20 @@ def preload_malloc() -> None:
         reexec_with_allocator()
     except AllocatorError as exc:
         raise CliError(str(exc)) from None
+
+
+def allocator_line() -> str:
+    """The allocator this run trains with (it sets the speed of the compiled and off-policy
+    updates), and where ``auto`` found none, how to get one."""
+    from services.malloc import AUTO, SETTING, SYSTEM, running_allocator
+
+    name = running_allocator().name
+    if name == SYSTEM and os.environ.get(SETTING, AUTO) == AUTO:
+        return (
+            "malloc: system (no tcmalloc or jemalloc on this machine; Debian or Ubuntu: "
+            "apt-get install libtcmalloc-minimal4 trains faster)"
+        )
+    return f"malloc: {name}"
 
 
 def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool) -> None:
@@ -95,6 +110,8 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         line = f"trainer: {type(trainer).__name__}, {trainer.compiled}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    if not quiet:
+        console.print(allocator_line(), markup=False, highlight=False, soft_wrap=True)
     say_trainer()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
