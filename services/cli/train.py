@@ -41,11 +41,12 @@ def preload_malloc() -> None:
 
 def allocator_line() -> str:
     """The allocator this run trains with (it sets the speed of the compiled and off-policy
-    updates), and where ``auto`` found none, how to get one."""
-    from services.malloc import AUTO, SETTING, SYSTEM, running_allocator
+    updates), and where ``auto`` found none on this machine, how to get one (one it found and
+    the dynamic linker refused is named by the running allocator alone)."""
+    from services.malloc import AUTO, SETTING, SYSTEM, find_allocator, running_allocator
 
     name = running_allocator().name
-    if name == SYSTEM and os.environ.get(SETTING, AUTO) == AUTO:
+    if name == SYSTEM and os.environ.get(SETTING, AUTO) == AUTO and find_allocator() is None:
         return (
             "malloc: system (no tcmalloc or jemalloc on this machine; Debian or Ubuntu: "
             "apt-get install libtcmalloc-minimal4 trains faster)"
