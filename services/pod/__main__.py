@@ -44,6 +44,7 @@ from services.logs import configure, get_logger, keep_tail
 from services.pod import mkl_dispatch
 from services.pod.runtime import activity  # imports no torch
 from services.pod.runtime.compile_cache import use_compile_cache  # imports no torch
+from services.startup import importing
 
 if TYPE_CHECKING:
     from services.pod.runtime.rounds import PodRuntime
@@ -175,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch is imported: its inductor config reads the cache switches at import.
     cache_dir = use_compile_cache(settings.compile_cache())
     activity.start()  # "starting", until the round loop says what it does
-    # Imported after the environment is checked: torch takes a second or two to import.
-    from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
+    with importing(freeze=True):  # after the environment is checked: torch takes seconds
+        from services.pod.runtime.rounds import HyperparameterError, check_hyperparameter_names
 
     try:
         check_hyperparameter_names(list(spec.search_space))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import os
 import platform
 import re
@@ -29,7 +30,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,6 +39,7 @@ import torch
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
 from services.pod.mkl_dispatch import inductor_cache_dir
+from services.startup import importing
 
 if TYPE_CHECKING:
     from services.pod.config import RunConfig
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 PROGRAMS = "podium-programs"  # the compile cache's directory of saved graphs and notes
+#: What building or loading a program imports first: seconds (the pod launcher's, once).
+COMPILER = ("torch._dynamo", "torch._dynamo.aot_compile", "torch._inductor.compile_fx")
 
 CompileMode = Literal["auto", "on", "off"]
 
@@ -138,9 +142,7 @@ class CompileWork:
     loaded: int = 0
 
     def __sub__(self, other: CompileWork) -> CompileWork:
-        return CompileWork(
-            self.seconds - other.seconds, self.built - other.built, self.loaded - other.loaded
-        )
+        return CompileWork(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 def compile_work() -> CompileWork:
@@ -180,11 +182,8 @@ def _first(tree: Any) -> torch.Tensor | None:
     if isinstance(tree, torch.Tensor):
         return tree
     values = tree.values() if isinstance(tree, dict) else tree
-    if isinstance(values, (tuple, list)) or isinstance(tree, dict):
-        for v in values:
-            if (found := _first(v)) is not None:
-                return found
-    return None
+    found = (_first(v) for v in values) if isinstance(tree, (dict, tuple, list)) else ()
+    return next((t for t in found if t is not None), None)
 
 
 def grad(
@@ -354,6 +353,9 @@ class Program:
 
         start, graph = time.perf_counter(), None
         try:
+            with importing(freeze=False):  # the compiler, as one import (services/startup.py)
+                for name in COMPILER:
+                    importlib.import_module(name)
             if device.type == "cpu":
                 prepare_cpu()
             key = self._key(args)

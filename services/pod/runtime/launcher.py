@@ -2,8 +2,8 @@
 has imported torch once.
 
 A pod would spend its first CPU seconds importing torch, TensorBoard's writer and the compiler
-(``PRELOAD``, ``COMPILER``), each pod again while the experiment waits for its first score. The
-local backend (services/orchestrator/backends/pod_launcher.py) starts one launcher per
+(``PRELOAD``, ``compiled.COMPILER``), each pod again while the experiment waits for its first
+score. The local backend (services/orchestrator/backends/pod_launcher.py) starts one launcher per
 orchestrator: it imports them once and forks a pod per request, which runs
 ``services.pod.__main__.main`` as ``python -m services.pod`` would (own session, environment, log).
 
@@ -21,6 +21,7 @@ and a new orchestrator adopts them from their records.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import selectors
@@ -32,6 +33,7 @@ from typing import Any, TextIO
 
 from services.logs import configure, get_logger
 from services.pod.mkl_dispatch import compile_root, operator_cache_dir
+from services.startup import importing
 
 log = get_logger("services.pod.runtime.launcher")
 
@@ -48,19 +50,15 @@ PRELOAD = (
     "services.pod.training.offpolicy",
     "services.pod.roles.learner",
 )
-#: What loading or building compiled programs imports, seconds more: before the first fork of a
-#: pod that will (``needs_compiler``). Until then pods are forked without: eager ones start sooner.
-COMPILER = ("torch._dynamo", "torch._dynamo.aot_compile", "torch._inductor.compile_fx")
 
 
 def preload(names: tuple[str, ...] = PRELOAD) -> None:
     """Import what every pod imports, before any pod is forked. No torch op runs here: torch
     starts its thread pools on first use, and a fork must not inherit them."""
-    import importlib
-
     operator_cache_dir()  # an empty one unset: the ISA probes' programs go to inductor's default
-    for name in names:
-        importlib.import_module(name)
+    with importing(freeze=True):  # frozen: the pods' collections skip it, its pages shared
+        for name in names:
+            importlib.import_module(name)
 
 
 def needs_compiler(env: dict[str, str]) -> bool:
@@ -93,9 +91,8 @@ def _child(request: dict[str, Any], channels: list[int], started: int) -> int:
         os.close(fd)
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
+    for fd, target in ((null, 0), (log, 1), (log, 2)):
+        os.dup2(fd, target)
     os.close(log)
     os.close(null)
     os.environ.clear()
@@ -154,19 +151,19 @@ def serve(requests: int, answers: TextIO) -> None:
         answers.write(json.dumps(message) + "\n")
         answers.flush()
 
-    compiler = COMPILER
+    compiler_to_import = True  # before the first fork of a pod that uses it (``needs_compiler``)
 
     def handle(line: bytes) -> None:
-        nonlocal compiler
+        nonlocal compiler_to_import
         request: Any = None
         try:
             request = json.loads(line)
-            if compiler and needs_compiler(request["env"]):
-                compiler = ()
+            if compiler_to_import and needs_compiler(request["env"]):
+                compiler_to_import = False
                 try:
-                    preload(COMPILER)
-                    from services.pod.algorithms.compiled import prepare_cpu
+                    from services.pod.algorithms.compiled import COMPILER, prepare_cpu
 
+                    preload(COMPILER)
                     prepare_cpu()
                 except Exception as exc:  # the pod meets it too, and says so in its log
                     log.warning("the pod launcher cannot import the compiler", error=repr(exc))

@@ -1,0 +1,30 @@
+"""How a process imports its heavy modules (torch, its compiler) before its first step.
+
+An import of torch makes hundreds of thousands of objects, nearly none of them garbage, and the
+cyclic collector's passes over them took about a quarter of the import (docs/benchmarks.md).
+``importing()`` keeps the collector off while a process imports in bulk, then freezes what is
+alive into the permanent generation: later collections (a pod's, many per round) skip those
+objects, and a process that forks (the pod launcher) leaves their pages shared with its pods.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def importing(*, freeze: bool) -> Iterator[None]:
+    """Run the block (its imports) with the cyclic collector off; then, with ``freeze``, move
+    what is alive out of later collections: for a process that imports once, not for one that
+    may call this again with garbage of its own alive (it would never be collected)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        if freeze:
+            gc.freeze()
