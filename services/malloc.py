@@ -48,6 +48,12 @@ ALLOCATORS: tuple[tuple[str, str], ...] = (
     ("jemalloc", "libjemalloc.so.2"),
 )
 
+#: Where ``auto`` finds none on this machine (the set-up installs none), what to do about it.
+NONE_FOUND = (
+    "no tcmalloc or jemalloc on this machine; Debian or Ubuntu: apt-get install "
+    "libtcmalloc-minimal4 trains faster"
+)
+
 #: Library file name prefixes -> allocator, to name what a process runs with.
 _KNOWN = (("libtcmalloc", "tcmalloc"), ("libjemalloc", "jemalloc"), ("libmimalloc", "mimalloc"))
 #: Set in the environment of a process ``reexec_with_allocator`` started: it must not re-exec.
@@ -182,6 +188,11 @@ def find_allocator(dirs: Sequence[str | Path] | None = None) -> Allocator | None
     return None
 
 
+def setting() -> str:
+    """This process's ``PODIUM_POD_MALLOC`` (``auto`` unset)."""
+    return os.environ.get(SETTING, AUTO)
+
+
 def resolve(choice: str, dirs: Sequence[str | Path] | None = None) -> Path | None:
     """The library ``choice`` asks to preload, or None for the system's malloc. Raises
     ``AllocatorError`` (naming the setting) for a malformed choice or a path that is not a
@@ -247,6 +258,17 @@ def preload(env: Mapping[str, str], library: Path | None) -> dict[str, str]:
     rest = env.get("LD_PRELOAD", "").strip()
     out["LD_PRELOAD"] = f"{library}:{rest}" if rest else str(library)
     return out
+
+
+def describe(choice: str, library: Path | None, env: Mapping[str, str] = os.environ) -> str:
+    """In a user's words, the allocator of processes started with ``env`` and ``library``
+    preloaded (``resolve_for`` of ``choice``): its name, or ``system``, with ``NONE_FOUND``
+    where ``auto`` found none."""
+    if library is None and choice == AUTO:  # an allocator someone preloaded already, if any
+        library = next((Path(p) for p in _preloaded(env) if _allocator_name(Path(p))), None)
+        if library is None:
+            return f"{SYSTEM} ({NONE_FOUND})"
+    return SYSTEM if library is None else _allocator_name(library) or library.name
 
 
 def _allocator_name(library: Path) -> str | None:
@@ -332,7 +354,7 @@ def reexec_with_allocator(choice: str | None = None) -> None:
     Raises ``AllocatorError`` like ``resolve``."""
     if os.environ.pop(_REEXEC_MARK, None) is not None:
         return
-    choice = os.environ.get(SETTING, AUTO) if choice is None else choice
+    choice = setting() if choice is None else choice
     env = with_allocator(os.environ, choice)
     if env.get("LD_PRELOAD") == os.environ.get("LD_PRELOAD"):
         return

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from services import redis_client
+from services import malloc, redis_client
 from services.cli.platform import EMBEDDED_PACE, Platform, read_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -505,6 +505,7 @@ def test_a_platform_that_fails_to_start_leaves_no_pod_launcher(
 def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> None:
     data = tmp_path / "data"
     env = clean_env(PODIUM_POD_COMMAND=json.dumps(POD_COMMAND), PODIUM_TERMINATION_GRACE_S="3")
+    env.pop("LD_PRELOAD", None)  # the pods' malloc is then the machine's, or none
     up = subprocess.Popen(
         [*PODIUM, "up", "--data-dir", str(data), "--port", "0", "--leaderboard-port", "0"],
         cwd=ROOT,
@@ -545,6 +546,8 @@ def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> Non
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
     assert {"platform started", "platform stopped"} <= {r["event"] for r in records}
     assert f"{session['leaderboard_url']}/metrics" in err and "stopped." in err
+    real = malloc.find_allocator()
+    assert f"  pods' malloc  {real.name if real else f'system ({malloc.NONE_FOUND})'}\n" in err
     assert not pod.is_running() or pod.status() == psutil.STATUS_ZOMBIE
     assert "SIGTERM: final report made" in log.read_text()
     assert read_session(data) is None and not (data / "platform.json").exists()
@@ -574,11 +577,15 @@ def test_run_to_the_target_writes_results(tmp_path: Path) -> None:
         PODIUM_PROGRESS_POLL_S="0.1",
         PODIUM_CAPACITY_CPU="2",
     )
+    env.pop("LD_PRELOAD", None)  # the pods' malloc is then the machine's, or none
     proc = podium(
         "run", write_spec(tmp_path, body), "--out", str(out), "--port", "0",
         "--leaderboard-port", "0", env=env, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    # Pods without tcmalloc or jemalloc train slower: the run says so, and how to get one.
+    hint = f"pods' malloc: system ({malloc.NONE_FOUND})\n"
+    assert (hint in proc.stderr) == (malloc.find_allocator() is None), proc.stderr
     assert "succeeded: target return 50 reached" in proc.stderr
     assert f"cancelled unfinished experiment {stale} of an earlier run" in proc.stderr
     assert "final leaderboard of standin-run" in proc.stderr

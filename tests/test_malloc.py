@@ -24,10 +24,13 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from services.malloc import (
+    NONE_FOUND,
     AllocatorError,
+    describe,
     find_allocator,
     locate,
     mapped_libraries,
+    resolve_for,
     with_allocator,
 )
 from services.orchestrator.settings import OrchestratorSettings
@@ -100,6 +103,25 @@ def test_auto_prefers_tcmalloc_minimal_then_tcmalloc_then_jemalloc_wherever_each
     jemalloc.unlink()
     assert find_allocator(dirs) is None
     assert with_allocator({"PATH": "/bin"}, "auto", dirs) == {"PATH": "/bin"}  # as it was
+
+
+@needs_libz
+def test_what_pods_run_with_is_named_and_where_auto_found_none_how_to_get_one(
+    tmp_path: Path,
+) -> None:
+    """What `podium up` and `podium run` say of their pods' malloc (services/cli/platform.py)."""
+    empty, found = tmp_path / "empty", tmp_path / "found"
+    empty.mkdir()
+    tcmalloc = stand_in(found, "libtcmalloc_minimal.so.4")
+    for choice, dirs, env, said in [
+        ("auto", [found], {}, "tcmalloc"),
+        ("auto", [empty], {}, f"system ({NONE_FOUND})"),
+        ("auto", [empty], {"LD_PRELOAD": f"/opt/x/libjemalloc.so.2:{LIBZ}"}, "jemalloc"),
+        ("system", [found], {}, "system"),
+        (str(tcmalloc), [empty], {}, "tcmalloc"),
+    ]:
+        library = resolve_for(env, choice, dirs)
+        assert describe(choice, library, env) == said, (choice, dirs, env)
 
 
 @needs_libz

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+from services import malloc
 from services.http_server import server_config
 from services.logs import get_logger
 from services.settings import PodiumSettings
@@ -176,6 +177,8 @@ class Platform:
         self._leaderboard: ThreadedServer | None = None
         self._orchestrator: ThreadedServer | None = None
         self._stopped = False
+        #: The pods' malloc in a user's words, once started (the local backend preloads it).
+        self.pods_malloc = ""
 
     # -- URLs ----------------------------------------------------------------------------------
     @property
@@ -226,6 +229,9 @@ class Platform:
             # of torch) then overlap the services' start instead of following it, and the
             # first pod starts that much sooner.
             backend = make_backend(settings)
+            self.pods_malloc = malloc.describe(
+                settings.pod_malloc, getattr(backend, "malloc_library", None)
+            )
             from services.leaderboard.app import create_app as leaderboard_app
             from services.leaderboard.settings import LeaderboardSettings
             from services.orchestrator.app import create_app as orchestrator_app

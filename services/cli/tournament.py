@@ -28,6 +28,7 @@ from services.cli.live import (
 )
 from services.cli.platform import Platform, PlatformError
 from services.cli.results import collect, write_plots
+from services.malloc import NONE_FOUND
 
 LOG_FILE = "podium.log"  # under the platform's data directory
 
@@ -95,6 +96,7 @@ def up(platform: Platform, verbose: bool = False) -> None:
         console.print(f"  orchestrator  {o}   API docs {o}/api/v1/docs   metrics {o}/metrics")
         console.print(f"  leaderboard   {lb}   API docs {lb}/api/v1/docs   metrics {lb}/metrics")
         console.print(f"  token         {platform.token or '(none: the API is open)'}")
+        console.print(f"  pods' malloc  {platform.pods_malloc}", soft_wrap=True, markup=False)
         if log_file is not None:
             console.print(f"  logs          {log_file}   (--verbose shows them here)")
         console.print(
@@ -159,6 +161,8 @@ def run(
             f"(orchestrator {platform.orchestrator_url}, API docs "
             f"{platform.orchestrator_url}/api/v1/docs)"
         )
+        if NONE_FOUND in platform.pods_malloc and not quiet:  # they train slower: say so
+            console.print(f"pods' malloc: {platform.pods_malloc}", soft_wrap=True, markup=False)
         watch = Watch(client, exp_id, console, top=5)
         live = console.is_terminal and not quiet
         try:

@@ -4,7 +4,6 @@ learning-curve PNG. The config is layered: the env's preset ← ``--config`` ←
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -43,14 +42,11 @@ def allocator_line() -> str:
     """The allocator this run trains with (it sets the speed of the compiled and off-policy
     updates), and where ``auto`` found none on this machine, how to get one (one it found and
     the dynamic linker refused is named by the running allocator alone)."""
-    from services.malloc import AUTO, SETTING, SYSTEM, find_allocator, running_allocator
+    from services.malloc import AUTO, NONE_FOUND, SYSTEM, find_allocator, running_allocator, setting
 
     name = running_allocator().name
-    if name == SYSTEM and os.environ.get(SETTING, AUTO) == AUTO and find_allocator() is None:
-        return (
-            "malloc: system (no tcmalloc or jemalloc on this machine; Debian or Ubuntu: "
-            "apt-get install libtcmalloc-minimal4 trains faster)"
-        )
+    if name == SYSTEM and setting() == AUTO and find_allocator() is None:
+        return f"malloc: system ({NONE_FOUND})"
     return f"malloc: {name}"
 
 
