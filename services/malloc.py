@@ -260,15 +260,21 @@ def preload(env: Mapping[str, str], library: Path | None) -> dict[str, str]:
     return out
 
 
-def describe(choice: str, library: Path | None, env: Mapping[str, str] = os.environ) -> str:
+def describe(
+    choice: str,
+    library: Path | None,
+    env: Mapping[str, str] = os.environ,
+    dirs: Sequence[str | Path] | None = None,
+) -> str:
     """In a user's words, the allocator of processes started with ``env`` and ``library``
-    preloaded (``resolve_for`` of ``choice``): its name, or ``system``, with ``NONE_FOUND``
-    where ``auto`` found none."""
-    if library is None and choice == AUTO:  # an allocator someone preloaded already, if any
-        library = next((Path(p) for p in _preloaded(env) if _allocator_name(Path(p))), None)
-        if library is None:
-            return f"{SYSTEM} ({NONE_FOUND})"
-    return SYSTEM if library is None else _allocator_name(library) or library.name
+    preloaded (``resolve_for`` of ``choice``): its name (else the one ``env``'s ``LD_PRELOAD``
+    names, which they inherit), or ``system``, with ``NONE_FOUND`` where ``auto`` finds none."""
+    if library is None:
+        preloaded = (Path(p) for p in _preloaded(env))
+        library = next((p for p in preloaded if _allocator_name(p) and _loadable(p)), None)
+    if library is not None:
+        return _allocator_name(library) or library.name
+    return f"{SYSTEM} ({NONE_FOUND})" if choice == AUTO and not find_allocator(dirs) else SYSTEM
 
 
 def _allocator_name(library: Path) -> str | None:

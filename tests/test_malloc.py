@@ -113,15 +113,19 @@ def test_what_pods_run_with_is_named_and_where_auto_found_none_how_to_get_one(
     empty, found = tmp_path / "empty", tmp_path / "found"
     empty.mkdir()
     tcmalloc = stand_in(found, "libtcmalloc_minimal.so.4")
+    jemalloc = stand_in(tmp_path / "preloaded", "libjemalloc.so.2")
+    none = f"system ({NONE_FOUND})"
     for choice, dirs, env, said in [
         ("auto", [found], {}, "tcmalloc"),
-        ("auto", [empty], {}, f"system ({NONE_FOUND})"),
-        ("auto", [empty], {"LD_PRELOAD": f"/opt/x/libjemalloc.so.2:{LIBZ}"}, "jemalloc"),
+        ("auto", [empty], {}, none),
+        ("auto", [empty], {"LD_PRELOAD": f"{jemalloc}:{LIBZ}"}, "jemalloc"),  # inherited
+        ("system", [found], {"LD_PRELOAD": str(jemalloc)}, "jemalloc"),
+        ("auto", [empty], {"LD_PRELOAD": "/nonexistent/libtcmalloc.so.4"}, none),  # not loaded
         ("system", [found], {}, "system"),
         (str(tcmalloc), [empty], {}, "tcmalloc"),
     ]:
         library = resolve_for(env, choice, dirs)
-        assert describe(choice, library, env) == said, (choice, dirs, env)
+        assert describe(choice, library, env, dirs) == said, (choice, dirs, env)
 
 
 @needs_libz

@@ -177,7 +177,7 @@ class Platform:
         self._leaderboard: ThreadedServer | None = None
         self._orchestrator: ThreadedServer | None = None
         self._stopped = False
-        #: The pods' malloc in a user's words, once started (the local backend preloads it).
+        #: The pods' malloc in a user's words, once started (the local backend's; else "").
         self.pods_malloc = ""
 
     # -- URLs ----------------------------------------------------------------------------------
@@ -229,9 +229,9 @@ class Platform:
             # of torch) then overlap the services' start instead of following it, and the
             # first pod starts that much sooner.
             backend = make_backend(settings)
-            self.pods_malloc = malloc.describe(
-                settings.pod_malloc, getattr(backend, "malloc_library", None)
-            )
+            if settings.backend == "local":  # it preloads the pods' malloc; others say nothing
+                library = getattr(backend, "malloc_library", None)
+                self.pods_malloc = malloc.describe(settings.pod_malloc, library)
             from services.leaderboard.app import create_app as leaderboard_app
             from services.leaderboard.settings import LeaderboardSettings
             from services.orchestrator.app import create_app as orchestrator_app

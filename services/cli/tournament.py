@@ -96,7 +96,8 @@ def up(platform: Platform, verbose: bool = False) -> None:
         console.print(f"  orchestrator  {o}   API docs {o}/api/v1/docs   metrics {o}/metrics")
         console.print(f"  leaderboard   {lb}   API docs {lb}/api/v1/docs   metrics {lb}/metrics")
         console.print(f"  token         {platform.token or '(none: the API is open)'}")
-        console.print(f"  pods' malloc  {platform.pods_malloc}", soft_wrap=True, markup=False)
+        if platform.pods_malloc:
+            console.print(f"  pods' malloc  {platform.pods_malloc}", soft_wrap=True, markup=False)
         if log_file is not None:
             console.print(f"  logs          {log_file}   (--verbose shows them here)")
         console.print(
