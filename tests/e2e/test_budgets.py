@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Service, live_pods, reports, wait_for
+from tests.e2e.conftest import Service, live_pods, pod_log, reports, wait_for
 
 pytestmark = pytest.mark.slow
 
 PODS, BATCH = 3, 128 * 16
+SPENT = "the experiment's env-step budget is spent"  # a pod's log line, with its allowance
 
 
 def spec(budget: int) -> dict:
@@ -61,6 +62,11 @@ def test_a_budget_the_batches_do_not_divide_ends_without_churning_pods(
         timeout=240,
     )
     exp = experiment()
+    # What a failure shows (its captured output): each pod's start, allowance, reports and end.
+    print(orch.http.get(f"/experiments/{exp_id}/events", params={"limit": 1000}).json())
+    for path in sorted((data / "experiments" / exp_id / "pods").glob("*.log")):
+        print(path.stem, [line for line in pod_log(data, exp_id, path.stem) if line.get("event")
+                          in {"pod starting", "reported", "pod stopped", SPENT}])  # fmt: skip
     assert exp["progress"]["pods_launched"] <= PODS + 1, exp
     wait_for(lambda: not live_pods(data, exp_id), timeout=60)
     exp = experiment()
