@@ -219,6 +219,11 @@ def _preloaded(env: Mapping[str, str]) -> list[str]:
     return [p for p in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")) if p]
 
 
+def _preloaded_allocators(env: Mapping[str, str]) -> list[Path]:
+    """The allocators ``env``'s ``LD_PRELOAD`` names (someone chose one)."""
+    return [Path(p) for p in _preloaded(env) if _allocator_name(Path(p))]
+
+
 def _same(a: str, b: Path) -> bool:
     if a == str(b):
         return True
@@ -244,7 +249,7 @@ def resolve_for(
     """``resolve`` for processes started with ``env``: None for ``auto`` where its
     ``LD_PRELOAD`` already names an allocator (someone chose one: it is not to be put behind
     another)."""
-    if choice == AUTO and any(_allocator_name(Path(p)) for p in _preloaded(env)):
+    if choice == AUTO and _preloaded_allocators(env):
         return None
     return resolve(choice, dirs)
 
@@ -270,8 +275,7 @@ def describe(
     preloaded (``resolve_for`` of ``choice``): its name (else the one ``env``'s ``LD_PRELOAD``
     names, which they inherit), or ``system``, with ``NONE_FOUND`` where ``auto`` finds none."""
     if library is None:
-        preloaded = (Path(p) for p in _preloaded(env))
-        library = next((p for p in preloaded if _allocator_name(p) and _loadable(p)), None)
+        library = next((p for p in _preloaded_allocators(env) if _loadable(p)), None)
     if library is not None:
         return _allocator_name(library) or library.name
     return f"{SYSTEM} ({NONE_FOUND})" if choice == AUTO and not find_allocator(dirs) else SYSTEM

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.startup import importing
+from services.startup import import_all, importing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +29,14 @@ def test_the_collector_is_off_inside_and_as_it_was_after() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_import_all_imports_each_module_and_turns_the_collector_back_on() -> None:
+    import_all(["json", "email.mime.text"], freeze=False)
+    assert "email.mime.text" in sys.modules and gc.isenabled()
+    with pytest.raises(ModuleNotFoundError):
+        import_all(["json", "podium_no_such_module"], freeze=False)
+    assert gc.isenabled()
 
 
 def test_a_failed_import_turns_the_collector_back_on() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import os
 import platform
 import re
@@ -30,7 +29,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,7 +38,7 @@ import torch
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.logs import get_logger
 from services.pod.mkl_dispatch import inductor_cache_dir
-from services.startup import importing
+from services.startup import import_all
 
 if TYPE_CHECKING:
     from services.pod.config import RunConfig
@@ -142,7 +141,9 @@ class CompileWork:
     loaded: int = 0
 
     def __sub__(self, other: CompileWork) -> CompileWork:
-        return CompileWork(*(a - b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return CompileWork(
+            self.seconds - other.seconds, self.built - other.built, self.loaded - other.loaded
+        )
 
 
 def compile_work() -> CompileWork:
@@ -182,8 +183,11 @@ def _first(tree: Any) -> torch.Tensor | None:
     if isinstance(tree, torch.Tensor):
         return tree
     values = tree.values() if isinstance(tree, dict) else tree
-    found = (_first(v) for v in values) if isinstance(tree, (dict, tuple, list)) else ()
-    return next((t for t in found if t is not None), None)
+    if isinstance(values, (tuple, list)) or isinstance(tree, dict):
+        for v in values:
+            if (found := _first(v)) is not None:
+                return found
+    return None
 
 
 def grad(
@@ -353,9 +357,7 @@ class Program:
 
         start, graph = time.perf_counter(), None
         try:
-            with importing(freeze=False):  # the compiler, as one import (services/startup.py)
-                for name in COMPILER:
-                    importlib.import_module(name)
+            import_all(COMPILER, freeze=False)  # one import (services/startup.py)
             if device.type == "cpu":
                 prepare_cpu()
             key = self._key(args)

@@ -21,7 +21,6 @@ and a new orchestrator adopts them from their records.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import selectors
@@ -33,7 +32,7 @@ from typing import Any, TextIO
 
 from services.logs import configure, get_logger
 from services.pod.mkl_dispatch import compile_root, operator_cache_dir
-from services.startup import importing
+from services.startup import import_all
 
 log = get_logger("services.pod.runtime.launcher")
 
@@ -56,9 +55,7 @@ def preload(names: tuple[str, ...] = PRELOAD) -> None:
     """Import what every pod imports, before any pod is forked. No torch op runs here: torch
     starts its thread pools on first use, and a fork must not inherit them."""
     operator_cache_dir()  # an empty one unset: the ISA probes' programs go to inductor's default
-    with importing(freeze=True):  # frozen: the pods' collections skip it, its pages shared
-        for name in names:
-            importlib.import_module(name)
+    import_all(names, freeze=True)  # frozen: the pods' collections skip it, its pages shared
 
 
 def needs_compiler(env: dict[str, str]) -> bool:
@@ -91,8 +88,9 @@ def _child(request: dict[str, Any], channels: list[int], started: int) -> int:
         os.close(fd)
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
-    for fd, target in ((null, 0), (log, 1), (log, 2)):
-        os.dup2(fd, target)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     os.close(log)
     os.close(null)
     os.environ.clear()
