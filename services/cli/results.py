@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 
 from services.cli.client import ApiError
+from services.contracts.pod_activity import eager_for_a_cold_compile
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -93,3 +94,16 @@ def write_plots(
         nodes = [n.model_dump() for n in got["lineage"].nodes]
         written.append(plots.lineage_tree(nodes, out / "lineage.png", name))
     console.print("plots: " + "  ".join(str(p) for p in written))
+
+
+def cold_compile_reason(data_dir: Path, exp_id: str) -> str | None:
+    """Why the experiment's pods trained eager where a compile would have been a cold one (the
+    first pod's log that says so, of the embedded platform's pods under ``data_dir``), or None:
+    a run too short to pay for compiling, whose later runs load what ``podium compile`` puts
+    in the cache (docs/tournaments.md)."""
+    for path in sorted((data_dir / "experiments" / exp_id / "pods").glob("*.log")):
+        with path.open(errors="replace") as f:
+            head = f.read(1 << 16)  # the decision is made in a pod's first updates
+        if reason := eager_for_a_cold_compile(head):
+            return reason
+    return None

@@ -27,7 +27,7 @@ from services.cli.live import (
     wait_for_end,
 )
 from services.cli.platform import Platform, PlatformError
-from services.cli.results import collect, write_plots
+from services.cli.results import cold_compile_reason, collect, write_plots
 from services.malloc import NONE_FOUND
 
 LOG_FILE = "podium.log"  # under the platform's data directory
@@ -193,6 +193,13 @@ def run(
         console.print(board_table(board, top, title, width=console.width))
     ok, why = reached(exp, None)
     console.print(f"results: {out}   pod logs: podium logs {exp_id} --data-dir {data_dir}")
+    if not quiet and (eager := cold_compile_reason(data_dir, exp_id)):  # later runs: faster
+        console.print(
+            f"pods trained eager ({eager}): `podium compile {spec_file}` compiles their programs "
+            "once, and later runs of the spec load them",
+            soft_wrap=True,
+            markup=False,
+        )
     if interrupted:
         console.print(f"[magenta]interrupted[/]: {why}")
         return EXIT_INTERRUPTED

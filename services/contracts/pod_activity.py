@@ -1,5 +1,6 @@
 """What a pod says it is doing: the ``pod activity`` records of its log (written by
-services/pod/runtime/activity.py), read back by the live display (services/cli/live.py).
+services/pod/runtime/activity.py), read back by the live display (services/cli/live.py); and
+what ``compile: auto`` decided for it (``DECIDED``), read back by ``podium run``'s last lines.
 
 A record is a JSON log line ``{"event": "pod activity", "activity": A, "seconds": S,
 "timestamp": ISO-8601}``: the pod has been doing A for S seconds at that time. Torch-free, so
@@ -13,6 +14,12 @@ from datetime import datetime
 EVENT = "pod activity"
 #: In the order a pod goes through them (evaluating and loading come again with each report).
 ACTIVITIES = ("starting", "loading", "compiling", "training", "evaluating")
+#: ``compile: auto``'s decision (services/pod/algorithms/compiled.py ``Decision.decide``): a JSON
+#: log line with ``compiled``, ``reason`` and ``warm``, what it would have decided with the
+#: programs in the compile cache (a load weighed instead of a cold compile).
+DECIDED = "compile.decided"
+#: How a decision's reason ends where the programs were in the compile cache.
+CACHED = "(in the compile cache)"
 
 
 def last_activity(log_text: str) -> tuple[str, float] | None:
@@ -29,4 +36,24 @@ def last_activity(log_text: str) -> tuple[str, float] | None:
             return record["activity"], at - float(record.get("seconds") or 0.0)
         except (ValueError, KeyError, TypeError):
             continue
+    return None
+
+
+def eager_for_a_cold_compile(log_text: str) -> str | None:
+    """Why ``compile: auto`` trained the pod eager where only a cold compile made it (with its
+    programs in the compile cache it would have compiled), if ``log_text`` (a pod's log) says
+    so; else None."""
+    for line in log_text.splitlines():
+        if DECIDED not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            record.get("event") == DECIDED
+            and record.get("compiled") is False
+            and record.get("warm")
+        ):
+            return str(record.get("reason"))
     return None

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
+from services.contracts.pod_activity import eager_for_a_cold_compile
 from services.pod.algorithms import compiled, policies
 from services.pod.algorithms.compiled import (
     CompileRefusedError,
@@ -300,6 +301,30 @@ def test_auto_times_eager_iterations_and_compiles_where_it_pays(monkeypatch) -> 
     for decision in (cold, warm):
         decision.decide(1e-3, 1e6)
     assert (cold.compiled, warm.compiled) == (False, True)
+
+
+def test_a_pod_that_auto_trains_eager_for_want_of_a_compile_says_so_in_its_log(
+    monkeypatch,
+) -> None:
+    """``podium run`` reads from its pods' logs that ``auto`` trained eager where only a cold
+    compile made it (then it names ``podium compile``): a cold cache's decision that a load
+    would have flipped says so; one that compiles, one that a load would not have flipped
+    (too short a run), or one already weighing a load, does not."""
+    monkeypatch.setitem(compiled.RULES, ("onpolicy", "cpu"), compiled.Rule(3.0, 1e6, 1e-3))
+    logs: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    cases = {"cold": (False, 1e6), "warm": (True, 1e6), "short": (False, 1), "loaded": (True, 1)}
+    for name, (cached, units) in cases.items():
+        with capture_logs() as records:
+            decision = Decision("auto", "onpolicy", torch.device("cpu"), units, cached=cached)
+            decision.decide(1e-3, units)
+        logs[name] = "\n".join(["not json", *(json.dumps(r) for r in records)])
+        reasons[name] = decision.reason
+        assert decision.compiled is (name == "warm"), name
+    assert reasons["cold"].startswith("auto: eager: the compiled programs save")
+    assert eager_for_a_cold_compile(logs["cold"]) == reasons["cold"]
+    for name in ("warm", "short", "loaded"):
+        assert eager_for_a_cold_compile(logs[name]) is None, name
 
 
 def test_the_compile_estimate_scales_with_the_machine(monkeypatch) -> None:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
+from services.contracts.pod_activity import CACHED, DECIDED
 from services.logs import get_logger
 from services.pod.mkl_dispatch import inductor_cache_dir
 from services.startup import import_all
@@ -611,8 +612,7 @@ class Decision:
             return False
         timed = self._times[1:]  # the first call pays one-off costs
         per_unit = sum(s for s, _ in timed) / sum(u for _, u in timed)
-        done = sum(u for _, u in self._times)
-        self.decide(per_unit, max(0.0, self.units - done))
+        self.decide(per_unit, max(0.0, self.units - sum(u for _, u in self._times)))
         return True
 
     def decide(self, eager_s_per_unit: float, units_left: float) -> None:
@@ -625,7 +625,7 @@ class Decision:
             f"about {saved:.0f} s over the {units_left:.0f} "
             f"{'env steps' if self.path == 'onpolicy' else 'updates'} left "
             f"(eager {eager_s_per_unit * 1e6:.1f} us each here, about {rule.speedup:g}x "
-            f"compiled), compiling costs about {cost:.0f} s"
-            + (" (in the compile cache)" if self.cached else "")
+            f"compiled), compiling costs about {cost:.0f} s" + (f" {CACHED}" if self.cached else "")
         )
-        log.info("compile.decided", path=self.path, compiled=self.compiled, reason=self.reason)
+        warm = saved > rule.warm_s * machine_factor()  # with its programs in the compile cache
+        log.info(DECIDED, path=self.path, compiled=self.compiled, reason=self.reason, warm=warm)
