@@ -137,11 +137,13 @@ class ProgressCalls:
                 or any(board.reporters.get(pod) != steps for pod, steps in merged.items())
                 or any(board.scores.get(pod) != score for pod, score in reports.scores.items())
             )
-            board.progress, board.asked_at = prog, asked_at
-            # Rebound, not updated: read by other threads.
+            # Rebound, not updated: read by other threads. The batches and scores before the
+            # count that holds their reports: a pass that reads this count (its ``progress``)
+            # then reads their batch (``batch``), and counts new pods' allowances in it.
             board.reporters = {**board.reporters, **merged}
             board.scores = {**board.scores, **reports.scores}
             board.cursor = reports.cursor
+            board.progress, board.asked_at = prog, asked_at
             board.failures, board.retry_at = 0, 0.0
         finally:
             board.inflight = False

@@ -320,6 +320,54 @@ def test_each_pods_logged_steps_are_summed_once_over_reads_that_return_a_report_
         calls.close()
 
 
+def test_a_count_read_from_the_leaderboard_holds_the_batch_of_the_reports_it_counts() -> None:
+    """The reconciler reads the count (``progress``) and the batch (``batch``) apart, while a
+    leaderboard thread stores an answer. A count that holds a pod's report must come with the
+    batch that report said: a new pod's allowance is counted in whole batches of it, and with
+    the count but not the batch, a 40,960-step budget's first replacement was given 1,366 env
+    steps (less than one batch of 2,048: it trained nothing and was replaced, once more)."""
+    from services.orchestrator.leaderboard_client import Progress, Reports
+    from services.orchestrator.progress_calls import ProgressCalls, make_breaker
+
+    class Log:
+        def progress(self, experiment_id: str) -> Progress:
+            return Progress(env_steps=12_288)
+
+        def reporters(self, experiment_id: str, after: str | None) -> Reports:
+            return Reports({"p1": 2_048}, {"p1": -500.0}, "s1", {"s1": ("p1", 12_288)})
+
+    published, release = threading.Event(), threading.Event()
+
+    def pause_once_published(frame: Any, event: str, arg: Any) -> Any:
+        """In the leaderboard thread: stop it at the first line after its answer's count is
+        published, for this thread to read what a reconciler's pass would read then."""
+        if frame.f_code is not ProgressCalls._fetch.__code__:
+            return None
+
+        def line(frame: Any, event: str, arg: Any) -> Any:
+            board = frame.f_locals.get("board")
+            mine = board is not None and board.asked_at == frame.f_locals["asked_at"]
+            if event == "line" and mine and not published.is_set():
+                published.set()
+                release.wait(10)
+            return line
+
+        return line
+
+    calls = ProgressCalls(Log(), 1, make_breaker(3, 3.0), lambda: None)  # type: ignore[arg-type]
+    threading.settrace(pause_once_published)  # the pool's thread starts with the first call
+    try:
+        calls.progress("e", 0.0, since=time.monotonic(), read_log=True)
+        assert published.wait(10)
+        progress, settled = calls.progress("e", 60.0)
+        assert settled and progress.reported == {"p1": 12_288}
+        assert calls.batch("e") == 2_048
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+        release.set()
+        calls.close()
+
+
 def test_what_is_left_below_one_batch_ends_the_experiment(client: TestClient, leaderboard) -> None:
     # 10,000 steps, 4,096-step batches, one pod at a time: 8,192 trained, 1,808 left: no pod
     # can train a step of them, so none is launched and the experiment ends.
