@@ -102,8 +102,11 @@ def cold_compile_reason(data_dir: Path, exp_id: str) -> str | None:
     a run too short to pay for compiling, whose later runs load what ``podium compile`` puts
     in the cache (docs/tournaments.md)."""
     for path in sorted((data_dir / "experiments" / exp_id / "pods").glob("*.log")):
-        with path.open(errors="replace") as f:
-            head = f.read(1 << 16)  # the decision is made in a pod's first updates
+        try:
+            with path.open(encoding="utf-8", errors="replace") as f:
+                head = f.read(1 << 16)  # the decision is made in a pod's first updates
+        except OSError:  # advice only: a log that cannot be read gives none
+            continue
         if reason := eager_for_a_cold_compile(head):
             return reason
     return None

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -194,9 +195,12 @@ def run(
     ok, why = reached(exp, None)
     console.print(f"results: {out}   pod logs: podium logs {exp_id} --data-dir {data_dir}")
     if not quiet and (eager := cold_compile_reason(data_dir, exp_id)):  # later runs: faster
+        again = (
+            f"podium compile {shlex.quote(str(spec_file))} --data-dir {shlex.quote(str(data_dir))}"
+        )
         console.print(
-            f"pods trained eager ({eager}): `podium compile {spec_file}` compiles their programs "
-            "once, and later runs of the spec load them",
+            f"trained eager, not compiled ({eager}): `{again}` compiles the spec's programs once, "
+            "for its later runs on this data directory to load",
             soft_wrap=True,
             markup=False,
         )

@@ -50,10 +50,9 @@ def eager_for_a_cold_compile(log_text: str) -> str | None:
             record = json.loads(line)
         except ValueError:
             continue
-        if (
-            record.get("event") == DECIDED
-            and record.get("compiled") is False
-            and record.get("warm")
-        ):
-            return str(record.get("reason"))
+        if not isinstance(record, dict) or record.get("event") != DECIDED:
+            continue
+        reason = str(record.get("reason"))
+        if record.get("compiled") is False and record.get("warm") and not reason.endswith(CACHED):
+            return reason
     return None

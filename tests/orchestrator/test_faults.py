@@ -355,6 +355,7 @@ def test_a_count_read_from_the_leaderboard_holds_the_batch_of_the_reports_it_cou
         return line
 
     calls = ProgressCalls(Log(), 1, make_breaker(3, 3.0), lambda: None)  # type: ignore[arg-type]
+    previous = threading.gettrace()
     threading.settrace(pause_once_published)  # the pool's thread starts with the first call
     try:
         calls.progress("e", 0.0, since=time.monotonic(), read_log=True)
@@ -363,7 +364,7 @@ def test_a_count_read_from_the_leaderboard_holds_the_batch_of_the_reports_it_cou
         assert settled and progress.reported == {"p1": 12_288}
         assert calls.batch("e") == 2_048
     finally:
-        threading.settrace(None)  # type: ignore[arg-type]
+        threading.settrace(previous)  # type: ignore[arg-type]
         release.set()
         calls.close()
 

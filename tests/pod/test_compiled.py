@@ -318,7 +318,8 @@ def test_a_pod_that_auto_trains_eager_for_want_of_a_compile_says_so_in_its_log(
         with capture_logs() as records:
             decision = Decision("auto", "onpolicy", torch.device("cpu"), units, cached=cached)
             decision.decide(1e-3, units)
-        logs[name] = "\n".join(["not json", *(json.dumps(r) for r in records)])
+        lines = ["not json", json.dumps(["compile.decided"]), *(json.dumps(r) for r in records)]
+        logs[name] = "\n".join(lines)
         reasons[name] = decision.reason
         assert decision.compiled is (name == "warm"), name
     assert reasons["cold"].startswith("auto: eager: the compiled programs save")

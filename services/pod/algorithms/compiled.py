@@ -616,9 +616,9 @@ class Decision:
         return True
 
     def decide(self, eager_s_per_unit: float, units_left: float) -> None:
-        rule = RULES[self.path, self.device.type]
+        rule, factor = RULES[self.path, self.device.type], machine_factor()
         saved = units_left * eager_s_per_unit * (1.0 - 1.0 / rule.speedup)
-        cost = (rule.warm_s if self.cached else rule.compile_s) * machine_factor()
+        cost = (rule.warm_s if self.cached else rule.compile_s) * factor
         self.compiled = saved > cost
         self.reason = (
             f"auto: {'compiling' if self.compiled else 'eager'}: the compiled programs save "
@@ -627,5 +627,5 @@ class Decision:
             f"(eager {eager_s_per_unit * 1e6:.1f} us each here, about {rule.speedup:g}x "
             f"compiled), compiling costs about {cost:.0f} s" + (f" {CACHED}" if self.cached else "")
         )
-        warm = saved > rule.warm_s * machine_factor()  # with its programs in the compile cache
+        warm = saved > rule.warm_s * factor  # what it decides with its programs in the cache
         log.info(DECIDED, path=self.path, compiled=self.compiled, reason=self.reason, warm=warm)
