@@ -120,3 +120,22 @@ def test_a_compiled_spec_runs_compiled_from_the_start(tmp_path: Path) -> None:
     assert done and all(r["graphs_built"] == 0 and r["graphs_loaded"] >= 1 for r in done), done
     pods = list((out / "data" / "experiments" / exp_id / "pods").glob("*.log"))
     assert len(pods) == 2 and all('"compiled": true' in p.read_text() for p in pods)
+
+
+def test_the_advice_to_compile_reads_the_pods_logs_and_survives_an_unreadable_one(
+    tmp_path: Path,
+) -> None:
+    """``podium run``'s advice to compile (services/cli/results.py ``cold_compile_reason``): the
+    first pod log whose ``auto`` declined a cold compile that a load would have turned gives its
+    reason; a log that cannot be read (here a directory) or that is not UTF-8 gives none of its
+    own, and nothing fails."""
+    from services.cli.results import cold_compile_reason
+
+    pods = tmp_path / "experiments" / "e1" / "pods"
+    (pods / "a.log").mkdir(parents=True)  # read first (sorted): opening it fails
+    decided = {"event": "compile.decided", "compiled": False, "warm": True, "reason": "auto: x"}
+    (pods / "b.log").write_text("plain text\n" + json.dumps({**decided, "warm": False}) + "\n")
+    assert cold_compile_reason(tmp_path, "e1") is None
+    (pods / "c.log").write_bytes(b"\xff\xfe not UTF-8\n" + json.dumps(decided).encode() + b"\n")
+    assert cold_compile_reason(tmp_path, "e1") == "auto: x"
+    assert cold_compile_reason(tmp_path, "no-such-experiment") is None
