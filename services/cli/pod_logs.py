@@ -19,6 +19,12 @@ from services.contracts.artifacts import PodFile
 ENDED_SHOWN = 8
 
 
+def local_pods_dir(data_dir: Path, experiment: str) -> Path:
+    """Where the embedded platform's local backend keeps the experiment's pod logs
+    (``<pod>.log``) under DATA_DIR."""
+    return data_dir / "experiments" / experiment / "pods"
+
+
 def show_logs(
     client: PodiumClient,
     data_dir: Path,
@@ -28,10 +34,8 @@ def show_logs(
     follow: bool,
 ) -> None:
     """``client`` is asked only when DATA_DIR holds no log of the experiment."""
-    pods_dir = data_dir / "experiments" / experiment / "pods"
-    files = (
-        sorted(pods_dir.glob("*.log"), key=lambda p: p.stat().st_mtime) if pods_dir.is_dir() else []
-    )
+    pods_dir = local_pods_dir(data_dir, experiment)
+    files = sorted(pods_dir.glob("*.log"), key=lambda p: p.stat().st_mtime)
     if not files:
         if follow:
             raise CliError(f"--follow reads local pod logs and there are none under {pods_dir}")

@@ -13,7 +13,6 @@ with ``compile: on`` training until every program ran."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
 from pathlib import Path
@@ -23,8 +22,10 @@ from services.cli.client import PodiumClient, resolve
 from services.cli.errors import EXIT_API, CliError
 from services.cli.live import Watch, stderr_console, wait_for_end
 from services.cli.platform import Platform
+from services.cli.pod_logs import local_pods_dir
 from services.cli.tournament import _shield_signals, _start, service_logs
 from services.contracts.algorithms.hyperparameters import HyperparameterError
+from services.contracts.pod_activity import records
 from services.contracts.search_space import Choice, IntUniform
 from services.contracts.spec import ExperimentSpec
 
@@ -103,14 +104,9 @@ def warm_up_spec(
 
 def compiled_programs(data_dir: Path, exp_id: str) -> list[dict[str, Any]]:
     """The ``compile.done`` records of the experiment's pod logs."""
-    done = []
-    for path in sorted((data_dir / "experiments" / exp_id / "pods").glob("*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            if '"compile.done"' in line:
-                try:
-                    done.append(json.loads(line))
-                except ValueError:
-                    continue
+    done: list[dict[str, Any]] = []
+    for path in sorted(local_pods_dir(data_dir, exp_id).glob("*.log")):
+        done.extend(records(path.read_text(errors="replace"), "compile.done"))
     return done
 
 

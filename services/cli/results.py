@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 
 from services.cli.client import ApiError
+from services.cli.pod_logs import local_pods_dir
 from services.contracts.pod_activity import eager_for_a_cold_compile
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def cold_compile_reason(data_dir: Path, exp_id: str) -> str | None:
     first pod's log that says so, of the embedded platform's pods under ``data_dir``), or None:
     a run too short to pay for compiling, whose later runs load what ``podium compile`` puts
     in the cache (docs/tournaments.md)."""
-    for path in sorted((data_dir / "experiments" / exp_id / "pods").glob("*.log")):
+    for path in sorted(local_pods_dir(data_dir, exp_id).glob("*.log")):
         try:
             with path.open(encoding="utf-8", errors="replace") as f:
                 head = f.read(1 << 16)  # the decision is made in a pod's first updates

@@ -9,7 +9,9 @@ the command line reads it without importing the pod."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 EVENT = "pod activity"
 #: In the order a pod goes through them (evaluating and loading come again with each report).
@@ -39,20 +41,24 @@ def last_activity(log_text: str) -> tuple[str, float] | None:
     return None
 
 
-def eager_for_a_cold_compile(log_text: str) -> str | None:
-    """Why ``compile: auto`` trained the pod eager where only a cold compile made it (with its
-    programs in the compile cache it would have compiled), if ``log_text`` (a pod's log) says
-    so; else None."""
+def records(log_text: str, event: str) -> Iterator[dict[str, Any]]:
+    """The JSON records of ``event`` in ``log_text`` (a pod's log lines), in order."""
     for line in log_text.splitlines():
-        if DECIDED not in line:
+        if event not in line:
             continue
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if not isinstance(record, dict) or record.get("event") != DECIDED:
-            continue
-        reason = str(record.get("reason"))
-        if record.get("compiled") is False and record.get("warm") and not reason.endswith(CACHED):
-            return reason
+        if isinstance(record, dict) and record.get("event") == event:
+            yield record
+
+
+def eager_for_a_cold_compile(log_text: str) -> str | None:
+    """Why ``compile: auto`` trained the pod eager where only a cold compile made it (with its
+    programs in the compile cache it would have compiled), if ``log_text`` (a pod's log) says
+    so; else None."""
+    for record in records(log_text, DECIDED):
+        if record.get("compiled") is False and record.get("warm"):
+            return str(record.get("reason"))
     return None
