@@ -559,8 +559,15 @@ def test_up_serves_until_interrupted_then_stops_every_pod(tmp_path: Path) -> Non
 
 
 def test_run_to_the_target_writes_results(tmp_path: Path) -> None:
+    # Its pods say auto trained them eager where their programs in the cache would have
+    # compiled (the real pod's record): the run names the command that fills its cache.
+    eager = {"compiled": False, "warm": True, "reason": "auto: eager: a cold compile"}
     body = spec(
-        name="standin-run", report_interval_s=0.1, score_step=10.0, env_steps_per_report=500
+        name="standin-run",
+        report_interval_s=0.1,
+        score_step=10.0,
+        env_steps_per_report=500,
+        compile_decided=eager,
     )
     body["population"] = {"min_pods": 2, "max_pods": 2}
     out = tmp_path / "out"
@@ -587,6 +594,8 @@ def test_run_to_the_target_writes_results(tmp_path: Path) -> None:
     hint = f"pods' malloc: system ({malloc.NONE_FOUND})\n"
     assert (hint in proc.stderr) == (malloc.find_allocator() is None), proc.stderr
     assert "succeeded: target return 50 reached" in proc.stderr
+    advice = f"podium compile {tmp_path / 'spec.yaml'} --data-dir {out / 'data'}"
+    assert f"trained eager, not compiled (auto: eager: a cold compile): `{advice}`" in proc.stderr
     assert f"cancelled unfinished experiment {stale} of an earlier run" in proc.stderr
     assert "final leaderboard of standin-run" in proc.stderr
     # Stand-in pods report scores only: there are no training files to export.

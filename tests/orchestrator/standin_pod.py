@@ -18,6 +18,8 @@ Configured through the experiment spec it receives (``PODIUM_SPEC``), under env.
   (services/contracts/pod_activity.py), as if it had been at it for ``activity_s`` seconds;
 - ``ignore_max_env_steps``: do not cut at ``PODIUM_MAX_ENV_STEPS`` (a pod whose last report
   arrives after the experiment ended).
+- ``compile_decided``: log these fields at the start as the real pod's ``compile: auto``
+  decision record (``compile.decided``, services/contracts/pod_activity.py).
 
 With ``PODIUM_MAX_ENV_STEPS`` set, a report carries at most the steps left of that allowance,
 and the pod exits 0 once it is spent (the real pod cuts its round there and makes its final
@@ -119,6 +121,8 @@ if cfg.get("activity"):
         "timestamp": datetime.now(UTC).isoformat(),
     }
     print(json.dumps(said), flush=True)
+if cfg.get("compile_decided"):
+    print(json.dumps({"event": "compile.decided", "level": "info", **cfg["compile_decided"]}))
 
 
 def crash() -> None:

@@ -326,6 +326,15 @@ def test_a_pod_that_auto_trains_eager_for_want_of_a_compile_says_so_in_its_log(
     assert eager_for_a_cold_compile(logs["cold"]) == reasons["cold"]
     for name in ("warm", "short", "loaded"):
         assert eager_for_a_cold_compile(logs[name]) is None, name
+    # Both sides of a decision are weighed with one machine factor: a load average that moves
+    # between two reads must not make a decision over the cache say a load would have turned it.
+    factors = iter([100.0, 1.0])
+    monkeypatch.setattr(compiled, "machine_factor", lambda: next(factors, 1.0))
+    with capture_logs() as records:
+        decision = Decision("auto", "onpolicy", torch.device("cpu"), 10, cached=True)
+        decision.decide(1e-3, 10)
+    assert decision.compiled is False
+    assert eager_for_a_cold_compile("\n".join(json.dumps(r) for r in records)) is None
 
 
 def test_the_compile_estimate_scales_with_the_machine(monkeypatch) -> None:
