@@ -140,6 +140,31 @@ def test_invalid_fields_are_named(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_setting_in_the_wrong_place_says_where_it_is(tmp_path):
+    """``sac.compile`` is the off-policy loop's top-level ``compile``; a top-level
+    ``learning_rate`` is the algorithm's; another algorithm's section would be ignored."""
+    cases = {
+        ("--set", "algorithm=sac", "--set", "sac.compile=on"): [
+            "sac.compile: Extra inputs are not permitted",
+            "(compile is set as compile)",
+        ],
+        ("--set", "algorithm=td3", "--set", "learning_rate=0.001"): [
+            "(learning_rate is set as td3.learning_rate)",
+        ],
+        ("--set", "algorithm=td3", "--set", "sac.tau=0.1"): [
+            "sac: this run trains td3 (`algorithm`): sac's settings would not apply",
+        ],
+    }
+    for args, lines in cases.items():
+        proc = run("train", "Pendulum-v1", *args, "--quiet", "--out", str(tmp_path / "x"))
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        for line in lines:
+            assert line in proc.stderr, (args, proc.stderr)
+        assert "sac.learning_rate" not in proc.stderr  # only the trained algorithm's section
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_bad_config_file_and_bad_set_syntax(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("ppo: [unclosed\n")

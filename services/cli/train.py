@@ -6,16 +6,47 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from services.cli.errors import CliError
+from services.contracts.algorithms.card import card_names, merge
 
 
-def describe_validation(exc: ValidationError) -> str:
+def describe_validation(exc: ValidationError, fields: dict[str, set[str]] | None = None) -> str:
+    """The errors, one a line; with ``fields`` (where each setting of the run's config is: ""
+    for the top level, else its section), a setting given in the wrong place says where it
+    is, e.g. ``sac.compile``: ``compile`` is the off-policy loop's, a top-level setting."""
     from services.contracts.spec import describe_errors
 
-    return "invalid configuration:\n" + "\n".join(describe_errors(exc))
+    lines = describe_errors(exc)
+    for err in exc.errors() if fields else ():
+        if err["type"] == "extra_forbidden" and len(err["loc"]) <= 2:
+            *given, name = map(str, err["loc"])
+            homes = [s for s, names in fields.items() if name in names and [s] != given]
+            lines += [f"  ({name} is set as {f'{s}.{name}' if s else name})" for s in homes]
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def config_fields(config_class: type[BaseModel], algorithm: str) -> dict[str, set[str]]:
+    """Where a run of ``algorithm`` takes its settings: the config's top-level names (""), and
+    the algorithm's section's."""
+    fields = {"": set(config_class.model_fields) - set(card_names())}
+    section = getattr(config_class.model_fields.get(algorithm), "annotation", None)
+    if isinstance(section, type) and issubclass(section, BaseModel):
+        fields[algorithm] = set(section.model_fields)
+    return fields
+
+
+def other_algorithms(layers: list[dict[str, Any]], algorithm: str) -> list[str]:
+    """Sections the user set for an algorithm this run does not train (the off-policy config
+    has one for each: they would be ignored): one line each, for the error."""
+    sections = {name for layer in layers for name in layer if name != algorithm}
+    return [
+        f"  {name}: this run trains {algorithm} (`algorithm`): {name}'s settings would not apply"
+        for name in sorted(sections & set(card_names()))
+    ]
 
 
 def preload_malloc() -> None:
@@ -72,7 +103,12 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     except ValidationError as exc:
-        raise CliError(describe_validation(exc)) from None
+        from services.pod.training.trainer import trainer_class
+
+        algorithm = str(merge({"algorithm": "ppo"}, *layers)["algorithm"])
+        fields = config_fields(trainer_class(algorithm).config_class, algorithm)
+        wrong = other_algorithms(layers, algorithm)
+        raise CliError("\n".join([describe_validation(exc, fields), *wrong])) from None
     except (UnknownNameError, HyperparameterError) as exc:
         raise CliError(str(exc)) from None
     from services.pod import mkl_dispatch  # imported with the package above, before torch
@@ -81,6 +117,8 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         raise CliError(error)
     if cfg.env != env:
         raise CliError(f"the config names env {cfg.env!r} but the command names {env!r}")
+    if wrong := other_algorithms(layers, cfg.algorithm):
+        raise CliError("invalid configuration:\n" + "\n".join(wrong))
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
