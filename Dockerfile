@@ -122,9 +122,9 @@ RUN set -eu; \
     rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/*
 COPY --from=pod-deps /opt/venv /opt/venv
 USER 10001:10001
-# The pod's Prometheus endpoint (PODIUM_METRICS_PORT); the healthcheck is that the process is
-# alive and, when metrics are served, that they answer.
-EXPOSE 9100
+# The pod serves Prometheus metrics where PODIUM_METRICS_PORT is set (0: a free port, no fixed
+# one to expose); the healthcheck is that the process is alive and, when metrics are served,
+# that they answer.
 HEALTHCHECK --interval=30s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; p = os.environ.get('PODIUM_METRICS_PORT'); p and p != '0' and urllib.request.urlopen('http://127.0.0.1:' + p + '/metrics', timeout=2)"]
 ENTRYPOINT ["python", "-m", "services.pod"]

@@ -312,6 +312,58 @@ def test_values_schema_rejects_unknown_and_invalid_values() -> None:
     shared = run(helm, "template", "x", str(CHART), *rwo, ok=False)
     assert shared.returncode != 0 and "ReadWriteMany" in shared.stderr
     run(helm, "template", "x", str(CHART), *rwo, "--set", "storage.type=s3")
+    # Nor may each keep its own: without a volume every replica's files are an emptyDir.
+    apart = ["--set", "leaderboard.replicas=3", "--set", "storage.persistence.enabled=false"]
+    alone = run(helm, "template", "x", str(CHART), *apart, ok=False)
+    assert alone.returncode != 0 and "storage.persistence.enabled" in alone.stderr
+
+
+def test_large_numbers_in_a_values_file_render_as_the_settings_read_them(tmp_path: Path) -> None:
+    """A values file's numbers are floats to Helm: a million printed as 1e+06 would stop the
+    orchestrator at start (not an integer), 64 GiB in bytes as 6.8719476736e+10 (not a
+    quantity)."""
+    from services.contracts.spec import parse_quantity
+    from services.orchestrator.settings import OrchestratorSettings
+
+    values = tmp_path / "big.yaml"
+    values.write_text(
+        "orchestrator:\n  limits:\n    maxPodsPerExperiment: 1000000\n"
+        "    maxPodMemory: 68719476736\n    maxPodGpus: 8\npod:\n  sharedMemory: 4294967296\n"
+    )
+    docs = helm_template("-f", str(values))
+    orch = by_kind(docs, "Deployment")["podium-orchestrator"]["spec"]["template"]["spec"]
+    env = env_of(orch["containers"][0])
+    assert env["PODIUM_MAX_PODS_PER_EXPERIMENT"] == "1000000"
+    assert env["PODIUM_MAX_POD_MEMORY"] == "68719476736"
+    assert env["PODIUM_K8S_SHARED_MEMORY"] == "4294967296"
+    assert parse_quantity(env["PODIUM_MAX_POD_MEMORY"]) == 64 << 30
+    settings = OrchestratorSettings(_env_file=None, max_pods_per_experiment=env[
+        "PODIUM_MAX_PODS_PER_EXPERIMENT"], max_pod_gpus=env["PODIUM_MAX_POD_GPUS"])  # fmt: skip
+    assert settings.max_pods_per_experiment == 1_000_000 and settings.max_pod_gpus == 8
+    # Fractional bytes are not a quantity the chart writes: refused by the schema.
+    values.write_text("orchestrator:\n  limits:\n    maxPodMemory: 1.5\n")
+    bad = run(tool("helm"), "template", "x", str(CHART), "-f", str(values), ok=False)
+    assert bad.returncode != 0 and "maxPodMemory" in bad.stderr
+
+
+def test_training_pods_pull_with_the_charts_secrets_and_have_their_account() -> None:
+    """Training pods are made by the orchestrator with the `-pod` service account: its
+    imagePullSecrets are how they pull from a private registry; with serviceAccount.create=false
+    (your own orchestrator account) that account must still exist."""
+    docs = helm_template("--set", "image.pullSecrets[0].name=regcred")
+    pod_sa = by_kind(docs, "ServiceAccount")["podium-pod"]
+    assert pod_sa["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod_sa["automountServiceAccountToken"] is False
+    assert "imagePullSecrets" not in by_kind(helm_template(), "ServiceAccount")["podium-pod"]
+    own = helm_template("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=mine")
+    accounts = by_kind(own, "ServiceAccount")
+    assert list(accounts) == ["podium-pod"]
+    orch = by_kind(own, "Deployment")["podium-orchestrator"]["spec"]["template"]["spec"]
+    assert orch["serviceAccountName"] == "mine"
+    for name in ("podium-leaderboard",):
+        spec = by_kind(own, "Deployment")[name]["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] in accounts
+    assert env_of(orch["containers"][0])["PODIUM_K8S_POD_SERVICE_ACCOUNT"] in accounts
 
 
 def test_every_rendered_object_is_valid_kubernetes(renders: dict[str, list[dict]]) -> None:
@@ -427,7 +479,6 @@ def test_rbac_grants_what_the_orchestrator_uses(renders: dict[str, list[dict]]) 
         ("pods", "delete"),
         ("pods", "watch"),
         ("pods/log", "get"),
-        ("events", "list"),
         ("configmaps", "create"),
         ("secrets", "create"),
         ("secrets", "delete"),
@@ -437,8 +488,11 @@ def test_rbac_grants_what_the_orchestrator_uses(renders: dict[str, list[dict]]) 
     # It can make its pods' credentials, not read the API token.
     assert not {("secrets", v) for v in ("get", "list", "watch")} & rules
     assert not any(v in ("*", "update", "patch") for _, v in rules)
+    # Nothing it does not call (the backend reads no events, lists nodes and quotas only).
+    assert not {r for r, _ in rules} & {"events"}
+    assert {v for r, v in rules if r == "resourcequotas"} == {"list"}
     (cluster_role,) = by_kind(docs, "ClusterRole").values()
-    assert {"get", "list", "watch"} <= set(cluster_role["rules"][0]["verbs"])
+    assert cluster_role["rules"][0]["verbs"] == ["list"]
     assert cluster_role["rules"][0]["resources"] == ["nodes"]
     sa = by_kind(docs, "ServiceAccount")
     binding = by_kind(docs, "RoleBinding")["podium-orchestrator"]
@@ -549,6 +603,11 @@ def test_k8s_kustomizations_build_into_valid_objects(path: str) -> None:
     if path == "overlays/gpu":  # the patch merged into the generated env, not beside it
         assert json.loads(env["PODIUM_K8S_NODE_SELECTOR"]) == {"nvidia.com/gpu.present": "true"}
         assert len(orch["containers"][0]["env"]) == len(env)
+        # Every image from your registry: the workloads' and both of the training pods'.
+        images = [c["image"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                  for c in d["spec"]["template"]["spec"]["containers"]]  # fmt: skip
+        pods = [env["PODIUM_POD_IMAGE"], env["PODIUM_POD_IMAGE_CPU"]]
+        assert all(i.startswith("registry.example.com/") for i in images + pods), images + pods
 
 
 # ---- checkov -----------------------------------------------------------------------------------

@@ -162,3 +162,9 @@ readinessProbe:
   timeoutSeconds: 3
   failureThreshold: 3
 {{- end }}
+
+{{/* A resource quantity as Kubernetes writes it: a string as given, a number of bytes as an
+integer (a values file's numbers are floats, which print as 6.8719476736e+10). */}}
+{{- define "podium.quantity" -}}
+{{- if kindIs "string" . }}{{ . }}{{ else }}{{ int64 . }}{{ end }}
+{{- end }}
