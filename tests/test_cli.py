@@ -165,6 +165,27 @@ def test_a_setting_in_the_wrong_place_says_where_it_is(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_an_unusable_output_path_is_one_line_naming_the_option(tmp_path):
+    """Refused before anything starts, exit 2, no traceback (each was a traceback: a file as
+    --out, a --data-dir that cannot be made, a port past 65535)."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    spec = str(Path(__file__).resolve().parents[1] / "examples" / "cartpole.yaml")
+    cases = {
+        ("train", "CartPole-v1", "--out", str(afile)): f"--out {afile}: exists and is not a dir",
+        ("train", "CartPole-v1", "--out", str(afile / "x")): "--out",
+        ("run", spec, "--out", str(afile)): f"--out {afile}: exists and is not a directory",
+        ("run", spec, "--data-dir", str(afile / "data")): "--data-dir",
+        ("compile", spec, "--out", str(afile)): f"--out {afile}: exists and is not a directory",
+        ("run", spec, "--port", "99999"): "--port",
+    }
+    for args, message in cases.items():
+        proc = run(*args)
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        assert message in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+    assert afile.read_text() == "mine"
+
+
 def test_bad_config_file_and_bad_set_syntax(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("ppo: [unclosed\n")

@@ -23,6 +23,7 @@ from services.cli.client import (
     reached,
     resolve,
 )
+from services.cli.errors import EXIT_USAGE, CliError
 from services.leaderboard.app import create_app
 from services.leaderboard.settings import LeaderboardSettings
 from tests.orchestrator.servers import ServerThread
@@ -171,6 +172,35 @@ def test_export_best_and_a_chosen_candidate(board: tuple[PodiumClient, Any], tmp
     assert chosen.candidate_id == first["candidate_id"]
     assert (tmp_path / "best" / "actor.safetensors").read_bytes() == weights["actor.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "lb"]  # no temp dirs left
+
+
+def test_export_never_replaces_what_it_did_not_write(
+    board: tuple[PodiumClient, Any], tmp_path: Path
+):
+    """An export replaces its directory whole: a file, or a directory of the user's own files,
+    is refused before anything is downloaded (both were replaced, and exit 0); an earlier
+    export's directory is replaced."""
+    client, http = board
+    weights = {"actor.safetensors": b"weights"}
+    submit(http, "s1", 1.0, {**weights, "manifest.json": manifest(weights)})
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    with pytest.raises(CliError, match="notes.txt: exists and is not a directory") as e:
+        client.export("e1", notes)
+    assert e.value.exit_code == EXIT_USAGE and notes.read_text() == "mine"
+    thesis = tmp_path / "work" / "thesis.txt"
+    thesis.parent.mkdir()
+    thesis.write_text("mine")
+    with pytest.raises(CliError, match="work: holds other files"):
+        client.export("e1", thesis.parent)
+    assert thesis.read_text() == "mine"
+    with pytest.raises(CliError, match="cannot create it"):
+        client.export("e1", notes / "best")
+    (tmp_path / "empty").mkdir()
+    client.export("e1", tmp_path / "empty")
+    client.export("e1", tmp_path / "empty")  # an earlier export: replaced
+    assert (tmp_path / "empty" / "actor.safetensors").read_bytes() == b"weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "lb", "notes.txt", "work"]
 
 
 def test_export_refuses_files_that_contradict_their_manifest(

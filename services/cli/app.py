@@ -217,8 +217,12 @@ def backtest(
 def up(
     data_dir: DataDirOpt = Path("data"),
     host: Annotated[str, typer.Option(help="Address both services bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Orchestrator port (busy: an ephemeral one).")] = 8000,
-    leaderboard_port: Annotated[int, typer.Option(help="Leaderboard port.")] = 8001,
+    port: Annotated[
+        int, typer.Option(help="Orchestrator port (busy: an ephemeral one).", min=0, max=65535)
+    ] = 8000,
+    leaderboard_port: Annotated[
+        int, typer.Option(help="Leaderboard port.", min=0, max=65535)
+    ] = 8001,
     token: Annotated[
         str | None,
         typer.Option(
@@ -257,8 +261,12 @@ def run(
     spec_file: SpecArg,
     out: OutOpt = None,
     data_dir: RunDataOpt = None,
-    port: Annotated[int, typer.Option(help="Orchestrator port (busy: ephemeral).")] = 8000,
-    leaderboard_port: Annotated[int, typer.Option(help="Leaderboard port.")] = 8001,
+    port: Annotated[
+        int, typer.Option(help="Orchestrator port (busy: ephemeral).", min=0, max=65535)
+    ] = 8000,
+    leaderboard_port: Annotated[
+        int, typer.Option(help="Leaderboard port.", min=0, max=65535)
+    ] = 8001,
     timeout: Annotated[
         float | None,
         typer.Option(

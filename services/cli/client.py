@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from services.api_client import LeaderboardClient, ServiceClient, ServiceError
 from services.cli.errors import EXIT_API, EXIT_NOT_REACHED, EXIT_USAGE, CliError
+from services.cli.outputs import EXPORT_MARK, export_dir, output_dir
 from services.cli.platform import DEFAULT_LEADERBOARD_PORT, DEFAULT_ORCHESTRATOR_PORT, read_session
 from services.contracts.artifacts import TENSORBOARD_KIND, PodFile
 from services.contracts.bundles import BundleError, unpack
@@ -282,8 +283,10 @@ class PodiumClient:
         (services/contracts/training_files.py): every file it lists present, with the size and
         sha256 measured while streaming (no second read), no name outside the directory. The
         files land in a temp directory beside ``out`` that is renamed into place only when every
-        check passed, so ``out`` is never a half-written agent. Returns the candidate.
+        check passed, so ``out`` is never a half-written agent; a directory holding other files
+        than an earlier export is refused before anything is downloaded. Returns the candidate.
         """
+        out = export_dir(Path(out), "export into")
         cand = self.candidate(exp_id, candidate_id) if candidate_id else self.best(exp_id)
         if not cand.files:
             raise ApiError(
@@ -291,7 +294,6 @@ class PodiumClient:
                 "(its pod reported a score only)",
                 EXIT_NOT_REACHED,
             )
-        out = Path(out)
         tmp = temp_dir_beside(out)
         try:
             digests: dict[str, tuple[str, int]] = {}
@@ -304,7 +306,7 @@ class PodiumClient:
                     verify_digests(tmp, digests)
                 except CheckpointError as exc:
                     raise ApiError(f"{exc}; nothing was exported") from None
-            (tmp / "candidate.json").write_text(cand.model_dump_json(indent=2))
+            (tmp / EXPORT_MARK).write_text(cand.model_dump_json(indent=2))
             replace_dir(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -330,7 +332,7 @@ class PodiumClient:
         its sha256, each bundle unpacked only once it checks out whole:
         services/contracts/bundles.py); the uploads read."""
         entries = self.pod_files(exp_id, "tensorboard")
-        out.mkdir(parents=True, exist_ok=True)
+        output_dir(out, "--out")
         for entry in entries:
             path = self.leaderboard.pod_file_path(exp_id, entry.pod_id, entry.name)
             fd, name = tempfile.mkstemp(prefix=".download-", dir=out)

@@ -21,6 +21,7 @@ from typing import Any
 from services.cli.client import PodiumClient, resolve
 from services.cli.errors import EXIT_API, CliError
 from services.cli.live import Watch, stderr_console, wait_for_end
+from services.cli.outputs import output_dir
 from services.cli.platform import Platform
 from services.cli.pod_logs import local_pods_dir
 from services.cli.tournament import _shield_signals, _start, service_logs
@@ -126,8 +127,8 @@ def compile_spec(spec_file: Path, out: Path | None, data_dir: Path | None, verbo
             f"resources.gpus: the spec's pods need {spec.resources.gpus} GPU(s); this machine "
             f"has {torch.cuda.device_count()} (compile on a machine like the one that will run it)"
         )
-    out = out or Path("runs") / spec.name
-    data_dir = data_dir or out / "data"
+    out = output_dir(out or Path("runs") / spec.name, "--out")
+    data_dir = output_dir(data_dir or out / "data", "--data-dir")
     console = stderr_console()
     say = console.print
     found, ranges = programs(spec)

@@ -27,6 +27,7 @@ from services.cli.live import (
     stderr_console,
     wait_for_end,
 )
+from services.cli.outputs import output_dir
 from services.cli.platform import Platform, PlatformError
 from services.cli.results import cold_compile_reason, collect, write_plots
 from services.malloc import NONE_FOUND
@@ -139,8 +140,8 @@ def run(
         spec = load_spec(spec_file)
     except SpecError as exc:
         raise CliError(str(exc)) from None
-    out = out or Path("runs") / spec.name
-    data_dir = data_dir or out / "data"
+    out = output_dir(out or Path("runs") / spec.name, "--out")
+    data_dir = output_dir(data_dir or out / "data", "--data-dir")
     console = stderr_console()
     # The live panel shows what matters; service logs on the terminal would tear it.
     service_logs(data_dir, verbose)

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from services.cli.errors import CliError
+from services.cli.outputs import output_dir
 from services.contracts.algorithms.card import card_names, merge
 
 
@@ -119,6 +120,7 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         raise CliError(f"the config names env {cfg.env!r} but the command names {env!r}")
     if wrong := other_algorithms(layers, cfg.algorithm):
         raise CliError("invalid configuration:\n" + "\n".join(wrong))
+    output_dir(out, "--out")
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -148,7 +150,6 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
     if not quiet:
         console.print(allocator_line(), markup=False, highlight=False, soft_wrap=True)
     say_trainer()
-    out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     # Line-buffered and flushed per record: the run can be followed while it trains
     # (`tail -f`), and a killed run keeps every record written so far.
