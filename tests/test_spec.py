@@ -10,7 +10,13 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from services.contracts.spec import ExperimentSpec, SpecError, load_spec, parse_quantity
+from services.contracts.spec import (
+    ExperimentSpec,
+    SpecError,
+    load_spec,
+    parse_quantity,
+    read_yaml,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cartpole.yaml"
 
@@ -54,11 +60,23 @@ def test_errors_name_the_file_and_every_field(tmp_path: Path) -> None:
     [
         ("name: [unclosed", "not valid YAML"),
         ("- a list", "a mapping.*at the top level"),
+        # PyYAML keeps the last of two equal keys: the first search space would be dropped.
+        (
+            "name: x\nsearch_space: {gamma: {type: choice, values: [0.9]}}\nsearch_space: {}\n",
+            "key 'search_space' given twice in one mapping",
+        ),
+        ("name: x\nenv: {name: CartPole-v1, name: Acrobot-v1}\n", "key 'name' given twice"),
     ],
 )
 def test_malformed_files(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(SpecError, match=needle):
         load_spec(_write(tmp_path, text))
+
+
+def test_yaml_merge_keys_still_merge(tmp_path: Path) -> None:
+    """A key after a ``<<`` merge overrides the merged one: that is not a key given twice."""
+    p = _write(tmp_path, "a: &b {x: 1, y: 2}\nc:\n  <<: *b\n  x: 3\n")
+    assert read_yaml(p) == {"a": {"x": 1, "y": 2}, "c": {"x": 3, "y": 2}}
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -404,11 +404,29 @@ def describe_errors(exc: ValidationError) -> list[str]:
     ]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``safe_load`` that refuses a key given twice in one mapping: YAML says a mapping's keys
+    are unique, PyYAML keeps the last one silently (a second ``search_space:`` would drop
+    the first's names without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice in one mapping", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> Any:
     """A YAML file's value; a ValueError says why it cannot be read (missing, unreadable, not
     UTF-8, not YAML). Spec files and the CLI's config files are read with it."""
     try:
-        return yaml.safe_load(Path(path).read_bytes().decode("utf-8"))
+        return yaml.load(Path(path).read_bytes().decode("utf-8"), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise ValueError("cannot read: it does not exist") from None
     except OSError as e:
