@@ -195,6 +195,40 @@ def test_search_space_names_are_those_of_the_listed_algorithms(
 
 
 @pytest.mark.parametrize(
+    ("algorithms", "space", "message"),
+    [
+        ({"ppo": 1}, {"clip_coef": {"type": "choice", "values": [0.1, "abc"]}}, "may draw 'abc'"),
+        ({"ppo": 1}, {"gamma": {"type": "uniform", "low": 0.95, "high": 1.5}}, "may draw 1.5"),
+        ({"ppo": 1}, {"learning_rate": {"type": "uniform", "low": -0.01, "high": 0.01}}, "-0.01"),
+        ({"ppo": 1}, {"hidden_sizes": {"type": "choice", "values": ["big"]}}, "a valid list"),
+        ({"ppo": 1}, {"num_envs": {"type": "uniform", "low": 2, "high": 10}}, "int_uniform"),
+        ({"sac": 1, "td3": 1}, {"batch_size": {"type": "choice", "values": [0]}}, "sac refuses"),
+        ({"sac": 1}, {"compile": {"type": "choice", "values": ["fast"]}}, "may draw 'fast'"),
+        # What the pods take, taken: YAML's `on` is a boolean the compile switch reads.
+        ({"sac": 1}, {"compile": {"type": "choice", "values": [True, "off"]}}, None),
+        ({"ppo": 1}, {"num_envs": {"type": "int_uniform", "low": 2, "high": 10}}, None),
+        ({"ppo": 1}, {"hidden_sizes": {"type": "choice", "values": [[64, 64], [128]]}}, None),
+        ({"ppo": 1, "sac": 1}, {"tau": {"type": "uniform", "low": 0.001, "high": 0.1}}, None),
+    ],
+)
+def test_search_space_values_are_those_the_pods_take(
+    algorithms: dict, space: dict, message: str | None
+) -> None:
+    """A draw a pod's config would refuse (every pod of the experiment exiting on start, or
+    some of them: a choice) is refused at submission, naming the name and the value."""
+    env = "CartPole-v1" if set(algorithms) <= {"ppo", "dqn"} else "Pendulum-v1"
+    data = {"name": "x", "env": {"name": env}, "algorithms": algorithms, "search_space": space}
+    if message is None:
+        ExperimentSpec.model_validate(data)
+        return
+    with pytest.raises(ValidationError) as info:
+        ExperimentSpec.model_validate(data)
+    assert info.value.errors()[0]["loc"][0] == "search_space"
+    assert f"search_space.{next(iter(space))} may draw" in str(info.value)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
         (

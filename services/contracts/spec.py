@@ -28,6 +28,7 @@ from services import registry
 from services.contracts.algorithms.card import card_names
 from services.contracts.algorithms.hyperparameters import (
     check_hyperparameter_names,
+    check_hyperparameter_values,
     check_population,
     check_population_settings,
     misfits,
@@ -368,6 +369,7 @@ class ExperimentSpec(InputModel):
         # experiment whose pods all exit on start: the pods' own check, torch-free.
         if algorithms := list(info.data.get("algorithms") or {}):  # none: they failed
             check_hyperparameter_names(v, algorithms)
+            check_hyperparameter_values(v, algorithms)
         return v
 
     @field_validator("algorithms")

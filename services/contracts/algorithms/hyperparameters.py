@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from services.contracts.algorithms.card import AlgorithmCard, card, card_names, find_card
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.contracts.envs import env_action_kind
+from services.contracts.search_space import Choice, IntUniform, SearchSpace
 
 
 class HyperparameterError(ValueError):
@@ -80,6 +83,44 @@ def check_hyperparameter_names(
             + (f" ({'; '.join(guesses)})" if guesses else "")
             + f"; `podium algorithms --names` lists them: {listing}"
         )
+
+
+def check_hyperparameter_values(space: SearchSpace, algorithms: Iterable[str]) -> None:
+    """Refuse a search space that can draw a value the pods' configs refuse: each choice, each
+    range's bounds and a fractional point inside it (a ``uniform`` range over an integer
+    setting), checked against the field of every one of ``algorithms`` that has the name,
+    with its type and bounds (not the config's cross-field checks: a pod still refuses those
+    at start)."""
+    for name, dist in space.items():
+        if isinstance(dist, Choice):
+            points = list(dist.values)
+        elif isinstance(dist, IntUniform) or dist.low == dist.high:
+            points = [dist.low, dist.high]
+        else:
+            points = [dist.low, dist.high, dist.low + 0.123456789 * (dist.high - dist.low)]
+        for algorithm in sorted(set(algorithms)):
+            found = find_card(algorithm)
+            models = (found.config, found.loop_config) if found else ()
+            field_info = next(
+                (m.model_fields[name] for m in models if m and name in m.model_fields), None
+            )
+            if field_info is None:
+                continue
+            meta = field_info.metadata
+            check = TypeAdapter(
+                Annotated[field_info.annotation, *meta] if meta else field_info.annotation
+            )
+            for value in points:
+                try:
+                    check.validate_python(value)
+                except ValidationError as exc:
+                    problem = exc.errors()[0]["msg"]
+                    if not isinstance(dist, Choice) and value not in (dist.low, dist.high):
+                        problem += " (an integer setting: draw it with int_uniform)"
+                    raise HyperparameterError(
+                        f"search_space.{name} may draw {value!r}, which {algorithm} refuses: "
+                        f"{problem}"
+                    ) from None
 
 
 def _population_cards(size: int, algorithms: Iterable[str]) -> list[AlgorithmCard]:
