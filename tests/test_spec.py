@@ -73,6 +73,31 @@ def test_malformed_files(tmp_path: Path, text: str, needle: str) -> None:
         load_spec(_write(tmp_path, text))
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"env": {"name": "CartPole-v1", "kwargs": {"max_episode_step": 100}}},
+         "env.kwargs: CartPole-v1 does not take 'max_episode_step' (did you mean "
+         "'max_episode_steps'?); it takes check_actions, dtype, max_episode_steps"),
+        ({"env": {"name": "StockTrading-v0"}, "evaluation": {"env_kwargs": {"scroe": "sharpe"}}},
+         "evaluation.env_kwargs: StockTrading-v0 does not take 'scroe' (did you mean 'score'?)"),
+        ({"env": {"name": "Pendulum-v1", "kwargs": {"seed": 3}}}, "does not take 'seed'"),
+        ({"env": {"name": "Pendulum-v1", "kwargs": {"g": 9.81, "max_episode_steps": 100}}}, None),
+        # No card of its arguments (gymnasium's own): its pods decide.
+        ({"env": {"name": "gym:MountainCar-v0", "kwargs": {"anything": 1}}}, None),
+    ],
+)  # fmt: skip
+def test_env_arguments_are_those_the_env_takes(env: dict, message: str | None) -> None:
+    """A misspelt env argument made every pod exit on start and be replaced until the launch
+    budget ended; refused at submission where the env's card lists its arguments."""
+    data = {"name": "x", "algorithms": {"ppo": 1}, **env}
+    if message is None:
+        ExperimentSpec.model_validate(data)
+        return
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ExperimentSpec.model_validate(data)
+
+
 def test_yaml_merge_keys_still_merge(tmp_path: Path) -> None:
     """A key after a ``<<`` merge overrides the merged one: that is not a key given twice."""
     p = _write(tmp_path, "a: &b {x: 1, y: 2}\nc:\n  <<: *b\n  x: 3\n")

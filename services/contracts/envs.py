@@ -10,6 +10,10 @@ env before anything of it is built.
 * ``functional``: whether its physics is a functional env (services/pod/envs/functional.py):
   then a pod's whole training iteration and evaluation compile into programs (and, on a GPU,
   one CUDA graph); otherwise the env steps on the host and only the update compiles.
+* ``kwargs``: the arguments a spec's ``env.kwargs`` and ``evaluation.env_kwargs`` may give it
+  (its constructor's, but those the pod sets: ``num_envs``, ``device``, ``seed``); another is
+  refused at submission, instead of every pod exiting on it. None: not checked (its pods
+  decide).
 
 Podium's own envs register their cards under the entry-point group ``podium.env_cards``, as a
 plugin env registers its own (beside its ``podium.envs`` entry); gymnasium's and EnvPool's envs,
@@ -41,25 +45,44 @@ class EnvCard:
     target_return: float | None = None
     functional: bool = False
     summary: str = ""
+    kwargs: frozenset[str] | None = None
 
 
 # -- Podium's own envs (registered under podium.env_cards) ----------------------------------------
-CARTPOLE = EnvCard("CartPole-v1", DISCRETE, 475.0, functional=True, summary="gymnasium's, batched")
-ACROBOT = EnvCard("Acrobot-v1", DISCRETE, -100.0, functional=True, summary="gymnasium's, batched")
-PENDULUM = EnvCard("Pendulum-v1", CONTINUOUS, -200.0, functional=True, summary="gymnasium's")
+_BATCHED = "gymnasium's, batched"
+_VECTOR = frozenset({"check_actions", "dtype", "max_episode_steps"})  # every TorchVecEnv's
+CARTPOLE = EnvCard("CartPole-v1", DISCRETE, 475.0, True, _BATCHED, _VECTOR)
+ACROBOT = EnvCard("Acrobot-v1", DISCRETE, -100.0, True, _BATCHED, _VECTOR)
+PENDULUM = EnvCard("Pendulum-v1", CONTINUOUS, -200.0, True, "gymnasium's", _VECTOR | {"g"})
 MOUNTAIN_CAR_CONTINUOUS = EnvCard(
-    "MountainCarContinuous-v0", CONTINUOUS, 90.0, functional=True, summary="gymnasium's, batched"
+    "MountainCarContinuous-v0", CONTINUOUS, 90.0, True, _BATCHED, _VECTOR | {"goal_velocity"}
 )
 STOCK_TRADING = EnvCard(
-    "StockTrading-v0", CONTINUOUS, functional=True, summary="FinRL-style trading accounts"
-)
+    "StockTrading-v0",
+    CONTINUOUS,
+    functional=True,
+    summary="FinRL-style trading accounts",
+    kwargs=_VECTOR
+    | {
+        "action_mode", "csv_path", "data", "episode_length", "hmax", "initial_amount",
+        "market_seed", "mode", "momentum", "num_days", "num_stocks", "random_start",
+        "rebalance_band", "regime", "reward_scaling", "risk_aversion", "score",
+        "shuffle_stocks", "simulated_markets", "split_date", "transaction_cost", "turbulence",
+        "validation_date", "validation_fraction",
+    },
+)  # fmt: skip
 # GPU-native locomotion (docs/gpu_physics.md): simulators of their own, stepped from the host.
 MJWARP_ANT = EnvCard("MjWarp-Ant-v0", CONTINUOUS, summary="MuJoCo Warp (GPU)")
 MJWARP_HUMANOID = EnvCard("MjWarp-Humanoid-v0", CONTINUOUS, summary="MuJoCo Warp (GPU)")
-ISAAC_ANT = EnvCard("Isaac-Ant-v0", CONTINUOUS, summary="Isaac Lab (GPU)")
-ISAAC_HUMANOID = EnvCard("Isaac-Humanoid-v0", CONTINUOUS, summary="Isaac Lab (GPU)")
-ISAAC_ANT_DIRECT = EnvCard("Isaac-Ant-Direct-v0", CONTINUOUS, summary="Isaac Lab (GPU)")
-ISAAC_HUMANOID_DIRECT = EnvCard("Isaac-Humanoid-Direct-v0", CONTINUOUS, summary="Isaac Lab (GPU)")
+_ISAAC = frozenset({"check_actions"})
+ISAAC_ANT = EnvCard("Isaac-Ant-v0", CONTINUOUS, summary="Isaac Lab (GPU)", kwargs=_ISAAC)
+ISAAC_HUMANOID = EnvCard("Isaac-Humanoid-v0", CONTINUOUS, summary="Isaac Lab (GPU)", kwargs=_ISAAC)
+ISAAC_ANT_DIRECT = EnvCard(
+    "Isaac-Ant-Direct-v0", CONTINUOUS, summary="Isaac Lab (GPU)", kwargs=_ISAAC
+)
+ISAAC_HUMANOID_DIRECT = EnvCard(
+    "Isaac-Humanoid-Direct-v0", CONTINUOUS, summary="Isaac Lab (GPU)", kwargs=_ISAAC
+)
 
 # -- gymnasium's and EnvPool's envs, stepped on the host, by family --------------------------------
 _HOST = "stepped on the host"

@@ -12,7 +12,7 @@ from services import registry
 from services.contracts.envs import env_card
 from services.pod.envs.base import TorchVecEnv
 from services.pod.envs.functional import vector_step
-from services.pod.envs.registry import functional_env, is_functional, make_env
+from services.pod.envs.registry import _accepted, functional_env, is_functional, make_env
 from services.pod.roles.worker import HostStep
 
 FUNCTIONAL = {
@@ -49,6 +49,22 @@ def test_every_registered_env_has_a_card_that_says_what_it_is() -> None:
     assert env_card("envpool:Hopper-v4").functional is False  # type: ignore[union-attr]
     assert env_card("CartPole-v1").target_return == 475.0  # type: ignore[union-attr]
     assert env_card("Nope-v0") is None
+
+
+def test_a_card_s_arguments_are_its_env_s() -> None:
+    """What a spec's env.kwargs may give (checked at submission, torch-free) is what the env's
+    factory takes, less what the pod sets itself: the card cannot drift from the env."""
+    checked = 0
+    for name in registry.names(registry.ENVS):
+        card = env_card(name)
+        assert card is not None
+        accepted = _accepted(registry.load(registry.ENVS, name, kind="env"))
+        if card.kwargs is None:
+            continue
+        assert accepted is not None, name
+        assert card.kwargs == accepted - {"num_envs", "device", "seed"}, name
+        checked += 1
+    assert checked >= 5
 
 
 @pytest.mark.parametrize("name", list(FUNCTIONAL))
