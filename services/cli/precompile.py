@@ -24,7 +24,7 @@ from services.cli.live import Watch, stderr_console, wait_for_end
 from services.cli.outputs import output_dir
 from services.cli.platform import Platform
 from services.cli.pod_logs import local_pods_dir
-from services.cli.tournament import _shield_signals, _start, service_logs
+from services.cli.tournament import _shield_signals, _start, check_fits, service_logs
 from services.contracts.algorithms.hyperparameters import HyperparameterError
 from services.contracts.pod_activity import records
 from services.contracts.search_space import Choice, IntUniform
@@ -119,6 +119,10 @@ def compile_spec(spec_file: Path, out: Path | None, data_dir: Path | None, verbo
         spec = load_spec(spec_file)
     except SpecError as exc:
         raise CliError(str(exc)) from None
+    out = output_dir(out or Path("runs") / spec.name, "--out")
+    data_dir = output_dir(data_dir or out / "data", "--data-dir")
+    platform = Platform(data_dir=data_dir, orchestrator_port=0, leaderboard_port=0)
+    check_fits(platform, spec)
     import torch
 
     if spec.resources.gpus > torch.cuda.device_count():
@@ -127,15 +131,12 @@ def compile_spec(spec_file: Path, out: Path | None, data_dir: Path | None, verbo
             f"resources.gpus: the spec's pods need {spec.resources.gpus} GPU(s); this machine "
             f"has {torch.cuda.device_count()} (compile on a machine like the one that will run it)"
         )
-    out = output_dir(out or Path("runs") / spec.name, "--out")
-    data_dir = output_dir(data_dir or out / "data", "--data-dir")
     console = stderr_console()
     say = console.print
     found, ranges = programs(spec)
     for line in ranges:
         say(f"[yellow]note[/]: {line}")
     service_logs(data_dir, verbose)
-    platform = Platform(data_dir=data_dir, orchestrator_port=0, leaderboard_port=0)
     _start(platform)
     failed: list[str] = []
     try:

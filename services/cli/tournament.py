@@ -9,7 +9,7 @@ import shlex
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.cli.client import TERMINAL, PodiumClient, reached, resolve
 from services.cli.errors import (
@@ -31,6 +31,9 @@ from services.cli.outputs import output_dir
 from services.cli.platform import Platform, PlatformError
 from services.cli.results import cold_compile_reason, collect, write_plots
 from services.malloc import NONE_FOUND
+
+if TYPE_CHECKING:
+    from services.contracts.spec import ExperimentSpec
 
 LOG_FILE = "podium.log"  # under the platform's data directory
 
@@ -62,6 +65,26 @@ def _shield_signals() -> None:
     be left to the next start to adopt)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def check_fits(platform: Platform, spec: ExperimentSpec) -> None:
+    """Refuse a spec whose one pod asks more than this machine has: the embedded platform's
+    capacity does not grow while it runs, so the experiment would wait, pending, forever."""
+    from services.contracts.spec import parse_quantity
+
+    cpu, gpus, memory = platform.orchestrator_settings("http://127.0.0.1").local_capacity()
+    r = spec.resources
+    for name, need, have, shown in (
+        ("cpu", r.cpu, cpu, f"{cpu:g}"),
+        ("gpus", r.gpus, gpus, f"{gpus}"),
+        ("memory", parse_quantity(r.memory), memory, f"{memory / 2**30:.1f}Gi"),
+    ):
+        if need > have:
+            raise CliError(
+                f"resources.{name}: each pod asks {getattr(r, name)}, this machine has {shown} "
+                f"(PODIUM_CAPACITY_{name.upper()} sets what the embedded platform counts); "
+                "its pods would never start"
+            )
 
 
 def _start(platform: Platform) -> None:
@@ -143,9 +166,10 @@ def run(
     out = output_dir(out or Path("runs") / spec.name, "--out")
     data_dir = output_dir(data_dir or out / "data", "--data-dir")
     console = stderr_console()
+    platform = Platform(data_dir=data_dir, orchestrator_port=ports[0], leaderboard_port=ports[1])
+    check_fits(platform, spec)
     # The live panel shows what matters; service logs on the terminal would tear it.
     service_logs(data_dir, verbose)
-    platform = Platform(data_dir=data_dir, orchestrator_port=ports[0], leaderboard_port=ports[1])
     _start(platform)
     interrupted = timed_out = False
     collected: dict[str, Any] = {}
