@@ -203,6 +203,29 @@ def test_a_pod_larger_than_this_machine_is_refused_before_the_platform_starts(tm
         assert not (tmp_path / command / "data" / "podium.log").exists()  # nothing started
 
 
+def test_ids_and_places_that_cannot_be_an_experiment_s_are_named(tmp_path):
+    """An id that is no id (it was sent as a URL path: the error blamed the URL), a negative
+    count, a file where a directory belongs, and a --data-dir with no logs and no
+    orchestrator: each says what is wrong."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    nowhere = ["--url", "http://127.0.0.1:9"]
+    cases = {
+        ("status", "../../etc", *nowhere): (2, "'../../etc' is not an experiment id"),
+        ("logs", "abc", "../p", *nowhere): (2, "'../p' is not a pod id"),
+        ("status", "abc", "--events", "-1", *nowhere): (2, "--events"),
+        ("backtest", str(afile)): (2, f"{afile}: not a directory"),
+        ("logs", "abc123", "--data-dir", str(tmp_path / "none"), *nowhere): (
+            3, f"no pod logs under {tmp_path / 'none'}/experiments/abc123/pods; cannot reach"
+        ),
+    }  # fmt: skip
+    for args, (code, message) in cases.items():
+        proc = run(*args)
+        assert proc.returncode == code, (args, proc.stderr[-2000:])
+        assert message in " ".join(proc.stderr.replace("│", " ").split()), (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
 def test_bad_config_file_and_bad_set_syntax(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("ppo: [unclosed\n")

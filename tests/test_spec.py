@@ -66,6 +66,13 @@ def test_errors_name_the_file_and_every_field(tmp_path: Path) -> None:
             "key 'search_space' given twice in one mapping",
         ),
         ("name: x\nenv: {name: CartPole-v1, name: Acrobot-v1}\n", "key 'name' given twice"),
+        # A value where a distribution belongs: what an entry is, and how to pin one.
+        (
+            "name: x\nenv: {name: CartPole-v1}\nalgorithms: {ppo: 1}\n"
+            "search_space: {clip_coef: 0.2, gamma: {low: 0.9, high: 0.99}}\n",
+            r"search_space.clip_coef: .*one value pins a setting: \{type: choice, values: \[V\]\}"
+            r"(.|\n)*search_space.gamma: .*a search_space entry is \{type: uniform",
+        ),
     ],
 )
 def test_malformed_files(tmp_path: Path, text: str, needle: str) -> None:

@@ -16,7 +16,8 @@ import inspect
 import json
 import math
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -119,7 +120,28 @@ DataDirOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead.")]
 SpecArg = Annotated[Path, typer.Argument(help="Experiment spec (YAML).", show_default=False)]
-ExperimentArg = Annotated[str, typer.Argument(help="Experiment id.", show_default=False)]
+
+
+def _id_of(what: str, listing: str) -> Callable[[str | None], str | None]:
+    """An argument's check: an id as the services write them; anything else (``../../etc``)
+    is no experiment's or pod's, and would be read as the path of another route."""
+
+    def check(value: str | None) -> str | None:
+        from services.contracts.leaderboard import ID_PATTERN
+
+        if value is not None and not re.match(ID_PATTERN, value):
+            raise typer.BadParameter(f"{value[:64]!r} is not {what} id (`{listing}` lists them)")
+        return value
+
+    return check
+
+
+_experiment_id = _id_of("an experiment", "podium status")
+
+
+ExperimentArg = Annotated[
+    str, typer.Argument(help="Experiment id.", show_default=False, callback=_experiment_id)
+]
 QuietOpt = Annotated[bool, typer.Option(help="No live panel: a line per change.")]
 # `podium run`'s results and platform data; `podium compile` prepares the same places.
 OutOpt = Annotated[
@@ -352,12 +374,17 @@ def submit(
 @app.command()
 def status(
     experiment: Annotated[
-        str | None, typer.Argument(help="Experiment id (default: list them).", show_default=False)
+        str | None,
+        typer.Argument(
+            help="Experiment id (default: list them).", show_default=False, callback=_experiment_id
+        ),
     ] = None,
     state: Annotated[
         str | None, typer.Option(help="List only experiments in this state.", show_default=False)
     ] = None,
-    events: Annotated[int, typer.Option(help="Recent events shown for one experiment.")] = 10,
+    events: Annotated[
+        int, typer.Option(help="Recent events shown for one experiment.", min=0)
+    ] = 10,
     json_out: JsonOpt = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -430,7 +457,12 @@ def cancel(
 def logs(
     experiment: ExperimentArg,
     pod: Annotated[
-        str | None, typer.Argument(help="Pod id (default: every pod).", show_default=False)
+        str | None,
+        typer.Argument(
+            help="Pod id (default: every pod).",
+            show_default=False,
+            callback=_id_of("a pod", "podium status ID"),
+        ),
     ] = None,
     tail: Annotated[int, typer.Option(help="Lines per pod.", min=1)] = 50,
     follow: Annotated[

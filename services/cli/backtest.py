@@ -34,7 +34,8 @@ def backtest(directory: Path, period: str, plot: Path | None, as_json: bool) -> 
     from services.pod.trading.backtest import backtest_candidate, metrics
 
     if not directory.is_dir():
-        raise CliError(f"{directory}: no such directory (an agent's training files)")
+        what = "not a directory" if directory.exists() else "no such directory"
+        raise CliError(f"{directory}: {what} (an agent's training files)")
     if plot is not None and plot.suffix.lower() != ".png":
         raise CliError(f"--plot {plot}: a .png file")
     try:

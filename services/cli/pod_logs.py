@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from services.cli.client import PodiumClient
-from services.cli.errors import EXIT_NOT_REACHED, CliError
+from services.cli.errors import EXIT_API, EXIT_NOT_REACHED, CliError
 from services.contracts.artifacts import PodFile
 
 #: Ended pods shown without a pod id when the orchestrator kept none of them.
@@ -39,7 +39,13 @@ def show_logs(
     if not files:
         if follow:
             raise CliError(f"--follow reads local pod logs and there are none under {pods_dir}")
-        _remote(client, experiment, pod, tail)
+        try:
+            _remote(client, experiment, pod, tail)
+        except CliError as exc:
+            if exc.exit_code != EXIT_API:
+                raise
+            # Both places were asked: say so, or a user who named --data-dir reads only of URLs.
+            raise CliError(f"no pod logs under {pods_dir}; {exc.message}", EXIT_API) from None
         return
     if pod is not None:
         files = [f for f in files if f.stem == pod]

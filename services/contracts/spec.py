@@ -419,12 +419,24 @@ class SpecError(ValueError):
     """A spec file that cannot be loaded; the message names the file and the fields."""
 
 
+#: What a search space's entry is, for an entry that is none of them.
+_DISTRIBUTIONS = (
+    "a search_space entry is {type: uniform, low: L, high: H} (or log_uniform, int_uniform) "
+    "or {type: choice, values: [...]}; one value pins a setting: {type: choice, values: [V]}"
+)
+_NOT_A_DISTRIBUTION = {"union_tag_not_found", "union_tag_invalid", "model_attributes_type"}
+
+
 def describe_errors(exc: ValidationError) -> list[str]:
     """One ``  field.path: message`` line per validation error (CLI and spec files alike)."""
-    return [
-        f"  {'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-        for err in exc.errors()
-    ]
+    lines = []
+    for err in exc.errors():
+        loc = err["loc"]
+        message = err["msg"]
+        if loc[:1] == ("search_space",) and len(loc) == 2 and err["type"] in _NOT_A_DISTRIBUTION:
+            message = f"{message} ({_DISTRIBUTIONS})"
+        lines.append(f"  {'.'.join(str(p) for p in loc) or '(root)'}: {message}")
+    return lines
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
