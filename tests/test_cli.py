@@ -191,15 +191,15 @@ def test_a_pod_larger_than_this_machine_is_refused_before_the_platform_starts(tm
     killed, with only `pending pods 0` on the screen."""
     spec = tmp_path / "big.yaml"
     spec.write_text("name: big\nenv: {name: CartPole-v1}\nalgorithms: {ppo: 1.0}\n"
-                    "resources: {gpus: 2}\n")  # fmt: skip
-    env = {**os.environ, "PODIUM_CAPACITY_GPUS": "1"}
+                    "resources: {gpus: 1}\n")  # fmt: skip
+    env = {**os.environ, "PODIUM_CAPACITY_GPUS": "0"}
     for command in ("run", "compile"):
         proc = subprocess.run(
             [*PODIUM, command, str(spec), "--out", str(tmp_path / command)],
             capture_output=True, text=True, timeout=300, env=env, check=False,
         )  # fmt: skip
         assert proc.returncode == 2, proc.stderr[-2000:]
-        assert "resources.gpus: each pod asks 2, this machine has 1" in proc.stderr, proc.stderr
+        assert "resources.gpus: each pod asks 1, this machine has 0" in proc.stderr, proc.stderr
         assert not (tmp_path / command / "data" / "podium.log").exists()  # nothing started
 
 

@@ -68,7 +68,8 @@ def podium(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -
 def spec(name: str = "t", target: float | None = 50.0, **standin: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": name,
-        "env": {"name": "CartPole-v1", "kwargs": {"standin": standin}},
+        # gymnasium's id: its card lists no arguments, so the stand-in's are not refused.
+        "env": {"name": "gym:CartPole-v1", "kwargs": {"standin": standin}},
         "algorithms": {"ppo": 1.0},
         "population": {"min_pods": 1, "max_pods": 1},
         "resources": {"cpu": 1, "gpus": 0, "memory": "1Gi"},

@@ -105,6 +105,45 @@ def test_env_arguments_are_those_the_env_takes(env: dict, message: str | None) -
         ExperimentSpec.model_validate(data)
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"top_k": 2, "generator": {"strategy": "cem", "options": {"min_elite": 5}}},
+         "generator.options.min_elite (5) > top_k (2): the board never holds that many"),
+        ({"top_k": 2, "generator": {"strategy": "pbt", "options": {"min_candidates": 5}}},
+         "generator.options.min_candidates (5) > top_k (2)"),
+        ({"top_k": 3, "generator": {"strategy": "cem", "options": {"elite": 4}}},
+         "generator.options.elite (4) > top_k (3)"),
+        ({"population": {"min_pods": 4, "max_pods": 4}, "budget": {"pods_launched": 2}},
+         "budget.pods_launched (2) < population.min_pods (4)"),
+        ({"population": {"max_pods": 4, "agents_per_pod": 4,
+                         "exploit": {"every_env_steps": 1_000_000}},
+          "budget": {"total_env_steps": 100_000}},
+         "population.exploit.every_env_steps (1,000,000): an agent trains at most 25,000"),
+        ({"resources": {"gpus": 2}}, "less than or equal to 1"),
+        # What can act, accepted.
+        ({"top_k": 8, "generator": {"strategy": "cem", "options": {"elite": 4}}}, None),
+        ({"population": {"max_pods": 4, "agents_per_pod": 4,
+                         "exploit": {"every_env_steps": 8192}},
+          "budget": {"total_env_steps": 100_000}}, None),
+        ({"population": {"min_pods": 2, "max_pods": 4}, "budget": {"pods_launched": 2}}, None),
+    ],
+)  # fmt: skip
+def test_settings_the_rest_of_the_spec_makes_dead_are_refused(
+    extra: dict, message: str | None
+) -> None:
+    """Each was accepted and never acted: a strategy waiting for more candidates than the
+    board keeps (CEM sampling at random for ever, PBT never exploiting), fewer launches than
+    the pods the experiment needs at once, an in-pod PBT whose first decision comes after
+    the budget, a second GPU a pod never uses."""
+    data = {"name": "x", "env": {"name": "CartPole-v1"}, "algorithms": {"ppo": 1}, **extra}
+    if message is None:
+        ExperimentSpec.model_validate(data)
+        return
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ExperimentSpec.model_validate(data)
+
+
 def test_yaml_merge_keys_still_merge(tmp_path: Path) -> None:
     """A key after a ``<<`` merge overrides the merged one: that is not a key given twice."""
     p = _write(tmp_path, "a: &b {x: 1, y: 2}\nc:\n  <<: *b\n  x: 3\n")

@@ -39,7 +39,7 @@ from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.contracts.envs import env_card
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
 from services.contracts.search_space import SearchSpace, pinned_values
-from services.contracts.strategies import PopulationExploit, options_model
+from services.contracts.strategies import PopulationExploit, board_counts, options_model
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _GYM_ID = re.compile(r"^[A-Za-z0-9_\-./]+$")
@@ -235,7 +235,12 @@ def halving_pods(population: Population, env_steps: int | None) -> int | None:
 
 
 class Resources(InputModel):
-    gpus: int = Field(default=0, ge=0)
+    gpus: int = Field(
+        default=0,
+        ge=0,
+        le=1,
+        description="0 or 1: a pod trains on one device (more GPUs: more pods, max_pods).",
+    )
     cpu: float = Field(default=1.0, gt=0, description="CPU cores per pod.")
     memory: str = Field(default="2Gi", description="Memory per pod (Kubernetes quantity).")
 
@@ -345,6 +350,33 @@ class ExperimentSpec(InputModel):
                 run = [pins, {algorithm: pins}]
                 preset = preset_data(algorithm, self.env.name, run).get(algorithm, {})
                 check_population_settings(self.env.name, algorithm, {**preset, **pins}, pins)
+        return self
+
+    @model_validator(mode="after")
+    def _reachable(self) -> ExperimentSpec:
+        # Settings the rest of the spec makes dead: each would be accepted and never act.
+        options = options_model(self.generator.strategy).model_validate(self.generator.options)
+        for name, count in board_counts(options).items():
+            if count > self.top_k:
+                raise ValueError(
+                    f"generator.options.{name} ({count}) > top_k ({self.top_k}): the board "
+                    "never holds that many candidates"
+                )
+        p, budget = self.population, self.budget
+        if budget.pods_launched is not None and budget.pods_launched < p.min_pods:
+            raise ValueError(
+                f"budget.pods_launched ({budget.pods_launched}) < population.min_pods "
+                f"({p.min_pods}): the experiment could never run its minimum of pods"
+            )
+        total = budget.total_env_steps
+        if p.exploit is not None and total is not None:
+            most = total // p.agents_per_pod  # one pod's agents given the whole budget
+            if p.exploit.every_env_steps > most:
+                raise ValueError(
+                    f"population.exploit.every_env_steps ({p.exploit.every_env_steps:,}): an "
+                    f"agent trains at most {most:,} env steps of budget.total_env_steps "
+                    f"({total:,} over agents_per_pod), so it would never be judged"
+                )
         return self
 
     @model_validator(mode="after")

@@ -27,6 +27,21 @@ from services.contracts.search_space import SearchSpace, contains
 if TYPE_CHECKING:
     from services.contracts.spec import ExperimentSpec
 
+#: Marks an option that counts the board's candidates (``json_schema_extra``): one above the
+#: experiment's ``top_k`` could never be met, and the spec refuses it (``board_counts``).
+BOARD_COUNT = {"x-board-count": True}
+
+
+def board_counts(options: BaseModel) -> dict[str, int]:
+    """The set values of ``options``' fields marked ``BOARD_COUNT``."""
+    fields = type(options).model_fields
+    return {
+        name: value
+        for name, info in fields.items()
+        if info.json_schema_extra == BOARD_COUNT and (value := getattr(options, name)) is not None
+    }
+
+
 # Bounds on options that scale numbers: beyond them a step or a weight overflows a float.
 MAX_PERTURB_FACTOR = 1_000.0
 MAX_SMOOTHING = 1e6
@@ -59,7 +74,10 @@ class PBTOptions(StrategyOptions):
     resample_probability: float = Field(default=0.25, ge=0, le=1)
     explore: bool = Field(default=True, description="False: copy hyperparameters as is.")
     min_candidates: int = Field(
-        default=1, ge=1, description="Below this many on the board, start fresh."
+        default=1,
+        ge=1,
+        description="Below this many on the board, start fresh.",
+        json_schema_extra=BOARD_COUNT,
     )
     truncation: float | None = Field(
         default=None,
@@ -172,9 +190,14 @@ class PopulationExploit(InputModel):
 
 class CEMOptions(StrategyOptions):
     elite: int | None = Field(
-        default=None, ge=2, description="How many of the top to fit; default all (top K)."
+        default=None,
+        ge=2,
+        description="How many of the top to fit; default all (top K).",
+        json_schema_extra=BOARD_COUNT,
     )
-    min_elite: int = Field(default=2, ge=2, description="Below this, sample the space.")
+    min_elite: int = Field(
+        default=2, ge=2, description="Below this, sample the space.", json_schema_extra=BOARD_COUNT
+    )
     min_std_fraction: float = Field(
         default=0.02, ge=0, le=1, description="Std floor, as a fraction of each range."
     )

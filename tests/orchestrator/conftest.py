@@ -61,7 +61,8 @@ def spec(name: str = "exp", **over: Any) -> dict[str, Any]:
     standin = over.pop("standin", {})
     out: dict[str, Any] = {
         "name": name,
-        "env": {"name": "CartPole-v1", "kwargs": {"standin": standin}},
+        # gymnasium's id: its card lists no arguments, so the stand-in's are not refused.
+        "env": {"name": "gym:CartPole-v1", "kwargs": {"standin": standin}},
         "algorithms": {"ppo": 1.0},
         "generator": {"strategy": "pbt"},
         "population": {"min_pods": 1, "max_pods": 2},

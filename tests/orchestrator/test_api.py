@@ -97,7 +97,7 @@ def test_create_get_list_and_filter(client: TestClient) -> None:
     body = r.json()
     assert r.headers["Location"] == f"/api/v1/experiments/{body['id']}"
     assert body["name"] == "one" and body["state"] == "pending"
-    assert body["spec"]["env"]["name"] == "CartPole-v1"
+    assert body["spec"]["env"]["name"] == "gym:CartPole-v1"
     got = client.get(f"/api/v1/experiments/{body['id']}").json()
     assert got["id"] == body["id"]
     assert [e["id"] for e in client.get("/api/v1/experiments").json()] == [body["id"]]
@@ -205,10 +205,11 @@ def test_gymnasium_ids_are_accepted_by_registered_id(client: TestClient) -> None
 
 def test_resources_over_server_limits_are_422(client: TestClient, make_settings) -> None:
     s = client.app.state.settings
+    s.max_pod_gpus = 0  # a server that runs no GPU pods
     r = client.post(
         "/api/v1/experiments",
         json=spec(
-            resources={"cpu": s.max_pod_cpu + 1, "gpus": s.max_pod_gpus + 1, "memory": "1Ti"},
+            resources={"cpu": s.max_pod_cpu + 1, "gpus": 1, "memory": "1Ti"},
             population={"min_pods": 1, "max_pods": s.max_pods_per_experiment + 1},
         ),
     )
@@ -218,6 +219,12 @@ def test_resources_over_server_limits_are_422(client: TestClient, make_settings)
         ("body", "resources", "memory"),
         ("body", "population", "max_pods"),
     }
+
+
+def test_a_pod_trains_on_one_gpu_so_more_are_422(client: TestClient) -> None:
+    """A pod trains on one device: a second GPU would be reserved and never used."""
+    r = client.post("/api/v1/experiments", json=spec(resources={"gpus": 2}))
+    assert _locs(r) == [("body", "resources", "gpus")]
 
 
 def test_bad_query_parameters_are_422(client: TestClient) -> None:

@@ -458,6 +458,23 @@ def test_an_algorithm_the_env_cannot_take_is_bad_input(
     assert last["event"] == "bad input" and "cannot train dqn on Pendulum-v1" in last["error"]
 
 
+def test_an_argument_the_env_does_not_take_is_bad_input(
+    tmp_path: Path, leaderboard: Leaderboard
+) -> None:
+    """gymnasium's envs have no card of their arguments, so a misspelt one reaches the pod:
+    exit 2 naming it (it was a crash, exit 1, and the pod was replaced until the experiment's
+    launch budget ran out)."""
+    spec = make_spec(env={"name": "gym:CartPole-v1", "kwargs": {"bogus": 1}}, search_space={})
+    register(leaderboard, "bad-kwarg", spec)
+    env = pod_env(leaderboard, "bad-kwarg", "p0", spec, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.pod"], cwd=ROOT, env=env, capture_output=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr.decode()[-2000:]
+    last = json.loads(done.stderr.decode().strip().splitlines()[-1])
+    assert last["event"] == "bad input" and "'bogus'" in last["error"], last
+
+
 def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:

@@ -243,7 +243,7 @@ class PodRuntime:
                 self.trainer = build_trainer(configs, horizon)
             except HyperparameterError:
                 raise
-            except ValueError as exc:  # e.g. DQN on a continuous env, SAC on a discrete one
+            except (ValueError, TypeError) as exc:  # DQN on Pendulum; an argument no env takes
                 config = configs[0]
                 raise HyperparameterError(
                     f"cannot train {config.algorithm} on {config.env}: {exc}"
