@@ -69,7 +69,12 @@ def test_one_program_per_key_not_per_draw() -> None:
     names = ("batch_size", "buffer_size", "learning_starts", "num_envs", "exploration_steps",
              "target_update_every", "updates_per_call", "gamma", "tau", "learning_rate",
              "epsilon_end", "max_grad_norm")  # fmt: skip
-    huge = {name: {"type": "choice", "values": list(range(1, 11))} for name in names}
+    # Ten values each that DQN takes (fractions for the rates and discounts).
+    tenths = {"gamma", "tau", "learning_rate", "epsilon_end"}
+    huge = {
+        name: {"type": "choice", "values": [i / 100 if name in tenths else i for i in range(1, 11)]}
+        for name in names
+    }
     with pytest.raises(CliError, match="search_space: 1000000000000 combinations"):
         programs(ExperimentSpec.model_validate(dqn_spec(search_space=huge)))
 
@@ -79,7 +84,7 @@ def test_a_gpu_spec_is_refused_on_a_machine_without_one(tmp_path: Path) -> None:
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(dqn_spec(resources={"gpus": 1})))
     made = podium("compile", "spec.yaml", cwd=tmp_path, timeout=120)
     assert made.returncode != 0 and "Traceback" not in made.stderr, made.stderr
-    assert "resources.gpus: the spec's pods need 1 GPU(s); this machine has 0" in made.stderr
+    assert "resources.gpus: each pod asks 1, this machine has 0" in made.stderr
     assert not (tmp_path / "runs").exists()  # no platform was started
 
 

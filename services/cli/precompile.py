@@ -119,8 +119,8 @@ def compile_spec(spec_file: Path, out: Path | None, data_dir: Path | None, verbo
         spec = load_spec(spec_file)
     except SpecError as exc:
         raise CliError(str(exc)) from None
-    out = output_dir(out or Path("runs") / spec.name, "--out")
-    data_dir = output_dir(data_dir or out / "data", "--data-dir")
+    out = out or Path("runs") / spec.name
+    data_dir = data_dir or out / "data"
     platform = Platform(data_dir=data_dir, orchestrator_port=0, leaderboard_port=0)
     check_fits(platform, spec)
     import torch
@@ -131,6 +131,8 @@ def compile_spec(spec_file: Path, out: Path | None, data_dir: Path | None, verbo
             f"resources.gpus: the spec's pods need {spec.resources.gpus} GPU(s); this machine "
             f"has {torch.cuda.device_count()} (compile on a machine like the one that will run it)"
         )
+    output_dir(out, "--out")
+    output_dir(data_dir, "--data-dir")
     console = stderr_console()
     say = console.print
     found, ranges = programs(spec)

@@ -163,11 +163,13 @@ def run(
         spec = load_spec(spec_file)
     except SpecError as exc:
         raise CliError(str(exc)) from None
-    out = output_dir(out or Path("runs") / spec.name, "--out")
-    data_dir = output_dir(data_dir or out / "data", "--data-dir")
+    out = out or Path("runs") / spec.name
+    data_dir = data_dir or out / "data"
     console = stderr_console()
     platform = Platform(data_dir=data_dir, orchestrator_port=ports[0], leaderboard_port=ports[1])
-    check_fits(platform, spec)
+    check_fits(platform, spec)  # before anything is made: a refused run leaves nothing
+    output_dir(out, "--out")
+    output_dir(data_dir, "--data-dir")
     # The live panel shows what matters; service logs on the terminal would tear it.
     service_logs(data_dir, verbose)
     _start(platform)
