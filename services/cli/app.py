@@ -118,6 +118,10 @@ DataDirOpt = Annotated[
         help="The embedded platform's data directory (Redis, pod logs).",
     ),
 ]
+PortOpt = Annotated[
+    int, typer.Option(help="Orchestrator port (busy: an ephemeral one).", min=0, max=65535)
+]
+LeaderboardPortOpt = Annotated[int, typer.Option(help="Leaderboard port.", min=0, max=65535)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead.")]
 SpecArg = Annotated[Path, typer.Argument(help="Experiment spec (YAML).", show_default=False)]
 
@@ -239,12 +243,8 @@ def backtest(
 def up(
     data_dir: DataDirOpt = Path("data"),
     host: Annotated[str, typer.Option(help="Address both services bind.")] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(help="Orchestrator port (busy: an ephemeral one).", min=0, max=65535)
-    ] = 8000,
-    leaderboard_port: Annotated[
-        int, typer.Option(help="Leaderboard port.", min=0, max=65535)
-    ] = 8001,
+    port: PortOpt = 8000,
+    leaderboard_port: LeaderboardPortOpt = 8001,
     token: Annotated[
         str | None,
         typer.Option(
@@ -283,12 +283,8 @@ def run(
     spec_file: SpecArg,
     out: OutOpt = None,
     data_dir: RunDataOpt = None,
-    port: Annotated[
-        int, typer.Option(help="Orchestrator port (busy: ephemeral).", min=0, max=65535)
-    ] = 8000,
-    leaderboard_port: Annotated[
-        int, typer.Option(help="Leaderboard port.", min=0, max=65535)
-    ] = 8001,
+    port: PortOpt = 8000,
+    leaderboard_port: LeaderboardPortOpt = 8001,
     timeout: Annotated[
         float | None,
         typer.Option(

@@ -322,19 +322,6 @@ class ExperimentSpec(InputModel):
     priority: int = Field(default=0, ge=-1000, le=1000, description="Higher preempts lower.")
 
     @model_validator(mode="after")
-    def _halving_budget(self) -> ExperimentSpec:
-        total = self.budget.total_env_steps
-        if self.population.halving is not None and total is not None:
-            rung = self.population.halving_rung_env_steps
-            if total <= rung:
-                raise ValueError(
-                    f"population.halving: its first rung comes at {rung:,} env steps counted "
-                    f"(max_pods * agents_per_pod * rung_env_steps), and the experiment ends "
-                    f"at budget.total_env_steps ({total:,}): no pod would ever be stopped"
-                )
-        return self
-
-    @model_validator(mode="after")
     def _population_pods(self) -> ExperimentSpec:
         # Population pods stack their agents' weights:
         # refused here, by the pods' own torch-free check, rather than by every pod at start.
@@ -369,14 +356,21 @@ class ExperimentSpec(InputModel):
                 f"({p.min_pods}): the experiment could never run its minimum of pods"
             )
         total = budget.total_env_steps
-        if p.exploit is not None and total is not None:
-            most = total // p.agents_per_pod  # one pod's agents given the whole budget
-            if p.exploit.every_env_steps > most:
-                raise ValueError(
-                    f"population.exploit.every_env_steps ({p.exploit.every_env_steps:,}): an "
-                    f"agent trains at most {most:,} env steps of budget.total_env_steps "
-                    f"({total:,} over agents_per_pod), so it would never be judged"
-                )
+        if total is None:
+            return self
+        if p.halving is not None and total <= (rung := p.halving_rung_env_steps):
+            raise ValueError(
+                f"population.halving: its first rung comes at {rung:,} env steps counted "
+                f"(max_pods * agents_per_pod * rung_env_steps), and the experiment ends "
+                f"at budget.total_env_steps ({total:,}): no pod would ever be stopped"
+            )
+        most = total // p.agents_per_pod  # one pod's agents given the whole budget
+        if p.exploit is not None and p.exploit.every_env_steps > most:
+            raise ValueError(
+                f"population.exploit.every_env_steps ({p.exploit.every_env_steps:,}): an "
+                f"agent trains at most {most:,} env steps of budget.total_env_steps "
+                f"({total:,} over agents_per_pod), so it would never be judged"
+            )
         return self
 
     @model_validator(mode="after")

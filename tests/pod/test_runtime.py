@@ -442,37 +442,29 @@ def test_bad_input_is_a_clear_error(
     assert "Traceback" not in done.stderr.decode()
 
 
-def test_an_algorithm_the_env_cannot_take_is_bad_input(
-    tmp_path: Path, leaderboard: Leaderboard
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # The generator hands out DQN for a continuous-action env.
+        ({"env": {"name": "Pendulum-v1"}, "algorithms": {"dqn": 1.0}}, "cannot train dqn on"),
+        # gymnasium's envs have no card of their arguments, so a misspelt one reaches the pod
+        # (it crashed, exit 1, and was replaced until the launch budget ran out).
+        ({"env": {"name": "gym:CartPole-v1", "kwargs": {"bogus": 1}}}, "'bogus'"),
+    ],
+)
+def test_what_the_env_cannot_take_is_bad_input(
+    tmp_path: Path, leaderboard: Leaderboard, change: dict, message: str
 ) -> None:
-    """The generator hands out DQN for a continuous-action env: exit 2 naming both, no
-    traceback (the orchestrator's events show the message)."""
-    spec = make_spec(env={"name": "Pendulum-v1"}, algorithms={"dqn": 1.0}, search_space={})
-    register(leaderboard, "bad-algo", spec)
-    env = pod_env(leaderboard, "bad-algo", "p0", spec, tmp_path)
+    """Exit 2 naming it, no traceback (the orchestrator's events show the message)."""
+    spec = make_spec(**change, search_space={})
+    register(leaderboard, "bad-input", spec)
+    env = pod_env(leaderboard, "bad-input", "p0", spec, tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "services.pod"], cwd=ROOT, env=env, capture_output=True, timeout=120
     )
     assert done.returncode == 2, done.stderr.decode()[-2000:]
     last = json.loads(done.stderr.decode().strip().splitlines()[-1])
-    assert last["event"] == "bad input" and "cannot train dqn on Pendulum-v1" in last["error"]
-
-
-def test_an_argument_the_env_does_not_take_is_bad_input(
-    tmp_path: Path, leaderboard: Leaderboard
-) -> None:
-    """gymnasium's envs have no card of their arguments, so a misspelt one reaches the pod:
-    exit 2 naming it (it was a crash, exit 1, and the pod was replaced until the experiment's
-    launch budget ran out)."""
-    spec = make_spec(env={"name": "gym:CartPole-v1", "kwargs": {"bogus": 1}}, search_space={})
-    register(leaderboard, "bad-kwarg", spec)
-    env = pod_env(leaderboard, "bad-kwarg", "p0", spec, tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "services.pod"], cwd=ROOT, env=env, capture_output=True, timeout=120
-    )
-    assert done.returncode == 2, done.stderr.decode()[-2000:]
-    last = json.loads(done.stderr.decode().strip().splitlines()[-1])
-    assert last["event"] == "bad input" and "'bogus'" in last["error"], last
+    assert last["event"] == "bad input" and message in last["error"], last
 
 
 def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
