@@ -90,7 +90,18 @@ class RunConfig(BaseModel):
             seed=self.evaluation_seed,
             **{**self.env_kwargs, **self.eval_env_kwargs},
         )
-        return train_env, eval_env
+        return train_env, same_spaces(train_env, eval_env)
+
+
+def same_spaces(train: Any, evaluation: Any) -> Any:
+    """``evaluation`` (an env or functional env) if it has ``train``'s observation shape and
+    action space: the policy reads and acts in it as in training. ValueError otherwise."""
+    shapes = [
+        (e.single_observation_space.shape, e.single_action_space) for e in (train, evaluation)
+    ]
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"eval_env_kwargs change the env's observations or actions: {shapes}")
+    return evaluation
 
 
 class PPORunConfig(RunConfig):

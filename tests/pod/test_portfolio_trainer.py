@@ -194,9 +194,18 @@ def test_settings_that_would_fail_later_are_refused_now() -> None:
     # No env arguments (the default): no target weights, not a market it trains.
     with pytest.raises(ValidationError, match="env_kwargs\n  Value error, .*action_mode=weights"):
         PortfolioRunConfig()
-    # An evaluation env that shows other features than the policy reads.
-    with pytest.raises(ValidationError, match="eval_env_kwargs\n  Value error, the evaluation env"):
-        config(eval_env_kwargs={"momentum": False})
+
+
+@pytest.mark.parametrize("algorithm", ["portfolio_gradient", "ppo", "sac"])
+def test_an_evaluation_env_the_policy_cannot_read_is_refused_at_build(algorithm: str) -> None:
+    """Other features, or other stocks, in the evaluation env than in training: refused when the
+    trainer is built, for every trainer (PPO's crashed at its first evaluation, a RuntimeError
+    of tensor sizes, and its pod was replaced until the launch budget ran out)."""
+    for other in ({"momentum": False}, {"num_stocks": 7}):
+        layers = [{"algorithm": algorithm, "env_kwargs": {**MARKET, "momentum": True}},
+                  {"eval_env_kwargs": other}]  # fmt: skip
+        with pytest.raises(ValueError, match="eval_env_kwargs change the env's observations"):
+            build(train_config("StockTrading-v0", layers))
 
 
 def test_the_spec_refuses_it_on_other_envs_and_other_names() -> None:

@@ -21,7 +21,7 @@ from services.pod.algorithms.compiled import BoundProgram, CompileFailedError, G
 from services.pod.algorithms.policies import mode
 from services.pod.algorithms.ppo import PPO
 from services.pod.algorithms.stacked import KStep, Stack, StackedReplay
-from services.pod.config import PPORunConfig
+from services.pod.config import PPORunConfig, same_spaces
 from services.pod.envs.base import TorchVecEnv, VecEnv
 from services.pod.envs.functional import FunctionalEnv
 from services.pod.envs.registry import functional_env, is_functional, make_env
@@ -228,7 +228,7 @@ class PPOEnvs:
         out = cls()
         if is_functional(config.env):
             out.fn = functional_env(config.env, device, **kwargs)
-            out.eval_fn = functional_env(config.env, device, **eval_kwargs)
+            out.eval_fn = same_spaces(out.fn, functional_env(config.env, device, **eval_kwargs))
             evaluation = make_env(
                 config.env, config.eval_episodes, device=device,
                 seed=config.evaluation_seed, **eval_kwargs,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from services.contracts.algorithms.portfolio_gradient import POPULATION
 from services.contracts.algorithms.portfolio_gradient.config import PortfolioGradientConfig
@@ -75,20 +75,6 @@ class PortfolioRunConfig(RunConfig):
                 f"{PortfolioGradient.name} trains on the market's own train period "
                 f"(simulated_markets: 0)"
             )
-        return value
-
-    @field_validator("eval_env_kwargs", mode="after")
-    @classmethod
-    def _the_same_features(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        # The policy reads the evaluation env's observations with the train env's layout.
-        train = info.data.get("env_kwargs")
-        if train is not None:
-            both = {**train, **value}
-            if FeatureLayout.of(0, both) != FeatureLayout.of(0, train):
-                raise ValueError(
-                    "the evaluation env must show the train env's features (turbulence, "
-                    "momentum as in env_kwargs)"
-                )
         return value
 
 
