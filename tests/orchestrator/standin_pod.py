@@ -106,6 +106,10 @@ def on_term(signum, frame):
     sys.exit(0)
 
 
+# A connection's first host lookup imports the idna codec; a SIGTERM landing during that import
+# made the handler's report import it again, half done: "LookupError: unknown encoding: idna",
+# and no final report. Imported before the handler can run.
+"localhost".encode("idna")
 signal.signal(signal.SIGTERM, on_term)
 gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
 print(
