@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Collection, Iterable, Mapping
+from functools import cache
 from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -85,6 +86,20 @@ def check_hyperparameter_names(
         )
 
 
+@cache
+def _field_check(algorithm: str, name: str) -> TypeAdapter[Any] | None:
+    """The validator of ``algorithm``'s setting ``name`` (its type and bounds; None where it
+    has none), built once: a spec is validated on every read of it."""
+    found = find_card(algorithm)
+    models = (found.config, found.loop_config) if found else ()
+    info = next((m.model_fields[name] for m in models if m and name in m.model_fields), None)
+    if info is None:
+        return None
+    return TypeAdapter(
+        Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    )
+
+
 def check_hyperparameter_values(space: SearchSpace, algorithms: Iterable[str]) -> None:
     """Refuse a search space that can draw a value the pods' configs refuse: each choice, each
     range's bounds and a fractional point inside it (a ``uniform`` range over an integer
@@ -99,17 +114,8 @@ def check_hyperparameter_values(space: SearchSpace, algorithms: Iterable[str]) -
         else:
             points = [dist.low, dist.high, dist.low + 0.123456789 * (dist.high - dist.low)]
         for algorithm in sorted(set(algorithms)):
-            found = find_card(algorithm)
-            models = (found.config, found.loop_config) if found else ()
-            field_info = next(
-                (m.model_fields[name] for m in models if m and name in m.model_fields), None
-            )
-            if field_info is None:
+            if (check := _field_check(algorithm, name)) is None:
                 continue
-            meta = field_info.metadata
-            check = TypeAdapter(
-                Annotated[field_info.annotation, *meta] if meta else field_info.annotation
-            )
             for value in points:
                 try:
                     check.validate_python(value)
