@@ -165,6 +165,21 @@ def test_a_setting_in_the_wrong_place_says_where_it_is(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_target_no_episode_can_reach_is_refused(tmp_path):
+    """Pendulum's returns are never positive: a target of 200 (for -200) trained the whole
+    budget without a word; a spec with one ran to its budget, or for ever without one."""
+    proc = run("train", "Pendulum-v1", "--set", "target_return=200", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "target_return 200 is above the best return an episode of Pendulum-v1" in proc.stderr
+    assert "(did you mean -200?)" in proc.stderr and "Traceback" not in proc.stderr
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: s\nenv: {name: Pendulum-v1}\nalgorithms: {sac: 1.0}\n"
+                    "target_return: 200\n")  # fmt: skip
+    proc = run("run", str(spec), "--out", str(tmp_path / "y"))
+    assert proc.returncode == 2 and "target_return 200 is above" in proc.stderr, proc.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
 def test_an_unusable_output_path_is_one_line_naming_the_option(tmp_path):
     """Refused before anything starts, exit 2, no traceback (each was a traceback: a file as
     --out, a --data-dir that cannot be made, a port past 65535)."""

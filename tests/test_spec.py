@@ -106,6 +106,38 @@ def test_env_arguments_are_those_the_env_takes(env: dict, message: str | None) -
 
 
 @pytest.mark.parametrize(
+    ("env", "target", "message"),
+    [
+        ("Pendulum-v1", 200.0, "target_return 200 is above the best return an episode of "
+         "Pendulum-v1 can have (0), so it would never be reached (did you mean -200?)"),
+        ("gym:Acrobot-v1", 5.0, "best return an episode of gym:Acrobot-v1 can have (0)"),
+        ("MountainCarContinuous-v0", 190.0, "can have (100), so it would never be reached;"),
+        ("Pendulum-v1", -200.0, None),
+        ("Pendulum-v1", 0.0, None),
+        ("CartPole-v1", 1e9, None),  # its best grows with its time limit: not checked
+        ("StockTrading-v0", 5.0, None),
+    ],
+)  # fmt: skip
+def test_a_target_no_episode_can_reach_is_refused(env: str, target: float, message: str | None):
+    """The experiment stops at its target: one above every return the env can give never
+    stops it (without a budget it ran for ever)."""
+    algorithm = "ppo"
+    data = {
+        "name": "x",
+        "env": {"name": env},
+        "algorithms": {algorithm: 1},
+        "target_return": target,
+    }
+    if message is None:
+        ExperimentSpec.model_validate(data)
+        return
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        ExperimentSpec.model_validate(data)
+    lower = {**data, "evaluation": {"higher_is_better": False}}
+    ExperimentSpec.model_validate(lower)  # a cost to get under: not a return
+
+
+@pytest.mark.parametrize(
     ("extra", "message"),
     [
         ({"top_k": 2, "generator": {"strategy": "cem", "options": {"min_elite": 5}}},

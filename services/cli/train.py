@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from services.cli.errors import CliError
 from services.cli.outputs import output_dir
-from services.contracts.algorithms.card import card_names, merge
+from services.contracts.algorithms.card import card_names, layered_algorithm
 
 
 def describe_validation(exc: ValidationError, fields: dict[str, set[str]] | None = None) -> str:
@@ -85,6 +85,7 @@ def allocator_line() -> str:
 def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool) -> None:
     from services.cli.overrides import ConfigError, load_yaml, parse_set
     from services.contracts.algorithms.hyperparameters import HyperparameterError
+    from services.contracts.envs import unreachable_target
     from services.contracts.spec import check_env_name
     from services.registry import UnknownNameError
 
@@ -106,7 +107,7 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
     except ValidationError as exc:
         from services.pod.training.trainer import trainer_class
 
-        algorithm = str(merge({"algorithm": "ppo"}, *layers)["algorithm"])
+        algorithm = layered_algorithm(layers)
         fields = config_fields(trainer_class(algorithm).config_class, algorithm)
         wrong = other_algorithms(layers, algorithm)
         raise CliError("\n".join([describe_validation(exc, fields), *wrong])) from None
@@ -118,6 +119,8 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         raise CliError(error)
     if cfg.env != env:
         raise CliError(f"the config names env {cfg.env!r} but the command names {env!r}")
+    if why := unreachable_target(cfg.env, cfg.target_return):
+        raise CliError(f"target_return {why}; target_return=null trains the whole budget")
     if wrong := other_algorithms(layers, cfg.algorithm):
         raise CliError("invalid configuration:\n" + "\n".join(wrong))
     output_dir(out, "--out")

@@ -10,6 +10,10 @@ env before anything of it is built.
 * ``functional``: whether its physics is a functional env (services/pod/envs/functional.py):
   then a pod's whole training iteration and evaluation compile into programs (and, on a GPU,
   one CUDA graph); otherwise the env steps on the host and only the update compiles.
+* ``best_return``: the highest return an episode can have, whatever its arguments and length
+  (Pendulum's rewards are never positive: 0), where there is one. A target above it is
+  refused at submission: the experiment would never stop at it. None: unbounded or set by its
+  arguments (CartPole's grows with its time limit; a trading env scores by Sharpe ratio).
 * ``kwargs``: the arguments a spec's ``env.kwargs`` and ``evaluation.env_kwargs`` may give it
   (its constructor's, but those the pod sets: ``num_envs``, ``device``, ``seed``); another is
   refused at submission, instead of every pod exiting on it. None: not checked (its pods
@@ -46,16 +50,27 @@ class EnvCard:
     functional: bool = False
     summary: str = ""
     kwargs: frozenset[str] | None = None
+    best_return: float | None = None
 
 
 # -- Podium's own envs (registered under podium.env_cards) ----------------------------------------
 _BATCHED = "gymnasium's, batched"
 _VECTOR = frozenset({"check_actions", "dtype", "max_episode_steps"})  # every TorchVecEnv's
 CARTPOLE = EnvCard("CartPole-v1", DISCRETE, 475.0, True, _BATCHED, _VECTOR)
-ACROBOT = EnvCard("Acrobot-v1", DISCRETE, -100.0, True, _BATCHED, _VECTOR)
-PENDULUM = EnvCard("Pendulum-v1", CONTINUOUS, -200.0, True, "gymnasium's", _VECTOR | {"g"})
+# Rewards: Acrobot's -1 or 0 a step, Pendulum's a negative cost, MountainCarContinuous's 100 at
+# the goal less the actions' squares.
+ACROBOT = EnvCard("Acrobot-v1", DISCRETE, -100.0, True, _BATCHED, _VECTOR, best_return=0.0)
+PENDULUM = EnvCard(
+    "Pendulum-v1", CONTINUOUS, -200.0, True, "gymnasium's", _VECTOR | {"g"}, best_return=0.0
+)
 MOUNTAIN_CAR_CONTINUOUS = EnvCard(
-    "MountainCarContinuous-v0", CONTINUOUS, 90.0, True, _BATCHED, _VECTOR | {"goal_velocity"}
+    "MountainCarContinuous-v0",
+    CONTINUOUS,
+    90.0,
+    True,
+    _BATCHED,
+    _VECTOR | {"goal_velocity"},
+    best_return=100.0,
 )
 STOCK_TRADING = EnvCard(
     "StockTrading-v0",
@@ -87,11 +102,11 @@ ISAAC_HUMANOID_DIRECT = EnvCard(
 # -- gymnasium's and EnvPool's envs, stepped on the host, by family --------------------------------
 _HOST = "stepped on the host"
 _DISCRETE_FAMILIES = (
-    "CartPole", "Acrobot", "MountainCar", "LunarLander", "FrozenLake", "FrozenLake8x8",
+    "CartPole", "LunarLander", "FrozenLake", "FrozenLake8x8",
     "CliffWalking", "CliffWalkingSlippery", "Taxi", "Blackjack",
 )  # fmt: skip
 _CONTINUOUS_FAMILIES = (
-    "MountainCarContinuous", "Pendulum", "LunarLanderContinuous", "BipedalWalker",
+    "LunarLanderContinuous", "BipedalWalker",
     "BipedalWalkerHardcore", "CarRacing", "Reacher", "Pusher", "InvertedPendulum",
     "InvertedDoublePendulum", "Hopper", "Swimmer", "Walker2d", "Ant", "Humanoid",
     "HumanoidStandup",
@@ -101,6 +116,10 @@ HOSTED: dict[str, EnvCard] = {
     for card in (
         *(EnvCard(family, DISCRETE, summary=_HOST) for family in _DISCRETE_FAMILIES),
         *(EnvCard(family, CONTINUOUS, summary=_HOST) for family in _CONTINUOUS_FAMILIES),
+        EnvCard("Acrobot", DISCRETE, summary=_HOST, best_return=0.0),
+        EnvCard("MountainCar", DISCRETE, summary=_HOST, best_return=0.0),
+        EnvCard("Pendulum", CONTINUOUS, summary=_HOST, best_return=0.0),
+        EnvCard("MountainCarContinuous", CONTINUOUS, summary=_HOST, best_return=100.0),
         # Not gymnasium's 4,800 (beyond PPO's reach in its 1M-step budget): a score good PPO runs
         # pass within that budget and stuck ones never do (docs/tournaments.md).
         EnvCard("HalfCheetah", CONTINUOUS, 3000.0, summary=_HOST),
@@ -141,3 +160,17 @@ def target_return(env: str) -> float | None:
     """Env ``env``'s solve threshold, None if it has none."""
     card = env_card(env)
     return card.target_return if card else None
+
+
+def unreachable_target(env: str, target: float | None) -> str | None:
+    """Why no episode of ``env`` can reach return ``target`` (a higher-is-better target above
+    its card's ``best_return``), or None."""
+    card = env_card(env)
+    best = card.best_return if card else None
+    if target is None or best is None or target <= best:
+        return None
+    hint = f" (did you mean {-target:g}?)" if best <= 0 < target else ""  # a lost minus
+    return (
+        f"{target:g} is above the best return an episode of {env} can have ({best:g}), so it "
+        f"would never be reached{hint}"
+    )

@@ -36,7 +36,7 @@ from services.contracts.algorithms.hyperparameters import (
     preset_data,
 )
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
-from services.contracts.envs import env_card
+from services.contracts.envs import env_card, unreachable_target
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
 from services.contracts.search_space import SearchSpace, pinned_values
 from services.contracts.strategies import PopulationExploit, board_counts, options_model
@@ -371,6 +371,15 @@ class ExperimentSpec(InputModel):
                 f"agent trains at most {most:,} env steps of budget.total_env_steps "
                 f"({total:,} over agents_per_pod), so it would never be judged"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _target_reachable(self) -> ExperimentSpec:
+        # A target no episode can reach (Pendulum's 200 for -200) never stops the experiment:
+        # without a budget it would run for ever.
+        higher = self.evaluation.higher_is_better
+        if higher and (why := unreachable_target(self.env.name, self.target_return)):
+            raise ValueError(f"target_return {why}; without one it runs to its budget")
         return self
 
     @model_validator(mode="after")

@@ -190,6 +190,11 @@ def merge(base: Mapping[str, Any], *layers: Mapping[str, Any]) -> dict[str, Any]
     return functools.reduce(two, layers, dict(base))
 
 
+def layered_algorithm(layers: Iterable[Mapping[str, Any]]) -> str:
+    """The algorithm a run made of ``layers`` (merged in order) trains; PPO when none names one."""
+    return str(merge({"algorithm": "ppo"}, *layers)["algorithm"])
+
+
 @functools.cache
 def _preset_texts(package: str) -> dict[str, str]:
     """The YAML files in ``package``'s ``presets/``, read once per process: every spec check

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.contracts.algorithms.card import merge
+from services.contracts.algorithms.card import layered_algorithm, merge
 from services.contracts.algorithms.hyperparameters import (
     HyperparameterError,
     check_hyperparameter_names,
@@ -63,7 +63,7 @@ def train_config(env: str, layers: Iterable[Mapping[str, Any]] = ()) -> RunConfi
     for ``env``, with the layers on top. Raises ``ValidationError`` naming a bad field,
     ``HyperparameterError`` for an algorithm no trainer trains."""
     layers = list(layers)
-    algorithm = str(merge({"algorithm": "ppo"}, *layers)["algorithm"])
+    algorithm = layered_algorithm(layers)
     config_class = trainer_class(algorithm).config_class
     return config_class.model_validate(merge(preset(algorithm, env, layers), *layers))
 
