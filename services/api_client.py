@@ -89,6 +89,12 @@ class LeaderboardError(ServiceError):
     """The leaderboard refused a request, or could not be reached before the deadline."""
 
 
+class ExperimentConfigError(LeaderboardError):
+    """409: the experiment's configuration is in conflict: it no longer validates, its generator
+    strategy fails, or an update contradicts it. No retry or new pod mends it: a pod exits as
+    bad input."""
+
+
 def _detail(resp: httpx.Response) -> Any:
     try:
         body = resp.json()
@@ -102,6 +108,8 @@ class ServiceClient:
 
     service = "service"
     error: type[ServiceError] = ServiceError
+    #: The error of a 409 answer, where the service gives 409 a meaning of its own.
+    conflict_error: type[ServiceError] | None = None
 
     def __init__(
         self,
@@ -190,7 +198,8 @@ class ServiceClient:
         if resp.status_code < 400:
             return
         detail = _detail(resp)
-        raise self.error(
+        conflict = resp.status_code == 409 and self.conflict_error is not None
+        raise (self.conflict_error if conflict else self.error)(
             f"{what}: HTTP {resp.status_code}: {str(detail)[:500]}",
             self.service,
             self.url,
@@ -240,6 +249,7 @@ class LeaderboardClient(ServiceClient):
 
     service = "leaderboard"
     error = LeaderboardError
+    conflict_error = ExperimentConfigError
 
     def __init__(self, base_url: str, experiment_id: str = "", token: str | None = None, **kw: Any):
         super().__init__(base_url, token, **kw)

@@ -33,6 +33,12 @@ class UnknownNameError(LookupError):
         super().__init__(f"unknown {kind} {name!r}; known: {', '.join(known) or '(none)'}")
 
 
+class PluginError(ValueError):
+    """A registered name whose implementation cannot be loaded (its module fails to import, or
+    lacks what the entry point names): the message names the entry point and the cause. A
+    ``ValueError``: a spec naming it is refused (422), a pod exits as bad input."""
+
+
 def _entry_points(group: str) -> dict[str, EntryPoint]:
     # Scanning the installed distributions' metadata costs milliseconds and every spec
     # validation needs several groups: scan once per process, again only when sys.path
@@ -51,7 +57,14 @@ def names(group: str) -> list[str]:
 
 
 def load(group: str, name: str, kind: str | None = None) -> Any:
-    return entry_point(group, name, kind).load()
+    ep = entry_point(group, name, kind)
+    try:
+        return ep.load()
+    except Exception as exc:  # a plugin's import runs its code: any error, named as its
+        raise PluginError(
+            f"{kind or group} {name!r} (registered as {ep.value} in {group}) cannot be "
+            f"loaded: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def entry_point(group: str, name: str, kind: str | None = None) -> EntryPoint:

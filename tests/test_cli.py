@@ -180,6 +180,73 @@ def test_a_target_no_episode_can_reach_is_refused(tmp_path):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+BRANCHY = """
+import gymnasium as gym
+import numpy as np
+import torch
+
+from services.contracts.envs import EnvCard
+from services.pod.envs.base import TorchVecEnv
+from services.pod.envs.functional import FunctionalEnv
+
+
+class Branchy(FunctionalEnv):
+    name = "Branchy-v0"
+    state_dim = 1
+    reset_uniforms = 1
+
+    def __init__(self, device="cpu", dtype=torch.float32, max_episode_steps=50):
+        super().__init__(device, dtype, max_episode_steps)
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.uniform_start([-1.0], [2.0])
+
+    def step(self, state, action):
+        if bool((state > 0).any()):  # a branch on a value: no whole graph to compile
+            state = state - 0.1
+        reward = -state[..., 0].abs()
+        return state, reward, torch.zeros_like(reward, dtype=torch.bool)
+
+
+class BranchyEnv(TorchVecEnv):
+    functional = Branchy
+
+
+NOT_ITS_CARD = EnvCard("Other-v0", "discrete")
+"""
+
+
+def test_a_broken_plugin_is_one_line_naming_it(tmp_path):
+    """Each was a traceback: an env whose module does not import, a card registered under
+    another env's name, and ``compile: on`` of a step dynamo cannot capture whole (which
+    docs/compiled-loop.md says `podium train` refuses with the reason)."""
+    (tmp_path / "podium_cli_plugin.py").write_text(BRANCHY)
+    dist = tmp_path / "podium_cli_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-cli-plugin\n")
+    (dist / "entry_points.txt").write_text(
+        "[podium.envs]\nBranchy-v0 = podium_cli_plugin:BranchyEnv\n"
+        "Broken-v0 = podium_no_such_module:Env\nMismatch-v0 = podium_cli_plugin:BranchyEnv\n"
+        "[podium.env_cards]\nMismatch-v0 = podium_cli_plugin:NOT_ITS_CARD\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    cases = {
+        ("Broken-v0",): "env 'Broken-v0' (registered as podium_no_such_module:Env in "
+        "podium.envs) cannot be loaded: ModuleNotFoundError",
+        ("Mismatch-v0",): "the env card registered as 'Mismatch-v0' is not an EnvCard named "
+        "'Mismatch-v0' (named 'Other-v0')",
+        ("Branchy-v0", "--set", "ppo.compile=on"): "compile: on cannot be honoured here",
+    }
+    for args, message in cases.items():
+        proc = subprocess.run(
+            [*PODIUM, "train", *args, "--set", "total_env_steps=2048", "--quiet",
+             "--out", str(tmp_path / "out")],
+            capture_output=True, text=True, timeout=300, env=env, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2, (args, proc.stderr[-3000:])
+        assert message in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
 def test_an_unusable_output_path_is_one_line_naming_the_option(tmp_path):
     """Refused before anything starts, exit 2, no traceback (each was a traceback: a file as
     --out, a --data-dir that cannot be made, a port past 65535)."""

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from services.cli.errors import CliError
 from services.cli.outputs import output_dir
-from services.contracts.algorithms.card import card_names, layered_algorithm
+from services.contracts.algorithms.card import CardError, card_names, layered_algorithm
 
 
 def describe_validation(exc: ValidationError, fields: dict[str, set[str]] | None = None) -> str:
@@ -85,9 +85,9 @@ def allocator_line() -> str:
 def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool) -> None:
     from services.cli.overrides import ConfigError, load_yaml, parse_set
     from services.contracts.algorithms.hyperparameters import HyperparameterError
-    from services.contracts.envs import unreachable_target
+    from services.contracts.envs import EnvCardError, unreachable_target
     from services.contracts.spec import check_env_name
-    from services.registry import UnknownNameError
+    from services.registry import PluginError, UnknownNameError
 
     try:  # before torch is imported (seconds): a misspelt name is answered at once
         check_env_name(env)
@@ -111,7 +111,7 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         fields = config_fields(trainer_class(algorithm).config_class, algorithm)
         wrong = other_algorithms(layers, algorithm)
         raise CliError("\n".join([describe_validation(exc, fields), *wrong])) from None
-    except (UnknownNameError, HyperparameterError) as exc:
+    except (UnknownNameError, HyperparameterError, PluginError, CardError, EnvCardError) as exc:
         raise CliError(str(exc)) from None
     from services.pod import mkl_dispatch  # imported with the package above, before torch
 
@@ -187,6 +187,8 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         task = progress.add_task(env, total=cfg.total_env_steps, rate=0.0, eval="–")
         try:
             result = run_training(cfg, out_dir=out, on_progress=on_progress, trainer=trainer)
+        except HyperparameterError as exc:  # compile: on refused at the first compile
+            raise CliError(str(exc)) from None
         finally:
             metrics.close()
             board.close()

@@ -139,7 +139,10 @@ def env_card(name: str) -> EnvCard | None:
     if name in registry.names(registry.ENV_CARDS):
         found = registry.load(registry.ENV_CARDS, name, kind="env card")
         if not isinstance(found, EnvCard) or found.name != name:
-            raise EnvCardError(f"the env card registered as {name!r} is not an EnvCard of it")
+            what = f"named {found.name!r}" if isinstance(found, EnvCard) else type(found).__name__
+            raise EnvCardError(
+                f"the env card registered as {name!r} is not an EnvCard named {name!r} ({what})"
+            )
         return found
     family = _VERSION.sub("", name.removeprefix("gym:").removeprefix(ENVPOOL_PREFIX))
     hosted = HOSTED.get(family)

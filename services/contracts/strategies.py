@@ -229,7 +229,10 @@ def options_model(strategy: str) -> type[BaseModel]:
         return BUILTIN_OPTIONS[target]
     options = getattr(registry.load(registry.GENERATORS, strategy), "Options", None)
     if not (isinstance(options, type) and issubclass(options, BaseModel)):
-        raise TypeError(f"generator {strategy!r} declares no Options model")
+        raise registry.PluginError(
+            f"generator strategy {strategy!r} declares no Options model (a Strategy subclass "
+            "names its options' pydantic model as Options)"
+        )
     return options
 
 

@@ -64,6 +64,9 @@ from services.leaderboard.store import (
     UnknownAlgorithmError,
     parse_experiment,
 )
+from services.logs import get_logger
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,7 @@ def load_strategy(name: str, options: dict[str, Any]) -> Strategy:
     """The strategy registered as ``name``; raises UnknownNameError or ValidationError."""
     cls = registry.load(registry.GENERATORS, name, kind="generator strategy")
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise TypeError(f"generator {name!r} is not a Strategy")
+        raise registry.PluginError(f"generator strategy {name!r} is not a Strategy subclass")
     return cls(options)
 
 
@@ -305,8 +308,14 @@ class GeneratorService:
             except ValidationError as e:
                 problems = [f"generator.options.{line.strip()}" for line in describe_errors(e)]
                 raise InvalidConfigError(exp.experiment_id, problems) from e
-            except (registry.UnknownNameError, TypeError) as e:
-                raise InvalidConfigError(exp.experiment_id, [f"generator.strategy: {e}"]) from e
+            except Exception as e:  # a plugin's constructor runs its code: any error
+                log.error(
+                    "generator strategy failed", strategy=exp.generator.strategy, exc_info=True
+                )
+                problem = e if isinstance(e, LookupError | ValueError) else repr(e)
+                raise InvalidConfigError(
+                    exp.experiment_id, [f"generator.strategy: {problem}"]
+                ) from e
             self._strategies[key] = strategy
         return self._strategies[key]
 
@@ -340,7 +349,12 @@ class GeneratorService:
                 score=req.score,
                 higher_is_better=exp.higher_is_better,
             )
-            proposal = strategy.propose(ctx)
+            try:
+                proposal = strategy.propose(ctx)
+            except Exception as e:  # a plugin's: every pod would retry it until the budget ends
+                log.error("generator strategy failed", strategy=strategy.name, exc_info=True)
+                what = f"generator.strategy {strategy.name!r} failed to propose: {e!r}"
+                raise InvalidConfigError(experiment_id, [what]) from e
             manifest = await self._record(experiment_id, req, strategy, algorithm, proposal)
             if manifest is not None:
                 self.metrics.record_decision(experiment_id, strategy.name, proposal.decision)

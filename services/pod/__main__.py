@@ -257,11 +257,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(runtime: PodRuntime) -> int:
     """The round loop to its end; the exit code, its reason the log's last line."""
+    from services.api_client import ExperimentConfigError
     from services.pod.runtime.rounds import HyperparameterError
+    from services.registry import PluginError
 
     try:
         runtime.run()
-    except HyperparameterError as exc:  # e.g. DQN asked of a continuous-action env
+    # e.g. DQN asked of a continuous-action env, a plugin that fails to load, a strategy failing
+    except (HyperparameterError, PluginError, ExperimentConfigError) as exc:
         log.error("bad input", error=str(exc))
         return 2
     except Exception as exc:

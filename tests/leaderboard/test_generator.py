@@ -324,3 +324,62 @@ def test_third_party_strategy_plugs_in_through_entry_points(
         assert m["strategy"] == "always-best" and m["decision"] == "exploit"
         best = client.get(f"{api}/best").json()
         assert m["parent_id"] == best["candidate_id"]
+
+
+BROKEN = """
+from services.leaderboard.generator import Strategy
+
+
+class Raises(Strategy):
+    name = "raises"
+
+    def propose(self, ctx):
+        raise RuntimeError("boom")
+
+
+class NotAStrategy:
+    pass
+"""
+
+
+def test_a_broken_strategy_plugin_is_named_and_never_a_500(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A strategy that raises in ``propose`` answered 500: every pod retried it as "leaderboard
+    unavailable" until the wall-time budget ended. Now a 409 naming it, which a pod takes as
+    bad input (the experiment fails at once). One that is no Strategy, or whose module does
+    not import, was a 500 at the PUT and at submission; now a 422 naming the entry point."""
+    from fastapi.testclient import TestClient
+
+    from services.contracts.spec import ExperimentSpec
+    from services.leaderboard.app import create_app
+    from tests.leaderboard.conftest import AUTH, experiment, settings_for
+    from tests.pod.plugins import register_plugin
+
+    (tmp_path / "src").mkdir()
+    register_plugin(
+        tmp_path / "src",
+        monkeypatch,
+        "podium_broken_gen",
+        BROKEN,
+        {"podium.generators": {"raises": "podium_broken_gen:Raises",
+                               "not-a-strategy": "podium_broken_gen:NotAStrategy",
+                               "missing": "podium_no_such_module:Thing"}},
+    )  # fmt: skip
+    api = "/api/v1/experiments/p"
+    with TestClient(create_app(settings_for(tmp_path / "d")), headers=AUTH) as client:
+        assert client.put(api, json=experiment(strategy="raises")).status_code == 201
+        answer = client.post(f"{api}/generate", json={"pod_id": "x"})
+        assert answer.status_code == 409, answer.text
+        assert "'raises' failed to propose: RuntimeError('boom')" in answer.json()["detail"]
+        for name, says in [("not-a-strategy", "is not a Strategy subclass"),
+                           ("missing", "podium_no_such_module:Thing in podium.generators) "
+                                       "cannot be loaded: ModuleNotFoundError")]:  # fmt: skip
+            answer = client.put(f"{api}-{name}", json=experiment(strategy=name))
+            assert answer.status_code == 422 and says in answer.text, answer.text
+    for name, says in [("not-a-strategy", "declares no Options model"),
+                       ("missing", "cannot be loaded: ModuleNotFoundError")]:  # fmt: skip
+        spec = {"name": "x", "env": {"name": "CartPole-v1"}, "algorithms": {"ppo": 1},
+                "generator": {"strategy": name}}  # fmt: skip
+        with pytest.raises(ValidationError, match=says):
+            ExperimentSpec.model_validate(spec)

@@ -467,6 +467,55 @@ def test_what_the_env_cannot_take_is_bad_input(
     assert last["event"] == "bad input" and message in last["error"], last
 
 
+def test_a_broken_plugin_is_bad_input_not_a_crash_to_relaunch(
+    tmp_path: Path, leaderboard: Leaderboard, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An env plugin whose module fails to import, or a generator strategy that fails: the pod
+    exited 1 (or retried the leaderboard's 500) and was replaced until the budget ran out; now
+    exit 2 naming the plugin, so the experiment fails at once with the reason."""
+    from tests.pod.plugins import register_plugin
+
+    source = (
+        "import podium_no_such_module\n"
+        "from services.leaderboard.generator import Strategy\n"
+        "class Raises(Strategy):\n"
+        "    name = 'raises'\n"
+        "    def propose(self, ctx):\n"
+        "        raise RuntimeError('boom')\n"
+    )
+    register_plugin(tmp_path, monkeypatch, "podium_broken", source, {})
+    (tmp_path / "podium_strategy.py").write_text(source.split("\n", 1)[1])
+    entry_points = tmp_path / "podium_broken-0.1.dist-info" / "entry_points.txt"
+    entry_points.write_text(
+        "[podium.envs]\nBroken-v0 = podium_broken:Env\n"
+        "[podium.generators]\nraises = podium_strategy:Raises\n"
+    )
+    cases = {
+        "env": (make_spec(env={"name": "Broken-v0"}, search_space={}),
+                "env 'Broken-v0' (registered as podium_broken:Env in podium.envs) cannot be "
+                "loaded: ModuleNotFoundError"),
+        "generator": (make_spec(generator={"strategy": "raises"}),
+                      "generator.strategy 'raises' failed to propose: RuntimeError('boom')"),
+    }  # fmt: skip
+    for name, (spec, message) in cases.items():
+        register(leaderboard, name, spec)
+        (tmp_path / name).mkdir()
+        env = {
+            **pod_env(leaderboard, name, "p0", spec, tmp_path / name),
+            "PYTHONPATH": str(tmp_path),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "services.pod"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr.decode()[-2000:]
+        last = json.loads(done.stderr.decode().strip().splitlines()[-1])
+        assert last["event"] == "bad input" and message in last["error"], last
+
+
 def test_a_population_pod_process_reports_each_agent_and_stops_on_sigterm(
     leaderboard: Leaderboard, tmp_path: Path
 ) -> None:

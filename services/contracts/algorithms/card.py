@@ -230,9 +230,10 @@ def card(name: str) -> AlgorithmCard:
     """The card registered as ``name`` (``registry.UnknownNameError`` when none is)."""
     found = registry.load(registry.ALGORITHM_CARDS, name, kind="algorithm card")
     if not isinstance(found, AlgorithmCard) or found.name != name:
+        what = f"named {found.name!r}" if isinstance(found, AlgorithmCard) else type(found).__name__
         raise CardError(
             f"the algorithm card registered as {name!r} is not an AlgorithmCard named {name!r} "
-            f"(services/contracts/algorithms/card.py)"
+            f"({what}; services/contracts/algorithms/card.py)"
         )
     return found
 
