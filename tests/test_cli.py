@@ -236,6 +236,8 @@ def test_a_broken_plugin_is_one_line_naming_it(tmp_path):
         ("Mismatch-v0",): "the env card registered as 'Mismatch-v0' is not an EnvCard named "
         "'Mismatch-v0' (named 'Other-v0')",
         ("Branchy-v0", "--set", "ppo.compile=on"): "compile: on cannot be honoured here",
+        # Not a plugin: an env whose extra is not installed here (a traceback too).
+        ("Isaac-Ant-v0",): "Isaac Lab is not installed",
     }
     for args, message in cases.items():
         proc = subprocess.run(
@@ -245,6 +247,22 @@ def test_a_broken_plugin_is_one_line_naming_it(tmp_path):
         )  # fmt: skip
         assert proc.returncode == 2, (args, proc.stderr[-3000:])
         assert message in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
+def test_env_arguments_are_checked_as_a_spec_s_are(tmp_path):
+    """They were raw errors from deep inside (``make_env() got multiple values for argument
+    'num_envs'``) where a spec's are refused naming the field."""
+    cases = {
+        ("StockTrading-v0", "env_kwargs.num_envs=4"): "env_kwargs: num_envs is set by the run",
+        ("CartPole-v1", "env_kwargs.seed=3"): "env_kwargs: seed is set by the run",
+        ("CartPole-v1", "eval_env_kwargs.max_episode_step=9"): "eval_env_kwargs: CartPole-v1 "
+        "does not take 'max_episode_step' (did you mean 'max_episode_steps'?)",
+    }
+    for (env, setting), message in cases.items():
+        proc = run("train", env, "--set", setting, "--quiet", "--out", str(tmp_path / "x"))
+        assert proc.returncode == 2, (setting, proc.stderr[-2000:])
+        assert message in proc.stderr and "Traceback" not in proc.stderr, (setting, proc.stderr)
+    assert not (tmp_path / "x").exists()
 
 
 def test_an_unusable_output_path_is_one_line_naming_the_option(tmp_path):
@@ -467,7 +485,12 @@ def test_backtest_a_trained_trading_agent(tmp_path, trader):
 def test_train_and_backtest_a_portfolio_gradient_agent(tmp_path):
     """``podium train StockTrading-v0 --set algorithm=portfolio_gradient``: its preset (a step
     reads the 1,512 train days, so 2,048 env steps are two steps), files a backtest runs."""
-    files = train_agent(tmp_path, "StockTrading-v0", "algorithm=portfolio_gradient") / "best"
+    sets = ["total_env_steps=2048", "eval_every_steps=1024", "algorithm=portfolio_gradient"]
+    proc = run("train", "StockTrading-v0", "--out", str(tmp_path), *(f"--set={o}" for o in sets))
+    assert proc.returncode == 0, proc.stderr
+    # Its preset scores the validation period by the Sharpe ratio: said so, not "return 0.5".
+    assert re.search(r"best eval sharpe -?\d+\.\d{3} after", proc.stderr), proc.stderr
+    files = tmp_path / "checkpoints" / "best"
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["env_steps"], r["updates"]) for r in records] == [(1512, 1), (3024, 2)]
     assert "eval_return" in records[-1] and "train_sharpe" in records[-1]

@@ -144,3 +144,18 @@ def test_the_advice_to_compile_reads_the_pods_logs_and_survives_an_unreadable_on
     (pods / "c.log").write_bytes(b"\xff\xfe not UTF-8\n" + json.dumps(decided).encode() + b"\n")
     assert cold_compile_reason(tmp_path, "e1") == "auto: x"
     assert cold_compile_reason(tmp_path, "no-such-experiment") is None
+
+
+def test_the_run_it_suggests_uses_the_compile_cache_it_filled(tmp_path: Path) -> None:
+    """`podium compile SPEC --data-dir D` suggested `podium run SPEC --out OUT`, a platform on
+    OUT/data, which found nothing compiled."""
+    from services.cli.precompile import run_hint
+
+    spec = Path("spec.yaml")
+    default = Path("runs") / "x"
+    assert run_hint(spec, "x", default, default / "data") == "podium run spec.yaml"
+    assert (
+        run_hint(spec, "x", tmp_path, tmp_path / "data") == f"podium run spec.yaml --out {tmp_path}"
+    )
+    hint = run_hint(spec, "x", tmp_path / "o", tmp_path / "d")
+    assert hint == f"podium run spec.yaml --data-dir {tmp_path / 'd'}"

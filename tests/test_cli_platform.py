@@ -837,3 +837,16 @@ def test_the_embedded_orchestrator_keeps_a_quick_pace_unless_told_otherwise(
     monkeypatch.setitem(EMBEDDED_PACE, "reconcile_interval_s", 0.0)  # validated as any setting
     with pytest.raises(ValidationError, match="reconcile_interval_s"):
         Platform(tmp_path).orchestrator_settings(url)
+
+
+def test_the_banner_says_how_commands_find_a_platform_elsewhere(tmp_path, monkeypatch) -> None:
+    """`podium up --data-dir D` said commands run in this directory find it: they look in
+    ./data, and `podium status` there answered 401 (another platform's session, or none)."""
+    from services.cli.tournament import finds_it
+
+    monkeypatch.chdir(tmp_path)
+    assert finds_it(tmp_path / "data") == "Commands run in this directory find it by themselves"
+    other = tmp_path / "elsewhere"
+    assert finds_it(other) == (
+        f"Commands given --data-dir {other} (or PODIUM_DATA_DIR={other}) find it by themselves"
+    )

@@ -88,7 +88,10 @@ def test_malformed_files(tmp_path: Path, text: str, needle: str) -> None:
          "'max_episode_steps'?); it takes check_actions, dtype, max_episode_steps"),
         ({"env": {"name": "StockTrading-v0"}, "evaluation": {"env_kwargs": {"scroe": "sharpe"}}},
          "evaluation.env_kwargs: StockTrading-v0 does not take 'scroe' (did you mean 'score'?)"),
-        ({"env": {"name": "Pendulum-v1", "kwargs": {"seed": 3}}}, "does not take 'seed'"),
+        ({"env": {"name": "Pendulum-v1", "kwargs": {"seed": 3}}},
+         "env.kwargs: seed is set by the run, not by env arguments"),
+        ({"env": {"name": "gym:Pendulum-v1"}, "evaluation": {"env_kwargs": {"num_envs": 3}}},
+         "evaluation.env_kwargs: num_envs is set by the run"),
         ({"env": {"name": "Pendulum-v1", "kwargs": {"g": 9.81, "max_episode_steps": 100}}}, None),
         # No card of its arguments (gymnasium's own): its pods decide.
         ({"env": {"name": "gym:MountainCar-v0", "kwargs": {"anything": 1}}}, None),

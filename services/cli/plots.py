@@ -23,12 +23,15 @@ def learning_curve(
     path: Path,
     title: str = "",
     target: float | None = None,
+    measure: str = "eval return",
 ) -> Path:
-    """Evaluation return (mean ± std) and training episode return against env steps."""
+    """Evaluation return (mean ± std) and training episode return against env steps; where
+    the evaluation scores by another ``measure`` (a Sharpe ratio), that alone: the training
+    returns are in other units."""
     fig = Figure(figsize=(7, 4), dpi=110)
     ax = fig.subplots()
     train = [(h["env_steps"], h["train_return"]) for h in history if "train_return" in h]
-    if train:
+    if train and measure == "eval return":
         ax.plot(*zip(*train, strict=True), color="0.65", lw=1, label="training episodes")
     evals = [h for h in history if "eval_return" in h]
     if evals:
@@ -46,7 +49,7 @@ def learning_curve(
     if target is not None:
         ax.axhline(target, color="tab:green", ls="--", lw=1, label=f"target {target:g}")
     ax.set_xlabel("env steps")
-    ax.set_ylabel("episode return")
+    ax.set_ylabel("episode return" if measure == "eval return" else measure.removeprefix("eval "))
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)

@@ -166,8 +166,13 @@ def compile_spec(spec_file: Path, out: Path | None, data_dir: Path | None, verbo
         say(f"[red]not compiled[/]: {line}")
     if failed:
         raise CliError(f"{len(failed)} of {len(found)} programs not compiled", EXIT_API)
-    say(
-        f"compile cache: {data_dir / 'compile-cache'}; `podium run {spec_file}"
-        f"{'' if out == Path('runs') / spec.name else f' --out {out}'}` loads them"
-    )
+    hint = run_hint(spec_file, spec.name, out, data_dir)
+    say(f"compile cache: {data_dir / 'compile-cache'}; `{hint}` loads them")
     return 0
+
+
+def run_hint(spec_file: Path, name: str, out: Path, data_dir: Path) -> str:
+    """The ``podium run`` whose platform has ``data_dir`` (its default: ``OUT/data``)."""
+    if data_dir != out / "data":
+        return f"podium run {spec_file} --data-dir {data_dir}"
+    return f"podium run {spec_file}" + ("" if out == Path("runs") / name else f" --out {out}")

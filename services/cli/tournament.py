@@ -110,6 +110,15 @@ def service_logs(data_dir: Path, verbose: bool) -> Path | None:
     return path
 
 
+def finds_it(data_dir: Path) -> str:
+    """Which commands find the platform of ``data_dir`` by its session file (the commands'
+    ``--data-dir``, default ``data`` in the working directory)."""
+    if data_dir == Path("data").resolve():
+        return "Commands run in this directory find it by themselves"
+    here = shlex.quote(str(data_dir))
+    return f"Commands given --data-dir {here} (or PODIUM_DATA_DIR={here}) find it by themselves"
+
+
 def up(platform: Platform, verbose: bool = False) -> None:
     """Run the platform until Ctrl-C or SIGTERM, or until a service stops by itself."""
     console = stderr_console()
@@ -126,7 +135,7 @@ def up(platform: Platform, verbose: bool = False) -> None:
         if log_file is not None:
             console.print(f"  logs          {log_file}   (--verbose shows them here)")
         console.print(
-            "Commands run in this directory find it by themselves, e.g.\n"
+            f"{finds_it(platform.data_dir)}, e.g.\n"
             "  podium submit examples/cartpole.yaml --wait\n"
             "From elsewhere:\n"
             f"  export PODIUM_URL={o} PODIUM_LEADERBOARD_URL={lb}"

@@ -85,7 +85,7 @@ def allocator_line() -> str:
 def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool) -> None:
     from services.cli.overrides import ConfigError, load_yaml, parse_set
     from services.contracts.algorithms.hyperparameters import HyperparameterError
-    from services.contracts.envs import EnvCardError, unreachable_target
+    from services.contracts.envs import EnvCardError, argument_problem, unreachable_target
     from services.contracts.spec import check_env_name
     from services.registry import PluginError, UnknownNameError
 
@@ -119,6 +119,9 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         raise CliError(error)
     if cfg.env != env:
         raise CliError(f"the config names env {cfg.env!r} but the command names {env!r}")
+    for field in ("env_kwargs", "eval_env_kwargs"):  # as a spec's are checked
+        if problem := argument_problem(cfg.env, field, getattr(cfg, field)):
+            raise CliError(problem)
     if why := unreachable_target(cfg.env, cfg.target_return):
         raise CliError(f"target_return {why}; target_return=null trains the whole budget")
     if wrong := other_algorithms(layers, cfg.algorithm):
@@ -135,7 +138,7 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
 
     try:
         trainer = build(cfg)
-    except (UnknownNameError, TypeError, ValueError) as exc:
+    except (UnknownNameError, TypeError, ValueError, ImportError) as exc:  # ImportError: an extra
         raise CliError(str(exc)) from None
 
     console = Console(stderr=True)
@@ -192,14 +195,20 @@ def train(env: str, config: Path | None, sets: list[str], out: Path, quiet: bool
         finally:
             metrics.close()
             board.close()
-    png = learning_curve(result.history, out / "learning_curve.png", env, cfg.target_return)
+    # A trading env's evaluation may score episodes by their Sharpe ratio, not their return.
+    score = {**cfg.env_kwargs, **cfg.eval_env_kwargs}.get("score", "return")
+    measure = "eval return" if score == "return" else f"eval {score}"
+    png = learning_curve(
+        result.history, out / "learning_curve.png", env, cfg.target_return, measure
+    )
     best = result.best.mean if result.best else float("nan")
+    shown = f"{best:.1f}" if score == "return" else f"{best:.3f}"
     steps = result.history[-1]["env_steps"] if result.history else 0
     if result.solved_at_env_steps is not None:
         console.print(
-            f"[green]solved[/green] {env}: eval return {best:.1f} >= {cfg.target_return:g} "
+            f"[green]solved[/green] {env}: {measure} {shown} >= {cfg.target_return:g} "
             f"after {result.solved_at_env_steps:,} env steps, {result.train_seconds:.1f} s training"
         )
     else:
-        console.print(f"{env}: best eval return {best:.1f} after {steps:,} env steps")
+        console.print(f"{env}: best {measure} {shown} after {steps:,} env steps")
     console.print(f"checkpoints: {out / 'checkpoints'}   learning curve: {png}")

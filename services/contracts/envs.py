@@ -28,7 +28,9 @@ submission; its pods decide.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -176,4 +178,27 @@ def unreachable_target(env: str, target: float | None) -> str | None:
     return (
         f"{target:g} is above the best return an episode of {env} can have ({best:g}), so it "
         f"would never be reached{hint}"
+    )
+
+
+#: An env's arguments the pod (and ``podium train``) set themselves: the run's ``num_envs`` and
+#: ``seed``, and its ``device``.
+RUN_ARGUMENTS = frozenset({"num_envs", "device", "seed"})
+
+
+def argument_problem(env: str, field: str, given: Iterable[str]) -> str | None:
+    """Why arguments ``given`` (of ``field``) cannot go to ``env``: one the run sets, or one its
+    card does not list (with a did-you-mean); None if they can, or nothing is known of them."""
+    given = set(given)
+    card = env_card(env)
+    accepted = card.kwargs if card is not None else None
+    if owned := sorted(given & RUN_ARGUMENTS):
+        return f"{field}: {', '.join(owned)} is set by the run, not by env arguments"
+    if accepted is None or not (unknown := sorted(given - accepted)):
+        return None
+    close = difflib.get_close_matches(unknown[0], accepted, n=1, cutoff=0.6)
+    return (
+        f"{field}: {env} does not take {', '.join(repr(k[:64]) for k in unknown[:3])}"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f"; it takes {', '.join(sorted(accepted)) or 'none'}"
     )

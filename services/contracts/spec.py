@@ -8,7 +8,6 @@ property of the cluster, not of the spec.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from decimal import Decimal, InvalidOperation
@@ -36,7 +35,7 @@ from services.contracts.algorithms.hyperparameters import (
     preset_data,
 )
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
-from services.contracts.envs import env_card, unreachable_target
+from services.contracts.envs import argument_problem, unreachable_target
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
 from services.contracts.search_space import SearchSpace, pinned_values
 from services.contracts.strategies import PopulationExploit, board_counts, options_model
@@ -386,19 +385,10 @@ class ExperimentSpec(InputModel):
     def _env_arguments(self) -> ExperimentSpec:
         # A misspelt argument would make every pod exit on start (and be replaced, until the
         # launch budget ends): refused here where the env's card lists what it takes.
-        card = env_card(self.env.name)
-        if card is None or card.kwargs is None:
-            return self
         for field, given in (("env.kwargs", self.env.kwargs),
                              ("evaluation.env_kwargs", self.evaluation.env_kwargs)):  # fmt: skip
-            if unknown := sorted(set(given) - card.kwargs):
-                close = difflib.get_close_matches(unknown[0], card.kwargs, n=1, cutoff=0.6)
-                raise ValueError(
-                    f"{field}: {self.env.name} does not take "
-                    f"{', '.join(repr(k[:64]) for k in unknown[:3])}"
-                    + (f" (did you mean {close[0]!r}?)" if close else "")
-                    + f"; it takes {', '.join(sorted(card.kwargs)) or 'none'}"
-                )
+            if problem := argument_problem(self.env.name, field, given):
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -263,8 +263,7 @@ def _run(runtime: PodRuntime) -> int:
 
     try:
         runtime.run()
-    # e.g. DQN asked of a continuous-action env, a plugin that fails to load, a strategy failing
-    except (HyperparameterError, PluginError, ExperimentConfigError) as exc:
+    except (HyperparameterError, PluginError, ExperimentConfigError) as exc:  # DQN on Pendulum
         log.error("bad input", error=str(exc))
         return 2
     except Exception as exc:

@@ -450,6 +450,8 @@ def test_bad_input_is_a_clear_error(
         # gymnasium's envs have no card of their arguments, so a misspelt one reaches the pod
         # (it crashed, exit 1, and was replaced until the launch budget ran out).
         ({"env": {"name": "gym:CartPole-v1", "kwargs": {"bogus": 1}}}, "'bogus'"),
+        # An env whose extra this pod lacks (Isaac Lab here): no new pod would have it either.
+        ({"env": {"name": "Isaac-Ant-v0"}}, "Isaac Lab is not installed"),
     ],
 )
 def test_what_the_env_cannot_take_is_bad_input(

@@ -627,5 +627,5 @@ class Decision:
             f"(eager {eager_s_per_unit * 1e6:.1f} us each here, about {rule.speedup:g}x "
             f"compiled), compiling costs about {cost:.0f} s" + (f" {CACHED}" if self.cached else "")
         )
-        warm = saved > rule.warm_s * factor  # what it decides with its programs in the cache
+        warm = saved > 2 * rule.warm_s * factor  # a load would clearly pay: `podium compile`
         log.info(DECIDED, path=self.path, compiled=self.compiled, reason=self.reason, warm=warm)

@@ -47,7 +47,7 @@ def _envpool() -> Any:
     try:
         import envpool
     except ImportError as e:  # pragma: no cover - the extra is in dev; the message is for users
-        raise RuntimeError(
+        raise ImportError(
             "EnvPool envs need the envpool extra: pip install 'podium[envpool]'"
         ) from e
     return envpool

@@ -78,7 +78,8 @@ def _engine() -> tuple[Any, Any, Any]:
         raise ImportError(
             f"the MjWarp envs need MuJoCo Warp: pip install 'podium[mjwarp]' ({e})"
         ) from e
-    wp.config.quiet = True
+    # Not its per-module "Module ... load took" lines: quiet before warp 1.19, log_level since.
+    vars(wp.config).update(quiet=True, log_level=getattr(wp, "LOG_WARNING", 30))
     return mujoco, wp, mjw
 
 

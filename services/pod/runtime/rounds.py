@@ -243,7 +243,7 @@ class PodRuntime:
                 self.trainer = build_trainer(configs, horizon)
             except HyperparameterError:
                 raise
-            except (ValueError, TypeError) as exc:  # DQN on Pendulum; an argument no env takes
+            except (ValueError, TypeError, ImportError) as exc:  # DQN on Pendulum; no extra
                 config = configs[0]
                 raise HyperparameterError(
                     f"cannot train {config.algorithm} on {config.env}: {exc}"

@@ -136,3 +136,20 @@ def test_registered_names_build_the_envs() -> None:
 def test_cuda_graph_needs_a_cuda_device() -> None:
     with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
         ant(1, cuda_graph=True)
+
+
+def test_building_and_stepping_prints_no_warp_module_lines() -> None:
+    """`podium train MjWarp-Ant-v0` printed ~45 lines of "Module ... load on device 'cpu'
+    took ... ms (cached)" before its own first line: warp 1.19 has no `config.quiet`."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch; from services.pod.envs import make_env\n"
+        "env = make_env('MjWarp-Ant-v0', 2, seed=0); env.reset(seed=0)\n"
+        "env.step(torch.zeros(2, 8))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True
+    )
+    assert "Module " not in done.stdout + done.stderr, done.stdout[-2000:]
