@@ -36,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import json
+import os
 import resource
 import struct
 import termios
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -50,6 +52,8 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from services.logs import get_logger
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from services.settings import PodiumSettings
 
 log = get_logger(__name__)
@@ -430,9 +434,33 @@ def server_config(app: Any, settings: PodiumSettings, **options: Any) -> uvicorn
     )
 
 
-def serve(app: Any, settings: PodiumSettings, **options: Any) -> None:
-    """Serve ``app`` on ``settings.host``:``settings.port`` until a signal stops it."""
+class BoundedServer(uvicorn.Server):
+    """uvicorn's server whose stop has a deadline: ``stop_limit_s`` after the first SIGTERM or
+    SIGINT the process exits (1), logging it, whatever its shutdown still awaits: a service asked
+    to stop must stop (a leaderboard's shutdown has hung for good under load, every signal but
+    SIGKILL ignored, with no request in flight)."""
+
+    def __init__(self, config: uvicorn.Config, stop_limit_s: float) -> None:
+        super().__init__(config)
+        self.stop_limit_s = stop_limit_s
+        self._deadline: threading.Timer | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._deadline is None:
+            self._deadline = threading.Timer(self.stop_limit_s, self._give_up)
+            self._deadline.daemon = True  # a shutdown that ends in time ends the process
+            self._deadline.start()
+
+    def _give_up(self) -> None:
+        log.error("shutdown did not finish in time: exiting", limit_s=self.stop_limit_s)
+        os._exit(1)
+
+
+def serve(app: Any, settings: PodiumSettings, stop_limit_s: float = 60.0, **options: Any) -> None:
+    """Serve ``app`` on ``settings.host``:``settings.port`` until a signal stops it (within
+    ``stop_limit_s`` of the signal: ``BoundedServer``)."""
     options.setdefault("host", getattr(settings, "host", "127.0.0.1"))
     options.setdefault("port", getattr(settings, "port", 8000))
     options.setdefault("log_config", None)  # structlog (services.logs) is the process's logging
-    uvicorn.Server(server_config(app, settings, **options)).run()
+    BoundedServer(server_config(app, settings, **options), stop_limit_s).run()

@@ -448,3 +448,42 @@ def test_a_client_that_pipelines_and_reads_gets_its_answers_up_to_the_bound(
         assert out.answer.count(b"HTTP/1.1 200 OK") == answered, (sent, out.closed_after_s)
         if sent > answered:
             assert out.closed_after_s is not None  # closed after its last answer
+
+
+HANGING_SHUTDOWN = """
+import asyncio, contextlib, sys
+from fastapi import FastAPI
+from services.http_server import serve
+from services.settings import PodiumSettings
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    print("ready", flush=True)
+    yield
+    await asyncio.Event().wait()  # a shutdown that never ends
+
+serve(FastAPI(lifespan=lifespan), PodiumSettings(), stop_limit_s=2.0, port=int(sys.argv[1]),
+      log_level="warning", timeout_graceful_shutdown=1)
+"""
+
+
+def test_a_service_whose_shutdown_hangs_still_stops(tmp_path: Path) -> None:
+    """A leaderboard once ignored SIGTERM and SIGINT for minutes, its shutdown hung: the
+    service's stop has a deadline (the process exits 1 and says so)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANGING_SHUTDOWN, str(free_port())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(15)
+        assert proc.wait(timeout=30) == 1
+        assert "shutdown did not finish in time: exiting" in (
+            proc.stderr.read() if proc.stderr else ""
+        )
+    finally:
+        proc.kill()

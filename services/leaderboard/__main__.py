@@ -20,6 +20,7 @@ def main() -> None:
         # Faster HTTP parsing and event loop when installed (they are dependencies).
         loop="auto",
         timeout_graceful_shutdown=10,
+        stop_limit_s=40.0,  # its requests 10 s, then Redis closed and the process gone
     )
 
 
