@@ -216,19 +216,17 @@ NOT_ITS_CARD = EnvCard("Other-v0", "discrete")
 """
 
 
-def test_a_broken_plugin_is_one_line_naming_it(tmp_path):
+def test_a_broken_plugin_is_one_line_naming_it(tmp_path, monkeypatch):
     """Each was a traceback: an env whose module does not import, a card registered under
     another env's name, and ``compile: on`` of a step dynamo cannot capture whole (which
     docs/compiled-loop.md says `podium train` refuses with the reason)."""
-    (tmp_path / "podium_cli_plugin.py").write_text(BRANCHY)
-    dist = tmp_path / "podium_cli_plugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: podium-cli-plugin\n")
-    (dist / "entry_points.txt").write_text(
-        "[podium.envs]\nBranchy-v0 = podium_cli_plugin:BranchyEnv\n"
-        "Broken-v0 = podium_no_such_module:Env\nMismatch-v0 = podium_cli_plugin:BranchyEnv\n"
-        "[podium.env_cards]\nMismatch-v0 = podium_cli_plugin:NOT_ITS_CARD\n"
-    )
+    from tests.pod.plugins import register_plugin
+
+    envs = {"Branchy-v0": "podium_cli_plugin:BranchyEnv", "Broken-v0": "podium_no_such_module:Env",
+            "Mismatch-v0": "podium_cli_plugin:BranchyEnv"}  # fmt: skip
+    cards = {"Mismatch-v0": "podium_cli_plugin:NOT_ITS_CARD"}
+    groups = {"podium.envs": envs, "podium.env_cards": cards}
+    register_plugin(tmp_path, monkeypatch, "podium_cli_plugin", BRANCHY, groups)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     cases = {
         ("Broken-v0",): "env 'Broken-v0' (registered as podium_no_such_module:Env in "

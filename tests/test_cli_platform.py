@@ -148,6 +148,9 @@ def test_gate_passes_when_the_best_score_reaches_min_reward(cli: Any, tmp_path: 
     assert ">= min reward 40" in proc.stderr and "target return 50 reached" in proc.stderr
     status = json.loads(cli("status", exp_id, "--json", leaderboard=False).stdout)
     assert status["state"] == "succeeded" and status["result"]["best"]["score"] >= 50
+    # Nothing left to cancel: said so, exit 0 (it was exit 3, "API error", from the API's 409).
+    late = cli("cancel", exp_id, leaderboard=False)
+    assert late.returncode == 0 and f"experiment {exp_id}: succeeded" in late.stderr, late.stderr
 
 
 def test_gate_fails_when_the_experiment_ends_below_min_reward(cli: Any, tmp_path: Path) -> None:

@@ -238,7 +238,14 @@ class PodiumClient:
         return self._orchestrator("GET", f"/experiments/{exp_id}")
 
     def cancel(self, exp_id: str) -> dict[str, Any]:
-        return self._orchestrator("POST", f"/experiments/{exp_id}/cancel")
+        """Cancel the experiment; one that has already ended is answered as it is (the API's
+        409: there is nothing left to cancel)."""
+        try:
+            return self._orchestrator("POST", f"/experiments/{exp_id}/cancel")
+        except ApiError as exc:
+            if exc.status == 409 and (exp := self.experiment(exp_id))["state"] in TERMINAL:
+                return exp
+            raise
 
     def pod_logs(self, exp_id: str, pod_id: str, tail: int = 50) -> str:
         path = f"/experiments/{exp_id}/pods/{pod_id}/logs"
