@@ -156,6 +156,12 @@ def test_a_target_no_episode_can_reach_is_refused(env: str, target: float, messa
           "budget": {"total_env_steps": 100_000}},
          "population.exploit.every_env_steps (1,000,000): an agent trains at most 25,000"),
         ({"resources": {"gpus": 2}}, "less than or equal to 1"),
+        # Annealed over the budget by agents that each train an unknown share of it.
+        ({"population": {"max_pods": 2},
+          "search_space": {"anneal_lr": {"type": "choice", "values": [False, True]}}},
+         "search_space.anneal_lr: true cannot be honoured by a tournament of 2 agents"),
+        ({"population": {"max_pods": 1},
+          "search_space": {"anneal_lr": {"type": "choice", "values": [True]}}}, None),
         # What can act, accepted.
         ({"top_k": 8, "generator": {"strategy": "cem", "options": {"elite": 4}}}, None),
         ({"population": {"max_pods": 4, "agents_per_pod": 4,

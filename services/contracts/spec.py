@@ -37,7 +37,7 @@ from services.contracts.algorithms.hyperparameters import (
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.contracts.envs import argument_problem, unreachable_target
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
-from services.contracts.search_space import SearchSpace, pinned_values
+from services.contracts.search_space import Choice, SearchSpace, pinned_values
 from services.contracts.strategies import PopulationExploit, board_counts, options_model
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -369,6 +369,21 @@ class ExperimentSpec(InputModel):
                 f"population.exploit.every_env_steps ({p.exploit.every_env_steps:,}): an "
                 f"agent trains at most {most:,} env steps of budget.total_env_steps "
                 f"({total:,} over agents_per_pod), so it would never be judged"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _annealing(self) -> ExperimentSpec:
+        # PPO's anneal_lr takes the learning rate to 0 over the run's budget; a tournament's
+        # agent trains an unknown share of it (PBT carries agents across slots and lineages),
+        # so it would anneal over the wrong horizon: pods train at a constant rate instead.
+        dist = self.search_space.get("anneal_lr")
+        slots = self.population.max_pods * self.population.agents_per_pod
+        if isinstance(dist, Choice) and True in dist.values and slots > 1:
+            raise ValueError(
+                f"search_space.anneal_lr: true cannot be honoured by a tournament of {slots} "
+                "agents (each trains an unknown share of the budget it would anneal over); "
+                "search learning_rate instead, or run one pod of one agent"
             )
         return self
 
