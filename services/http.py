@@ -70,7 +70,8 @@ StreamCursor = Annotated[
     str | None,
     Query(
         pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
-        description="`next_after` of the previous page; omit for the first.",
+        description="Where the page starts: after this stream id (the last event's `id` of the "
+        "previous page, or a submissions page's `next_after`); omit for the first.",
     ),
     AfterValidator(_stream_id),
 ]

@@ -93,6 +93,12 @@ def test_malformed_files(tmp_path: Path, text: str, needle: str) -> None:
         ({"env": {"name": "gym:Pendulum-v1"}, "evaluation": {"env_kwargs": {"num_envs": 3}}},
          "evaluation.env_kwargs: num_envs is set by the run"),
         ({"env": {"name": "Pendulum-v1", "kwargs": {"g": 9.81, "max_episode_steps": 100}}}, None),
+        # Accepted and then every pod failed at its first step (exit 1, replaced 5 times).
+        ({"env": {"name": "CartPole-v1", "kwargs": {"max_episode_steps": "abc"}}},
+         "env.kwargs.max_episode_steps: 'abc' is not a whole number of steps >= 1"),
+        ({"env": {"name": "CartPole-v1"}, "evaluation": {"env_kwargs": {"max_episode_steps": -1}}},
+         "evaluation.env_kwargs.max_episode_steps: -1 is not a whole number"),
+        ({"env": {"name": "CartPole-v1", "kwargs": {"max_episode_steps": None}}}, None),
         # No card of its arguments (gymnasium's own): its pods decide.
         ({"env": {"name": "gym:MountainCar-v0", "kwargs": {"anything": 1}}}, None),
     ],

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from services import registry
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
@@ -186,19 +186,36 @@ def unreachable_target(env: str, target: float | None) -> str | None:
 RUN_ARGUMENTS = frozenset({"num_envs", "device", "seed"})
 
 
-def argument_problem(env: str, field: str, given: Iterable[str]) -> str | None:
-    """Why arguments ``given`` (of ``field``) cannot go to ``env``: one the run sets, or one its
-    card does not list (with a did-you-mean); None if they can, or nothing is known of them."""
-    given = set(given)
+#: What the vector envs' own arguments (``_VECTOR``) take, where a card lists them: a wrong type
+#: or bound would pass the constructor and fail at the first step, in every pod.
+_VECTOR_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_episode_steps": (
+        lambda v: v is None or (type(v) is int and v >= 1),
+        "a whole number of steps >= 1, or null for no time limit",
+    ),
+    "check_actions": (lambda v: type(v) is bool, "true or false"),
+}
+
+
+def argument_problem(env: str, field: str, given: Mapping[str, Any]) -> str | None:
+    """Why arguments ``given`` (of ``field``) cannot go to ``env``: one the run sets, one its
+    card does not list (with a did-you-mean), or a vector env's own argument of a wrong value;
+    None if they can, or nothing is known of them."""
     card = env_card(env)
     accepted = card.kwargs if card is not None else None
-    if owned := sorted(given & RUN_ARGUMENTS):
+    if owned := sorted(set(given) & RUN_ARGUMENTS):
         return f"{field}: {', '.join(owned)} is set by the run, not by env arguments"
-    if accepted is None or not (unknown := sorted(given - accepted)):
+    if accepted is None:
         return None
-    close = difflib.get_close_matches(unknown[0], accepted, n=1, cutoff=0.6)
-    return (
-        f"{field}: {env} does not take {', '.join(repr(k[:64]) for k in unknown[:3])}"
-        + (f" (did you mean {close[0]!r}?)" if close else "")
-        + f"; it takes {', '.join(sorted(accepted)) or 'none'}"
-    )
+    if unknown := sorted(set(given) - accepted):
+        close = difflib.get_close_matches(unknown[0], accepted, n=1, cutoff=0.6)
+        return (
+            f"{field}: {env} does not take {', '.join(repr(k[:64]) for k in unknown[:3])}"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + f"; it takes {', '.join(sorted(accepted)) or 'none'}"
+        )
+    for name, value in given.items():
+        ok, expected = _VECTOR_VALUES.get(name, (lambda _: True, ""))
+        if not ok(value):
+            return f"{field}.{name}: {value!r} is not {expected}"
+    return None

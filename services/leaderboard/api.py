@@ -343,14 +343,16 @@ def board_stats(exp: Experiment, candidates: list[Candidate]) -> LeaderboardStat
 async def leaderboard(
     experiment_id: ExperimentId,
     svc: Svc,
-    limit: Annotated[int, Query(ge=1, le=10_000, description="Default: K.")] = 0,
+    limit: Annotated[
+        int | None, Query(ge=1, le=10_000, description="Default: K (the whole board).")
+    ] = None,
 ) -> Response:
     # Boards are read far more often than they change: a rendered board is reused while Redis
     # says (in the same single round trip that would fetch it) that its version is current.
-    key = (experiment_id, limit)
+    key = (experiment_id, limit or 0)  # 0: K, as the store reads it
     cached = svc.board_cache.get(key)
     version, raw, rows = await svc.store.top_if_changed(
-        experiment_id, limit, cached[0] if cached else ""
+        experiment_id, key[1], cached[0] if cached else ""
     )
     if raw is None and cached is not None:
         return Response(cached[1], media_type="application/json")

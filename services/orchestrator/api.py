@@ -99,7 +99,7 @@ def create_experiment(
     spec: ExperimentSpec,
     request: Request,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> ExperimentOut:
     check_bounds(spec, _settings(request))
     store = _store(request)

@@ -72,6 +72,11 @@ class ExperimentOut(BaseModel):
     name: str
     state: ShownState
     reason: str | None = None
+    intent: str = Field(
+        default="run",
+        description="What was last asked of it (run, pause, cancel): the answer to a cancel, "
+        "pause or resume holds it at once, `state` follows within a reconcile pass.",
+    )
     priority: int
     created_at: float
     started_at: float | None = None
@@ -108,6 +113,7 @@ class ExperimentOut(BaseModel):
             name=spec.name,
             state=exp.state,  # type: ignore[arg-type]
             reason=s.reason,
+            intent=exp.intent,
             priority=spec.priority,
             created_at=exp.created_at,
             started_at=started,
