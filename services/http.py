@@ -286,14 +286,19 @@ def add_common_error_handlers(app: FastAPI, store: str) -> None:
     """
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # Only where and what: echoing the input back could be huge, and a NaN in it is not
         # even JSON. A message or key may quote the input (an unknown name), so both are cut.
+        # A body sent as a form or text (curl -d's default) is not read as JSON: say why.
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        json_or_upload = kind.endswith("json") or kind.startswith("multipart/")
+        hint = "" if json_or_upload else " (send it as JSON: Content-Type: application/json)"
         detail = [
             {
                 "type": str(e.get("type")),
                 "loc": [_clip_loc(p) for p in e.get("loc", ())],
-                "msg": clip(str(e.get("msg"))),
+                "msg": clip(str(e.get("msg")))
+                + (hint if tuple(e.get("loc", ())) == ("body",) else ""),
             }
             for e in exc.errors()
         ]

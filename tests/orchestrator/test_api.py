@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -273,6 +275,12 @@ def test_malformed_bodies_and_headers_are_422(client: TestClient) -> None:
     assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
     r = client.post("/api/v1/experiments", json=[spec()])
     assert _locs(r) == [("body",)]
+    # A spec sent as a form (curl -d's default) or as text is not read as JSON: the 422 says so.
+    form = client.post("/api/v1/experiments", content=json.dumps(spec()),
+                       headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    assert _locs(form) == [("body",)]
+    assert "send it as JSON: Content-Type: application/json" in form.json()["detail"][0]["msg"]
+    assert "Content-Type" not in r.json()["detail"][0]["msg"]  # JSON, only of the wrong shape
     r = client.post("/api/v1/experiments", json=spec(), headers={"Idempotency-Key": "k" * 500})
     assert _locs(r) == [("header", "idempotency-key")]
     # An empty key was taken as none: the retry it was meant for made a second experiment.
