@@ -215,7 +215,6 @@ def argument_problem(env: str, field: str, given: Mapping[str, Any]) -> str | No
             + f"; it takes {', '.join(sorted(accepted)) or 'none'}"
         )
     for name, value in given.items():
-        ok, expected = _VECTOR_VALUES.get(name, (lambda _: True, ""))
-        if not ok(value):
-            return f"{field}.{name}: {value!r} is not {expected}"
+        if name in _VECTOR_VALUES and not (check := _VECTOR_VALUES[name])[0](value):
+            return f"{field}.{name}: {value!r} is not {check[1]}"
     return None

@@ -14,6 +14,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from services.contracts.inputs import check_json_value
 
+#: Marks a setting (``json_schema_extra`` of an algorithm config's field) that, set true, acts
+#: over the run's whole budget (PPO's ``anneal_lr``): a tournament of more than one agent, each
+#: training an unknown share of the budget, cannot honour it, so a search space may not draw it
+#: there (services/contracts/spec.py). A plugin's config marks its own the same way.
+WHOLE_RUN = {"x-whole-run": True}
+
 
 class _Dist(BaseModel):
     # Input models (spec, leaderboard registration): bounds must survive a JSON round trip.

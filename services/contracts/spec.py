@@ -33,11 +33,12 @@ from services.contracts.algorithms.hyperparameters import (
     check_population_settings,
     misfits,
     preset_data,
+    whole_run_settings,
 )
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
 from services.contracts.envs import argument_problem, unreachable_target
 from services.contracts.inputs import InputModel, JsonObject, check_json_value
-from services.contracts.search_space import Choice, SearchSpace, pinned_values
+from services.contracts.search_space import SearchSpace, pinned_values
 from services.contracts.strategies import PopulationExploit, board_counts, options_model
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -373,17 +374,16 @@ class ExperimentSpec(InputModel):
         return self
 
     @model_validator(mode="after")
-    def _annealing(self) -> ExperimentSpec:
-        # PPO's anneal_lr takes the learning rate to 0 over the run's budget; a tournament's
-        # agent trains an unknown share of it (PBT carries agents across slots and lineages),
-        # so it would anneal over the wrong horizon: pods train at a constant rate instead.
-        dist = self.search_space.get("anneal_lr")
+    def _whole_run(self) -> ExperimentSpec:
+        # Settings marked WHOLE_RUN (PPO's anneal_lr: the learning rate to 0 over the budget)
+        # act over a budget of which a tournament's agent trains an unknown share (PBT carries
+        # agents across slots): they would act over the wrong horizon. Pods leave them off.
         slots = self.population.max_pods * self.population.agents_per_pod
-        if isinstance(dist, Choice) and True in dist.values and slots > 1:
+        if slots > 1 and (names := whole_run_settings(self.search_space, self.algorithms)):
             raise ValueError(
-                f"search_space.anneal_lr: true cannot be honoured by a tournament of {slots} "
-                "agents (each trains an unknown share of the budget it would anneal over); "
-                "search learning_rate instead, or run one pod of one agent"
+                f"search_space.{names[0]}: true cannot be honoured by a tournament of {slots} "
+                "agents (it acts over the run's whole budget, of which each agent trains an "
+                "unknown share); leave it false, or run one pod of one agent"
             )
         return self
 

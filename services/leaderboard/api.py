@@ -139,9 +139,8 @@ async def put_experiment(
                 for err in e.errors(include_url=False, include_context=False)
             ]
         ) from e
-    except Exception as e:  # a plugin's import and constructor run its code: any error
-        problem = str(e) if isinstance(e, registry.PluginError) else f"cannot be built: {e!r}"
-        raise _field_error(("body", "generator", "strategy"), problem) from e
+    except registry.PluginError as e:
+        raise _field_error(("body", "generator", "strategy"), str(e)) from e
     # By registered name, from package metadata (no import): a name no pod can build would
     # only fail later, in every pod.
     known = registry.names(registry.ALGORITHMS)

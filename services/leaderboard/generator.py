@@ -236,11 +236,17 @@ class CEMGenerator(Strategy):
 
 
 def load_strategy(name: str, options: dict[str, Any]) -> Strategy:
-    """The strategy registered as ``name``; raises UnknownNameError or ValidationError."""
+    """The strategy registered as ``name``; raises UnknownNameError, ValidationError (its
+    options) or PluginError (it cannot be loaded or built: a plugin's code may raise anything)."""
     cls = registry.load(registry.GENERATORS, name, kind="generator strategy")
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise registry.PluginError(f"generator strategy {name!r} is not a Strategy subclass")
-    return cls(options)
+    try:
+        return cls(options)
+    except ValidationError:
+        raise
+    except Exception as e:
+        raise registry.PluginError(f"generator strategy {name!r} cannot be built: {e!r}") from e
 
 
 def choose_algorithm(weights: dict[str, float], rng: random.Random) -> str:
@@ -308,14 +314,8 @@ class GeneratorService:
             except ValidationError as e:
                 problems = [f"generator.options.{line.strip()}" for line in describe_errors(e)]
                 raise InvalidConfigError(exp.experiment_id, problems) from e
-            except Exception as e:  # a plugin's constructor runs its code: any error
-                log.error(
-                    "generator strategy failed", strategy=exp.generator.strategy, exc_info=True
-                )
-                problem = e if isinstance(e, LookupError | ValueError) else repr(e)
-                raise InvalidConfigError(
-                    exp.experiment_id, [f"generator.strategy: {problem}"]
-                ) from e
+            except (registry.UnknownNameError, registry.PluginError) as e:
+                raise InvalidConfigError(exp.experiment_id, [f"generator.strategy: {e}"]) from e
             self._strategies[key] = strategy
         return self._strategies[key]
 

@@ -15,11 +15,12 @@ from functools import cache
 from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from services.contracts.algorithms.card import AlgorithmCard, card, card_names, find_card
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.contracts.envs import env_action_kind
-from services.contracts.search_space import Choice, IntUniform, SearchSpace
+from services.contracts.search_space import WHOLE_RUN, Choice, IntUniform, SearchSpace
 
 
 class HyperparameterError(ValueError):
@@ -87,16 +88,33 @@ def check_hyperparameter_names(
 
 
 @cache
+def _field(algorithm: str, name: str) -> FieldInfo | None:
+    """``algorithm``'s setting ``name`` (its config's or its loop's field), None if none."""
+    found = find_card(algorithm)
+    models = (found.config, found.loop_config) if found else ()
+    return next((m.model_fields[name] for m in models if m and name in m.model_fields), None)
+
+
+@cache
 def _field_check(algorithm: str, name: str) -> TypeAdapter[Any] | None:
     """The validator of ``algorithm``'s setting ``name`` (its type and bounds; None where it
     has none), built once: a spec is validated on every read of it."""
-    found = find_card(algorithm)
-    models = (found.config, found.loop_config) if found else ()
-    info = next((m.model_fields[name] for m in models if m and name in m.model_fields), None)
-    if info is None:
+    if (info := _field(algorithm, name)) is None:
         return None
     return TypeAdapter(
         Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+    )
+
+
+def whole_run_settings(space: SearchSpace, algorithms: Iterable[str]) -> list[str]:
+    """The names ``space`` may set true whose field, in any of ``algorithms``, is marked
+    ``WHOLE_RUN`` (services/contracts/search_space.py)."""
+    return sorted(
+        name
+        for name, dist in space.items()
+        if isinstance(dist, Choice)
+        and True in dist.values
+        and any((f := _field(a, name)) and f.json_schema_extra == WHOLE_RUN for a in algorithms)
     )
 
 

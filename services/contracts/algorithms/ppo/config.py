@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from services.contracts.search_space import WHOLE_RUN
+
 Activation = Literal["tanh", "relu", "elu"]
 
 
@@ -34,7 +36,11 @@ class PPOConfig(BaseModel):
     num_envs: int = Field(64, ge=1, description="Parallel sub-environments of the worker.")
     num_steps: int = Field(32, ge=1, description="Rollout length per sub-environment.")
     learning_rate: float = Field(3e-4, gt=0)
-    anneal_lr: bool = Field(True, description="Linearly anneal the LR to 0 over the budget.")
+    anneal_lr: bool = Field(
+        True,
+        description="Linearly anneal the LR to 0 over the budget.",
+        json_schema_extra=WHOLE_RUN,
+    )
     gamma: float = Field(0.99, gt=0, le=1)
     gae_lambda: float = Field(0.95, ge=0, le=1)
     num_minibatches: int = Field(4, ge=1)
