@@ -9,8 +9,8 @@ the allocator (services/malloc.py): ``python -m services.pod`` starts itself ane
 preloaded. The pod's worker, learner and evaluator run in this one process
 (services/pod/roles/).
 
-Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made), 2 for bad input (the message
-names what is wrong), 1 when training fails (the error is the last log line).
+Exit codes: 0 after a stop (SIGTERM/SIGINT: final report made, unless it came during a
+compile), 2 for bad input (the message names what is wrong), 1 when training fails.
 """
 
 from __future__ import annotations
@@ -232,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, files)
 
-    def on_signal(_signum: int, _frame: object) -> None:
+    def on_signal(_signum: int, frame: object) -> None:
         runtime.stop()
+        if activity.compiling(frame):
+            raise activity.CompileStopped  # up to ``_run``
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -263,6 +265,9 @@ def _run(runtime: PodRuntime) -> int:
 
     try:
         runtime.run()
+    except activity.CompileStopped:
+        log.warning("stopped while compiling: no final report (activity.CompileStopped)")
+        return 0
     except (HyperparameterError, PluginError, ExperimentConfigError) as exc:  # DQN on Pendulum
         log.error("bad input", error=str(exc))
         return 2

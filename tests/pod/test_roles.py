@@ -8,7 +8,7 @@ import torch
 
 from services.pod.algorithms import ppo
 from services.pod.config import PPORunConfig
-from services.pod.roles.evaluator import Evaluator
+from services.pod.roles.evaluator import evaluate_groups
 from services.pod.training.presets import preset
 from tests.pod.harness import ppo_trainer
 
@@ -113,6 +113,6 @@ def test_evaluation_is_deterministic_and_scores_what_the_evaluator_scores() -> N
     env, _ = cfg.make_envs(cfg.ppo.num_envs)
     _, eval_env = cfg.make_envs(cfg.ppo.num_envs)
     env.close()
-    evaluator = Evaluator(eval_env, seed=cfg.evaluation_seed)
-    result = evaluator.evaluate(t.agent(0).policy)
+    act = t.agent(0).policy.act_deterministic
+    [result] = evaluate_groups(eval_env, act, seed=cfg.evaluation_seed)
     assert result.episodes == pytest.approx(first.episodes, rel=1e-4)

@@ -275,3 +275,19 @@ def test_a_sac_pod_process_reports_on_sigterm(lb: Leaderboard, tmp_path: Path) -
         board = api.get("/experiments/e4/leaderboard").json()["candidates"]
     assert {c["algorithm"] for c in board} == {"sac"}
     assert events[-1] == "pod stopped"
+
+
+def test_a_pod_asked_to_stop_while_compiling_stops_at_once(lb: Leaderboard, tmp_path: Path):
+    """SIGTERM during a compile (a cold one: a minute on a loaded CPU) abandons it: the pod
+    exits 0 at once, saying so, instead of finishing a compile nobody will use."""
+    spec = sac_spec()
+    spec["search_space"] = {**spec["search_space"], "compile": {"type": "choice", "values": ["on"]}}
+    register(lb, "e5", spec)
+    pod_dir, log_path, cold = tmp_path / "pods", tmp_path / "pod.log", tmp_path / "cold-cache"
+    pod_dir.mkdir()
+    cache = {"PODIUM_COMPILE_CACHE_DIR": str(cold), "TORCHINDUCTOR_CACHE_DIR": str(cold)}
+    proc = start_pod(lb, "e5", "p0", spec, pod_dir, log_path, **cache)
+    lines = sigterm_pod_when(proc, log_path, lambda: '"compiling"' in log_path.read_text())
+    events = [line["event"] for line in lines if line["event"] != "pod activity"]
+    assert events[-1].startswith("stopped while compiling"), events[-3:]
+    assert "compile.done" not in events

@@ -327,7 +327,7 @@ import torch
 from pydantic import Field
 
 from services.pod.config import RunConfig
-from services.pod.roles.evaluator import Evaluator
+from services.pod.roles.evaluator import evaluate_groups
 from services.pod.training.checkpoint import json_bytes, read_files, tensor_bytes, write_files
 from services.pod.training.trainer import Counters, Trainer
 
@@ -365,8 +365,7 @@ class HillClimbTrainer(Trainer[HillClimbRunConfig]):
     def reset(self, slot, config) -> None:
         self.close()
         self._config, hc = config, config.hill_climb
-        self.env, eval_env = config.make_envs(hc.num_envs)
-        self.evaluator = Evaluator(eval_env, seed=config.evaluation_seed)
+        self.env, self.eval_env = config.make_envs(hc.num_envs)
         space = self.env.single_observation_space
         self.policy = LinearPolicy(space.shape[0], int(self.env.single_action_space.n))
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -399,7 +398,8 @@ class HillClimbTrainer(Trainer[HillClimbRunConfig]):
         return {"best_train_score": self.best}
 
     def evaluate(self):
-        return [self.evaluator.evaluate(self.policy)]
+        act = self.policy.act_deterministic
+        return evaluate_groups(self.eval_env, act, seed=self._config.evaluation_seed)
 
     def config(self, slot):
         return self._config
@@ -425,7 +425,7 @@ class HillClimbTrainer(Trainer[HillClimbRunConfig]):
     def close(self) -> None:
         if self.env is not None:
             self.env.close()
-            self.evaluator.env.close()
+            self.eval_env.close()
             self.env = None
 """,
 }

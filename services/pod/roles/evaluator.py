@@ -3,7 +3,7 @@ the worker's, so a score is not biased by the worker's exploration noise or half
 episodes. ``evaluate_groups`` scores the P agents of a population at once, each on its slice of
 one batched env (any ``VecEnv``); ``greedy_scores`` does the same on a functional env with a
 pure function of a few steps (``greedy_steps``: compiled, one program whatever the episode
-length); ``Evaluator`` scores one policy. Every agent starts from the states an env of the
+length); one agent is a group of one. Every agent starts from the states an env of the
 episode count reset with the evaluation seed starts from (``start_states``), so candidates
 compare on equal terms and a population's agent scores what a single agent would.
 """
@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 
 from services.pod.algorithms import policies as pi
-from services.pod.algorithms.policies import Policy
 from services.pod.algorithms.ppo import PPOShape, normalize
 from services.pod.envs.base import TorchVecEnv, VecEnv
 from services.pod.envs.functional import FunctionalEnv
@@ -160,17 +159,3 @@ def results(scores: torch.Tensor, steps: torch.Tensor) -> list[EvalResult]:
         std = math.sqrt(sum((r - mean) ** 2 for r in episodes) / len(episodes))
         out.append(EvalResult(mean, std, episodes, env_steps=taken * len(episodes)))
     return out
-
-
-class Evaluator:
-    """Runs ``env.num_envs`` episodes at once, one per sub-environment, deterministically
-    (one agent's evaluation on a vector env: what a plugin's trainer may evaluate with)."""
-
-    def __init__(self, env: VecEnv, seed: int = 0, max_steps: int | None = None) -> None:
-        self.env, self.seed, self.max_steps = env, seed, max_steps
-
-    def evaluate(self, policy: Policy) -> EvalResult:
-        [result] = evaluate_groups(
-            self.env, policy.act_deterministic, seed=self.seed, max_steps=self.max_steps
-        )
-        return result

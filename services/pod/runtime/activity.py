@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Any
 
 from services.contracts.pod_activity import EVENT
 from services.logs import get_logger
@@ -37,9 +38,15 @@ COMPILERS = frozenset(
 _FILE_ENDS = tuple({path for path, _ in COMPILERS})
 
 
-def compiling(thread_id: int) -> bool:
-    """Whether the thread's stack is in one of the ``COMPILERS`` now."""
-    frame = sys._current_frames().get(thread_id)
+class CompileStopped(BaseException):  # not an Exception: torch's handlers let it by
+    """The pod's stop, raised by its signal handler into a compile in progress: the pod ends
+    now, not after a compile of a minute nobody would use. Torch's tracing state is left
+    half-way, so not even the final report can run: what trained since the last report is
+    lost (a compile comes at the start of training or at a first evaluation)."""
+
+
+def compiling(frame: Any) -> bool:
+    """Whether the stack from ``frame`` (a thread's current one) is in one of the ``COMPILERS``."""
     while frame is not None:
         code = frame.f_code
         if code.co_filename.endswith(_FILE_ENDS) and any(
@@ -72,7 +79,8 @@ class Activity:
 
     def _show(self, now: float) -> None:
         with self._lock:
-            current = "compiling" if compiling(self._thread_id) else self._phase
+            frame = sys._current_frames().get(self._thread_id)
+            current = "compiling" if compiling(frame) else self._phase
             activity, since = self._shown
             if current != activity:
                 self._shown = (current, now)
