@@ -16,6 +16,9 @@ pod is held to its limit by one of (``pod_memory_limit``):
   faster than the sampling can outgrow the limit for that long.
 - ``auto`` (default): ``cgroup`` where one can be made, else ``watch``; ``off``: no limit.
 
+A pod forked from the pod launcher is charged (``cgroup``) only what it makes after the fork:
+the pages it shares with the launcher (torch, the compiler) stay the launcher's.
+
 A pod killed for its memory ends with the reason ``OOMKilled`` and counts as a crash (the
 pod's own doing), so an experiment whose pods keep outgrowing their limit fails after the
 crash-loop limit, naming it, as on Kubernetes.
