@@ -67,10 +67,13 @@ def test_a_budget_the_batches_do_not_divide_ends_without_churning_pods(
     for path in sorted((data / "experiments" / exp_id / "pods").glob("*.log")):
         print(path.stem, [line for line in pod_log(data, exp_id, path.stem) if line.get("event")
                           in {"pod starting", "reported", "pod stopped", SPENT}])  # fmt: skip
-    assert exp["progress"]["pods_launched"] <= PODS + 1, exp
+    # The batches left after the first pods go to at most two more: one pod when they are fewer
+    # than the pods to start, else one each (two of 40,960's three pods ending in the same pass
+    # leave two batches for two slots; all three, two batches for one pod).
+    assert exp["progress"]["pods_launched"] <= PODS + 2, exp
     wait_for(lambda: not live_pods(data, exp_id), timeout=60)
     exp = experiment()
-    assert exp["progress"]["pods_launched"] <= PODS + 1, exp
+    assert exp["progress"]["pods_launched"] <= PODS + 2, exp
     assert exp["state"] == "budget_exhausted", exp
     trained: dict[str, int] = defaultdict(int)
     for report in reports(data, exp_id):
