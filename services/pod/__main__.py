@@ -233,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     runtime = PodRuntime(experiment, pod_id, spec, client, runtime_settings, metrics, files)
 
     def on_signal(_signum: int, frame: object) -> None:
+        abandon = not runtime.stopping and activity.compiling(frame)  # not a final report's
         runtime.stop()
-        if activity.compiling(frame):
+        if abandon:
             raise activity.CompileStopped  # up to ``_run``
 
     signal.signal(signal.SIGTERM, on_signal)

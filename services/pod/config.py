@@ -100,7 +100,8 @@ def same_spaces(train: Any, evaluation: Any) -> Any:
         (e.single_observation_space.shape, e.single_action_space) for e in (train, evaluation)
     ]
     if shapes[0] != shapes[1]:
-        raise ValueError(f"eval_env_kwargs change the env's observations or actions: {shapes}")
+        why = "training's {0[0]} and {0[1]}, evaluation's {1[0]} and {1[1]}".format(*shapes)
+        raise ValueError(f"eval_env_kwargs change the env's observations or actions: {why}")
     return evaluation
 
 

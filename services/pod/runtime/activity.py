@@ -39,10 +39,10 @@ _FILE_ENDS = tuple({path for path, _ in COMPILERS})
 
 
 class CompileStopped(BaseException):  # not an Exception: torch's handlers let it by
-    """The pod's stop, raised by its signal handler into a compile in progress: the pod ends
-    now, not after a compile of a minute nobody would use. Torch's tracing state is left
-    half-way, so not even the final report can run: what trained since the last report is
-    lost (a compile comes at the start of training or at a first evaluation)."""
+    """The pod's stop, raised by its signal handler into a compile in progress (not one of its
+    final report): the pod ends now, not after a compile of a minute nobody would use. Torch's
+    tracing state is left half-way, so not even the final report can run: what trained since
+    the last report is lost (a compile comes at the start of training or a first evaluation)."""
 
 
 def compiling(frame: Any) -> bool:

@@ -18,8 +18,7 @@ of its own: the pod's id for a single agent, ``<pod id>.m<i>`` in a population.
   agents into the bottom slots in place, with explored hyperparameters (``select``); a copy
   reports as a child of its source's last candidate.
 * Stop (SIGTERM, or ``max_env_steps`` reached): the update in flight finishes, then one
-  evaluation and a final report of every slot trained since its last report (a SIGTERM that
-  comes during a compile ends the pod at once, with no report: runtime/activity.py).
+  evaluation and a final report of every slot trained since its last report.
 
 In an algorithm mix, a search-space name only some algorithms take is ignored by the others'
 pods (it still travels with the candidate, so the generator's strategies see every name).
