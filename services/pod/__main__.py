@@ -82,7 +82,7 @@ class PodSettings(BaseSettings):
         default=None, ge=0, le=65535, description="Serve /metrics here; 0: any free port."
     )
     termination_grace_s: float = Field(
-        default=30.0, gt=0, description="Time to make the final report after SIGTERM."
+        default=30.0, ge=0, description="Time to make the final report after SIGTERM."
     )
     max_env_steps: int | None = Field(
         default=None,
