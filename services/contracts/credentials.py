@@ -21,6 +21,19 @@ import base64
 import hashlib
 import hmac
 
+# What gives access to the whole platform: a pod inherits none of it (least privilege). Its
+# PODIUM_API_TOKEN is its experiment's credential instead (``pod_credential``).
+PLATFORM_SECRETS = frozenset(
+    {
+        "PODIUM_API_TOKEN",
+        "PODIUM_API_TOKEN_FILE",
+        "PODIUM_LEADERBOARD_TOKEN",
+        "PODIUM_TOKEN",
+        "REDIS_URL",
+        "PODIUM_REDIS_URL",
+    }
+)
+
 PREFIX = "pod."
 CONTEXT = b"podium pod credential v1\n"
 

@@ -787,6 +787,7 @@ class Reconciler:
 
     def _pod_env(self) -> dict[str, str]:
         env = {
+            **self.settings.pod_env,  # an operator's: none of the names below (its validator)
             # The pod budgets its final report (retries included) inside the grace period
             # (the PodRequest's grace_s, which the backend enforces).
             "PODIUM_TERMINATION_GRACE_S": f"{self.settings.termination_grace_s:g}",

@@ -12,8 +12,20 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
+from services.contracts.credentials import PLATFORM_SECRETS
 from services.malloc import check_choice
 from services.settings import PodiumSettings
+
+#: What the orchestrator and its backends set in each training pod's environment, from the
+#: experiment, the pod and their own settings: ``pod_env`` may not set them.
+SET_PER_POD = frozenset(
+    {
+        "PODIUM_EXPERIMENT_ID", "PODIUM_POD_ID", "PODIUM_SPEC", "PODIUM_POD_DIR", "PODIUM_CPU",
+        "PODIUM_GPUS", "PODIUM_ALGORITHM", "PODIUM_MAX_ENV_STEPS", "PODIUM_TERMINATION_GRACE_S",
+        "PODIUM_LEADERBOARD_URL", "PODIUM_POD_MALLOC", "PODIUM_POD_MKL_DISPATCH",
+        "PODIUM_COMPILE_CACHE_DIR", "PODIUM_TENSORBOARD_DIR", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD",
+    }
+)  # fmt: skip
 
 
 def _memory_bytes() -> int:
@@ -139,12 +151,24 @@ class OrchestratorSettings(PodiumSettings):
         "memory sampled, its processes killed over the limit; auto: cgroup where one can be "
         "made, else watch; off: no limit. A pod killed for its memory counts as a crash.",
     )
+    pod_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment every training pod gets, on either backend (JSON): the pods' "
+        "own settings (PodSettings in services/pod/__main__.py, e.g. PODIUM_COMPILE_WAIT_S, "
+        "PODIUM_POD_LOG_LINES, PODIUM_POD_FILES_INTERVAL_S, PODIUM_TORCH_THREADS) or any "
+        "other variable, but none the platform sets for each pod (refused, naming it).",
+    )
     # Kubernetes backend.
     pod_image: str = "ghcr.io/podium-rl/podium-pod:0.1.0"  # release.yml publishes it (appVersion)
     pod_image_cpu: str | None = Field(
         default=None,
         description="Image of pods that request no GPU (the release's `-cpu` build: no CUDA "
         "libraries to pull); None: pod_image for every pod.",
+    )
+    pod_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent",
+        description="Training pods' imagePullPolicy (the chart passes image.pullPolicy): "
+        "Always where a pod image's tag is pushed again.",
     )
     k8s_namespace: str | None = Field(
         default=None, description="Default: the service account's namespace, else 'default'."
@@ -178,6 +202,16 @@ class OrchestratorSettings(PodiumSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
+
+    @field_validator("pod_env")
+    @classmethod
+    def _pod_env(cls, value: dict[str, str]) -> dict[str, str]:
+        if taken := sorted(set(value) & (SET_PER_POD | PLATFORM_SECRETS)):
+            raise ValueError(
+                f"pod_env may not set {', '.join(taken)}: the platform sets "
+                f"{'it' if len(taken) == 1 else 'them'} for each pod (or keeps it from pods)"
+            )
+        return value
 
     @field_validator("pod_malloc")
     @classmethod

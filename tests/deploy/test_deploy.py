@@ -459,6 +459,9 @@ def test_gpu_values_reach_the_training_pod_manifest(renders: dict[str, list[dict
     assert token == {"secretKeyRef": {"name": "podium-exp-exp1-pod-credential", "key": "token"}}
     assert "from-the-file" not in json.dumps(pod)
     assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "training-pod"
+    # pod.env: the pods' own settings (the reconciler puts them in each pod's request).
+    assert settings.pod_env == {"PODIUM_COMPILE_WAIT_S": "300"}
+    assert spec["containers"][0]["imagePullPolicy"] == "Always"  # image.pullPolicy
 
 
 def _as_kwargs(env: dict[str, str]) -> dict[str, Any]:

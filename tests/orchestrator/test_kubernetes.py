@@ -295,6 +295,39 @@ def test_an_ensemble_pods_algorithm_is_kept_on_the_pod(
     assert {p.pod_id: p.algorithm for p in backend.list_pods()} == {"p1": "sac", "p2": None}
 
 
+def test_an_operators_pod_env_and_pull_policy_reach_the_training_pods(
+    cluster: tuple[FakeCluster, ServerThread],
+    make_settings: Callable[..., OrchestratorSettings],
+    flush_redis: None,
+) -> None:
+    """``pod_env`` (the chart's pod.env: the pods' own settings, which the orchestrator's
+    environment never reaches on Kubernetes) and ``pod_image_pull_policy`` (image.pullPolicy)
+    are in every pod the orchestrator creates."""
+    settings = make_settings(
+        backend="kubernetes", k8s_namespace=NS, k8s_capacity_refresh_s=0,
+        pod_env={"PODIUM_POD_LOG_LINES": "500", "HF_HOME": "/cache/hf"},
+        pod_image_pull_policy="Always",
+    )  # fmt: skip
+    with orchestrator(settings, cluster[1].url) as c:
+        fc = cluster[0]
+        body = spec(population={"min_pods": 1, "max_pods": 1})
+        assert c.post("/api/v1/experiments", json=body).status_code == 201
+        wait_for(lambda: fc.pod_names(NS))
+        [pod] = [m for m in fc.manifests if m["kind"] == "Pod"]
+    validate(pod)
+    [container] = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PODIUM_POD_LOG_LINES"] == "500" and env["HF_HOME"] == "/cache/hf"
+    assert container["imagePullPolicy"] == "Always"
+
+
+@pytest.mark.parametrize("name", ["PODIUM_SPEC", "PODIUM_TERMINATION_GRACE_S", "LD_PRELOAD",
+                                  "PODIUM_API_TOKEN", "REDIS_URL"])  # fmt: skip
+def test_pod_env_may_not_set_what_the_platform_sets_for_each_pod(name: str) -> None:
+    with pytest.raises(ValidationError, match=f"pod_env may not set {name}"):
+        OrchestratorSettings(pod_env={name: "x"})
+
+
 def test_pods_that_can_never_start_are_failed_and_unschedulable_ones_say_why(
     backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
 ) -> None:

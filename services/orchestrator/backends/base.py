@@ -32,19 +32,6 @@ Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
 #: A pod's exit code for input that can never work (services/pod/__main__.py): permanent.
 BAD_INPUT_EXIT = 2
 
-# What gives access to the whole platform: a pod inherits none of it (least privilege). Its
-# PODIUM_API_TOKEN is its experiment's credential instead (``pod_credential``).
-PLATFORM_SECRETS = frozenset(
-    {
-        "PODIUM_API_TOKEN",
-        "PODIUM_API_TOKEN_FILE",
-        "PODIUM_LEADERBOARD_TOKEN",
-        "PODIUM_TOKEN",
-        "REDIS_URL",
-        "PODIUM_REDIS_URL",
-    }
-)
-
 
 def pod_credential(settings: OrchestratorSettings, experiment_id: str) -> str | None:
     """The bearer token of ``experiment_id``'s pods: it works on that experiment's pod routes

@@ -50,13 +50,13 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 from kubernetes.watch import Watch
 
+from services.contracts.credentials import PLATFORM_SECRETS
 from services.logs import get_logger
 from services.orchestrator.backends.base import (
     EXPERIMENT_LABEL,
     MANAGED_BY,
     MANAGER,
     OUTSIDE_SIGNALS,
-    PLATFORM_SECRETS,
     POD_LABEL,
     Backend,
     PodInfo,
@@ -220,7 +220,7 @@ def pod_manifest(
     container = {
         "name": CONTAINER,
         "image": image,
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": settings.pod_image_pull_policy,
         "command": ["python", "-m", "services.pod"],
         "args": ["--experiment", req.experiment_id, "--pod-id", req.pod_id],
         "env": env,

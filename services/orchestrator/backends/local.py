@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from services.contracts.credentials import PLATFORM_SECRETS
 from services.logs import get_logger
 from services.malloc import preload, resolve_for
 from services.orchestrator.backends.base import (
@@ -34,7 +35,6 @@ from services.orchestrator.backends.base import (
     MANAGED_BY,
     MANAGER,
     OUTSIDE_SIGNALS,
-    PLATFORM_SECRETS,
     POD_LABEL,
     Backend,
     PodInfo,

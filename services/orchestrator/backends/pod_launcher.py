@@ -32,9 +32,9 @@ from typing import Any
 
 import psutil
 
+from services.contracts.credentials import PLATFORM_SECRETS
 from services.logs import get_logger
 from services.malloc import preload
-from services.orchestrator.backends.base import PLATFORM_SECRETS
 
 log = get_logger(__name__)
 
