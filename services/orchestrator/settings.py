@@ -46,7 +46,12 @@ class OrchestratorSettings(PodiumSettings):
     )
     # Capacity of the local backend; unset means "this machine".
     capacity_cpu: float | None = Field(default=None, gt=0)
-    capacity_gpus: int | None = Field(default=None, ge=0)
+    capacity_gpus: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs of the local backend (unset: this machine's); on Kubernetes with a "
+        "DRA claim template, the claimable GPUs (unset: as many as pods ask for).",
+    )
     capacity_memory: str | None = Field(default=None, description="Kubernetes quantity, 16Gi.")
     # Upper bounds on what one spec may request per pod (checked by the API).
     max_pod_cpu: float = Field(default=64.0, gt=0)

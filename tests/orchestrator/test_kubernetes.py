@@ -368,6 +368,20 @@ def test_capacity_nodes_taints_selector_foreign_pods_and_quota(
     assert backend.capacity() == Res(0.0, 0, 0)
 
 
+def test_with_dra_claims_gpus_are_the_operators_count_else_what_pods_ask_for(
+    backend: KubernetesBackend,
+) -> None:
+    """Nodes of a DRA-only cluster advertise no nvidia.com/gpu (GPU experiments waited for
+    capacity for ever): with a claim template the orchestrator's GPUs are capacity_gpus, else
+    as many as pods ask for (the scheduler allocates the devices)."""
+    assert backend.capacity().gpus == 0  # counted from the nodes: none advertised
+    backend.settings.k8s_gpu_claim_template = "one-gpu"
+    backend.settings.capacity_gpus, backend._capacity = None, None
+    assert backend.capacity().gpus >= 1 << 20
+    backend.settings.capacity_gpus, backend._capacity = 6, None
+    assert backend.capacity().gpus == 6
+
+
 # -- the whole orchestrator on Kubernetes ----------------------------------------------------
 def test_orchestrator_on_kubernetes_scales_replaces_adopts_and_deletes(
     cluster: tuple[FakeCluster, ServerThread],

@@ -697,6 +697,12 @@ class KubernetesBackend(Backend):
                 mem = min(mem, int(r) + ours.memory)
             if (r := room("requests.nvidia.com/gpu")) is not None:
                 gpus = min(gpus, int(r) + ours.gpus)
+        if self.settings.k8s_gpu_claim_template:
+            # Claimed GPUs (DRA) are no node's nvidia.com/gpu to count: the operator's count of
+            # them, else as many as pods ask for (the scheduler allocates the devices; a pod
+            # that gets none waits Pending, reported as unschedulable with the scheduler's why).
+            counted = self.settings.capacity_gpus
+            gpus = counted if counted is not None else 1 << 20
         return Res(max(cpu, 0.0), max(gpus, 0), max(mem, 0))
 
     def close(self) -> None:
