@@ -236,6 +236,10 @@ def test_the_compile_cache_claim_is_the_pods_cache(
         [volume] = [v for v in m["spec"]["volumes"] if v["name"] == "compile-cache"]
         if claim:
             assert volume["persistentVolumeClaim"] == {"claimName": claim}
+            # A claim's files belong to root unless the pod names a group: the pod image's
+            # user (uid and gid 10001) must write there, else it falls back to a cache of its
+            # own without a word.
+            assert m["spec"]["securityContext"]["fsGroup"] == 10001
         else:
             assert volume["emptyDir"] == {}
         [c] = m["spec"]["containers"]

@@ -68,6 +68,8 @@ from services.orchestrator.settings import OrchestratorSettings
 
 log = get_logger(__name__)
 
+POD_IMAGE_GID = 10001  #: the pod image's group (Dockerfile: USER 10001:10001)
+
 #: Container waiting reasons that do not fix themselves: a bad image name or an image that
 #: cannot be pulled (after the kubelet's own retries), a missing Secret/ConfigMap, a bad spec.
 NEVER_STARTS = frozenset(
@@ -236,7 +238,12 @@ def pod_manifest(
         "terminationGracePeriodSeconds": max(1, round(req.grace_s)),
         "containers": [container],
         "volumes": volumes,
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+            # The pod image's user and group (Dockerfile): a compile-cache claim becomes theirs.
+            "fsGroup": POD_IMAGE_GID,
+        },
         "enableServiceLinks": False,
     }
     if settings.k8s_node_selector:
