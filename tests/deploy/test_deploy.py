@@ -424,6 +424,10 @@ def test_orchestrator_and_leaderboard_env_names_are_real_settings(
         _assert_settings(board, LeaderboardSettings)
         assert orch["PODIUM_BACKEND"] == "kubernetes"
         assert orch["PODIUM_LEADERBOARD_URL"].startswith("http://podium-leaderboard:")
+    # storage.s3.createBucket: the leaderboard may make a missing bucket (a fresh MinIO).
+    deps = by_kind(renders["gpu-values.yaml"], "Deployment")
+    board = env_of(deps["podium-leaderboard"]["spec"]["template"]["spec"]["containers"][0])
+    assert LeaderboardSettings(s3_create_bucket=board["PODIUM_S3_CREATE_BUCKET"]).s3_create_bucket
 
 
 def test_gpu_values_reach_the_training_pod_manifest(renders: dict[str, list[dict]]) -> None:
