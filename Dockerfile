@@ -74,8 +74,9 @@ USER 10001:10001
 # 8000: orchestrator (default command); the leaderboard runs with the command
 # "services.leaderboard" and PODIUM_PORT=8001; the CLI with --entrypoint podium.
 EXPOSE 8000 8001
+# /livez on PODIUM_PORT, else on either service's default port (a leaderboard run without it).
 HEALTHCHECK --interval=15s --timeout=3s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('PODIUM_PORT', '8000') + '/livez', timeout=2)"]
+    CMD ["python", "-c", "import os, urllib.request as u\nfor p in [os.environ['PODIUM_PORT']] if os.environ.get('PODIUM_PORT') else ['8000', '8001']:\n    try:\n        u.urlopen('http://127.0.0.1:' + p + '/livez', timeout=1)\n        raise SystemExit(0)\n    except OSError:\n        pass\nraise SystemExit(1)"]
 ENTRYPOINT ["python", "-m"]
 CMD ["services.orchestrator"]
 

@@ -106,6 +106,15 @@ def test_dockerfile_targets_are_non_root_with_exec_form_entrypoints_and_healthch
         assert isinstance(json.loads(entry.removeprefix("ENTRYPOINT ")), list)  # exec form
         health = next(ln for ln in lines if ln.startswith("HEALTHCHECK "))
         assert json.loads(health[health.index("CMD ") + 4 :])[0] == "python"
+    # The control plane's check finds either service on its default port without PODIUM_PORT
+    # (a leaderboard run so was "unhealthy" while it served).
+    from services.leaderboard.settings import LeaderboardSettings
+    from services.orchestrator.settings import OrchestratorSettings
+
+    health = next(ln for ln in stages["control-plane"] if ln.startswith("HEALTHCHECK "))
+    code = json.loads(health[health.index("CMD ") + 4 :])[2]
+    for settings in (LeaderboardSettings, OrchestratorSettings):
+        assert f"'{settings.model_fields['port'].default}'" in code, settings
     # The control plane's dependencies leave torch out; only the pod image installs it, pinned
     # to the exact build (a source that has only another build fails instead of installing it).
     deps = " ".join(stages["deps"])
