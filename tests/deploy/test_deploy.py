@@ -115,6 +115,11 @@ def test_dockerfile_targets_are_non_root_with_exec_form_entrypoints_and_healthch
     code = json.loads(health[health.index("CMD ") + 4 :])[2]
     for settings in (LeaderboardSettings, OrchestratorSettings):
         assert f"'{settings.model_fields['port'].default}'" in code, settings
+    # Training pods run with the pod image's group (a compile-cache claim becomes theirs).
+    from services.orchestrator.backends.kubernetes import POD_IMAGE_GID
+
+    user = [ln.split()[1] for ln in stages["pod"] if ln.startswith("USER ")][-1]
+    assert user == f"{POD_IMAGE_GID}:{POD_IMAGE_GID}", user
     # The control plane's dependencies leave torch out; only the pod image installs it, pinned
     # to the exact build (a source that has only another build fails instead of installing it).
     deps = " ".join(stages["deps"])

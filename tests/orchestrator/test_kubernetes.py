@@ -18,15 +18,16 @@ from pydantic import SecretStr, ValidationError
 
 from services.contracts.credentials import pod_token
 from services.orchestrator.app import create_app
-from services.orchestrator.backends.base import PodRequest
+from services.orchestrator.backends.base import PodRequest, pod_identity_env
 from services.orchestrator.backends.kubernetes import (
+    UNCOUNTED_GPUS,
     KubernetesBackend,
     credential_secret_manifest,
     owner_manifest,
     pod_manifest,
 )
 from services.orchestrator.scheduler import Res
-from services.orchestrator.settings import OrchestratorSettings
+from services.orchestrator.settings import SET_PER_POD, OrchestratorSettings
 from tests.orchestrator.conftest import LB_TOKEN, TOKEN, spec, wait_for
 from tests.orchestrator.k8s_server import K8S_VERSION, FakeCluster
 from tests.orchestrator.k8s_server import TOKEN as K8S_TOKEN
@@ -332,6 +333,21 @@ def test_pod_env_may_not_set_what_the_platform_sets_for_each_pod(name: str) -> N
         OrchestratorSettings(pod_env={name: "x"})
 
 
+def test_every_name_a_backend_sets_for_a_pod_is_one_pod_env_may_not_set(
+    k8s_settings: OrchestratorSettings,
+) -> None:
+    """SET_PER_POD (what the settings refuse in pod_env) covers what the backends set: the
+    identity both give a pod, the local backend's own and what the reconciler adds."""
+    own = pod_identity_env(request(), k8s_settings, "/cache", "/tb")
+    local = {"PODIUM_POD_DIR", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD"}
+    reconciler = {"PODIUM_TERMINATION_GRACE_S", "PODIUM_LEADERBOARD_URL", "PODIUM_ALGORITHM"}
+    assert {*own, *local, *reconciler, "PODIUM_MAX_ENV_STEPS"} <= SET_PER_POD
+    m = pod_manifest(k8s_settings, NS, request(), owner_uid="u")
+    assert {e["name"] for e in m["spec"]["containers"][0]["env"]} <= SET_PER_POD | {
+        "PODIUM_API_TOKEN"
+    }
+
+
 def test_pods_that_can_never_start_are_failed_and_unschedulable_ones_say_why(
     backend: KubernetesBackend, cluster: tuple[FakeCluster, ServerThread]
 ) -> None:
@@ -381,7 +397,7 @@ def test_with_dra_claims_gpus_are_the_operators_count_else_what_pods_ask_for(
     assert backend.capacity().gpus == 0  # counted from the nodes: none advertised
     backend.settings.k8s_gpu_claim_template = "one-gpu"
     backend.settings.capacity_gpus, backend._capacity = None, None
-    assert backend.capacity().gpus >= 1 << 20
+    assert backend.capacity().gpus == UNCOUNTED_GPUS
     backend.settings.capacity_gpus, backend._capacity = 6, None
     assert backend.capacity().gpus == 6
 

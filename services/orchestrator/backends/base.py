@@ -33,6 +33,25 @@ Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
 BAD_INPUT_EXIT = 2
 
 
+def pod_identity_env(
+    req: PodRequest, settings: OrchestratorSettings, compile_cache: str, tensorboard: str
+) -> dict[str, str]:
+    """What every backend tells a training pod of itself (its experiment, id, spec, share of
+    the machine) and of the orchestrator's pod settings, with where its compile cache and
+    TensorBoard files go: names of ``settings.SET_PER_POD``, which ``pod_env`` may not set."""
+    return {
+        "PODIUM_EXPERIMENT_ID": req.experiment_id,
+        "PODIUM_POD_ID": req.pod_id,
+        "PODIUM_SPEC": req.spec_json,
+        "PODIUM_CPU": f"{req.resources.cpu:g}",
+        "PODIUM_GPUS": str(req.resources.gpus),
+        "PODIUM_POD_MALLOC": settings.pod_malloc,
+        "PODIUM_POD_MKL_DISPATCH": settings.pod_mkl_dispatch,
+        "PODIUM_COMPILE_CACHE_DIR": compile_cache,
+        "PODIUM_TENSORBOARD_DIR": tensorboard,
+    }
+
+
 def pod_credential(settings: OrchestratorSettings, experiment_id: str) -> str | None:
     """The bearer token of ``experiment_id``'s pods: it works on that experiment's pod routes
     of the leaderboard only (services/contracts/credentials.py). None on an open leaderboard."""

@@ -62,6 +62,7 @@ from services.orchestrator.backends.base import (
     PodInfo,
     PodRequest,
     pod_credential,
+    pod_identity_env,
 )
 from services.orchestrator.scheduler import Res
 from services.orchestrator.settings import OrchestratorSettings
@@ -69,6 +70,8 @@ from services.orchestrator.settings import OrchestratorSettings
 log = get_logger(__name__)
 
 POD_IMAGE_GID = 10001  #: the pod image's group (Dockerfile: USER 10001:10001)
+#: GPUs the orchestrator may hand out where it cannot count them (DRA claims): no limit of its own.
+UNCOUNTED_GPUS = 1 << 20
 
 #: Container waiting reasons that do not fix themselves: a bad image name or an image that
 #: cannot be pulled (after the kubelet's own retries), a missing Secret/ConfigMap, a bad spec.
@@ -171,17 +174,8 @@ def pod_manifest(
 ) -> dict[str, Any]:
     """The Pod for one training pod (pure; validated against the Kubernetes schemas in tests)."""
     r = req.resources
-    env = [
-        {"name": "PODIUM_EXPERIMENT_ID", "value": req.experiment_id},
-        {"name": "PODIUM_POD_ID", "value": req.pod_id},
-        {"name": "PODIUM_SPEC", "value": req.spec_json},
-        {"name": "PODIUM_CPU", "value": f"{r.cpu:g}"},
-        {"name": "PODIUM_GPUS", "value": str(r.gpus)},
-        {"name": "PODIUM_POD_MALLOC", "value": settings.pod_malloc},
-        {"name": "PODIUM_POD_MKL_DISPATCH", "value": settings.pod_mkl_dispatch},
-        {"name": "PODIUM_COMPILE_CACHE_DIR", "value": COMPILE_CACHE_DIR},
-        {"name": "PODIUM_TENSORBOARD_DIR", "value": TENSORBOARD_DIR},
-    ]
+    own = pod_identity_env(req, settings, COMPILE_CACHE_DIR, TENSORBOARD_DIR)
+    env = [{"name": k, "value": v} for k, v in own.items()]
     for k, v in sorted(req.pod_env().items()):
         if k not in PLATFORM_SECRETS:
             env.append({"name": k, "value": v})
@@ -709,7 +703,7 @@ class KubernetesBackend(Backend):
             # them, else as many as pods ask for (the scheduler allocates the devices; a pod
             # that gets none waits Pending, reported as unschedulable with the scheduler's why).
             counted = self.settings.capacity_gpus
-            gpus = counted if counted is not None else 1 << 20
+            gpus = counted if counted is not None else UNCOUNTED_GPUS
         return Res(max(cpu, 0.0), max(gpus, 0), max(mem, 0))
 
     def close(self) -> None:

@@ -40,6 +40,7 @@ from services.orchestrator.backends.base import (
     PodInfo,
     PodRequest,
     pod_credential,
+    pod_identity_env,
 )
 from services.orchestrator.backends.memory import pod_memory
 from services.orchestrator.backends.pod_launcher import (
@@ -193,22 +194,17 @@ class LocalBackend(Backend):
         inherited = {**os.environ, **req.pod_env()}
         env = {
             **{k: v for k, v in inherited.items() if k not in PLATFORM_SECRETS},
-            "PODIUM_EXPERIMENT_ID": req.experiment_id,
-            "PODIUM_POD_ID": req.pod_id,
-            "PODIUM_SPEC": req.spec_json,
-            "PODIUM_POD_DIR": str(d),
-            # Beside the experiments: `tensorboard --logdir <data dir>/tensorboard` shows them all.
-            "PODIUM_TENSORBOARD_DIR": str(
-                self.root.parent / "tensorboard" / req.experiment_id / req.pod_id
+            # Its malloc is preloaded below already; said too, so that the pod keeps it. Its
+            # TensorBoard files beside the experiments (`tensorboard --logdir <data
+            # dir>/tensorboard` shows them all), and torch.compile's cache: every pod's
+            # restart and PBT child loads what an earlier pod compiled (compile_cache.py).
+            **pod_identity_env(
+                req,
+                self.settings,
+                compile_cache=str(self.root.parent / "compile-cache"),
+                tensorboard=str(self.root.parent / "tensorboard" / req.experiment_id / req.pod_id),
             ),
-            # torch.compile's cache, beside the experiments: every pod's restart and PBT child
-            # loads what an earlier pod compiled (services/pod/runtime/compile_cache.py).
-            "PODIUM_COMPILE_CACHE_DIR": str(self.root.parent / "compile-cache"),
-            "PODIUM_CPU": f"{req.resources.cpu:g}",
-            "PODIUM_GPUS": str(req.resources.gpus),
-            # Preloaded below already; said too, so that the pod does not choose another.
-            "PODIUM_POD_MALLOC": self.settings.pod_malloc,
-            "PODIUM_POD_MKL_DISPATCH": self.settings.pod_mkl_dispatch,
+            "PODIUM_POD_DIR": str(d),
             # Each pod sees only its own GPUs (none for a CPU pod).
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         }
