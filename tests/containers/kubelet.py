@@ -1,9 +1,9 @@
 """The in-test Kubernetes API server (tests/orchestrator/k8s_server.py) with a kubelet that
 runs each Pod the orchestrator creates as Docker containers, the way a node would: one container
 per manifest container, from the manifest's image, command, args and env, with its security
-context (capabilities dropped, no privilege escalation; read-only root as the chart sets for its
-services), the pod's memory-backed /dev/shm emptyDir as a tmpfs volume shared by its containers
-and its other emptyDirs as world-writable directories of the test. A graceful delete is `docker
+context (capabilities dropped, no privilege escalation, a read-only root where it says so), the
+pod's memory-backed /dev/shm emptyDir as a tmpfs volume shared by its containers and its other
+emptyDirs as world-writable directories of the test. A graceful delete is `docker
 stop` with the pod's grace period (SIGTERM, then SIGKILL); a pod whose containers exit on their
 own becomes Succeeded or Failed.
 """
@@ -89,6 +89,8 @@ class DockerKubelet(FakeCluster):
                 sc = c.get("securityContext", {})
                 assert sc.get("allowPrivilegeEscalation") is False, sc
                 assert sc.get("capabilities", {}).get("drop") == ["ALL"], sc
+                if sc.get("readOnlyRootFilesystem"):
+                    flags.append("--read-only")
                 cname = f"{name}-{c['name']}"
                 command = c.get("command") or []
                 if command:

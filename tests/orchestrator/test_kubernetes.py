@@ -130,12 +130,17 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
         {"name": "compile-cache", "emptyDir": {}},
         {"name": "tensorboard", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
     ]
     [c] = spec_["containers"]
     assert c["name"] == "pod" and c["image"] == "ghcr.io/podium-rl/podium:0.1.0"
     assert c["command"] == ["python", "-m", "services.pod"]
     assert c["args"] == ["--experiment", "e1", "--pod-id", "p1"]
     assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    # A read-only root: what the pod writes goes to its volumes, /tmp among them (its work
+    # directory; the image's HOME, where Triton keeps its cache).
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["PODIUM_EXPERIMENT_ID"] == "e1" and env["PODIUM_POD_ID"] == "p1"
     # The experiment's own credential, from its Secret: never the platform token of req.env.

@@ -4,6 +4,7 @@
   --pod-id ID``: the worker, the learner and the evaluator in one process, with all of the
   pod's CPU, memory and GPUs.
 - /dev/shm is a memory-backed emptyDir (``k8s_shared_memory``; a container's own is 64 MiB).
+- The root filesystem is read-only; /tmp (the pod's work directory, the image's HOME) an emptyDir.
 - torch.compile's cache is at ``COMPILE_CACHE_DIR``: an emptyDir of the Pod, or, with
   ``k8s_compile_cache_claim``, a ReadWriteMany PersistentVolumeClaim. Either way the
   experiment's pods share what the first of them compiled through the leaderboard's blob store
@@ -200,6 +201,8 @@ def pod_manifest(
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.k8s_shared_memory}},
         {"name": "compile-cache", **cache},
         {"name": "tensorboard", "emptyDir": {}},
+        # The root is read-only: the pod's work directory and HOME (Triton's cache) are here.
+        {"name": "tmp", "emptyDir": {}},
     ]
     claim = bool(r.gpus and settings.k8s_gpu_claim_template)
     resources: dict[str, Any] = {
@@ -221,8 +224,13 @@ def pod_manifest(
         "args": ["--experiment", req.experiment_id, "--pod-id", req.pod_id],
         "env": env,
         "resources": resources,
-        "volumeMounts": [*mounts, {"name": "tensorboard", "mountPath": TENSORBOARD_DIR}],
+        "volumeMounts": [
+            *mounts,
+            {"name": "tensorboard", "mountPath": TENSORBOARD_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
         "securityContext": {
+            "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
         },
