@@ -87,7 +87,7 @@ def test_train_says_what_the_trainer_compiles_and_why(tmp_path):
     first, decided = [x for x in proc.stderr.splitlines() if x.startswith("trainer: ")]
     assert first == "trainer: OnPolicyTrainer, deciding (auto: timing the first eager iterations)"
     assert decided.startswith("trainer: OnPolicyTrainer, eager (auto: eager: the compiled")
-    assert re.search(r"compiling costs about \d+ s( \(in the compile cache\))?\)$", decided)
+    assert re.search(r"compiling costs about \d+\.\d s( \(in the compile cache\))?\)$", decided)
     proc = run(
         "train", "CartPole-v1", "--out", str(tmp_path / "off"), "--set", "ppo.compile=off",
         "--set", "total_env_steps=2048", "--set", "eval_every_steps=2048",

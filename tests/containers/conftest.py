@@ -62,9 +62,17 @@ class Docker:
             raise AssertionError(f"docker {' '.join(args[:3])} ...: {proc.stderr.strip()}")
         return (proc.stdout + proc.stderr if stderr else proc.stdout).strip()
 
-    def run(self, name: str, image: str, *args: str, flags: list[str] | None = None) -> str:
-        """Start a detached, hardened container on the host's network (the engine may have no
-        bridge): the services meet on 127.0.0.1 at distinct ports."""
+    def run(
+        self,
+        name: str,
+        image: str,
+        *args: str,
+        flags: list[str] | None = None,
+        hardened: bool = True,
+    ) -> str:
+        """Start a detached container on the host's network (the engine may have no bridge):
+        the services meet on 127.0.0.1 at distinct ports. ``hardened``: with the chart's
+        security settings (``HARDENED``); else only what ``flags`` say."""
         return self(
             "run",
             "-d",
@@ -74,7 +82,7 @@ class Docker:
             self.label,
             "--network",
             "host",
-            *HARDENED,
+            *(HARDENED if hardened else []),
             *(flags or []),
             image,
             *args,

@@ -86,16 +86,20 @@ class DockerKubelet(FakeCluster):
                 memory = c.get("resources", {}).get("limits", {}).get("memory")
                 if memory:
                     flags.append(f"--memory={int(parse_quantity(memory))}")
+                # The container's security context, as the manifest says it (nothing more).
                 sc = c.get("securityContext", {})
                 assert sc.get("allowPrivilegeEscalation") is False, sc
                 assert sc.get("capabilities", {}).get("drop") == ["ALL"], sc
+                flags += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
                 if sc.get("readOnlyRootFilesystem"):
                     flags.append("--read-only")
                 cname = f"{name}-{c['name']}"
                 command = c.get("command") or []
                 if command:
                     flags.append(f"--entrypoint={command[0]}")
-                self.docker.run(cname, c["image"], *command[1:], *c.get("args", []), flags=flags)
+                self.docker.run(
+                    cname, c["image"], *command[1:], *c.get("args", []), flags=flags, hardened=False
+                )
                 run.containers[c["name"]] = cname
         except Exception as exc:  # reported by the test, and the pod fails
             self.errors.append(f"{meta['name']}: {exc}")

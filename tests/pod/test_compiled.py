@@ -303,6 +303,25 @@ def test_auto_times_eager_iterations_and_compiles_where_it_pays(monkeypatch) -> 
     assert (cold.compiled, warm.compiled) == (False, True)
 
 
+def test_a_load_costs_the_compiler_import_only_where_it_is_not_imported(monkeypatch) -> None:
+    """A pod forked from the launcher has the compiler imported: a load from the cache costs it
+    a fraction of a second, not the seconds a fresh process spends importing the compiler, and
+    a short run that a load pays for compiles there."""
+    import torch._inductor.compile_fx  # noqa: F401  (what the launcher imports)
+
+    monkeypatch.setattr(compiled, "machine_factor", lambda: 1.0)
+    rule = compiled.RULES["onpolicy", "cpu"]
+    saved_s = 2 * rule.warm_s  # more than a load, less than the import and a load
+    units = saved_s / (1e-3 * (1 - 1 / rule.speedup))
+    assert rule.warm_s < saved_s < rule.warm_s + compiled.COMPILER_IMPORT_S
+    forked = Decision("auto", "onpolicy", torch.device("cpu"), units, cached=True)
+    forked.decide(1e-3, units)
+    monkeypatch.delitem(sys.modules, compiled.COMPILER[-1])
+    fresh = Decision("auto", "onpolicy", torch.device("cpu"), units, cached=True)
+    fresh.decide(1e-3, units)
+    assert (forked.compiled, fresh.compiled) == (True, False), (forked.reason, fresh.reason)
+
+
 def test_a_pod_that_auto_trains_eager_for_want_of_a_compile_says_so_in_its_log(
     monkeypatch,
 ) -> None:

@@ -47,8 +47,9 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 PROGRAMS = "podium-programs"  # the compile cache's directory of saved graphs and notes
-#: What building or loading a program imports first: seconds (the pod launcher's, once).
+#: What building or loading a program imports first (a launcher's pods have), and its seconds.
 COMPILER = ("torch._dynamo", "torch._dynamo.aot_compile", "torch._inductor.compile_fx")
+COMPILER_IMPORT_S = 1.5
 
 CompileMode = Literal["auto", "on", "off"]
 
@@ -518,7 +519,7 @@ def mark_cached(config: RunConfig, key: str, program: str) -> None:
 @dataclass(frozen=True)
 class Rule:
     """One compiled path on one device type, measured (docs/benchmarks.md): the speed-up over
-    eager, the cold compile on the reference machine, and a load from the compile cache."""
+    eager, a cold compile on the reference machine, a load with ``COMPILER`` imported."""
 
     speedup: float
     compile_s: float
@@ -528,10 +529,10 @@ class Rule:
 #: Path and device type → its rule, per env step on-policy and per update off-policy: the CPU
 #: rows from this project's 2-core machine, one thread (bench/compiled_rows.py); CUDA, an H200.
 RULES: dict[tuple[str, str], Rule] = {
-    ("onpolicy", "cpu"): Rule(speedup=3.2, compile_s=45.0, warm_s=2.0),
-    ("onpolicy", "cuda"): Rule(speedup=20.0, compile_s=20.0, warm_s=6.0),
-    ("offpolicy", "cpu"): Rule(speedup=3.2, compile_s=30.0, warm_s=2.0),
-    ("offpolicy", "cuda"): Rule(speedup=18.0, compile_s=21.0, warm_s=6.0),
+    ("onpolicy", "cpu"): Rule(speedup=3.2, compile_s=45.0, warm_s=0.5),
+    ("onpolicy", "cuda"): Rule(speedup=20.0, compile_s=20.0, warm_s=4.5),
+    ("offpolicy", "cpu"): Rule(speedup=3.2, compile_s=30.0, warm_s=0.5),
+    ("offpolicy", "cuda"): Rule(speedup=18.0, compile_s=21.0, warm_s=4.5),
 }
 #: Seconds the probe takes on the reference machine (``machine_factor``).
 PROBE_REFERENCE_S = 0.0015
@@ -541,9 +542,7 @@ PROBE_REFERENCE_S = 0.0015
 def _probe_s() -> float:
     """Seconds a fixed mix of Python and small-tensor work takes here, now: what a compile
     (Python-bound tracing and lowering, then a C++ compiler) scales with."""
-    x = torch.zeros(64)
-    start = time.perf_counter()
-    total = 0
+    x, total, start = torch.zeros(64), 0, time.perf_counter()
     for i in range(3000):
         total += i * i % 7
         if i % 10 == 0:
@@ -618,14 +617,15 @@ class Decision:
     def decide(self, eager_s_per_unit: float, units_left: float) -> None:
         rule, factor = RULES[self.path, self.device.type], machine_factor()
         saved = units_left * eager_s_per_unit * (1.0 - 1.0 / rule.speedup)
-        cost = (rule.warm_s if self.cached else rule.compile_s) * factor
+        warm_s = rule.warm_s + (0.0 if COMPILER[-1] in sys.modules else COMPILER_IMPORT_S)
+        cost = (warm_s if self.cached else rule.compile_s) * factor
         self.compiled = saved > cost
         self.reason = (
             f"auto: {'compiling' if self.compiled else 'eager'}: the compiled programs save "
             f"about {saved:.0f} s over the {units_left:.0f} "
             f"{'env steps' if self.path == 'onpolicy' else 'updates'} left "
             f"(eager {eager_s_per_unit * 1e6:.1f} us each here, about {rule.speedup:g}x "
-            f"compiled), compiling costs about {cost:.0f} s" + (f" {CACHED}" if self.cached else "")
+            f"compiled), compiling costs about {cost:.1f} s" + (f" {CACHED}" if self.cached else "")
         )
-        warm = saved > 2 * rule.warm_s * factor  # a load would clearly pay: `podium compile`
+        warm = saved > 2 * warm_s * factor  # a load would clearly pay: `podium compile`
         log.info(DECIDED, path=self.path, compiled=self.compiled, reason=self.reason, warm=warm)
