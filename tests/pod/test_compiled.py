@@ -307,7 +307,7 @@ def test_a_load_costs_the_compiler_import_only_where_it_is_not_imported(monkeypa
     """A pod forked from the launcher has the compiler imported: a load from the cache costs it
     a fraction of a second, not the seconds a fresh process spends importing the compiler, and
     a short run that a load pays for compiles there."""
-    import torch._inductor.compile_fx  # noqa: F401  (what the launcher imports)
+    import torch._inductor.compile_fx
 
     monkeypatch.setattr(compiled, "machine_factor", lambda: 1.0)
     rule = compiled.RULES["onpolicy", "cpu"]

@@ -19,12 +19,11 @@ from pydantic import ValidationError
 
 from services.contracts.algorithms.card import LARGE_BATCH, PER_ENV_FIELDS, card, large_batch_layer
 from services.contracts.algorithms.hyperparameters import HyperparameterError, preset_files
+from services.contracts.envs import target_return
 from services.contracts.spec import ExperimentSpec
 from services.pod.config import PPORunConfig
 from services.pod.training.fit import train
 from services.pod.training.presets import (
-    TARGET_RETURNS,
-    default_target_return,
     pod_config,
     preset,
     train_config,
@@ -41,7 +40,7 @@ def ppo_envs(num_envs: int, **fields: object) -> dict:
 
 def test_every_built_in_env_has_a_large_batch_section_from_1024_envs() -> None:
     for env in BUILT_IN:
-        assert env in TARGET_RETURNS
+        assert target_return(env) is not None, env
         assert PPO.large_batch_from(env) == 1024, env
 
 
@@ -221,7 +220,7 @@ def test_the_large_batch_preset_solves(env: str, num_envs: int) -> None:
     # shorter one would train another schedule than the user's. The run stops at the target.
     assert config.total_env_steps >= budget
     result = train(config)
-    target = default_target_return(env)
+    target = target_return(env)
     assert result.best is not None and target is not None
     assert result.solved_at_env_steps is not None, (
         f"{env} at {num_envs:,} envs: best eval {result.best.mean:.1f} < {target}"

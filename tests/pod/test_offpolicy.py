@@ -6,6 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from services.contracts.envs import target_return
 from services.pod.algorithms.ddpg import DDPG, DDPGConfig
 from services.pod.algorithms.ddpg import td_target as ddpg_target
 from services.pod.algorithms.dqn import DQN, DQNConfig
@@ -16,7 +17,7 @@ from services.pod.envs.registry import make_env
 from services.pod.training.checkpoint import CheckpointError
 from services.pod.training.fit import build, train
 from services.pod.training.offpolicy import OffPolicyConfig
-from services.pod.training.presets import TARGET_RETURNS, preset
+from services.pod.training.presets import preset
 
 
 def rows(first: int, n: int) -> tuple[torch.Tensor, ...]:
@@ -201,8 +202,8 @@ def assert_solves(algorithm: str, env: str, budget: int, seed: int, **overrides)
     )
     result = train(cfg)
     assert result.best is not None
-    assert result.best.mean >= TARGET_RETURNS[env], (
-        f"{algorithm} on {env}: best eval {result.best.mean:.1f} < {TARGET_RETURNS[env]} "
+    assert result.best.mean >= target_return(env), (
+        f"{algorithm} on {env}: best eval {result.best.mean:.1f} < {target_return(env)} "
         f"within {budget} env steps"
     )
     assert result.solved_at_env_steps is not None and result.solved_at_env_steps <= budget

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.contracts.envs import target_return
 from services.pod.training.fit import train
-from services.pod.training.presets import default_target_return, train_config
+from services.pod.training.presets import train_config
 
 #: (algorithm, env) → the env-step budget to the solve threshold (docs/benchmarks.md).
 BUDGETS = {
@@ -52,7 +53,7 @@ def test_podium_train_solves_env_with_defaults(algorithm: str, env: str) -> None
     seed = SEEDS.get((algorithm, env), 1)
     config = train_config(env, [{"algorithm": algorithm, "seed": seed}])
     budget = BUDGETS[algorithm, env]
-    target = default_target_return(env)
+    target = target_return(env)
     assert target is not None and config.target_return == target
     assert config.total_env_steps <= budget, "the preset's budget exceeds the documented one"
     result = train(config)

@@ -3,8 +3,10 @@
 A ``VecEnv`` holds ``num_envs`` sub-environments as torch tensors on one device; every tensor it
 takes or returns has the batch dimension first. Its contract:
 
-* ``reset(seed=None) -> (obs, info)`` resets every sub-environment. ``seed`` reseeds the env's
-  own random generator: the same seed gives the same trajectories for the same actions.
+* ``reset(seed=None, groups=1) -> (obs, info)`` resets every sub-environment. ``seed`` reseeds
+  the env's own random generator: the same seed gives the same trajectories for the same actions.
+  ``groups``: the sub-environments as that many equal slices, each starting as the first does
+  (a population's agents evaluated on the same episodes).
 * ``step(actions) -> (obs, reward, terminated, truncated, info)``:
   - ``obs``: float32 (num_envs, *obs_shape); ``reward``: float (num_envs,);
     ``terminated`` / ``truncated``: bool (num_envs,), kept apart because bootstrapping needs it
@@ -82,7 +84,7 @@ class VecEnv(ABC):
         return batch_space(self.single_action_space, self.num_envs)
 
     @abstractmethod
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]: ...
+    def reset(self, seed: int | None = None, groups: int = 1) -> tuple[torch.Tensor, Info]: ...
 
     @abstractmethod
     def step(self, actions: torch.Tensor) -> StepResult: ...
@@ -252,10 +254,10 @@ class TorchVecEnv(VecEnv):
         return self.fn.observe(state)
 
     # -- protocol --------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
+    def reset(self, seed: int | None = None, groups: int = 1) -> tuple[torch.Tensor, Info]:
         if seed is not None:
             self.generator.manual_seed(int(seed))
-        self.state.copy_(self.initial_state(self.num_envs))
+        self.state.copy_(self.initial_state(self.num_envs // groups).repeat(groups, 1))
         self._episode_return.zero_()
         self._episode_length.zero_()
         return self.observe(self.state), {}

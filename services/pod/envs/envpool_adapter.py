@@ -115,12 +115,13 @@ class EnvPoolVecEnv(VecEnv):
         self._all_ids = np.arange(self.num_envs, dtype=np.int32)
         self._stats = EpisodeStats(self.num_envs, self.device, torch.float64)
 
-    def _make_pool(self, seed: int) -> Any:
+    def _make_pool(self, seed: int, groups: int = 1) -> Any:
+        self._groups = groups  # EnvPool seeds env i with seeds[i]: each group its first's
         return _envpool().make_gymnasium(
             self.task_id,
             num_envs=self.num_envs,
             batch_size=self.num_envs,
-            seed=int(seed),
+            seed=[int(seed) + i for i in range(self.num_envs // groups)] * groups,
             num_threads=self._num_threads,
             # One step past the limit, which the adapter applies itself (module docstring).
             max_episode_steps=self.max_episode_steps + 1,
@@ -130,10 +131,11 @@ class EnvPoolVecEnv(VecEnv):
     def _to_obs(self, obs: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(obs, dtype=np.float32)).to(self.device)
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
-        if seed is not None:
+    def reset(self, seed: int | None = None, groups: int = 1) -> tuple[torch.Tensor, Info]:
+        if seed is not None or groups != self._groups:
+            self._seed = self._seed if seed is None else seed
             self.pool.close()
-            self.pool = self._make_pool(seed)
+            self.pool = self._make_pool(self._seed, groups)
         obs, info = self.pool.reset()
         self._stats.reset()
         return self._to_obs(in_env_order(obs, info["env_id"])), {}

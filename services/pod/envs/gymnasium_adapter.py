@@ -119,11 +119,13 @@ class GymnasiumVecEnv(VecEnv):
             return onehot.to(device=self.device, dtype=torch.float32)
         return torch.as_tensor(np.asarray(obs, dtype=np.float32)).to(self.device)
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
+    def reset(self, seed: int | None = None, groups: int = 1) -> tuple[torch.Tensor, Info]:
         # A seed given at construction applies to the first reset, as with TorchVecEnv.
         if seed is None:
             seed, self._seed = self._seed, None
-        obs, _ = self.env.reset(seed=seed)
+        # gymnasium seeds sub-environment i with seed + i: each group its first's seeds.
+        seeds = seed if seed is None else [seed + i for i in range(self.num_envs // groups)]
+        obs, _ = self.env.reset(seed=None if seeds is None else seeds * groups)
         self._stats.reset()
         return self._to_obs(obs), {}
 

@@ -65,7 +65,8 @@ class IsaacLabVecEnv(VecEnv):
             raise ValueError("an Isaac Lab env must return a tensor under obs['policy']")
         return policy.to(torch.float32, copy=True)
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
+    def reset(self, seed: int | None = None, groups: int = 1) -> tuple[torch.Tensor, Info]:
+        # Isaac Lab draws every scene's start from one generator: ``groups`` start apart.
         if seed is None:
             seed, self._seed = self._seed, None
         obs, _ = self.env.reset(seed=seed)

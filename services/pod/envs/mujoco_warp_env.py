@@ -214,11 +214,12 @@ class MjWarpLocomotionEnv(VecEnv):
             inside = (z > self._healthy_low) & (z < self._healthy_high)
         return inside & torch.isfinite(self._qpos).all(1) & torch.isfinite(self._qvel).all(1)
 
-    def _reset_worlds(self, mask: torch.Tensor) -> None:
-        """Reset the worlds where ``mask``: MuJoCo's reset, then gymnasium's noisy start."""
+    def _reset_worlds(self, mask: torch.Tensor, groups: int = 1) -> None:
+        """Reset the worlds where ``mask``: MuJoCo's reset, then gymnasium's noisy start (the
+        same in each of ``groups`` equal slices)."""
         self._reset_mask.copy_(mask)
         self._run(self._mjw.reset_data, self.model, self.data, self._reset_mask_wp)
-        n, s, g = self.num_envs, self.task.reset_noise_scale, self.generator
+        n, s, g = self.num_envs // groups, self.task.reset_noise_scale, self.generator
         dev, f32 = self.device, torch.float32
         noise = torch.rand((n, self._qpos.shape[1]), generator=g, device=dev, dtype=f32)
         qpos = self._qpos0 + (2 * noise - 1) * s
@@ -227,18 +228,18 @@ class MjWarpLocomotionEnv(VecEnv):
         else:
             u = torch.rand((n, self._qvel.shape[1]), generator=g, device=dev, dtype=f32)
             qvel = (2 * u - 1) * s
-        column = mask.unsqueeze(1)
+        column, qpos, qvel = mask.unsqueeze(1), qpos.repeat(groups, 1), qvel.repeat(groups, 1)
         torch.where(column, qpos, self._qpos, out=self._qpos)
         torch.where(column, qvel, self._qvel, out=self._qvel)
         # gymnasium's set_state runs mj_forward; the reward only needs the positions.
         self._run(self._mjw.kinematics, self.model, self.data)
 
     # -- protocol --------------------------------------------------------------------------
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, Info]:
+    def reset(self, seed: int | None = None, groups: int = 1) -> tuple[torch.Tensor, Info]:
         if seed is not None:
             self.generator.manual_seed(int(seed))
         everything = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
-        self._reset_worlds(everything)
+        self._reset_worlds(everything, groups)
         self._forward_before = self._forward_position()
         self._stats.reset()
         return self._observe(), {}

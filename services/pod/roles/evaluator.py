@@ -4,7 +4,7 @@ episodes. ``evaluate_groups`` scores the P agents of a population at once, each 
 one batched env (any ``VecEnv``); ``greedy_scores`` does the same on a functional env with a
 pure function of a few steps (``greedy_steps``: compiled, one program whatever the episode
 length); one agent is a group of one. Every agent starts from the states an env of the
-episode count reset with the evaluation seed starts from (``start_states``), so candidates
+episode count reset with the evaluation seed starts from (``VecEnv.reset``), so candidates
 compare on equal terms and a population's agent scores what a single agent would.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from services.pod.algorithms import policies as pi
 from services.pod.algorithms.ppo import PPOShape, normalize
-from services.pod.envs.base import TorchVecEnv, VecEnv
+from services.pod.envs.base import VecEnv
 from services.pod.envs.functional import FunctionalEnv
 
 #: Deterministic actions for a batch of raw observations.
@@ -40,13 +40,9 @@ def evaluate_groups(
     """One episode per sub-environment; group g (of ``groups``) owns the g-th equal slice of
     ``env`` and gets its own result: the episodes' returns, or their ``episode_score`` where
     the env reports one (a trading env's Sharpe ratio). Every evaluation starts from the states
-    of ``seed``; on a torch-native env, every group from those of an env of one group's size
-    (other envs seed each sub-environment apart: each group gets its own start states)."""
+    of ``seed``, every group from those of the first (``VecEnv.reset``'s ``groups``)."""
     per_group = env.num_envs // groups
-    obs, _ = env.reset(seed=seed)
-    if isinstance(env, TorchVecEnv) and groups > 1:
-        env.state.copy_(start_states(env, seed, groups).reshape(env.num_envs, -1))
-        obs = env.observe(env.state)
+    obs, _ = env.reset(seed=seed, groups=groups)
     returns = torch.zeros(env.num_envs, device=env.device)
     finished = torch.zeros(env.num_envs, device=env.device, dtype=torch.bool)
     steps = 0
@@ -72,16 +68,6 @@ def evaluate_groups(
         std = math.sqrt(sum((r - mean) ** 2 for r in episodes) / len(episodes))
         results.append(EvalResult(mean=mean, std=std, episodes=episodes, env_steps=steps))
     return results
-
-
-def start_states(
-    env: TorchVecEnv, seed: int, groups: int, per_group: int | None = None
-) -> torch.Tensor:
-    """(groups, N, state_dim): the start states of N sub-environments of ``env`` reset with
-    ``seed`` (N: ``per_group``, default its share of ``env``'s), the same for every group."""
-    env.generator.manual_seed(int(seed))
-    start = env.initial_state(per_group or env.num_envs // groups)
-    return start.unsqueeze(0).expand(groups, *start.shape).contiguous()
 
 
 #: Steps after which an evaluation of an env without a time limit stops.

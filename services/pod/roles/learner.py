@@ -31,7 +31,6 @@ from services.pod.roles.evaluator import (
     greedy_scores,
     greedy_steps,
     results,
-    start_states,
 )
 from services.pod.roles.worker import Carry, HostStep, collect, rollout, start_carry
 
@@ -229,13 +228,12 @@ class PPOEnvs:
         if is_functional(config.env):
             out.fn = functional_env(config.env, device, **kwargs)
             out.eval_fn = same_spaces(out.fn, functional_env(config.env, device, **eval_kwargs))
-            evaluation = make_env(
-                config.env, config.eval_episodes, device=device,
-                seed=config.evaluation_seed, **eval_kwargs,
-            )  # fmt: skip
+            # Every agent's episodes start as a single agent's would (``VecEnv.reset``).
+            episodes = config.eval_episodes
+            evaluation = make_env(config.env, slots * episodes, device=device, **eval_kwargs)
             assert isinstance(evaluation, TorchVecEnv)
-            seed, episodes = config.evaluation_seed, config.eval_episodes
-            out.start = start_states(evaluation, seed, slots, episodes)
+            evaluation.reset(seed=config.evaluation_seed, groups=slots)
+            out.start = evaluation.state.view(slots, episodes, -1).clone()
             evaluation.close()
             return out
         out.env, out.eval_env = config.make_envs(config.agent_config.num_envs, slots)

@@ -35,27 +35,15 @@ from services.contracts.spec import ExperimentSpec, describe_errors
 from services.pod.training.trainer import RunConfig, algorithm_card, trainer_class
 
 
-def default_target_return(env: str) -> float | None:
-    """``env``'s solve threshold (its env card's, services/contracts/envs.py), None if it has
-    none; an ``envpool:<task>`` or ``gym:<task>`` env has ``<task>``'s."""
-    return target_return(env)
-
-
-_SOLVED = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0", "HalfCheetah-v5")
-#: The solve thresholds of the envs the presets and learning tests train (their env cards').
-TARGET_RETURNS: dict[str, float] = {
-    env: value for env in _SOLVED if (value := target_return(env)) is not None
-}
-
-
 def preset(algorithm: str, env: str, layers: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The preset for (``algorithm``, ``env``), with the env's solve threshold as target, for
+    """The preset for (``algorithm``, ``env``), with the env's solve threshold (its env card's,
+    ``target_return``; an ``envpool:`` or ``gym:`` task has its task's) as target, for
     the run that ``layers`` describe (the caller puts them on top): from the preset's
     ``large_batch.min_num_envs`` on, their ``num_envs`` selects its large-batch section
     (docs/presets.md). An ``envpool:<task>`` env reads the preset of ``<task>``: its transitions
     are the same (tests/pod/envs/test_envpool_adapter.py)."""
     data = preset_data(algorithm, env, layers)
-    return {"algorithm": algorithm, "env": env, "target_return": default_target_return(env), **data}
+    return {"algorithm": algorithm, "env": env, "target_return": target_return(env), **data}
 
 
 def train_config(env: str, layers: Iterable[Mapping[str, Any]] = ()) -> RunConfig:

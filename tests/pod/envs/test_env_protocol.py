@@ -159,6 +159,43 @@ def test_constructor_seed_is_used_by_the_first_reset(maker: Maker) -> None:
         second.close()
 
 
+#: Envs whose every episode starts in one state (nothing to tell groups apart by).
+FIXED_START = {"gym:FrozenLake-v1"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n for n in MAKERS if not n.startswith("isaaclab:") and n not in FIXED_START]
+    + ["MjWarp-Ant-v0"],
+)
+def test_groups_start_alike_and_run_alike_under_the_same_actions(name: str) -> None:
+    """``reset(seed, groups)``: each of the equal slices starts as the first does (a population's
+    agents are evaluated on the same episodes), and the same actions give the same steps there
+    until an episode ends; within a slice the sub-environments start apart. (Isaac Lab draws
+    every scene's start from one generator: its groups start apart, as its adapter says.)"""
+    groups, n = 4, N // 4
+    env = MAKERS[name].make(1) if name in MAKERS else make_env(name, N, seed=1)
+    try:
+        obs, _ = env.reset(seed=5, groups=groups)
+        slices = obs.view(groups, n, -1)
+        assert all(torch.equal(slices[0], slices[g]) for g in range(groups)), name
+        assert not torch.equal(slices[0, 0], slices[0, 1]), name
+        g = torch.Generator().manual_seed(0)
+        for _ in range(10):
+            obs, reward, terminated, truncated, _ = env.step(
+                torch.cat([_random_actions(env, g)[:n]] * groups)
+            )
+            if bool((terminated | truncated).any()):
+                break
+            for x in (obs.view(groups, n, -1), reward.view(groups, n)):
+                assert all(torch.equal(x[0], x[h]) for h in range(groups)), name
+        # Reset without groups, the slices start apart again.
+        obs, _ = env.reset(seed=5)
+        assert not torch.equal(obs.view(groups, n, -1)[0], obs.view(groups, n, -1)[1]), name
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("name", ["CartPole-v1", "Pendulum-v1"])
 def test_masked_reset_path_matches_protocol(name: str) -> None:
     """The sync-free reset used on accelerators, exercised on CPU."""
