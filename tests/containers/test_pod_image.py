@@ -8,8 +8,9 @@ writable compile cache directory).
   added to the cache, a fraction of the compile seconds) instead of compiling.
 - Through the Kubernetes backend (the in-test API server, its kubelet running every Pod as
   containers of the image, each with its own emptyDir cache), a 4-pod ``compile: on`` tournament
-  compiles once: one pod compiles and publishes, three load, and their compile seconds together
-  stay within 1.3x the one compile. Each pod's last log lines and TensorBoard files reach the
+  compiles once: one pod compiles and publishes, the others build no graph and load (their
+  seconds are printed, not asserted: containers sharing this machine's cores each import torch
+  and load at once, docs/deploy.md). Each pod's last log lines and TensorBoard files reach the
   leaderboard's blob store before the pod is gone: `podium logs` and `podium tensorboard` (run
   from the control-plane image) read them afterwards.
 """

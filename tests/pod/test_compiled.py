@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from structlog.testing import capture_logs
 
 from services.contracts.algorithms.hyperparameters import HyperparameterError
+from services.contracts.pod_activity import CACHED as IN_CACHE
 from services.contracts.pod_activity import eager_for_a_cold_compile
 from services.pod.algorithms import compiled, policies
 from services.pod.algorithms.compiled import (
@@ -315,9 +316,14 @@ def test_a_load_costs_the_compiler_import_only_where_it_is_not_imported(monkeypa
     units = saved_s / (1e-3 * (1 - 1 / rule.speedup))
     assert rule.warm_s < saved_s < rule.warm_s + compiled.COMPILER_IMPORT_S
     forked = Decision("auto", "onpolicy", torch.device("cpu"), units, cached=True)
+    # Cached, with the compiler imported: it loads at once, without timing eager calls (which
+    # would cost more than the load); not cached, it times them first.
+    assert forked.compiled is True and forked.reason == f"auto: compiling: a load {IN_CACHE}"
+    assert Decision("auto", "onpolicy", torch.device("cpu"), units).compiled is None
     forked.decide(1e-3, units)
     monkeypatch.delitem(sys.modules, compiled.COMPILER[-1])
     fresh = Decision("auto", "onpolicy", torch.device("cpu"), units, cached=True)
+    assert fresh.compiled is None
     fresh.decide(1e-3, units)
     assert (forked.compiled, fresh.compiled) == (True, False), (forked.reason, fresh.reason)
 

@@ -594,6 +594,8 @@ class Decision:
         elif (self.path, self.device.type) not in RULES:
             self.compiled = False
             self.reason = f"auto: {self.path} on {self.device.type} is unmeasured"
+        elif self.cached and COMPILER[-1] in sys.modules:  # a load costs less than timing would
+            self.compiled, self.reason = True, f"auto: compiling: a load {CACHED}"
 
     def failed(self, error: CompileFailedError) -> None:
         """A program failed to compile: ``on`` is refused, ``auto`` trains eager (a log line)."""
