@@ -42,7 +42,8 @@ def evaluate_groups(
     the env reports one (a trading env's Sharpe ratio). Every evaluation starts from the states
     of ``seed``, every group from those of the first (``VecEnv.reset``'s ``groups``)."""
     per_group = env.num_envs // groups
-    obs, _ = env.reset(seed=seed, groups=groups)
+    # A plugin env written before ``groups`` still evaluates one agent.
+    obs, _ = env.reset(seed=seed, groups=groups) if groups > 1 else env.reset(seed=seed)
     returns = torch.zeros(env.num_envs, device=env.device)
     finished = torch.zeros(env.num_envs, device=env.device, dtype=torch.bool)
     steps = 0

@@ -189,9 +189,11 @@ def test_groups_start_alike_and_run_alike_under_the_same_actions(name: str) -> N
                 break
             for x in (obs.view(groups, n, -1), reward.view(groups, n)):
                 assert all(torch.equal(x[0], x[h]) for h in range(groups)), name
-        # Reset without groups, the slices start apart again.
+        # Reset without groups, the slices start apart again; with groups and no seed, alike.
         obs, _ = env.reset(seed=5)
         assert not torch.equal(obs.view(groups, n, -1)[0], obs.view(groups, n, -1)[1]), name
+        slices = env.reset(groups=groups)[0].view(groups, n, -1)
+        assert all(torch.equal(slices[0], slices[g]) for g in range(groups)), name
     finally:
         env.close()
 
