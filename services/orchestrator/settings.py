@@ -24,6 +24,7 @@ SET_PER_POD = frozenset(
         "PODIUM_GPUS", "PODIUM_ALGORITHM", "PODIUM_MAX_ENV_STEPS", "PODIUM_TERMINATION_GRACE_S",
         "PODIUM_LEADERBOARD_URL", "PODIUM_POD_MALLOC", "PODIUM_POD_MKL_DISPATCH",
         "PODIUM_COMPILE_CACHE_DIR", "PODIUM_TENSORBOARD_DIR", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD",
+        "PODIUM_METRICS_PORT",
     }
 )  # fmt: skip
 
@@ -198,6 +199,13 @@ class OrchestratorSettings(PodiumSettings):
         "torch.compile's cache (PODIUM_COMPILE_CACHE_DIR), kept across experiments. None: an "
         "emptyDir per pod; either way an experiment's pods share what the first of them "
         "compiled through the leaderboard's blob store.",
+    )
+    k8s_pod_metrics_port: int = Field(
+        default=9400,
+        ge=0,
+        le=65535,
+        description="Port on which every training pod serves /metrics (its container port "
+        "'metrics', which the chart's PodMonitor scrapes); 0: pods serve no metrics.",
     )
     k8s_gpu_claim_template: str | None = Field(
         default=None,

@@ -76,7 +76,11 @@ class DockerKubelet(FakeCluster):
                     sources[vol["name"]] = vname
             for c in spec["containers"]:
                 ns = meta["namespace"]
-                flags = [f"--env={e['name']}={self._env_value(ns, e)}" for e in c.get("env", [])]
+                env = {e["name"]: self._env_value(ns, e) for e in c.get("env", [])}
+                if "PODIUM_METRICS_PORT" in env:
+                    # Each Pod of a cluster has its own IP; here they share the host's network.
+                    env["PODIUM_METRICS_PORT"] = "0"
+                flags = [f"--env={k}={v}" for k, v in env.items()]
                 for m in c.get("volumeMounts", []):
                     # nocopy: an empty, world-writable tmpfs like the emptyDir, not the
                     # image's /dev/shm permissions copied onto it.

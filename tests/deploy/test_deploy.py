@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 # Oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest with schemas.
 K8S_VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 # Custom resources: no Kubernetes schema; their structure is asserted below.
-CRDS = {"ServiceMonitor"}
+CRDS = {"ServiceMonitor", "PodMonitor"}
 # Kinds that exist only from some Kubernetes version on (DRA went GA in 1.34).
 SINCE = {"ResourceClaimTemplate": (1, 34)}
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
@@ -42,7 +42,8 @@ CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 def helm_template(*args: str, capabilities: bool = True) -> list[dict[str, Any]]:
     cmd = [tool("helm"), "template", "podium", str(CHART), "--namespace", "podium", *args]
     if capabilities:
-        cmd += ["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"]
+        for kind in ("ServiceMonitor", "PodMonitor"):
+            cmd += ["--api-versions", f"monitoring.coreos.com/v1/{kind}"]
     return [d for d in yaml.safe_load_all(run(*cmd).stdout) if d]
 
 
@@ -444,15 +445,14 @@ def test_orchestrator_and_leaderboard_env_names_are_real_settings(
     assert LeaderboardSettings(s3_create_bucket=board["PODIUM_S3_CREATE_BUCKET"]).s3_create_bucket
 
 
-def test_gpu_values_reach_the_training_pod_manifest(renders: dict[str, list[dict]]) -> None:
-    """The chart's pod settings, read by the real OrchestratorSettings and pod_manifest, give a
-    valid training Pod on GPU nodes (the seam between the chart and the Kubernetes backend)."""
+def _training_pod(docs: list[dict[str, Any]], gpus: int = 1) -> tuple[Any, dict[str, Any]]:
+    """The orchestrator's settings as the chart's render gives them, and the training Pod the
+    real Kubernetes backend makes with them (the seam between the chart and the backend)."""
     from services.orchestrator.backends.base import PodRequest
     from services.orchestrator.backends.kubernetes import pod_manifest
     from services.orchestrator.scheduler import Res
     from services.orchestrator.settings import OrchestratorSettings
 
-    docs = renders["gpu-values.yaml"]
     container = by_kind(docs, "Deployment")["podium-orchestrator"]["spec"]["template"]["spec"]
     env = {
         k: v
@@ -461,8 +461,15 @@ def test_gpu_values_reach_the_training_pod_manifest(renders: dict[str, list[dict
     }
     env.pop("PODIUM_API_TOKEN_FILE")  # a file only the running pod has: its token instead
     settings = OrchestratorSettings(_env_file=None, api_token="from-the-file", **_as_kwargs(env))
-    req = PodRequest("exp1", "p0", '{"name": "exp1"}', Res(cpu=4, gpus=1, memory=8 << 30))
-    pod = pod_manifest(settings, "podium", req, owner_uid="0000")
+    req = PodRequest("exp1", "p0", '{"name": "exp1"}', Res(cpu=4, gpus=gpus, memory=8 << 30))
+    return settings, pod_manifest(settings, "podium", req, owner_uid="0000")
+
+
+def test_gpu_values_reach_the_training_pod_manifest(renders: dict[str, list[dict]]) -> None:
+    """The chart's pod settings, read by the real OrchestratorSettings and pod_manifest, give a
+    valid training Pod on GPU nodes (the seam between the chart and the Kubernetes backend)."""
+    docs = renders["gpu-values.yaml"]
+    settings, pod = _training_pod(docs)
     for version in K8S_VERSIONS[-1:]:  # DRA claims: Kubernetes >= 1.34
         kubernetes_validate.validate(pod, version, strict=True)
     spec = pod["spec"]
@@ -480,6 +487,37 @@ def test_gpu_values_reach_the_training_pod_manifest(renders: dict[str, list[dict
     # pod.env: the pods' own settings (the reconciler puts them in each pod's request).
     assert settings.pod_env == {"PODIUM_COMPILE_WAIT_S": "300"}
     assert spec["containers"][0]["imagePullPolicy"] == "Always"  # image.pullPolicy
+
+
+def test_training_pods_metrics_are_scraped_and_nothing_else_reaches_them(
+    renders: dict[str, list[dict]],
+) -> None:
+    """The dashboard's pod panels need the training pods' own /metrics: the chart's PodMonitor
+    selects the Pods the backend makes and scrapes the port they declare and serve on; the
+    training pods' NetworkPolicy lets only that port in. With pod.metricsPort 0, none of it."""
+    docs = renders["gpu-values.yaml"]
+    _, pod = _training_pod(docs, gpus=0)
+    labels, [container] = pod["metadata"]["labels"], pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    (monitor,) = by_kind(docs, "PodMonitor").values()
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+    assert env_of(container)["PODIUM_METRICS_PORT"] == str(ports[endpoint["port"]])
+    policy = by_kind(docs, "NetworkPolicy")["podium-training-pods"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [
+        endpoint["port"]
+    ]
+    assert not by_kind(renders["no-operator"], "PodMonitor")
+
+    off = helm_template("--set", "pod.metricsPort=0")
+    assert not by_kind(off, "PodMonitor")
+    assert "ingress" not in by_kind(off, "NetworkPolicy")["podium-training-pods"]["spec"]
+    _, pod = _training_pod(off, gpus=0)
+    assert "ports" not in pod["spec"]["containers"][0]
+    assert "PODIUM_METRICS_PORT" not in env_of(pod["spec"]["containers"][0])
 
 
 def _as_kwargs(env: dict[str, str]) -> dict[str, Any]:

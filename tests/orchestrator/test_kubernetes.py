@@ -141,7 +141,10 @@ def test_pod_manifest_shape_and_schema(k8s_settings: OrchestratorSettings) -> No
     # directory; the image's HOME, where Triton keeps its cache).
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    # Its /metrics, on the port the chart's PodMonitor scrapes by name.
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
     env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["PODIUM_METRICS_PORT"] == "9400"
     assert env["PODIUM_EXPERIMENT_ID"] == "e1" and env["PODIUM_POD_ID"] == "p1"
     # The experiment's own credential, from its Secret: never the platform token of req.env.
     assert next(e for e in c["env"] if e["name"] == "PODIUM_API_TOKEN") == CREDENTIAL_REF

@@ -9,6 +9,8 @@
   ``k8s_compile_cache_claim``, a ReadWriteMany PersistentVolumeClaim. Either way the
   experiment's pods share what the first of them compiled through the leaderboard's blob store
   (services/pod/runtime/compile_share.py); the claim also keeps it across experiments.
+- The pod serves /metrics on ``k8s_pod_metrics_port`` (container port ``metrics``, scraped by
+  the chart's PodMonitor).
 - The pod writes its TensorBoard files into an emptyDir at ``TENSORBOARD_DIR`` and uploads
   them, and its last log lines, to the leaderboard's blob store as it runs and before it exits
   (services/pod/runtime/pod_files.py): nothing a user reads is lost with the Pod.
@@ -87,6 +89,8 @@ ALGORITHM_ANNOTATION = "podium.dev/algorithm"
 CONTAINER = "pod"
 #: Where a training pod's compile cache is (an emptyDir, or ``k8s_compile_cache_claim``).
 COMPILE_CACHE_DIR = "/var/cache/podium/compile"
+#: The name of a training pod's /metrics port (``k8s_pod_metrics_port``): the PodMonitor's.
+METRICS_PORT_NAME = "metrics"
 #: Where the pod writes its TensorBoard files (an emptyDir; uploaded as they grow).
 TENSORBOARD_DIR = "/var/lib/podium/tensorboard"
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -180,6 +184,9 @@ def pod_manifest(
     for k, v in sorted(req.pod_env().items()):
         if k not in PLATFORM_SECRETS:
             env.append({"name": k, "value": v})
+    port = settings.k8s_pod_metrics_port
+    if port:
+        env.append({"name": "PODIUM_METRICS_PORT", "value": str(port)})
     if settings.leaderboard_token_value():
         secret = credential_secret_name(req.experiment_id)
         env.append(
@@ -235,6 +242,8 @@ def pod_manifest(
             "capabilities": {"drop": ["ALL"]},
         },
     }
+    if port:  # scraped by the chart's PodMonitor (helm/podium/templates/servicemonitor.yaml)
+        container["ports"] = [{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the reconciler replaces failed pods, with backoff
         "terminationGracePeriodSeconds": max(1, round(req.grace_s)),
