@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -140,6 +141,36 @@ def _locked(lock: TextIO, wait_s: float) -> bool:
             time.sleep(1.0)
 
 
+def _stop_orphaned_engines() -> None:
+    """Stop any dockerd still running on ``DATA_ROOT``: called with its lock held, so its session
+    is gone (killed before its teardown); left running, it keeps the new engine from starting."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if not argv[0].endswith(b"dockerd") or b"--data-root" not in argv:
+            continue
+        if argv[argv.index(b"--data-root") + 1].decode() != str(DATA_ROOT):
+            continue
+        pid = int(proc.name)
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(60):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.5)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        if b"--exec-root" in argv:  # its network namespace stays bind-mounted there
+            _unmount_under(Path(argv[argv.index(b"--exec-root") + 1].decode()))
+
+
+def _unmount_under(directory: Path) -> None:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        if line.split()[1].startswith(f"{directory}/"):
+            subprocess.run(["umount", line.split()[1]], check=False)
+
+
 @pytest.fixture(scope="session")
 def engine() -> Iterator[dict[str, str]]:
     """The environment under which `docker` reaches a running engine."""
@@ -167,6 +198,7 @@ def engine() -> Iterator[dict[str, str]]:
             f"another test session on this machine has held the Docker engine of {DATA_ROOT} "
             f"for over {ENGINE_WAIT_S:.0f} s (set PODIUM_DOCKER_ROOT to use another data-root)"
         )
+    _stop_orphaned_engines()
     env["DOCKER_HOST"] = f"unix://{run_dir}/docker.sock"
     # Only Podium uses this data-root: scripts/build-images.sh may prune every dangling image
     # (the build stages a rebuild replaced), not just the ones it replaced itself.
@@ -208,11 +240,7 @@ def engine() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        # dockerd leaves the host network namespace bind-mounted in its exec-root.
-        for line in Path("/proc/mounts").read_text().splitlines():
-            mountpoint = line.split()[1]
-            if mountpoint.startswith(f"{run_dir}/"):
-                subprocess.run(["umount", mountpoint], check=False)
+        _unmount_under(run_dir)  # dockerd leaves the host network namespace bind-mounted
         for _ in range(10):  # dockerd's containerd may still be removing its sockets
             shutil.rmtree(run_dir, ignore_errors=True)
             if not run_dir.exists():
