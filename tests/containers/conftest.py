@@ -162,7 +162,10 @@ def _stop_orphaned_engines() -> None:
         else:
             os.kill(pid, signal.SIGKILL)
         if b"--exec-root" in argv:  # its network namespace stays bind-mounted there
-            _unmount_under(Path(argv[argv.index(b"--exec-root") + 1].decode()))
+            exec_root = Path(argv[argv.index(b"--exec-root") + 1].decode())
+            _unmount_under(exec_root)
+            if exec_root.parent.name.startswith("podium-dockerd-"):  # this fixture's run dir
+                shutil.rmtree(exec_root.parent, ignore_errors=True)
 
 
 def _unmount_under(directory: Path) -> None:
