@@ -156,7 +156,7 @@ def _stop_orphaned_engines() -> None:
         pid = int(proc.name)
         os.kill(pid, signal.SIGTERM)
         for _ in range(60):
-            if not Path(f"/proc/{pid}").exists():
+            if not _running(pid):
                 break
             time.sleep(0.5)
         else:
@@ -166,6 +166,15 @@ def _stop_orphaned_engines() -> None:
             _unmount_under(exec_root)
             if exec_root.parent.name.startswith("podium-dockerd-"):  # this fixture's run dir
                 shutil.rmtree(exec_root.parent, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process its parent has not reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _unmount_under(directory: Path) -> None:
