@@ -125,9 +125,10 @@ class GymnasiumVecEnv(VecEnv):
             seed, self._seed = self._seed, None
         if seed is None and groups > 1:  # alike needs a seed: a fresh one
             seed = int(np.random.SeedSequence().entropy % 2**31)
-        # gymnasium seeds sub-environment i with seed + i: each group its first's seeds.
-        seeds = seed if seed is None else [seed + i for i in range(self.num_envs // groups)]
-        obs, _ = self.env.reset(seed=None if seeds is None else seeds * groups)
+        # A seed per sub-environment (an int seeds sub-environment i with seed + i): each group
+        # gets its first's.
+        seeds = None if seed is None else [seed + i for i in range(self.num_envs // groups)]
+        obs, _ = self.env.reset(seed=seeds and seeds * groups)
         self._stats.reset()
         return self._to_obs(obs), {}
 
