@@ -770,7 +770,13 @@ async def metrics(request: Request, svc: Svc) -> PlainTextResponse:
         )
     try:
         ranks = svc.settings.metrics_top_ranks
-        for exp in await svc.store.experiments():
+        # A series of an experiment that is no longer stored is one deleted through another
+        # replica (read before the store: one created meanwhile keeps its first counts).
+        seen = svc.metrics.experiments()
+        stored = await svc.store.experiments()
+        for exp in seen - set(stored):
+            svc.metrics.forget(exp)
+        for exp in stored:
             config, rows = await svc.store.top(exp, limit=ranks)  # best first
             # An ensemble's best of each algorithm may rank low: read further down its board
             # (at most 1,024 rows). The labels are the experiment's own algorithms (a bounded

@@ -100,6 +100,15 @@ class LeaderboardMetrics:
             if labels[0] == experiment and int(labels[1]) > len(scores):
                 self.rank_score.remove(*labels)
 
+    def experiments(self) -> set[str]:
+        """The experiments this replica has series of."""
+        return {
+            labels[0]
+            for metric in (self.top_score, self.size, self.evictions, self.rank_score,
+                           self.algorithm_top_score, self.submissions, self.decisions)
+            for labels in self._children(metric)
+        }  # fmt: skip
+
     def forget(self, experiment: str) -> None:
         """Drop a deleted experiment's series."""
         for metric in (self.top_score, self.size, self.evictions):

@@ -11,6 +11,7 @@ variables filled in, must return at least one series.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -223,3 +224,56 @@ def test_prometheus_scrapes_a_live_experiment_and_every_panel_has_data(
         orch.close()
         lb.close()
         kill_pods(data)  # the fixture then stops prometheus and pod_targets
+
+
+def test_the_best_of_an_experiments_pods_follows_its_direction(
+    tmp_path: Path, processes: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    """The "Eval return by pod" panel's best of pods is the pods' max where higher is better
+    and their min where lower is: real pods' metrics servers, scraped by a real Prometheus."""
+    from services.pod.runtime.metrics import PodMetrics
+
+    served: list[PodMetrics] = []
+    targets = []
+    # Each pod's evaluations in order: its own best is the last where lower is better.
+    for experiment, higher in (("up", True), ("down", False)):
+        for pod, means in (("a", (300.0, 100.0)), ("b", (250.0, 200.0))):
+            metrics = PodMetrics(experiment, f"{experiment}-{pod}", higher_is_better=higher)
+            for mean in means:
+                metrics.evaluated(mean)
+            served.append(metrics)
+            targets.append(f"127.0.0.1:{metrics.serve(0, None, f'{experiment}-{pod}')}")
+    try:
+        sd_file = tmp_path / "sd" / "pods.json"
+        sd_file.parent.mkdir()
+        sd_file.write_text(json.dumps([{"targets": targets, "labels": {}}]))
+        port = free_port()
+        config = prometheus_config(tmp_path, {"localhost:9090": f"127.0.0.1:{port}"}, sd_file)
+        processes(
+            tool("prometheus"),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+            log=tmp_path / "prometheus.log",
+        )
+        [panel] = [p for p in dashboard_panels() if p["title"] == "Eval return by pod"]
+        [query] = [t["expr"] for t in panel["targets"] if "best of pods" in t["legendFormat"]]
+        query = query.replace("$experiment", ".*")
+        best: dict[str, float] = {}
+
+        def answered() -> bool:
+            with contextlib.suppress(httpx.TransportError):
+                r = httpx.get(
+                    f"http://127.0.0.1:{port}/api/v1/query", params={"query": query}, timeout=5
+                )
+                if r.is_success:
+                    for s in r.json()["data"]["result"]:
+                        best[s["metric"]["experiment"]] = float(s["value"][1])
+            return len(best) == 2
+
+        wait_for(answered, timeout=60, interval=1)
+        assert best == {"up": 300.0, "down": 100.0}
+    finally:
+        for metrics in served:
+            metrics.close()

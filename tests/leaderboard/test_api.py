@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.leaderboard.app import create_app
+from services.leaderboard.settings import LeaderboardSettings
 from tests.leaderboard.conftest import AUTH, experiment, multipart, result, settings_for
 
 API = "/api/v1/experiments"
@@ -405,6 +406,35 @@ def test_metrics_exposed_with_bounded_labels(client: TestClient) -> None:
     assert all(
         "{" in r or r in ("/metrics", "/livez", "/readyz", "/api/v1/experiments") for r in routes
     ), routes
+
+
+def test_a_replica_drops_the_series_of_an_experiment_deleted_through_another(
+    lb_settings: LeaderboardSettings,
+) -> None:
+    """Two replicas on one Redis: after a DELETE served by one, the other's next scrape has no
+    series of the deleted experiment (its counters included); the rest stay."""
+
+    def experiments(c: TestClient) -> set[str]:
+        text = c.get("/metrics").text
+        return {
+            s.labels["experiment"]
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("podium_leaderboard_") and "experiment" in s.labels
+        }
+
+    with (
+        TestClient(create_app(lb_settings), headers=AUTH) as a,
+        TestClient(create_app(lb_settings), headers=AUTH) as b,
+    ):
+        for exp in ("gone", "kept"):
+            assert a.put(f"{API}/{exp}", json=experiment()).status_code in (200, 201)
+            b.post(f"{API}/{exp}/submissions", json=result(f"{exp}-1", 1.0))
+            b.post(f"{API}/{exp}/generate", json={"pod_id": "p"})
+        assert experiments(b) == {"gone", "kept"}
+        assert a.delete(f"{API}/gone").status_code == 204
+        assert experiments(b) == {"kept"}
+        assert experiments(a) == {"kept"}
 
 
 def test_rank_gauges_stop_at_metrics_top_ranks(client: TestClient) -> None:

@@ -46,9 +46,15 @@ class PodMetrics:
             "podium_pod_updates_per_second", "Updates per second over the last round."
         )
         self.eval_return = gauge("podium_pod_eval_return", "Latest evaluation mean return.")
-        self.best_eval_return = gauge(
-            "podium_pod_best_eval_return", "Best evaluation mean return of this pod."
-        )
+        # Labelled with the spec's direction: the dashboard's best of an experiment's pods is
+        # their max where higher is better, their min where lower is.
+        direction = {"higher_is_better": str(higher_is_better).lower()}
+        self.best_eval_return = Gauge(
+            "podium_pod_best_eval_return",
+            "Best evaluation mean return of this pod (higher_is_better: the spec's direction).",
+            [*labels, *direction],
+            registry=self.registry,
+        ).labels(**labels, **direction)
         self.compile_seconds = counter(
             "podium_pod_compile_seconds",
             "Seconds spent compiling (torch.compile: dynamo and inductor) by this pod.",
