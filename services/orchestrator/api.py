@@ -21,7 +21,7 @@ from services.http import (
     require_token,
 )
 from services.orchestrator import store as st
-from services.orchestrator.models import EndedPodLogOut, EventOut, ExperimentOut, State
+from services.orchestrator.models import EndedPodLogOut, EventOut, ExperimentOut, ShownState
 from services.orchestrator.reconciler import Reconciler, last_lines
 from services.orchestrator.settings import OrchestratorSettings
 from services.orchestrator.store import (
@@ -127,7 +127,7 @@ def create_experiment(
 def list_experiments(
     request: Request,
     response: Response,
-    state: State | None = None,
+    state: ShownState | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=100)] = None,
 ) -> list[ExperimentOut]:

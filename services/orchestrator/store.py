@@ -59,6 +59,8 @@ IDEMPOTENCY_TTL_S = 24 * 3600
 SPEC_CACHE_SIZE = 4096
 #: Records read in one pipeline round trip.
 GET_CHUNK = 500
+#: Records one page of ``?state=invalid`` looks through at most.
+INVALID_SCAN = 2_000
 #: Bumped when the secondary keys (state:<state>, active) change shape: rebuilt at start-up.
 INDEX_VERSION = "1"
 
@@ -439,14 +441,22 @@ return 1
     ) -> tuple[list[Experiment], Cursor | None]:
         """Up to ``limit`` experiments, newest first, after ``cursor``; and the next cursor.
 
-        Being deleted ones are left out. Reads a sorted-set range and the page's records only.
+        Being deleted ones are left out; a state's page shows only records that validate.
+        Reads a sorted-set range and the page's records only, except for ``invalid`` (shown,
+        never stored as a state): those are looked for among every experiment, at most
+        ``INVALID_SCAN`` records a page, so a page may be short and still have a next cursor.
         """
-        key = self._k("state", state) if state else self._k("experiments")
+        invalid = state == INVALID
+        key = self._k("state", state) if state and not invalid else self._k("experiments")
         top: float | str = "+inf" if cursor is None else cursor.created_at
         out: list[Experiment] = []
-        offset = 0
+        offset, last = 0, None
         while len(out) <= limit:
             need = limit + 1 - len(out)
+            if invalid:
+                if offset >= INVALID_SCAN:
+                    return out, last
+                need = max(need, min(GET_CHUNK, INVALID_SCAN - offset))
             rows = self.r.zrange(
                 key, top, "-inf", byscore=True, desc=True, offset=offset, num=need, withscores=True
             )
@@ -458,7 +468,13 @@ return 1
                 for m, score in rows
                 if cursor is None or score < cursor.created_at or m.decode() < cursor.id
             ]
-            out.extend(e for e in self.get_many(ids) if e.intent != DELETE)
+            out.extend(
+                e
+                for e in self.get_many(ids)
+                if e.intent != DELETE and (state is None or (e.invalid is not None) == invalid)
+            )
+            if rows:  # where a page cut short by the scan's bound goes on
+                last = Cursor(rows[-1][1], rows[-1][0].decode())
             if len(rows) < need:
                 break
         more = len(out) > limit

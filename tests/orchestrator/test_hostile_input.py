@@ -134,6 +134,9 @@ def test_a_stored_record_that_no_longer_validates_bricks_nothing(
     assert shown[bad]["state"] == "invalid" and "round" in shown[bad]["reason"]
     one = client.get(f"{API}/{bad}")
     assert one.status_code == 200 and one.json()["state"] == "invalid"
+    # Listed by the state it shows, and not by the one it was stored in.
+    assert [e["id"] for e in client.get(API, params={"state": "invalid"}).json()] == [bad]
+    assert client.get(API, params={"state": "pending"}).json() == []
     for action in ("cancel", "pause", "resume"):
         r = client.post(f"{API}/{bad}/{action}")
         assert r.status_code == 409 and "invalid" in r.json()["detail"]
@@ -152,6 +155,35 @@ def test_a_stored_record_that_no_longer_validates_bricks_nothing(
     assert client.get(f"{API}/{bad}").status_code == 404
     wait_for(lambda: _metric(client, "podium_orchestrator_invalid_experiments") == 0)
     assert [e["id"] for e in client.get(API).json()] == [good_id]
+
+
+def test_invalid_records_are_listed_page_by_page_within_a_bounded_scan(
+    client: TestClient, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``?state=invalid`` looks through at most ``INVALID_SCAN`` records a request: a page cut
+    short says where to go on, and following the cursors finds every invalid record once."""
+    from services.orchestrator import store
+
+    monkeypatch.setattr(store, "INVALID_SCAN", 3)
+    ids = [
+        client.post(API, json=spec(f"e{i}", resources={"cpu": 8})).json()["id"] for i in range(8)
+    ]
+    bad = {ids[1], ids[6]}  # old and new, with valid ones between and around
+    for exp_id in bad:
+        _poison(redis_url, exp_id)
+    found, params, pages = [], {"state": "invalid", "limit": 1}, 0
+    while True:
+        r = client.get(API, params=params)
+        assert r.status_code == 200, r.text
+        pages += 1
+        found += [e["id"] for e in r.json()]
+        assert all(e["state"] == "invalid" for e in r.json())
+        if "X-Next-Cursor" not in r.headers:
+            break
+        params["cursor"] = r.headers["X-Next-Cursor"]
+    assert sorted(found) == sorted(bad) and pages >= 3  # 8 records, at most 3 read a page
+    valid = client.get(API, params={"state": "pending"}).json()
+    assert {e["id"] for e in valid} == set(ids) - bad
 
 
 def test_readyz_reports_a_reconciler_that_keeps_failing(client: TestClient) -> None:
