@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
+from services import machine
 from services.contracts.credentials import PLATFORM_SECRETS
 from services.malloc import check_choice
 from services.settings import PodiumSettings
@@ -30,10 +31,12 @@ SET_PER_POD = frozenset(
 
 
 def _memory_bytes() -> int:
+    """The machine's memory, or this process's cgroup limit where that is less."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 8 << 30
+        physical = 8 << 30
+    return min(physical, machine.memory_bytes() or physical)
 
 
 def _gpu_count() -> int:
@@ -241,7 +244,7 @@ class OrchestratorSettings(PodiumSettings):
     def local_capacity(self) -> tuple[float, int, int]:
         from services.contracts.spec import parse_quantity
 
-        cpu = self.capacity_cpu if self.capacity_cpu is not None else float(os.cpu_count() or 1)
+        cpu = self.capacity_cpu if self.capacity_cpu is not None else machine.cpus()
         gpus = self.capacity_gpus if self.capacity_gpus is not None else _gpu_count()
         mem = (
             parse_quantity(self.capacity_memory)

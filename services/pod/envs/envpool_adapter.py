@@ -10,13 +10,14 @@ installed one) and these conversions in full: docs/gpu_physics.md, "The EnvPool 
 
 from __future__ import annotations
 
-import os
+import math
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
+from services import machine
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS, envpool_simulator
 from services.pod.envs.base import EpisodeStats, Info, StepResult, VecEnv, check_num_envs
 
@@ -86,10 +87,11 @@ class EnvPoolVecEnv(VecEnv):
                 f"env {self.spec_id!r} does not take {', '.join(map(repr, unknown))}; "
                 f"it takes {', '.join(sorted(accepted | {'num_envs', 'seed', 'device'}))}"
             )
-        # One C++ thread per core, at most one per sub-environment: more threads than envs only
-        # add hand-offs, and EnvPool's own default (0) takes every core of a shared machine.
+        # One C++ thread per CPU the pod may use (its cores, at most its quota), at most one per
+        # sub-environment: more threads than envs only add hand-offs, past a quota they are
+        # throttled, and EnvPool's own default (0) takes every core of a shared machine.
         if num_threads is None:
-            num_threads = max(1, min(self.num_envs, len(os.sched_getaffinity(0))))
+            num_threads = max(1, min(self.num_envs, math.ceil(machine.cpus())))
         self._num_threads = num_threads
         limit = env_kwargs.pop("max_episode_steps", config.max_episode_steps)
         if isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit < 1:
