@@ -120,15 +120,17 @@ def test_members_are_candidates_whose_files_load_into_a_single_agent(
         assert single.evaluate()[0].mean == pytest.approx(candidate["score"])
 
     # The pod's metrics count the members' work together; the best is the best member's.
-    def sample(name: str) -> float:
-        value = rt.metrics.registry.get_sample_value(name, {"experiment": "e1", "pod": "pop-a"})
+    def sample(name: str, **labels: str) -> float:
+        labels = {"experiment": "e1", "pod": "pop-a", **labels}
+        value = rt.metrics.registry.get_sample_value(name, labels)
         assert value is not None, name
         return value
 
     assert sample("podium_pod_rounds_total") == rt.rounds >= 2
     assert sample("podium_pod_env_steps_total") == P * rt.trainer.env_steps == rt.env_steps
     assert sample("podium_pod_submissions_total") == len(rt.submissions)
-    assert sample("podium_pod_best_eval_return") == max(c["score"] for c in board)
+    best = sample("podium_pod_best_eval_return", higher_is_better="true")
+    assert best == max(c["score"] for c in board)
 
 
 def test_exploit_puts_a_better_parent_into_a_members_slot(
