@@ -56,4 +56,5 @@ def memory_bytes() -> int | None:
     """The least memory limit of this process's cgroups, or None where none is set."""
     limits = [_text(d / "memory.max") for d in _dirs("")]  # v2: "max" where none
     limits += [_text(d / "memory.limit_in_bytes") for d in _dirs("memory")]  # v1
-    return min((int(t) for t in limits if t.isdigit()), default=None)
+    # v1 says "none" with the largest multiple of the page size below 2**63.
+    return min((int(t) for t in limits if t.isdigit() and int(t) < 1 << 62), default=None)

@@ -72,8 +72,13 @@ def test_no_limit_leaves_the_cores_and_no_memory_limit(
     _layout(
         tmp_path,
         monkeypatch,
-        "3:cpu:/\n0::/user.slice\n",
-        {"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000", "cpu.max": "max"},
+        "4:memory:/\n3:cpu:/\n0::/user.slice\n",
+        {
+            "cpu/cpu.cfs_quota_us": "-1",
+            "cpu/cpu.cfs_period_us": "100000",
+            "cpu.max": "max",
+            "memory/memory.limit_in_bytes": "9223372036854771712",
+        },
     )
     assert machine.cpus() == CORES
     assert machine.memory_bytes() is None
