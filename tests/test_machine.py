@@ -17,23 +17,10 @@ from services import machine
 CORES = len(os.sched_getaffinity(0))
 
 
-def _layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, proc: str, files: dict) -> None:
-    monkeypatch.setattr(machine, "CGROUP", tmp_path / "cgroup")
-    monkeypatch.setattr(machine, "PROC_CGROUP", tmp_path / "proc-self-cgroup")
-    (tmp_path / "proc-self-cgroup").write_text(proc)
-    for name, text in files.items():
-        path = tmp_path / "cgroup" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-
-
-def test_cgroup_v2_the_least_limit_on_the_path_up_applies(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A Kubernetes container: the pod's cgroup holds the quota, the container's says "max".
-    _layout(
-        tmp_path,
-        monkeypatch,
+LAYOUTS = {
+    # A Kubernetes container on cgroup v2: the pod's cgroup holds the quota, the container's
+    # says "max"; the least limit on the path up applies.
+    "v2-kubernetes": (
         "0::/kubepods/pod1/ctr\n",
         {
             "cpu.max": "max 100000",
@@ -42,36 +29,23 @@ def test_cgroup_v2_the_least_limit_on_the_path_up_applies(
             "kubepods/pod1/memory.max": "max",
             "kubepods/pod1/ctr/memory.max": "1073741824",
         },
-    )
-    assert machine.cpus() == min(CORES, 0.5)
-    assert machine.memory_bytes() == 1 << 30
-
-
-def test_cgroup_v1_in_a_container_reads_the_containers_own_mount(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Docker on cgroup v1: the path names the container from the host's root, but the mount
-    # is the container's own cgroup.
-    _layout(
-        tmp_path,
-        monkeypatch,
+        min(CORES, 0.5),
+        1 << 30,
+    ),
+    # Docker on cgroup v1: the path names the container from the host's root, but the mount is
+    # the container's own cgroup.
+    "v1-docker": (
         "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n",
         {
             "cpu/cpu.cfs_quota_us": "150000",
             "cpu/cpu.cfs_period_us": "100000",
             "memory/memory.limit_in_bytes": "536870912",
         },
-    )
-    assert machine.cpus() == min(CORES, 1.5)
-    assert machine.memory_bytes() == 512 << 20
-
-
-def test_no_limit_leaves_the_cores_and_no_memory_limit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _layout(
-        tmp_path,
-        monkeypatch,
+        min(CORES, 1.5),
+        512 << 20,
+    ),
+    # No limit: v1's quota -1 and its largest memory "limit", v2's "max".
+    "none": (
         "4:memory:/\n3:cpu:/\n0::/user.slice\n",
         {
             "cpu/cpu.cfs_quota_us": "-1",
@@ -79,9 +53,26 @@ def test_no_limit_leaves_the_cores_and_no_memory_limit(
             "cpu.max": "max",
             "memory/memory.limit_in_bytes": "9223372036854771712",
         },
-    )
-    assert machine.cpus() == CORES
-    assert machine.memory_bytes() is None
+        CORES,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_cgroup_limits_as_the_kernel_lays_them_out(
+    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proc, files, cpus, memory = LAYOUTS[layout]
+    monkeypatch.setattr(machine, "CGROUP", tmp_path / "cgroup")
+    monkeypatch.setattr(machine, "PROC_CGROUP", tmp_path / "proc-self-cgroup")
+    (tmp_path / "proc-self-cgroup").write_text(proc)
+    for name, text in files.items():
+        path = tmp_path / "cgroup" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    assert machine.cpus() == cpus
+    assert machine.memory_bytes() == memory
 
 
 def test_the_local_backends_capacity_and_envpools_threads_follow_the_quota(
