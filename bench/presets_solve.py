@@ -1,9 +1,9 @@
 """Do the presets generalise? Every built-in torch-native env with every algorithm that fits
 its action space, trained from its defaults exactly as ``podium train ENV --set algorithm=X``
 builds its config (services/pod/training/presets.py ``train_config``, then
-services/pod/training/fit.py), over
-several seeds: env steps to the solve threshold (``TARGET_RETURNS``). MuJoCo HalfCheetah-v5 through
-EnvPool is in the default pairs when the ``envpool`` extra is installed.
+services/pod/training/fit.py), over several seeds: env steps to the solve threshold (each env
+card's target, services/contracts/envs.py). MuJoCo HalfCheetah-v5 through EnvPool is in the
+default pairs when the ``envpool`` extra is installed.
 
     python bench/presets_solve.py [--pairs ppo:CartPole-v1 sac:MountainCarContinuous-v0 ...]
                                   [--seeds 0 1 2] [--set key=value ...] [--jsonl FILE]

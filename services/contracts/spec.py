@@ -30,9 +30,7 @@ from services.contracts.algorithms.hyperparameters import (
     check_hyperparameter_names,
     check_hyperparameter_values,
     check_population,
-    check_population_settings,
     misfits,
-    preset_data,
     whole_run_settings,
 )
 from services.contracts.envpool_tasks import ENVPOOL_PREFIX, ENVPOOL_TASKS
@@ -330,13 +328,6 @@ class ExperimentSpec(InputModel):
             check_population(
                 self.population.agents_per_pod, self.algorithms, self.search_space, pins
             )
-            # A preset that turns gSDE on (Pendulum's) is refused here too, not by the pod.
-            for algorithm in self.algorithms:
-                # The pins are flat names: the run's num_envs (which picks a preset's
-                # large-batch section) may be the algorithm's own field or its loop's.
-                run = [pins, {algorithm: pins}]
-                preset = preset_data(algorithm, self.env.name, run).get(algorithm, {})
-                check_population_settings(self.env.name, algorithm, {**preset, **pins}, pins)
         return self
 
     @model_validator(mode="after")

@@ -50,12 +50,9 @@ OFF_POLICY = "off_policy"
 class PopulationCard:
     """How a population pod (``population.agents_per_pod`` = P > 1) trains P agents of the
     algorithm in one process: the hyperparameter names that may differ between its agents
-    (per-agent tensors; everything else shapes the networks or the rollout, which they share)
-    and the settings it has no batched form of (refused when set)."""
+    (per-agent tensors; everything else shapes the networks or the rollout, which they share)."""
 
     hyperparameters: tuple[str, ...]
-    #: Setting name → what it turns on (for the refusal's message).
-    unsupported: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ config fields plus its family loop's (the card's ``config`` and ``loop_config``)
 from __future__ import annotations
 
 import difflib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Annotated, Any
 
@@ -18,7 +18,6 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from services.contracts.algorithms.card import AlgorithmCard, card, card_names, find_card
-from services.contracts.envpool_tasks import ENVPOOL_PREFIX
 from services.contracts.envs import env_action_kind
 from services.contracts.search_space import WHOLE_RUN, Choice, IntUniform, SearchSpace
 
@@ -183,32 +182,6 @@ def check_population(
                 f"agents share one network and rollout shape); it may vary "
                 f"{', '.join(varied)}, and pin any {found.name} setting with a one-value choice"
             )
-
-
-def check_population_settings(
-    env: str, algorithm: str, settings: Mapping[str, Any], pinned: Collection[str] = ()
-) -> None:
-    """Refuse ``settings`` (what a population pod would train: ``env``'s preset with the
-    search space's ``pinned`` names on top) that ``algorithm``'s population has no batched form
-    of, naming them, where they come from and how to pin them off."""
-    found = card(algorithm)
-    unsupported = found.population.unsupported if found.population else {}
-    used = {k: settings[k] for k in unsupported if settings.get(k)}
-    if used:
-        named = ", ".join(f"{algorithm}.{k} = {v}" for k, v in used.items())
-        task = env.removeprefix(ENVPOOL_PREFIX)  # envpool:<task> reads <task>'s preset
-        source = (
-            "the search space"
-            if set(used) <= set(pinned)
-            else f"the preset services/contracts/algorithms/{algorithm}/presets/{task}.yaml"
-        )
-        raise HyperparameterError(
-            f"population pods (population.agents_per_pod > 1) train {found.label} without "
-            f"{' and '.join(unsupported.values())}; the config for {env} uses {named} "
-            f"(from {source}): "
-            f"pin them off in the search space (e.g. sde_sample_freq: {{type: choice, values: "
-            f"[0]}}) or train one agent per pod"
-        )
 
 
 def misfits(env: str, algorithms: list[str]) -> list[str]:
