@@ -13,6 +13,9 @@
 #   docker.io, docker-compose, debootstrap  Debian's Docker engine, compose v1 and the tool that
 #             makes a base image without a registry, only as root when missing: the container
 #             tests (tests/containers/, scripts/build-images.sh) start a private dockerd with them
+#   libtcmalloc-minimal4  the allocator local pods preload (services/malloc.py), only as root when
+#             missing: the allocator tests (tests/test_malloc.py, tests/orchestrator/
+#             test_pod_malloc.py) run with a real one
 # Idempotent: each tool is installed only when it is not already there.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,6 +80,8 @@ missing=""
 for pair in dockerd:docker.io docker-compose:docker-compose debootstrap:debootstrap; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"
 done
+# The allocator local pods preload where they find it (services/malloc.py): its tests need one.
+/sbin/ldconfig -p 2>/dev/null | grep -q 'libtcmalloc_minimal\.so' || missing="$missing libtcmalloc-minimal4"
 if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "[deploy-tools] installing$missing (Debian packages)" >&2
   export DEBIAN_FRONTEND=noninteractive
