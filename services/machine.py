@@ -25,36 +25,48 @@ def _text(path: Path) -> str:
         return ""
 
 
-def _dirs(controller: str) -> list[Path]:
-    """This process's cgroup directories of ``controller`` (cgroup v1's name; "" for v2), its
-    own first, then each parent up to the mount. In a container the mount is often the
-    container's own cgroup while the path names it from the host's root: the mount remains."""
-    for line in _text(PROC_CGROUP).splitlines():
+def own_cgroup(controller: str) -> tuple[Path, Path, bool] | None:
+    """This process's cgroup directory of ``controller``, the mount of its hierarchy, and
+    whether that hierarchy is v2: cgroup v1's own hierarchy of the controller where one is
+    mounted, else the unified one (v2; under ``unified/`` on a hybrid host). None: neither."""
+    lines = _text(PROC_CGROUP).splitlines()
+    for line in lines:
         _, names, path = line.split(":", 2)
-        if (controller in names.split(",")) if controller else not names:
-            mount = CGROUP / controller if controller else CGROUP
-            own = Path(path.lstrip("/"))
-            return [mount / d for d in (own, *own.parents) if (mount / d).is_dir()]
-    return []
+        if controller in names.split(","):
+            return CGROUP / controller / path.lstrip("/"), CGROUP / controller, False
+    for line in lines:
+        if line.startswith("0::"):
+            for mount in (CGROUP / "unified", CGROUP):
+                if (mount / "cgroup.controllers").exists():
+                    return mount / line[3:].lstrip("/"), mount, True
+    return None
+
+
+def _dirs(controller: str) -> list[Path]:
+    """This process's cgroup directories of ``controller``, its own first, then each parent up
+    to the mount. In a container the mount is often the container's own cgroup while the path
+    names it from the host's root: the mount remains."""
+    found = own_cgroup(controller)
+    if found is None:
+        return []
+    own, mount, _ = found
+    path = own.relative_to(mount)
+    return [mount / d for d in (path, *path.parents) if (mount / d).is_dir()]
 
 
 def cpus() -> float:
     """The CPUs this process may use at once: the cores it may run on, at most its quota."""
-    limit = float(len(os.sched_getaffinity(0)))
-    for d in _dirs(""):  # cgroup v2: "max 100000" or "<quota> <period>"
-        quota, _, period = _text(d / "cpu.max").partition(" ")
-        if quota.isdigit() and period.isdigit() and int(period) > 0:
-            limit = min(limit, int(quota) / int(period))
-    for d in _dirs("cpu"):  # cgroup v1: a quota of -1 is none
-        quota, period = _text(d / "cpu.cfs_quota_us"), _text(d / "cpu.cfs_period_us")
-        if quota.isdigit() and period.isdigit() and int(period) > 0:
-            limit = min(limit, int(quota) / int(period))
-    return limit
+    pairs = []
+    for d in _dirs("cpu"):  # v2: "max 100000" or "<quota> <period>"; v1: a quota of -1 is none
+        pairs.append(_text(d / "cpu.max").partition(" ")[::2])
+        pairs.append((_text(d / "cpu.cfs_quota_us"), _text(d / "cpu.cfs_period_us")))
+    quotas = [int(q) / int(p) for q, p in pairs if q.isdigit() and p.isdigit() and int(p) > 0]
+    return min([float(len(os.sched_getaffinity(0))), *quotas])
 
 
 def memory_bytes() -> int | None:
     """The least memory limit of this process's cgroups, or None where none is set."""
-    limits = [_text(d / "memory.max") for d in _dirs("")]  # v2: "max" where none
-    limits += [_text(d / "memory.limit_in_bytes") for d in _dirs("memory")]  # v1
-    # v1 says "none" with the largest multiple of the page size below 2**63.
+    # v2 says "max" where none; v1 the largest multiple of the page size below 2**63.
+    names = ("memory.max", "memory.limit_in_bytes")
+    limits = [_text(d / name) for d in _dirs("memory") for name in names]
     return min((int(t) for t in limits if t.isdigit() and int(t) < 1 << 62), default=None)

@@ -23,6 +23,7 @@ LAYOUTS = {
     "v2-kubernetes": (
         "0::/kubepods/pod1/ctr\n",
         {
+            "cgroup.controllers": "cpu memory",
             "cpu.max": "max 100000",
             "kubepods/pod1/cpu.max": "50000 100000",
             "kubepods/pod1/ctr/cpu.max": "max 100000",

@@ -100,27 +100,19 @@ class LeaderboardMetrics:
             if labels[0] == experiment and int(labels[1]) > len(scores):
                 self.rank_score.remove(*labels)
 
+    def _by_experiment(self) -> tuple[Any, ...]:
+        """The metrics whose first label is the experiment."""
+        return (self.top_score, self.size, self.evictions, self.rank_score,
+                self.algorithm_top_score, self.submissions, self.decisions)  # fmt: skip
+
     def experiments(self) -> set[str]:
         """The experiments this replica has series of."""
-        return {
-            labels[0]
-            for metric in (self.top_score, self.size, self.evictions, self.rank_score,
-                           self.algorithm_top_score, self.submissions, self.decisions)
-            for labels in self._children(metric)
-        }  # fmt: skip
+        return {labels[0] for m in self._by_experiment() for labels in self._children(m)}
 
     def forget(self, experiment: str) -> None:
         """Drop a deleted experiment's series."""
-        for metric in (self.top_score, self.size, self.evictions):
-            if (experiment,) in self._children(metric):
-                metric.remove(experiment)
-        for metric in (
-            self.rank_score,
-            self.algorithm_top_score,
-            self.submissions,
-            self.decisions,
-        ):
-            for labels in list(self._children(metric)):
+        for metric in self._by_experiment():
+            for labels in self._children(metric):
                 if labels[0] == experiment:
                     metric.remove(*labels)
 

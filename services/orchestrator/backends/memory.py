@@ -36,12 +36,12 @@ from pathlib import Path
 
 import psutil
 
+from services import machine
 from services.logs import get_logger
 
 log = get_logger(__name__)
 
 WATCH_INTERVAL_S = 0.25
-_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 class MemoryLimitError(RuntimeError):
@@ -207,31 +207,12 @@ def _memory(leader: psutil.Process) -> int | None:
     return total
 
 
-def _own_cgroup() -> tuple[Path, bool] | None:
-    """This process's memory cgroup directory and whether it is cgroup v2 (None: none found)."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return _CGROUP_ROOT / "memory" / path.lstrip("/"), False
-    for line in lines:
-        if line.startswith("0::"):
-            path = line[3:].lstrip("/")
-            for root in (_CGROUP_ROOT / "unified", _CGROUP_ROOT):
-                if (root / "cgroup.controllers").exists():
-                    return root / path, True
-    return None
-
-
 def _cgroup_limit() -> CgroupLimit | str:
     """A ``CgroupLimit`` that works here, or why there is none (tried by making a group)."""
-    own = _own_cgroup()
+    own = machine.own_cgroup("memory")
     if own is None:
         return "no memory cgroup found (/proc/self/cgroup)"
-    parent, v2 = own
+    parent, _, v2 = own
     if v2:
         try:
             if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
