@@ -24,6 +24,13 @@ Each arm is launched the way its user launches it, as a process (tree) of its ow
   programs, as a user's runs of a spec find it after ``podium compile SPEC`` (the cache is the
   platform's, kept across experiments; docs/compiled-loop.md): run once, untimed, before the
   first repetition; the timed runs keep the spec's ``compile: auto``.
+- ``podium-pairs-up`` and ``ray-up``: the same tournaments submitted to services that already
+  run, as a CI pipeline submits to a platform: ``podium up`` (its compile cache filled as the
+  ``-warm`` arms') and ``ray start --head``, each started once on the same CPU set and given one
+  untimed run first; each repetition is then ``podium submit SPEC --wait`` or a Ray driver that
+  connects (``ray.init(address=...)``), and the clock starts at that command's launch. CPU and
+  RSS count the command's tree and the service's processes (CPU: what they used from the
+  launch on).
 - ``podium-exec``: as ``podium``, with the local backend's pod launcher off
   (``PODIUM_POD_LAUNCHER=false``): every pod a new interpreter that imports torch itself, as
   before the launcher (services/pod/runtime/launcher.py).
@@ -52,6 +59,9 @@ import functools
 import json
 import os
 import random
+import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -544,7 +554,10 @@ def ray_driver(job: dict[str, Any]) -> None:
     marks["imported"] = time.time() - launched
     spec, target = job["spec"], job["spec"]["target_return"]
     random.seed(job["rep"])  # PBT's choices of parent and mutation
-    start_ray(job["cores"])
+    if job.get("address"):  # a running cluster (``ray-up``)
+        ray.init(address=job["address"], logging_level="ERROR", log_to_driver=False)
+    else:
+        start_ray(job["cores"])
     marks["ray_up"] = time.time() - launched
     state: dict[str, Any] = {
         "steps": 0,
@@ -602,24 +615,39 @@ def ray_driver(job: dict[str, Any]) -> None:
 
 
 class TreeSampler(threading.Thread):
-    """CPU seconds and RSS of a process and its descendants, sampled every ``every`` s."""
+    """CPU seconds and RSS of a process and its descendants, sampled every ``every`` s; with
+    ``services`` (pids of processes that ran before, e.g. a running platform's) their trees too,
+    counting the CPU time they use from the first sample on."""
 
-    def __init__(self, pid: int, every: float = 0.2) -> None:
+    def __init__(self, pid: int, every: float = 0.2, services: tuple[int, ...] = ()) -> None:
         super().__init__(daemon=True)
         self.root, self.every = psutil.Process(pid), every
+        self.services = [psutil.Process(p) for p in services]
         self.start_t = time.time()
         self.cpu: dict[int, float] = {}  # pid -> its last seen CPU seconds
+        self.before = 0.0  # the CPU seconds the processes had at the first sample
         self.series: list[tuple[float, float, int]] = []  # (s since start, CPU s, RSS bytes)
         self.done = threading.Event()
+
+    def _tree(self) -> dict[int, psutil.Process]:
+        procs: dict[int, psutil.Process] = {}
+        for root in [self.root, *self.services]:
+            try:
+                for p in [root, *root.children(recursive=True)]:
+                    procs[p.pid] = p
+            except psutil.NoSuchProcess:
+                if root is self.root:
+                    raise
+        return procs
 
     def run(self) -> None:
         while not self.done.is_set():
             try:
-                procs = [self.root, *self.root.children(recursive=True)]
+                procs = self._tree()
             except psutil.NoSuchProcess:
                 break
             rss = 0
-            for p in procs:
+            for p in procs.values():
                 try:
                     with p.oneshot():
                         t = p.cpu_times()
@@ -627,7 +655,10 @@ class TreeSampler(threading.Thread):
                         rss += p.memory_info().rss
                 except psutil.Error:
                     continue
-            self.series.append((time.time() - self.start_t, sum(self.cpu.values()), rss))
+            if not self.series and self.services:
+                self.before = sum(self.cpu.values())
+            used = sum(self.cpu.values()) - self.before
+            self.series.append((time.time() - self.start_t, used, rss))
             self.done.wait(self.every)
 
     def cpu_at(self, t: float | None) -> float:
@@ -645,14 +676,19 @@ class TreeSampler(threading.Thread):
         return self.series[-1][1]
 
 
+# A cluster of ``ray start`` asks its drivers for a token unless told not to; ``ray.init``'s
+# own does not: the same for both Ray arms.
+ENV = {"OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
 def launch(
-    cmd: list[str], log: Path, **extra_env: str
+    cmd: list[str], log: Path, services: tuple[int, ...] = (), **extra_env: str
 ) -> tuple[subprocess.Popen, TreeSampler, float]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", **extra_env}
+    env = {**os.environ, **ENV, **extra_env}
     launched = time.time()
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    sampler = TreeSampler(proc.pid)
+    sampler = TreeSampler(proc.pid, services=services)
     sampler.start_t = launched
     sampler.start()
     return proc, sampler, launched
@@ -753,6 +789,22 @@ def run_podium(
     wall = finish(proc, sampler, args.cap_s)
     exp = json.loads((out / "experiment.json").read_text())
     subs = json.loads((out / "submissions.json").read_text())
+    nodes = json.loads((out / "lineage.json").read_text())["nodes"]
+    return podium_measured(args, arm, rep, spec, (proc, sampler, launched, wall), exp, subs, nodes)
+
+
+def podium_measured(
+    args: argparse.Namespace,
+    arm: str,
+    rep: int,
+    spec: dict[str, Any],
+    run: tuple[subprocess.Popen, TreeSampler, float, float],
+    exp: dict[str, Any],
+    subs: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A Podium run's row from its experiment, its submission log and its lineage."""
+    proc, sampler, launched, wall = run
     target = spec["target_return"]
     hits = [s["decided_at"] for s in subs if s["score"] is not None and s["score"] >= target]
     first = min((s["decided_at"] for s in subs), default=None)
@@ -770,7 +822,7 @@ def run_podium(
         env_steps=None
         if hit is None
         else sum(s["env_steps"] for s in subs if s["decided_at"] <= hit),
-        via_copy=via_copy(json.loads((out / "lineage.json").read_text())["nodes"], subs, target),
+        via_copy=via_copy(nodes, subs, target),
         best=exp.get("best_score"),
         round_steps=spec["round"]["env_steps"],
         env_steps_in_all=(exp.get("progress") or {}).get("env_steps"),
@@ -779,7 +831,149 @@ def run_podium(
     )
 
 
-def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[str, Any]:
+# The ``-up`` arms' running services: started once, on first use; ``stop_services`` stops them.
+SERVICES: dict[str, Any] = {}
+WARMUP_REP = 10_001  # the untimed run's seeds: no repetition's
+
+
+def podium_submit(spec: dict[str, Any], work: Path, data: Path) -> list[str]:
+    spec_file = work / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    podium = str(Path(sys.executable).with_name("podium"))
+    return [podium, "submit", str(spec_file), "--wait", "--quiet", "--data-dir", str(data)]
+
+
+def no_pods_left(up: int, timeout_s: float = 60.0) -> None:
+    """Wait until the platform's pods of an earlier run have ended (their final reports)."""
+    from services.pod.runtime.launcher import POD_PROCESS_NAME
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        names = []
+        for p in psutil.Process(up).children(recursive=True):
+            try:
+                names.append(p.name())
+            except psutil.Error:
+                continue
+        if POD_PROCESS_NAME not in names:
+            return
+        time.sleep(0.2)
+
+
+def podium_up(args: argparse.Namespace, cores: int, root: Path) -> tuple[Path, int]:
+    """``podium up`` on ``root``/up/data (its compile cache the pairs' warm one), once, with
+    one untimed experiment run on it: its data directory and pid."""
+    if "podium" in SERVICES:
+        return SERVICES["podium"][0], SERVICES["podium"][1].pid
+    from services.cli.platform import read_session
+
+    home = root / "up"
+    data = home / "data"
+    data.mkdir(parents=True)
+    cache = warm_cache(args, cores, root / "warm-2", agents_per_pod=2)
+    (data / "compile-cache").symlink_to(cache, target_is_directory=True)
+    podium = str(Path(sys.executable).with_name("podium"))
+    cmd = [podium, "up", "--data-dir", str(data), "--port", "0", "--leaderboard-port", "0"]
+    with (home / "log").open("wb") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT
+        )
+    SERVICES["podium"] = (data, proc)
+    deadline = time.time() + 120
+    while read_session(data) is None:
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError("podium up did not start: " + (home / "log").read_text()[-2000:])
+        time.sleep(0.1)
+    spec = podium_spec(args.env, args.pods, cores, WARMUP_REP, args.cap_s, agents_per_pod=2)
+    start = time.time()
+    with (home / "warmup.log").open("wb") as log:
+        done = subprocess.run(
+            podium_submit(spec, home, data), cwd=ROOT, env={**os.environ, **ENV},
+            stdout=log, stderr=subprocess.STDOUT, check=False,
+        )  # fmt: skip
+    print(f"podium up: untimed run exit {done.returncode}, {time.time() - start:.0f} s", flush=True)
+    return data, proc.pid
+
+
+def run_podium_up(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[str, Any]:
+    """``podium submit SPEC --wait`` of the pairs' spec to the running platform."""
+    from services.cli.client import PodiumClient, resolve
+
+    data, up = podium_up(args, cores, work.parent)
+    no_pods_left(up)
+    spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s, agents_per_pod=2)
+    cmd = podium_submit(spec, work, data)
+    proc, sampler, launched = launch(cmd, work / "log", services=(up,))
+    wall = finish(proc, sampler, args.cap_s)
+    found = re.search(r"as experiment ([0-9a-f]+)", (work / "log").read_text())
+    if found is None:
+        raise RuntimeError("podium submit: " + (work / "log").read_text()[-2000:])
+    client = PodiumClient(resolve(data_dir=data))
+    exp_id = found.group(1)
+    exp = client.experiment(exp_id)
+    subs = [s.model_dump() for s in client.submissions(exp_id)]
+    nodes = [n.model_dump() for n in client.lineage(exp_id).nodes]
+    run = (proc, sampler, launched, wall)
+    return podium_measured(args, "podium-pairs-up", rep, spec, run, exp, subs, nodes)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ray_up(args: argparse.Namespace, cores: int, root: Path) -> tuple[str, tuple[int, ...]]:
+    """``ray start --head`` on ``cores`` CPUs (as ``start_ray``'s), once, with one untimed
+    tournament run on it: its address and its processes."""
+    if "ray" in SERVICES:
+        return SERVICES["ray"]
+    ray = str(Path(sys.executable).with_name("ray"))
+    address = f"127.0.0.1:{free_port()}"
+    before = set(psutil.pids())
+    cmd = [
+        ray, "start", "--head", f"--port={address.split(':')[1]}", f"--num-cpus={cores}",
+        "--include-dashboard=false", f"--object-store-memory={200 * 1024**2}",
+        f"--temp-dir={root / 'ray'}", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
+    ]  # fmt: skip
+    with (root / "ray-start.log").open("wb") as log:
+        subprocess.run(
+            cmd, cwd=ROOT, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT,
+            check=True,
+        )  # fmt: skip
+    pids = []
+    for pid in set(psutil.pids()) - before:
+        try:
+            if "ray" in " ".join(psutil.Process(pid).cmdline()):
+                pids.append(pid)
+        except psutil.Error:
+            continue
+    SERVICES["ray"] = (address, tuple(pids))
+    (root / "ray-warmup").mkdir()
+    start = time.time()
+    out = run_ray(args, WARMUP_REP, cores, root / "ray-warmup", arm="ray-up")
+    took = time.time() - start
+    print(f"ray start: untimed run exit {out['exit_code']}, {took:.0f} s", flush=True)
+    return SERVICES["ray"]
+
+
+def stop_services() -> None:
+    if "podium" in SERVICES:
+        proc = SERVICES.pop("podium")[1]
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if SERVICES.pop("ray", None):
+        ray = str(Path(sys.executable).with_name("ray"))
+        subprocess.run([ray, "stop"], capture_output=True, check=False)
+
+
+def run_ray(
+    args: argparse.Namespace, rep: int, cores: int, work: Path, arm: str = "ray"
+) -> dict[str, Any]:
+    address, services = ray_up(args, cores, work.parent) if arm == "ray-up" else (None, ())
     spec = podium_spec(args.env, args.pods, cores, rep, args.cap_s)
     job = {
         "spec": spec,
@@ -791,16 +985,17 @@ def run_ray(args: argparse.Namespace, rep: int, cores: int, work: Path) -> dict[
         "storage": str(work / "tune"),
         "out": str(work / "ray.json"),
         "launched": 0.0,
+        "address": address,
     }
     cmd = [sys.executable, str(Path(__file__).resolve()), "--ray-driver"]
     job_file = work / "job.json"
-    proc, sampler, launched = launch([*cmd, str(job_file)], work / "log")
+    proc, sampler, launched = launch([*cmd, str(job_file)], work / "log", services=services)
     job["launched"] = launched
     job_file.write_text(json.dumps(job))  # read by the driver after its imports
     wall = finish(proc, sampler, args.cap_s)
     res = json.loads(Path(job["out"]).read_text()) if Path(job["out"]).exists() else {}
     return measured(
-        "ray",
+        arm,
         rep,
         sampler,
         wall,
@@ -830,8 +1025,16 @@ RUNNERS = {
     "podium-pop": functools.partial(run_podium, arm="podium-pop"),
     "podium-pairs": functools.partial(run_podium, arm="podium-pairs"),
     "podium-pairs-warm": functools.partial(run_podium, arm="podium-pairs-warm"),
+    "podium-pairs-up": run_podium_up,
     "ray": run_ray,
+    "ray-up": functools.partial(run_ray, arm="ray-up"),
 }
+RAY_ARMS = ("ray", "ray-up")
+
+
+def peer(arm: str) -> str:
+    """The Ray arm a Podium arm is compared with: the running cluster for a running platform."""
+    return "ray-up" if arm.endswith("-up") else "ray"
 
 
 def podium_speed(algorithm: str, env: str, seed: int, n: int) -> float:
@@ -953,26 +1156,27 @@ def summarize(results: list[dict[str, Any]], cap_s: float) -> None:
         solved = f"{sum(r['to_target_s'] is not None for r in runs)}/{len(runs)}"
         cells = [f"{medians[a][k]:,.1f}" if medians[a][k] is not None else "-" for k, _, _ in cols]
         print(f"| {a} | {solved} | " + " | ".join(cells) + " |")
-    podium_arms = [a for a in arms if a != "ray"] if "ray" in arms else []
+    podium_arms = [a for a in arms if a not in RAY_ARMS and peer(a) in arms]
     for a in podium_arms:
         # A score is no quantity to divide (Pendulum's are negative, an idle
         # MountainCar's ~0): its column gets no ratio.
+        ray = medians[peer(a)]
         ratio = [
-            f"{medians[a][k] / medians['ray'][k]:.2f}x"
-            if medians[a][k] and medians["ray"][k] and k != "best"
-            else "-"
+            f"{medians[a][k] / ray[k]:.2f}x" if medians[a][k] and ray[k] and k != "best" else "-"
             for k, _, _ in cols
         ]
-        print(f"| {a} / ray | | " + " | ".join(ratio) + " |")
+        print(f"| {a} / {peer(a)} | | " + " | ".join(ratio) + " |")
     # Ray's time (or the cap) over each Podium arm's, per repetition both ran.
     times = {(r["arm"], r["rep"]): r["to_target_s"] or cap_s for r in results}
     for a in podium_arms:
         paired = [
-            times["ray", rep] / times[a, rep]
+            times[peer(a), rep] / times[a, rep]
             for rep in sorted({r["rep"] for r in results})
-            if (a, rep) in times and ("ray", rep) in times
+            if (a, rep) in times and (peer(a), rep) in times
         ]
-        print(f"paired Ray/{a} wall to target per rep: {', '.join(f'{x:.1f}x' for x in paired)}")
+        print(
+            f"paired {peer(a)}/{a} wall to target per rep: {', '.join(f'{x:.1f}x' for x in paired)}"
+        )
 
 
 def main() -> None:
@@ -1020,16 +1224,19 @@ def main() -> None:
     )
     results = []
     with tempfile.TemporaryDirectory(prefix="podium-vs-ray-") as tmp:
-        for rep in range(args.first_rep, args.first_rep + args.reps):
-            arms = args.arms[rep % len(args.arms) :] + args.arms[: rep % len(args.arms)]
-            for arm in arms:
-                work = Path(tmp) / f"{arm}-{rep}"
-                work.mkdir()
-                out = RUNNERS[arm](args, rep, cores, work)
-                results.append(out)
-                print(json.dumps(out), flush=True)
-                if out["exit_code"] not in (0, None) and arm == "ray":
-                    print((work / "log").read_text()[-3000:], flush=True)
+        try:
+            for rep in range(args.first_rep, args.first_rep + args.reps):
+                arms = args.arms[rep % len(args.arms) :] + args.arms[: rep % len(args.arms)]
+                for arm in arms:
+                    work = Path(tmp) / f"{arm}-{rep}"
+                    work.mkdir()
+                    out = RUNNERS[arm](args, rep, cores, work)
+                    results.append(out)
+                    print(json.dumps(out), flush=True)
+                    if out["exit_code"] not in (0, None) and arm in RAY_ARMS:
+                        print((work / "log").read_text()[-3000:], flush=True)
+        finally:
+            stop_services()
     summarize(results, args.cap_s)
 
 
