@@ -51,6 +51,12 @@ PROGRAMS = "podium-programs"  # the compile cache's directory of saved graphs an
 COMPILER = ("torch._dynamo", "torch._dynamo.aot_compile", "torch._inductor.compile_fx")
 COMPILER_IMPORT_S = 1.5
 
+
+def compiler_imported() -> bool:
+    """Whether this process has the compiler's modules: a load then costs no import."""
+    return COMPILER[-1] in sys.modules
+
+
 CompileMode = Literal["auto", "on", "off"]
 
 
@@ -594,7 +600,7 @@ class Decision:
         elif (self.path, self.device.type) not in RULES:
             self.compiled = False
             self.reason = f"auto: {self.path} on {self.device.type} is unmeasured"
-        elif self.cached and COMPILER[-1] in sys.modules:  # a load costs less than timing would
+        elif self.cached and compiler_imported():  # a load costs less than timing would
             self.compiled, self.reason = True, f"auto: compiling: a load {CACHED}"
 
     def failed(self, error: CompileFailedError) -> None:
@@ -619,7 +625,7 @@ class Decision:
     def decide(self, eager_s_per_unit: float, units_left: float) -> None:
         rule, factor = RULES[self.path, self.device.type], machine_factor()
         saved = units_left * eager_s_per_unit * (1.0 - 1.0 / rule.speedup)
-        warm_s = rule.warm_s + (0.0 if COMPILER[-1] in sys.modules else COMPILER_IMPORT_S)
+        warm_s = rule.warm_s + (0.0 if compiler_imported() else COMPILER_IMPORT_S)
         cost = (warm_s if self.cached else rule.compile_s) * factor
         self.compiled = saved > cost
         self.reason = (
