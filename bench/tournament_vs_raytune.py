@@ -1223,6 +1223,8 @@ def main() -> None:
         flush=True,
     )
     results = []
+    # A SIGTERM (``kill``, a CI job's timeout) stops the running services too, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="podium-vs-ray-") as tmp:
         try:
             for rep in range(args.first_rep, args.first_rep + args.reps):
