@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 from leaderboard_bench import cpu_seconds  # noqa: E402  (bench/ is sys.path[0])
+from ports import free_port  # noqa: E402  (bench/ is sys.path[0])
 
 from services import redis_client  # noqa: E402
 from services.contracts.credentials import pod_token  # noqa: E402
@@ -72,12 +73,6 @@ def pct(xs: list[float], q: float) -> float:
         return float("nan")
     xs = sorted(xs)
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, what: str, timeout: float = 60.0) -> None:

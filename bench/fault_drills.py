@@ -33,7 +33,6 @@ import os
 import platform as host
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from typing import Any
 import httpx
 import psutil
 from drill_pod import report_body
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "drill-token"
@@ -55,12 +55,6 @@ PODS = 3
 HAMMER = "hammer"
 ENDED = {"succeeded", "failed", "cancelled", "budget_exhausted"}
 REDIS_ARGS = ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "60", "1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait(cond: Callable[[], Any], timeout: float = 120.0, since: float | None = None) -> float:

@@ -27,7 +27,6 @@ import multiprocessing as mp
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from ports import free_port
 from sb3_timing import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,12 +58,6 @@ def redis_pid(settings: PodiumSettings) -> int:
     db = Path(settings.data_dir) / redis_client.EMBEDDED_SUBDIR / redis_client.DB_FILENAME
     registry = json.loads(db.with_name(db.name + ".settings").read_text())
     return int(Path(registry["pidfile"]).read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- load generator (runs in its own process) ----------------------------------------------------

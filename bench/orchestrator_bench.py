@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
+from ports import free_port  # noqa: E402  (bench/ is sys.path[0])
 
 from services import redis_client  # noqa: E402
 from services.contracts.spec import ExperimentSpec  # noqa: E402
@@ -177,19 +178,13 @@ def _serve_cluster(port: int, validate: bool) -> None:
     uvicorn.run(fc.app(), host="127.0.0.1", port=port, log_level="warning")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_k8s(n_pods: int, validate: bool) -> dict[str, float]:
     from kubernetes import client as k8s
 
     from services.orchestrator.backends.kubernetes import KubernetesBackend
     from tests.orchestrator.k8s_server import TOKEN
 
-    port = _free_port()
+    port = free_port()
     server = multiprocessing.get_context("spawn").Process(
         target=_serve_cluster, args=(port, validate), daemon=True
     )

@@ -61,7 +61,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -73,9 +72,12 @@ from typing import Any
 
 import psutil
 import yaml
+from ports import free_port
 from sb3_timing import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
+PODIUM = str(Path(sys.executable).with_name("podium"))  # the CLI of this interpreter's install
+RAY = str(Path(sys.executable).with_name("ray"))
 # The task's Podium spec (the search space, round, evaluation and PBT options both arms use)
 # and the edits that turn it into another task's.
 TASKS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -681,10 +683,15 @@ class TreeSampler(threading.Thread):
 ENV = {"OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
+def bench_env(**extra: str) -> dict[str, str]:
+    """The environment of every process an arm starts (one torch thread, Ray's settings)."""
+    return {**os.environ, **ENV, **extra}
+
+
 def launch(
     cmd: list[str], log: Path, services: tuple[int, ...] = (), **extra_env: str
 ) -> tuple[subprocess.Popen, TreeSampler, float]:
-    env = {**os.environ, **ENV, **extra_env}
+    env = bench_env(**extra_env)
     launched = time.time()
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
@@ -747,11 +754,8 @@ def warm_cache(args: argparse.Namespace, cores: int, root: Path, agents_per_pod:
         return cache
     root.mkdir(parents=True, exist_ok=True)
     # Seeds no repetition uses: the timed runs find programs, not agents.
-    spec_file = root / "spec.yaml"
-    spec_file.write_text(
-        yaml.safe_dump(podium_spec(args.env, args.pods, cores, 10_000, args.cap_s, agents_per_pod))
-    )
-    cmd = [str(Path(sys.executable).with_name("podium")), "compile", str(spec_file)]
+    spec = podium_spec(args.env, args.pods, cores, 10_000, args.cap_s, agents_per_pod)
+    cmd = [PODIUM, "compile", spec_file(spec, root)]
     start = time.time()
     with (root / "log").open("w") as log:
         done = subprocess.run([*cmd, "--data-dir", str(data)], stdout=log, stderr=log, check=False)
@@ -759,12 +763,17 @@ def warm_cache(args: argparse.Namespace, cores: int, root: Path, agents_per_pod:
     return cache
 
 
+def spec_file(spec: dict[str, Any], work: Path) -> str:
+    """``spec`` written to ``work``/spec.yaml, for a ``podium`` command."""
+    path = work / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
 def podium_command(spec: dict[str, Any], work: Path) -> tuple[list[str], Path]:
     """``podium run`` of ``spec`` (written to ``work``) on ephemeral ports, and its OUT."""
-    spec_file, out = work / "spec.yaml", work / "out"
-    spec_file.write_text(yaml.safe_dump(spec))
-    podium = Path(sys.executable).with_name("podium")
-    cmd = [str(podium), "run", str(spec_file), "--out", str(out), "--quiet"]
+    out = work / "out"
+    cmd = [PODIUM, "run", spec_file(spec, work), "--out", str(out), "--quiet"]
     return [*cmd, "--port", "0", "--leaderboard-port", "0"], out
 
 
@@ -837,10 +846,8 @@ WARMUP_REP = 10_001  # the untimed run's seeds: no repetition's
 
 
 def podium_submit(spec: dict[str, Any], work: Path, data: Path) -> list[str]:
-    spec_file = work / "spec.yaml"
-    spec_file.write_text(yaml.safe_dump(spec))
-    podium = str(Path(sys.executable).with_name("podium"))
-    return [podium, "submit", str(spec_file), "--wait", "--quiet", "--data-dir", str(data)]
+    """``podium submit --wait`` of ``spec`` (written to ``work``) to the platform on ``data``."""
+    return [PODIUM, "submit", spec_file(spec, work), "--wait", "--quiet", "--data-dir", str(data)]
 
 
 def no_pods_left(up: int, timeout_s: float = 60.0) -> None:
@@ -872,11 +879,10 @@ def podium_up(args: argparse.Namespace, cores: int, root: Path) -> tuple[Path, i
     data.mkdir(parents=True)
     cache = warm_cache(args, cores, root / "warm-2", agents_per_pod=2)
     (data / "compile-cache").symlink_to(cache, target_is_directory=True)
-    podium = str(Path(sys.executable).with_name("podium"))
-    cmd = [podium, "up", "--data-dir", str(data), "--port", "0", "--leaderboard-port", "0"]
+    cmd = [PODIUM, "up", "--data-dir", str(data), "--port", "0", "--leaderboard-port", "0"]
     with (home / "log").open("wb") as log:
         proc = subprocess.Popen(
-            cmd, cwd=ROOT, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT
+            cmd, cwd=ROOT, env=bench_env(), stdout=log, stderr=subprocess.STDOUT
         )
     SERVICES["podium"] = (data, proc)
     deadline = time.time() + 120
@@ -888,7 +894,7 @@ def podium_up(args: argparse.Namespace, cores: int, root: Path) -> tuple[Path, i
     start = time.time()
     with (home / "warmup.log").open("wb") as log:
         done = subprocess.run(
-            podium_submit(spec, home, data), cwd=ROOT, env={**os.environ, **ENV},
+            podium_submit(spec, home, data), cwd=ROOT, env=bench_env(),
             stdout=log, stderr=subprocess.STDOUT, check=False,
         )  # fmt: skip
     print(f"podium up: untimed run exit {done.returncode}, {time.time() - start:.0f} s", flush=True)
@@ -917,28 +923,21 @@ def run_podium_up(args: argparse.Namespace, rep: int, cores: int, work: Path) ->
     return podium_measured(args, "podium-pairs-up", rep, spec, run, exp, subs, nodes)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def ray_up(args: argparse.Namespace, cores: int, root: Path) -> tuple[str, tuple[int, ...]]:
     """``ray start --head`` on ``cores`` CPUs (as ``start_ray``'s), once, with one untimed
     tournament run on it: its address and its processes."""
     if "ray" in SERVICES:
         return SERVICES["ray"]
-    ray = str(Path(sys.executable).with_name("ray"))
     address = f"127.0.0.1:{free_port()}"
     before = set(psutil.pids())
     cmd = [
-        ray, "start", "--head", f"--port={address.split(':')[1]}", f"--num-cpus={cores}",
+        RAY, "start", "--head", f"--port={address.split(':')[1]}", f"--num-cpus={cores}",
         "--include-dashboard=false", f"--object-store-memory={200 * 1024**2}",
         f"--temp-dir={root / 'ray'}", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
     ]  # fmt: skip
     with (root / "ray-start.log").open("wb") as log:
         subprocess.run(
-            cmd, cwd=ROOT, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT,
+            cmd, cwd=ROOT, env=bench_env(), stdout=log, stderr=subprocess.STDOUT,
             check=True,
         )  # fmt: skip
     pids = []
@@ -966,8 +965,7 @@ def stop_services() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
     if SERVICES.pop("ray", None):
-        ray = str(Path(sys.executable).with_name("ray"))
-        subprocess.run([ray, "stop"], capture_output=True, check=False)
+        subprocess.run([RAY, "stop"], capture_output=True, check=False)
 
 
 def run_ray(
